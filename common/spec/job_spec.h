@@ -1,0 +1,153 @@
+// The TrainJob spec (apiVersion: ulysses/v1, kind: TrainJob): one struct per
+// YAML section, parsed and validated once (job_spec_parser.h), then shared by
+// ulysses-train, the worker engine and the coordinator.
+//
+// Every field has a default and a one-line doc. Field names match the YAML keys
+// exactly; the document shape is a contract (see docs/JOBSPEC.md).
+//
+//   apiVersion: ulysses/v1
+//   kind: TrainJob
+//   metadata: {name: tiny-demo, labels: {team: research}}
+//   spec:
+//     model: {preset: tiny}
+//     data: {train: data/train.bin, validation: data/val.bin}
+//     parallelism: {sp_degree: 2, dp_degree: 1}
+//     optimizer: {lr: 3.0e-4, warmup_steps: 10}
+//     stages:
+//       - {seq_len: 1024, steps: 20}
+//       - {seq_len: 4096, steps: 10, sp_degree: 4}
+//     checkpoint: {every_steps: 10, keep_last: 2}
+//     seed: 1234
+#ifndef ULYSSES_COMMON_SPEC_JOB_SPEC_H_
+#define ULYSSES_COMMON_SPEC_JOB_SPEC_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ulysses::spec {
+
+inline constexpr char kApiVersion[] = "ulysses/v1";
+inline constexpr char kKind[] = "TrainJob";
+
+struct Metadata {
+  std::string name;                           // Required. DNS-1123 label: [a-z0-9-], <= 63 chars.
+  std::map<std::string, std::string> labels;  // Free-form key/value labels.
+};
+
+// Model shape, Hugging Face LlamaConfig names. A preset fills every shape field;
+// explicit fields override the preset. `init_from` loads weights (and, when no
+// preset/fields are given, the shape) from an HF directory.
+struct ModelSpec {
+  std::string preset;                 // "tiny", "llama3-1b", "llama3-8b", or "" (explicit).
+  int64_t vocab_size = 0;             // Token vocabulary size.
+  int64_t hidden_size = 0;            // Model width H.
+  int64_t intermediate_size = 0;      // SwiGLU inner width.
+  int64_t num_hidden_layers = 0;      // Decoder layers.
+  int64_t num_attention_heads = 0;    // Query heads Hq.
+  int64_t num_key_value_heads = 0;    // KV heads Hkv (GQA); defaults to Hq.
+  double rope_theta = 10000.0;        // RoPE base.
+  double rms_norm_eps = 1e-5;         // RMSNorm epsilon.
+  bool tie_word_embeddings = false;   // Share embed_tokens and lm_head weights.
+  std::string init_from;              // HF directory (config.json + *.safetensors), or "".
+  std::string dtype = "float32";      // float32 | bfloat16 | float16 | float64 (float64: tests).
+
+  int64_t head_dim() const { return num_attention_heads > 0 ? hidden_size / num_attention_heads : 0; }
+};
+
+// Synthetic data, used when no token files are given.
+struct SyntheticDataSpec {
+  std::string generator;              // "random" or "needle" (long-range key->value retrieval).
+  int64_t validation_sequences = 8;   // Sequences in the validation set (per eval window length).
+};
+
+// Training data: flat little-endian uint32 token files, or a synthetic generator.
+struct DataSpec {
+  std::string train;                  // Path to the training token file.
+  std::string validation;             // Path to the validation token file ("" = none).
+  std::optional<SyntheticDataSpec> synthetic;  // Set instead of train/validation.
+};
+
+struct ParallelismSpec {
+  int64_t sp_degree = 1;              // Ulysses sequence-parallel group size P (default for stages).
+  int64_t dp_degree = 1;              // Data-parallel replicas (default for stages).
+  int64_t zero_stage = 0;             // 0 (replicated optimizer) .. 3. Only 0 is implemented today.
+  bool offload_optimizer = false;     // Keep optimizer state in host memory.
+  bool offload_activations = false;   // Offload checkpointed activations to host memory.
+};
+
+struct MemorySpec {
+  bool activation_checkpointing = false;  // Recompute each decoder layer in backward.
+  bool tiled_mlp = false;                 // Run the MLP over sequence tiles.
+  bool tiled_loss = false;                // Compute logits+loss in sequence tiles.
+  int64_t loss_tile_tokens = 4096;        // Tokens per logits/loss tile when tiled_loss.
+  int64_t attention_block_size = 512;     // Query/key block for blockwise attention on CPU.
+};
+
+struct OptimizerSpec {
+  std::string type = "adamw";         // Only "adamw".
+  double lr = 3.0e-4;                 // Peak learning rate.
+  double beta1 = 0.9;                 // YAML: betas: [beta1, beta2].
+  double beta2 = 0.95;
+  double weight_decay = 0.1;          // Decoupled weight decay.
+  double eps = 1e-8;                  // Adam epsilon.
+  double grad_clip = 1.0;             // Global-norm clip; 0 disables.
+  int64_t warmup_steps = 0;           // Linear warmup steps (per stage unless the stage overrides).
+  std::string schedule = "cosine";    // constant | linear | cosine (decay to min_lr_ratio * lr).
+  double min_lr_ratio = 0.1;          // Floor of the decay, as a fraction of lr.
+  int64_t grad_accum_steps = 1;       // Micro-batches per optimizer step.
+};
+
+// One stage of staged context expansion. Unset optionals inherit from the job.
+struct StageSpec {
+  int64_t seq_len = 0;                     // Global sequence length N (tokens).
+  int64_t steps = 0;                       // Optimizer steps in this stage.
+  std::optional<double> lr;                // Overrides optimizer.lr.
+  std::optional<int64_t> warmup_steps;     // Overrides optimizer.warmup_steps.
+  std::optional<int64_t> sp_degree;        // Overrides parallelism.sp_degree.
+  std::optional<int64_t> dp_degree;        // Overrides parallelism.dp_degree.
+};
+
+struct CheckpointSpec {
+  std::string dir;                    // Directory all ranks can read ("" = <out>/checkpoints).
+  int64_t every_steps = 0;            // Also commit every N steps (0 = stage ends only).
+  int64_t keep_last = 2;              // Committed checkpoints to retain (>= 1).
+};
+
+// Coordinator-side policy; ignored by ulysses-train.
+struct SchedulingSpec {
+  int64_t priority = 0;               // Higher runs first; FIFO within a priority.
+  int64_t max_failures = 3;           // Failed attempts (not preemptions) before FAILED.
+  int64_t max_preemptions = -1;       // -1 = unlimited.
+  std::string node_label;             // Only place on workers with this node label ("" = any).
+};
+
+struct JobSpec {
+  std::string api_version = kApiVersion;
+  std::string kind = kKind;
+  Metadata metadata;
+  ModelSpec model;
+  DataSpec data;
+  ParallelismSpec parallelism;
+  MemorySpec memory;
+  OptimizerSpec optimizer;
+  std::vector<StageSpec> stages;
+  CheckpointSpec checkpoint;
+  SchedulingSpec scheduling;
+  uint64_t seed = 1234;
+
+  // Effective per-stage values (stage override, else the job default).
+  int64_t StageSp(size_t i) const { return stages[i].sp_degree.value_or(parallelism.sp_degree); }
+  int64_t StageDp(size_t i) const { return stages[i].dp_degree.value_or(parallelism.dp_degree); }
+  int64_t StageWorld(size_t i) const { return StageSp(i) * StageDp(i); }
+  double StageLr(size_t i) const { return stages[i].lr.value_or(optimizer.lr); }
+  int64_t StageWarmup(size_t i) const {
+    return stages[i].warmup_steps.value_or(optimizer.warmup_steps);
+  }
+};
+
+}  // namespace ulysses::spec
+
+#endif  // ULYSSES_COMMON_SPEC_JOB_SPEC_H_

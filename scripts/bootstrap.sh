@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs every Debian package Ulysses needs, then configures and builds into build/.
+# Usage: scripts/bootstrap.sh [--no-build]      (run as root, or with sudo available)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  # toolchain
+  build-essential cmake ninja-build ccache pkg-config clang clang-format clang-tidy
+  # control plane
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  libyaml-cpp-dev libsqlite3-dev libcpp-httplib-dev libcli11-dev
+  # engine: libtorch (CPU, with c10d Gloo + TCPStore) and an optimized BLAS for it
+  libtorch-dev libopenblas0-pthread
+  # tests and benchmarks: gtest/gmock, google benchmark, promtool/prometheus for the
+  # metrics checks, Debian's PyTorch for the independent reference and the eager baseline
+  libgtest-dev libgmock-dev libbenchmark-dev prometheus python3 python3-torch python3-numpy
+  procps
+)
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "bootstrap: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "bootstrap: all ${#PACKAGES[@]} packages present"
+fi
+
+if [ "${1:-}" = "--no-build" ]; then exit 0; fi
+
+BUILD_DIR="${BUILD_DIR:-build}"
+export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ulysses-ccache}"
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}"
+cmake --build "$BUILD_DIR" -j"$(nproc)"
+echo "bootstrap: built into $BUILD_DIR/bin"
