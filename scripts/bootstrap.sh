@@ -9,7 +9,7 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config clang clang-format clang-tidy
   # control plane
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  libyaml-cpp-dev libsqlite3-dev libcpp-httplib-dev libcli11-dev
+  libyaml-cpp-dev libsqlite3-dev libcpp-httplib-dev libcli11-dev nlohmann-json3-dev
   # engine: libtorch (CPU, with c10d Gloo + TCPStore) and an optimized BLAS for it
   libtorch-dev libopenblas0-pthread
   # tests and benchmarks: gtest/gmock, google benchmark, promtool/prometheus for the
