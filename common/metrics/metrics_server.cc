@@ -41,7 +41,9 @@ class MetricsServer::Impl {
     if (state_ != State::kNew) {
       return absl::FailedPreconditionError("metrics server: Start() called twice");
     }
-    if (absl::Status status = ValidateMetricsServerConfig(config_); !status.ok()) return status;
+    if (absl::Status status = ValidateMetricsServerConfig(config_); !status.ok()) {
+      return status;
+    }
     InstallRoutes();
     const int threads = config_.threads;
     server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
@@ -89,7 +91,9 @@ class MetricsServer::Impl {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ == State::kRunning) {
       server_.stop();
-      if (thread_.joinable()) thread_.join();
+      if (thread_.joinable()) {
+        thread_.join();
+      }
     }
     state_ = State::kStopped;
   }
