@@ -96,10 +96,17 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesOurServer) {
   char tmpl[] = "/tmp/ulysses_prometheus_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   dir_ = tmpl;
+  const char* source_dir = std::getenv("ULYSSES_SOURCE_DIR");
+  ASSERT_NE(source_dir, nullptr) << "run through ctest (sets ULYSSES_SOURCE_DIR)";
+  const std::string rules_path =
+      std::string(source_dir) + "/deploy/k8s/prometheus/ulysses-rules.yml";
   const std::string config_path = dir_ + "/prometheus.yml";
   std::ofstream(config_path) << "global:\n"
                                 "  scrape_interval: 1s\n"
                                 "  evaluation_interval: 1s\n"
+                                "rule_files: ['"
+                             << rules_path
+                             << "']\n"
                                 "scrape_configs:\n"
                                 "  - job_name: ulysses-coordinator\n"
                                 "    static_configs:\n"
@@ -133,6 +140,34 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesOurServer) {
   // Histograms are usable in PromQL as exported (le labels parse as numbers).
   EXPECT_EQ(QueryOne(&client, "histogram_quantile(1, ulysses_gang_wait_seconds_bucket)"), "4");
   EXPECT_EQ(QueryOne(&client, "count(ulysses_build_info)"), "1");
+
+  // The shipped alert rules load into the real server and evaluate against our real
+  // exposition without errors (health "ok" once evaluated; the alerting group runs
+  // every evaluation_interval = 1 s).
+  int alert_rules = 0, healthy = 0;
+  std::string last_error;
+  const auto rules_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < rules_deadline) {
+    auto res = client.Get("/api/v1/rules?type=alert");
+    if (res && res->status == 200) {
+      auto json = nlohmann::json::parse(res->body, nullptr, /*allow_exceptions=*/false);
+      alert_rules = healthy = 0;
+      if (!json.is_discarded()) {
+        for (const auto& group : json["data"]["groups"]) {
+          for (const auto& rule : group["rules"]) {
+            ++alert_rules;
+            if (rule.value("health", "") == "ok") ++healthy;
+            if (rule.value("lastError", "") != "")
+              last_error = rule["lastError"].get<std::string>();
+          }
+        }
+      }
+      if (alert_rules > 0 && healthy == alert_rules) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(alert_rules, 6) << ReadFile(log_path);
+  EXPECT_EQ(healthy, alert_rules) << last_error;
 }
 
 }  // namespace
