@@ -34,7 +34,10 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
       dup2(fileno(log), STDERR_FILENO);
     }
     std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.reserve(argv.size() + 1);
+    for (const std::string& a : argv) {
+      args.push_back(const_cast<char*>(a.c_str()));
+    }
     args.push_back(nullptr);
     execv(args[0], args.data());
     _exit(127);
@@ -44,11 +47,15 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
 
 // SIGTERM, then SIGKILL if it has not exited within `grace`.
 void Terminate(pid_t pid, std::chrono::seconds grace) {
-  if (pid <= 0) return;
+  if (pid <= 0) {
+    return;
+  }
   kill(pid, SIGTERM);
   auto deadline = std::chrono::steady_clock::now() + grace;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (waitpid(pid, nullptr, WNOHANG) == pid) return;
+    if (waitpid(pid, nullptr, WNOHANG) == pid) {
+      return;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   kill(pid, SIGKILL);
@@ -64,11 +71,17 @@ std::string ReadFile(const std::string& path) {
 // query failed or did not return exactly one series.
 std::string QueryOne(httplib::Client* client, const std::string& promql) {
   auto res = client->Get("/api/v1/query", httplib::Params{{"query", promql}}, httplib::Headers{});
-  if (!res || res->status != 200) return "";
+  if (!res || res->status != 200) {
+    return "";
+  }
   auto json = nlohmann::json::parse(res->body, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || json.value("status", "") != "success") return "";
+  if (json.is_discarded() || json.value("status", "") != "success") {
+    return "";
+  }
   const auto& result = json["data"]["result"];
-  if (!result.is_array() || result.size() != 1) return "";
+  if (!result.is_array() || result.size() != 1) {
+    return "";
+  }
   return result[0]["value"][1].get<std::string>();
 }
 
@@ -76,7 +89,9 @@ class PrometheusScrapeTest : public ::testing::Test {
  protected:
   void TearDown() override {
     Terminate(prometheus_pid_, std::chrono::seconds(10));
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+    if (!dir_.empty()) {
+      std::filesystem::remove_all(dir_);
+    }
   }
 
   pid_t prometheus_pid_ = -1;
@@ -84,7 +99,9 @@ class PrometheusScrapeTest : public ::testing::Test {
 };
 
 TEST_F(PrometheusScrapeTest, PrometheusScrapesOurServer) {
-  if (!FileExists(kPrometheus)) GTEST_SKIP() << kPrometheus << " missing (Debian prometheus)";
+  if (!FileExists(kPrometheus)) {
+    GTEST_SKIP() << kPrometheus << " missing (Debian prometheus)";
+  }
   Registry registry;
   RegisterCatalogForTest(&registry);
   MetricsServerConfig config;
@@ -129,7 +146,9 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesOurServer) {
   while (std::chrono::steady_clock::now() < deadline) {
     up = QueryOne(&client, "up{job=\"ulysses-coordinator\"}");
     tokens = QueryOne(&client, "ulysses_train_tokens_total{job_id=\"j1\"}");
-    if (up == "1" && tokens == "12345") break;
+    if (up == "1" && tokens == "12345") {
+      break;
+    }
     ASSERT_NE(waitpid(prometheus_pid_, nullptr, WNOHANG), prometheus_pid_)
         << "prometheus exited early:\n"
         << ReadFile(log_path);
@@ -156,13 +175,18 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesOurServer) {
         for (const auto& group : json["data"]["groups"]) {
           for (const auto& rule : group["rules"]) {
             ++alert_rules;
-            if (rule.value("health", "") == "ok") ++healthy;
-            if (rule.value("lastError", "") != "")
+            if (rule.value("health", "") == "ok") {
+              ++healthy;
+            }
+            if (!rule.value("lastError", "").empty()) {
               last_error = rule["lastError"].get<std::string>();
+            }
           }
         }
       }
-      if (alert_rules > 0 && healthy == alert_rules) break;
+      if (alert_rules > 0 && healthy == alert_rules) {
+        break;
+      }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
