@@ -246,6 +246,23 @@ class ManifestTest(unittest.TestCase):
         self.assertLess(config["cancel_grace_s"], grace)
 
 
+KUBECTL = shutil.which("kubectl")
+
+
+@unittest.skipUnless(KUBECTL, "kubectl missing (optional; renders the kustomization offline)")
+class KustomizeTest(unittest.TestCase):
+    def test_kustomization_renders(self):
+        rc, out = run([KUBECTL, "kustomize", K8S])
+        self.assertEqual(rc, 0, out)
+        objects = [d for d in yaml.safe_load_all(out) if d]
+        self.assertEqual(sorted(d["kind"] for d in objects), sorted([
+            "Namespace", "ConfigMap", "PersistentVolumeClaim", "PersistentVolumeClaim",
+            "Deployment", "Service", "Service", "StatefulSet", "PodDisruptionBudget"]))
+        for d in objects:
+            if d["kind"] != "Namespace":
+                self.assertEqual(d["metadata"]["namespace"], "ulysses", d["metadata"]["name"])
+
+
 class MetricNamesTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
