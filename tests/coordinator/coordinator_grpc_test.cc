@@ -8,7 +8,11 @@
 #include <set>
 #include <thread>
 
+#include <grpcpp/generic/generic_stub.h>
 #include "absl/strings/str_cat.h"
+
+#include <future>
+
 #include "common/grpc/grpc_util.h"
 #include "coordinator/server.h"
 #include "gtest/gtest.h"
@@ -460,11 +464,12 @@ TEST_F(CoordinatorGrpcTest, MetricsPassPromtool) {
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200);
   const std::string& body = res->body;
-  for (const char* needle : {"ulysses_jobs{state=\"running\"} 1", "ulysses_queue_length 0",
-                             "ulysses_workers{state=\"busy\"} 1", "ulysses_build_info{",
-                             "ulysses_worker_heartbeat_age_seconds{worker=\"w-w1\"}",
-                             "ulysses_rpc_duration_seconds_bucket{method=\"JobService/SubmitJob\"",
-                             "ulysses_gang_wait_seconds_count 1"}) {
+  for (const char* needle :
+       {"ulysses_jobs{state=\"running\"} 1", "ulysses_queue_length 0",
+        "ulysses_workers{state=\"busy\"} 1", "ulysses_build_info{",
+        "ulysses_worker_heartbeat_age_seconds{worker=\"w-w1\"}",
+        "ulysses_rpc_duration_seconds_bucket{method=\"/ulysses.v1.JobService/SubmitJob\"",
+        "ulysses_gang_wait_seconds_count 1"}) {
     EXPECT_NE(body.find(needle), std::string::npos) << needle << "\n" << body;
   }
   EXPECT_NE(body.find("ulysses_train_loss{job_id=\"" + *id + "\"} 4.5"), std::string::npos);
@@ -480,6 +485,29 @@ TEST_F(CoordinatorGrpcTest, MetricsPassPromtool) {
   auto after = http.Get("/metrics");
   ASSERT_TRUE(after);
   EXPECT_EQ(after->body.find("job_id=\"" + *id + "\""), std::string::npos);
+}
+
+// The standard grpc.health.v1.Health/Check, called as a raw generic RPC: the request is
+// HealthCheckRequest{service = ""} (empty bytes); SERVING is HealthCheckResponse{status = 1},
+// i.e. the bytes 0x08 0x01.
+TEST_F(CoordinatorGrpcTest, HealthServiceReportsServing) {
+  grpc::GenericStub stub(channel_);
+  grpc::ByteBuffer request;  // Empty message.
+  grpc::Slice empty("", 0);
+  request = grpc::ByteBuffer(&empty, 1);
+  grpc::ByteBuffer response;
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, absl::Seconds(5));
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) { done.set_value(s); });
+  grpc::Status status = done.get_future().get();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
 }
 
 }  // namespace
