@@ -35,7 +35,8 @@ class CoordinatorGrpcTest : public ::testing::Test {
     config_.listen = "127.0.0.1:0";
     config_.state_dir = dir_.path();
     config_.metrics_listen = "127.0.0.1:0";
-    config_.heartbeat_timeout_s = 1;
+    // Short enough to test loss quickly, long enough for a loaded 2-core CI box.
+    config_.heartbeat_timeout_s = 2;
     config_.heartbeat_interval_s = 0.2;
     config_.restart_backoff_base_s = 0.05;
     config_.restart_backoff_max_s = 0.2;
@@ -485,6 +486,43 @@ TEST_F(CoordinatorGrpcTest, MetricsPassPromtool) {
   auto after = http.Get("/metrics");
   ASSERT_TRUE(after);
   EXPECT_EQ(after->body.find("job_id=\"" + *id + "\""), std::string::npos);
+}
+
+TEST_F(CoordinatorGrpcTest, ListJobsFiltersByStateAndPages) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto id = Submit(JobYaml("paged-" + std::to_string(i), "    - {seq_len: 256, steps: 2}\n"));
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  auto list = [&](const std::string& token, std::vector<v1::JobState> states) {
+    v1::ListJobsRequest req;
+    req.set_page_size(2);
+    req.set_page_token(token);
+    for (auto s : states) req.add_states(s);
+    v1::ListJobsResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(5));
+    EXPECT_TRUE(jobs_->ListJobs(&ctx, req, &resp).ok());
+    return resp;
+  };
+  v1::ListJobsResponse first = list("", {});
+  ASSERT_EQ(first.jobs_size(), 2);
+  EXPECT_EQ(first.jobs(0).id(), ids[2]);  // Newest first.
+  EXPECT_EQ(first.jobs(1).id(), ids[1]);
+  ASSERT_FALSE(first.next_page_token().empty());
+  v1::ListJobsResponse second = list(first.next_page_token(), {});
+  ASSERT_EQ(second.jobs_size(), 1);
+  EXPECT_EQ(second.jobs(0).id(), ids[0]);
+  EXPECT_TRUE(second.next_page_token().empty());
+  EXPECT_EQ(list("", {v1::JOB_STATE_PENDING}).jobs_size(), 2);
+  EXPECT_EQ(list("", {v1::JOB_STATE_RUNNING}).jobs_size(), 0);
+  v1::ListJobsRequest bad;
+  bad.set_page_token("not-a-token");
+  v1::ListJobsResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, absl::Seconds(5));
+  EXPECT_EQ(jobs_->ListJobs(&ctx, bad, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 // The standard grpc.health.v1.Health/Check, called as a raw generic RPC: the request is
