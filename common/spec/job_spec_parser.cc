@@ -660,7 +660,7 @@ bool ParseOverridePath(const std::string& path, std::vector<PathStep>* steps) {
   return !steps->empty();
 }
 
-absl::Status ApplyOverride(YAML::Node root, const std::string& assignment) {
+absl::Status ApplyOverride(const YAML::Node& root, const std::string& assignment) {
   const std::string where = absl::StrCat("--set ", assignment);
   const size_t eq = assignment.find('=');
   if (eq == std::string::npos) {
@@ -680,7 +680,7 @@ absl::Status ApplyOverride(YAML::Node root, const std::string& assignment) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": the value is not valid YAML (", e.msg, ")"));
   }
-  YAML::Node cur = root;
+  YAML::Node cur = root;    // A handle: edits through it change the shared tree.
   std::string shown;        // Path walked so far, as the user writes it.
   std::string schema_path;  // Same, with [] for indices and * for free-form keys.
   for (size_t i = 0; i < steps.size(); ++i) {
