@@ -19,9 +19,11 @@ void NotAvailable(CliContext& ctx, const std::string& verb) {
   ctx.exit_code = kExitUnavailable;
 }
 
-void PrintErrorLines(CliContext& ctx, const std::string& prefix, const std::string& message) {
+void PrintErrorLines(CliContext& ctx, const std::string& prefix, absl::string_view message) {
   for (absl::string_view line : absl::StrSplit(message, '\n')) {
-    if (line.empty()) continue;
+    if (line.empty()) {
+      continue;
+    }
     const std::string head = prefix + ": ";
     if (prefix.empty() || line.substr(0, head.size()) == head) {
       *ctx.err << line << "\n";
@@ -71,7 +73,9 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       ++i;  // skip the option's value
       continue;
     }
-    if (arg.empty() || arg[0] == '-') continue;
+    if (arg.empty() || arg[0] == '-') {
+      continue;
+    }
     const CLI::App& const_app = app;
     const auto named = [&arg](const CLI::App* sub) { return sub->check_name(arg); };
     if (const_app.get_subcommands(named).empty()) {

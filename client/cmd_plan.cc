@@ -56,7 +56,7 @@ nlohmann::ordered_json PlanJson(const std::vector<StagePlan>& plans) {
 void RunPlan(CliContext& ctx, const PlanOptions& opts) {
   absl::StatusOr<OutputFormat> format = ParseOutputFormat(ctx.output, OutputFormat::kTable);
   if (!format.ok()) {
-    PrintErrorLines(ctx, "", std::string(format.status().message()));
+    PrintErrorLines(ctx, "", format.status().message());
     ctx.exit_code = kExitBadInput;
     return;
   }
@@ -64,7 +64,7 @@ void RunPlan(CliContext& ctx, const PlanOptions& opts) {
   parse_options.overrides = opts.overrides;
   absl::StatusOr<spec::JobSpec> job = spec::LoadJobSpecFile(opts.file, parse_options);
   if (!job.ok()) {
-    PrintErrorLines(ctx, opts.file, std::string(job.status().message()));
+    PrintErrorLines(ctx, opts.file, job.status().message());
     ctx.exit_code = kExitBadInput;
     return;
   }

@@ -41,7 +41,7 @@ void PrintSummary(const spec::JobSpec& s, std::ostream& out) {
 void RunValidate(CliContext& ctx, const ValidateOptions& opts) {
   absl::StatusOr<OutputFormat> format = ParseOutputFormat(ctx.output, OutputFormat::kYaml);
   if (!format.ok()) {
-    PrintErrorLines(ctx, "", std::string(format.status().message()));
+    PrintErrorLines(ctx, "", format.status().message());
     ctx.exit_code = kExitBadInput;
     return;
   }
@@ -50,7 +50,7 @@ void RunValidate(CliContext& ctx, const ValidateOptions& opts) {
   parse_options.check_files = opts.check_files;
   absl::StatusOr<spec::JobSpec> job = spec::LoadJobSpecFile(opts.file, parse_options);
   if (!job.ok()) {
-    PrintErrorLines(ctx, opts.file, std::string(job.status().message()));
+    PrintErrorLines(ctx, opts.file, job.status().message());
     ctx.exit_code = kExitBadInput;
     return;
   }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/string_view.h"
 #include "client/cli.h"
 
 namespace ulysses::client {
@@ -26,7 +27,7 @@ void NotAvailable(CliContext& ctx, const std::string& verb);
 
 // Prints every line of a multi-line error to ctx.err as "<prefix>: <line>"
 // (no prefix when the line already starts with it).
-void PrintErrorLines(CliContext& ctx, const std::string& prefix, const std::string& message);
+void PrintErrorLines(CliContext& ctx, const std::string& prefix, absl::string_view message);
 
 }  // namespace ulysses::client
 

@@ -1,6 +1,7 @@
 #include "client/output.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -11,17 +12,27 @@
 namespace ulysses::client {
 
 absl::StatusOr<OutputFormat> ParseOutputFormat(const std::string& text, OutputFormat fallback) {
-  if (text.empty()) return fallback;
-  if (text == "table") return OutputFormat::kTable;
-  if (text == "json") return OutputFormat::kJson;
-  if (text == "yaml") return OutputFormat::kYaml;
+  if (text.empty()) {
+    return fallback;
+  }
+  if (text == "table") {
+    return OutputFormat::kTable;
+  }
+  if (text == "json") {
+    return OutputFormat::kJson;
+  }
+  if (text == "yaml") {
+    return OutputFormat::kYaml;
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("-o: '", text, "' is not an output format (use table, json or yaml)"));
 }
 
 void Table::Print(std::ostream& out) const {
   std::vector<size_t> widths(headers_.size(), 0);
-  for (size_t c = 0; c < headers_.size(); ++c) widths[c] = headers_[c].size();
+  for (size_t c = 0; c < headers_.size(); ++c) {
+    widths[c] = headers_[c].size();
+  }
   for (const auto& row : rows_) {
     for (size_t c = 0; c < row.size() && c < widths.size(); ++c) {
       widths[c] = std::max(widths[c], row[c].size());
@@ -31,14 +42,20 @@ void Table::Print(std::ostream& out) const {
     std::string line;
     for (size_t c = 0; c < widths.size(); ++c) {
       std::string cell = c < cells.size() ? cells[c] : "";
-      if (upper) cell = absl::AsciiStrToUpper(cell);
+      if (upper) {
+        cell = absl::AsciiStrToUpper(cell);
+      }
       line += cell;
-      if (c + 1 < widths.size()) line += std::string(widths[c] - cell.size() + 2, ' ');
+      if (c + 1 < widths.size()) {
+        line += std::string(widths[c] - cell.size() + 2, ' ');
+      }
     }
     out << line << "\n";
   };
   print_row(headers_, true);
-  for (const auto& row : rows_) print_row(row, false);
+  for (const auto& row : rows_) {
+    print_row(row, false);
+  }
 }
 
 nlohmann::ordered_json Table::ToJson() const {
@@ -50,7 +67,7 @@ nlohmann::ordered_json Table::ToJson() const {
       char* end = nullptr;
       const double number = std::strtod(cell.c_str(), &end);
       if (!cell.empty() && end == cell.c_str() + cell.size()) {
-        const long long whole = std::strtoll(cell.c_str(), &end, 10);
+        const int64_t whole = std::strtoll(cell.c_str(), &end, 10);
         if (end == cell.c_str() + cell.size()) {
           object[headers_[c]] = whole;
         } else {
@@ -81,8 +98,12 @@ nlohmann::ordered_json JobSpecToJson(const spec::JobSpec& s) {
                 {"init_from", m.init_from},
                 {"dtype", m.dtype}};
   json data = json::object();
-  if (!s.data.train.empty()) data["train"] = s.data.train;
-  if (!s.data.validation.empty()) data["validation"] = s.data.validation;
+  if (!s.data.train.empty()) {
+    data["train"] = s.data.train;
+  }
+  if (!s.data.validation.empty()) {
+    data["validation"] = s.data.validation;
+  }
   if (s.data.synthetic) {
     data["synthetic"] = {{"generator", s.data.synthetic->generator},
                          {"validation_sequences", s.data.synthetic->validation_sequences}};
@@ -113,10 +134,18 @@ nlohmann::ordered_json JobSpecToJson(const spec::JobSpec& s) {
   json stages = json::array();
   for (const spec::StageSpec& st : s.stages) {
     json stage = {{"seq_len", st.seq_len}, {"steps", st.steps}};
-    if (st.lr) stage["lr"] = *st.lr;
-    if (st.warmup_steps) stage["warmup_steps"] = *st.warmup_steps;
-    if (st.sp_degree) stage["sp_degree"] = *st.sp_degree;
-    if (st.dp_degree) stage["dp_degree"] = *st.dp_degree;
+    if (st.lr) {
+      stage["lr"] = *st.lr;
+    }
+    if (st.warmup_steps) {
+      stage["warmup_steps"] = *st.warmup_steps;
+    }
+    if (st.sp_degree) {
+      stage["sp_degree"] = *st.sp_degree;
+    }
+    if (st.dp_degree) {
+      stage["dp_degree"] = *st.dp_degree;
+    }
     stages.push_back(stage);
   }
   json checkpoint = {{"dir", s.checkpoint.dir},
@@ -127,7 +156,9 @@ nlohmann::ordered_json JobSpecToJson(const spec::JobSpec& s) {
                      {"max_preemptions", s.scheduling.max_preemptions},
                      {"node_label", s.scheduling.node_label}};
   json labels = json::object();
-  for (const auto& [key, value] : s.metadata.labels) labels[key] = value;
+  for (const auto& [key, value] : s.metadata.labels) {
+    labels[key] = value;
+  }
   return {{"apiVersion", s.api_version},
           {"kind", s.kind},
           {"metadata", {{"name", s.metadata.name}, {"labels", labels}}},
@@ -155,7 +186,9 @@ void EmitJson(YAML::Emitter& out, const nlohmann::ordered_json& value) {
     out << YAML::EndMap;
   } else if (value.is_array()) {
     out << YAML::BeginSeq;
-    for (const auto& item : value) EmitJson(out, item);
+    for (const auto& item : value) {
+      EmitJson(out, item);
+    }
     out << YAML::EndSeq;
   } else if (value.is_string()) {
     out << value.get<std::string>();

@@ -5,8 +5,12 @@
 namespace ulysses::client {
 
 int64_t DtypeBytes(const std::string& dtype) {
-  if (dtype == "float64") return 8;
-  if (dtype == "bfloat16" || dtype == "float16") return 2;
+  if (dtype == "float64") {
+    return 8;
+  }
+  if (dtype == "bfloat16" || dtype == "float16") {
+    return 2;
+  }
   return 4;
 }
 

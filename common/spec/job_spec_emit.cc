@@ -32,8 +32,12 @@ void EmitModel(YAML::Emitter& out, const ModelSpec& m) {
 
 void EmitData(YAML::Emitter& out, const DataSpec& d) {
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
-  if (!d.train.empty()) out << YAML::Key << "train" << YAML::Value << d.train;
-  if (!d.validation.empty()) out << YAML::Key << "validation" << YAML::Value << d.validation;
+  if (!d.train.empty()) {
+    out << YAML::Key << "train" << YAML::Value << d.train;
+  }
+  if (!d.validation.empty()) {
+    out << YAML::Key << "validation" << YAML::Value << d.validation;
+  }
   if (d.synthetic) {
     out << YAML::Key << "synthetic" << YAML::Value << YAML::BeginMap;
     out << YAML::Key << "generator" << YAML::Value << d.synthetic->generator;
@@ -84,10 +88,18 @@ void EmitStages(YAML::Emitter& out, const std::vector<StageSpec>& stages) {
     out << YAML::Flow << YAML::BeginMap;
     out << YAML::Key << "seq_len" << YAML::Value << st.seq_len;
     out << YAML::Key << "steps" << YAML::Value << st.steps;
-    if (st.lr) out << YAML::Key << "lr" << YAML::Value << FormatDouble(*st.lr);
-    if (st.warmup_steps) out << YAML::Key << "warmup_steps" << YAML::Value << *st.warmup_steps;
-    if (st.sp_degree) out << YAML::Key << "sp_degree" << YAML::Value << *st.sp_degree;
-    if (st.dp_degree) out << YAML::Key << "dp_degree" << YAML::Value << *st.dp_degree;
+    if (st.lr) {
+      out << YAML::Key << "lr" << YAML::Value << FormatDouble(*st.lr);
+    }
+    if (st.warmup_steps) {
+      out << YAML::Key << "warmup_steps" << YAML::Value << *st.warmup_steps;
+    }
+    if (st.sp_degree) {
+      out << YAML::Key << "sp_degree" << YAML::Value << *st.sp_degree;
+    }
+    if (st.dp_degree) {
+      out << YAML::Key << "dp_degree" << YAML::Value << *st.dp_degree;
+    }
     out << YAML::EndMap;
   }
   out << YAML::EndSeq;

@@ -114,7 +114,9 @@ const std::vector<SchemaEntry>& Schema() {
 
 const SchemaEntry* FindSchema(const std::string& schema_path) {
   for (const SchemaEntry& e : Schema()) {
-    if (schema_path == e.path) return &e;
+    if (schema_path == e.path) {
+      return &e;
+    }
   }
   return nullptr;
 }
@@ -129,9 +131,13 @@ std::vector<std::string> ChildKeys(const std::string& schema_path) {
   const std::string prefix = schema_path.empty() ? "" : schema_path + ".";
   for (const SchemaEntry& e : Schema()) {
     const std::string path = e.path;
-    if (path.empty() || path.compare(0, prefix.size(), prefix) != 0) continue;
+    if (path.empty() || path.compare(0, prefix.size(), prefix) != 0) {
+      continue;
+    }
     const std::string rest = path.substr(prefix.size());
-    if (rest.find_first_of(".[") == std::string::npos) keys.push_back(rest);
+    if (rest.find_first_of(".[") == std::string::npos) {
+      keys.push_back(rest);
+    }
   }
   return keys;
 }
@@ -154,31 +160,43 @@ std::string Describe(const YAML::Node& node) {
 }
 
 bool ParseInt64(const std::string& text, int64_t* out) {
-  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return false;
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) {
+    return false;
+  }
   errno = 0;
   char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (errno != 0 || end != text.c_str() + text.size()) return false;
+  const int64_t v = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end != text.c_str() + text.size()) {
+    return false;
+  }
   *out = v;
   return true;
 }
 
 bool ParseUint64(const std::string& text, uint64_t* out) {
-  if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) return false;
+  if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) {
+    return false;
+  }
   errno = 0;
   char* end = nullptr;
-  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
-  if (errno != 0 || end != text.c_str() + text.size()) return false;
+  const uint64_t v = std::strtoull(text.c_str(), &end, 10);
+  if (errno != 0 || end != text.c_str() + text.size()) {
+    return false;
+  }
   *out = v;
   return true;
 }
 
 bool ParseDouble(const std::string& text, double* out) {
-  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return false;
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) {
+    return false;
+  }
   errno = 0;
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
-  if (errno == ERANGE || end != text.c_str() + text.size() || !std::isfinite(v)) return false;
+  if (errno == ERANGE || end != text.c_str() + text.size() || !std::isfinite(v)) {
+    return false;
+  }
   *out = v;
   return true;
 }
@@ -211,7 +229,9 @@ class Reader {
   bool Entries(const YAML::Node& node, const std::string& path, const std::string& schema_path,
                std::map<std::string, YAML::Node>* out) {
     out->clear();
-    if (node.IsNull()) return true;
+    if (node.IsNull()) {
+      return true;
+    }
     if (!node.IsMap()) {
       Error(path, absl::StrCat(Describe(node),
                                " is not a mapping (expected keys: ", JoinKeys(schema_path), ")"));
@@ -242,7 +262,9 @@ class Reader {
 
   static std::string JoinKeys(const std::string& schema_path) {
     const SchemaEntry* e = FindSchema(schema_path);
-    if (e != nullptr && e->kind == Kind::kStringMap) return "any name: string value";
+    if (e != nullptr && e->kind == Kind::kStringMap) {
+      return "any name: string value";
+    }
     std::string joined;
     for (const std::string& k : ChildKeys(schema_path)) {
       absl::StrAppend(&joined, joined.empty() ? "" : ", ", k);
@@ -254,7 +276,9 @@ class Reader {
   bool Int(const std::map<std::string, YAML::Node>& m, const std::string& key,
            const std::string& path, int64_t* out) {
     const YAML::Node* n = Scalar(m, key, path, "an integer", "a whole number, e.g. 8");
-    if (n == nullptr) return false;
+    if (n == nullptr) {
+      return false;
+    }
     if (!ParseInt64(n->Scalar(), out)) {
       Error(JoinPath(path, key), absl::StrCat(Describe(*n),
                                               " is not an integer (write a whole number, "
@@ -267,7 +291,9 @@ class Reader {
   bool Double(const std::map<std::string, YAML::Node>& m, const std::string& key,
               const std::string& path, double* out) {
     const YAML::Node* n = Scalar(m, key, path, "a number", "a number, e.g. 3.0e-4");
-    if (n == nullptr) return false;
+    if (n == nullptr) {
+      return false;
+    }
     if (!ParseDouble(n->Scalar(), out)) {
       Error(JoinPath(path, key),
             absl::StrCat(Describe(*n), " is not a number (write a finite number, e.g. 3.0e-4)"));
@@ -279,7 +305,9 @@ class Reader {
   bool Bool(const std::map<std::string, YAML::Node>& m, const std::string& key,
             const std::string& path, bool* out) {
     const YAML::Node* n = Scalar(m, key, path, "a boolean", "true or false");
-    if (n == nullptr) return false;
+    if (n == nullptr) {
+      return false;
+    }
     if (!ParseBool(n->Scalar(), out)) {
       Error(JoinPath(path, key),
             absl::StrCat(Describe(*n), " is not a boolean (write true or false)"));
@@ -291,7 +319,9 @@ class Reader {
   bool String(const std::map<std::string, YAML::Node>& m, const std::string& key,
               const std::string& path, std::string* out) {
     const YAML::Node* n = Scalar(m, key, path, "a string", "a plain value");
-    if (n == nullptr) return false;
+    if (n == nullptr) {
+      return false;
+    }
     *out = n->Scalar();
     return true;
   }
@@ -301,7 +331,9 @@ class Reader {
   const YAML::Node* Scalar(const std::map<std::string, YAML::Node>& m, const std::string& key,
                            const std::string& path, const char* what, const char* example) {
     auto it = m.find(key);
-    if (it == m.end() || it->second.IsNull()) return nullptr;
+    if (it == m.end() || it->second.IsNull()) {
+      return nullptr;
+    }
     if (!it->second.IsScalar()) {
       Error(JoinPath(path, key),
             absl::StrCat(Describe(it->second), " is not ", what, " (write ", example, ")"));
@@ -315,12 +347,18 @@ using Entries = std::map<std::string, YAML::Node>;
 
 void ReadMetadata(const YAML::Node& node, Reader& r, Metadata* md) {
   Entries m;
-  if (!r.Entries(node, "metadata", "metadata", &m)) return;
+  if (!r.Entries(node, "metadata", "metadata", &m)) {
+    return;
+  }
   r.String(m, "name", "metadata", &md->name);
   auto labels = m.find("labels");
-  if (labels == m.end()) return;
+  if (labels == m.end()) {
+    return;
+  }
   Entries lm;
-  if (!r.Entries(labels->second, "metadata.labels", "metadata.labels", &lm)) return;
+  if (!r.Entries(labels->second, "metadata.labels", "metadata.labels", &lm)) {
+    return;
+  }
   for (const auto& [key, value] : lm) {
     std::string text;
     r.String(lm, key, "metadata.labels", &text);
@@ -331,12 +369,17 @@ void ReadMetadata(const YAML::Node& node, Reader& r, Metadata* md) {
 void ReadModel(const YAML::Node& node, Reader& r, ModelSpec* model) {
   Entries m;
   const std::string p = "spec.model";
-  if (!r.Entries(node, p, p, &m)) return;
+  if (!r.Entries(node, p, p, &m)) {
+    return;
+  }
   *model = ModelSpec{};
   r.String(m, "preset", p, &model->preset);
   if (!model->preset.empty()) {
     absl::Status preset = ApplyModelPreset(*model);
-    if (!preset.ok()) r.errors.push_back(std::string(preset.message()));
+    if (!preset.ok()) {
+      const std::string message(preset.message());
+      r.errors.push_back(message);
+    }
   }
   // Explicit fields override the preset.
   r.Int(m, "vocab_size", p, &model->vocab_size);
@@ -350,20 +393,28 @@ void ReadModel(const YAML::Node& node, Reader& r, ModelSpec* model) {
   r.Bool(m, "tie_word_embeddings", p, &model->tie_word_embeddings);
   r.String(m, "init_from", p, &model->init_from);
   r.String(m, "dtype", p, &model->dtype);
-  if (model->num_key_value_heads == 0) model->num_key_value_heads = model->num_attention_heads;
+  if (model->num_key_value_heads == 0) {
+    model->num_key_value_heads = model->num_attention_heads;
+  }
 }
 
 void ReadData(const YAML::Node& node, Reader& r, DataSpec* data) {
   Entries m;
   const std::string p = "spec.data";
-  if (!r.Entries(node, p, p, &m)) return;
+  if (!r.Entries(node, p, p, &m)) {
+    return;
+  }
   r.String(m, "train", p, &data->train);
   r.String(m, "validation", p, &data->validation);
   auto synthetic = m.find("synthetic");
-  if (synthetic == m.end() || synthetic->second.IsNull()) return;
+  if (synthetic == m.end() || synthetic->second.IsNull()) {
+    return;
+  }
   Entries sm;
   const std::string sp = "spec.data.synthetic";
-  if (!r.Entries(synthetic->second, sp, sp, &sm)) return;
+  if (!r.Entries(synthetic->second, sp, sp, &sm)) {
+    return;
+  }
   SyntheticDataSpec s;
   r.String(sm, "generator", sp, &s.generator);
   r.Int(sm, "validation_sequences", sp, &s.validation_sequences);
@@ -373,7 +424,9 @@ void ReadData(const YAML::Node& node, Reader& r, DataSpec* data) {
 void ReadParallelism(const YAML::Node& node, Reader& r, ParallelismSpec* par) {
   Entries m;
   const std::string p = "spec.parallelism";
-  if (!r.Entries(node, p, p, &m)) return;
+  if (!r.Entries(node, p, p, &m)) {
+    return;
+  }
   r.Int(m, "sp_degree", p, &par->sp_degree);
   r.Int(m, "dp_degree", p, &par->dp_degree);
   r.Int(m, "zero_stage", p, &par->zero_stage);
@@ -384,7 +437,9 @@ void ReadParallelism(const YAML::Node& node, Reader& r, ParallelismSpec* par) {
 void ReadMemory(const YAML::Node& node, Reader& r, MemorySpec* mem) {
   Entries m;
   const std::string p = "spec.memory";
-  if (!r.Entries(node, p, p, &m)) return;
+  if (!r.Entries(node, p, p, &m)) {
+    return;
+  }
   r.Bool(m, "activation_checkpointing", p, &mem->activation_checkpointing);
   r.Bool(m, "tiled_mlp", p, &mem->tiled_mlp);
   r.Bool(m, "tiled_loss", p, &mem->tiled_loss);
@@ -394,7 +449,9 @@ void ReadMemory(const YAML::Node& node, Reader& r, MemorySpec* mem) {
 
 void ReadBetas(const YAML::Node& node, Reader& r, OptimizerSpec* opt) {
   const std::string p = "spec.optimizer.betas";
-  if (node.IsNull()) return;
+  if (node.IsNull()) {
+    return;
+  }
   if (!node.IsSequence() || node.size() != 2) {
     r.Error(p, absl::StrCat(Describe(node),
                             " is not a list of two numbers (write betas: "
@@ -414,10 +471,14 @@ void ReadBetas(const YAML::Node& node, Reader& r, OptimizerSpec* opt) {
 void ReadOptimizer(const YAML::Node& node, Reader& r, OptimizerSpec* opt) {
   Entries m;
   const std::string p = "spec.optimizer";
-  if (!r.Entries(node, p, p, &m)) return;
+  if (!r.Entries(node, p, p, &m)) {
+    return;
+  }
   r.String(m, "type", p, &opt->type);
   r.Double(m, "lr", p, &opt->lr);
-  if (m.count("betas")) ReadBetas(m["betas"], r, opt);
+  if (m.count("betas")) {
+    ReadBetas(m["betas"], r, opt);
+  }
   r.Double(m, "weight_decay", p, &opt->weight_decay);
   r.Double(m, "eps", p, &opt->eps);
   r.Double(m, "grad_clip", p, &opt->grad_clip);
@@ -429,7 +490,9 @@ void ReadOptimizer(const YAML::Node& node, Reader& r, OptimizerSpec* opt) {
 
 void ReadStages(const YAML::Node& node, Reader& r, std::vector<StageSpec>* stages) {
   const std::string p = "spec.stages";
-  if (node.IsNull()) return;
+  if (node.IsNull()) {
+    return;
+  }
   if (!node.IsSequence()) {
     r.Error(p, absl::StrCat(Describe(node),
                             " is not a list (write stages: [{seq_len: 1024, steps: 100}])"));
@@ -446,11 +509,19 @@ void ReadStages(const YAML::Node& node, Reader& r, std::vector<StageSpec>* stage
       r.Int(m, "seq_len", ip, &stage.seq_len);
       r.Int(m, "steps", ip, &stage.steps);
       double lr;
-      if (r.Double(m, "lr", ip, &lr)) stage.lr = lr;
+      if (r.Double(m, "lr", ip, &lr)) {
+        stage.lr = lr;
+      }
       int64_t v;
-      if (r.Int(m, "warmup_steps", ip, &v)) stage.warmup_steps = v;
-      if (r.Int(m, "sp_degree", ip, &v)) stage.sp_degree = v;
-      if (r.Int(m, "dp_degree", ip, &v)) stage.dp_degree = v;
+      if (r.Int(m, "warmup_steps", ip, &v)) {
+        stage.warmup_steps = v;
+      }
+      if (r.Int(m, "sp_degree", ip, &v)) {
+        stage.sp_degree = v;
+      }
+      if (r.Int(m, "dp_degree", ip, &v)) {
+        stage.dp_degree = v;
+      }
     }
     stages->push_back(stage);
   }
@@ -459,7 +530,9 @@ void ReadStages(const YAML::Node& node, Reader& r, std::vector<StageSpec>* stage
 void ReadCheckpoint(const YAML::Node& node, Reader& r, CheckpointSpec* ckpt) {
   Entries m;
   const std::string p = "spec.checkpoint";
-  if (!r.Entries(node, p, p, &m)) return;
+  if (!r.Entries(node, p, p, &m)) {
+    return;
+  }
   r.String(m, "dir", p, &ckpt->dir);
   r.Int(m, "every_steps", p, &ckpt->every_steps);
   r.Int(m, "keep_last", p, &ckpt->keep_last);
@@ -468,7 +541,9 @@ void ReadCheckpoint(const YAML::Node& node, Reader& r, CheckpointSpec* ckpt) {
 void ReadScheduling(const YAML::Node& node, Reader& r, SchedulingSpec* sched) {
   Entries m;
   const std::string p = "spec.scheduling";
-  if (!r.Entries(node, p, p, &m)) return;
+  if (!r.Entries(node, p, p, &m)) {
+    return;
+  }
   r.Int(m, "priority", p, &sched->priority);
   r.Int(m, "max_failures", p, &sched->max_failures);
   r.Int(m, "max_preemptions", p, &sched->max_preemptions);
@@ -477,19 +552,35 @@ void ReadScheduling(const YAML::Node& node, Reader& r, SchedulingSpec* sched) {
 
 void ReadSpec(const YAML::Node& node, Reader& r, JobSpec* spec) {
   Entries m;
-  if (!r.Entries(node, "spec", "spec", &m)) return;
+  if (!r.Entries(node, "spec", "spec", &m)) {
+    return;
+  }
   if (m.count("model")) {
     ReadModel(m["model"], r, &spec->model);
   } else {
     r.Error("spec.model", "missing (add model: {preset: tiny} or the shape fields)");
   }
-  if (m.count("data")) ReadData(m["data"], r, &spec->data);
-  if (m.count("parallelism")) ReadParallelism(m["parallelism"], r, &spec->parallelism);
-  if (m.count("memory")) ReadMemory(m["memory"], r, &spec->memory);
-  if (m.count("optimizer")) ReadOptimizer(m["optimizer"], r, &spec->optimizer);
-  if (m.count("stages")) ReadStages(m["stages"], r, &spec->stages);
-  if (m.count("checkpoint")) ReadCheckpoint(m["checkpoint"], r, &spec->checkpoint);
-  if (m.count("scheduling")) ReadScheduling(m["scheduling"], r, &spec->scheduling);
+  if (m.count("data")) {
+    ReadData(m["data"], r, &spec->data);
+  }
+  if (m.count("parallelism")) {
+    ReadParallelism(m["parallelism"], r, &spec->parallelism);
+  }
+  if (m.count("memory")) {
+    ReadMemory(m["memory"], r, &spec->memory);
+  }
+  if (m.count("optimizer")) {
+    ReadOptimizer(m["optimizer"], r, &spec->optimizer);
+  }
+  if (m.count("stages")) {
+    ReadStages(m["stages"], r, &spec->stages);
+  }
+  if (m.count("checkpoint")) {
+    ReadCheckpoint(m["checkpoint"], r, &spec->checkpoint);
+  }
+  if (m.count("scheduling")) {
+    ReadScheduling(m["scheduling"], r, &spec->scheduling);
+  }
   auto seed = m.find("seed");
   if (seed != m.end() && !seed->second.IsNull()) {
     if (!seed->second.IsScalar() || !ParseUint64(seed->second.Scalar(), &spec->seed)) {
@@ -501,7 +592,9 @@ void ReadSpec(const YAML::Node& node, Reader& r, JobSpec* spec) {
 
 void ReadDocument(const YAML::Node& root, Reader& r, JobSpec* spec) {
   Entries m;
-  if (!r.Entries(root, "", "", &m)) return;
+  if (!r.Entries(root, "", "", &m)) {
+    return;
+  }
   if (!r.String(m, "apiVersion", "", &spec->api_version)) {
     r.Error("apiVersion", absl::StrCat("missing (add apiVersion: ", kApiVersion, ")"));
   } else if (spec->api_version != kApiVersion) {
@@ -536,28 +629,38 @@ bool ParseOverridePath(const std::string& path, std::vector<PathStep>* steps) {
   size_t i = 0;
   while (i < path.size()) {
     PathStep key_step;
-    while (i < path.size() && path[i] != '.' && path[i] != '[') key_step.key += path[i++];
-    if (key_step.key.empty()) return false;
+    while (i < path.size() && path[i] != '.' && path[i] != '[') {
+      key_step.key += path[i++];
+    }
+    if (key_step.key.empty()) {
+      return false;
+    }
     steps->push_back(key_step);
     while (i < path.size() && path[i] == '[') {
       const size_t close = path.find(']', i);
-      if (close == std::string::npos) return false;
+      if (close == std::string::npos) {
+        return false;
+      }
       int64_t index;
-      if (!ParseInt64(path.substr(i + 1, close - i - 1), &index) || index < 0) return false;
+      if (!ParseInt64(path.substr(i + 1, close - i - 1), &index) || index < 0) {
+        return false;
+      }
       PathStep index_step;
       index_step.index = static_cast<size_t>(index);
       steps->push_back(index_step);
       i = close + 1;
     }
     if (i < path.size()) {
-      if (path[i] != '.' || i + 1 == path.size()) return false;
+      if (path[i] != '.' || i + 1 == path.size()) {
+        return false;
+      }
       ++i;
     }
   }
   return !steps->empty();
 }
 
-absl::Status ApplyOverride(YAML::Node root, const std::string& assignment) {
+absl::Status ApplyOverride(const YAML::Node& root, const std::string& assignment) {
   const std::string where = absl::StrCat("--set ", assignment);
   const size_t eq = assignment.find('=');
   if (eq == std::string::npos) {
@@ -577,7 +680,7 @@ absl::Status ApplyOverride(YAML::Node root, const std::string& assignment) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": the value is not valid YAML (", e.msg, ")"));
   }
-  YAML::Node cur = root;
+  YAML::Node cur = root;    // A handle: edits through it change the shared tree.
   std::string shown;        // Path walked so far, as the user writes it.
   std::string schema_path;  // Same, with [] for indices and * for free-form keys.
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -710,7 +813,10 @@ absl::StatusOr<JobSpec> ParseTree(const std::string& text, const ParseOptions& o
   std::vector<std::string> errors;
   for (const std::string& assignment : options.overrides) {
     absl::Status s = ApplyOverride(root, assignment);
-    if (!s.ok()) errors.push_back(std::string(s.message()));
+    if (!s.ok()) {
+      const std::string message(s.message());
+      errors.push_back(message);
+    }
   }
   RETURN_IF_ERROR(internal::ErrorsToStatus(errors));
   Reader reader;
@@ -723,9 +829,13 @@ absl::StatusOr<JobSpec> ParseTree(const std::string& text, const ParseOptions& o
 }  // namespace
 
 absl::Status ApplyModelPreset(ModelSpec& model) {
-  if (model.preset.empty()) return absl::OkStatus();
+  if (model.preset.empty()) {
+    return absl::OkStatus();
+  }
   for (const Preset& p : kPresets) {
-    if (model.preset != p.name) continue;
+    if (model.preset != p.name) {
+      continue;
+    }
     model.vocab_size = p.vocab;
     model.hidden_size = p.hidden;
     model.intermediate_size = p.intermediate;
@@ -738,7 +848,9 @@ absl::Status ApplyModelPreset(ModelSpec& model) {
     return absl::OkStatus();
   }
   std::vector<std::string> names;
-  for (const Preset& p : kPresets) names.push_back(p.name);
+  for (const Preset& p : kPresets) {
+    names.push_back(p.name);
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("spec.model.preset: ", Quote(model.preset), " is not a known preset (use ",
                    internal::JoinChoices(names), ", or no preset and the shape fields)"));
@@ -747,15 +859,20 @@ absl::Status ApplyModelPreset(ModelSpec& model) {
 absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text, const ParseOptions& options) {
   absl::StatusOr<JobSpec> spec;
   try {
-    spec = ParseTree(std::string(yaml_text), options);
+    const std::string text(yaml_text);
+    spec = ParseTree(text, options);
   } catch (const std::exception& e) {
     // yaml-cpp reports misuse (e.g. odd node shapes) by exception; never let one escape.
     return absl::InvalidArgumentError(
         absl::StrCat("(document): cannot be read (", internal::OneLine(e.what()), ")"));
   }
-  if (!spec.ok()) return spec.status();
+  if (!spec.ok()) {
+    return spec.status();
+  }
   RETURN_IF_ERROR(ValidateJobSpec(*spec));
-  if (options.check_files) RETURN_IF_ERROR(internal::CheckDataFiles(*spec));
+  if (options.check_files) {
+    RETURN_IF_ERROR(internal::CheckDataFiles(*spec));
+  }
   return spec;
 }
 

@@ -36,16 +36,22 @@ class Errors {
 };
 
 bool IsDns1123Label(const std::string& name) {
-  if (name.empty() || name.size() > 63) return false;
+  if (name.empty() || name.size() > 63) {
+    return false;
+  }
   for (char c : name) {
-    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) {
+      return false;
+    }
   }
   return name.front() != '-' && name.back() != '-';
 }
 
 bool OneOf(const std::string& value, const std::vector<std::string>& choices) {
   for (const std::string& c : choices) {
-    if (value == c) return true;
+    if (value == c) {
+      return true;
+    }
   }
   return false;
 }
@@ -59,7 +65,9 @@ void CheckChoice(Errors& e, const std::string& path, const std::string& value,
 }
 
 void CheckPositive(Errors& e, const std::string& path, int64_t value, const std::string& fix) {
-  if (value <= 0) e.Add(path, absl::StrCat(value), "must be > 0", fix);
+  if (value <= 0) {
+    e.Add(path, absl::StrCat(value), "must be > 0", fix);
+  }
 }
 
 void CheckMetadata(const JobSpec& s, Errors& e) {
@@ -67,8 +75,9 @@ void CheckMetadata(const JobSpec& s, Errors& e) {
     e.Add("apiVersion", Quote(s.api_version), "is not supported",
           absl::StrCat("use ", kApiVersion));
   }
-  if (s.kind != kKind)
+  if (s.kind != kKind) {
     e.Add("kind", Quote(s.kind), "is not supported", absl::StrCat("use ", kKind));
+  }
   if (s.metadata.name.empty()) {
     e.Add("metadata.name", "''", "is missing", "set a DNS-1123 name, e.g. name: tiny-demo");
   } else if (!IsDns1123Label(s.metadata.name)) {
@@ -80,20 +89,28 @@ void CheckMetadata(const JobSpec& s, Errors& e) {
 
 // "1, 2, 4, 8": the sequence-parallel degrees that work with these head counts.
 std::string ValidSpDegrees(int64_t hq, int64_t hkv) {
-  if (hq > kMaxListedHeads) return "the divisors of num_attention_heads";
+  if (hq > kMaxListedHeads) {
+    return "the divisors of num_attention_heads";
+  }
   std::vector<int64_t> valid;
   for (int64_t p = 1; p <= hq; ++p) {
-    if (hq % p == 0 && (hkv % p == 0 || p % hkv == 0)) valid.push_back(p);
+    if (hq % p == 0 && (hkv % p == 0 || p % hkv == 0)) {
+      valid.push_back(p);
+    }
   }
   return absl::StrJoin(valid, ", ");
 }
 
 // "1, 2, 4, 8": the divisors of n (a phrase for very large n).
 std::string Divisors(int64_t n) {
-  if (n > kMaxListedHeads) return absl::StrCat("the divisors of ", n);
+  if (n > kMaxListedHeads) {
+    return absl::StrCat("the divisors of ", n);
+  }
   std::vector<int64_t> divisors;
   for (int64_t d = 1; d <= n; ++d) {
-    if (n % d == 0) divisors.push_back(d);
+    if (n % d == 0) {
+      divisors.push_back(d);
+    }
   }
   return absl::StrJoin(divisors, ", ");
 }
@@ -103,8 +120,12 @@ std::string NearestMultiples(int64_t value, int64_t unit) {
   const int64_t lower = value / unit * unit;
   int64_t higher = 0;
   const bool has_higher = !__builtin_add_overflow(lower, unit, &higher);
-  if (lower <= 0) return absl::StrCat("try ", has_higher ? higher : unit);
-  if (!has_higher) return absl::StrCat("try ", lower);
+  if (lower <= 0) {
+    return absl::StrCat("try ", has_higher ? higher : unit);
+  }
+  if (!has_higher) {
+    return absl::StrCat("try ", lower);
+  }
   return absl::StrCat("try ", lower, " or ", higher);
 }
 
@@ -156,7 +177,9 @@ void CheckModel(const JobSpec& s, Errors& e) {
 void CheckSpAgainstHeads(const JobSpec& s, const std::string& path, int64_t sp, Errors& e) {
   const int64_t hq = s.model.num_attention_heads;
   const int64_t hkv = s.model.num_key_value_heads;
-  if (sp < 1 || hq <= 0 || hkv <= 0 || hq % hkv != 0) return;
+  if (sp < 1 || hq <= 0 || hkv <= 0 || hq % hkv != 0) {
+    return;
+  }
   const std::string valid = ValidSpDegrees(hq, hkv);
   if (hq % sp != 0) {
     e.Add(path, absl::StrCat(sp), absl::StrCat("does not divide num_attention_heads ", hq),
@@ -201,7 +224,9 @@ void CheckMemory(const JobSpec& s, Errors& e) {
 void CheckOptimizer(const JobSpec& s, Errors& e) {
   const OptimizerSpec& o = s.optimizer;
   CheckChoice(e, "spec.optimizer.type", o.type, {"adamw"}, "optimizer");
-  if (o.lr <= 0) e.Add("spec.optimizer.lr", FormatDouble(o.lr), "must be > 0", "use e.g. 3.0e-4");
+  if (o.lr <= 0) {
+    e.Add("spec.optimizer.lr", FormatDouble(o.lr), "must be > 0", "use e.g. 3.0e-4");
+  }
   const std::pair<const char*, double> betas[] = {{"spec.optimizer.betas[0]", o.beta1},
                                                   {"spec.optimizer.betas[1]", o.beta2}};
   for (const auto& [path, beta] : betas) {
@@ -213,7 +238,9 @@ void CheckOptimizer(const JobSpec& s, Errors& e) {
     e.Add("spec.optimizer.weight_decay", FormatDouble(o.weight_decay), "must be >= 0",
           "use e.g. 0.1, or 0 for none");
   }
-  if (o.eps <= 0) e.Add("spec.optimizer.eps", FormatDouble(o.eps), "must be > 0", "use 1e-8");
+  if (o.eps <= 0) {
+    e.Add("spec.optimizer.eps", FormatDouble(o.eps), "must be > 0", "use 1e-8");
+  }
   if (o.grad_clip < 0) {
     e.Add("spec.optimizer.grad_clip", FormatDouble(o.grad_clip), "must be >= 0",
           "use e.g. 1.0, or 0 to disable clipping");
@@ -271,7 +298,9 @@ void CheckStage(const JobSpec& s, size_t i, Errors& e) {
     CheckDegree(e, p + ".sp_degree", *st.sp_degree, "sequence parallelism");
     CheckSpAgainstHeads(s, p + ".sp_degree", *st.sp_degree, e);
   }
-  if (st.dp_degree) CheckDegree(e, p + ".dp_degree", *st.dp_degree, "data parallelism");
+  if (st.dp_degree) {
+    CheckDegree(e, p + ".dp_degree", *st.dp_degree, "data parallelism");
+  }
   const int64_t dp = s.StageDp(i);
   if (sp >= 1 && dp >= 1 && (sp > kMaxWorldSize || dp > kMaxWorldSize / sp)) {
     e.Add(p, absl::StrCat("sp_degree ", sp, " x dp_degree ", dp),
@@ -289,7 +318,9 @@ void CheckStages(const JobSpec& s, Errors& e) {
     e.Add("spec.stages", "[]", "is empty",
           "add at least one stage, e.g. stages: [{seq_len: 1024, steps: 100}]");
   }
-  for (size_t i = 0; i < s.stages.size(); ++i) CheckStage(s, i, e);
+  for (size_t i = 0; i < s.stages.size(); ++i) {
+    CheckStage(s, i, e);
+  }
 }
 
 void CheckData(const JobSpec& s, Errors& e) {

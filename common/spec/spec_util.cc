@@ -18,7 +18,9 @@ std::string FormatDouble(double v) {
   char buf[64];
   for (int precision = 1; precision <= 17; ++precision) {
     std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
-    if (std::strtod(buf, nullptr) == v) break;
+    if (std::strtod(buf, nullptr) == v) {
+      break;
+    }
   }
   std::string text = buf;
   // Plain decimals read better than exponents for everyday magnitudes ("500000", "0.0003").
@@ -33,7 +35,9 @@ std::string FormatDouble(double v) {
     }
   }
   // Keep a marker that this is a float when it prints like an integer: "1" -> "1.0".
-  if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
+  if (text.find_first_of(".eEn") == std::string::npos) {
+    text += ".0";
+  }
   return text;
 }
 
@@ -59,13 +63,17 @@ std::string OneLine(const std::string& text) {
 std::string Quote(const std::string& text) {
   constexpr size_t kMaxShown = 256;  // Long enough for file paths.
   std::string out = "'" + OneLine(text.substr(0, kMaxShown));
-  if (text.size() > kMaxShown) out += "...";
+  if (text.size() > kMaxShown) {
+    out += "...";
+  }
   return out + "'";
 }
 
 size_t EditDistance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t j = 0; j <= b.size(); ++j) {
+    prev[j] = j;
+  }
   for (size_t i = 1; i <= a.size(); ++i) {
     cur[0] = i;
     for (size_t j = 1; j <= b.size(); ++j) {
@@ -78,7 +86,9 @@ size_t EditDistance(const std::string& a, const std::string& b) {
 }
 
 std::string SuggestKey(const std::string& key, const std::vector<std::string>& candidates) {
-  if (candidates.empty()) return "";
+  if (candidates.empty()) {
+    return "";
+  }
   const std::string* best = nullptr;
   size_t best_distance = 0;
   for (const std::string& candidate : candidates) {
@@ -90,21 +100,31 @@ std::string SuggestKey(const std::string& key, const std::vector<std::string>& c
   }
   // Close enough: at most a third of the longer name (and at least 2 edits allowed).
   const size_t allowed = std::max<size_t>(2, std::max(key.size(), best->size()) / 3);
-  if (best_distance <= allowed) return absl::StrCat(" (did you mean '", *best, "'?)");
+  if (best_distance <= allowed) {
+    return absl::StrCat(" (did you mean '", *best, "'?)");
+  }
   return absl::StrCat(" (valid keys: ", absl::StrJoin(candidates, ", "), ")");
 }
 
 std::string JoinChoices(const std::vector<std::string>& choices) {
-  if (choices.empty()) return "";
-  if (choices.size() == 1) return choices[0];
+  if (choices.empty()) {
+    return "";
+  }
+  if (choices.size() == 1) {
+    return choices[0];
+  }
   std::vector<std::string> head(choices.begin(), choices.end() - 1);
   return absl::StrCat(absl::StrJoin(head, ", "), " or ", choices.back());
 }
 
 absl::Status ErrorsToStatus(const std::vector<std::string>& errors) {
-  if (errors.empty()) return absl::OkStatus();
+  if (errors.empty()) {
+    return absl::OkStatus();
+  }
   std::vector<std::string> lines;
-  for (const std::string& e : errors) lines.push_back(OneLine(e));
+  for (const std::string& e : errors) {
+    lines.push_back(OneLine(e));
+  }
   return absl::InvalidArgumentError(absl::StrJoin(lines, "\n"));
 }
 
@@ -145,7 +165,9 @@ void CheckOneFile(const std::string& field, const std::string& path, int64_t nee
 absl::Status CheckDataFiles(const JobSpec& spec) {
   std::vector<std::string> errors;
   const int64_t need = spec.stages.empty() ? 1 : spec.stages[0].seq_len + 1;
-  if (!spec.data.train.empty()) CheckOneFile("spec.data.train", spec.data.train, need, &errors);
+  if (!spec.data.train.empty()) {
+    CheckOneFile("spec.data.train", spec.data.train, need, &errors);
+  }
   if (!spec.data.validation.empty()) {
     CheckOneFile("spec.data.validation", spec.data.validation, need, &errors);
   }

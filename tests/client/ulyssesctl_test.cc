@@ -85,24 +85,34 @@ class UlyssesctlTest : public ::testing::Test {
     std::vector<std::string> argv_storage = {binary_};
     argv_storage.insert(argv_storage.end(), args.begin(), args.end());
     std::vector<char*> argv;
-    for (std::string& a : argv_storage) argv.push_back(a.data());
+    for (std::string& a : argv_storage) {
+      argv.push_back(a.data());
+    }
     argv.push_back(nullptr);
     std::vector<std::string> env_storage;
     for (char** e = environ; *e != nullptr; ++e) {
       const std::string entry = *e;
       const std::string key = entry.substr(0, entry.find('='));
-      if (env.count(key) == 0 && key != "ULYSSES_COORDINATOR") env_storage.push_back(entry);
+      if (env.count(key) == 0 && key != "ULYSSES_COORDINATOR") {
+        env_storage.push_back(entry);
+      }
     }
-    for (const auto& [key, value] : env) env_storage.push_back(key + "=" + value);
+    for (const auto& [key, value] : env) {
+      env_storage.push_back(key + "=" + value);
+    }
     std::vector<char*> envp;
-    for (std::string& e : env_storage) envp.push_back(e.data());
+    for (std::string& e : env_storage) {
+      envp.push_back(e.data());
+    }
     envp.push_back(nullptr);
     pid_t pid = 0;
     Result result;
     const int rc = posix_spawn(&pid, binary_.c_str(), &actions, nullptr, argv.data(), envp.data());
     posix_spawn_file_actions_destroy(&actions);
     EXPECT_EQ(rc, 0) << "posix_spawn failed";
-    if (rc != 0) return result;
+    if (rc != 0) {
+      return result;
+    }
     int status = 0;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (waitpid(pid, &status, WNOHANG) == 0) {
@@ -114,8 +124,12 @@ class UlyssesctlTest : public ::testing::Test {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
-    if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
+    if (WIFEXITED(status)) {
+      result.exit_code = WEXITSTATUS(status);
+    }
+    if (WIFSIGNALED(status)) {
+      result.signal = WTERMSIG(status);
+    }
     result.out = ReadAll(out_path);
     result.err = ReadAll(err_path);
     return result;
@@ -225,7 +239,9 @@ TEST_F(UlyssesctlTest, ValidateAppliesSetOverrides) {
 
 TEST_F(UlyssesctlTest, ValidateNeverCrashesOnBadFiles) {
   std::string junk;
-  for (int i = 0; i < 4096; ++i) junk += static_cast<char>((i * 7919) % 256);
+  for (int i = 0; i < 4096; ++i) {
+    junk += static_cast<char>((i * 7919) % 256);
+  }
   const std::vector<std::pair<std::string, std::string>> cases = {
       {Write("empty.yaml", ""), "empty document"},
       {Write("junk.yaml", junk), ": "},

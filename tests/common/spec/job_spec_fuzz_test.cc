@@ -45,7 +45,9 @@ std::string Mutate(const std::string& input, std::mt19937_64& rng) {
         break;
       case 4: {  // swap two lines
         std::vector<std::string> lines = absl::StrSplit(s, '\n');
-        if (lines.size() > 2) std::swap(lines[rng() % lines.size()], lines[rng() % lines.size()]);
+        if (lines.size() > 2) {
+          std::swap(lines[rng() % lines.size()], lines[rng() % lines.size()]);
+        }
         s = absl::StrJoin(lines, "\n");
         break;
       }
@@ -67,7 +69,9 @@ std::string Mutate(const std::string& input, std::mt19937_64& rng) {
 }
 
 void CheckAnswer(const std::string& input, const absl::StatusOr<JobSpec>& spec) {
-  if (spec.ok()) return;
+  if (spec.ok()) {
+    return;
+  }
   ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << input;
   const std::string message(spec.status().message());
   ASSERT_FALSE(message.empty()) << input;
@@ -99,7 +103,9 @@ TEST(JobSpecFuzzTest, MutatedShippedSpecsNeverCrash) {
     }
     absl::StatusOr<JobSpec> spec = ParseJobSpec(input);
     CheckAnswer(input, spec);
-    if (HasFatalFailure()) return;
+    if (HasFatalFailure()) {
+      return;
+    }
     if (spec.ok()) {
       ++accepted;
       // An accepted spec must survive its own canonical form.

@@ -49,7 +49,9 @@ std::string With(std::vector<std::pair<std::string, std::string>> edits) {
   for (const auto& [from, to] : edits) {
     const size_t pos = text.find(from);
     EXPECT_NE(pos, std::string::npos) << from;
-    if (pos != std::string::npos) text.replace(pos, from.size(), to);
+    if (pos != std::string::npos) {
+      text.replace(pos, from.size(), to);
+    }
   }
   return text;
 }
@@ -526,7 +528,9 @@ class CheckFilesTest : public ::testing::Test {
 
   absl::StatusOr<JobSpec> Parse(const std::string& train, const std::string& validation) {
     std::string data = "{train: '" + train + "'";
-    if (!validation.empty()) data += ", validation: '" + validation + "'";
+    if (!validation.empty()) {
+      data += ", validation: '" + validation + "'";
+    }
     data += "}";
     ParseOptions options;
     options.check_files = true;
