@@ -191,7 +191,7 @@ class RandomDataset final : public TokenDataset {
 
 class NeedleDataset final : public TokenDataset {
  public:
-  static constexpr int64_t kBlock = 6;  // KEY/QUERY k1 k2 SEP v1 v2
+  static constexpr int64_t kBlock = 5;  // KEY/QUERY k1 k2 v1 v2
 
   NeedleDataset(Split split, int64_t vocab_size, uint64_t seed, int64_t validation_sequences)
       : split_(split), vocab_size_(vocab_size), seed_(seed), validation_(validation_sequences) {
@@ -213,7 +213,10 @@ class NeedleDataset final : public TokenDataset {
     if (index < 0 || (split_ == Split::kValidation && index >= validation_)) {
       return absl::OutOfRangeError(absl::StrCat("synthetic index ", index, " out of range"));
     }
-    const int64_t num_pairs = std::clamp<int64_t>(seq_len / 128, 1, 32);
+    // Keys and values are distinct within a sequence, so a range of R/4 tokens holds
+    // R/8 pairs.
+    const int64_t max_pairs = std::min<int64_t>(32, (value_begin_ - key_begin_) / 2);
+    const int64_t num_pairs = std::clamp<int64_t>(seq_len / 128, 1, max_pairs);
     const int64_t num_queries = std::clamp<int64_t>(seq_len / 256, 1, num_pairs);
     const int64_t total = seq_len + 1;
     const int64_t query_begin = total - num_queries * kBlock;
@@ -222,15 +225,20 @@ class NeedleDataset final : public TokenDataset {
     Rng rng(StreamSeed(seed_, 0x6e65656400ULL ^ SplitTag(split_), static_cast<uint64_t>(index),
                        static_cast<uint64_t>(seq_len)));
 
-    // Distinct key tokens across the sequence (2 per pair), values free.
-    const int64_t key_range = value_begin_ - key_begin_;
-    std::vector<int64_t> key_tokens(key_range);
-    for (int64_t i = 0; i < key_range; ++i) key_tokens[i] = key_begin_ + i;
-    for (int64_t i = 0; i < 2 * num_pairs; ++i) {  // partial Fisher-Yates
-      std::swap(key_tokens[i], key_tokens[i + rng.Uniform(key_range - i)]);
-    }
-    std::vector<int64_t> values(2 * num_pairs);
-    for (auto& v : values) v = value_begin_ + rng.Uniform(filler_begin_ - value_begin_);
+    // Distinct key tokens and distinct value tokens across the sequence (2 each per
+    // pair): every key and value token occurs once in the body, so retrieval is the
+    // classic induction pattern "find the earlier occurrence, copy what follows".
+    auto distinct = [&rng](int64_t begin, int64_t end, int64_t count) {
+      std::vector<int64_t> tokens(end - begin);
+      for (int64_t i = 0; i < end - begin; ++i) tokens[i] = begin + i;
+      for (int64_t i = 0; i < count; ++i) {  // partial Fisher-Yates
+        std::swap(tokens[i], tokens[i + rng.Uniform(end - begin - i)]);
+      }
+      tokens.resize(count);
+      return tokens;
+    };
+    const std::vector<int64_t> key_tokens = distinct(key_begin_, value_begin_, 2 * num_pairs);
+    const std::vector<int64_t> values = distinct(value_begin_, filler_begin_, 2 * num_pairs);
 
     Sample sample;
     sample.tokens = torch::empty({total}, torch::kInt64);
@@ -247,9 +255,8 @@ class NeedleDataset final : public TokenDataset {
       out[at] = marker;
       out[at + 1] = key_tokens[2 * pair];
       out[at + 2] = key_tokens[2 * pair + 1];
-      out[at + 3] = NeedleVocab::kSep;
-      out[at + 4] = values[2 * pair];
-      out[at + 5] = values[2 * pair + 1];
+      out[at + 3] = values[2 * pair];
+      out[at + 4] = values[2 * pair + 1];
     };
     for (int64_t p = 0; p < num_pairs; ++p)
       write_block(1 + cuts[p] + p * kBlock, NeedleVocab::kKey, p);
@@ -264,8 +271,8 @@ class NeedleDataset final : public TokenDataset {
     for (int64_t q = 0; q < num_queries; ++q) {
       const int64_t at = query_begin + q * kBlock;
       write_block(at, NeedleVocab::kQuery, order[q]);
-      mask[at + 3] = true;  // target tokens[at + 4] = v1
-      mask[at + 4] = true;  // target tokens[at + 5] = v2
+      mask[at + 2] = true;  // input k2, target tokens[at + 3] = v1
+      mask[at + 3] = true;  // input v1, target tokens[at + 4] = v2
     }
     return sample;
   }

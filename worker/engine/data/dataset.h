@@ -10,17 +10,20 @@
 // file, byte offset, token and vocabulary size; nothing is cached on error.
 //
 // Synthetic "needle" task (long-range key->value retrieval), token ids:
-//   0 PAD (unused)   1 BOS   2 KEY   3 SEP   4 QUERY   5..7 reserved
+//   0 PAD (unused)   1 BOS   2 KEY   3 (reserved)   4 QUERY   5..7 reserved
 //   keys    : [8, 8 + R/4)          (R = vocab_size - 8)
 //   values  : [8 + R/4, 8 + R/2)
 //   filler  : [8 + R/2, vocab_size)
 // A sequence of s+1 tokens is: BOS, random filler with P pair blocks
-// "KEY k1 k2 SEP v1 v2" planted at random depths, and, at the END, Q query blocks
-// "QUERY k1 k2 SEP v1 v2" asking for the values of Q distinct planted keys
-// (P = clamp(s/128, 1, 32), Q = clamp(s/256, 1, P)). All key tokens in one
-// sequence are distinct, so a key is identified by any of its tokens. target_mask
-// marks exactly the positions whose next-token target is a queried value token
-// (2 per query): loss and accuracy on this task measure retrieval only.
+// "KEY k1 k2 v1 v2" planted at random depths, and, at the END, Q query blocks
+// "QUERY k1 k2 v1 v2" asking for the values of Q distinct planted keys
+// (P = clamp(s/128, 1, min(32, R/8)), Q = clamp(s/256, 1, P); s=1024 gives 8 pairs
+// and 4 queries). All key tokens, and all value tokens, of one sequence are
+// distinct, so the answer is "find where this key token occurred, copy what
+// followed" (an induction pattern) across up to the whole context. target_mask marks
+// exactly the positions whose next-token target is a queried value token (inputs k2
+// and v1 of each query, 2 per query): loss and accuracy on this task measure
+// retrieval only. Accuracy = fraction of masked positions where argmax == target.
 #ifndef ULYSSES_WORKER_ENGINE_DATA_DATASET_H_
 #define ULYSSES_WORKER_ENGINE_DATA_DATASET_H_
 
@@ -55,7 +58,7 @@ class TokenDataset {
 
 // Needle-task vocabulary layout (see the header comment).
 struct NeedleVocab {
-  static constexpr int64_t kPad = 0, kBos = 1, kKey = 2, kSep = 3, kQuery = 4;
+  static constexpr int64_t kPad = 0, kBos = 1, kKey = 2, kQuery = 4;
   static constexpr int64_t kFirstFree = 8;
   static constexpr int64_t kMinVocab = 64;
   static constexpr int64_t kMinSeqLen = 16;

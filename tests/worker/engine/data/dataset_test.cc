@@ -168,7 +168,7 @@ TEST(SyntheticTest, NeedleStructure) {
     EXPECT_EQ(tok[0].item<int64_t>(), NeedleVocab::kBos);
     // Collect planted pairs: key (k1,k2) -> (v1,v2).
     std::map<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>> pairs;
-    std::set<int64_t> key_tokens;
+    std::set<int64_t> key_tokens, value_tokens;
     int64_t queries = 0, depth_min = s, depth_max = 0;
     for (int64_t i = 1; i <= s; ++i) {
       const int64_t t = tok[i].item<int64_t>();
@@ -178,22 +178,23 @@ TEST(SyntheticTest, NeedleStructure) {
         EXPECT_TRUE(key_tokens.insert(k.second).second);
         EXPECT_GE(k.first, key_begin);
         EXPECT_LT(k.second, value_begin);
-        EXPECT_EQ(tok[i + 3].item<int64_t>(), NeedleVocab::kSep);
-        pairs[k] = {tok[i + 4].item<int64_t>(), tok[i + 5].item<int64_t>()};
+        pairs[k] = {tok[i + 3].item<int64_t>(), tok[i + 4].item<int64_t>()};
+        EXPECT_TRUE(value_tokens.insert(pairs[k].first).second);
+        EXPECT_TRUE(value_tokens.insert(pairs[k].second).second);
         EXPECT_GE(pairs[k].first, value_begin);
         EXPECT_LT(pairs[k].second, filler_begin);
         depth_min = std::min(depth_min, i);
         depth_max = std::max(depth_max, i);
-        i += 5;
+        i += 4;
       } else if (t == NeedleVocab::kQuery) {
         const auto k = std::make_pair(tok[i + 1].item<int64_t>(), tok[i + 2].item<int64_t>());
         ASSERT_TRUE(pairs.count(k)) << "query for a key that was not planted";
-        EXPECT_EQ(tok[i + 4].item<int64_t>(), pairs[k].first);
-        EXPECT_EQ(tok[i + 5].item<int64_t>(), pairs[k].second);
+        EXPECT_EQ(tok[i + 3].item<int64_t>(), pairs[k].first);
+        EXPECT_EQ(tok[i + 4].item<int64_t>(), pairs[k].second);
+        EXPECT_TRUE(sample->target_mask[i + 2].item<bool>());
         EXPECT_TRUE(sample->target_mask[i + 3].item<bool>());
-        EXPECT_TRUE(sample->target_mask[i + 4].item<bool>());
         ++queries;
-        i += 5;
+        i += 4;
       } else {
         EXPECT_GE(t, filler_begin) << "position " << i;
         EXPECT_LT(t, vocab);
@@ -215,6 +216,12 @@ TEST(SyntheticTest, NeedleStructure) {
   auto small = (*ds)->Get(5, 16);
   ASSERT_TRUE(small.ok());
   EXPECT_EQ(small->target_mask.sum().item<int64_t>(), 2);
+  // A small vocabulary caps the pairs: 56 free ids -> 14 key ids -> 7 pairs.
+  auto tiny_vocab = OpenSynthetic("needle", Split::kValidation, 64, 1, 1);
+  ASSERT_TRUE(tiny_vocab.ok());
+  auto capped = (*tiny_vocab)->Get(0, 2048);
+  ASSERT_TRUE(capped.ok()) << capped.status();
+  EXPECT_EQ(capped->tokens.eq(NeedleVocab::kKey).sum().item<int64_t>(), 7);
 }
 
 TEST(OpenDatasetTest, UsesSpec) {
