@@ -42,8 +42,8 @@ void AdamW::Step(const NamedParams& params, double lr) {
 
 std::vector<std::pair<std::string, torch::Tensor>> AdamW::StateTensors() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& [name, t] : exp_avg_) out.emplace_back("optimizer.exp_avg." + name, t);
-  for (const auto& [name, t] : exp_avg_sq_) out.emplace_back("optimizer.exp_avg_sq." + name, t);
+  for (const auto& [name, t] : exp_avg_) out.emplace_back("optim/exp_avg/" + name, t);
+  for (const auto& [name, t] : exp_avg_sq_) out.emplace_back("optim/exp_avg_sq/" + name, t);
   return out;
 }
 
@@ -55,8 +55,8 @@ absl::Status AdamW::LoadState(const NamedParams& params,
   step_count_ = step_count;
   if (step_count == 0) return absl::OkStatus();
   for (const auto& [name, p] : params) {
-    for (auto [prefix, dst] : {std::make_pair("optimizer.exp_avg.", &exp_avg_),
-                               std::make_pair("optimizer.exp_avg_sq.", &exp_avg_sq_)}) {
+    for (auto [prefix, dst] : {std::make_pair("optim/exp_avg/", &exp_avg_),
+                               std::make_pair("optim/exp_avg_sq/", &exp_avg_sq_)}) {
       auto it = tensors.find(prefix + name);
       if (it == tensors.end()) {
         return absl::InvalidArgumentError(

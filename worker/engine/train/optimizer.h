@@ -43,7 +43,7 @@ class AdamW {
   void Step(const NamedParams& params, double lr);
 
   int64_t step_count() const { return step_count_; }
-  // Checkpoint view: "optimizer.exp_avg.<name>" and "optimizer.exp_avg_sq.<name>".
+  // Checkpoint view: "optim/exp_avg/<name>" and "optim/exp_avg_sq/<name>".
   std::vector<std::pair<std::string, torch::Tensor>> StateTensors() const;
   // Restores from StateTensors()' names; missing entries are an error naming them.
   absl::Status LoadState(const NamedParams& params,

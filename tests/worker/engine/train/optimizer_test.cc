@@ -42,9 +42,9 @@ TEST(AdamWTest, StateRoundTrips) {
   x.Step({{"w", a}}, 0.1);
   z.Step({{"w", b}}, 0.1);
   EXPECT_TRUE(torch::equal(a, b));
-  saved.erase("optimizer.exp_avg.w");
+  saved.erase("optim/exp_avg/w");
   absl::Status s = z.LoadState({{"w", b}}, saved, 1);
-  EXPECT_NE(s.message().find("optimizer.exp_avg.w is missing"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("optim/exp_avg/w is missing"), std::string::npos) << s;
 }
 
 TEST(ScheduleTest, WarmupThenDecay) {
