@@ -216,8 +216,10 @@ class NeedleDataset final : public TokenDataset {
     // Keys and values are distinct within a sequence, so a range of R/4 tokens holds
     // R/8 pairs.
     const int64_t max_pairs = std::min<int64_t>(32, (value_begin_ - key_begin_) / 2);
-    const int64_t num_pairs = std::clamp<int64_t>(seq_len / 128, 1, max_pairs);
-    const int64_t num_queries = std::clamp<int64_t>(seq_len / 256, 1, num_pairs);
+    // Dense enough that retrieval, not filler, carries the signal: one pair per 64
+    // tokens, and every planted pair is queried (in random order).
+    const int64_t num_pairs = std::clamp<int64_t>(seq_len / 64, 1, max_pairs);
+    const int64_t num_queries = num_pairs;
     const int64_t total = seq_len + 1;
     const int64_t query_begin = total - num_queries * kBlock;
     const int64_t body = query_begin - 1;  // after BOS

@@ -16,14 +16,14 @@
 //   filler  : [8 + R/2, vocab_size)
 // A sequence of s+1 tokens is: BOS, random filler with P pair blocks
 // "KEY k1 k2 v1 v2" planted at random depths, and, at the END, Q query blocks
-// "QUERY k1 k2 v1 v2" asking for the values of Q distinct planted keys
-// (P = clamp(s/128, 1, min(32, R/8)), Q = clamp(s/256, 1, P); s=1024 gives 8 pairs
-// and 4 queries). All key tokens, and all value tokens, of one sequence are
-// distinct, so the answer is "find where this key token occurred, copy what
-// followed" (an induction pattern) across up to the whole context. target_mask marks
-// exactly the positions whose next-token target is a queried value token (inputs k2
-// and v1 of each query, 2 per query): loss and accuracy on this task measure
-// retrieval only. Accuracy = fraction of masked positions where argmax == target.
+// "QUERY k1 k2 v1 v2" asking, in random order, for the values of every planted
+// key (P = clamp(s/64, 1, min(32, R/8)) pairs and as many queries; s=1024 gives 16
+// pairs and 16 queries, 32 scored tokens). All key tokens, and all value tokens, of one sequence
+// are distinct, so the answer is "find where this key token occurred, copy what followed" (an
+// induction pattern) across up to the whole context. target_mask marks exactly the positions whose
+// next-token target is a queried value token (inputs k2 and v1 of each query, 2 per query): loss
+// and accuracy on this task measure retrieval only. Accuracy = fraction of masked positions where
+// argmax == target.
 #ifndef ULYSSES_WORKER_ENGINE_DATA_DATASET_H_
 #define ULYSSES_WORKER_ENGINE_DATA_DATASET_H_
 

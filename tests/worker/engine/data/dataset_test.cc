@@ -200,8 +200,8 @@ TEST(SyntheticTest, NeedleStructure) {
         EXPECT_LT(t, vocab);
       }
     }
-    EXPECT_EQ(static_cast<int64_t>(pairs.size()), s / 128);
-    EXPECT_EQ(queries, s / 256);
+    EXPECT_EQ(static_cast<int64_t>(pairs.size()), s / 64);
+    EXPECT_EQ(queries, s / 64);
     EXPECT_EQ(sample->target_mask.sum().item<int64_t>(), 2 * queries);
     EXPECT_TRUE(sample->target_mask[s - 1].item<bool>());  // the answer ends the sequence
     EXPECT_LT(depth_min, depth_max);
