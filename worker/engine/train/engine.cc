@@ -26,12 +26,7 @@
 #include "worker/engine/hf/hf.h"
 #include "worker/engine/model/llama.h"
 #include "worker/engine/parallel/communicator.h"
-// Ulysses attention lands on branch `parallel`; until it is merged the engine builds
-// and rejects training with a clear error.
-#if __has_include("worker/engine/parallel/ulysses_attention.h")
 #include "worker/engine/parallel/ulysses_attention.h"
-#define ULYSSES_ENGINE_HAVE_ULYSSES_ATTENTION 1
-#endif
 #include "worker/engine/train/optimizer.h"
 
 namespace ulysses::engine::train {
@@ -189,12 +184,7 @@ absl::StatusOr<std::unique_ptr<Engine>> BuildEngine(const spec::JobSpec& spec,
     return absl::InvalidArgumentError(absl::StrCat("--world-size: ", world, " != sp_degree ", sp,
                                                    " x dp_degree ", dp, " of this stage"));
   }
-#ifdef ULYSSES_ENGINE_HAVE_ULYSSES_ATTENTION
   RETURN_IF_ERROR(CheckUlyssesHeads(config.num_attention_heads, config.num_key_value_heads, sp));
-#else
-  return absl::UnimplementedError(
-      "this build has no Ulysses attention (merge branch parallel into this build)");
-#endif
   ASSIGN_OR_RETURN(e->dtype, model::ParseDtype(spec.model.dtype));
   if (spec.memory.attention_block_size <= 0) {
     return absl::InvalidArgumentError("spec.memory.attention_block_size: must be > 0");
@@ -224,7 +214,6 @@ absl::StatusOr<std::unique_ptr<Engine>> BuildEngine(const spec::JobSpec& spec,
     e->model->to(e->device, e->dtype);
     return absl::OkStatus();
   }));
-#ifdef ULYSSES_ENGINE_HAVE_ULYSSES_ATTENTION
   Communicator* sp_comm = e->groups.sp.get();
   AttentionOptions attn_opts;
   attn_opts.block_size = spec.memory.attention_block_size;
@@ -232,7 +221,6 @@ absl::StatusOr<std::unique_ptr<Engine>> BuildEngine(const spec::JobSpec& spec,
                                       const torch::Tensor& v) {
     return UlyssesAttention(q, k, v, sp_comm, attn_opts);
   };
-#endif
   return e;
 }
 

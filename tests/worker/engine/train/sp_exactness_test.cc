@@ -24,10 +24,7 @@
 #include "worker/engine/data/sharding.h"
 #include "worker/engine/model/llama.h"
 #include "worker/engine/parallel/communicator.h"
-#if __has_include("worker/engine/parallel/ulysses_attention.h")
 #include "worker/engine/parallel/ulysses_attention.h"
-#define HAVE_ULYSSES_ATTENTION 1
-#endif
 #include "worker/engine/train/launcher.h"
 
 namespace ulysses::engine::train {
@@ -52,7 +49,6 @@ int Getenv(const char* name, int def) {
 }
 
 // Child: one rank. Writes [loss, count, grads...] (rank 0) to ULYSSES_SPX_OUT.
-#ifdef HAVE_ULYSSES_ATTENTION
 int ChildMain() {
   const int rank = Getenv("ULYSSES_SPX_RANK", 0), world = Getenv("ULYSSES_SPX_WORLD", 1);
   const bool memopts = Getenv("ULYSSES_SPX_MEMOPTS", 0) != 0;
@@ -104,10 +100,6 @@ int ChildMain() {
   }
   return 0;
 }
-
-#else
-int ChildMain() { return 3; }
-#endif
 
 struct ChildDispatch {
   ChildDispatch() {
@@ -172,14 +164,8 @@ void ExpectEqualResults(const std::vector<torch::Tensor>& a, const std::vector<t
   }
 }
 
-#ifndef HAVE_ULYSSES_ATTENTION
-#define SKIP_WITHOUT_ATTENTION() GTEST_SKIP() << "Ulysses attention not in this build"
-#else
-#define SKIP_WITHOUT_ATTENTION() (void)0
-#endif
 
 TEST(SpExactnessTest, LossAndEveryGradientMatchAcrossSpDegrees) {
-  SKIP_WITHOUT_ATTENTION();
   auto sp1 = RunRanks(1, false);
   auto sp2 = RunRanks(2, false);
   auto sp4 = RunRanks(4, false);
@@ -188,7 +174,6 @@ TEST(SpExactnessTest, LossAndEveryGradientMatchAcrossSpDegrees) {
 }
 
 TEST(SpExactnessTest, MemoryOptionsAtSp4MatchPlainSp1) {
-  SKIP_WITHOUT_ATTENTION();
   auto sp1 = RunRanks(1, false);
   auto sp4 = RunRanks(4, true);
   ExpectEqualResults(sp1, sp4);
