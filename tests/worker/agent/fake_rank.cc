@@ -1,0 +1,91 @@
+// Test-only protocol peer of `ulysses-train rank` for the child supervisor's unit
+// tests: prints the same JSON event lines and uses the same exit codes, without
+// training anything. The end-to-end tests use the real ulysses-train.
+//
+//   fake_rank [--steps N] [--step-ms MS] [--exit CODE] [--ignore-term] [--noise]
+//             [--pid-file PATH] [rank contract flags, ignored]
+//
+// On SIGTERM it finishes the current step, prints a checkpoint event and exits 75
+// (unless --ignore-term). --noise prints a non-JSON stdout line and stderr lines.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+namespace {
+volatile sig_atomic_t g_term = 0;
+void OnTerm(int) { g_term = 1; }
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 3, step_ms = 10, exit_code = 0;
+  bool ignore_term = false, noise = false;
+  std::string pid_file;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : ""; };
+    if (arg == "--steps")
+      steps = std::atoi(next());
+    else if (arg == "--step-ms")
+      step_ms = std::atoi(next());
+    else if (arg == "--exit")
+      exit_code = std::atoi(next());
+    else if (arg == "--ignore-term")
+      ignore_term = true;
+    else if (arg == "--noise")
+      noise = true;
+    else if (arg == "--pid-file")
+      pid_file = next();
+  }
+  if (!pid_file.empty()) {
+    FILE* f = std::fopen(pid_file.c_str(), "w");
+    if (f) {
+      std::fprintf(f, "%d\n", static_cast<int>(getpid()));
+      std::fclose(f);
+    }
+  }
+  signal(SIGTERM, ignore_term ? SIG_IGN : OnTerm);
+  if (noise) {
+    std::printf("plain text on stdout\n");
+    std::fprintf(stderr, "warming up\n");
+  }
+  for (int step = 1; step <= steps; ++step) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+    std::printf(
+        "{\"event\":\"step\",\"stage\":0,\"step\":%d,\"steps\":%d,\"loss\":%.3f,"
+        "\"tokens_per_s\":1000.0,\"seq_len\":128}\n",
+        step, steps, 5.0 - 0.1 * step);
+    std::fflush(stdout);
+    if (g_term) {
+      std::printf(
+          "{\"event\":\"checkpoint\",\"stage\":0,\"step\":%d,\"path\":\"/tmp/ckpt/step-%d\","
+          "\"bytes\":42,\"seconds\":0.01}\n",
+          step, step);
+      std::fflush(stdout);
+      std::fprintf(stderr, "preempted at step %d\n", step);
+      return 75;
+    }
+  }
+  if (exit_code == 2) {
+    std::fprintf(stderr, "spec.stages[0].seq_len: 100 is not divisible by sp_degree 3\n");
+    return 2;
+  }
+  if (exit_code != 0) {
+    std::fprintf(stderr, "fake failure\n");
+    return exit_code;
+  }
+  std::printf(
+      "{\"event\":\"checkpoint\",\"stage\":0,\"step\":%d,\"path\":\"/tmp/ckpt/final\","
+      "\"bytes\":42,\"seconds\":0.01}\n",
+      steps);
+  std::printf("{\"event\":\"eval\",\"stage\":0,\"seq_len\":128,\"loss\":4.5,\"accuracy\":0.25}\n");
+  std::printf("{\"event\":\"done\",\"stage\":0}\n");
+  if (noise) std::fprintf(stderr, "finished\n");
+  return 0;
+}
