@@ -35,8 +35,7 @@ fi
 
 if [ "${1:-}" = "--no-build" ]; then exit 0; fi
 
-BUILD_DIR="${BUILD_DIR:-build}"
-export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ulysses-ccache}"
+source scripts/build_env.sh
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}"
 cmake --build "$BUILD_DIR" -j"$(nproc)"
 echo "bootstrap: built into $BUILD_DIR/bin"

@@ -1,0 +1,6 @@
+# Sourced by the build scripts: one place for the build directory and ccache settings.
+BUILD_DIR="${BUILD_DIR:-build}"
+export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ulysses-ccache}"
+# Paths relative to the checkout, so a fresh clone elsewhere still hits the cache.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
+export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
