@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
@@ -45,9 +46,7 @@ void SetNow(google::protobuf::Timestamp* ts) {
   ts->set_nanos(static_cast<int32_t>(nanos % 1000000000));
 }
 
-bool NeedsAck(const v1::WorkerMessage& msg) {
-  return msg.has_checkpoint() || msg.has_exited();
-}
+bool NeedsAck(const v1::WorkerMessage& msg) { return msg.has_checkpoint() || msg.has_exited(); }
 
 bool SameWork(const v1::WorkRef& a, const v1::WorkRef& b) {
   return a.job_id() == b.job_id() && a.generation() == b.generation();
@@ -90,7 +89,8 @@ absl::Status WorkerConfig::Validate() {
     errors.push_back(absl::StrCat("--coordinator: \"", coordinator,
                                   "\" is not HOST:PORT (e.g. --coordinator 127.0.0.1:50051)"));
   }
-  if (name.empty()) errors.push_back("--name: empty (give each worker a unique name, e.g. node3-gpu5)");
+  if (name.empty())
+    errors.push_back("--name: empty (give each worker a unique name, e.g. node3-gpu5)");
   if (device != "cpu" && !(device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
                            device.find_first_not_of("0123456789", 5) == std::string::npos)) {
     errors.push_back(absl::StrCat("--device: \"", device, "\" is not cpu or cuda:N"));
@@ -101,16 +101,17 @@ absl::Status WorkerConfig::Validate() {
     std::error_code ec;
     fs::create_directories(work_dir, ec);
     if (ec) {
-      errors.push_back(absl::StrCat("--work-dir: \"", work_dir, "\" cannot be created: ",
-                                    ec.message()));
+      errors.push_back(
+          absl::StrCat("--work-dir: \"", work_dir, "\" cannot be created: ", ec.message()));
     } else {
       work_dir = fs::absolute(work_dir).string();
     }
   }
   if (engine_bin.empty()) engine_bin = DefaultEngineBin();
   if (access(engine_bin.c_str(), X_OK) != 0) {
-    errors.push_back(absl::StrCat("--engine-bin: \"", engine_bin,
-                                  "\" is not an executable (build ulysses-train or pass its path)"));
+    errors.push_back(
+        absl::StrCat("--engine-bin: \"", engine_bin,
+                     "\" is not an executable (build ulysses-train or pass its path)"));
   }
   if (advertise_host.empty()) {
     errors.push_back("--advertise-host: empty (the address other ranks reach this worker on)");
@@ -165,6 +166,8 @@ class WorkerAgent::Impl {
   bool stopping_ = false;  // Session loop must end.
   std::string worker_id_;
   milliseconds heartbeat_interval_{1000};
+  milliseconds liveness_timeout_{15000};  // No message from the coordinator this long: reconnect.
+  Clock::time_point last_received_;
   std::deque<v1::WorkerMessage> outbox_;            // Not yet written (no seq).
   std::map<uint64_t, v1::WorkerMessage> inflight_;  // Written, awaiting ack (this session).
   struct PendingLog {
@@ -200,6 +203,9 @@ absl::Status WorkerAgent::Impl::Run() {
     NoteLocked(*work_ref_, absl::StrCat("worker ", config_.name,
                                         " is shutting down: SIGTERM to the rank, grace ",
                                         config_.grace_period.count() / 1000.0, " s"));
+    v1::WorkerMessage notice;
+    *notice.mutable_preempting()->mutable_ref() = *work_ref_;
+    EnqueueLocked(std::move(notice));
     child->Stop(StopCause::kPreempt, config_.grace_period);
     lock.unlock();
     child->Wait();  // Bounded: the SIGKILL tier fires after the grace.
@@ -235,8 +241,8 @@ void WorkerAgent::Impl::SessionLoop() {
     std::unique_lock<std::mutex> lock(mu_);
     if (stopping_) return;
     if (Clock::now() - started > std::chrono::seconds(10)) backoff = config_.reconnect_min;
-    const milliseconds wait(std::uniform_int_distribution<int64_t>(
-        backoff.count() / 2, backoff.count())(rng));
+    const milliseconds wait(
+        std::uniform_int_distribution<int64_t>(backoff.count() / 2, backoff.count())(rng));
     ULOG(WARNING) << "coordinator session ended (" << status << "); reconnecting in "
                   << wait.count() << " ms" << (work_running_ ? " (the rank keeps running)" : "");
     cv_.wait_for(lock, wait, [&] { return stopping_; });
@@ -274,6 +280,9 @@ absl::Status WorkerAgent::Impl::Register() {
   if (response.heartbeat_interval_ms() > 0) {
     heartbeat_interval_ = milliseconds(response.heartbeat_interval_ms());
   }
+  // Heartbeats ask for an ack, so a silent coordinator means a dead session.
+  liveness_timeout_ = std::max(
+      {milliseconds(response.heartbeat_timeout_ms()), heartbeat_interval_ * 5, milliseconds(3000)});
   ULOG(INFO) << "registered as " << worker_id_ << " (heartbeat every "
              << heartbeat_interval_.count() << " ms)"
              << (reported ? absl::StrCat("; reported running ", RefString(*reported),
@@ -298,13 +307,20 @@ absl::Status WorkerAgent::Impl::RunSession() {
     hello.mutable_hello()->set_worker_id(worker_id_);
     session_ctx_ = &ctx;
     session_broken_ = false;
+    last_received_ = Clock::now();
     if (stopping_) ctx.TryCancel();
   }
   std::thread writer;
   if (stream->Write(hello)) {
     writer = std::thread([&] { WriterLoop(stream.get(), &ctx); });
     v1::CoordinatorMessage msg;
-    while (stream->Read(&msg)) Handle(msg);
+    while (stream->Read(&msg)) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        last_received_ = Clock::now();
+      }
+      Handle(msg);
+    }
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -332,10 +348,19 @@ void WorkerAgent::Impl::WriterLoop(Stream* stream, grpc::ClientContext* ctx) {
       const auto wake = std::min(next_heartbeat, Clock::now() + kLogFlushInterval);
       cv_.wait_until(lock, wake, [&] { return session_broken_ || !outbox_.empty(); });
       if (session_broken_) return;
+      if (Clock::now() - last_received_ > liveness_timeout_) {
+        ULOG(WARNING) << "no message from the coordinator for " << liveness_timeout_.count()
+                      << " ms: reconnecting";
+        ctx->TryCancel();
+        session_broken_ = true;
+        cv_.notify_all();
+        return;
+      }
       FlushLogsLocked();
       if (Clock::now() >= next_heartbeat) {
         v1::WorkerMessage hb;
         SetNow(hb.mutable_heartbeat()->mutable_sent_at());
+        hb.mutable_heartbeat()->set_request_ack(true);
         if (work_running_) {
           *hb.mutable_heartbeat()->mutable_running()->mutable_ref() = *work_ref_;
           hb.mutable_heartbeat()->mutable_running()->set_pid(work_pid_);
@@ -378,8 +403,8 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
         return;
       }
       ULOG(INFO) << "abort " << RefString(*work_ref_) << ": " << abort.reason();
-      NoteLocked(*work_ref_, absl::StrCat("abort from coordinator: ", abort.reason(),
-                                          " (grace ", abort.grace_period_ms(), " ms)"));
+      NoteLocked(*work_ref_, absl::StrCat("abort from coordinator: ", abort.reason(), " (grace ",
+                                          abort.grace_period_ms(), " ms)"));
       child_->Stop(StopCause::kAbort, milliseconds(std::max<int64_t>(0, abort.grace_period_ms())));
       return;
     }
@@ -428,8 +453,8 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
     lock.lock();
   }
   const fs::path job_dir = fs::path(config_.work_dir) / "jobs" / ref.job_id();
-  const fs::path attempt_dir = job_dir / absl::StrCat("g", ref.generation(), "-s", ref.stage(),
-                                                      "-r", ref.rank());
+  const fs::path attempt_dir =
+      job_dir / absl::StrCat("g", ref.generation(), "-s", ref.stage(), "-r", ref.rank());
   std::error_code ec;
   fs::create_directories(attempt_dir, ec);
   const fs::path spec_path = attempt_dir / "job.yaml";
@@ -467,8 +492,8 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   auto child = ChildSupervisor::Start(BuildRankArgv(launch), "", std::move(callbacks));
   if (!child.ok()) {
     ReportExitLocked(ref, kExitFailure, 0, false, false,
-                     absl::StrCat("worker ", config_.name, " cannot start ulysses-train: ",
-                                  child.status().message()));
+                     absl::StrCat("worker ", config_.name,
+                                  " cannot start ulysses-train: ", child.status().message()));
     return;
   }
   child_ = std::move(*child);
@@ -482,9 +507,9 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   *started.mutable_started()->mutable_ref() = ref;
   started.mutable_started()->set_pid(work_pid_);
   EnqueueLocked(std::move(started));
-  NoteLocked(ref, absl::StrCat("worker ", config_.name, " started rank ", ref.rank(), "/",
-                               launch.world_size, " of stage ", ref.stage(), " (pid ", work_pid_,
-                               ")"));
+  NoteLocked(ref,
+             absl::StrCat("worker ", config_.name, " started rank ", ref.rank(), "/",
+                          launch.world_size, " of stage ", ref.stage(), " (pid ", work_pid_, ")"));
 }
 
 void WorkerAgent::Impl::OnEvent(const v1::WorkRef& ref, const TrainEvent& event) {
@@ -531,8 +556,8 @@ void WorkerAgent::Impl::OnExit(const v1::WorkRef& ref, const ChildResult& result
   const int ws = result.wait_status;
   const int signal = WIFSIGNALED(ws) ? WTERMSIG(ws) : 0;
   const int exit_code = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + signal;
-  const bool failed = result.outcome == AttemptOutcome::kFailed ||
-                      result.outcome == AttemptOutcome::kBadInput;
+  const bool failed =
+      result.outcome == AttemptOutcome::kFailed || result.outcome == AttemptOutcome::kBadInput;
   std::string error;
   if (failed) {
     error = LastLines(result.stderr_tail);
@@ -543,9 +568,10 @@ void WorkerAgent::Impl::OnExit(const v1::WorkRef& ref, const ChildResult& result
              << (result.sigkilled_by_agent ? " (SIGKILL after the grace period)" : "")
              << (error.empty() ? "" : ": ") << error;
   std::lock_guard<std::mutex> lock(mu_);
-  NoteLocked(ref, absl::StrCat("ulysses-train ", result.description, " (",
-                               AttemptOutcomeName(result.outcome), ")",
-                               result.sigkilled_by_agent ? ", SIGKILL after the grace period" : ""));
+  NoteLocked(
+      ref,
+      absl::StrCat("ulysses-train ", result.description, " (", AttemptOutcomeName(result.outcome),
+                   ")", result.sigkilled_by_agent ? ", SIGKILL after the grace period" : ""));
   ReportExitLocked(ref, exit_code, signal, result.stop_cause == StopCause::kPreempt,
                    result.stop_cause == StopCause::kAbort, error);
   if (work_running_ && SameWork(*work_ref_, ref) && work_ref_->rank() == ref.rank()) {

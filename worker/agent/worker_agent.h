@@ -28,19 +28,19 @@
 namespace ulysses::agent {
 
 struct WorkerConfig {
-  std::string coordinator;                   // HOST:PORT of the coordinator. Required.
-  std::string name;                          // Unique worker name. Required.
-  std::string device = "cpu";                // cpu | cuda:N, passed to ulysses-train --device.
-  std::string work_dir;                      // Spec files and job output. Required; created.
-  std::string node_label;                    // Node / NVLink domain label ("" = the name).
-  std::string engine_bin;                    // ulysses-train path ("" = next to this binary).
-  std::string advertise_host = "127.0.0.1";  // Address other ranks reach this worker on.
-  std::chrono::milliseconds grace_period{30000};     // SIGTERM -> SIGKILL on preemption.
-  std::chrono::milliseconds rpc_deadline{5000};      // Deadline of unary RPCs.
-  std::chrono::milliseconds session_max{3600000};    // Deadline of one Session stream.
-  std::chrono::milliseconds reconnect_min{200};      // Reconnect backoff, doubling...
-  std::chrono::milliseconds reconnect_max{5000};     // ... up to this.
-  std::chrono::milliseconds report_drain{5000};      // On shutdown: wait for exit acks.
+  std::string coordinator;                        // HOST:PORT of the coordinator. Required.
+  std::string name;                               // Unique worker name. Required.
+  std::string device = "cpu";                     // cpu | cuda:N, passed to ulysses-train --device.
+  std::string work_dir;                           // Spec files and job output. Required; created.
+  std::string node_label;                         // Node / NVLink domain label ("" = the name).
+  std::string engine_bin;                         // ulysses-train path ("" = next to this binary).
+  std::string advertise_host = "127.0.0.1";       // Address other ranks reach this worker on.
+  std::chrono::milliseconds grace_period{30000};  // SIGTERM -> SIGKILL on preemption.
+  std::chrono::milliseconds rpc_deadline{5000};   // Deadline of unary RPCs.
+  std::chrono::milliseconds session_max{3600000};  // Deadline of one Session stream.
+  std::chrono::milliseconds reconnect_min{200};    // Reconnect backoff, doubling...
+  std::chrono::milliseconds reconnect_max{5000};   // ... up to this.
+  std::chrono::milliseconds report_drain{5000};    // On shutdown: wait for exit acks.
 
   // Fills defaults (engine_bin) and checks every field; the message names the flag,
   // the value and the fix.

@@ -3,7 +3,8 @@
 // training anything. The end-to-end tests use the real ulysses-train.
 //
 //   fake_rank [--steps N] [--step-ms MS] [--exit CODE] [--ignore-term] [--noise]
-//             [--pid-file PATH] [rank contract flags, ignored]
+//             [--pid-file PATH] [--set fake.steps=N|fake.step_ms=N|fake.exit=N]
+//             [other rank contract flags, ignored]
 //
 // On SIGTERM it finishes the current step, prints a checkpoint event and exits 75
 // (unless --ignore-term). --noise prints a non-JSON stdout line and stderr lines.
@@ -30,18 +31,27 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : ""; };
-    if (arg == "--steps")
+    if (arg == "--steps") {
       steps = std::atoi(next());
-    else if (arg == "--step-ms")
+    } else if (arg == "--step-ms") {
       step_ms = std::atoi(next());
-    else if (arg == "--exit")
+    } else if (arg == "--exit") {
       exit_code = std::atoi(next());
-    else if (arg == "--ignore-term")
+    } else if (arg == "--ignore-term") {
       ignore_term = true;
-    else if (arg == "--noise")
+    } else if (arg == "--noise") {
       noise = true;
-    else if (arg == "--pid-file")
+    } else if (arg == "--pid-file") {
       pid_file = next();
+    } else if (arg == "--set") {  // fake.steps=N, fake.step_ms=N, fake.exit=N (assignments)
+      const std::string kv = next();
+      const auto eq = kv.find('=');
+      const std::string key = kv.substr(0, eq);
+      const int value = eq == std::string::npos ? 0 : std::atoi(kv.c_str() + eq + 1);
+      if (key == "fake.steps") steps = value;
+      if (key == "fake.step_ms") step_ms = value;
+      if (key == "fake.exit") exit_code = value;
+    }
   }
   if (!pid_file.empty()) {
     FILE* f = std::fopen(pid_file.c_str(), "w");
