@@ -1,0 +1,140 @@
+// End to end with the real Prometheus server: it scrapes our MetricsServer over
+// loopback and its query API must see the target up and our counter's value.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "common/metrics/metrics_server.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "tests/common/metrics/catalog_for_test.h"
+#include "tests/common/metrics/subprocess_for_test.h"
+
+namespace ulysses {
+namespace metrics {
+namespace {
+
+constexpr char kPrometheus[] = "/usr/bin/prometheus";
+
+// Starts a child process; its stdout/stderr go to `log_path`.
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    FILE* log = std::fopen(log_path.c_str(), "w");
+    if (log != nullptr) {
+      dup2(fileno(log), STDOUT_FILENO);
+      dup2(fileno(log), STDERR_FILENO);
+    }
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// SIGTERM, then SIGKILL if it has not exited within `grace`.
+void Terminate(pid_t pid, std::chrono::seconds grace) {
+  if (pid <= 0) return;
+  kill(pid, SIGTERM);
+  auto deadline = std::chrono::steady_clock::now() + grace;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (waitpid(pid, nullptr, WNOHANG) == pid) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Runs an instant query; returns the value of the single result, or "" if the
+// query failed or did not return exactly one series.
+std::string QueryOne(httplib::Client* client, const std::string& promql) {
+  auto res = client->Get("/api/v1/query", httplib::Params{{"query", promql}}, httplib::Headers{});
+  if (!res || res->status != 200) return "";
+  auto json = nlohmann::json::parse(res->body, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || json.value("status", "") != "success") return "";
+  const auto& result = json["data"]["result"];
+  if (!result.is_array() || result.size() != 1) return "";
+  return result[0]["value"][1].get<std::string>();
+}
+
+class PrometheusScrapeTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    Terminate(prometheus_pid_, std::chrono::seconds(10));
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  pid_t prometheus_pid_ = -1;
+  std::string dir_;
+};
+
+TEST_F(PrometheusScrapeTest, PrometheusScrapesOurServer) {
+  if (!FileExists(kPrometheus)) GTEST_SKIP() << kPrometheus << " missing (Debian prometheus)";
+  Registry registry;
+  RegisterCatalogForTest(&registry);
+  MetricsServerConfig config;
+  config.host = "127.0.0.1";
+  config.port = 0;
+  MetricsServer server(&registry, config);
+  ASSERT_TRUE(server.Start().ok());
+
+  char tmpl[] = "/tmp/ulysses_prometheus_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  dir_ = tmpl;
+  const std::string config_path = dir_ + "/prometheus.yml";
+  std::ofstream(config_path) << "global:\n"
+                                "  scrape_interval: 1s\n"
+                                "  evaluation_interval: 1s\n"
+                                "scrape_configs:\n"
+                                "  - job_name: ulysses-coordinator\n"
+                                "    static_configs:\n"
+                                "      - targets: ['"
+                             << server.address() << "']\n";
+  const int web_port = FreeLoopbackPort();
+  ASSERT_GT(web_port, 0);
+  const std::string log_path = dir_ + "/prometheus.log";
+  prometheus_pid_ =
+      Spawn({kPrometheus, "--config.file=" + config_path, "--storage.tsdb.path=" + dir_ + "/data",
+             "--web.listen-address=127.0.0.1:" + std::to_string(web_port)},
+            log_path);
+  ASSERT_GT(prometheus_pid_, 0);
+
+  httplib::Client client("127.0.0.1", web_port);
+  client.set_connection_timeout(2);
+  client.set_read_timeout(5);
+  std::string up, tokens, build;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(45);
+  while (std::chrono::steady_clock::now() < deadline) {
+    up = QueryOne(&client, "up{job=\"ulysses-coordinator\"}");
+    tokens = QueryOne(&client, "ulysses_train_tokens_total{job_id=\"j1\"}");
+    if (up == "1" && tokens == "12345") break;
+    ASSERT_NE(waitpid(prometheus_pid_, nullptr, WNOHANG), prometheus_pid_)
+        << "prometheus exited early:\n"
+        << ReadFile(log_path);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(up, "1") << ReadFile(log_path);
+  EXPECT_EQ(tokens, "12345");
+  // Histograms are usable in PromQL as exported (le labels parse as numbers).
+  EXPECT_EQ(QueryOne(&client, "histogram_quantile(1, ulysses_gang_wait_seconds_bucket)"), "4");
+  EXPECT_EQ(QueryOne(&client, "count(ulysses_build_info)"), "1");
+}
+
+}  // namespace
+}  // namespace metrics
+}  // namespace ulysses
