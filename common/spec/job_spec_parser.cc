@@ -1,1 +1,785 @@
-// Implemented by the spec work.
+// TrainJob YAML -> JobSpec: schema-checked reading (unknown keys, wrong types),
+// --set overrides applied to the YAML tree, model presets. Validation lives in
+// job_spec_validate.cc, emission (ToYaml, SpecHash) in job_spec_emit.cc.
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_parser.h"
+#include "common/spec/spec_util.h"
+#include "common/status.h"
+#include "yaml-cpp/eventhandler.h"
+#include "yaml-cpp/yaml.h"
+
+namespace ulysses::spec {
+namespace {
+
+using internal::Quote;
+
+// ---------------------------------------------------------------------------
+// Schema: every known path. "[]" stands for any list index, "*" for any key of
+// a free-form string map (labels). Order is the order of "valid keys" hints.
+enum class Kind { kMap, kList, kScalar, kStringMap };
+
+struct SchemaEntry {
+  const char* path;
+  Kind kind;
+};
+
+const std::vector<SchemaEntry>& Schema() {
+  static const auto* schema = new std::vector<SchemaEntry>{
+      {"", Kind::kMap},
+      {"apiVersion", Kind::kScalar},
+      {"kind", Kind::kScalar},
+      {"metadata", Kind::kMap},
+      {"metadata.name", Kind::kScalar},
+      {"metadata.labels", Kind::kStringMap},
+      {"metadata.labels.*", Kind::kScalar},
+      {"spec", Kind::kMap},
+      {"spec.model", Kind::kMap},
+      {"spec.model.preset", Kind::kScalar},
+      {"spec.model.vocab_size", Kind::kScalar},
+      {"spec.model.hidden_size", Kind::kScalar},
+      {"spec.model.intermediate_size", Kind::kScalar},
+      {"spec.model.num_hidden_layers", Kind::kScalar},
+      {"spec.model.num_attention_heads", Kind::kScalar},
+      {"spec.model.num_key_value_heads", Kind::kScalar},
+      {"spec.model.rope_theta", Kind::kScalar},
+      {"spec.model.rms_norm_eps", Kind::kScalar},
+      {"spec.model.tie_word_embeddings", Kind::kScalar},
+      {"spec.model.init_from", Kind::kScalar},
+      {"spec.model.dtype", Kind::kScalar},
+      {"spec.data", Kind::kMap},
+      {"spec.data.train", Kind::kScalar},
+      {"spec.data.validation", Kind::kScalar},
+      {"spec.data.synthetic", Kind::kMap},
+      {"spec.data.synthetic.generator", Kind::kScalar},
+      {"spec.data.synthetic.validation_sequences", Kind::kScalar},
+      {"spec.parallelism", Kind::kMap},
+      {"spec.parallelism.sp_degree", Kind::kScalar},
+      {"spec.parallelism.dp_degree", Kind::kScalar},
+      {"spec.parallelism.zero_stage", Kind::kScalar},
+      {"spec.parallelism.offload_optimizer", Kind::kScalar},
+      {"spec.parallelism.offload_activations", Kind::kScalar},
+      {"spec.memory", Kind::kMap},
+      {"spec.memory.activation_checkpointing", Kind::kScalar},
+      {"spec.memory.tiled_mlp", Kind::kScalar},
+      {"spec.memory.tiled_loss", Kind::kScalar},
+      {"spec.memory.loss_tile_tokens", Kind::kScalar},
+      {"spec.memory.attention_block_size", Kind::kScalar},
+      {"spec.optimizer", Kind::kMap},
+      {"spec.optimizer.type", Kind::kScalar},
+      {"spec.optimizer.lr", Kind::kScalar},
+      {"spec.optimizer.betas", Kind::kList},
+      {"spec.optimizer.betas[]", Kind::kScalar},
+      {"spec.optimizer.weight_decay", Kind::kScalar},
+      {"spec.optimizer.eps", Kind::kScalar},
+      {"spec.optimizer.grad_clip", Kind::kScalar},
+      {"spec.optimizer.warmup_steps", Kind::kScalar},
+      {"spec.optimizer.schedule", Kind::kScalar},
+      {"spec.optimizer.min_lr_ratio", Kind::kScalar},
+      {"spec.optimizer.grad_accum_steps", Kind::kScalar},
+      {"spec.stages", Kind::kList},
+      {"spec.stages[]", Kind::kMap},
+      {"spec.stages[].seq_len", Kind::kScalar},
+      {"spec.stages[].steps", Kind::kScalar},
+      {"spec.stages[].lr", Kind::kScalar},
+      {"spec.stages[].warmup_steps", Kind::kScalar},
+      {"spec.stages[].sp_degree", Kind::kScalar},
+      {"spec.stages[].dp_degree", Kind::kScalar},
+      {"spec.checkpoint", Kind::kMap},
+      {"spec.checkpoint.dir", Kind::kScalar},
+      {"spec.checkpoint.every_steps", Kind::kScalar},
+      {"spec.checkpoint.keep_last", Kind::kScalar},
+      {"spec.scheduling", Kind::kMap},
+      {"spec.scheduling.priority", Kind::kScalar},
+      {"spec.scheduling.max_failures", Kind::kScalar},
+      {"spec.scheduling.max_preemptions", Kind::kScalar},
+      {"spec.scheduling.node_label", Kind::kScalar},
+      {"spec.seed", Kind::kScalar},
+  };
+  return *schema;
+}
+
+const SchemaEntry* FindSchema(const std::string& schema_path) {
+  for (const SchemaEntry& e : Schema()) {
+    if (schema_path == e.path) return &e;
+  }
+  return nullptr;
+}
+
+std::string JoinPath(const std::string& parent, const std::string& key) {
+  return parent.empty() ? key : absl::StrCat(parent, ".", key);
+}
+
+// Keys directly under the map at `schema_path`.
+std::vector<std::string> ChildKeys(const std::string& schema_path) {
+  std::vector<std::string> keys;
+  const std::string prefix = schema_path.empty() ? "" : schema_path + ".";
+  for (const SchemaEntry& e : Schema()) {
+    const std::string path = e.path;
+    if (path.empty() || path.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string rest = path.substr(prefix.size());
+    if (rest.find_first_of(".[") == std::string::npos) keys.push_back(rest);
+  }
+  return keys;
+}
+
+// ---------------------------------------------------------------------------
+// Scalar conversion.
+
+// "'ten'", "a list", "a mapping", "an empty value".
+std::string Describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Scalar:
+      return Quote(node.Scalar());
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    default:
+      return "an empty value";
+  }
+}
+
+bool ParseInt64(const std::string& text, int64_t* out) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return false;
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end != text.c_str() + text.size()) return false;
+  *out = v;
+  return true;
+}
+
+bool ParseUint64(const std::string& text, uint64_t* out) {
+  if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) return false;
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (errno != 0 || end != text.c_str() + text.size()) return false;
+  *out = v;
+  return true;
+}
+
+bool ParseDouble(const std::string& text, double* out) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text[0]))) return false;
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (errno == ERANGE || end != text.c_str() + text.size() || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+bool ParseBool(const std::string& text, bool* out) {
+  const std::string t = absl::AsciiStrToLower(text);
+  if (t == "true" || t == "yes" || t == "on") {
+    *out = true;
+    return true;
+  }
+  if (t == "false" || t == "no" || t == "off") {
+    *out = false;
+    return true;
+  }
+  return false;
+}
+
+// ---------------------------------------------------------------------------
+// Reader: walks the tree along the schema, collecting every error.
+class Reader {
+ public:
+  std::vector<std::string> errors;
+
+  void Error(const std::string& path, const std::string& message) {
+    errors.push_back(absl::StrCat(path.empty() ? "(document)" : path, ": ", message));
+  }
+
+  // The entries of the mapping at `path`, checking keys against the schema.
+  // Null (an empty section) gives no entries. Returns false if not a mapping.
+  bool Entries(const YAML::Node& node, const std::string& path, const std::string& schema_path,
+               std::map<std::string, YAML::Node>* out) {
+    out->clear();
+    if (node.IsNull()) return true;
+    if (!node.IsMap()) {
+      Error(path, absl::StrCat(Describe(node),
+                               " is not a mapping (expected keys: ", JoinKeys(schema_path), ")"));
+      return false;
+    }
+    const bool free_form = FindSchema(schema_path)->kind == Kind::kStringMap;
+    const std::vector<std::string> known = ChildKeys(schema_path);
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      if (!it->first.IsScalar()) {
+        Error(path,
+              absl::StrCat(Describe(it->first), " is not a valid key (keys are plain names)"));
+        continue;
+      }
+      const std::string key = it->first.Scalar();
+      const std::string child = JoinPath(path, key);
+      if (!free_form && FindSchema(JoinPath(schema_path, key)) == nullptr) {
+        Error(child, absl::StrCat("unknown key", internal::SuggestKey(key, known)));
+        continue;
+      }
+      if (out->count(key) != 0) {
+        Error(child, "duplicate key (keep one of them)");
+        continue;
+      }
+      (*out)[key] = it->second;
+    }
+    return true;
+  }
+
+  static std::string JoinKeys(const std::string& schema_path) {
+    const SchemaEntry* e = FindSchema(schema_path);
+    if (e != nullptr && e->kind == Kind::kStringMap) return "any name: string value";
+    std::string joined;
+    for (const std::string& k : ChildKeys(schema_path)) {
+      absl::StrAppend(&joined, joined.empty() ? "" : ", ", k);
+    }
+    return joined;
+  }
+
+  // Scalar readers: absent or null leaves *out unchanged and returns false.
+  bool Int(const std::map<std::string, YAML::Node>& m, const std::string& key,
+           const std::string& path, int64_t* out) {
+    const YAML::Node* n = Scalar(m, key, path, "an integer", "a whole number, e.g. 8");
+    if (n == nullptr) return false;
+    if (!ParseInt64(n->Scalar(), out)) {
+      Error(JoinPath(path, key), absl::StrCat(Describe(*n),
+                                              " is not an integer (write a whole number, "
+                                              "e.g. 8)"));
+      return false;
+    }
+    return true;
+  }
+
+  bool Double(const std::map<std::string, YAML::Node>& m, const std::string& key,
+              const std::string& path, double* out) {
+    const YAML::Node* n = Scalar(m, key, path, "a number", "a number, e.g. 3.0e-4");
+    if (n == nullptr) return false;
+    if (!ParseDouble(n->Scalar(), out)) {
+      Error(JoinPath(path, key),
+            absl::StrCat(Describe(*n), " is not a number (write a finite number, e.g. 3.0e-4)"));
+      return false;
+    }
+    return true;
+  }
+
+  bool Bool(const std::map<std::string, YAML::Node>& m, const std::string& key,
+            const std::string& path, bool* out) {
+    const YAML::Node* n = Scalar(m, key, path, "a boolean", "true or false");
+    if (n == nullptr) return false;
+    if (!ParseBool(n->Scalar(), out)) {
+      Error(JoinPath(path, key),
+            absl::StrCat(Describe(*n), " is not a boolean (write true or false)"));
+      return false;
+    }
+    return true;
+  }
+
+  bool String(const std::map<std::string, YAML::Node>& m, const std::string& key,
+              const std::string& path, std::string* out) {
+    const YAML::Node* n = Scalar(m, key, path, "a string", "a plain value");
+    if (n == nullptr) return false;
+    *out = n->Scalar();
+    return true;
+  }
+
+ private:
+  // The scalar node at `key`, or null when absent/null/not a scalar (reported).
+  const YAML::Node* Scalar(const std::map<std::string, YAML::Node>& m, const std::string& key,
+                           const std::string& path, const char* what, const char* example) {
+    auto it = m.find(key);
+    if (it == m.end() || it->second.IsNull()) return nullptr;
+    if (!it->second.IsScalar()) {
+      Error(JoinPath(path, key),
+            absl::StrCat(Describe(it->second), " is not ", what, " (write ", example, ")"));
+      return nullptr;
+    }
+    return &it->second;
+  }
+};
+
+using Entries = std::map<std::string, YAML::Node>;
+
+void ReadMetadata(const YAML::Node& node, Reader& r, Metadata* md) {
+  Entries m;
+  if (!r.Entries(node, "metadata", "metadata", &m)) return;
+  r.String(m, "name", "metadata", &md->name);
+  auto labels = m.find("labels");
+  if (labels == m.end()) return;
+  Entries lm;
+  if (!r.Entries(labels->second, "metadata.labels", "metadata.labels", &lm)) return;
+  for (const auto& [key, value] : lm) {
+    std::string text;
+    r.String(lm, key, "metadata.labels", &text);
+    md->labels[key] = text;
+  }
+}
+
+void ReadModel(const YAML::Node& node, Reader& r, ModelSpec* model) {
+  Entries m;
+  const std::string p = "spec.model";
+  if (!r.Entries(node, p, p, &m)) return;
+  *model = ModelSpec{};
+  r.String(m, "preset", p, &model->preset);
+  if (!model->preset.empty()) {
+    absl::Status preset = ApplyModelPreset(*model);
+    if (!preset.ok()) r.errors.push_back(std::string(preset.message()));
+  }
+  // Explicit fields override the preset.
+  r.Int(m, "vocab_size", p, &model->vocab_size);
+  r.Int(m, "hidden_size", p, &model->hidden_size);
+  r.Int(m, "intermediate_size", p, &model->intermediate_size);
+  r.Int(m, "num_hidden_layers", p, &model->num_hidden_layers);
+  r.Int(m, "num_attention_heads", p, &model->num_attention_heads);
+  r.Int(m, "num_key_value_heads", p, &model->num_key_value_heads);
+  r.Double(m, "rope_theta", p, &model->rope_theta);
+  r.Double(m, "rms_norm_eps", p, &model->rms_norm_eps);
+  r.Bool(m, "tie_word_embeddings", p, &model->tie_word_embeddings);
+  r.String(m, "init_from", p, &model->init_from);
+  r.String(m, "dtype", p, &model->dtype);
+  if (model->num_key_value_heads == 0) model->num_key_value_heads = model->num_attention_heads;
+}
+
+void ReadData(const YAML::Node& node, Reader& r, DataSpec* data) {
+  Entries m;
+  const std::string p = "spec.data";
+  if (!r.Entries(node, p, p, &m)) return;
+  r.String(m, "train", p, &data->train);
+  r.String(m, "validation", p, &data->validation);
+  auto synthetic = m.find("synthetic");
+  if (synthetic == m.end() || synthetic->second.IsNull()) return;
+  Entries sm;
+  const std::string sp = "spec.data.synthetic";
+  if (!r.Entries(synthetic->second, sp, sp, &sm)) return;
+  SyntheticDataSpec s;
+  r.String(sm, "generator", sp, &s.generator);
+  r.Int(sm, "validation_sequences", sp, &s.validation_sequences);
+  data->synthetic = s;
+}
+
+void ReadParallelism(const YAML::Node& node, Reader& r, ParallelismSpec* par) {
+  Entries m;
+  const std::string p = "spec.parallelism";
+  if (!r.Entries(node, p, p, &m)) return;
+  r.Int(m, "sp_degree", p, &par->sp_degree);
+  r.Int(m, "dp_degree", p, &par->dp_degree);
+  r.Int(m, "zero_stage", p, &par->zero_stage);
+  r.Bool(m, "offload_optimizer", p, &par->offload_optimizer);
+  r.Bool(m, "offload_activations", p, &par->offload_activations);
+}
+
+void ReadMemory(const YAML::Node& node, Reader& r, MemorySpec* mem) {
+  Entries m;
+  const std::string p = "spec.memory";
+  if (!r.Entries(node, p, p, &m)) return;
+  r.Bool(m, "activation_checkpointing", p, &mem->activation_checkpointing);
+  r.Bool(m, "tiled_mlp", p, &mem->tiled_mlp);
+  r.Bool(m, "tiled_loss", p, &mem->tiled_loss);
+  r.Int(m, "loss_tile_tokens", p, &mem->loss_tile_tokens);
+  r.Int(m, "attention_block_size", p, &mem->attention_block_size);
+}
+
+void ReadBetas(const YAML::Node& node, Reader& r, OptimizerSpec* opt) {
+  const std::string p = "spec.optimizer.betas";
+  if (node.IsNull()) return;
+  if (!node.IsSequence() || node.size() != 2) {
+    r.Error(p, absl::StrCat(Describe(node),
+                            " is not a list of two numbers (write betas: "
+                            "[0.9, 0.95])"));
+    return;
+  }
+  double* targets[2] = {&opt->beta1, &opt->beta2};
+  for (size_t i = 0; i < 2; ++i) {
+    const YAML::Node item = node[i];
+    const std::string ip = absl::StrCat(p, "[", i, "]");
+    if (!item.IsScalar() || !ParseDouble(item.Scalar(), targets[i])) {
+      r.Error(ip, absl::StrCat(Describe(item), " is not a number (write e.g. 0.9)"));
+    }
+  }
+}
+
+void ReadOptimizer(const YAML::Node& node, Reader& r, OptimizerSpec* opt) {
+  Entries m;
+  const std::string p = "spec.optimizer";
+  if (!r.Entries(node, p, p, &m)) return;
+  r.String(m, "type", p, &opt->type);
+  r.Double(m, "lr", p, &opt->lr);
+  if (m.count("betas")) ReadBetas(m["betas"], r, opt);
+  r.Double(m, "weight_decay", p, &opt->weight_decay);
+  r.Double(m, "eps", p, &opt->eps);
+  r.Double(m, "grad_clip", p, &opt->grad_clip);
+  r.Int(m, "warmup_steps", p, &opt->warmup_steps);
+  r.String(m, "schedule", p, &opt->schedule);
+  r.Double(m, "min_lr_ratio", p, &opt->min_lr_ratio);
+  r.Int(m, "grad_accum_steps", p, &opt->grad_accum_steps);
+}
+
+void ReadStages(const YAML::Node& node, Reader& r, std::vector<StageSpec>* stages) {
+  const std::string p = "spec.stages";
+  if (node.IsNull()) return;
+  if (!node.IsSequence()) {
+    r.Error(p, absl::StrCat(Describe(node),
+                            " is not a list (write stages: [{seq_len: 1024, steps: 100}])"));
+    return;
+  }
+  for (size_t i = 0; i < node.size(); ++i) {
+    const std::string ip = absl::StrCat(p, "[", i, "]");
+    const YAML::Node item = node[i];
+    Entries m;
+    StageSpec stage;
+    if (item.IsNull()) {
+      r.Error(ip, "an empty value is not a stage (write {seq_len: N, steps: S})");
+    } else if (r.Entries(item, ip, "spec.stages[]", &m)) {
+      r.Int(m, "seq_len", ip, &stage.seq_len);
+      r.Int(m, "steps", ip, &stage.steps);
+      double lr;
+      if (r.Double(m, "lr", ip, &lr)) stage.lr = lr;
+      int64_t v;
+      if (r.Int(m, "warmup_steps", ip, &v)) stage.warmup_steps = v;
+      if (r.Int(m, "sp_degree", ip, &v)) stage.sp_degree = v;
+      if (r.Int(m, "dp_degree", ip, &v)) stage.dp_degree = v;
+    }
+    stages->push_back(stage);
+  }
+}
+
+void ReadCheckpoint(const YAML::Node& node, Reader& r, CheckpointSpec* ckpt) {
+  Entries m;
+  const std::string p = "spec.checkpoint";
+  if (!r.Entries(node, p, p, &m)) return;
+  r.String(m, "dir", p, &ckpt->dir);
+  r.Int(m, "every_steps", p, &ckpt->every_steps);
+  r.Int(m, "keep_last", p, &ckpt->keep_last);
+}
+
+void ReadScheduling(const YAML::Node& node, Reader& r, SchedulingSpec* sched) {
+  Entries m;
+  const std::string p = "spec.scheduling";
+  if (!r.Entries(node, p, p, &m)) return;
+  r.Int(m, "priority", p, &sched->priority);
+  r.Int(m, "max_failures", p, &sched->max_failures);
+  r.Int(m, "max_preemptions", p, &sched->max_preemptions);
+  r.String(m, "node_label", p, &sched->node_label);
+}
+
+void ReadSpec(const YAML::Node& node, Reader& r, JobSpec* spec) {
+  Entries m;
+  if (!r.Entries(node, "spec", "spec", &m)) return;
+  if (m.count("model")) {
+    ReadModel(m["model"], r, &spec->model);
+  } else {
+    r.Error("spec.model", "missing (add model: {preset: tiny} or the shape fields)");
+  }
+  if (m.count("data")) ReadData(m["data"], r, &spec->data);
+  if (m.count("parallelism")) ReadParallelism(m["parallelism"], r, &spec->parallelism);
+  if (m.count("memory")) ReadMemory(m["memory"], r, &spec->memory);
+  if (m.count("optimizer")) ReadOptimizer(m["optimizer"], r, &spec->optimizer);
+  if (m.count("stages")) ReadStages(m["stages"], r, &spec->stages);
+  if (m.count("checkpoint")) ReadCheckpoint(m["checkpoint"], r, &spec->checkpoint);
+  if (m.count("scheduling")) ReadScheduling(m["scheduling"], r, &spec->scheduling);
+  auto seed = m.find("seed");
+  if (seed != m.end() && !seed->second.IsNull()) {
+    if (!seed->second.IsScalar() || !ParseUint64(seed->second.Scalar(), &spec->seed)) {
+      r.Error("spec.seed", absl::StrCat(Describe(seed->second),
+                                        " is not a non-negative integer (write e.g. 1234)"));
+    }
+  }
+}
+
+void ReadDocument(const YAML::Node& root, Reader& r, JobSpec* spec) {
+  Entries m;
+  if (!r.Entries(root, "", "", &m)) return;
+  if (!r.String(m, "apiVersion", "", &spec->api_version)) {
+    r.Error("apiVersion", absl::StrCat("missing (add apiVersion: ", kApiVersion, ")"));
+  } else if (spec->api_version != kApiVersion) {
+    r.Error("apiVersion",
+            absl::StrCat(Quote(spec->api_version), " is not supported (use ", kApiVersion, ")"));
+  }
+  if (!r.String(m, "kind", "", &spec->kind)) {
+    r.Error("kind", absl::StrCat("missing (add kind: ", kKind, ")"));
+  } else if (spec->kind != kKind) {
+    r.Error("kind", absl::StrCat(Quote(spec->kind), " is not supported (use ", kKind, ")"));
+  }
+  if (m.count("metadata")) {
+    ReadMetadata(m["metadata"], r, &spec->metadata);
+  } else {
+    r.Error("metadata", "missing (add metadata: {name: my-job})");
+  }
+  if (m.count("spec") && !m["spec"].IsNull()) {
+    ReadSpec(m["spec"], r, spec);
+  } else {
+    r.Error("spec", "missing (add spec: with model, data and stages)");
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Overrides: "spec.stages[1].steps=5".
+struct PathStep {
+  std::string key;  // Empty for an index step.
+  size_t index = 0;
+};
+
+bool ParseOverridePath(const std::string& path, std::vector<PathStep>* steps) {
+  size_t i = 0;
+  while (i < path.size()) {
+    PathStep key_step;
+    while (i < path.size() && path[i] != '.' && path[i] != '[') key_step.key += path[i++];
+    if (key_step.key.empty()) return false;
+    steps->push_back(key_step);
+    while (i < path.size() && path[i] == '[') {
+      const size_t close = path.find(']', i);
+      if (close == std::string::npos) return false;
+      int64_t index;
+      if (!ParseInt64(path.substr(i + 1, close - i - 1), &index) || index < 0) return false;
+      PathStep index_step;
+      index_step.index = static_cast<size_t>(index);
+      steps->push_back(index_step);
+      i = close + 1;
+    }
+    if (i < path.size()) {
+      if (path[i] != '.' || i + 1 == path.size()) return false;
+      ++i;
+    }
+  }
+  return !steps->empty();
+}
+
+absl::Status ApplyOverride(YAML::Node root, const std::string& assignment) {
+  const std::string where = absl::StrCat("--set ", assignment);
+  const size_t eq = assignment.find('=');
+  if (eq == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": missing '=' (write --set spec.path.to.field=value)"));
+  }
+  const std::string path = assignment.substr(0, eq);
+  std::vector<PathStep> steps;
+  if (!ParseOverridePath(path, &steps)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": ", Quote(path), " is not a field path (write e.g. spec.stages[1].steps=5)"));
+  }
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the value is not valid YAML (", e.msg, ")"));
+  }
+  YAML::Node cur = root;
+  std::string shown;        // Path walked so far, as the user writes it.
+  std::string schema_path;  // Same, with [] for indices and * for free-form keys.
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const PathStep& step = steps[i];
+    const bool last = i + 1 == steps.size();
+    const SchemaEntry* here = FindSchema(schema_path);
+    if (!step.key.empty()) {
+      const std::string child_schema = here->kind == Kind::kStringMap
+                                           ? JoinPath(schema_path, "*")
+                                           : JoinPath(schema_path, step.key);
+      const std::string child_shown = JoinPath(shown, step.key);
+      if ((here->kind != Kind::kMap && here->kind != Kind::kStringMap) ||
+          FindSchema(child_schema) == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": ", child_shown, " is not a known field",
+            here->kind == Kind::kMap ? internal::SuggestKey(step.key, ChildKeys(schema_path))
+                                     : ""));
+      }
+      if (cur.IsDefined() && !cur.IsMap() && !cur.IsNull()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": ", shown.empty() ? "(document)" : shown, " is ", Describe(cur),
+                         ", not a mapping (fix the document first)"));
+      }
+      if (last) {
+        cur[step.key] = value;
+        return absl::OkStatus();
+      }
+      YAML::Node next = cur[step.key];
+      cur.reset(next);
+      shown = child_shown;
+      schema_path = child_schema;
+    } else {
+      const std::string child_schema = schema_path + "[]";
+      const std::string child_shown = absl::StrCat(shown, "[", step.index, "]");
+      if (here->kind != Kind::kList || FindSchema(child_schema) == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": ", shown, " is not a list (remove the [index])"));
+      }
+      if (!cur.IsSequence() || step.index >= cur.size()) {
+        const size_t size = cur.IsSequence() ? cur.size() : 0;
+        return absl::InvalidArgumentError(absl::StrCat(where, ": ", child_shown,
+                                                       " does not exist (", shown, " has ", size,
+                                                       " entries; add the entry in the file)"));
+      }
+      if (last) {
+        cur[step.index] = value;
+        return absl::OkStatus();
+      }
+      YAML::Node next = cur[step.index];
+      cur.reset(next);
+      shown = child_shown;
+      schema_path = child_schema;
+    }
+  }
+  return absl::OkStatus();
+}
+
+struct Preset {
+  const char* name;
+  int64_t vocab, hidden, intermediate, layers, heads, kv_heads;
+  double rope_theta, eps;
+  bool tied;
+};
+
+constexpr Preset kPresets[] = {
+    {"tiny", 256, 256, 688, 4, 8, 4, 10000.0, 1e-5, false},
+    {"llama3-1b", 128256, 2048, 8192, 16, 32, 8, 500000.0, 1e-5, true},
+    {"llama3-8b", 128256, 4096, 14336, 32, 32, 8, 500000.0, 1e-5, false},
+};
+
+// Counts node events of one document (to detect a second document without
+// YAML::LoadAll, which loops forever on some malformed input in yaml-cpp 0.7).
+class NodeCounter : public YAML::EventHandler {
+ public:
+  int nodes = 0;
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override { ++nodes; }
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override { ++nodes; }
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    ++nodes;
+  }
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    ++nodes;
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    ++nodes;
+  }
+  void OnMapEnd() override {}
+};
+
+absl::Status YamlError(const YAML::Exception& e) {
+  if (e.mark.is_null()) {
+    return absl::InvalidArgumentError(absl::StrCat("yaml: ", e.msg, " (fix the YAML syntax)"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("yaml: line ", e.mark.line + 1, ", column ",
+                                                 e.mark.column + 1, ": ", e.msg,
+                                                 " (fix the YAML syntax)"));
+}
+
+absl::StatusOr<JobSpec> ParseTree(const std::string& text, const ParseOptions& options) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    NodeCounter first, second;
+    parser.HandleNextDocument(first);
+    if (parser.HandleNextDocument(second) && second.nodes > 0) {
+      return absl::InvalidArgumentError(
+          "(document): more than one YAML document (give exactly one TrainJob per file)");
+    }
+  } catch (const YAML::Exception& e) {
+    return YamlError(e);
+  }
+  if (root.IsNull()) {
+    return absl::InvalidArgumentError(
+        "(document): empty document (write a TrainJob: apiVersion, kind, metadata, spec)");
+  }
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("(document): ", Describe(root),
+                     " is not a mapping (write a TrainJob: apiVersion, kind, metadata, spec)"));
+  }
+  std::vector<std::string> errors;
+  for (const std::string& assignment : options.overrides) {
+    absl::Status s = ApplyOverride(root, assignment);
+    if (!s.ok()) errors.push_back(std::string(s.message()));
+  }
+  RETURN_IF_ERROR(internal::ErrorsToStatus(errors));
+  Reader reader;
+  JobSpec spec;
+  ReadDocument(root, reader, &spec);
+  RETURN_IF_ERROR(internal::ErrorsToStatus(reader.errors));
+  return spec;
+}
+
+}  // namespace
+
+absl::Status ApplyModelPreset(ModelSpec& model) {
+  if (model.preset.empty()) return absl::OkStatus();
+  for (const Preset& p : kPresets) {
+    if (model.preset != p.name) continue;
+    model.vocab_size = p.vocab;
+    model.hidden_size = p.hidden;
+    model.intermediate_size = p.intermediate;
+    model.num_hidden_layers = p.layers;
+    model.num_attention_heads = p.heads;
+    model.num_key_value_heads = p.kv_heads;
+    model.rope_theta = p.rope_theta;
+    model.rms_norm_eps = p.eps;
+    model.tie_word_embeddings = p.tied;
+    return absl::OkStatus();
+  }
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.push_back(p.name);
+  return absl::InvalidArgumentError(
+      absl::StrCat("spec.model.preset: ", Quote(model.preset), " is not a known preset (use ",
+                   internal::JoinChoices(names), ", or no preset and the shape fields)"));
+}
+
+absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text, const ParseOptions& options) {
+  absl::StatusOr<JobSpec> spec;
+  try {
+    spec = ParseTree(std::string(yaml_text), options);
+  } catch (const std::exception& e) {
+    // yaml-cpp reports misuse (e.g. odd node shapes) by exception; never let one escape.
+    return absl::InvalidArgumentError(absl::StrCat("(document): cannot be read (", e.what(), ")"));
+  }
+  if (!spec.ok()) return spec.status();
+  RETURN_IF_ERROR(ValidateJobSpec(*spec));
+  if (options.check_files) RETURN_IF_ERROR(internal::CheckDataFiles(*spec));
+  return spec;
+}
+
+absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path, const ParseOptions& options) {
+  constexpr int64_t kMaxBytes = 16 << 20;
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": cannot read (", std::strerror(errno), ")"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": is not a regular file (give a TrainJob YAML file)"));
+  }
+  if (st.st_size > kMaxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", st.st_size,
+                                                   " bytes is too large for a job spec "
+                                                   "(at most 16 MiB)"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  if (!in.good() && !in.eof()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot read"));
+  }
+  return ParseJobSpec(buffer.str(), options);
+}
+
+}  // namespace ulysses::spec

@@ -2,7 +2,7 @@
 //
 // All errors are absl::InvalidArgumentError whose message is one or more lines
 // of the form `<field path>: <value> <problem> (<fix>)`, e.g.
-//   spec.stages[2].seq_len: 100000 is not divisible by sp_degree 8 (try 98304 or 106496)
+//   spec.stages[2].seq_len: 100001 is not divisible by sp_degree 8 (try 98304 or 106496)
 // Unknown keys are errors with a did-you-mean. Nothing here touches the filesystem
 // except LoadJobSpecFile (and the optional data-file existence check).
 #ifndef ULYSSES_COMMON_SPEC_JOB_SPEC_PARSER_H_

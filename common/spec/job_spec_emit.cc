@@ -1,0 +1,161 @@
+// ToYaml (canonical, fully defaulted YAML) and SpecHash (FNV-1a 64 of the
+// canonical YAML of the training-relevant sections).
+#include <cinttypes>
+#include <cstdio>
+#include <string>
+
+#include "common/spec/job_spec_parser.h"
+#include "common/spec/spec_util.h"
+#include "yaml-cpp/yaml.h"
+
+namespace ulysses::spec {
+namespace {
+
+using internal::FormatDouble;
+
+void EmitModel(YAML::Emitter& out, const ModelSpec& m) {
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "preset" << YAML::Value << m.preset;
+  out << YAML::Key << "vocab_size" << YAML::Value << m.vocab_size;
+  out << YAML::Key << "hidden_size" << YAML::Value << m.hidden_size;
+  out << YAML::Key << "intermediate_size" << YAML::Value << m.intermediate_size;
+  out << YAML::Key << "num_hidden_layers" << YAML::Value << m.num_hidden_layers;
+  out << YAML::Key << "num_attention_heads" << YAML::Value << m.num_attention_heads;
+  out << YAML::Key << "num_key_value_heads" << YAML::Value << m.num_key_value_heads;
+  out << YAML::Key << "rope_theta" << YAML::Value << FormatDouble(m.rope_theta);
+  out << YAML::Key << "rms_norm_eps" << YAML::Value << FormatDouble(m.rms_norm_eps);
+  out << YAML::Key << "tie_word_embeddings" << YAML::Value << m.tie_word_embeddings;
+  out << YAML::Key << "init_from" << YAML::Value << m.init_from;
+  out << YAML::Key << "dtype" << YAML::Value << m.dtype;
+  out << YAML::EndMap;
+}
+
+void EmitData(YAML::Emitter& out, const DataSpec& d) {
+  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
+  if (!d.train.empty()) out << YAML::Key << "train" << YAML::Value << d.train;
+  if (!d.validation.empty()) out << YAML::Key << "validation" << YAML::Value << d.validation;
+  if (d.synthetic) {
+    out << YAML::Key << "synthetic" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "generator" << YAML::Value << d.synthetic->generator;
+    out << YAML::Key << "validation_sequences" << YAML::Value << d.synthetic->validation_sequences;
+    out << YAML::EndMap;
+  }
+  out << YAML::EndMap;
+}
+
+void EmitParallelismAndMemory(YAML::Emitter& out, const JobSpec& s) {
+  const ParallelismSpec& p = s.parallelism;
+  out << YAML::Key << "parallelism" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "sp_degree" << YAML::Value << p.sp_degree;
+  out << YAML::Key << "dp_degree" << YAML::Value << p.dp_degree;
+  out << YAML::Key << "zero_stage" << YAML::Value << p.zero_stage;
+  out << YAML::Key << "offload_optimizer" << YAML::Value << p.offload_optimizer;
+  out << YAML::Key << "offload_activations" << YAML::Value << p.offload_activations;
+  out << YAML::EndMap;
+  const MemorySpec& m = s.memory;
+  out << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "activation_checkpointing" << YAML::Value << m.activation_checkpointing;
+  out << YAML::Key << "tiled_mlp" << YAML::Value << m.tiled_mlp;
+  out << YAML::Key << "tiled_loss" << YAML::Value << m.tiled_loss;
+  out << YAML::Key << "loss_tile_tokens" << YAML::Value << m.loss_tile_tokens;
+  out << YAML::Key << "attention_block_size" << YAML::Value << m.attention_block_size;
+  out << YAML::EndMap;
+}
+
+void EmitOptimizer(YAML::Emitter& out, const OptimizerSpec& o) {
+  out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "type" << YAML::Value << o.type;
+  out << YAML::Key << "lr" << YAML::Value << FormatDouble(o.lr);
+  out << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq
+      << FormatDouble(o.beta1) << FormatDouble(o.beta2) << YAML::EndSeq;
+  out << YAML::Key << "weight_decay" << YAML::Value << FormatDouble(o.weight_decay);
+  out << YAML::Key << "eps" << YAML::Value << FormatDouble(o.eps);
+  out << YAML::Key << "grad_clip" << YAML::Value << FormatDouble(o.grad_clip);
+  out << YAML::Key << "warmup_steps" << YAML::Value << o.warmup_steps;
+  out << YAML::Key << "schedule" << YAML::Value << o.schedule;
+  out << YAML::Key << "min_lr_ratio" << YAML::Value << FormatDouble(o.min_lr_ratio);
+  out << YAML::Key << "grad_accum_steps" << YAML::Value << o.grad_accum_steps;
+  out << YAML::EndMap;
+}
+
+void EmitStages(YAML::Emitter& out, const std::vector<StageSpec>& stages) {
+  out << YAML::Key << "stages" << YAML::Value << YAML::BeginSeq;
+  for (const StageSpec& st : stages) {
+    out << YAML::Flow << YAML::BeginMap;
+    out << YAML::Key << "seq_len" << YAML::Value << st.seq_len;
+    out << YAML::Key << "steps" << YAML::Value << st.steps;
+    if (st.lr) out << YAML::Key << "lr" << YAML::Value << FormatDouble(*st.lr);
+    if (st.warmup_steps) out << YAML::Key << "warmup_steps" << YAML::Value << *st.warmup_steps;
+    if (st.sp_degree) out << YAML::Key << "sp_degree" << YAML::Value << *st.sp_degree;
+    if (st.dp_degree) out << YAML::Key << "dp_degree" << YAML::Value << *st.dp_degree;
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+}
+
+void EmitCheckpointAndScheduling(YAML::Emitter& out, const JobSpec& s) {
+  out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "dir" << YAML::Value << s.checkpoint.dir;
+  out << YAML::Key << "every_steps" << YAML::Value << s.checkpoint.every_steps;
+  out << YAML::Key << "keep_last" << YAML::Value << s.checkpoint.keep_last;
+  out << YAML::EndMap;
+  out << YAML::Key << "scheduling" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "priority" << YAML::Value << s.scheduling.priority;
+  out << YAML::Key << "max_failures" << YAML::Value << s.scheduling.max_failures;
+  out << YAML::Key << "max_preemptions" << YAML::Value << s.scheduling.max_preemptions;
+  out << YAML::Key << "node_label" << YAML::Value << s.scheduling.node_label;
+  out << YAML::EndMap;
+}
+
+uint64_t Fnv1a64(const std::string& text) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+}  // namespace
+
+std::string ToYaml(const JobSpec& s) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "apiVersion" << YAML::Value << s.api_version;
+  out << YAML::Key << "kind" << YAML::Value << s.kind;
+  out << YAML::Key << "metadata" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << s.metadata.name;
+  out << YAML::Key << "labels" << YAML::Value << YAML::BeginMap;
+  for (const auto& [key, value] : s.metadata.labels) {
+    out << YAML::Key << key << YAML::Value << value;
+  }
+  out << YAML::EndMap << YAML::EndMap;
+  out << YAML::Key << "spec" << YAML::Value << YAML::BeginMap;
+  EmitModel(out, s.model);
+  EmitData(out, s.data);
+  EmitParallelismAndMemory(out, s);
+  EmitOptimizer(out, s.optimizer);
+  EmitStages(out, s.stages);
+  EmitCheckpointAndScheduling(out, s);
+  out << YAML::Key << "seed" << YAML::Value << s.seed;
+  out << YAML::EndMap << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string SpecHash(const JobSpec& s) {
+  // The preset name is left out: the expanded shape fields already say what it meant.
+  ModelSpec model = s.model;
+  model.preset.clear();
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  EmitModel(out, model);
+  EmitData(out, s.data);
+  EmitOptimizer(out, s.optimizer);
+  out << YAML::Key << "seed" << YAML::Value << s.seed;
+  out << YAML::EndMap;
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016" PRIx64, Fnv1a64(out.c_str()));
+  return hex;
+}
+
+}  // namespace ulysses::spec

@@ -1,0 +1,340 @@
+// ValidateJobSpec: every rule of docs/JOBSPEC.md, all errors collected, each line
+// `<path>: <value> <problem> (<fix>)`.
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/spec/job_spec_parser.h"
+#include "common/spec/spec_util.h"
+
+namespace ulysses::spec {
+namespace {
+
+using internal::FormatDouble;
+using internal::Quote;
+
+constexpr int64_t kNeedleMinVocab = 64;
+constexpr int64_t kNeedleMinSeqLen = 64;
+
+class Errors {
+ public:
+  void Add(const std::string& path, const std::string& value, const std::string& problem,
+           const std::string& fix) {
+    lines_.push_back(absl::StrCat(path, ": ", value, " ", problem, " (", fix, ")"));
+  }
+  const std::vector<std::string>& lines() const { return lines_; }
+
+ private:
+  std::vector<std::string> lines_;
+};
+
+bool IsDns1123Label(const std::string& name) {
+  if (name.empty() || name.size() > 63) return false;
+  for (char c : name) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+  }
+  return name.front() != '-' && name.back() != '-';
+}
+
+bool OneOf(const std::string& value, const std::vector<std::string>& choices) {
+  for (const std::string& c : choices) {
+    if (value == c) return true;
+  }
+  return false;
+}
+
+void CheckChoice(Errors& e, const std::string& path, const std::string& value,
+                 const std::vector<std::string>& choices, const std::string& what) {
+  if (!OneOf(value, choices)) {
+    e.Add(path, Quote(value), absl::StrCat("is not a supported ", what),
+          absl::StrCat("use ", internal::JoinChoices(choices)));
+  }
+}
+
+void CheckPositive(Errors& e, const std::string& path, int64_t value, const std::string& fix) {
+  if (value <= 0) e.Add(path, absl::StrCat(value), "must be > 0", fix);
+}
+
+void CheckMetadata(const JobSpec& s, Errors& e) {
+  if (s.api_version != kApiVersion) {
+    e.Add("apiVersion", Quote(s.api_version), "is not supported",
+          absl::StrCat("use ", kApiVersion));
+  }
+  if (s.kind != kKind)
+    e.Add("kind", Quote(s.kind), "is not supported", absl::StrCat("use ", kKind));
+  if (s.metadata.name.empty()) {
+    e.Add("metadata.name", "''", "is missing", "set a DNS-1123 name, e.g. name: tiny-demo");
+  } else if (!IsDns1123Label(s.metadata.name)) {
+    e.Add("metadata.name", Quote(s.metadata.name), "is not a DNS-1123 label",
+          "use at most 63 lowercase letters, digits and '-', starting and ending with a letter "
+          "or digit, e.g. tiny-demo");
+  }
+}
+
+// Sequence-parallel degrees that work with these head counts.
+std::vector<int64_t> ValidSpDegrees(int64_t hq, int64_t hkv) {
+  std::vector<int64_t> valid;
+  for (int64_t p = 1; p <= hq; ++p) {
+    if (hq % p == 0 && (hkv % p == 0 || p % hkv == 0)) valid.push_back(p);
+  }
+  return valid;
+}
+
+void CheckModel(const JobSpec& s, Errors& e) {
+  const ModelSpec& m = s.model;
+  const bool shape_from_checkpoint = !m.init_from.empty();
+  const std::string fix = shape_from_checkpoint
+                              ? "set it > 0, or leave it out to read it from init_from"
+                              : "set it, or use a preset: tiny, llama3-1b or llama3-8b";
+  const std::pair<const char*, int64_t> shape[] = {
+      {"vocab_size", m.vocab_size},
+      {"hidden_size", m.hidden_size},
+      {"intermediate_size", m.intermediate_size},
+      {"num_hidden_layers", m.num_hidden_layers},
+      {"num_attention_heads", m.num_attention_heads},
+      {"num_key_value_heads", m.num_key_value_heads},
+  };
+  for (const auto& [name, value] : shape) {
+    if (value < 0 || (value == 0 && !shape_from_checkpoint)) {
+      e.Add(absl::StrCat("spec.model.", name), absl::StrCat(value), "must be > 0", fix);
+    }
+  }
+  const int64_t hq = m.num_attention_heads;
+  const int64_t hkv = m.num_key_value_heads;
+  if (hq > 0 && m.hidden_size > 0 && m.hidden_size % hq != 0) {
+    const int64_t lower = m.hidden_size / hq * hq;
+    e.Add("spec.model.hidden_size", absl::StrCat(m.hidden_size),
+          absl::StrCat("is not divisible by num_attention_heads ", hq),
+          absl::StrCat("head_dim = hidden_size / num_attention_heads must be whole; try ",
+                       lower > 0 ? absl::StrCat(lower, " or ") : "", lower + hq));
+  }
+  if (hq > 0 && hkv > 0 && hq % hkv != 0) {
+    std::vector<int64_t> divisors;
+    for (int64_t d = 1; d <= hq; ++d) {
+      if (hq % d == 0) divisors.push_back(d);
+    }
+    e.Add("spec.model.num_key_value_heads", absl::StrCat(hkv),
+          absl::StrCat("does not divide num_attention_heads ", hq),
+          absl::StrCat("each kv head serves a whole group of query heads; use one of ",
+                       absl::StrJoin(divisors, ", ")));
+  }
+  if (m.rope_theta <= 0) {
+    e.Add("spec.model.rope_theta", FormatDouble(m.rope_theta), "must be > 0",
+          "Llama 3 uses 500000.0, Llama 2 10000.0");
+  }
+  if (m.rms_norm_eps <= 0) {
+    e.Add("spec.model.rms_norm_eps", FormatDouble(m.rms_norm_eps), "must be > 0", "use 1e-5");
+  }
+  CheckChoice(e, "spec.model.dtype", m.dtype, {"float32", "bfloat16", "float16", "float64"},
+              "dtype");
+}
+
+// sp_degree at `path` against the head counts (skipped when heads are unknown).
+void CheckSpAgainstHeads(const JobSpec& s, const std::string& path, int64_t sp, Errors& e) {
+  const int64_t hq = s.model.num_attention_heads;
+  const int64_t hkv = s.model.num_key_value_heads;
+  if (sp < 1 || hq <= 0 || hkv <= 0 || hq % hkv != 0) return;
+  const std::string valid = absl::StrJoin(ValidSpDegrees(hq, hkv), ", ");
+  if (hq % sp != 0) {
+    e.Add(path, absl::StrCat(sp), absl::StrCat("does not divide num_attention_heads ", hq),
+          absl::StrCat("each rank needs whole query heads, so sp_degree is at most ", hq,
+                       "; use one of ", valid));
+  } else if (hkv % sp != 0 && sp % hkv != 0) {
+    e.Add(
+        path, absl::StrCat(sp),
+        absl::StrCat("is incompatible with num_key_value_heads ", hkv,
+                     ": neither divides the other"),
+        absl::StrCat("kv heads are sharded when ", hkv, " % sp == 0 or replicated when sp % ", hkv,
+                     " == 0; with ", hq, " query and ", hkv, " kv heads use one of ", valid));
+  }
+}
+
+void CheckDegree(Errors& e, const std::string& path, int64_t value, const char* what) {
+  if (value < 1) {
+    e.Add(path, absl::StrCat(value), "must be >= 1", absl::StrCat("use 1 for no ", what));
+  }
+}
+
+void CheckParallelism(const JobSpec& s, Errors& e) {
+  const ParallelismSpec& p = s.parallelism;
+  CheckDegree(e, "spec.parallelism.sp_degree", p.sp_degree, "sequence parallelism");
+  CheckDegree(e, "spec.parallelism.dp_degree", p.dp_degree, "data parallelism");
+  CheckSpAgainstHeads(s, "spec.parallelism.sp_degree", p.sp_degree, e);
+  if (p.zero_stage < 0 || p.zero_stage > 3) {
+    e.Add("spec.parallelism.zero_stage", absl::StrCat(p.zero_stage), "is out of range 0..3",
+          "use 0; only ZeRO stage 0 is implemented");
+  } else if (p.zero_stage != 0) {
+    e.Add("spec.parallelism.zero_stage", absl::StrCat(p.zero_stage), "is not implemented yet",
+          "use 0; only ZeRO stage 0 (replicated optimizer state) is implemented");
+  }
+}
+
+void CheckMemory(const JobSpec& s, Errors& e) {
+  CheckPositive(e, "spec.memory.loss_tile_tokens", s.memory.loss_tile_tokens, "use e.g. 4096");
+  CheckPositive(e, "spec.memory.attention_block_size", s.memory.attention_block_size,
+                "use e.g. 512");
+}
+
+void CheckOptimizer(const JobSpec& s, Errors& e) {
+  const OptimizerSpec& o = s.optimizer;
+  CheckChoice(e, "spec.optimizer.type", o.type, {"adamw"}, "optimizer");
+  if (o.lr <= 0) e.Add("spec.optimizer.lr", FormatDouble(o.lr), "must be > 0", "use e.g. 3.0e-4");
+  const std::pair<const char*, double> betas[] = {{"spec.optimizer.betas[0]", o.beta1},
+                                                  {"spec.optimizer.betas[1]", o.beta2}};
+  for (const auto& [path, beta] : betas) {
+    if (beta < 0 || beta >= 1) {
+      e.Add(path, FormatDouble(beta), "is outside [0, 1)", "use e.g. betas: [0.9, 0.95]");
+    }
+  }
+  if (o.weight_decay < 0) {
+    e.Add("spec.optimizer.weight_decay", FormatDouble(o.weight_decay), "must be >= 0",
+          "use e.g. 0.1, or 0 for none");
+  }
+  if (o.eps <= 0) e.Add("spec.optimizer.eps", FormatDouble(o.eps), "must be > 0", "use 1e-8");
+  if (o.grad_clip < 0) {
+    e.Add("spec.optimizer.grad_clip", FormatDouble(o.grad_clip), "must be >= 0",
+          "use e.g. 1.0, or 0 to disable clipping");
+  }
+  if (o.warmup_steps < 0) {
+    e.Add("spec.optimizer.warmup_steps", absl::StrCat(o.warmup_steps), "must be >= 0",
+          "use 0 for no warmup");
+  }
+  CheckChoice(e, "spec.optimizer.schedule", o.schedule, {"constant", "linear", "cosine"},
+              "schedule");
+  if (o.min_lr_ratio < 0 || o.min_lr_ratio > 1) {
+    e.Add("spec.optimizer.min_lr_ratio", FormatDouble(o.min_lr_ratio), "is outside [0, 1]",
+          "use e.g. 0.1");
+  }
+  if (o.grad_accum_steps < 1) {
+    e.Add("spec.optimizer.grad_accum_steps", absl::StrCat(o.grad_accum_steps), "must be >= 1",
+          "use 1 for no accumulation");
+  }
+}
+
+// Nearest multiples of the sequence unit around `seq_len`: the unit keeps N/P a
+// multiple of 1024 when the sequence is long enough, else it is P itself.
+std::string SeqLenSuggestion(int64_t seq_len, int64_t sp) {
+  const int64_t unit = seq_len >= sp * 1024 ? sp * 1024 : sp;
+  const int64_t lower = seq_len / unit * unit;
+  if (lower <= 0) return absl::StrCat("try ", unit);
+  return absl::StrCat("try ", lower, " or ", lower + unit);
+}
+
+void CheckStage(const JobSpec& s, size_t i, Errors& e) {
+  const StageSpec& st = s.stages[i];
+  const std::string p = absl::StrCat("spec.stages[", i, "]");
+  const int64_t sp = s.StageSp(i);
+  if (st.seq_len <= 0) {
+    e.Add(p + ".seq_len", absl::StrCat(st.seq_len), "must be > 0", "use e.g. seq_len: 4096");
+  } else if (sp >= 1 && st.seq_len % sp != 0) {
+    e.Add(p + ".seq_len", absl::StrCat(st.seq_len),
+          absl::StrCat("is not divisible by sp_degree ", sp), SeqLenSuggestion(st.seq_len, sp));
+  }
+  if (i > 0 && st.seq_len > 0 && st.seq_len <= s.stages[i - 1].seq_len) {
+    e.Add(p + ".seq_len", absl::StrCat(st.seq_len),
+          absl::StrCat("is not greater than stages[", i - 1, "].seq_len ", s.stages[i - 1].seq_len),
+          "stages expand the context: order them by strictly increasing seq_len");
+  }
+  if (st.steps <= 0) {
+    e.Add(p + ".steps", absl::StrCat(st.steps), "must be > 0", "use e.g. steps: 100");
+  }
+  if (st.lr && *st.lr <= 0) {
+    e.Add(p + ".lr", FormatDouble(*st.lr), "must be > 0",
+          "use e.g. 1.0e-4, or leave it out to use optimizer.lr");
+  }
+  if (st.warmup_steps && *st.warmup_steps < 0) {
+    e.Add(p + ".warmup_steps", absl::StrCat(*st.warmup_steps), "must be >= 0",
+          "use 0 for no warmup");
+  }
+  if (st.sp_degree) {
+    CheckDegree(e, p + ".sp_degree", *st.sp_degree, "sequence parallelism");
+    CheckSpAgainstHeads(s, p + ".sp_degree", *st.sp_degree, e);
+  }
+  if (st.dp_degree) CheckDegree(e, p + ".dp_degree", *st.dp_degree, "data parallelism");
+  if (s.data.synthetic && s.data.synthetic->generator == "needle" && st.seq_len > 0 &&
+      st.seq_len < kNeedleMinSeqLen) {
+    e.Add(p + ".seq_len", absl::StrCat(st.seq_len), "is too short for the needle generator",
+          absl::StrCat("use seq_len >= ", kNeedleMinSeqLen, " or generator: random"));
+  }
+}
+
+void CheckStages(const JobSpec& s, Errors& e) {
+  if (s.stages.empty()) {
+    e.Add("spec.stages", "[]", "is empty",
+          "add at least one stage, e.g. stages: [{seq_len: 1024, steps: 100}]");
+  }
+  for (size_t i = 0; i < s.stages.size(); ++i) CheckStage(s, i, e);
+}
+
+void CheckData(const JobSpec& s, Errors& e) {
+  const DataSpec& d = s.data;
+  if (d.synthetic) {
+    if (!d.train.empty()) {
+      e.Add("spec.data.train", Quote(d.train), "is given together with data.synthetic",
+            "use either token files or a synthetic generator");
+    }
+    if (!d.validation.empty()) {
+      e.Add("spec.data.validation", Quote(d.validation), "is given together with data.synthetic",
+            "synthetic data brings its own validation set; remove data.validation");
+    }
+    CheckChoice(e, "spec.data.synthetic.generator", d.synthetic->generator, {"random", "needle"},
+                "generator");
+    if (d.synthetic->validation_sequences < 0) {
+      e.Add("spec.data.synthetic.validation_sequences",
+            absl::StrCat(d.synthetic->validation_sequences), "must be >= 0",
+            "use e.g. 8, or 0 for no validation");
+    }
+    if (d.synthetic->generator == "needle" && s.model.vocab_size > 0 &&
+        s.model.vocab_size < kNeedleMinVocab) {
+      e.Add("spec.data.synthetic.generator", "'needle'",
+            absl::StrCat("needs vocab_size >= ", kNeedleMinVocab, ", got ", s.model.vocab_size),
+            "use a larger vocab_size or generator: random");
+    }
+    return;
+  }
+  if (d.train.empty() && !d.validation.empty()) {
+    e.Add("spec.data.validation", Quote(d.validation), "is given without data.train",
+          "set data.train to the training token file");
+  } else if (d.train.empty()) {
+    e.Add("spec.data", "{}", "has no training data",
+          "set data.train to a uint32 token file, or data.synthetic.generator: random|needle");
+  }
+}
+
+void CheckCheckpointAndScheduling(const JobSpec& s, Errors& e) {
+  if (s.checkpoint.every_steps < 0) {
+    e.Add("spec.checkpoint.every_steps", absl::StrCat(s.checkpoint.every_steps), "must be >= 0",
+          "use 0 to checkpoint only at stage ends");
+  }
+  if (s.checkpoint.keep_last < 1) {
+    e.Add("spec.checkpoint.keep_last", absl::StrCat(s.checkpoint.keep_last), "must be >= 1",
+          "use e.g. 2");
+  }
+  if (s.scheduling.max_failures < 0) {
+    e.Add("spec.scheduling.max_failures", absl::StrCat(s.scheduling.max_failures), "must be >= 0",
+          "use e.g. 3, or 0 to fail on the first failure");
+  }
+  if (s.scheduling.max_preemptions < -1) {
+    e.Add("spec.scheduling.max_preemptions", absl::StrCat(s.scheduling.max_preemptions),
+          "must be >= -1", "use -1 for unlimited");
+  }
+}
+
+}  // namespace
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  Errors e;
+  CheckMetadata(spec, e);
+  CheckModel(spec, e);
+  CheckData(spec, e);
+  CheckParallelism(spec, e);
+  CheckMemory(spec, e);
+  CheckOptimizer(spec, e);
+  CheckStages(spec, e);
+  CheckCheckpointAndScheduling(spec, e);
+  return internal::ErrorsToStatus(e.lines());
+}
+
+}  // namespace ulysses::spec

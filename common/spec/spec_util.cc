@@ -1,0 +1,137 @@
+#include "common/spec/spec_util.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ulysses::spec::internal {
+
+std::string FormatDouble(double v) {
+  char buf[64];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string text = buf;
+  // Keep a marker that this is a float when it prints like an integer: "1" -> "1.0".
+  if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
+  return text;
+}
+
+std::string Quote(const std::string& text) {
+  constexpr size_t kMaxShown = 60;
+  std::string out = "'";
+  for (size_t i = 0; i < text.size() && i < kMaxShown; ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (text.size() > kMaxShown) out += "...";
+  out += "'";
+  return out;
+}
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t substitute = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, substitute});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string SuggestKey(const std::string& key, const std::vector<std::string>& candidates) {
+  if (candidates.empty()) return "";
+  const std::string* best = nullptr;
+  size_t best_distance = 0;
+  for (const std::string& candidate : candidates) {
+    const size_t d = EditDistance(key, candidate);
+    if (best == nullptr || d < best_distance) {
+      best = &candidate;
+      best_distance = d;
+    }
+  }
+  // Close enough: at most a third of the longer name (and at least 2 edits allowed).
+  const size_t allowed = std::max<size_t>(2, std::max(key.size(), best->size()) / 3);
+  if (best_distance <= allowed) return absl::StrCat(" (did you mean '", *best, "'?)");
+  return absl::StrCat(" (valid keys: ", absl::StrJoin(candidates, ", "), ")");
+}
+
+std::string JoinChoices(const std::vector<std::string>& choices) {
+  if (choices.empty()) return "";
+  if (choices.size() == 1) return choices[0];
+  std::vector<std::string> head(choices.begin(), choices.end() - 1);
+  return absl::StrCat(absl::StrJoin(head, ", "), " or ", choices.back());
+}
+
+absl::Status ErrorsToStatus(const std::vector<std::string>& errors) {
+  if (errors.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(errors, "\n"));
+}
+
+namespace {
+
+// Appends an error when `path` is not a usable token file for `need` tokens.
+void CheckOneFile(const std::string& field, const std::string& path, int64_t need,
+                  std::vector<std::string>* errors) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    errors->push_back(absl::StrCat(field, ": ", Quote(path), " cannot be read (",
+                                   std::strerror(errno), "; give an existing uint32 token file)"));
+    return;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    errors->push_back(absl::StrCat(field, ": ", Quote(path),
+                                   " is not a regular file (give a uint32 token file)"));
+    return;
+  }
+  const int64_t bytes = static_cast<int64_t>(st.st_size);
+  if (bytes % 4 != 0) {
+    errors->push_back(absl::StrCat(field, ": ", Quote(path), " has ", bytes,
+                                   " bytes, not a multiple of 4 (token files are flat "
+                                   "little-endian uint32; the file is truncated or not tokens)"));
+    return;
+  }
+  const int64_t tokens = bytes / 4;
+  if (tokens < need) {
+    errors->push_back(absl::StrCat(field, ": ", Quote(path), " holds ", tokens,
+                                   " tokens, needs at least ", need,
+                                   " (stages[0].seq_len + 1; use a longer file or a shorter "
+                                   "first stage)"));
+  }
+}
+
+}  // namespace
+
+absl::Status CheckDataFiles(const JobSpec& spec) {
+  std::vector<std::string> errors;
+  const int64_t need = spec.stages.empty() ? 1 : spec.stages[0].seq_len + 1;
+  if (!spec.data.train.empty()) CheckOneFile("spec.data.train", spec.data.train, need, &errors);
+  if (!spec.data.validation.empty()) {
+    CheckOneFile("spec.data.validation", spec.data.validation, need, &errors);
+  }
+  return ErrorsToStatus(errors);
+}
+
+}  // namespace ulysses::spec::internal

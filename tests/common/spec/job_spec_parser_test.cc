@@ -1,0 +1,570 @@
+// Parser, validator, overrides, ToYaml round trip, SpecHash and the data-file
+// check of common/spec, on the shipped examples and a table of bad specs.
+#include "common/spec/job_spec_parser.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/common/spec/spec_test_util.h"
+
+namespace ulysses::spec {
+namespace {
+
+using testing::ExpectSpecEq;
+using ::testing::HasSubstr;
+using testing::ReadFile;
+using testing::ShippedSpecs;
+
+// A small valid spec; bad cases replace one piece of it.
+constexpr char kBase[] = R"(apiVersion: ulysses/v1
+kind: TrainJob
+metadata:
+  name: unit-test
+  labels: {team: research}
+spec:
+  model: {preset: tiny}
+  data: {synthetic: {generator: random}}
+  parallelism: {sp_degree: 2, dp_degree: 1}
+  memory: {tiled_loss: true}
+  optimizer: {lr: 1.0e-3, betas: [0.9, 0.95], warmup_steps: 2}
+  stages:
+    - {seq_len: 1024, steps: 10}
+    - {seq_len: 2048, steps: 5, sp_degree: 4}
+  checkpoint: {every_steps: 5, keep_last: 2}
+  scheduling: {max_failures: 3}
+  seed: 7
+)";
+
+// kBase with the first occurrence of each `from` replaced by its `to` (fails if absent).
+std::string With(std::vector<std::pair<std::string, std::string>> edits) {
+  std::string text = kBase;
+  for (const auto& [from, to] : edits) {
+    const size_t pos = text.find(from);
+    EXPECT_NE(pos, std::string::npos) << from;
+    if (pos != std::string::npos) text.replace(pos, from.size(), to);
+  }
+  return text;
+}
+std::string With(const std::string& from, const std::string& to) { return With({{from, to}}); }
+
+TEST(JobSpecParserTest, ShippedExamplesParseAndValidate) {
+  for (const std::string& path : ShippedSpecs()) {
+    SCOPED_TRACE(path);
+    absl::StatusOr<JobSpec> spec = LoadJobSpecFile(path);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_FALSE(spec->stages.empty());
+    EXPECT_GT(spec->model.vocab_size, 0);
+  }
+}
+
+TEST(JobSpecParserTest, TinyDemoHasTheAgreedShape) {
+  absl::StatusOr<JobSpec> spec = LoadJobSpecFile(ShippedSpecs()[0]);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->metadata.name, "tiny-demo");
+  EXPECT_EQ(spec->model.hidden_size, 256);
+  EXPECT_EQ(spec->model.num_key_value_heads, 4);
+  ASSERT_TRUE(spec->data.synthetic.has_value());
+  EXPECT_EQ(spec->data.synthetic->generator, "needle");
+  ASSERT_EQ(spec->stages.size(), 3u);
+  const int64_t seq[] = {1024, 2048, 4096}, sp[] = {1, 2, 4};
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(spec->stages[i].seq_len, seq[i]);
+    EXPECT_EQ(spec->StageSp(i), sp[i]);
+  }
+  EXPECT_EQ(spec->checkpoint.every_steps, 10);
+  EXPECT_EQ(spec->checkpoint.keep_last, 2);
+  EXPECT_EQ(spec->seed, 1234u);
+}
+
+TEST(JobSpecParserTest, BaseParsesWithDefaults) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(kBase);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->metadata.labels.at("team"), "research");
+  EXPECT_EQ(spec->optimizer.schedule, "cosine");  // default
+  EXPECT_DOUBLE_EQ(spec->optimizer.lr, 1e-3);
+  EXPECT_EQ(spec->StageSp(0), 2);  // inherited
+  EXPECT_EQ(spec->StageSp(1), 4);  // overridden
+  EXPECT_FALSE(spec->stages[0].lr.has_value());
+  EXPECT_EQ(spec->seed, 7u);
+}
+
+TEST(JobSpecParserTest, PresetsFillShapeAndExplicitFieldsWin) {
+  struct Case {
+    const char* preset;
+    int64_t vocab, hidden, inter, layers, heads, kv;
+    double theta;
+    bool tied;
+  } cases[] = {
+      {"tiny", 256, 256, 688, 4, 8, 4, 10000.0, false},
+      {"llama3-1b", 128256, 2048, 8192, 16, 32, 8, 500000.0, true},
+      {"llama3-8b", 128256, 4096, 14336, 32, 32, 8, 500000.0, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.preset);
+    ModelSpec m;
+    m.preset = c.preset;
+    ASSERT_TRUE(ApplyModelPreset(m).ok());
+    EXPECT_EQ(m.vocab_size, c.vocab);
+    EXPECT_EQ(m.hidden_size, c.hidden);
+    EXPECT_EQ(m.intermediate_size, c.inter);
+    EXPECT_EQ(m.num_hidden_layers, c.layers);
+    EXPECT_EQ(m.num_attention_heads, c.heads);
+    EXPECT_EQ(m.num_key_value_heads, c.kv);
+    EXPECT_EQ(m.rope_theta, c.theta);
+    EXPECT_EQ(m.rms_norm_eps, 1e-5);
+    EXPECT_EQ(m.tie_word_embeddings, c.tied);
+  }
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpec(With("{preset: tiny}", "{preset: tiny, num_hidden_layers: 2, vocab_size: 512}"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model.num_hidden_layers, 2);
+  EXPECT_EQ(spec->model.vocab_size, 512);
+  EXPECT_EQ(spec->model.hidden_size, 256);
+  ModelSpec unknown;
+  unknown.preset = "llama9";
+  EXPECT_THAT(std::string(ApplyModelPreset(unknown).message()),
+              HasSubstr("'llama9' is not a known preset (use tiny, llama3-1b or llama3-8b"));
+}
+
+TEST(JobSpecParserTest, KvHeadsDefaultToQueryHeads) {
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpec(With("{preset: tiny}",
+                        "{vocab_size: 128, hidden_size: 64, intermediate_size: 128, "
+                        "num_hidden_layers: 1, num_attention_heads: 4}"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model.num_key_value_heads, 4);
+}
+
+TEST(JobSpecParserTest, InitFromWithoutShapeSkipsShapeChecks) {
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpec(With("{preset: tiny}", "{init_from: /models/Llama-3.2-1B, dtype: bfloat16}"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model.hidden_size, 0);
+  EXPECT_EQ(spec->model.init_from, "/models/Llama-3.2-1B");
+  // Without init_from the same document must name the missing shape.
+  absl::StatusOr<JobSpec> bare = ParseJobSpec(With("{preset: tiny}", "{dtype: bfloat16}"));
+  ASSERT_FALSE(bare.ok());
+  EXPECT_THAT(std::string(bare.status().message()),
+              HasSubstr("spec.model.hidden_size: 0 must be > 0 (set it, or use a preset"));
+}
+
+struct BadCase {
+  const char* name;
+  std::string yaml;
+  const char* expected;
+};
+
+std::vector<BadCase> BadCases() {
+  const std::string three_stages =
+      "  stages:\n    - {seq_len: 8192, steps: 10}\n    - {seq_len: 16384, steps: 5}\n"
+      "    - {seq_len: 100001, steps: 5}\n";
+  const std::string base_stages =
+      "  stages:\n    - {seq_len: 1024, steps: 10}\n    - {seq_len: 2048, steps: 5, sp_degree: "
+      "4}\n";
+  auto stages = [&](const std::string& s) { return With(base_stages, s); };
+  return {
+      {"seq_len_not_divisible_by_sp",
+       With({{"{sp_degree: 2, dp_degree: 1}", "{sp_degree: 8}"}, {base_stages, three_stages}}),
+       "spec.stages[2].seq_len: 100001 is not divisible by sp_degree 8 (try 98304 or 106496)"},
+      {"short_seq_len_not_divisible",
+       stages("  stages:\n    - {seq_len: 1001, steps: 10, sp_degree: 8}\n"),
+       "spec.stages[0].seq_len: 1001 is not divisible by sp_degree 8 (try 1000 or 1008)"},
+      {"unknown_key", With("  optimizer:", "  optimzer:"),
+       "spec.optimzer: unknown key (did you mean 'optimizer'?)"},
+      {"unknown_stage_key", With("{seq_len: 1024, steps: 10}", "{seqlen: 1024, steps: 10}"),
+       "spec.stages[0].seqlen: unknown key (did you mean 'seq_len'?)"},
+      {"unknown_key_far", With("{preset: tiny}", "{preset: tiny, banana: 1}"),
+       "spec.model.banana: unknown key (valid keys: preset, vocab_size,"},
+      {"wrong_type_int", With("{seq_len: 1024, steps: 10}", "{seq_len: 1024, steps: ten}"),
+       "spec.stages[0].steps: 'ten' is not an integer"},
+      {"wrong_type_double", With("lr: 1.0e-3", "lr: fast"),
+       "spec.optimizer.lr: 'fast' is not a number"},
+      {"wrong_type_bool", With("{tiled_loss: true}", "{tiled_loss: maybe}"),
+       "spec.memory.tiled_loss: 'maybe' is not a boolean (write true or false)"},
+      {"wrong_type_section", With("{preset: tiny}", "tiny"),
+       "spec.model: 'tiny' is not a mapping (expected keys: preset, vocab_size"},
+      {"wrong_type_stages", stages("  stages: 3\n"), "spec.stages: '3' is not a list"},
+      {"wrong_type_betas", With("betas: [0.9, 0.95]", "betas: 0.9"),
+       "spec.optimizer.betas: '0.9' is not a list of two numbers"},
+      {"negative_seed", With("seed: 7", "seed: -1"),
+       "spec.seed: '-1' is not a non-negative integer"},
+      {"duplicate_key", With("  seed: 7\n", "  seed: 7\n  seed: 8\n"), "spec.seed: duplicate key"},
+      {"malformed_yaml", With("{preset: tiny}", "{preset: tiny"), "yaml: line "},
+      {"bad_indent", With("  seed: 7\n", " seed: 7\n"), "yaml: line 17, column"},
+      {"empty_document", "", "(document): empty document"},
+      {"only_comment", "# nothing here\n", "(document): empty document"},
+      {"top_level_list", "- a\n- b\n", "(document): a list is not a mapping"},
+      {"top_level_scalar", "hello\n", "(document): 'hello' is not a mapping"},
+      {"two_documents", std::string(kBase) + "---\n" + kBase,
+       "(document): more than one YAML document"},
+      {"api_version", With("ulysses/v1", "ulysses/v2"),
+       "apiVersion: 'ulysses/v2' is not supported (use ulysses/v1)"},
+      {"kind", With("kind: TrainJob", "kind: Job"), "kind: 'Job' is not supported (use TrainJob)"},
+      {"missing_kind", With("kind: TrainJob\n", ""), "kind: missing (add kind: TrainJob)"},
+      {"name_missing", With("  name: unit-test\n", ""), "metadata.name: '' is missing"},
+      {"name_not_dns", With("name: unit-test", "name: Unit_Test"),
+       "metadata.name: 'Unit_Test' is not a DNS-1123 label"},
+      {"no_stages", stages("  stages: []\n"), "spec.stages: [] is empty (add at least one stage"},
+      {"steps_zero", With("{seq_len: 1024, steps: 10}", "{seq_len: 1024, steps: 0}"),
+       "spec.stages[0].steps: 0 must be > 0"},
+      {"seq_len_zero", With("{seq_len: 1024, steps: 10}", "{seq_len: 0, steps: 10}"),
+       "spec.stages[0].seq_len: 0 must be > 0"},
+      {"seq_len_not_increasing", With("{seq_len: 1024, steps: 10}", "{seq_len: 4096, steps: 10}"),
+       "spec.stages[1].seq_len: 2048 is not greater than stages[0].seq_len 4096"},
+      {"heads_not_divisible_by_sp", With("{sp_degree: 2, dp_degree: 1}", "{sp_degree: 3}"),
+       "spec.parallelism.sp_degree: 3 does not divide num_attention_heads 8 (each rank needs "
+       "whole query heads, so sp_degree is at most 8; use one of 1, 2, 4, 8)"},
+      {"stage_sp_against_heads", With("steps: 5, sp_degree: 4", "steps: 5, sp_degree: 16"),
+       "spec.stages[1].sp_degree: 16 does not divide num_attention_heads 8"},
+      {"kv_heads_incompatible",
+       With({{"{preset: tiny}",
+              "{preset: tiny, hidden_size: 384, num_attention_heads: 12, "
+              "num_key_value_heads: 6}"}}),
+       "spec.stages[1].sp_degree: 4 is incompatible with num_key_value_heads 6: neither divides "
+       "the other"},
+      {"kv_heads_lists_valid_sp",
+       With("{preset: tiny}",
+            "{preset: tiny, hidden_size: 384, num_attention_heads: 12, "
+            "num_key_value_heads: 6}"),
+       "with 12 query and 6 kv heads use one of 1, 2, 3, 6, 12"},
+      {"hidden_not_divisible_by_heads", With("{preset: tiny}", "{preset: tiny, hidden_size: 250}"),
+       "spec.model.hidden_size: 250 is not divisible by num_attention_heads 8"},
+      {"q_heads_not_divisible_by_kv",
+       With("{preset: tiny}", "{preset: tiny, num_key_value_heads: 3}"),
+       "spec.model.num_key_value_heads: 3 does not divide num_attention_heads 8 (each kv head "
+       "serves a whole group of query heads; use one of 1, 2, 4, 8)"},
+      {"sp_zero", With("{sp_degree: 2, dp_degree: 1}", "{sp_degree: 0}"),
+       "spec.parallelism.sp_degree: 0 must be >= 1 (use 1 for no sequence parallelism)"},
+      {"dp_zero", With("{sp_degree: 2, dp_degree: 1}", "{sp_degree: 2, dp_degree: 0}"),
+       "spec.parallelism.dp_degree: 0 must be >= 1 (use 1 for no data parallelism)"},
+      {"stage_dp_zero", With("steps: 5, sp_degree: 4", "steps: 5, dp_degree: -2"),
+       "spec.stages[1].dp_degree: -2 must be >= 1"},
+      {"vocab_negative", With("{preset: tiny}", "{preset: tiny, vocab_size: -1}"),
+       "spec.model.vocab_size: -1 must be > 0"},
+      {"layers_zero", With("{preset: tiny}", "{preset: tiny, num_hidden_layers: 0}"),
+       "spec.model.num_hidden_layers: 0 must be > 0"},
+      {"rope_theta", With("{preset: tiny}", "{preset: tiny, rope_theta: 0}"),
+       "spec.model.rope_theta: 0.0 must be > 0"},
+      {"dtype", With("{preset: tiny}", "{preset: tiny, dtype: fp8}"),
+       "spec.model.dtype: 'fp8' is not a supported dtype (use float32, bfloat16, float16 or "
+       "float64)"},
+      {"unknown_preset", With("{preset: tiny}", "{preset: llama9}"),
+       "spec.model.preset: 'llama9' is not a known preset (use tiny, llama3-1b or llama3-8b"},
+      {"zero_stage_not_implemented",
+       With("{sp_degree: 2, dp_degree: 1}", "{sp_degree: 2, zero_stage: 2}"),
+       "spec.parallelism.zero_stage: 2 is not implemented yet (use 0;"},
+      {"zero_stage_out_of_range",
+       With("{sp_degree: 2, dp_degree: 1}", "{sp_degree: 2, zero_stage: 7}"),
+       "spec.parallelism.zero_stage: 7 is out of range 0..3 (use 0; only ZeRO stage 0 is "
+       "implemented)"},
+      {"lr_zero", With("lr: 1.0e-3", "lr: 0"), "spec.optimizer.lr: 0.0 must be > 0"},
+      {"stage_lr_negative",
+       With("{seq_len: 1024, steps: 10}", "{seq_len: 1024, steps: 10, lr: -1}"),
+       "spec.stages[0].lr: -1.0 must be > 0"},
+      {"beta_one", With("betas: [0.9, 0.95]", "betas: [0.9, 1.0]"),
+       "spec.optimizer.betas[1]: 1.0 is outside [0, 1)"},
+      {"beta_negative", With("betas: [0.9, 0.95]", "betas: [-0.1, 0.95]"),
+       "spec.optimizer.betas[0]: -0.1 is outside [0, 1)"},
+      {"eps_zero", With("lr: 1.0e-3", "lr: 1.0e-3, eps: 0"), "spec.optimizer.eps: 0.0 must be > 0"},
+      {"grad_clip_negative", With("lr: 1.0e-3", "lr: 1.0e-3, grad_clip: -1"),
+       "spec.optimizer.grad_clip: -1.0 must be >= 0"},
+      {"warmup_negative", With("warmup_steps: 2", "warmup_steps: -1"),
+       "spec.optimizer.warmup_steps: -1 must be >= 0"},
+      {"schedule", With("lr: 1.0e-3", "lr: 1.0e-3, schedule: step"),
+       "spec.optimizer.schedule: 'step' is not a supported schedule (use constant, linear or "
+       "cosine)"},
+      {"optimizer_type", With("lr: 1.0e-3", "lr: 1.0e-3, type: sgd"),
+       "spec.optimizer.type: 'sgd' is not a supported optimizer (use adamw)"},
+      {"grad_accum_zero", With("lr: 1.0e-3", "lr: 1.0e-3, grad_accum_steps: 0"),
+       "spec.optimizer.grad_accum_steps: 0 must be >= 1"},
+      {"keep_last_zero", With("keep_last: 2", "keep_last: 0"),
+       "spec.checkpoint.keep_last: 0 must be >= 1"},
+      {"every_steps_negative", With("every_steps: 5", "every_steps: -5"),
+       "spec.checkpoint.every_steps: -5 must be >= 0"},
+      {"no_data", With("{synthetic: {generator: random}}", "{}"),
+       "spec.data: {} has no training data (set data.train to a uint32 token file, or "
+       "data.synthetic.generator: random|needle)"},
+      {"data_both",
+       With("{synthetic: {generator: random}}", "{train: a.bin, synthetic: {generator: random}}"),
+       "spec.data.train: 'a.bin' is given together with data.synthetic"},
+      {"validation_without_train", With("{synthetic: {generator: random}}", "{validation: v.bin}"),
+       "spec.data.validation: 'v.bin' is given without data.train"},
+      {"generator", With("generator: random", "generator: zipf"),
+       "spec.data.synthetic.generator: 'zipf' is not a supported generator (use random or "
+       "needle)"},
+      {"needle_small_vocab",
+       With({{"{preset: tiny}", "{preset: tiny, vocab_size: 32}"},
+             {"generator: random", "generator: needle"}}),
+       "spec.data.synthetic.generator: 'needle' needs vocab_size >= 64, got 32"},
+      {"needle_short_seq",
+       With({{"generator: random", "generator: needle"},
+             {base_stages, "  stages:\n    - {seq_len: 32, steps: 10}\n"}}),
+       "spec.stages[0].seq_len: 32 is too short for the needle generator"},
+      {"max_failures", With("{max_failures: 3}", "{max_failures: -1}"),
+       "spec.scheduling.max_failures: -1 must be >= 0"},
+      {"loss_tile_tokens", With("{tiled_loss: true}", "{tiled_loss: true, loss_tile_tokens: 0}"),
+       "spec.memory.loss_tile_tokens: 0 must be > 0"},
+      {"attention_block_size", With("{tiled_loss: true}", "{attention_block_size: -4}"),
+       "spec.memory.attention_block_size: -4 must be > 0"},
+  };
+}
+
+TEST(JobSpecParserTest, BadSpecsGiveExactMessages) {
+  const std::vector<BadCase> cases = BadCases();
+  ASSERT_GE(cases.size(), 25u);
+  for (const BadCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(c.yaml);
+    ASSERT_FALSE(spec.ok()) << c.yaml;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string message(spec.status().message());
+    EXPECT_THAT(message, HasSubstr(c.expected)) << c.yaml;
+    for (absl::string_view line : absl::StrSplit(message, '\n')) {
+      EXPECT_THAT(std::string(line), HasSubstr(": ")) << "every line names a path";
+    }
+  }
+}
+
+TEST(JobSpecParserTest, SeqLenOnlyNeedsToDivideBySp) {
+  // 100000 = 8 * 12500: valid, even though the suggestions for a bad length are
+  // multiples of sp_degree * 1024.
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(With(
+      {{"{sp_degree: 2, dp_degree: 1}", "{sp_degree: 8}"},
+       {"{seq_len: 2048, steps: 5, sp_degree: 4}", "{seq_len: 100000, steps: 5, sp_degree: 8}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->stages[1].seq_len, 100000);
+}
+
+TEST(JobSpecParserTest, CollectsEveryErrorOnePerLine) {
+  std::string text = With("{seq_len: 1024, steps: 10}", "{seq_len: 1024, steps: 0}");
+  text.replace(text.find("keep_last: 2"), 12, "keep_last: 0");
+  text.replace(text.find("lr: 1.0e-3"), 10, "lr: -1.0");
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(text);
+  ASSERT_FALSE(spec.ok());
+  const std::vector<std::string> lines = absl::StrSplit(spec.status().message(), '\n');
+  ASSERT_EQ(lines.size(), 3u) << spec.status();
+  EXPECT_THAT(lines[0], HasSubstr("spec.optimizer.lr: -1.0 must be > 0"));
+  EXPECT_THAT(lines[1], HasSubstr("spec.stages[0].steps: 0 must be > 0"));
+  EXPECT_THAT(lines[2], HasSubstr("spec.checkpoint.keep_last: 0 must be >= 1"));
+}
+
+TEST(JobSpecParserTest, TypeErrorsAreAllReported) {
+  std::string text = With("{seq_len: 1024, steps: 10}", "{seq_len: 1k, steps: ten}");
+  text.replace(text.find("  optimizer:"), 12, "  optimzer:");
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(text);
+  ASSERT_FALSE(spec.ok());
+  const std::string message(spec.status().message());
+  EXPECT_THAT(message, HasSubstr("spec.stages[0].seq_len: '1k' is not an integer"));
+  EXPECT_THAT(message, HasSubstr("spec.stages[0].steps: 'ten' is not an integer"));
+  EXPECT_THAT(message, HasSubstr("spec.optimzer: unknown key (did you mean 'optimizer'?)"));
+}
+
+TEST(JobSpecParserTest, OverridesApplyBeforeConversion) {
+  ParseOptions options;
+  options.overrides = {"spec.stages[1].steps=5000",        "spec.parallelism.sp_degree=4",
+                       "spec.memory.tiled_mlp=true",       "metadata.labels.owner=alice",
+                       "spec.optimizer.betas=[0.8, 0.99]", "spec.stages[0].lr=2.0e-4",
+                       "spec.checkpoint.dir=/tmp/ck"};
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(kBase, options);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->stages[1].steps, 5000);
+  EXPECT_EQ(spec->parallelism.sp_degree, 4);
+  EXPECT_TRUE(spec->memory.tiled_mlp);
+  EXPECT_TRUE(spec->memory.tiled_loss);  // sibling kept
+  EXPECT_EQ(spec->metadata.labels.at("owner"), "alice");
+  EXPECT_EQ(spec->metadata.labels.at("team"), "research");
+  EXPECT_DOUBLE_EQ(spec->optimizer.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(spec->optimizer.beta2, 0.99);
+  EXPECT_EQ(spec->stages[0].lr, 2.0e-4);
+  EXPECT_EQ(spec->checkpoint.dir, "/tmp/ck");
+}
+
+TEST(JobSpecParserTest, OverrideCreatesMissingSection) {
+  std::string text = kBase;
+  text.erase(text.find("  memory: {tiled_loss: true}\n"), 29);
+  ParseOptions options;
+  options.overrides = {"spec.memory.activation_checkpointing=yes"};
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(text, options);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->memory.activation_checkpointing);
+  EXPECT_FALSE(spec->memory.tiled_loss);
+}
+
+TEST(JobSpecParserTest, BadOverridesNameThePath) {
+  struct Case {
+    std::string set;
+    const char* expected;
+  } cases[] = {
+      {"spec.stages[0].stpes=1",
+       "--set spec.stages[0].stpes=1: spec.stages[0].stpes is not a known field (did you mean "
+       "'steps'?)"},
+      {"spec.optimzer.lr=1", "spec.optimzer is not a known field (did you mean 'optimizer'?)"},
+      {"spec.stages[5].steps=1", "spec.stages[5] does not exist (spec.stages has 2 entries"},
+      {"spec.model[0]=1", "spec.model is not a list"},
+      {"spec.seed", "--set spec.seed: missing '='"},
+      {"spec..seed=1", "is not a field path"},
+      {"spec.stages[x].steps=1", "is not a field path"},
+      {"spec.seed=[1, 2", "the value is not valid YAML"},
+      {"spec.stages[0].steps=ten", "spec.stages[0].steps: 'ten' is not an integer"},
+      {"spec.stages[2].seq_len=1", "spec.stages[2] does not exist"},
+      {"spec.stages[0].seq_len=1001",
+       "spec.stages[0].seq_len: 1001 is not divisible by sp_degree 2"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.set);
+    ParseOptions options;
+    options.overrides = {c.set};
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(kBase, options);
+    ASSERT_FALSE(spec.ok());
+    EXPECT_THAT(std::string(spec.status().message()), HasSubstr(c.expected));
+  }
+}
+
+TEST(JobSpecParserTest, ToYamlRoundTrips) {
+  std::vector<JobSpec> specs;
+  for (const std::string& path : ShippedSpecs()) {
+    absl::StatusOr<JobSpec> spec = LoadJobSpecFile(path);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    specs.push_back(*spec);
+  }
+  absl::StatusOr<JobSpec> base = ParseJobSpec(kBase);
+  ASSERT_TRUE(base.ok()) << base.status();
+  // Awkward strings and every optional stage field.
+  JobSpec odd = *base;
+  odd.metadata.labels = {{"empty", ""},   {"null", "null"},  {"tilde", "~"},         {"yes", "yes"},
+                         {"num", "0123"}, {"colon", "a: b"}, {"quote", "it's \"x\""}};
+  odd.stages[0].lr = 1.0 / 3.0;
+  odd.stages[0].warmup_steps = 0;
+  odd.stages[1].dp_degree = 2;
+  odd.optimizer.eps = 1e-12;
+  odd.model.rope_theta = 123456.789;
+  odd.checkpoint.dir = "/tmp/with space/#hash";
+  odd.scheduling.node_label = "gpu=h100";
+  odd.seed = 18446744073709551615ULL;
+  specs.push_back(odd);
+  JobSpec files = *base;
+  files.data.synthetic.reset();
+  files.data.train = "data/train.bin";
+  files.data.validation = "data/val.bin";
+  specs.push_back(files);
+  for (const JobSpec& s : specs) {
+    SCOPED_TRACE(s.metadata.name);
+    const std::string yaml = ToYaml(s);
+    absl::StatusOr<JobSpec> again = ParseJobSpec(yaml);
+    ASSERT_TRUE(again.ok()) << again.status() << "\n" << yaml;
+    ExpectSpecEq(*again, s);
+    EXPECT_EQ(ToYaml(*again), yaml);
+  }
+}
+
+TEST(JobSpecParserTest, SpecHashIsStableAndCoversTrainingFieldsOnly) {
+  absl::StatusOr<JobSpec> base = ParseJobSpec(kBase);
+  ASSERT_TRUE(base.ok()) << base.status();
+  const std::string hash = SpecHash(*base);
+  ASSERT_EQ(hash.size(), 16u);
+  EXPECT_EQ(hash.find_first_not_of("0123456789abcdef"), std::string::npos);
+  // Pinned: the hash is stored in checkpoints and must not drift across builds.
+  EXPECT_EQ(hash, "d6fab113ce794f64");
+  EXPECT_EQ(SpecHash(*ParseJobSpec(kBase)), hash);
+
+  auto changed = [&](auto mutate) {
+    JobSpec s = *base;
+    mutate(s);
+    return SpecHash(s) != hash;
+  };
+  EXPECT_TRUE(changed([](JobSpec& s) { s.optimizer.lr *= 2; }));
+  EXPECT_TRUE(changed([](JobSpec& s) { s.seed += 1; }));
+  EXPECT_TRUE(changed([](JobSpec& s) { s.model.hidden_size = 512; }));
+  EXPECT_TRUE(changed([](JobSpec& s) { s.data.synthetic->generator = "needle"; }));
+  EXPECT_TRUE(changed([](JobSpec& s) { s.optimizer.beta2 = 0.999; }));
+  EXPECT_FALSE(changed([](JobSpec& s) { s.stages.push_back({8192, 3}); }));
+  EXPECT_FALSE(changed([](JobSpec& s) { s.stages[0].steps = 99; }));
+  EXPECT_FALSE(changed([](JobSpec& s) { s.checkpoint.keep_last = 9; }));
+  EXPECT_FALSE(changed([](JobSpec& s) { s.scheduling.priority = 5; }));
+  EXPECT_FALSE(changed([](JobSpec& s) { s.metadata.name = "other"; }));
+  EXPECT_FALSE(changed([](JobSpec& s) { s.parallelism.sp_degree = 8; }));
+}
+
+class CheckFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("ulysses_spec_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string WriteTokens(const std::string& name, size_t bytes) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream out(path, std::ios::binary);
+    out << std::string(bytes, '\x01');
+    return path;
+  }
+
+  absl::StatusOr<JobSpec> Parse(const std::string& train, const std::string& validation) {
+    std::string data = "{train: '" + train + "'";
+    if (!validation.empty()) data += ", validation: '" + validation + "'";
+    data += "}";
+    ParseOptions options;
+    options.check_files = true;
+    return ParseJobSpec(With("{synthetic: {generator: random}}", data), options);
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(CheckFilesTest, AcceptsLongEnoughFiles) {
+  const std::string train = WriteTokens("train.bin", 1025 * 4);
+  const std::string val = WriteTokens("val.bin", 2000 * 4);
+  absl::StatusOr<JobSpec> spec = Parse(train, val);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+}
+
+TEST_F(CheckFilesTest, NamesShortTruncatedAndMissingFiles) {
+  const std::string train = WriteTokens("train.bin", 100 * 4);
+  const std::string val = WriteTokens("val.bin", 10);
+  absl::StatusOr<JobSpec> spec = Parse(train, val);
+  ASSERT_FALSE(spec.ok());
+  const std::string message(spec.status().message());
+  EXPECT_THAT(message, HasSubstr("spec.data.train: '" + train +
+                                 "' holds 100 tokens, needs at least 1025 (stages[0].seq_len + 1"));
+  EXPECT_THAT(message,
+              HasSubstr("spec.data.validation: '" + val + "' has 10 bytes, not a multiple of 4"));
+  spec = Parse((dir_ / "missing.bin").string(), "");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("missing.bin' cannot be read (No such file or directory"));
+  // Without check_files the same spec is fine: nothing touches the disk.
+  EXPECT_TRUE(ParseJobSpec(With("{synthetic: {generator: random}}", "{train: /nonexistent}")).ok());
+}
+
+TEST(LoadJobSpecFileTest, MissingFileAndDirectory) {
+  absl::StatusOr<JobSpec> spec = LoadJobSpecFile("/nonexistent/job.yaml");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().message(),
+            "/nonexistent/job.yaml: cannot read (No such file or directory)");
+  spec = LoadJobSpecFile("/tmp");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("/tmp: is not a regular file"));
+}
+
+TEST(ValidateJobSpecTest, DefaultStructNamesWhatIsMissing) {
+  JobSpec spec;
+  absl::Status status = ValidateJobSpec(spec);
+  ASSERT_FALSE(status.ok());
+  const std::string message(status.message());
+  EXPECT_THAT(message, HasSubstr("metadata.name: '' is missing"));
+  EXPECT_THAT(message, HasSubstr("spec.stages: [] is empty"));
+  EXPECT_THAT(message, HasSubstr("spec.data: {} has no training data"));
+}
+
+}  // namespace
+}  // namespace ulysses::spec
