@@ -244,7 +244,9 @@ TEST_F(WorkerAgentTest, RunsAnAssignmentAndReportsEverything) {
       EXPECT_EQ(m.progress().steps(), 3);
       EXPECT_GT(m.progress().loss(), 0);
     }
-    if (m.has_checkpoint()) EXPECT_EQ(m.checkpoint().path(), "/tmp/ckpt/final");
+    if (m.has_checkpoint()) {
+      EXPECT_EQ(m.checkpoint().path(), "/tmp/ckpt/final");
+    }
   }
   // The spec was written under the work dir and the logs include the agent's notes.
   EXPECT_TRUE(fs::exists(fs::path(work_dir_) / "jobs/job-000001/g1-s0-r0/job.yaml"));
