@@ -1,0 +1,165 @@
+#include "coordinator/config.h"
+
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "yaml-cpp/yaml.h"
+
+namespace ulysses::coordinator {
+
+absl::Status ParseHostPort(const std::string& field, const std::string& value, std::string* host,
+                           int* port) {
+  size_t colon = value.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": \"", value, "\" is not HOST:PORT (e.g. 0.0.0.0:50051)"));
+  }
+  std::string h = value.substr(0, colon);
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  int p = 0;
+  if (!absl::SimpleAtoi(value.substr(colon + 1), &p) || p < 0 || p > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": \"", value, "\" has no valid port (use 0..65535)"));
+  }
+  *host = h;
+  *port = p;
+  return absl::OkStatus();
+}
+
+absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config: not valid YAML: ", e.what()));
+  }
+  if (root.IsNull()) return absl::OkStatus();
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError("config: top level must be a mapping of settings");
+  }
+  using Setter = std::function<void(const YAML::Node&)>;
+  std::map<std::string, Setter> setters = {
+      {"listen", [&](const YAML::Node& n) { c->listen = n.as<std::string>(); }},
+      {"state_dir", [&](const YAML::Node& n) { c->state_dir = n.as<std::string>(); }},
+      {"metrics_listen", [&](const YAML::Node& n) { c->metrics_listen = n.as<std::string>(); }},
+      {"heartbeat_timeout_s",
+       [&](const YAML::Node& n) { c->heartbeat_timeout_s = n.as<double>(); }},
+      {"heartbeat_interval_s",
+       [&](const YAML::Node& n) { c->heartbeat_interval_s = n.as<double>(); }},
+      {"reconnect_window_s", [&](const YAML::Node& n) { c->reconnect_window_s = n.as<double>(); }},
+      {"checkpoint_root", [&](const YAML::Node& n) { c->checkpoint_root = n.as<std::string>(); }},
+      {"out_root", [&](const YAML::Node& n) { c->out_root = n.as<std::string>(); }},
+      {"restart_backoff_base_s",
+       [&](const YAML::Node& n) { c->restart_backoff_base_s = n.as<double>(); }},
+      {"restart_backoff_max_s",
+       [&](const YAML::Node& n) { c->restart_backoff_max_s = n.as<double>(); }},
+      {"log_buffer_lines", [&](const YAML::Node& n) { c->log_buffer_lines = n.as<int64_t>(); }},
+      {"rendezvous_port_min",
+       [&](const YAML::Node& n) { c->rendezvous_port_min = n.as<int64_t>(); }},
+      {"rendezvous_port_max",
+       [&](const YAML::Node& n) { c->rendezvous_port_max = n.as<int64_t>(); }},
+      {"abort_grace_s", [&](const YAML::Node& n) { c->abort_grace_s = n.as<double>(); }},
+      {"cancel_grace_s", [&](const YAML::Node& n) { c->cancel_grace_s = n.as<double>(); }},
+      {"event_history", [&](const YAML::Node& n) { c->event_history = n.as<int64_t>(); }},
+  };
+  std::vector<std::string> errors;
+  for (const auto& kv : root) {
+    std::string key = kv.first.as<std::string>();
+    auto it = setters.find(key);
+    if (it == setters.end()) {
+      std::vector<std::string> known;
+      for (const auto& s : setters) known.push_back(s.first);
+      errors.push_back(absl::StrCat("config.", key,
+                                    ": unknown setting (known: ", absl::StrJoin(known, ", "), ")"));
+      continue;
+    }
+    try {
+      it->second(kv.second);
+    } catch (const std::exception& e) {
+      errors.push_back(absl::StrCat("config.", key, ": ", YAML::Dump(kv.second),
+                                    " has the wrong type (", e.what(), ")"));
+    }
+  }
+  if (!errors.empty()) return absl::InvalidArgumentError(absl::StrJoin(errors, "\n"));
+  return absl::OkStatus();
+}
+
+absl::Status LoadConfigFile(const std::string& path, CoordinatorConfig* config) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--config: cannot read \"", path, "\" (check the path)"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  absl::Status s = ApplyConfigYaml(ss.str(), config);
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
+  std::vector<std::string> e;
+  std::string host;
+  int port = 0;
+  if (absl::Status s = ParseHostPort("listen", c->listen, &host, &port); !s.ok()) {
+    e.push_back(std::string(s.message()));
+  }
+  if (!c->metrics_listen.empty()) {
+    if (absl::Status s = ParseHostPort("metrics_listen", c->metrics_listen, &host, &port);
+        !s.ok()) {
+      e.push_back(std::string(s.message()));
+    }
+  }
+  if (c->state_dir.empty()) {
+    e.push_back("state_dir: empty (pass --state-dir DIR; SQLite state lives there)");
+  }
+  if (!(c->heartbeat_timeout_s > 0 && c->heartbeat_timeout_s <= 10)) {
+    e.push_back(absl::StrCat("heartbeat_timeout_s: ", c->heartbeat_timeout_s,
+                             " is out of range (use 0 < value <= 10 so lost workers are "
+                             "detected quickly)"));
+  }
+  if (!(c->heartbeat_interval_s > 0 && c->heartbeat_interval_s <= c->heartbeat_timeout_s / 2)) {
+    e.push_back(absl::StrCat("heartbeat_interval_s: ", c->heartbeat_interval_s,
+                             " must be > 0 and <= heartbeat_timeout_s / 2 (",
+                             c->heartbeat_timeout_s / 2, ")"));
+  }
+  if (c->reconnect_window_s < 0) {
+    e.push_back(absl::StrCat("reconnect_window_s: ", c->reconnect_window_s,
+                             " is negative (use 0 for the default)"));
+  }
+  if (!(c->restart_backoff_base_s >= 0 && c->restart_backoff_max_s >= c->restart_backoff_base_s)) {
+    e.push_back(
+        absl::StrCat("restart_backoff_base_s/restart_backoff_max_s: ", c->restart_backoff_base_s,
+                     "/", c->restart_backoff_max_s, " invalid (need 0 <= base <= max)"));
+  }
+  if (c->log_buffer_lines < 1 || c->log_buffer_lines > 10000000) {
+    e.push_back(absl::StrCat("log_buffer_lines: ", c->log_buffer_lines,
+                             " is out of range (use 1..10000000)"));
+  }
+  if (c->rendezvous_port_min < 1 || c->rendezvous_port_max > 65535 ||
+      c->rendezvous_port_min > c->rendezvous_port_max) {
+    e.push_back(absl::StrCat("rendezvous_port_min/rendezvous_port_max: ", c->rendezvous_port_min,
+                             "/", c->rendezvous_port_max,
+                             " is not a port range (use 1 <= min <= max <= 65535)"));
+  }
+  if (c->abort_grace_s < 0 || c->cancel_grace_s < 0) {
+    e.push_back("abort_grace_s/cancel_grace_s: negative (use seconds >= 0)");
+  }
+  if (c->event_history < 1) {
+    e.push_back(absl::StrCat("event_history: ", c->event_history, " must be >= 1"));
+  }
+  if (!e.empty()) return absl::InvalidArgumentError(absl::StrJoin(e, "\n"));
+  if (c->reconnect_window_s == 0) c->reconnect_window_s = 2 * c->heartbeat_timeout_s;
+  if (c->checkpoint_root.empty()) c->checkpoint_root = c->state_dir + "/checkpoints";
+  if (c->out_root.empty()) c->out_root = c->state_dir + "/runs";
+  return absl::OkStatus();
+}
+
+}  // namespace ulysses::coordinator

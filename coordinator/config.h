@@ -1,0 +1,53 @@
+// CoordinatorConfig: every setting of ulysses-coordinator, with defaults, loaded
+// from an optional YAML file and overridden by flags, then validated once.
+//
+// Errors are InvalidArgument with one line per problem: `<field>: <value> <problem>
+// (<fix>)`. Nothing here starts anything; the struct is a plain value.
+#ifndef ULYSSES_COORDINATOR_CONFIG_H_
+#define ULYSSES_COORDINATOR_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ulysses::coordinator {
+
+struct CoordinatorConfig {
+  std::string listen = "0.0.0.0:50051";         // gRPC HOST:PORT (port 0 = pick one).
+  std::string state_dir;                        // Required. SQLite lives here.
+  std::string metrics_listen = "0.0.0.0:9091";  // Prometheus HOST:PORT ("" = off).
+  double heartbeat_timeout_s = 10;              // No message for this long -> worker LOST (<= 10).
+  double heartbeat_interval_s = 2;              // Told to workers; < heartbeat_timeout_s / 2.
+  double reconnect_window_s = 0;        // After a coordinator restart, how long RECOVERING jobs
+                                        // wait for their workers (0 = 2 * heartbeat_timeout_s).
+  std::string checkpoint_root;          // Per-job checkpoints: <root>/<job id> unless the spec
+                                        // sets checkpoint.dir ("" = <state_dir>/checkpoints).
+  std::string out_root;                 // Per-job --out: <root>/<job id> ("" = <state_dir>/runs).
+  double restart_backoff_base_s = 1;    // First restart delay; doubles per failure...
+  double restart_backoff_max_s = 60;    // ...up to this.
+  int64_t log_buffer_lines = 10000;     // Ring buffer of log lines kept per job.
+  int64_t rendezvous_port_min = 29500;  // c10d TCPStore ports handed to rank-0 workers.
+  int64_t rendezvous_port_max = 29999;
+  double abort_grace_s = 5;     // SIGTERM -> SIGKILL grace sent with Abort (broken group).
+  double cancel_grace_s = 30;   // Grace for CancelJob (lets ranks checkpoint).
+  int64_t event_history = 200;  // Events kept in memory per job for GetJob.
+};
+
+// Reads a YAML mapping with the keys above into `config` (keys not present keep their
+// current value). Unknown keys are errors.
+absl::Status LoadConfigFile(const std::string& path, CoordinatorConfig* config);
+absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* config);
+
+// Checks every field and fills derived defaults (checkpoint_root, out_root,
+// reconnect_window_s). Collects all problems.
+absl::Status ValidateAndFinalize(CoordinatorConfig* config);
+
+// Splits "HOST:PORT" (IPv6 as "[::1]:50051"); port 0..65535.
+absl::Status ParseHostPort(const std::string& field, const std::string& value, std::string* host,
+                           int* port);
+
+}  // namespace ulysses::coordinator
+
+#endif  // ULYSSES_COORDINATOR_CONFIG_H_

@@ -1,0 +1,63 @@
+// ulysses-coordinator: the control-plane daemon. See docs/COORDINATOR.md.
+//   ulysses-coordinator --listen HOST:PORT --state-dir DIR --metrics-listen HOST:PORT
+//                       [--config FILE]
+// Flags override the config file. Exits 0 after SIGTERM/SIGINT, 2 on bad flags/config,
+// 1 when the daemon cannot start.
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "common/logging.h"
+#include "common/stop.h"
+#include "coordinator/config.h"
+#include "coordinator/server.h"
+
+int main(int argc, char** argv) {
+  using ulysses::coordinator::CoordinatorConfig;
+  CLI::App app{"ulysses-coordinator: schedules Ulysses training jobs onto workers"};
+  std::string listen, state_dir, metrics_listen, config_file, checkpoint_root;
+  double heartbeat_timeout_s = -1;
+  app.add_option("--listen", listen, "gRPC HOST:PORT (default 0.0.0.0:50051)");
+  app.add_option("--state-dir", state_dir, "Directory for the SQLite state (required)");
+  app.add_option("--metrics-listen", metrics_listen,
+                 "Prometheus /metrics HOST:PORT (default 0.0.0.0:9091)");
+  app.add_option("--config", config_file, "YAML config file (flags override it)");
+  app.add_option("--checkpoint-root", checkpoint_root,
+                 "Shared checkpoint root (default <state-dir>/checkpoints)");
+  app.add_option("--heartbeat-timeout-s", heartbeat_timeout_s,
+                 "Seconds without a worker message before it is LOST (<= 10)");
+  CLI11_PARSE(app, argc, argv);
+
+  CoordinatorConfig config;
+  if (!config_file.empty()) {
+    absl::Status s = ulysses::coordinator::LoadConfigFile(config_file, &config);
+    if (!s.ok()) {
+      std::cerr << "ulysses-coordinator: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  if (!listen.empty()) config.listen = listen;
+  if (!state_dir.empty()) config.state_dir = state_dir;
+  if (!metrics_listen.empty()) config.metrics_listen = metrics_listen;
+  if (!checkpoint_root.empty()) config.checkpoint_root = checkpoint_root;
+  if (heartbeat_timeout_s >= 0) config.heartbeat_timeout_s = heartbeat_timeout_s;
+  if (absl::Status s = ulysses::coordinator::ValidateAndFinalize(&config); !s.ok()) {
+    std::cerr << "ulysses-coordinator: invalid configuration:\n" << s.message() << "\n";
+    return 2;
+  }
+
+  ulysses::InstallStopSignalHandlers();
+  auto server = ulysses::coordinator::CoordinatorServer::Start(config);
+  if (!server.ok()) {
+    std::cerr << "ulysses-coordinator: " << server.status().message() << "\n";
+    return 1;
+  }
+  // Ready line for scripts and tests: the bound ports.
+  std::cout << "ulysses-coordinator listening grpc=" << (*server)->port()
+            << " metrics=" << (*server)->metrics_port() << std::endl;
+  while (!ulysses::WaitForStop(std::chrono::seconds(1))) (*server)->UpdateHealth();
+  ULOG(INFO) << "stop requested (signal " << ulysses::StopSignal() << "); shutting down";
+  (*server)->Shutdown();
+  return 0;
+}

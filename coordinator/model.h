@@ -1,0 +1,120 @@
+// In-memory records of the coordinator's durable state (one struct per SQLite table).
+// Plain values; the Coordinator owns them under its mutex and the Store persists them.
+// Times are Unix milliseconds (0 = unset).
+#ifndef ULYSSES_COORDINATOR_MODEL_H_
+#define ULYSSES_COORDINATOR_MODEL_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ulysses/v1/types.pb.h"
+
+namespace ulysses::coordinator {
+
+struct StageRecord {
+  int index = 0;
+  v1::StageState state = v1::STAGE_STATE_PENDING;
+  int64_t seq_len = 0;
+  int64_t steps = 0;
+  int64_t step = 0;
+  int sp = 1;
+  int dp = 1;
+  double loss = 0;
+  double tokens_per_s = 0;
+  double eval_loss = 0;
+  double eval_accuracy = 0;
+  int64_t eval_seq_len = 0;
+  int attempts = 0;
+  int64_t started_ms = 0;
+  int64_t finished_ms = 0;
+  int world() const { return sp * dp; }
+};
+
+struct AttemptRecord {
+  int64_t generation = 0;
+  int stage = 0;
+  std::vector<std::string> worker_ids;  // worker_ids[rank].
+  std::string master_addr;
+  int master_port = 0;
+  int64_t started_ms = 0;
+  int64_t ended_ms = 0;
+  v1::AttemptOutcome outcome = v1::ATTEMPT_OUTCOME_RUNNING;
+  int exit_code = 0;
+  std::string reason;
+  bool ended() const { return outcome != v1::ATTEMPT_OUTCOME_RUNNING; }
+};
+
+struct CheckpointRecord {
+  std::string job_id;
+  int64_t generation = 0;
+  int stage = 0;
+  int64_t step = 0;
+  std::string path;
+  int64_t bytes = 0;
+  double seconds = 0;
+  int64_t committed_ms = 0;
+};
+
+struct JobRecord {
+  std::string id;
+  int64_t number = 0;  // Submission order (FIFO within a priority).
+  std::string name;
+  std::string spec_yaml;  // Canonical.
+  v1::JobState state = v1::JOB_STATE_PENDING;
+  std::string reason;
+  int64_t priority = 0;
+  int64_t created_ms = 0;
+  int64_t started_ms = 0;
+  int64_t finished_ms = 0;
+  int64_t state_entered_ms = 0;
+  int stage_index = 0;
+  int64_t generation = 0;
+  int restarts = 0;
+  int preemptions = 0;
+  int failures = 0;                 // Counted against max_failures (reset by ResumeJob).
+  int preemptions_budget_used = 0;  // Counted against max_preemptions (reset by ResumeJob).
+  int max_failures = 3;
+  int max_preemptions = -1;
+  std::string node_label;
+  std::string checkpoint_dir;
+  std::string out_dir;
+  std::optional<CheckpointRecord> last_checkpoint;
+  double loss = 0;
+  int64_t not_before_ms = 0;  // Restart backoff: not scheduled before this.
+  std::vector<StageRecord> stages;
+  std::vector<AttemptRecord> attempts;
+
+  bool terminal() const {
+    return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+           state == v1::JOB_STATE_CANCELLED;
+  }
+  AttemptRecord* current_attempt() {
+    return attempts.empty() || attempts.back().generation != generation ? nullptr
+                                                                        : &attempts.back();
+  }
+};
+
+struct WorkerRecord {
+  std::string id;
+  std::string name;
+  std::string node_label;
+  std::string device;
+  std::string host;
+  int capacity = 1;
+  int64_t registered_ms = 0;
+  int64_t last_seen_ms = 0;
+};
+
+// One row of the events table (a serialized v1::JobEvent).
+struct EventRecord {
+  std::string job_id;
+  int64_t sequence = 0;
+  int64_t time_ms = 0;
+  std::string payload;
+};
+
+}  // namespace ulysses::coordinator
+
+#endif  // ULYSSES_COORDINATOR_MODEL_H_

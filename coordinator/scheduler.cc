@@ -1,0 +1,66 @@
+#include "coordinator/scheduler.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+
+namespace ulysses::coordinator {
+
+Placement PlaceGang(const GangRequest& request, const std::vector<IdleWorker>& idle) {
+  Placement out;
+  const int world = request.sp * request.dp;
+  // label -> idle worker ids, in input order.
+  std::map<std::string, std::vector<std::string>> by_label;
+  int available = 0;
+  for (const IdleWorker& w : idle) {
+    if (!request.required_label.empty() && w.node_label != request.required_label) continue;
+    by_label[w.node_label].push_back(w.id);
+    ++available;
+  }
+  if (available < world) {
+    out.reason = absl::StrCat("needs ", world, " idle worker", world == 1 ? "" : "s");
+    if (!request.required_label.empty()) {
+      absl::StrAppend(&out.reason, " with node label \"", request.required_label, "\"");
+    }
+    absl::StrAppend(&out.reason, ", ", available, " available");
+    return out;
+  }
+  for (int g = 0; g < request.dp; ++g) {
+    // Best fit: the label with the fewest idle workers that still holds a whole SP group.
+    std::string best;
+    size_t best_size = 0;
+    for (const auto& [label, ids] : by_label) {
+      if (ids.size() >= static_cast<size_t>(request.sp) &&
+          (best_size == 0 || ids.size() < best_size)) {
+        best = label;
+        best_size = ids.size();
+      }
+    }
+    int need = request.sp;
+    auto take_from = [&](const std::string& label, int n) {
+      auto& ids = by_label[label];
+      for (int i = 0; i < n && !ids.empty(); ++i) {
+        out.worker_ids.push_back(ids.front());
+        ids.erase(ids.begin());
+        --need;
+      }
+      if (ids.empty()) by_label.erase(label);
+    };
+    if (best_size > 0) {
+      take_from(best, need);
+      continue;
+    }
+    // No label fits a whole group: spread over the largest labels.
+    while (need > 0) {
+      auto largest = std::max_element(
+          by_label.begin(), by_label.end(),
+          [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+      take_from(largest->first, need);
+    }
+  }
+  out.placed = true;
+  return out;
+}
+
+}  // namespace ulysses::coordinator

@@ -1,0 +1,283 @@
+#include "coordinator/service.h"
+
+#include <chrono>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "common/grpc/grpc_util.h"
+#include "common/logging.h"
+
+namespace ulysses::coordinator {
+namespace {
+
+class RpcTimer {
+ public:
+  RpcTimer(metrics::HistogramFamily* family, const char* method)
+      : family_(family), method_(method), start_(std::chrono::steady_clock::now()) {}
+  ~RpcTimer() {
+    if (family_ == nullptr) return;
+    std::chrono::duration<double> d = std::chrono::steady_clock::now() - start_;
+    family_->WithLabels({method_})->Observe(d.count());
+  }
+
+ private:
+  metrics::HistogramFamily* family_;
+  const char* method_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
+                                      const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+// Serialises writes on a server stream: messages are queued and written one at a
+// time; EndAfterDrain() finishes the stream once the queue is empty. Thread-safe.
+// Base is grpc::ServerWriteReactor<Msg> or grpc::ServerBidiReactor<In, Msg>.
+template <typename Base, typename Msg>
+class QueuedWriter : public Base {
+ public:
+  void Enqueue(Msg message) {
+    std::unique_lock<std::mutex> lock(write_mu_);
+    if (finishing_) return;
+    queue_.push_back(std::move(message));
+    if (writing_) return;
+    writing_ = true;
+    const Msg* next = &queue_.front();
+    lock.unlock();
+    this->StartWrite(next);
+  }
+
+  void EndAfterDrain(const grpc::Status& status) {
+    std::unique_lock<std::mutex> lock(write_mu_);
+    if (finishing_) return;
+    finishing_ = true;
+    final_status_ = status;
+    if (writing_) return;
+    finished_ = true;
+    lock.unlock();
+    this->Finish(status);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::unique_lock<std::mutex> lock(write_mu_);
+    queue_.pop_front();
+    if (!ok) {  // Client gone: drop the rest.
+      queue_.clear();
+      finishing_ = true;
+      final_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "stream broken");
+    }
+    if (!queue_.empty()) {
+      const Msg* next = &queue_.front();
+      lock.unlock();
+      this->StartWrite(next);
+      return;
+    }
+    writing_ = false;
+    if (finishing_ && !finished_) {
+      finished_ = true;
+      grpc::Status status = final_status_;
+      lock.unlock();
+      this->Finish(status);
+    }
+  }
+
+  void OnCancel() override {
+    EndAfterDrain(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+  }
+
+ private:
+  std::mutex write_mu_;
+  std::deque<Msg> queue_;  // front() is being written while writing_.
+  bool writing_ = false;
+  bool finishing_ = false;
+  bool finished_ = false;
+  grpc::Status final_status_;
+};
+
+class WatchReactor final
+    : public QueuedWriter<grpc::ServerWriteReactor<v1::JobEvent>, v1::JobEvent>,
+      public JobEventSink {
+ public:
+  WatchReactor(Coordinator* coordinator, std::string job_id)
+      : coordinator_(coordinator), job_id_(std::move(job_id)) {
+    absl::Status status = coordinator_->WatchJob(job_id_, this);
+    if (!status.ok()) EndAfterDrain(ToGrpcStatus(status));
+  }
+  void OnEvent(const v1::JobEvent& event) override { Enqueue(event); }
+  void OnJobEnded() override { EndAfterDrain(grpc::Status::OK); }
+  void OnDone() override {
+    coordinator_->UnwatchJob(job_id_, this);
+    delete this;
+  }
+
+ private:
+  Coordinator* coordinator_;
+  std::string job_id_;
+};
+
+class LogsReactor final
+    : public QueuedWriter<grpc::ServerWriteReactor<v1::GetJobLogsResponse>, v1::GetJobLogsResponse>,
+      public LogSink {
+ public:
+  LogsReactor(Coordinator* coordinator, const v1::GetJobLogsRequest& request)
+      : coordinator_(coordinator), job_id_(request.job_id()) {
+    absl::Status status = coordinator_->GetJobLogs(request, this);
+    if (!status.ok()) EndAfterDrain(ToGrpcStatus(status));
+  }
+  void OnLines(const std::vector<v1::LogLine>& lines) override {
+    constexpr size_t kChunk = 500;
+    for (size_t i = 0; i < lines.size(); i += kChunk) {
+      v1::GetJobLogsResponse response;
+      for (size_t j = i; j < lines.size() && j < i + kChunk; ++j) *response.add_lines() = lines[j];
+      Enqueue(std::move(response));
+    }
+  }
+  void OnJobEnded() override { EndAfterDrain(grpc::Status::OK); }
+  void OnDone() override {
+    coordinator_->UnfollowLogs(job_id_, this);
+    delete this;
+  }
+
+ private:
+  Coordinator* coordinator_;
+  std::string job_id_;
+};
+
+class SessionReactor final
+    : public QueuedWriter<grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>,
+                          v1::CoordinatorMessage>,
+      public WorkerSink {
+ public:
+  SessionReactor(Coordinator* coordinator, metrics::HistogramFamily* rpc_seconds)
+      : coordinator_(coordinator), rpc_seconds_(rpc_seconds) {
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // Client half-closed or the stream broke.
+      EndAfterDrain(grpc::Status::OK);
+      return;
+    }
+    if (!opened_) {
+      if (!in_.has_hello() || in_.hello().worker_id().empty()) {
+        EndAfterDrain(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                   "the first Session message must be hello{worker_id}"));
+        return;
+      }
+      worker_id_ = in_.hello().worker_id();
+      absl::StatusOr<uint64_t> session = coordinator_->OpenSession(worker_id_, this);
+      if (!session.ok()) {
+        EndAfterDrain(ToGrpcStatus(session.status()));
+        return;
+      }
+      session_ = *session;
+      opened_ = true;
+    } else {
+      RpcTimer timer(rpc_seconds_, "WorkerService/Session.message");
+      coordinator_->OnWorkerMessage(worker_id_, session_, in_);
+    }
+    StartRead(&in_);
+  }
+
+  void Send(const v1::CoordinatorMessage& message) override { Enqueue(message); }
+  void Close(const absl::Status& status) override { EndAfterDrain(ToGrpcStatus(status)); }
+
+  void OnDone() override {
+    if (opened_) coordinator_->CloseSession(worker_id_, session_);
+    delete this;
+  }
+
+ private:
+  Coordinator* coordinator_;
+  metrics::HistogramFamily* rpc_seconds_;
+  v1::WorkerMessage in_;
+  bool opened_ = false;  // Only touched from OnReadDone/OnDone (serialised by gRPC).
+  std::string worker_id_;
+  uint64_t session_ = 0;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* context,
+                                                    const v1::SubmitJobRequest* request,
+                                                    v1::SubmitJobResponse* response) {
+  RpcTimer timer(rpc_seconds_, "JobService/SubmitJob");
+  absl::StatusOr<v1::SubmitJobResponse> r = coordinator_->SubmitJob(*request);
+  if (r.ok()) *response = std::move(*r);
+  return FinishUnary(context, r.status());
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* context,
+                                                 const v1::GetJobRequest* request,
+                                                 v1::GetJobResponse* response) {
+  RpcTimer timer(rpc_seconds_, "JobService/GetJob");
+  absl::StatusOr<v1::Job> r = coordinator_->GetJob(*request);
+  if (r.ok()) *response->mutable_job() = std::move(*r);
+  return FinishUnary(context, r.status());
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* context,
+                                                   const v1::ListJobsRequest* request,
+                                                   v1::ListJobsResponse* response) {
+  RpcTimer timer(rpc_seconds_, "JobService/ListJobs");
+  absl::StatusOr<v1::ListJobsResponse> r = coordinator_->ListJobs(*request);
+  if (r.ok()) *response = std::move(*r);
+  return FinishUnary(context, r.status());
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* context,
+                                                    const v1::CancelJobRequest* request,
+                                                    v1::CancelJobResponse* response) {
+  RpcTimer timer(rpc_seconds_, "JobService/CancelJob");
+  absl::StatusOr<v1::Job> r = coordinator_->CancelJob(request->job_id(), request->reason());
+  if (r.ok()) *response->mutable_job() = std::move(*r);
+  return FinishUnary(context, r.status());
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext* context,
+                                                    const v1::ResumeJobRequest* request,
+                                                    v1::ResumeJobResponse* response) {
+  RpcTimer timer(rpc_seconds_, "JobService/ResumeJob");
+  absl::StatusOr<v1::Job> r = coordinator_->ResumeJob(request->job_id());
+  if (r.ok()) *response->mutable_job() = std::move(*r);
+  return FinishUnary(context, r.status());
+}
+
+grpc::ServerWriteReactor<v1::JobEvent>* JobServiceImpl::WatchJob(
+    grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
+  return new WatchReactor(coordinator_, request->job_id());
+}
+
+grpc::ServerWriteReactor<v1::GetJobLogsResponse>* JobServiceImpl::GetJobLogs(
+    grpc::CallbackServerContext* context, const v1::GetJobLogsRequest* request) {
+  return new LogsReactor(coordinator_, *request);
+}
+
+grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContext* context,
+                                                      const v1::ListWorkersRequest* request,
+                                                      v1::ListWorkersResponse* response) {
+  RpcTimer timer(rpc_seconds_, "JobService/ListWorkers");
+  *response = coordinator_->ListWorkers();
+  return FinishUnary(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContext* context,
+                                                      const v1::RegisterRequest* request,
+                                                      v1::RegisterResponse* response) {
+  RpcTimer timer(rpc_seconds_, "WorkerService/Register");
+  absl::StatusOr<v1::RegisterResponse> r = coordinator_->Register(*request);
+  if (r.ok()) *response = std::move(*r);
+  return FinishUnary(context, r.status());
+}
+
+grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* WorkerServiceImpl::Session(
+    grpc::CallbackServerContext* context) {
+  return new SessionReactor(coordinator_, rpc_seconds_);
+}
+
+}  // namespace ulysses::coordinator

@@ -1,0 +1,69 @@
+// gRPC callback-API services of ulysses-coordinator: JobService (users) and
+// WorkerService (workers), thin translations onto Coordinator. Streams are small
+// reactor classes that also act as the Coordinator's sinks (see coordinator.h).
+//
+// The services hold a non-owning Coordinator pointer: the gRPC server must be shut
+// down (all reactors done) before the Coordinator is destroyed.
+#ifndef ULYSSES_COORDINATOR_SERVICE_H_
+#define ULYSSES_COORDINATOR_SERVICE_H_
+
+#include "common/metrics/metrics.h"
+#include "coordinator/coordinator.h"
+#include "ulysses/v1/job_service.grpc.pb.h"
+#include "ulysses/v1/worker_service.grpc.pb.h"
+
+namespace ulysses::coordinator {
+
+class JobServiceImpl final : public v1::JobService::CallbackService {
+ public:
+  // `rpc_seconds` (ulysses_rpc_duration_seconds{method}) may be null.
+  JobServiceImpl(Coordinator* coordinator, metrics::HistogramFamily* rpc_seconds)
+      : coordinator_(coordinator), rpc_seconds_(rpc_seconds) {}
+
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
+                                      const v1::SubmitJobRequest* request,
+                                      v1::SubmitJobResponse* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const v1::GetJobRequest* request,
+                                   v1::GetJobResponse* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const v1::ListJobsRequest* request,
+                                     v1::ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
+                                      const v1::CancelJobRequest* request,
+                                      v1::CancelJobResponse* response) override;
+  grpc::ServerUnaryReactor* ResumeJob(grpc::CallbackServerContext* context,
+                                      const v1::ResumeJobRequest* request,
+                                      v1::ResumeJobResponse* response) override;
+  grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(grpc::CallbackServerContext* context,
+                                                   const v1::WatchJobRequest* request) override;
+  grpc::ServerWriteReactor<v1::GetJobLogsResponse>* GetJobLogs(
+      grpc::CallbackServerContext* context, const v1::GetJobLogsRequest* request) override;
+  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
+                                        const v1::ListWorkersRequest* request,
+                                        v1::ListWorkersResponse* response) override;
+
+ private:
+  Coordinator* coordinator_;
+  metrics::HistogramFamily* rpc_seconds_;
+};
+
+class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
+ public:
+  WorkerServiceImpl(Coordinator* coordinator, metrics::HistogramFamily* rpc_seconds)
+      : coordinator_(coordinator), rpc_seconds_(rpc_seconds) {}
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
+                                     const v1::RegisterRequest* request,
+                                     v1::RegisterResponse* response) override;
+  grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* Session(
+      grpc::CallbackServerContext* context) override;
+
+ private:
+  Coordinator* coordinator_;
+  metrics::HistogramFamily* rpc_seconds_;
+};
+
+}  // namespace ulysses::coordinator
+
+#endif  // ULYSSES_COORDINATOR_SERVICE_H_

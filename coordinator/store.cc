@@ -1,0 +1,406 @@
+#include "coordinator/store.h"
+
+#include <sqlite3.h>
+
+#include <filesystem>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status.h"
+
+namespace ulysses::coordinator {
+namespace {
+
+// RAII prepared statement with 1-based positional binds and 0-based column reads.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  }
+  ~Stmt() { sqlite3_finalize(stmt_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+
+  absl::Status status() const {
+    if (rc_ == SQLITE_OK) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("sqlite prepare: ", sqlite3_errmsg(db_)));
+  }
+  Stmt& Bind(int i, int64_t v) {
+    sqlite3_bind_int64(stmt_, i, v);
+    return *this;
+  }
+  Stmt& Bind(int i, int v) { return Bind(i, static_cast<int64_t>(v)); }
+  Stmt& Bind(int i, double v) {
+    sqlite3_bind_double(stmt_, i, v);
+    return *this;
+  }
+  Stmt& Bind(int i, const std::string& v) {
+    sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& BindBlob(int i, const std::string& v) {
+    sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  // SQLITE_ROW -> true, SQLITE_DONE -> false, else error.
+  absl::StatusOr<bool> Step() {
+    int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    return absl::InternalError(absl::StrCat("sqlite step: ", sqlite3_errmsg(db_)));
+  }
+  absl::Status Run() {
+    RETURN_IF_ERROR(status());
+    ASSIGN_OR_RETURN(bool row, Step());
+    (void)row;
+    return absl::OkStatus();
+  }
+  int64_t Int(int c) { return sqlite3_column_int64(stmt_, c); }
+  double Double(int c) { return sqlite3_column_double(stmt_, c); }
+  std::string Text(int c) {
+    const void* p = sqlite3_column_blob(stmt_, c);
+    int n = sqlite3_column_bytes(stmt_, c);
+    return p ? std::string(static_cast<const char*>(p), n) : std::string();
+  }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_;
+};
+
+constexpr const char* kSchemaV1[] = {
+    R"sql(CREATE TABLE IF NOT EXISTS jobs (
+      id TEXT PRIMARY KEY, number INTEGER NOT NULL, name TEXT NOT NULL, spec_yaml TEXT NOT NULL,
+      state INTEGER NOT NULL, reason TEXT NOT NULL, priority INTEGER NOT NULL,
+      created_ms INTEGER NOT NULL, started_ms INTEGER NOT NULL, finished_ms INTEGER NOT NULL,
+      state_entered_ms INTEGER NOT NULL, stage_index INTEGER NOT NULL, generation INTEGER NOT NULL,
+      restarts INTEGER NOT NULL, preemptions INTEGER NOT NULL, failures INTEGER NOT NULL,
+      preemptions_budget_used INTEGER NOT NULL, max_failures INTEGER NOT NULL,
+      max_preemptions INTEGER NOT NULL, node_label TEXT NOT NULL, checkpoint_dir TEXT NOT NULL,
+      out_dir TEXT NOT NULL, loss REAL NOT NULL, not_before_ms INTEGER NOT NULL))sql",
+    R"sql(CREATE TABLE IF NOT EXISTS stages (
+      job_id TEXT NOT NULL, idx INTEGER NOT NULL, state INTEGER NOT NULL, seq_len INTEGER NOT NULL,
+      steps INTEGER NOT NULL, step INTEGER NOT NULL, sp INTEGER NOT NULL, dp INTEGER NOT NULL,
+      loss REAL NOT NULL, tokens_per_s REAL NOT NULL, eval_loss REAL NOT NULL,
+      eval_accuracy REAL NOT NULL, eval_seq_len INTEGER NOT NULL, attempts INTEGER NOT NULL,
+      started_ms INTEGER NOT NULL, finished_ms INTEGER NOT NULL, PRIMARY KEY (job_id, idx)))sql",
+    R"sql(CREATE TABLE IF NOT EXISTS attempts (
+      job_id TEXT NOT NULL, generation INTEGER NOT NULL, stage INTEGER NOT NULL,
+      worker_ids TEXT NOT NULL, master_addr TEXT NOT NULL, master_port INTEGER NOT NULL,
+      started_ms INTEGER NOT NULL, ended_ms INTEGER NOT NULL, outcome INTEGER NOT NULL,
+      exit_code INTEGER NOT NULL, reason TEXT NOT NULL, PRIMARY KEY (job_id, generation)))sql",
+    R"sql(CREATE TABLE IF NOT EXISTS workers (
+      id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, node_label TEXT NOT NULL,
+      device TEXT NOT NULL, host TEXT NOT NULL, capacity INTEGER NOT NULL,
+      registered_ms INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL))sql",
+    R"sql(CREATE TABLE IF NOT EXISTS checkpoints (
+      job_id TEXT NOT NULL, generation INTEGER NOT NULL, stage INTEGER NOT NULL,
+      step INTEGER NOT NULL, path TEXT NOT NULL, bytes INTEGER NOT NULL, seconds REAL NOT NULL,
+      committed_ms INTEGER NOT NULL, PRIMARY KEY (job_id, stage, step)))sql",
+    R"sql(CREATE TABLE IF NOT EXISTS events (
+      job_id TEXT NOT NULL, sequence INTEGER NOT NULL, time_ms INTEGER NOT NULL,
+      payload BLOB NOT NULL, PRIMARY KEY (job_id, sequence)))sql",
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("state dir \"", dir, "\": cannot create (", ec.message(), ")"));
+  }
+  std::string path = dir + "/coordinator.db";
+  sqlite3* db = nullptr;
+  int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::FailedPreconditionError(absl::StrCat("open ", path, ": ", msg));
+  }
+  sqlite3_busy_timeout(db, 5000);
+  std::unique_ptr<Store> store(new Store(db, path));
+  RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL"));
+  RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=FULL"));
+  RETURN_IF_ERROR(store->Exec("PRAGMA foreign_keys=ON"));
+  RETURN_IF_ERROR(store->Migrate());
+  return store;
+}
+
+Store::~Store() { sqlite3_close(db_); }
+
+absl::Status Store::Exec(const std::string& sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown";
+    sqlite3_free(err);
+    return absl::InternalError(absl::StrCat("sqlite: ", msg, " (in: ", sql.substr(0, 60), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::Migrate() {
+  RETURN_IF_ERROR(Exec("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)"));
+  int version = 0;
+  {
+    Stmt q(db_, "SELECT value FROM meta WHERE key='schema_version'");
+    RETURN_IF_ERROR(q.status());
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (row) version = std::stoi(q.Text(0));
+  }
+  if (version > kSchemaVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, ": schema version ", version, " is newer than this coordinator's ",
+                     kSchemaVersion, " (run a newer ulysses-coordinator)"));
+  }
+  if (version == kSchemaVersion) return absl::OkStatus();
+  RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  for (const char* sql : kSchemaV1) {
+    if (absl::Status s = Exec(sql); !s.ok()) {
+      (void)Exec("ROLLBACK");
+      return s;
+    }
+  }
+  RETURN_IF_ERROR(Exec(absl::StrCat(
+      "INSERT OR REPLACE INTO meta(key, value) VALUES('schema_version', '", kSchemaVersion, "')")));
+  return Exec("COMMIT");
+}
+
+absl::Status Store::WriteJob(const JobRecord& j) {
+  Stmt q(db_,
+         "INSERT OR REPLACE INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+  RETURN_IF_ERROR(q.status());
+  int i = 1;
+  q.Bind(i++, j.id).Bind(i++, j.number).Bind(i++, j.name).Bind(i++, j.spec_yaml);
+  q.Bind(i++, static_cast<int>(j.state)).Bind(i++, j.reason).Bind(i++, j.priority);
+  q.Bind(i++, j.created_ms).Bind(i++, j.started_ms).Bind(i++, j.finished_ms);
+  q.Bind(i++, j.state_entered_ms).Bind(i++, j.stage_index).Bind(i++, j.generation);
+  q.Bind(i++, j.restarts).Bind(i++, j.preemptions).Bind(i++, j.failures);
+  q.Bind(i++, j.preemptions_budget_used).Bind(i++, j.max_failures).Bind(i++, j.max_preemptions);
+  q.Bind(i++, j.node_label).Bind(i++, j.checkpoint_dir).Bind(i++, j.out_dir);
+  q.Bind(i++, j.loss).Bind(i++, j.not_before_ms);
+  RETURN_IF_ERROR(q.Run());
+  for (const StageRecord& s : j.stages) {
+    Stmt st(db_, "INSERT OR REPLACE INTO stages VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+    RETURN_IF_ERROR(st.status());
+    int k = 1;
+    st.Bind(k++, j.id).Bind(k++, s.index).Bind(k++, static_cast<int>(s.state));
+    st.Bind(k++, s.seq_len).Bind(k++, s.steps).Bind(k++, s.step).Bind(k++, s.sp).Bind(k++, s.dp);
+    st.Bind(k++, s.loss).Bind(k++, s.tokens_per_s).Bind(k++, s.eval_loss);
+    st.Bind(k++, s.eval_accuracy).Bind(k++, s.eval_seq_len).Bind(k++, s.attempts);
+    st.Bind(k++, s.started_ms).Bind(k++, s.finished_ms);
+    RETURN_IF_ERROR(st.Run());
+  }
+  for (const AttemptRecord& a : j.attempts) {
+    Stmt st(db_, "INSERT OR REPLACE INTO attempts VALUES(?,?,?,?,?,?,?,?,?,?,?)");
+    RETURN_IF_ERROR(st.status());
+    int k = 1;
+    st.Bind(k++, j.id).Bind(k++, a.generation).Bind(k++, a.stage);
+    st.Bind(k++, absl::StrJoin(a.worker_ids, ",")).Bind(k++, a.master_addr);
+    st.Bind(k++, a.master_port).Bind(k++, a.started_ms).Bind(k++, a.ended_ms);
+    st.Bind(k++, static_cast<int>(a.outcome)).Bind(k++, a.exit_code).Bind(k++, a.reason);
+    RETURN_IF_ERROR(st.Run());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Store::Write(const Batch& batch) {
+  if (!sticky_error_.ok()) return sticky_error_;
+  if (batch.empty()) return absl::OkStatus();
+  auto body = [&]() -> absl::Status {
+    for (const JobRecord& j : batch.jobs) RETURN_IF_ERROR(WriteJob(j));
+    for (const WorkerRecord& w : batch.workers) {
+      Stmt q(db_, "INSERT OR REPLACE INTO workers VALUES(?,?,?,?,?,?,?,?)");
+      RETURN_IF_ERROR(q.status());
+      q.Bind(1, w.id).Bind(2, w.name).Bind(3, w.node_label).Bind(4, w.device).Bind(5, w.host);
+      q.Bind(6, w.capacity).Bind(7, w.registered_ms).Bind(8, w.last_seen_ms);
+      RETURN_IF_ERROR(q.Run());
+    }
+    for (const CheckpointRecord& c : batch.checkpoints) {
+      Stmt q(db_, "INSERT OR REPLACE INTO checkpoints VALUES(?,?,?,?,?,?,?,?)");
+      RETURN_IF_ERROR(q.status());
+      q.Bind(1, c.job_id).Bind(2, c.generation).Bind(3, c.stage).Bind(4, c.step);
+      q.Bind(5, c.path).Bind(6, c.bytes).Bind(7, c.seconds).Bind(8, c.committed_ms);
+      RETURN_IF_ERROR(q.Run());
+    }
+    for (const EventRecord& e : batch.events) {
+      Stmt q(db_, "INSERT OR REPLACE INTO events VALUES(?,?,?,?)");
+      RETURN_IF_ERROR(q.status());
+      q.Bind(1, e.job_id).Bind(2, e.sequence).Bind(3, e.time_ms).BindBlob(4, e.payload);
+      RETURN_IF_ERROR(q.Run());
+    }
+    return absl::OkStatus();
+  };
+  absl::Status s = Exec("BEGIN IMMEDIATE");
+  if (s.ok()) {
+    s = body();
+    if (s.ok()) {
+      s = Exec("COMMIT");
+    } else {
+      (void)Exec("ROLLBACK");
+    }
+  }
+  if (!s.ok()) sticky_error_ = Annotate(s, "state store write failed (store now read-only)");
+  return s.ok() ? s : sticky_error_;
+}
+
+absl::StatusOr<Store::Snapshot> Store::Load() {
+  Snapshot snap;
+  std::map<std::string, size_t> index;
+  {
+    Stmt q(db_, "SELECT * FROM jobs ORDER BY number");
+    RETURN_IF_ERROR(q.status());
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, q.Step());
+      if (!row) break;
+      JobRecord j;
+      int c = 0;
+      j.id = q.Text(c++);
+      j.number = q.Int(c++);
+      j.name = q.Text(c++);
+      j.spec_yaml = q.Text(c++);
+      j.state = static_cast<v1::JobState>(q.Int(c++));
+      j.reason = q.Text(c++);
+      j.priority = q.Int(c++);
+      j.created_ms = q.Int(c++);
+      j.started_ms = q.Int(c++);
+      j.finished_ms = q.Int(c++);
+      j.state_entered_ms = q.Int(c++);
+      j.stage_index = static_cast<int>(q.Int(c++));
+      j.generation = q.Int(c++);
+      j.restarts = static_cast<int>(q.Int(c++));
+      j.preemptions = static_cast<int>(q.Int(c++));
+      j.failures = static_cast<int>(q.Int(c++));
+      j.preemptions_budget_used = static_cast<int>(q.Int(c++));
+      j.max_failures = static_cast<int>(q.Int(c++));
+      j.max_preemptions = static_cast<int>(q.Int(c++));
+      j.node_label = q.Text(c++);
+      j.checkpoint_dir = q.Text(c++);
+      j.out_dir = q.Text(c++);
+      j.loss = q.Double(c++);
+      j.not_before_ms = q.Int(c++);
+      snap.max_job_number = std::max(snap.max_job_number, j.number);
+      index[j.id] = snap.jobs.size();
+      snap.jobs.push_back(std::move(j));
+    }
+  }
+  {
+    Stmt q(db_, "SELECT * FROM stages ORDER BY job_id, idx");
+    RETURN_IF_ERROR(q.status());
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, q.Step());
+      if (!row) break;
+      auto it = index.find(q.Text(0));
+      if (it == index.end()) continue;
+      StageRecord s;
+      int c = 1;
+      s.index = static_cast<int>(q.Int(c++));
+      s.state = static_cast<v1::StageState>(q.Int(c++));
+      s.seq_len = q.Int(c++);
+      s.steps = q.Int(c++);
+      s.step = q.Int(c++);
+      s.sp = static_cast<int>(q.Int(c++));
+      s.dp = static_cast<int>(q.Int(c++));
+      s.loss = q.Double(c++);
+      s.tokens_per_s = q.Double(c++);
+      s.eval_loss = q.Double(c++);
+      s.eval_accuracy = q.Double(c++);
+      s.eval_seq_len = q.Int(c++);
+      s.attempts = static_cast<int>(q.Int(c++));
+      s.started_ms = q.Int(c++);
+      s.finished_ms = q.Int(c++);
+      snap.jobs[it->second].stages.push_back(s);
+    }
+  }
+  {
+    Stmt q(db_, "SELECT * FROM attempts ORDER BY job_id, generation");
+    RETURN_IF_ERROR(q.status());
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, q.Step());
+      if (!row) break;
+      auto it = index.find(q.Text(0));
+      if (it == index.end()) continue;
+      AttemptRecord a;
+      int c = 1;
+      a.generation = q.Int(c++);
+      a.stage = static_cast<int>(q.Int(c++));
+      std::string ids = q.Text(c++);
+      if (!ids.empty()) a.worker_ids = absl::StrSplit(ids, ',');
+      a.master_addr = q.Text(c++);
+      a.master_port = static_cast<int>(q.Int(c++));
+      a.started_ms = q.Int(c++);
+      a.ended_ms = q.Int(c++);
+      a.outcome = static_cast<v1::AttemptOutcome>(q.Int(c++));
+      a.exit_code = static_cast<int>(q.Int(c++));
+      a.reason = q.Text(c++);
+      snap.jobs[it->second].attempts.push_back(std::move(a));
+    }
+  }
+  for (JobRecord& j : snap.jobs) {
+    ASSIGN_OR_RETURN(std::vector<CheckpointRecord> cks, LoadCheckpoints(j.id));
+    if (!cks.empty()) j.last_checkpoint = cks.back();
+  }
+  {
+    Stmt q(db_, "SELECT * FROM workers ORDER BY name");
+    RETURN_IF_ERROR(q.status());
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, q.Step());
+      if (!row) break;
+      WorkerRecord w;
+      w.id = q.Text(0);
+      w.name = q.Text(1);
+      w.node_label = q.Text(2);
+      w.device = q.Text(3);
+      w.host = q.Text(4);
+      w.capacity = static_cast<int>(q.Int(5));
+      w.registered_ms = q.Int(6);
+      w.last_seen_ms = q.Int(7);
+      snap.workers.push_back(std::move(w));
+    }
+  }
+  return snap;
+}
+
+absl::StatusOr<std::vector<EventRecord>> Store::LoadEvents(const std::string& job_id, int limit) {
+  Stmt q(db_,
+         "SELECT * FROM (SELECT * FROM events WHERE job_id=? ORDER BY sequence DESC LIMIT ?) "
+         "ORDER BY sequence");
+  RETURN_IF_ERROR(q.status());
+  q.Bind(1, job_id).Bind(2, limit);
+  std::vector<EventRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    out.push_back({q.Text(0), q.Int(1), q.Int(2), q.Text(3)});
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<CheckpointRecord>> Store::LoadCheckpoints(const std::string& job_id) {
+  Stmt q(db_, "SELECT * FROM checkpoints WHERE job_id=? ORDER BY committed_ms, stage, step");
+  RETURN_IF_ERROR(q.status());
+  q.Bind(1, job_id);
+  std::vector<CheckpointRecord> out;
+  while (true) {
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) break;
+    CheckpointRecord c;
+    c.job_id = q.Text(0);
+    c.generation = q.Int(1);
+    c.stage = static_cast<int>(q.Int(2));
+    c.step = q.Int(3);
+    c.path = q.Text(4);
+    c.bytes = q.Int(5);
+    c.seconds = q.Double(6);
+    c.committed_ms = q.Int(7);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+}  // namespace ulysses::coordinator

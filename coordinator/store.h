@@ -1,0 +1,75 @@
+// Store: the coordinator's durable state in one SQLite file (<state_dir>/coordinator.db,
+// WAL mode, synchronous=FULL, schema versioned in `meta`).
+//
+// Load() reads everything back after a (re)start; Write() persists a Batch of changed
+// records in ONE transaction, so a state transition is either fully on disk or not at
+// all (a crash mid-write leaves the previous state; reopening the file is recovery).
+// A failed Write() puts the store in a sticky error mode: every later Write() returns
+// the same error (leveldb-style), the caller reports NOT_SERVING.
+//
+// Not thread-safe: the Coordinator calls it under its mutex.
+#ifndef ULYSSES_COORDINATOR_STORE_H_
+#define ULYSSES_COORDINATOR_STORE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/model.h"
+
+struct sqlite3;
+
+namespace ulysses::coordinator {
+
+inline constexpr int kSchemaVersion = 1;
+
+class Store {
+ public:
+  // Creates <dir> if needed, opens/creates the database, migrates the schema.
+  // FailedPrecondition when the file has a newer schema version than this binary.
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& dir);
+  ~Store();
+  Store(const Store&) = delete;
+  Store& operator=(const Store&) = delete;
+
+  struct Snapshot {
+    std::vector<JobRecord> jobs;  // With stages, attempts and last_checkpoint.
+    std::vector<WorkerRecord> workers;
+    int64_t max_job_number = 0;
+  };
+  absl::StatusOr<Snapshot> Load();
+
+  struct Batch {
+    std::vector<JobRecord> jobs;                // Upserted with all their stages and attempts.
+    std::vector<WorkerRecord> workers;          // Upserted.
+    std::vector<CheckpointRecord> checkpoints;  // Inserted.
+    std::vector<EventRecord> events;            // Inserted.
+    bool empty() const {
+      return jobs.empty() && workers.empty() && checkpoints.empty() && events.empty();
+    }
+  };
+  absl::Status Write(const Batch& batch);
+
+  // Events of one job in sequence order (newest `limit`).
+  absl::StatusOr<std::vector<EventRecord>> LoadEvents(const std::string& job_id, int limit);
+  // Checkpoints of one job in commit order.
+  absl::StatusOr<std::vector<CheckpointRecord>> LoadCheckpoints(const std::string& job_id);
+
+  const std::string& path() const { return path_; }
+
+ private:
+  Store(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  absl::Status Exec(const std::string& sql);
+  absl::Status Migrate();
+  absl::Status WriteJob(const JobRecord& job);
+
+  sqlite3* db_;
+  std::string path_;
+  absl::Status sticky_error_;
+};
+
+}  // namespace ulysses::coordinator
+
+#endif  // ULYSSES_COORDINATOR_STORE_H_
