@@ -10,7 +10,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "client/commands.h"
 #include "client/job_view.h"
+#include "client/output.h"
 #include "common/spec/job_spec_parser.h"
 
 namespace ulysses::client {
@@ -18,7 +20,16 @@ namespace {
 
 namespace v1 = ::ulysses::v1;
 
-bool WantJson(const std::string& output) { return output == "json"; }
+bool WantJson(const std::string& output) { return output == "json" || output == "yaml"; }
+
+// Prints a JSON value as JSON or (for -o yaml) YAML.
+void PrintStructured(const nlohmann::json& value, const std::string& output, std::ostream& out) {
+  if (output == "yaml") {
+    out << JsonToYaml(nlohmann::ordered_json::parse(value.dump()));
+  } else {
+    out << value.dump(2) << "\n";
+  }
+}
 
 int RpcError(const absl::Status& status, const JobClient& client, std::ostream& err) {
   err << FormatRpcError(status, client.address()) << "\n";
@@ -63,7 +74,7 @@ int CmdSubmit(JobClient& client, const std::string& file, const std::vector<std:
   auto response = client.Submit(text.str(), sets);
   if (!response.ok()) return RpcError(response.status(), client, err);
   if (WantJson(output)) {
-    out << JobSummaryJson(response->job()).dump(2) << "\n";
+    PrintStructured(JobSummaryJson(response->job()), output, out);
   } else {
     out << response->job_id() << "\n";
   }
@@ -76,7 +87,7 @@ int CmdGetJobs(JobClient& client, const std::string& output, std::ostream& out, 
   if (WantJson(output)) {
     nlohmann::json list = nlohmann::json::array();
     for (const auto& job : *jobs) list.push_back(JobSummaryJson(job));
-    out << list.dump(2) << "\n";
+    PrintStructured(list, output, out);
   } else if (jobs->empty()) {
     out << "No jobs.\n";
   } else {
@@ -90,7 +101,7 @@ int CmdGetJob(JobClient& client, const std::string& id, const std::string& outpu
   auto job = client.GetJob(id, /*include_events=*/false, /*include_spec=*/false);
   if (!job.ok()) return RpcError(job.status(), client, err);
   if (WantJson(output)) {
-    out << JobSummaryJson(*job).dump(2) << "\n";
+    PrintStructured(JobSummaryJson(*job), output, out);
   } else {
     PrintJobsTable({*job}, out);
   }
@@ -102,7 +113,7 @@ int CmdDescribeJob(JobClient& client, const std::string& id, const std::string& 
   auto job = client.GetJob(id, /*include_events=*/true, /*include_spec=*/false);
   if (!job.ok()) return RpcError(job.status(), client, err);
   if (WantJson(output)) {
-    out << JobDetailJson(*job).dump(2) << "\n";
+    PrintStructured(JobDetailJson(*job), output, out);
   } else {
     PrintJobDescription(*job, out);
   }
@@ -116,7 +127,7 @@ int CmdGetWorkers(JobClient& client, const std::string& output, std::ostream& ou
   if (WantJson(output)) {
     nlohmann::json list = nlohmann::json::array();
     for (const auto& w : *workers) list.push_back(WorkerJson(w));
-    out << list.dump(2) << "\n";
+    PrintStructured(list, output, out);
   } else if (workers->empty()) {
     out << "No workers.\n";
   } else {
@@ -125,15 +136,17 @@ int CmdGetWorkers(JobClient& client, const std::string& output, std::ostream& ou
   return 0;
 }
 
-int CmdWatch(JobClient& client, const std::string& id, bool tty, absl::Duration timeout,
+int CmdWatch(JobClient& client, const std::string& id, bool tty, bool json, absl::Duration timeout,
              absl::Duration reconnect_window, std::ostream& out, std::ostream& err) {
-  WatchView view(out, tty);
+  std::ostringstream discard;
+  WatchView view(json ? discard : out, tty && !json);
   const absl::Time deadline = absl::Now() + timeout;
   absl::Time unavailable_since = absl::InfiniteFuture();
   absl::Duration backoff = absl::Milliseconds(200);
   while (true) {
     absl::Status status = client.Watch(id, deadline - absl::Now(), [&](const v1::JobEvent& e) {
       view.OnEvent(e);
+      if (json) out << JobEventJson(e).dump() << "\n" << std::flush;
       unavailable_since = absl::InfiniteFuture();
       backoff = absl::Milliseconds(200);
       return true;
@@ -147,14 +160,14 @@ int CmdWatch(JobClient& client, const std::string& id, bool tty, absl::Duration 
         return RpcError(status.ok() ? absl::UnavailableError("watch stream ended early") : status,
                         client, err);
       }
-      if (!tty) out << "(connection to the coordinator lost; retrying)\n" << std::flush;
+      if (!tty && !json) out << "(connection to the coordinator lost; retrying)\n" << std::flush;
       absl::SleepFor(backoff);
       backoff = std::min(backoff * 2, absl::Seconds(2));
       continue;
     }
     return RpcError(status, client, err);
   }
-  const v1::JobState state = view.Finish();
+  const v1::JobState state = json ? view.state() : view.Finish();
   return state == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
 }
 
@@ -183,84 +196,152 @@ int CmdResume(JobClient& client, const std::string& id, std::ostream& out, std::
   return 0;
 }
 
-void AddJobCommands(CLI::App& app, const std::string* coordinator, const std::string* output,
-                    int* exit_code) {
-  // Shared storage for the verbs' arguments; lives as long as the app.
-  struct Args {
-    std::string file, id, reason;
-    std::vector<std::string> sets;
-    bool follow = false;
-    int tail = 100;
-    double timeout_s = 7 * 24 * 3600;
-  };
-  auto args = std::make_shared<Args>();
-  auto client = [coordinator] { return JobClient(ResolveCoordinator(*coordinator)); };
+namespace {
 
-  CLI::App* submit = app.add_subcommand("submit", "Validate a TrainJob locally and queue it");
-  submit->add_option("-f,--file", args->file, "TrainJob YAML")->required();
-  submit->add_option("--set", args->sets, "Override spec.path=value (repeatable)");
-  submit->callback([=] {
-    JobClient c = client();
-    *exit_code = CmdSubmit(c, args->file, args->sets, *output, std::cout, std::cerr);
-  });
+JobClient ClientFor(const CliContext& ctx) { return JobClient(ctx.coordinator); }
 
-  CLI::App* get = app.add_subcommand("get", "List jobs or workers, or show one job");
-  get->require_subcommand(1);
-  get->add_subcommand("jobs", "List jobs")->callback([=] {
-    JobClient c = client();
-    *exit_code = CmdGetJobs(c, *output, std::cout, std::cerr);
-  });
-  CLI::App* get_job = get->add_subcommand("job", "Show one job");
-  get_job->add_option("id", args->id, "Job id")->required();
-  get_job->callback([=] {
-    JobClient c = client();
-    *exit_code = CmdGetJob(c, args->id, *output, std::cout, std::cerr);
-  });
-  get->add_subcommand("workers", "List workers")->callback([=] {
-    JobClient c = client();
-    *exit_code = CmdGetWorkers(c, *output, std::cout, std::cerr);
-  });
+constexpr char kNeedsCoordinator[] =
+    "Needs the coordinator (--coordinator or $ULYSSES_COORDINATOR).";
 
-  CLI::App* describe = app.add_subcommand("describe", "Stages, attempts, events of a job");
-  describe->require_subcommand(1);
-  CLI::App* describe_job = describe->add_subcommand("job", "Describe one job");
-  describe_job->add_option("id", args->id, "Job id")->required();
-  describe_job->callback([=] {
-    JobClient c = client();
-    *exit_code = CmdDescribeJob(c, args->id, *output, std::cout, std::cerr);
-  });
+struct JobArgs {
+  std::string file, reason;
+  std::vector<std::string> sets;
+  std::vector<std::string> words;  // Positionals: [jobs|workers|job ID|ID].
+  bool follow = false;
+  int tail = 100;
+  double timeout_s = 7 * 24 * 3600;
+};
 
-  CLI::App* watch = app.add_subcommand("watch", "Live progress until the job ends");
-  watch->add_option("id", args->id, "Job id")->required();
-  watch->add_option("--timeout-s", args->timeout_s, "Give up after this long");
-  watch->callback([=] {
-    JobClient c = client();
-    *exit_code = CmdWatch(c, args->id, isatty(STDOUT_FILENO) == 1, absl::Seconds(args->timeout_s),
-                          absl::Seconds(120), std::cout, std::cerr);
-  });
+// "job ID" or "ID" -> ID; "" when missing.
+std::string JobIdFrom(const std::vector<std::string>& words) {
+  if (words.size() == 2 && words[0] == "job") return words[1];
+  if (words.size() == 1 && words[0] != "job") return words[0];
+  return "";
+}
 
-  CLI::App* logs = app.add_subcommand("logs", "Log lines of a job's ranks");
-  logs->add_option("id", args->id, "Job id")->required();
-  logs->add_flag("-f,--follow", args->follow, "Keep streaming until the job ends");
-  logs->add_option("--tail", args->tail, "Lines from the end (-1 = all)");
-  logs->callback([=] {
-    JobClient c = client();
-    *exit_code = CmdLogs(c, args->id, args->tail, args->follow, std::cout, std::cerr);
-  });
+}  // namespace
 
-  CLI::App* cancel = app.add_subcommand("cancel", "Cancel a job (resumable)");
-  cancel->add_option("id", args->id, "Job id")->required();
-  cancel->add_option("--reason", args->reason, "Recorded as the job's reason");
-  cancel->callback([=] {
-    JobClient c = client();
-    *exit_code = CmdCancel(c, args->id, args->reason, std::cout, std::cerr);
+void AddSubmitCommand(CLI::App& app, CliContext& ctx) {
+  auto args = std::make_shared<JobArgs>();
+  CLI::App* cmd = app.add_subcommand("submit", "Validate a TrainJob locally, then queue it");
+  cmd->add_option("-f,--file", args->file, "TrainJob YAML file")->required();
+  cmd->add_option("--set", args->sets, "Override a field: spec.path=value (repeatable)")
+      ->allow_extra_args(false);
+  cmd->footer(absl::StrCat(
+      "Prints the job id.\nExamples:\n"
+      "  ulyssesctl submit -f configs/jobs/tiny-demo.yaml\n"
+      "  ulyssesctl submit -f job.yaml --set spec.stages[0].steps=5 --coordinator coord:50051\n",
+      kNeedsCoordinator));
+  cmd->callback([&ctx, args] {
+    JobClient client = ClientFor(ctx);
+    ctx.exit_code = CmdSubmit(client, args->file, args->sets, ctx.output, *ctx.out, *ctx.err);
   });
+}
 
-  CLI::App* resume = app.add_subcommand("resume", "Requeue a FAILED or CANCELLED job");
-  resume->add_option("id", args->id, "Job id")->required();
-  resume->callback([=] {
-    JobClient c = client();
-    *exit_code = CmdResume(c, args->id, std::cout, std::cerr);
+void AddGetCommand(CLI::App& app, CliContext& ctx) {
+  auto args = std::make_shared<JobArgs>();
+  CLI::App* cmd = app.add_subcommand("get", "List jobs or workers, or show one job");
+  cmd->add_option("what", args->words, "jobs (default) | job ID | workers");
+  cmd->footer(
+      absl::StrCat("Examples:\n"
+                   "  ulyssesctl get jobs\n"
+                   "  ulyssesctl get job job-000001 -o json\n"
+                   "  ulyssesctl get workers\n",
+                   kNeedsCoordinator));
+  cmd->callback([&ctx, args] {
+    JobClient client = ClientFor(ctx);
+    const auto& w = args->words;
+    if (w.empty() || (w.size() == 1 && w[0] == "jobs")) {
+      ctx.exit_code = CmdGetJobs(client, ctx.output, *ctx.out, *ctx.err);
+    } else if (w.size() == 1 && w[0] == "workers") {
+      ctx.exit_code = CmdGetWorkers(client, ctx.output, *ctx.out, *ctx.err);
+    } else if (const std::string id = JobIdFrom(w); !id.empty()) {
+      ctx.exit_code = CmdGetJob(client, id, ctx.output, *ctx.out, *ctx.err);
+    } else {
+      *ctx.err << "error: get: expected `jobs`, `job ID` or `workers`\n";
+      ctx.exit_code = kExitBadInput;
+    }
+  });
+}
+
+void AddDescribeCommand(CLI::App& app, CliContext& ctx) {
+  auto args = std::make_shared<JobArgs>();
+  CLI::App* cmd =
+      app.add_subcommand("describe", "Show a job in detail: stages, attempts, checkpoints, events");
+  cmd->add_option("what", args->words, "job ID")->required();
+  cmd->footer(
+      absl::StrCat("Examples:\n"
+                   "  ulyssesctl describe job job-000001\n"
+                   "  ulyssesctl describe job job-000001 -o json\n",
+                   kNeedsCoordinator));
+  cmd->callback([&ctx, args] {
+    const std::string id = JobIdFrom(args->words);
+    if (id.empty()) {
+      *ctx.err << "error: describe: expected `job ID`\n";
+      ctx.exit_code = kExitBadInput;
+      return;
+    }
+    JobClient client = ClientFor(ctx);
+    ctx.exit_code = CmdDescribeJob(client, id, ctx.output, *ctx.out, *ctx.err);
+  });
+}
+
+void AddWatchCommand(CLI::App& app, CliContext& ctx) {
+  auto args = std::make_shared<JobArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "watch", "Live progress per stage (step, loss, tokens/s, ETA) until the job ends");
+  cmd->add_option("what", args->words, "Job id")->required();
+  cmd->add_option("--timeout-s", args->timeout_s, "Give up after this many seconds");
+  cmd->footer(absl::StrCat(
+      "Exits 0 when the job SUCCEEDED, 1 when it FAILED or was CANCELLED (or on errors).\n"
+      "Plain lines when stdout is not a terminal.\nExamples:\n"
+      "  ulyssesctl watch job-000001\n"
+      "  ulyssesctl watch job-000001 -o json   # one JSON event per line\n",
+      kNeedsCoordinator));
+  cmd->callback([&ctx, args] {
+    const std::string id = JobIdFrom(args->words);
+    JobClient client = ClientFor(ctx);
+    ctx.exit_code =
+        CmdWatch(client, id, isatty(STDOUT_FILENO) == 1, ctx.output == "json",
+                 absl::Seconds(args->timeout_s), absl::Seconds(120), *ctx.out, *ctx.err);
+  });
+}
+
+void AddLogsCommand(CLI::App& app, CliContext& ctx) {
+  auto args = std::make_shared<JobArgs>();
+  CLI::App* cmd = app.add_subcommand("logs", "Log lines of a job's ranks");
+  cmd->add_option("what", args->words, "Job id")->required();
+  cmd->add_flag("-f,--follow", args->follow, "Keep streaming until the job ends");
+  cmd->add_option("--tail", args->tail, "Lines from the end (-1 = all)");
+  cmd->footer(absl::StrCat("Examples:\n  ulyssesctl logs job-000001 -f\n", kNeedsCoordinator));
+  cmd->callback([&ctx, args] {
+    JobClient client = ClientFor(ctx);
+    ctx.exit_code =
+        CmdLogs(client, JobIdFrom(args->words), args->tail, args->follow, *ctx.out, *ctx.err);
+  });
+}
+
+void AddCancelCommand(CLI::App& app, CliContext& ctx) {
+  auto args = std::make_shared<JobArgs>();
+  CLI::App* cmd = app.add_subcommand("cancel", "Cancel a job (it can be resumed)");
+  cmd->add_option("what", args->words, "Job id")->required();
+  cmd->add_option("--reason", args->reason, "Recorded as the job's reason");
+  cmd->footer(absl::StrCat("Examples:\n  ulyssesctl cancel job-000001\n", kNeedsCoordinator));
+  cmd->callback([&ctx, args] {
+    JobClient client = ClientFor(ctx);
+    ctx.exit_code = CmdCancel(client, JobIdFrom(args->words), args->reason, *ctx.out, *ctx.err);
+  });
+}
+
+void AddResumeCommand(CLI::App& app, CliContext& ctx) {
+  auto args = std::make_shared<JobArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "resume", "Requeue a FAILED or CANCELLED job from its last committed checkpoint");
+  cmd->add_option("what", args->words, "Job id")->required();
+  cmd->footer(absl::StrCat("Examples:\n  ulyssesctl resume job-000001\n", kNeedsCoordinator));
+  cmd->callback([&ctx, args] {
+    JobClient client = ClientFor(ctx);
+    ctx.exit_code = CmdResume(client, JobIdFrom(args->words), *ctx.out, *ctx.err);
   });
 }
 

@@ -12,13 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "CLI/CLI.hpp"
 #include "absl/time/time.h"
 #include "client/grpc_client.h"
 
 namespace ulysses::client {
 
-// Output formats of get/describe: "table" (default; "wide" accepted), "json".
+// Output formats of get/describe: "table" (default), "json", "yaml".
 int CmdSubmit(JobClient& client, const std::string& file, const std::vector<std::string>& sets,
               const std::string& output, std::ostream& out, std::ostream& err);
 int CmdGetJobs(JobClient& client, const std::string& output, std::ostream& out, std::ostream& err);
@@ -30,7 +29,8 @@ int CmdGetWorkers(JobClient& client, const std::string& output, std::ostream& ou
                   std::ostream& err);
 // Follows the job until it ends; survives a coordinator restart (retries UNAVAILABLE
 // for up to `reconnect_window`). `tty` selects the redrawn view.
-int CmdWatch(JobClient& client, const std::string& id, bool tty, absl::Duration timeout,
+// `json`: one JSON event object per line instead of the view.
+int CmdWatch(JobClient& client, const std::string& id, bool tty, bool json, absl::Duration timeout,
              absl::Duration reconnect_window, std::ostream& out, std::ostream& err);
 int CmdLogs(JobClient& client, const std::string& id, int tail, bool follow, std::ostream& out,
             std::ostream& err);
@@ -38,11 +38,8 @@ int CmdCancel(JobClient& client, const std::string& id, const std::string& reaso
               std::ostream& out, std::ostream& err);
 int CmdResume(JobClient& client, const std::string& id, std::ostream& out, std::ostream& err);
 
-// Registers the verbs above as subcommands of `app` (get has jobs|job|workers).
-// `coordinator` and `output` point at the global flags' storage; the chosen verb's
-// exit code is stored in `*exit_code` when it runs.
-void AddJobCommands(CLI::App& app, const std::string* coordinator, const std::string* output,
-                    int* exit_code);
+// The subcommand registrations (AddSubmitCommand, AddGetCommand, ...) are declared
+// in client/commands.h and defined in cmd_jobs.cc on top of the functions above.
 
 }  // namespace ulysses::client
 

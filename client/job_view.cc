@@ -70,7 +70,9 @@ json AttemptJson(const v1::Attempt& a) {
       {"ended_at", TimeJson(a.ended_at())}};
 }
 
-json EventJson(const v1::JobEvent& e) {
+}  // namespace
+
+json JobEventJson(const v1::JobEvent& e) {
   json j{{"sequence", e.sequence()}, {"time", TimeJson(e.time())}};
   switch (e.kind_case()) {
     case v1::JobEvent::kStateChange:
@@ -114,6 +116,8 @@ json EventJson(const v1::JobEvent& e) {
   }
   return j;
 }
+
+namespace {
 
 std::string EventText(const v1::JobEvent& e) {
   switch (e.kind_case()) {
@@ -219,7 +223,7 @@ json JobDetailJson(const v1::Job& job) {
   json events = json::array();
   json checkpoints = json::array();
   for (const auto& e : job.events()) {
-    events.push_back(EventJson(e));
+    events.push_back(JobEventJson(e));
     if (e.has_checkpoint()) checkpoints.push_back(CheckpointJson(e.checkpoint()));
   }
   j["events"] = events;

@@ -28,6 +28,7 @@ bool IsTerminal(ulysses::v1::JobState state);
 nlohmann::json JobSummaryJson(const ulysses::v1::Job& job);
 nlohmann::json JobDetailJson(const ulysses::v1::Job& job);
 nlohmann::json WorkerJson(const ulysses::v1::Worker& worker);
+nlohmann::json JobEventJson(const ulysses::v1::JobEvent& event);
 
 // Column-aligned table: first row is the header.
 void PrintTable(const std::vector<std::vector<std::string>>& rows, std::ostream& out);

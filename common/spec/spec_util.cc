@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,17 @@ std::string FormatDouble(double v) {
     if (std::strtod(buf, nullptr) == v) break;
   }
   std::string text = buf;
+  // Plain decimals read better than exponents for everyday magnitudes ("500000", "0.0003").
+  const double magnitude = std::fabs(v);
+  if (text.find('e') != std::string::npos && magnitude >= 1e-4 && magnitude < 1e15) {
+    for (int decimals = 0; decimals <= 17; ++decimals) {
+      std::snprintf(buf, sizeof(buf), "%.*f", decimals, v);
+      if (std::strtod(buf, nullptr) == v) {
+        text = buf;
+        break;
+      }
+    }
+  }
   // Keep a marker that this is a float when it prints like an integer: "1" -> "1.0".
   if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
   return text;

@@ -1,0 +1,82 @@
+#include "client/cli.h"
+
+#include <cstdlib>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "client/commands.h"
+
+namespace ulysses::client {
+
+std::string DefaultCoordinator() {
+  const char* env = std::getenv("ULYSSES_COORDINATOR");
+  return env != nullptr && env[0] != '\0' ? env : "127.0.0.1:50051";
+}
+
+void NotAvailable(CliContext& ctx, const std::string& verb) {
+  *ctx.err << "ulyssesctl " << verb << ": not available yet: needs the coordinator ("
+           << ctx.coordinator << ")\n";
+  ctx.exit_code = kExitUnavailable;
+}
+
+void PrintErrorLines(CliContext& ctx, const std::string& prefix, const std::string& message) {
+  for (absl::string_view line : absl::StrSplit(message, '\n')) {
+    if (line.empty()) continue;
+    const std::string head = prefix + ": ";
+    if (prefix.empty() || line.substr(0, head.size()) == head) {
+      *ctx.err << line << "\n";
+    } else {
+      *ctx.err << head << line << "\n";
+    }
+  }
+}
+
+int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  CliContext ctx;
+  ctx.out = &out;
+  ctx.err = &err;
+  ctx.coordinator = DefaultCoordinator();
+
+  CLI::App app{"ulyssesctl: validate, plan and run long-context training jobs on Ulysses"};
+  app.name("ulyssesctl");
+  app.require_subcommand(1);
+  app.fallthrough();  // Global options may follow the verb.
+  app.add_option("--coordinator", ctx.coordinator,
+                 "Coordinator address host:port (default: $ULYSSES_COORDINATOR, else "
+                 "127.0.0.1:50051)");
+  app.add_option("-o,--output", ctx.output, "Output format: table, json or yaml")
+      ->check(CLI::IsMember({"table", "json", "yaml"}));
+  app.footer(
+      "Examples:\n"
+      "  ulyssesctl validate -f configs/jobs/tiny-demo.yaml\n"
+      "  ulyssesctl plan -f configs/jobs/llama3-8b-1m.yaml\n"
+      "  ulyssesctl submit -f job.yaml --coordinator coord:50051\n"
+      "  ulyssesctl get -o json\n"
+      "Exit codes: 0 ok, 1 bad input, 2 needs the coordinator (not available yet).");
+
+  AddValidateCommand(app, ctx);
+  AddPlanCommand(app, ctx);
+  AddSubmitCommand(app, ctx);
+  AddGetCommand(app, ctx);
+  AddDescribeCommand(app, ctx);
+  AddWatchCommand(app, ctx);
+  AddLogsCommand(app, ctx);
+  AddCancelCommand(app, ctx);
+  AddResumeCommand(app, ctx);
+
+  try {
+    // CLI11 takes a mutable argv; copy so callers may pass string literals.
+    std::vector<std::string> args(argv + 1, argv + argc);
+    std::reverse(args.begin(), args.end());
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e, out, err);
+    return code == 0 ? kExitOk : kExitBadInput;
+  } catch (const std::exception& e) {
+    err << "ulyssesctl: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  return ctx.exit_code;
+}
+
+}  // namespace ulysses::client

@@ -1,0 +1,33 @@
+// One function per ulyssesctl verb: each adds its subcommand (options, help,
+// examples footer) to the app and, when run, sets ctx.exit_code. Verbs live in
+// client/cmd_<verb>.cc; the control-plane verbs replace their stubs there.
+#ifndef ULYSSES_CLIENT_COMMANDS_H_
+#define ULYSSES_CLIENT_COMMANDS_H_
+
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "client/cli.h"
+
+namespace ulysses::client {
+
+void AddValidateCommand(CLI::App& app, CliContext& ctx);
+void AddPlanCommand(CLI::App& app, CliContext& ctx);
+void AddSubmitCommand(CLI::App& app, CliContext& ctx);
+void AddGetCommand(CLI::App& app, CliContext& ctx);
+void AddDescribeCommand(CLI::App& app, CliContext& ctx);
+void AddWatchCommand(CLI::App& app, CliContext& ctx);
+void AddLogsCommand(CLI::App& app, CliContext& ctx);
+void AddCancelCommand(CLI::App& app, CliContext& ctx);
+void AddResumeCommand(CLI::App& app, CliContext& ctx);
+
+// Prints "ulyssesctl VERB: not available yet: needs the coordinator" and sets exit code 2.
+void NotAvailable(CliContext& ctx, const std::string& verb);
+
+// Prints every line of a multi-line error to ctx.err as "<prefix>: <line>"
+// (no prefix when the line already starts with it).
+void PrintErrorLines(CliContext& ctx, const std::string& prefix, const std::string& message);
+
+}  // namespace ulysses::client
+
+#endif  // ULYSSES_CLIENT_COMMANDS_H_

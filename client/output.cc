@@ -1,0 +1,207 @@
+#include "client/output.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "yaml-cpp/yaml.h"
+
+namespace ulysses::client {
+
+absl::StatusOr<OutputFormat> ParseOutputFormat(const std::string& text, OutputFormat fallback) {
+  if (text.empty()) return fallback;
+  if (text == "table") return OutputFormat::kTable;
+  if (text == "json") return OutputFormat::kJson;
+  if (text == "yaml") return OutputFormat::kYaml;
+  return absl::InvalidArgumentError(
+      absl::StrCat("-o: '", text, "' is not an output format (use table, json or yaml)"));
+}
+
+void Table::Print(std::ostream& out) const {
+  std::vector<size_t> widths(headers_.size(), 0);
+  for (size_t c = 0; c < headers_.size(); ++c) widths[c] = headers_[c].size();
+  for (const auto& row : rows_) {
+    for (size_t c = 0; c < row.size() && c < widths.size(); ++c) {
+      widths[c] = std::max(widths[c], row[c].size());
+    }
+  }
+  auto print_row = [&](const std::vector<std::string>& cells, bool upper) {
+    std::string line;
+    for (size_t c = 0; c < widths.size(); ++c) {
+      std::string cell = c < cells.size() ? cells[c] : "";
+      if (upper) cell = absl::AsciiStrToUpper(cell);
+      line += cell;
+      if (c + 1 < widths.size()) line += std::string(widths[c] - cell.size() + 2, ' ');
+    }
+    out << line << "\n";
+  };
+  print_row(headers_, true);
+  for (const auto& row : rows_) print_row(row, false);
+}
+
+nlohmann::ordered_json Table::ToJson() const {
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const auto& row : rows_) {
+    nlohmann::ordered_json object = nlohmann::ordered_json::object();
+    for (size_t c = 0; c < headers_.size() && c < row.size(); ++c) {
+      const std::string& cell = row[c];
+      char* end = nullptr;
+      const double number = std::strtod(cell.c_str(), &end);
+      if (!cell.empty() && end == cell.c_str() + cell.size()) {
+        const long long whole = std::strtoll(cell.c_str(), &end, 10);
+        if (end == cell.c_str() + cell.size()) {
+          object[headers_[c]] = whole;
+        } else {
+          object[headers_[c]] = number;
+        }
+      } else {
+        object[headers_[c]] = cell;
+      }
+    }
+    rows.push_back(std::move(object));
+  }
+  return rows;
+}
+
+nlohmann::ordered_json JobSpecToJson(const spec::JobSpec& s) {
+  using json = nlohmann::ordered_json;
+  const spec::ModelSpec& m = s.model;
+  json model = {{"preset", m.preset},
+                {"vocab_size", m.vocab_size},
+                {"hidden_size", m.hidden_size},
+                {"intermediate_size", m.intermediate_size},
+                {"num_hidden_layers", m.num_hidden_layers},
+                {"num_attention_heads", m.num_attention_heads},
+                {"num_key_value_heads", m.num_key_value_heads},
+                {"rope_theta", m.rope_theta},
+                {"rms_norm_eps", m.rms_norm_eps},
+                {"tie_word_embeddings", m.tie_word_embeddings},
+                {"init_from", m.init_from},
+                {"dtype", m.dtype}};
+  json data = json::object();
+  if (!s.data.train.empty()) data["train"] = s.data.train;
+  if (!s.data.validation.empty()) data["validation"] = s.data.validation;
+  if (s.data.synthetic) {
+    data["synthetic"] = {{"generator", s.data.synthetic->generator},
+                         {"validation_sequences", s.data.synthetic->validation_sequences}};
+  }
+  const spec::ParallelismSpec& p = s.parallelism;
+  json parallelism = {{"sp_degree", p.sp_degree},
+                      {"dp_degree", p.dp_degree},
+                      {"zero_stage", p.zero_stage},
+                      {"offload_optimizer", p.offload_optimizer},
+                      {"offload_activations", p.offload_activations}};
+  const spec::MemorySpec& mem = s.memory;
+  json memory = {{"activation_checkpointing", mem.activation_checkpointing},
+                 {"tiled_mlp", mem.tiled_mlp},
+                 {"tiled_loss", mem.tiled_loss},
+                 {"loss_tile_tokens", mem.loss_tile_tokens},
+                 {"attention_block_size", mem.attention_block_size}};
+  const spec::OptimizerSpec& o = s.optimizer;
+  json optimizer = {{"type", o.type},
+                    {"lr", o.lr},
+                    {"betas", {o.beta1, o.beta2}},
+                    {"weight_decay", o.weight_decay},
+                    {"eps", o.eps},
+                    {"grad_clip", o.grad_clip},
+                    {"warmup_steps", o.warmup_steps},
+                    {"schedule", o.schedule},
+                    {"min_lr_ratio", o.min_lr_ratio},
+                    {"grad_accum_steps", o.grad_accum_steps}};
+  json stages = json::array();
+  for (const spec::StageSpec& st : s.stages) {
+    json stage = {{"seq_len", st.seq_len}, {"steps", st.steps}};
+    if (st.lr) stage["lr"] = *st.lr;
+    if (st.warmup_steps) stage["warmup_steps"] = *st.warmup_steps;
+    if (st.sp_degree) stage["sp_degree"] = *st.sp_degree;
+    if (st.dp_degree) stage["dp_degree"] = *st.dp_degree;
+    stages.push_back(stage);
+  }
+  json checkpoint = {{"dir", s.checkpoint.dir},
+                     {"every_steps", s.checkpoint.every_steps},
+                     {"keep_last", s.checkpoint.keep_last}};
+  json scheduling = {{"priority", s.scheduling.priority},
+                     {"max_failures", s.scheduling.max_failures},
+                     {"max_preemptions", s.scheduling.max_preemptions},
+                     {"node_label", s.scheduling.node_label}};
+  json labels = json::object();
+  for (const auto& [key, value] : s.metadata.labels) labels[key] = value;
+  return {{"apiVersion", s.api_version},
+          {"kind", s.kind},
+          {"metadata", {{"name", s.metadata.name}, {"labels", labels}}},
+          {"spec",
+           {{"model", model},
+            {"data", data},
+            {"parallelism", parallelism},
+            {"memory", memory},
+            {"optimizer", optimizer},
+            {"stages", stages},
+            {"checkpoint", checkpoint},
+            {"scheduling", scheduling},
+            {"seed", s.seed}}}};
+}
+
+namespace {
+
+void EmitJson(YAML::Emitter& out, const nlohmann::ordered_json& value) {
+  if (value.is_object()) {
+    out << YAML::BeginMap;
+    for (auto it = value.begin(); it != value.end(); ++it) {
+      out << YAML::Key << it.key() << YAML::Value;
+      EmitJson(out, it.value());
+    }
+    out << YAML::EndMap;
+  } else if (value.is_array()) {
+    out << YAML::BeginSeq;
+    for (const auto& item : value) EmitJson(out, item);
+    out << YAML::EndSeq;
+  } else if (value.is_string()) {
+    out << value.get<std::string>();
+  } else if (value.is_null()) {
+    out << YAML::Null;
+  } else {
+    out << value.dump();  // numbers and booleans: JSON text is valid YAML.
+  }
+}
+
+}  // namespace
+
+std::string JsonToYaml(const nlohmann::ordered_json& value) {
+  YAML::Emitter out;
+  EmitJson(out, value);
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string FormatBytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit < 4) {
+    bytes /= 1024;
+    ++unit;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), unit == 0 ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
+  return buf;
+}
+
+std::string FormatNumber(double value) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", value);
+  return buf;
+}
+
+std::string FormatCount(double count) {
+  const char* suffixes[] = {"", "K", "M", "G", "T"};
+  int s = 0;
+  while (count >= 1000 && s < 4) {
+    count /= 1000;
+    ++s;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), s == 0 ? "%.0f%s" : "%.1f%s", count, suffixes[s]);
+  return buf;
+}
+
+}  // namespace ulysses::client
