@@ -38,7 +38,7 @@ std::string FormatDouble(double v) {
 }
 
 std::string Quote(const std::string& text) {
-  constexpr size_t kMaxShown = 60;
+  constexpr size_t kMaxShown = 256;  // Long enough for file paths.
   std::string out = "'";
   for (size_t i = 0; i < text.size() && i < kMaxShown; ++i) {
     const unsigned char c = static_cast<unsigned char>(text[i]);

@@ -1,0 +1,348 @@
+// Runs the real build/bin/ulyssesctl binary ($ULYSSES_BIN_DIR) as a subprocess on
+// the shipped specs and on bad input, checking exit codes, stdout and stderr.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "common/spec/job_spec_parser.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+extern char** environ;
+
+namespace ulysses::client {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+struct Result {
+  int exit_code = -1;  // -1 when killed by a signal.
+  int signal = 0;
+  std::string out;
+  std::string err;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+std::string SourceDir() {
+  const char* dir = std::getenv("ULYSSES_SOURCE_DIR");
+  return dir != nullptr ? dir : ".";
+}
+
+std::string Example(const std::string& name) { return SourceDir() + "/configs/jobs/" + name; }
+
+class UlyssesctlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* bin = std::getenv("ULYSSES_BIN_DIR");
+    ASSERT_NE(bin, nullptr) << "ULYSSES_BIN_DIR must point at build/bin";
+    binary_ = std::string(bin) + "/ulyssesctl";
+    ASSERT_TRUE(std::filesystem::exists(binary_)) << binary_;
+    dir_ = std::filesystem::temp_directory_path() /
+           ("ulyssesctl_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string Write(const std::string& name, const std::string& content) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path, std::ios::binary) << content;
+    return path;
+  }
+
+  // Runs ulyssesctl with `args` (and extra environment), bounded to 30 s.
+  Result Run(const std::vector<std::string>& args,
+             const std::map<std::string, std::string>& env = {}) {
+    const std::string out_path = (dir_ / "stdout").string();
+    const std::string err_path = (dir_ / "stderr").string();
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    std::vector<std::string> argv_storage = {binary_};
+    argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& a : argv_storage) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env_storage;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string entry = *e;
+      const std::string key = entry.substr(0, entry.find('='));
+      if (env.count(key) == 0 && key != "ULYSSES_COORDINATOR") env_storage.push_back(entry);
+    }
+    for (const auto& [key, value] : env) env_storage.push_back(key + "=" + value);
+    std::vector<char*> envp;
+    for (std::string& e : env_storage) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    pid_t pid = 0;
+    Result result;
+    const int rc = posix_spawn(&pid, binary_.c_str(), &actions, nullptr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    EXPECT_EQ(rc, 0) << "posix_spawn failed";
+    if (rc != 0) return result;
+    int status = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        ADD_FAILURE() << "ulyssesctl did not finish in 30 s";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) result.signal = WTERMSIG(status);
+    result.out = ReadAll(out_path);
+    result.err = ReadAll(err_path);
+    return result;
+  }
+
+  std::string binary_;
+  std::filesystem::path dir_;
+};
+
+constexpr char kBadSpec[] = R"(apiVersion: ulysses/v1
+kind: TrainJob
+metadata: {name: bad-job}
+spec:
+  model: {preset: tiny}
+  data: {synthetic: {generator: random}}
+  parallelism: {sp_degree: 8}
+  stages:
+    - {seq_len: 8192, steps: 10}
+    - {seq_len: 16384, steps: 5}
+    - {seq_len: 100001, steps: 5}
+  checkpoint: {keep_last: 0}
+)";
+
+TEST_F(UlyssesctlTest, ValidatePrintsDefaultedYamlForEveryShippedSpec) {
+  for (const std::string name : {"tiny-demo", "llama3-1b-1m", "llama3-8b-1m"}) {
+    SCOPED_TRACE(name);
+    const std::string path = Example(name + ".yaml");
+    Result r = Run({"validate", "-f", path});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.err, "");
+    EXPECT_THAT(r.out, HasSubstr("apiVersion: ulysses/v1"));
+    EXPECT_THAT(r.out, HasSubstr("name: " + name));
+    EXPECT_THAT(r.out, HasSubstr("schedule: cosine"));  // a default made explicit
+    // The printed spec is the canonical form of the file.
+    absl::StatusOr<spec::JobSpec> printed = spec::ParseJobSpec(r.out);
+    ASSERT_TRUE(printed.ok()) << printed.status();
+    absl::StatusOr<spec::JobSpec> file = spec::LoadJobSpecFile(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    EXPECT_EQ(spec::ToYaml(*printed), spec::ToYaml(*file));
+  }
+}
+
+TEST_F(UlyssesctlTest, ValidateJsonHasTheDefaultedFields) {
+  Result r = Run({"-o", "json", "validate", "-f", Example("tiny-demo.yaml")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["kind"], "TrainJob");
+  EXPECT_EQ(j["metadata"]["name"], "tiny-demo");
+  EXPECT_EQ(j["spec"]["model"]["hidden_size"], 256);
+  EXPECT_EQ(j["spec"]["model"]["num_key_value_heads"], 4);
+  EXPECT_EQ(j["spec"]["parallelism"]["zero_stage"], 0);
+  EXPECT_EQ(j["spec"]["optimizer"]["schedule"], "cosine");
+  ASSERT_EQ(j["spec"]["optimizer"]["betas"].size(), 2u);
+  EXPECT_DOUBLE_EQ(j["spec"]["optimizer"]["betas"][1].get<double>(), 0.95);
+  EXPECT_EQ(j["spec"]["data"]["synthetic"]["generator"], "needle");
+  ASSERT_EQ(j["spec"]["stages"].size(), 3u);
+  EXPECT_EQ(j["spec"]["stages"][2]["seq_len"], 4096);
+  EXPECT_EQ(j["spec"]["stages"][2]["sp_degree"], 4);
+  EXPECT_EQ(j["spec"]["seed"], 1234);
+  // -o after the verb works the same.
+  Result after = Run({"validate", "-f", Example("tiny-demo.yaml"), "-o", "json"});
+  ASSERT_EQ(after.exit_code, 0) << after.err;
+  EXPECT_EQ(nlohmann::json::parse(after.out), j);
+}
+
+TEST_F(UlyssesctlTest, ValidateTableSummarisesStages) {
+  Result r = Run({"validate", "-f", Example("tiny-demo.yaml"), "-o", "table"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 5u) << r.out;  // summary, header, 3 stages
+  EXPECT_THAT(lines[0], HasSubstr("job tiny-demo: model tiny"));
+  EXPECT_THAT(lines[1], HasSubstr("SEQ_LEN"));
+  EXPECT_THAT(lines[1], HasSubstr("WORLD"));
+  const std::vector<std::string> last = absl::StrSplit(lines[4], ' ', absl::SkipEmpty());
+  ASSERT_GE(last.size(), 7u);
+  EXPECT_EQ(last[1], "4096");   // seq_len
+  EXPECT_EQ(last[3], "4");      // sp
+  EXPECT_EQ(last[5], "4");      // world
+  EXPECT_EQ(last[6], "0.001");  // lr
+}
+
+TEST_F(UlyssesctlTest, ValidateReportsEveryErrorPrefixedWithTheFile) {
+  const std::string path = Write("bad.yaml", kBadSpec);
+  Result r = Run({"validate", "-f", path});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.out, "");
+  const std::vector<std::string> lines = absl::StrSplit(r.err, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << r.err;
+  EXPECT_EQ(lines[0], path +
+                          ": spec.stages[2].seq_len: 100001 is not divisible by sp_degree 8 "
+                          "(try 98304 or 106496)");
+  EXPECT_EQ(lines[1], path + ": spec.checkpoint.keep_last: 0 must be >= 1 (use e.g. 2)");
+}
+
+TEST_F(UlyssesctlTest, ValidateAppliesSetOverrides) {
+  const std::string path = Write("bad.yaml", kBadSpec);
+  Result r = Run({"validate", "-f", path, "--set", "spec.stages[2].seq_len=106496", "--set",
+                  "spec.checkpoint.keep_last=3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("{seq_len: 106496, steps: 5}"));
+  EXPECT_THAT(r.out, HasSubstr("keep_last: 3"));
+  Result bad = Run({"validate", "-f", path, "--set", "spec.stages[0].stpes=1"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.err, HasSubstr(path + ": --set spec.stages[0].stpes=1: spec.stages[0].stpes is "
+                                        "not a known field (did you mean 'steps'?)"));
+}
+
+TEST_F(UlyssesctlTest, ValidateNeverCrashesOnBadFiles) {
+  std::string junk;
+  for (int i = 0; i < 4096; ++i) junk += static_cast<char>((i * 7919) % 256);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {Write("empty.yaml", ""), "empty document"},
+      {Write("junk.yaml", junk), ": "},
+      {Write("list.yaml", "- 1\n- 2\n"), "a list is not a mapping"},
+      {Write("broken.yaml", "spec: {model: [\n"), "yaml: line "},
+      {(dir_ / "missing.yaml").string(), "cannot read (No such file or directory)"},
+      {dir_.string(), "is not a regular file"},
+  };
+  for (const auto& [path, expected] : cases) {
+    SCOPED_TRACE(path);
+    Result r = Run({"validate", "-f", path});
+    EXPECT_EQ(r.signal, 0);
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_THAT(r.err, HasSubstr(expected));
+    EXPECT_THAT(r.err, HasSubstr(path + ": "));
+  }
+}
+
+TEST_F(UlyssesctlTest, ValidateCheckFilesNamesTheFile) {
+  const std::string short_file = Write("train.bin", std::string(400, '\0'));  // 100 tokens
+  const std::string spec = std::string(R"(apiVersion: ulysses/v1
+kind: TrainJob
+metadata: {name: files}
+spec:
+  model: {preset: tiny}
+  data: {train: ')") + short_file +
+                           R"('}
+  stages: [{seq_len: 1024, steps: 1}]
+)";
+  const std::string path = Write("files.yaml", spec);
+  Result plain = Run({"validate", "-f", path});
+  EXPECT_EQ(plain.exit_code, 0) << plain.err;
+  Result checked = Run({"validate", "-f", path, "--check-files"});
+  EXPECT_EQ(checked.exit_code, 1);
+  EXPECT_THAT(checked.err, HasSubstr("spec.data.train: '" + short_file +
+                                     "' holds 100 tokens, needs at least 1025"));
+}
+
+TEST_F(UlyssesctlTest, UsageErrorsExitOne) {
+  Result no_file = Run({"validate"});
+  EXPECT_EQ(no_file.exit_code, 1);
+  EXPECT_THAT(no_file.err, HasSubstr("--file is required"));
+  Result no_verb = Run({});
+  EXPECT_EQ(no_verb.exit_code, 1);
+  EXPECT_THAT(no_verb.err, HasSubstr("subcommand is required"));
+  Result bad_format = Run({"-o", "xml", "validate", "-f", Example("tiny-demo.yaml")});
+  EXPECT_EQ(bad_format.exit_code, 1);
+  EXPECT_THAT(bad_format.err, HasSubstr("xml not in {table,json,yaml}"));
+}
+
+TEST_F(UlyssesctlTest, HelpHasExamplesOnEveryVerb) {
+  Result top = Run({"--help"});
+  ASSERT_EQ(top.exit_code, 0);
+  EXPECT_THAT(top.out, HasSubstr("Examples:"));
+  EXPECT_THAT(top.out, HasSubstr("--coordinator"));
+  for (const std::string verb :
+       {"validate", "plan", "submit", "get", "describe", "watch", "logs", "cancel", "resume"}) {
+    SCOPED_TRACE(verb);
+    EXPECT_THAT(top.out, HasSubstr(verb));
+    Result r = Run({verb, "--help"});
+    EXPECT_EQ(r.exit_code, 0);
+    EXPECT_THAT(r.out, HasSubstr("Examples:\n  ulyssesctl " + verb));
+  }
+}
+
+TEST_F(UlyssesctlTest, ControlPlaneVerbsAreNotAvailableYet) {
+  const std::vector<std::vector<std::string>> calls = {
+      {"submit", "-f", Example("tiny-demo.yaml")},
+      {"get"},
+      {"describe", "tiny-demo"},
+      {"watch", "tiny-demo"},
+      {"logs", "tiny-demo", "--rank", "0"},
+      {"cancel", "tiny-demo"},
+      {"resume", "tiny-demo"},
+  };
+  for (const auto& args : calls) {
+    SCOPED_TRACE(args[0]);
+    Result r = Run(args);
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("ulyssesctl " + args[0] +
+                                 ": not available yet: needs the coordinator (127.0.0.1:50051)"));
+  }
+}
+
+TEST_F(UlyssesctlTest, CoordinatorComesFromFlagThenEnvironment) {
+  Result env = Run({"get"}, {{"ULYSSES_COORDINATOR", "coord.example:6000"}});
+  EXPECT_THAT(env.err, HasSubstr("(coord.example:6000)"));
+  Result flag =
+      Run({"get", "--coordinator", "10.0.0.2:7000"}, {{"ULYSSES_COORDINATOR", "coord:6000"}});
+  EXPECT_THAT(flag.err, HasSubstr("(10.0.0.2:7000)"));
+}
+
+TEST_F(UlyssesctlTest, PlanShowsTokensAndAllToAllVolume) {
+  Result table = Run({"plan", "-f", Example("llama3-8b-1m.yaml")});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("TOKENS/RANK"));
+  EXPECT_THAT(table.out, HasSubstr("8.0G parameters"));
+  Result r = Run({"plan", "-f", Example("llama3-8b-1m.yaml"), "-o", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.size(), 4u);
+  // Stage 0: N = 32768, P = 8: 4096 tokens per rank, 8 kv heads sharded 1 per rank.
+  EXPECT_EQ(j[0]["tokens_per_rank"], 4096);
+  EXPECT_EQ(j[0]["kv_heads_exchanged"], 8);
+  EXPECT_EQ(j[0]["a2a_elements_per_layer_per_rank"], (2 * 32 + 2 * 8) * 128 * 4096);
+  // Stage 3: N = 1M, P = 32: kv heads replicated to 32.
+  EXPECT_EQ(j[3]["world_size"], 32);
+  EXPECT_EQ(j[3]["tokens_per_rank"], 32768);
+  EXPECT_EQ(j[3]["kv_heads_exchanged"], 32);
+  EXPECT_EQ(j[3]["a2a_elements_per_layer_per_rank"], int64_t{(2 * 32 + 2 * 32) * 128} * 32768);
+  EXPECT_EQ(j[3]["a2a_bytes_per_layer_per_rank"], int64_t{(2 * 32 + 2 * 32) * 128} * 32768 * 2);
+  EXPECT_GT(j[3]["activation_bytes_per_rank"].get<int64_t>(),
+            j[0]["activation_bytes_per_rank"].get<int64_t>());
+  Result bad = Run({"plan", "-f", Write("bad.yaml", kBadSpec)});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.err, HasSubstr("is not divisible by sp_degree 8 (try 98304 or 106496)"));
+}
+
+}  // namespace
+}  // namespace ulysses::client
