@@ -152,7 +152,7 @@ int CmdWatch(JobClient& client, const std::string& id, bool tty, bool json, absl
       return true;
     });
     if (status.ok() && view.has_snapshot() && IsTerminal(view.state())) break;
-    if (status.ok() || status.code() == absl::StatusCode::kUnavailable) {
+    if (view.has_snapshot() && (status.ok() || status.code() == absl::StatusCode::kUnavailable)) {
       // The stream ended early (coordinator restart): watch again, for a while.
       const absl::Time now = absl::Now();
       if (unavailable_since == absl::InfiniteFuture()) unavailable_since = now;
