@@ -125,6 +125,7 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
                              " is out of range (use 0 < value <= 10 so lost workers are "
                              "detected quickly)"));
   }
+  if (c->heartbeat_interval_s == 0) c->heartbeat_interval_s = c->heartbeat_timeout_s / 4;
   if (!(c->heartbeat_interval_s > 0 && c->heartbeat_interval_s <= c->heartbeat_timeout_s / 2)) {
     e.push_back(absl::StrCat("heartbeat_interval_s: ", c->heartbeat_interval_s,
                              " must be > 0 and <= heartbeat_timeout_s / 2 (",

@@ -19,7 +19,7 @@ struct CoordinatorConfig {
   std::string state_dir;                        // Required. SQLite lives here.
   std::string metrics_listen = "0.0.0.0:9091";  // Prometheus HOST:PORT ("" = off).
   double heartbeat_timeout_s = 10;              // No message for this long -> worker LOST (<= 10).
-  double heartbeat_interval_s = 2;              // Told to workers; < heartbeat_timeout_s / 2.
+  double heartbeat_interval_s = 0;      // Told to workers; <= timeout / 2 (0 = timeout / 4).
   double reconnect_window_s = 0;        // After a coordinator restart, how long RECOVERING jobs
                                         // wait for their workers (0 = 2 * heartbeat_timeout_s).
   std::string checkpoint_root;          // Per-job checkpoints: <root>/<job id> unless the spec

@@ -1,0 +1,403 @@
+// coordinator_load: load generator for ulysses-coordinator.
+//
+// Starts a real coordinator process (optionally pinned with `taskset -c CORE`), connects
+// N simulated workers (ClientBidiReactor sessions spread over several channels), each
+// sending a heartbeat with request_ack every --heartbeat-s seconds, plus a stream of job
+// submissions and GetJob/ListWorkers reads. Reports p50/p99/max latency per RPC kind
+// (heartbeat = session round trip heartbeat -> ack), coordinator CPU (from
+// /proc/<pid>/stat over the measurement window) and RSS.
+//
+//   build/bin/coordinator_load --workers 2000 --seconds 30 --core 0
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "common/grpc/grpc_util.h"
+#include "ulysses/v1/job_service.grpc.pb.h"
+#include "ulysses/v1/worker_service.grpc.pb.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ulysses::SetDeadlineAfter;
+namespace v1 = ulysses::v1;
+
+class Latencies {
+ public:
+  void Add(double seconds) {
+    std::lock_guard<std::mutex> lock(mu_);
+    samples_.push_back(seconds);
+  }
+  std::string Summary(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (samples_.empty()) return name + ": no samples";
+    std::vector<double> s = samples_;
+    std::sort(s.begin(), s.end());
+    auto pct = [&](double p) {
+      return s[std::min(s.size() - 1, static_cast<size_t>(p * s.size()))];
+    };
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%-22s n=%-7zu p50=%7.2f ms  p99=%7.2f ms  max=%7.2f ms",
+             name.c_str(), s.size(), pct(0.5) * 1e3, pct(0.99) * 1e3, s.back() * 1e3);
+    return buf;
+  }
+  void Clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    samples_.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<double> samples_;
+};
+
+class SimWorker final : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage> {
+ public:
+  SimWorker(v1::WorkerService::Stub* stub, const std::string& worker_id, Latencies* heartbeat)
+      : heartbeat_(heartbeat) {
+    SetDeadlineAfter(&ctx_, absl::Hours(1));
+    stub->async()->Session(&ctx_, this);
+    out_.set_seq(next_seq_++);
+    out_.mutable_hello()->set_worker_id(worker_id);
+    writing_ = true;
+    StartWrite(&out_);
+    StartRead(&in_);
+    StartCall();
+  }
+
+  // Returns false if the previous write is still in flight (heartbeat skipped).
+  bool Heartbeat() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (writing_ || done_) return false;
+    writing_ = true;
+    out_.Clear();
+    uint64_t seq = next_seq_++;
+    out_.set_seq(seq);
+    out_.mutable_heartbeat()->set_request_ack(true);
+    sent_[seq] = Clock::now();
+    lock.unlock();
+    StartWrite(&out_);
+    return true;
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    if (in_.has_ack()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = sent_.find(in_.ack().seq());
+      if (it != sent_.end()) {
+        heartbeat_->Add(std::chrono::duration<double>(Clock::now() - it->second).count());
+        sent_.erase(it);
+      }
+    } else if (in_.has_assignment()) {
+      assignments_++;
+    }
+    StartRead(&in_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    final_ = status;
+    cv_.notify_all();
+  }
+
+  void Close() {
+    ctx_.TryCancel();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(10), [this] { return done_; });
+  }
+  bool done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  int assignments() const { return assignments_.load(); }
+
+ private:
+  Latencies* heartbeat_;
+  grpc::ClientContext ctx_;
+  v1::WorkerMessage out_;
+  v1::CoordinatorMessage in_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool writing_ = false;
+  bool done_ = false;
+  grpc::Status final_;
+  uint64_t next_seq_ = 1;
+  std::map<uint64_t, Clock::time_point> sent_;
+  std::atomic<int> assignments_{0};
+};
+
+struct ProcStat {
+  double cpu_seconds = 0;
+  double rss_mib = 0;
+};
+
+ProcStat ReadProc(pid_t pid) {
+  ProcStat out;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  size_t close = content.rfind(')');
+  if (close != std::string::npos) {
+    std::istringstream rest(content.substr(close + 2));
+    std::vector<std::string> f;
+    std::string tok;
+    while (rest >> tok) f.push_back(tok);
+    // Fields after ")" start at field 3 (state); utime = field 14, stime = field 15.
+    if (f.size() > 13) {
+      out.cpu_seconds = (std::stod(f[11]) + std::stod(f[12])) / sysconf(_SC_CLK_TCK);
+    }
+  }
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) out.rss_mib = std::stod(line.substr(6)) / 1024.0;
+  }
+  return out;
+}
+
+std::string JobYaml(int i) {
+  return absl::StrCat(
+      "apiVersion: ulysses/v1\nkind: TrainJob\nmetadata:\n  name: load-", i,
+      "\nspec:\n  model: {preset: tiny}\n  data:\n    synthetic: {generator: random}\n"
+      "  stages:\n    - {seq_len: 256, steps: 10, sp_degree: 2}\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Load generator for ulysses-coordinator"};
+  int workers = 2000;
+  double seconds = 30;
+  double warmup = 5;
+  double heartbeat_s = 1.0;
+  double submit_per_s = 2.0;
+  int channels = 16;
+  int core = 0;
+  std::string bin;
+  app.add_option("--workers", workers, "Simulated workers");
+  app.add_option("--seconds", seconds, "Measurement window");
+  app.add_option("--warmup", warmup, "Seconds of load before measuring");
+  app.add_option("--heartbeat-s", heartbeat_s, "Heartbeat period per worker");
+  app.add_option("--submit-per-s", submit_per_s, "Job submissions per second");
+  app.add_option("--channels", channels, "gRPC channels (TCP connections) for the workers");
+  app.add_option("--core", core, "Pin the coordinator with taskset -c CORE (-1 = no pinning)");
+  app.add_option("--coordinator", bin, "ulysses-coordinator binary (default: next to this one)");
+  CLI11_PARSE(app, argc, argv);
+  if (bin.empty()) {
+    bin = (std::filesystem::canonical("/proc/self/exe").parent_path() / "ulysses-coordinator")
+              .string();
+  }
+
+  std::string state_dir =
+      (std::filesystem::temp_directory_path() / ("ulysses-load-" + std::to_string(getpid())))
+          .string();
+  std::filesystem::create_directories(state_dir);
+  int out_pipe[2];
+  if (pipe(out_pipe) != 0) return 1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out_pipe[1], STDOUT_FILENO);
+    close(out_pipe[0]);
+    setenv("ULYSSES_LOG_LEVEL", "warning", 1);
+    std::vector<std::string> args;
+    if (core >= 0) args = {"/usr/bin/taskset", "-c", std::to_string(core)};
+    for (std::string a :
+         {bin, std::string("--listen"), std::string("127.0.0.1:0"), std::string("--state-dir"),
+          state_dir, std::string("--metrics-listen"), std::string("127.0.0.1:0")}) {
+      args.push_back(a);
+    }
+    std::vector<char*> argv2;
+    for (auto& a : args) argv2.push_back(a.data());
+    argv2.push_back(nullptr);
+    execv(argv2[0], argv2.data());
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  FILE* child_out = fdopen(out_pipe[0], "r");
+  int port = 0, metrics_port = 0;
+  char line[512];
+  while (fgets(line, sizeof(line), child_out)) {
+    if (sscanf(line, "ulysses-coordinator listening grpc=%d metrics=%d", &port, &metrics_port) == 2)
+      break;
+  }
+  if (port == 0) {
+    fprintf(stderr, "coordinator did not start\n");
+    return 1;
+  }
+  const std::string target = absl::StrCat("127.0.0.1:", port);
+  std::vector<std::shared_ptr<grpc::Channel>> chans;
+  for (int i = 0; i < channels; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt("ulysses.load.channel", i);  // Distinct args -> distinct TCP connections.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    chans.push_back(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+  }
+  std::vector<std::unique_ptr<v1::WorkerService::Stub>> wstubs;
+  for (auto& c : chans) wstubs.push_back(v1::WorkerService::NewStub(c));
+  auto jobs = v1::JobService::NewStub(chans[0]);
+
+  Latencies reg_lat, hb_lat, submit_lat, get_lat, list_workers_lat;
+  // Register every worker (4 threads).
+  std::vector<std::string> ids(workers);
+  {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 4; ++t) {
+      ts.emplace_back([&, t] {
+        for (int i = t; i < workers; i += 4) {
+          v1::RegisterRequest req;
+          req.set_name(absl::StrCat("sim-", i));
+          req.set_node_label(absl::StrCat("node-", i / 8));
+          req.set_device("cpu");
+          req.set_host(absl::StrCat("10.", i / 65536, ".", (i / 256) % 256, ".", i % 256));
+          v1::RegisterResponse resp;
+          grpc::ClientContext ctx;
+          SetDeadlineAfter(&ctx, absl::Seconds(30));
+          auto t0 = Clock::now();
+          grpc::Status s = wstubs[i % channels]->Register(&ctx, req, &resp);
+          reg_lat.Add(std::chrono::duration<double>(Clock::now() - t0).count());
+          if (s.ok()) ids[i] = resp.worker_id();
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+  }
+  std::vector<std::unique_ptr<SimWorker>> sims;
+  for (int i = 0; i < workers; ++i) {
+    sims.push_back(std::make_unique<SimWorker>(wstubs[i % channels].get(), ids[i], &hb_lat));
+  }
+
+  std::atomic<bool> stop{false};
+  std::atomic<long> skipped{0};
+  // Heartbeats: worker i fires at offset i/N of each period, in 5 ms batches.
+  std::thread beat([&] {
+    auto start = Clock::now();
+    const auto period = std::chrono::duration<double>(heartbeat_s);
+    long tick = 0;
+    while (!stop) {
+      auto slot_start =
+          start + std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(5) * tick);
+      std::this_thread::sleep_until(slot_start);
+      double phase =
+          std::fmod(std::chrono::duration<double>(slot_start - start).count(), period.count()) /
+          period.count();
+      double next_phase = phase + 0.005 / period.count();
+      int lo = static_cast<int>(phase * workers);
+      int hi = std::min(workers, static_cast<int>(next_phase * workers));
+      for (int i = lo; i < hi; ++i) {
+        if (!sims[i]->Heartbeat()) skipped++;
+      }
+      ++tick;
+    }
+  });
+  // Users: submissions plus reads.
+  std::atomic<int> submitted{0};
+  std::thread user([&] {
+    int i = 0;
+    std::string last_id;
+    auto next = Clock::now();
+    while (!stop) {
+      next += std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(1.0 / submit_per_s));
+      std::this_thread::sleep_until(next);
+      {
+        v1::SubmitJobRequest req;
+        req.set_spec_yaml(JobYaml(i++));
+        v1::SubmitJobResponse resp;
+        grpc::ClientContext ctx;
+        SetDeadlineAfter(&ctx, absl::Seconds(10));
+        auto t0 = Clock::now();
+        if (jobs->SubmitJob(&ctx, req, &resp).ok()) {
+          submitted++;
+          last_id = resp.job_id();
+        }
+        submit_lat.Add(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      if (!last_id.empty()) {
+        v1::GetJobRequest req;
+        req.set_job_id(last_id);
+        v1::GetJobResponse resp;
+        grpc::ClientContext ctx;
+        SetDeadlineAfter(&ctx, absl::Seconds(10));
+        auto t0 = Clock::now();
+        jobs->GetJob(&ctx, req, &resp);
+        get_lat.Add(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      if (i % 10 == 0) {
+        v1::ListWorkersResponse resp;
+        grpc::ClientContext ctx;
+        SetDeadlineAfter(&ctx, absl::Seconds(10));
+        auto t0 = Clock::now();
+        jobs->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp);
+        list_workers_lat.Add(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+    }
+  });
+
+  std::this_thread::sleep_for(std::chrono::duration<double>(warmup));
+  hb_lat.Clear();
+  submit_lat.Clear();
+  get_lat.Clear();
+  list_workers_lat.Clear();
+  skipped = 0;
+  ProcStat p0 = ReadProc(pid);
+  auto t0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  ProcStat p1 = ReadProc(pid);
+  double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  stop = true;
+  beat.join();
+  user.join();
+  int dead = 0, assigned = 0;
+  for (auto& s : sims) {
+    dead += s->done();
+    assigned += s->assignments();
+  }
+
+  printf(
+      "coordinator_load: %d workers, heartbeat every %.2fs, %.1f submissions/s, %d channels, "
+      "coordinator pinned to core %d\n",
+      workers, heartbeat_s, submit_per_s, channels, core);
+  printf("%s\n", reg_lat.Summary("Register (startup)").c_str());
+  printf("%s\n", hb_lat.Summary("Session heartbeat RTT").c_str());
+  printf("%s\n", submit_lat.Summary("SubmitJob").c_str());
+  printf("%s\n", get_lat.Summary("GetJob").c_str());
+  printf("%s\n", list_workers_lat.Summary("ListWorkers").c_str());
+  printf(
+      "heartbeats skipped (previous write in flight): %ld; sessions ended early: %d; "
+      "jobs submitted: %d; assignments received: %d\n",
+      skipped.load(), dead, submitted.load(), assigned);
+  printf("coordinator CPU: %.1f%% of one core over %.1fs; RSS %.1f MiB\n",
+         100.0 * (p1.cpu_seconds - p0.cpu_seconds) / wall, wall, p1.rss_mib);
+
+  for (auto& s : sims) s->Close();
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  std::filesystem::remove_all(state_dir);
+  return 0;
+}

@@ -1,0 +1,486 @@
+// gRPC integration tests: an in-process CoordinatorServer on 127.0.0.1:0 (real gRPC,
+// real SQLite in a temp dir, real metrics HTTP server) driven by FakeWorker protocol
+// peers and JobService clients.
+#include <sqlite3.h>
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc/grpc_util.h"
+#include "coordinator/server.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "tests/coordinator/fake_worker.h"
+#include "tests/coordinator/test_util.h"
+#include "ulysses/v1/job_service.grpc.pb.h"
+
+namespace ulysses::coordinator {
+namespace {
+
+using testing::FakeWorker;
+using testing::JobYaml;
+using testing::PollUntil;
+using testing::TempDir;
+
+class CoordinatorGrpcTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_.listen = "127.0.0.1:0";
+    config_.state_dir = dir_.path();
+    config_.metrics_listen = "127.0.0.1:0";
+    config_.heartbeat_timeout_s = 1;
+    config_.heartbeat_interval_s = 0.2;
+    config_.restart_backoff_base_s = 0.05;
+    config_.restart_backoff_max_s = 0.2;
+    ASSERT_TRUE(ValidateAndFinalize(&config_).ok());
+    auto server = CoordinatorServer::Start(config_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                   grpc::InsecureChannelCredentials());
+    jobs_ = v1::JobService::NewStub(channel_);
+  }
+  void TearDown() override {
+    workers_.clear();
+    if (server_) server_->Shutdown();
+  }
+
+  FakeWorker& AddWorker(const std::string& name, const std::string& label = "",
+                        const std::string& host = "") {
+    workers_.push_back(std::make_unique<FakeWorker>(
+        channel_, name, label,
+        host.empty() ? "10.0.0." + std::to_string(workers_.size() + 1) : host));
+    FakeWorker& w = *workers_.back();
+    EXPECT_TRUE(w.Register().ok());
+    w.Connect();
+    w.StartHeartbeats(std::chrono::milliseconds(100));
+    return w;
+  }
+
+  absl::StatusOr<std::string> Submit(const std::string& yaml) {
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(yaml);
+    v1::SubmitJobResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    absl::Status s = FromGrpcStatus(jobs_->SubmitJob(&ctx, req, &resp));
+    if (!s.ok()) return s;
+    return resp.job_id();
+  }
+
+  v1::Job GetJob(const std::string& id) {
+    v1::GetJobRequest req;
+    req.set_job_id(id);
+    req.set_include_events(true);
+    v1::GetJobResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    grpc::Status s = jobs_->GetJob(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.job();
+  }
+
+  bool WaitState(const std::string& id, v1::JobState state,
+                 std::chrono::milliseconds timeout = std::chrono::seconds(15)) {
+    return PollUntil([&] { return GetJob(id).state() == state; }, timeout);
+  }
+
+  // Collects the assignments of one generation from `ws` (each worker at most one).
+  std::map<int, std::pair<FakeWorker*, v1::Assignment>> CollectAssignments(
+      const std::vector<FakeWorker*>& ws, size_t expected) {
+    std::map<int, std::pair<FakeWorker*, v1::Assignment>> by_rank;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    while (by_rank.size() < expected && std::chrono::steady_clock::now() < deadline) {
+      for (FakeWorker* w : ws) {
+        auto a = w->WaitAssignment(std::chrono::milliseconds(20));
+        if (a) by_rank[a->ref().rank()] = {w, *a};
+      }
+    }
+    return by_rank;
+  }
+
+  TempDir dir_;
+  CoordinatorConfig config_;
+  std::unique_ptr<CoordinatorServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::vector<std::unique_ptr<FakeWorker>> workers_;
+};
+
+TEST_F(CoordinatorGrpcTest, SubmitAssignsRanksAndProgressShowsInGetJob) {
+  FakeWorker& w1 = AddWorker("w1");
+  FakeWorker& w2 = AddWorker("w2");
+  FakeWorker& w3 = AddWorker("w3");
+  auto id = Submit(JobYaml("demo", "    - {seq_len: 256, steps: 4, sp_degree: 2}\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto assigned = CollectAssignments({&w1, &w2, &w3}, 2);
+  ASSERT_EQ(assigned.size(), 2u);
+  ASSERT_TRUE(assigned.count(0) && assigned.count(1));
+  const v1::Assignment& a0 = assigned[0].second;
+  const v1::Assignment& a1 = assigned[1].second;
+  EXPECT_EQ(a0.ref().generation(), 1);
+  EXPECT_EQ(a1.ref().generation(), 1);
+  EXPECT_EQ(a0.world_size(), 2);
+  EXPECT_EQ(a0.sp(), 2);
+  EXPECT_EQ(a0.ref().job_id(), *id);
+  // master_addr is rank 0's worker host; both ranks get the same rendezvous.
+  EXPECT_EQ(a0.master_addr(), a1.master_addr());
+  EXPECT_EQ(a0.master_port(), a1.master_port());
+  EXPECT_GE(a0.master_port(), config_.rendezvous_port_min);
+  EXPECT_LE(a0.master_port(), config_.rendezvous_port_max);
+  std::string rank0_host = assigned[0].first == &w1   ? "10.0.0.1"
+                           : assigned[0].first == &w2 ? "10.0.0.2"
+                                                      : "10.0.0.3";
+  EXPECT_EQ(a0.master_addr(), rank0_host);
+  EXPECT_EQ(a0.checkpoint_dir(), config_.checkpoint_root + "/" + *id);
+  ASSERT_EQ(a0.overrides_size(), 1);
+  EXPECT_EQ(a0.overrides(0), "spec.checkpoint.dir=" + a0.checkpoint_dir());
+  EXPECT_NE(a0.spec_yaml().find("seq_len: 256"), std::string::npos);
+  // The third worker got nothing.
+  std::set<FakeWorker*> used = {assigned[0].first, assigned[1].first};
+  for (FakeWorker* w : {&w1, &w2, &w3}) {
+    if (!used.count(w)) EXPECT_FALSE(w->WaitAssignment(std::chrono::milliseconds(300)));
+  }
+  EXPECT_EQ(GetJob(*id).state(), v1::JOB_STATE_SCHEDULING);
+
+  for (auto& [rank, wa] : assigned) wa.first->Started(wa.second.ref());
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
+  assigned[0].first->Progress(a0.ref(), 3, 2.5, 1234);
+  ASSERT_TRUE(PollUntil([&] { return GetJob(*id).stages(0).step() == 3; }));
+  v1::Job job = GetJob(*id);
+  EXPECT_DOUBLE_EQ(job.stages(0).loss(), 2.5);
+  EXPECT_DOUBLE_EQ(job.stages(0).tokens_per_s(), 1234);
+  EXPECT_DOUBLE_EQ(job.loss(), 2.5);
+
+  uint64_t seq = assigned[0].first->Checkpoint(a0.ref(), 4, "/ckpt/s0-4");
+  auto ack = assigned[0].first->WaitAck(seq);
+  ASSERT_TRUE(ack);
+  EXPECT_EQ(ack->code(), 0);
+  for (auto& [rank, wa] : assigned) wa.first->Exited(wa.second.ref(), 0);
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_SUCCEEDED));
+  job = GetJob(*id);
+  EXPECT_EQ(job.last_checkpoint().step(), 4);
+  EXPECT_EQ(job.last_checkpoint().path(), "/ckpt/s0-4");
+  EXPECT_EQ(job.stages(0).state(), v1::STAGE_STATE_COMPLETED);
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_TRUE(job.has_finished_at());
+  ASSERT_EQ(job.attempts_size(), 1);
+  EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_SUCCEEDED);
+}
+
+TEST_F(CoordinatorGrpcTest, HeartbeatLossAbortsSurvivorsAndRestartsWithNewGeneration) {
+  FakeWorker& w1 = AddWorker("w1");
+  FakeWorker& w2 = AddWorker("w2");
+  auto id = Submit(JobYaml("lossy", "    - {seq_len: 256, steps: 4, sp_degree: 2}\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto first = CollectAssignments({&w1, &w2}, 2);
+  ASSERT_EQ(first.size(), 2u);
+  for (auto& [rank, wa] : first) wa.first->Started(wa.second.ref());
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
+
+  FakeWorker* victim = first[1].first;
+  FakeWorker* survivor = first[0].first;
+  victim->Disconnect();  // No more heartbeats, no goodbye.
+  FakeWorker& w3 = AddWorker("w3");
+  auto abort = survivor->WaitAbort(std::chrono::seconds(10));
+  ASSERT_TRUE(abort) << "survivor was not told to abort";
+  EXPECT_EQ(abort->ref().generation(), 1);
+  EXPECT_EQ(abort->ref().job_id(), *id);
+  EXPECT_GT(abort->grace_period_ms(), 0);
+  EXPECT_NE(abort->reason().find("lost"), std::string::npos) << abort->reason();
+  v1::Job job = GetJob(*id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RECOVERING);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_EQ(job.failures(), 1);
+  EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_LOST);
+
+  // The survivor's rank is killed; it reports the exit and becomes free again.
+  survivor->Exited(first[0].second.ref(), 137);
+  auto second = CollectAssignments({survivor, &w3}, 2);
+  ASSERT_EQ(second.size(), 2u);
+  EXPECT_EQ(second[0].second.ref().generation(), 2);
+  EXPECT_EQ(second[1].second.ref().generation(), 2);
+
+  // Fencing: a late report from generation 1 is rejected.
+  uint64_t seq = survivor->Progress(first[0].second.ref(), 2, 1.0);
+  auto ack = survivor->WaitAck(seq);
+  ASSERT_TRUE(ack);
+  EXPECT_EQ(ack->code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+  EXPECT_NE(ack->message().find("stale generation 1"), std::string::npos) << ack->message();
+  EXPECT_EQ(GetJob(*id).stages(0).step(), 0);
+}
+
+TEST_F(CoordinatorGrpcTest, Exit75CountsAsPreemptionNotFailure) {
+  FakeWorker& w1 = AddWorker("w1");
+  FakeWorker& w2 = AddWorker("w2");
+  auto id = Submit(
+      JobYaml("preempt", "    - {seq_len: 256, steps: 4, sp_degree: 2}\n", "{max_failures: 1}"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto first = CollectAssignments({&w1, &w2}, 2);
+  ASSERT_EQ(first.size(), 2u);
+  for (auto& [rank, wa] : first) wa.first->Started(wa.second.ref());
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
+  v1::WorkerMessage notice;
+  *notice.mutable_preempting()->mutable_ref() = first[0].second.ref();
+  first[0].first->Send(notice);
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_CHECKPOINTING));
+  first[0].first->Checkpoint(first[0].second.ref(), 2, "/ckpt/s0-2");
+  first[0].first->Exited(first[0].second.ref(), 75);
+  auto abort = first[1].first->WaitAbort();
+  ASSERT_TRUE(abort);
+  first[1].first->Exited(first[1].second.ref(), 75);
+  auto second = CollectAssignments({&w1, &w2}, 2);
+  ASSERT_EQ(second.size(), 2u);
+  EXPECT_EQ(second[0].second.ref().generation(), 2);
+  v1::Job job = GetJob(*id);
+  EXPECT_EQ(job.preemptions(), 1);
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_EQ(job.failures(), 0);
+  EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_PREEMPTED);
+  EXPECT_EQ(job.last_checkpoint().step(), 2);
+}
+
+TEST_F(CoordinatorGrpcTest, StageTransitionChangesGroupSize) {
+  FakeWorker& w1 = AddWorker("w1");
+  FakeWorker& w2 = AddWorker("w2");
+  auto id = Submit(JobYaml("staged",
+                           "    - {seq_len: 256, steps: 2, sp_degree: 1}\n"
+                           "    - {seq_len: 512, steps: 2, sp_degree: 2}\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto s0 = CollectAssignments({&w1, &w2}, 1);
+  ASSERT_EQ(s0.size(), 1u);
+  EXPECT_EQ(s0[0].second.world_size(), 1);
+  EXPECT_EQ(s0[0].second.ref().stage(), 0);
+  s0[0].first->Started(s0[0].second.ref());
+  s0[0].first->Exited(s0[0].second.ref(), 0);
+  auto s1 = CollectAssignments({&w1, &w2}, 2);
+  ASSERT_EQ(s1.size(), 2u);
+  EXPECT_EQ(s1[0].second.world_size(), 2);
+  EXPECT_EQ(s1[1].second.ref().stage(), 1);
+  EXPECT_EQ(s1[1].second.ref().generation(), 2);
+  EXPECT_EQ(s1[1].second.seq_len(), 512);
+  v1::Job job = GetJob(*id);
+  EXPECT_EQ(job.stage_index(), 1);
+  EXPECT_EQ(job.stages(0).state(), v1::STAGE_STATE_COMPLETED);
+  EXPECT_EQ(job.stages(1).state(), v1::STAGE_STATE_RUNNING);
+  for (auto& [rank, wa] : s1) wa.first->Exited(wa.second.ref(), 0);
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_SUCCEEDED));
+  EXPECT_EQ(GetJob(*id).stage_index(), 2);
+}
+
+TEST_F(CoordinatorGrpcTest, Exit2FailsImmediatelyWithTheMessage) {
+  FakeWorker& w1 = AddWorker("w1");
+  auto id = Submit(JobYaml("badinput", "    - {seq_len: 256, steps: 2}\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto a = w1.WaitAssignment();
+  ASSERT_TRUE(a);
+  w1.Exited(a->ref(), 2, "data.train: /nope.bin does not exist");
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_FAILED));
+  v1::Job job = GetJob(*id);
+  EXPECT_NE(job.reason().find("/nope.bin does not exist"), std::string::npos) << job.reason();
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_BAD_INPUT);
+  EXPECT_FALSE(w1.WaitAssignment(std::chrono::milliseconds(300)));
+}
+
+TEST_F(CoordinatorGrpcTest, RankFailuresRetryUpToMaxFailures) {
+  FakeWorker& w1 = AddWorker("w1");
+  auto id = Submit(JobYaml("flaky", "    - {seq_len: 256, steps: 2}\n", "{max_failures: 2}"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto a1 = w1.WaitAssignment();
+  ASSERT_TRUE(a1);
+  w1.Exited(a1->ref(), 1, "boom");
+  auto a2 = w1.WaitAssignment();
+  ASSERT_TRUE(a2);
+  EXPECT_EQ(a2->ref().generation(), 2);
+  w1.Exited(a2->ref(), 1, "boom again");
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_FAILED));
+  v1::Job job = GetJob(*id);
+  EXPECT_EQ(job.failures(), 2);
+  EXPECT_NE(job.reason().find("boom again"), std::string::npos) << job.reason();
+  EXPECT_NE(job.reason().find("max_failures 2"), std::string::npos) << job.reason();
+}
+
+TEST_F(CoordinatorGrpcTest, PendingJobExplainsWhyAndHigherPriorityGoesFirst) {
+  auto low =
+      Submit(JobYaml("low", "    - {seq_len: 256, steps: 2, sp_degree: 2}\n", "{priority: 0}"));
+  auto high =
+      Submit(JobYaml("high", "    - {seq_len: 256, steps: 2, sp_degree: 2}\n", "{priority: 10}"));
+  ASSERT_TRUE(low.ok() && high.ok());
+  FakeWorker& w1 = AddWorker("w1");
+  ASSERT_TRUE(PollUntil([&] {
+    return GetJob(*high).reason() == "stage 0: needs 2 idle workers, 1 available";
+  })) << GetJob(*high).reason();
+  EXPECT_EQ(GetJob(*high).state(), v1::JOB_STATE_PENDING);
+  FakeWorker& w2 = AddWorker("w2");
+  auto a = CollectAssignments({&w1, &w2}, 2);
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[0].second.ref().job_id(), *high);
+  EXPECT_EQ(GetJob(*low).state(), v1::JOB_STATE_PENDING);
+  EXPECT_TRUE(PollUntil([&] {
+    return GetJob(*low).reason() == "stage 0: needs 2 idle workers, 0 available";
+  })) << GetJob(*low).reason();
+}
+
+TEST_F(CoordinatorGrpcTest, BadSpecIsRejectedWithTheValidationMessageAndNoTrace) {
+  auto id = Submit(JobYaml("bad", "    - {seq_len: 255, steps: 2, sp_degree: 2}\n"));
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(id.status().message()).find("spec.stages[0].seq_len: 255"),
+            std::string::npos)
+      << id.status();
+  // Nothing was written: no job row, and ListJobs is empty.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_.path() + "/coordinator.db").c_str(), &db), SQLITE_OK);
+  sqlite3_stmt* q = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT COUNT(*) FROM jobs", -1, &q, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(q), SQLITE_ROW);
+  EXPECT_EQ(sqlite3_column_int(q, 0), 0);
+  sqlite3_finalize(q);
+  sqlite3_close(db);
+  v1::ListJobsResponse list;
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, absl::Seconds(5));
+  ASSERT_TRUE(jobs_->ListJobs(&ctx, v1::ListJobsRequest(), &list).ok());
+  EXPECT_EQ(list.jobs_size(), 0);
+  // The next valid job still gets the first id.
+  auto ok = Submit(JobYaml("good", "    - {seq_len: 256, steps: 2}\n"));
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(*ok, "job-000001");
+}
+
+TEST_F(CoordinatorGrpcTest, WatchJobStreamsSnapshotThenEventsAndEnds) {
+  FakeWorker& w1 = AddWorker("w1");
+  auto id = Submit(JobYaml("watched", "    - {seq_len: 256, steps: 2}\n"));
+  ASSERT_TRUE(id.ok());
+  std::vector<v1::JobEvent> events;
+  grpc::Status final_status;
+  std::thread watcher([&] {
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(30));
+    v1::WatchJobRequest req;
+    req.set_job_id(*id);
+    auto reader = jobs_->WatchJob(&ctx, req);
+    v1::JobEvent ev;
+    while (reader->Read(&ev)) events.push_back(ev);
+    final_status = reader->Finish();
+  });
+  auto a = w1.WaitAssignment();
+  ASSERT_TRUE(a);
+  w1.Started(a->ref());
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
+  w1.Progress(a->ref(), 1, 3.0);
+  w1.Progress(a->ref(), 2, 2.0);
+  w1.Exited(a->ref(), 0);
+  watcher.join();
+  EXPECT_TRUE(final_status.ok()) << final_status.error_message();
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_TRUE(events.front().has_snapshot());
+  EXPECT_EQ(events.front().snapshot().id(), *id);
+  int progress = 0;
+  for (const auto& e : events) progress += e.has_progress();
+  EXPECT_EQ(progress, 2);
+  ASSERT_TRUE(events.back().has_state_change());
+  EXPECT_EQ(events.back().state_change().to(), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(CoordinatorGrpcTest, LogsTailAndCancelAndResume) {
+  FakeWorker& w1 = AddWorker("w1");
+  auto id = Submit(JobYaml("logs", "    - {seq_len: 256, steps: 2}\n"));
+  ASSERT_TRUE(id.ok());
+  auto a = w1.WaitAssignment();
+  ASSERT_TRUE(a);
+  w1.Log(a->ref(), "line one");
+  w1.Log(a->ref(), "line two");
+  ASSERT_TRUE(PollUntil([&] {
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(5));
+    v1::GetJobLogsRequest req;
+    req.set_job_id(*id);
+    req.set_tail_lines(2);
+    auto reader = jobs_->GetJobLogs(&ctx, req);
+    std::vector<std::string> lines;
+    v1::GetJobLogsResponse resp;
+    while (reader->Read(&resp)) {
+      for (const auto& l : resp.lines()) lines.push_back(l.text());
+    }
+    return reader->Finish().ok() && lines == std::vector<std::string>{"line one", "line two"};
+  }));
+  // Cancel: the rank is aborted and the job is CANCELLED; resume requeues it.
+  {
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(5));
+    v1::CancelJobRequest req;
+    req.set_job_id(*id);
+    v1::CancelJobResponse resp;
+    ASSERT_TRUE(jobs_->CancelJob(&ctx, req, &resp).ok());
+    EXPECT_EQ(resp.job().state(), v1::JOB_STATE_CANCELLED);
+  }
+  auto abort = w1.WaitAbort();
+  ASSERT_TRUE(abort);
+  EXPECT_EQ(abort->ref().generation(), 1);
+  w1.Exited(a->ref(), 143);
+  {
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(5));
+    v1::CancelJobRequest req;
+    req.set_job_id(*id);
+    v1::CancelJobResponse resp;
+    grpc::Status again = jobs_->CancelJob(&ctx, req, &resp);
+    EXPECT_EQ(again.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(5));
+    v1::ResumeJobRequest req;
+    req.set_job_id(*id);
+    v1::ResumeJobResponse resp;
+    ASSERT_TRUE(jobs_->ResumeJob(&ctx, req, &resp).ok());
+  }
+  auto again = w1.WaitAssignment();
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->ref().generation(), 2);
+}
+
+TEST_F(CoordinatorGrpcTest, MetricsPassPromtool) {
+  FakeWorker& w1 = AddWorker("w1");
+  auto id = Submit(JobYaml("metered", "    - {seq_len: 256, steps: 2}\n"));
+  ASSERT_TRUE(id.ok());
+  auto a = w1.WaitAssignment();
+  ASSERT_TRUE(a);
+  w1.Started(a->ref());
+  w1.Progress(a->ref(), 1, 4.5);
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
+  ASSERT_TRUE(PollUntil([&] { return GetJob(*id).stages(0).step() == 1; }));
+  httplib::Client http("127.0.0.1", server_->metrics_port());
+  auto res = http.Get("/metrics");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  const std::string& body = res->body;
+  for (const char* needle : {"ulysses_jobs{state=\"running\"} 1", "ulysses_queue_length 0",
+                             "ulysses_workers{state=\"busy\"} 1", "ulysses_build_info{",
+                             "ulysses_worker_heartbeat_age_seconds{worker=\"w-w1\"}",
+                             "ulysses_rpc_duration_seconds_bucket{method=\"JobService/SubmitJob\"",
+                             "ulysses_gang_wait_seconds_count 1"}) {
+    EXPECT_NE(body.find(needle), std::string::npos) << needle << "\n" << body;
+  }
+  EXPECT_NE(body.find("ulysses_train_loss{job_id=\"" + *id + "\"} 4.5"), std::string::npos);
+  std::string file = dir_.path() + "/metrics.txt";
+  std::ofstream(file) << body;
+  int rc = std::system(("promtool check metrics < " + file + " > " + file + ".out 2>&1").c_str());
+  std::ifstream out(file + ".out");
+  std::string report((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(rc, 0) << report;
+  // A finished job's per-job series are removed (bounded label sets).
+  w1.Exited(a->ref(), 0);
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_SUCCEEDED));
+  auto after = http.Get("/metrics");
+  ASSERT_TRUE(after);
+  EXPECT_EQ(after->body.find("job_id=\"" + *id + "\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ulysses::coordinator

@@ -1,0 +1,264 @@
+// Runs the real ulysses-coordinator binary: SIGKILL it mid-job, restart it on the same
+// state dir, and check that nothing was lost and that reconnecting workers keep their
+// generation; also the flag contract (bad config -> exit 2) and SIGTERM shutdown.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc/grpc_util.h"
+#include "gtest/gtest.h"
+#include "tests/coordinator/fake_worker.h"
+#include "tests/coordinator/test_util.h"
+#include "ulysses/v1/job_service.grpc.pb.h"
+
+namespace ulysses::coordinator {
+namespace {
+
+using testing::FakeWorker;
+using testing::JobYaml;
+using testing::PollUntil;
+using testing::TempDir;
+
+std::string Binary() {
+  const char* dir = std::getenv("ULYSSES_BIN_DIR");
+  return std::string(dir ? dir : "build/bin") + "/ulysses-coordinator";
+}
+
+// A coordinator child process; reads "listening grpc=P metrics=M" from its stdout.
+class CoordinatorProcess {
+ public:
+  explicit CoordinatorProcess(const std::vector<std::string>& args) {
+    int out[2];
+    if (pipe(out) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(out[1], STDOUT_FILENO);
+      close(out[0]);
+      close(out[1]);
+      std::vector<char*> argv;
+      std::string bin = Binary();
+      argv.push_back(bin.data());
+      std::vector<std::string> copy = args;
+      for (auto& a : copy) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(bin.c_str(), argv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    out_ = fdopen(out[0], "r");
+  }
+  ~CoordinatorProcess() {
+    if (pid_ > 0 && !reaped_) {
+      kill(pid_, SIGKILL);
+      Wait();
+    }
+    if (out_) fclose(out_);
+  }
+  // Blocks until the ready line (bounded by the child's lifetime: EOF when it dies).
+  bool ReadPorts() {
+    char line[512];
+    while (out_ && fgets(line, sizeof(line), out_)) {
+      if (sscanf(line, "ulysses-coordinator listening grpc=%d metrics=%d", &port_,
+                 &metrics_port_) == 2) {
+        return true;
+      }
+    }
+    return false;
+  }
+  int Wait() {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    reaped_ = true;
+    return status;
+  }
+  void Signal(int sig) { kill(pid_, sig); }
+  int port() const { return port_; }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+  int port_ = 0;
+  int metrics_port_ = 0;
+  bool reaped_ = false;
+};
+
+std::vector<std::string> Args(const std::string& state_dir) {
+  return {"--listen",         "127.0.0.1:0", "--state-dir",           state_dir,
+          "--metrics-listen", "127.0.0.1:0", "--heartbeat-timeout-s", "3"};
+}
+
+v1::Job GetJob(v1::JobService::Stub* stub, const std::string& id) {
+  v1::GetJobRequest req;
+  req.set_job_id(id);
+  v1::GetJobResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, absl::Seconds(5));
+  grpc::Status s = stub->GetJob(&ctx, req, &resp);
+  return resp.job();
+}
+
+TEST(CoordinatorProcessTest, SigkillAndRestartKeepsJobsCountersAndGeneration) {
+  TempDir dir;
+  std::string id;
+  v1::WorkRef w1ref, w2ref;  // What each worker runs in the last generation.
+  {
+    CoordinatorProcess coord(Args(dir.path()));
+    ASSERT_TRUE(coord.ReadPorts());
+    auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", coord.port()),
+                                       grpc::InsecureChannelCredentials());
+    auto stub = v1::JobService::NewStub(channel);
+    FakeWorker w1(channel, "w1", "", "10.0.0.1"), w2(channel, "w2", "", "10.0.0.2");
+    for (FakeWorker* w : {&w1, &w2}) {
+      ASSERT_TRUE(w->Register().ok());
+      w->Connect();
+      w->StartHeartbeats(std::chrono::milliseconds(200));
+    }
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(JobYaml("durable", "    - {seq_len: 256, steps: 8, sp_degree: 2}\n"));
+    v1::SubmitJobResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(5));
+    ASSERT_TRUE(stub->SubmitJob(&ctx, req, &resp).ok());
+    id = resp.job_id();
+    // Generation 1 is preempted (exit 75), generation 2 runs with a checkpoint.
+    for (int gen = 1; gen <= 2; ++gen) {
+      auto a1 = w1.WaitAssignment();
+      auto a2 = w2.WaitAssignment();
+      ASSERT_TRUE(a1 && a2);
+      ASSERT_EQ(a1->ref().generation(), gen);
+      w1ref = a1->ref();
+      w2ref = a2->ref();
+      w1.Started(a1->ref());
+      w2.Started(a2->ref());
+      ASSERT_TRUE(
+          PollUntil([&] { return GetJob(stub.get(), id).state() == v1::JOB_STATE_RUNNING; }));
+      if (gen == 1) {
+        w1.Exited(a1->ref(), 75);
+        w2.Exited(a2->ref(), 75);
+      }
+    }
+    FakeWorker& rank0 = w1ref.rank() == 0 ? w1 : w2;
+    uint64_t seq = rank0.Checkpoint(w1ref.rank() == 0 ? w1ref : w2ref, 4, "/ckpt/s0-4");
+    auto ack = rank0.WaitAck(seq);
+    ASSERT_TRUE(ack);
+    ASSERT_EQ(ack->code(), 0) << ack->message();
+    v1::Job before = GetJob(stub.get(), id);
+    ASSERT_EQ(before.preemptions(), 1);
+    ASSERT_EQ(before.generation(), 2);
+    ASSERT_EQ(before.last_checkpoint().step(), 4);
+    coord.Signal(SIGKILL);
+    coord.Wait();
+    w1.Disconnect();
+    w2.Disconnect();
+  }
+  // Restart on the same state dir.
+  CoordinatorProcess coord(Args(dir.path()));
+  ASSERT_TRUE(coord.ReadPorts());
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", coord.port()),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::JobService::NewStub(channel);
+  v1::Job after = GetJob(stub.get(), id);
+  EXPECT_EQ(after.state(), v1::JOB_STATE_RECOVERING);
+  EXPECT_EQ(after.preemptions(), 1);
+  EXPECT_EQ(after.generation(), 2);
+  EXPECT_EQ(after.last_checkpoint().step(), 4);
+  EXPECT_EQ(after.last_checkpoint().path(), "/ckpt/s0-4");
+  ASSERT_EQ(after.attempts_size(), 2);
+  EXPECT_EQ(after.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_PREEMPTED);
+  // The workers reconnect and report what they still run: same generation, RUNNING.
+  FakeWorker w1(channel, "w1", "", "10.0.0.1"), w2(channel, "w2", "", "10.0.0.2");
+  const v1::WorkRef mine1 = w1ref, mine2 = w2ref;
+  bool keep1 = false, keep2 = false;
+  ASSERT_TRUE(w1.Register(mine1, &keep1).ok());
+  ASSERT_TRUE(w2.Register(mine2, &keep2).ok());
+  EXPECT_TRUE(keep1);
+  EXPECT_TRUE(keep2);
+  w1.SetRunning(mine1);
+  w2.SetRunning(mine2);
+  w1.Connect();
+  w2.Connect();
+  w1.StartHeartbeats(std::chrono::milliseconds(200));
+  w2.StartHeartbeats(std::chrono::milliseconds(200));
+  ASSERT_TRUE(PollUntil([&] { return GetJob(stub.get(), id).state() == v1::JOB_STATE_RUNNING; }));
+  EXPECT_EQ(GetJob(stub.get(), id).generation(), 2);
+  // Reports of the continuing generation are accepted.
+  uint64_t seq = w1.Progress(mine1, 5, 1.5);
+  EXPECT_FALSE(w1.WaitAck(seq, std::chrono::milliseconds(300)));  // No rejection.
+  // SIGTERM: graceful exit 0.
+  coord.Signal(SIGTERM);
+  int status = coord.Wait();
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(CoordinatorProcessTest, RestartWithoutWorkersRestartsFromCheckpointWithNewGeneration) {
+  TempDir dir;
+  std::string id;
+  {
+    CoordinatorProcess coord(Args(dir.path()));
+    ASSERT_TRUE(coord.ReadPorts());
+    auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", coord.port()),
+                                       grpc::InsecureChannelCredentials());
+    auto stub = v1::JobService::NewStub(channel);
+    FakeWorker w1(channel, "w1");
+    ASSERT_TRUE(w1.Register().ok());
+    w1.Connect();
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(JobYaml("orphan", "    - {seq_len: 256, steps: 8}\n"));
+    v1::SubmitJobResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(5));
+    ASSERT_TRUE(stub->SubmitJob(&ctx, req, &resp).ok());
+    id = resp.job_id();
+    auto a = w1.WaitAssignment();
+    ASSERT_TRUE(a);
+    w1.Started(a->ref());
+    ASSERT_TRUE(PollUntil([&] { return GetJob(stub.get(), id).state() == v1::JOB_STATE_RUNNING; }));
+    coord.Signal(SIGKILL);
+    coord.Wait();
+  }
+  CoordinatorProcess coord(Args(dir.path()));
+  ASSERT_TRUE(coord.ReadPorts());
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", coord.port()),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::JobService::NewStub(channel);
+  // A fresh worker (the old one never comes back) picks the job up after the
+  // reconnect window (2 x heartbeat timeout = 6 s) with generation 2.
+  FakeWorker w2(channel, "w2");
+  ASSERT_TRUE(w2.Register().ok());
+  w2.Connect();
+  w2.StartHeartbeats(std::chrono::milliseconds(200));
+  auto a = w2.WaitAssignment(std::chrono::seconds(20));
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->ref().generation(), 2);
+  v1::Job job = GetJob(stub.get(), id);
+  EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_ABORTED);
+  EXPECT_EQ(job.failures(), 0);
+  EXPECT_EQ(job.restarts(), 1);
+}
+
+TEST(CoordinatorProcessTest, BadConfigExits2WithTheField) {
+  TempDir dir;
+  std::string cfg = dir.path() + "/c.yaml";
+  FILE* f = fopen(cfg.c_str(), "w");
+  fputs("heartbeat_timeout_s: 60\n", f);
+  fclose(f);
+  std::string cmd = Binary() + " --state-dir " + dir.path() + " --config " + cfg + " 2>" +
+                    dir.path() + "/err.txt";
+  int rc = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(rc));
+  EXPECT_EQ(WEXITSTATUS(rc), 2);
+  FILE* e = fopen((dir.path() + "/err.txt").c_str(), "r");
+  char buf[1024] = {0};
+  size_t n = fread(buf, 1, sizeof(buf) - 1, e);
+  fclose(e);
+  EXPECT_NE(std::string(buf, n).find("heartbeat_timeout_s: 60 is out of range"), std::string::npos)
+      << std::string(buf, n);
+}
+
+}  // namespace
+}  // namespace ulysses::coordinator

@@ -1,0 +1,105 @@
+// Gang placement, queue order and config validation (pure functions).
+#include "coordinator/scheduler.h"
+
+#include <algorithm>
+#include <set>
+
+#include "coordinator/config.h"
+#include "gtest/gtest.h"
+
+namespace ulysses::coordinator {
+namespace {
+
+std::vector<IdleWorker> Workers(const std::vector<std::pair<std::string, std::string>>& ws) {
+  std::vector<IdleWorker> out;
+  for (const auto& [id, label] : ws) out.push_back({id, label});
+  return out;
+}
+
+TEST(SchedulerTest, PlacesTheWholeGangOrNothing) {
+  auto idle = Workers({{"a", "n1"}, {"b", "n1"}});
+  Placement p = PlaceGang({4, 1, ""}, idle);
+  EXPECT_FALSE(p.placed);
+  EXPECT_TRUE(p.worker_ids.empty());
+  EXPECT_EQ(p.reason, "needs 4 idle workers, 2 available");
+  Placement q = PlaceGang({2, 1, ""}, idle);
+  ASSERT_TRUE(q.placed);
+  EXPECT_EQ(q.worker_ids.size(), 2u);
+}
+
+TEST(SchedulerTest, KeepsEachSpGroupOnOneNodeLabel) {
+  // n1 has 3 idle, n2 has 2: an SP group of 2 fits in either; best fit takes n2 whole.
+  auto idle = Workers({{"a", "n1"}, {"b", "n2"}, {"c", "n1"}, {"d", "n2"}, {"e", "n1"}});
+  Placement p = PlaceGang({2, 1, ""}, idle);
+  ASSERT_TRUE(p.placed);
+  EXPECT_EQ(std::set<std::string>(p.worker_ids.begin(), p.worker_ids.end()),
+            (std::set<std::string>{"b", "d"}));
+  // dp=2 groups of sp=2: each group's ranks (0,1) and (2,3) share a label.
+  Placement q = PlaceGang({2, 2, ""}, idle);
+  ASSERT_TRUE(q.placed);
+  ASSERT_EQ(q.worker_ids.size(), 4u);
+  auto label = [&](const std::string& id) {
+    return std::find_if(idle.begin(), idle.end(), [&](const IdleWorker& w) { return w.id == id; })
+        ->node_label;
+  };
+  EXPECT_EQ(label(q.worker_ids[0]), label(q.worker_ids[1]));
+  EXPECT_EQ(label(q.worker_ids[2]), label(q.worker_ids[3]));
+}
+
+TEST(SchedulerTest, SpreadsWhenNoLabelHoldsAGroup) {
+  auto idle = Workers({{"a", "n1"}, {"b", "n2"}, {"c", "n3"}});
+  Placement p = PlaceGang({3, 1, ""}, idle);
+  ASSERT_TRUE(p.placed);
+  EXPECT_EQ(std::set<std::string>(p.worker_ids.begin(), p.worker_ids.end()),
+            (std::set<std::string>{"a", "b", "c"}));
+}
+
+TEST(SchedulerTest, RequiredLabelFiltersAndExplains) {
+  auto idle = Workers({{"a", "gpu"}, {"b", "cpu"}, {"c", "cpu"}});
+  Placement p = PlaceGang({2, 1, "gpu"}, idle);
+  EXPECT_FALSE(p.placed);
+  EXPECT_EQ(p.reason, "needs 2 idle workers with node label \"gpu\", 1 available");
+}
+
+TEST(SchedulerTest, QueueOrderIsPriorityThenFifo) {
+  std::vector<QueueKey> keys = {{0, 1}, {5, 3}, {5, 2}, {-1, 0}};
+  std::sort(keys.begin(), keys.end());
+  EXPECT_EQ(keys[0].priority, 5);
+  EXPECT_EQ(keys[0].number, 2);
+  EXPECT_EQ(keys[1].number, 3);
+  EXPECT_EQ(keys[2].priority, 0);
+  EXPECT_EQ(keys[3].priority, -1);
+}
+
+TEST(ConfigTest, RejectsBadValuesWithActionableMessages) {
+  CoordinatorConfig c;
+  c.state_dir = "/tmp/x";
+  c.heartbeat_timeout_s = 30;
+  c.rendezvous_port_min = 3000;
+  c.rendezvous_port_max = 2000;
+  absl::Status s = ValidateAndFinalize(&c);
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  std::string m(s.message());
+  EXPECT_NE(m.find("heartbeat_timeout_s: 30 is out of range"), std::string::npos) << m;
+  EXPECT_NE(m.find("rendezvous_port_min/rendezvous_port_max: 3000/2000"), std::string::npos) << m;
+}
+
+TEST(ConfigTest, YamlFillsFieldsAndFlagsWin) {
+  CoordinatorConfig c;
+  ASSERT_TRUE(ApplyConfigYaml("heartbeat_timeout_s: 4\nheartbeat_interval_s: 1\n"
+                              "log_buffer_lines: 50\nstate_dir: /tmp/s\n",
+                              &c)
+                  .ok());
+  EXPECT_EQ(c.heartbeat_timeout_s, 4);
+  EXPECT_EQ(c.log_buffer_lines, 50);
+  ASSERT_TRUE(ValidateAndFinalize(&c).ok());
+  EXPECT_EQ(c.checkpoint_root, "/tmp/s/checkpoints");
+  EXPECT_EQ(c.reconnect_window_s, 8);
+  absl::Status unknown = ApplyConfigYaml("heartbeat_timout_s: 4\n", &c);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(std::string(unknown.message()).find("config.heartbeat_timout_s: unknown setting"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace ulysses::coordinator
