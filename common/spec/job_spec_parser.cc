@@ -675,10 +675,11 @@ class NodeCounter : public YAML::EventHandler {
 
 absl::Status YamlError(const YAML::Exception& e) {
   if (e.mark.is_null()) {
-    return absl::InvalidArgumentError(absl::StrCat("yaml: ", e.msg, " (fix the YAML syntax)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("yaml: ", internal::OneLine(e.msg), " (fix the YAML syntax)"));
   }
   return absl::InvalidArgumentError(absl::StrCat("yaml: line ", e.mark.line + 1, ", column ",
-                                                 e.mark.column + 1, ": ", e.msg,
+                                                 e.mark.column + 1, ": ", internal::OneLine(e.msg),
                                                  " (fix the YAML syntax)"));
 }
 
@@ -749,7 +750,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text, const ParseOpt
     spec = ParseTree(std::string(yaml_text), options);
   } catch (const std::exception& e) {
     // yaml-cpp reports misuse (e.g. odd node shapes) by exception; never let one escape.
-    return absl::InvalidArgumentError(absl::StrCat("(document): cannot be read (", e.what(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("(document): cannot be read (", internal::OneLine(e.what()), ")"));
   }
   if (!spec.ok()) return spec.status();
   RETURN_IF_ERROR(ValidateJobSpec(*spec));
@@ -762,14 +764,14 @@ absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path, const ParseOpti
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": cannot read (", std::strerror(errno), ")"));
+        absl::StrCat(internal::OneLine(path), ": cannot read (", std::strerror(errno), ")"));
   }
   if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": is not a regular file (give a TrainJob YAML file)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        internal::OneLine(path), ": is not a regular file (give a TrainJob YAML file)"));
   }
   if (st.st_size > kMaxBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", st.st_size,
+    return absl::InvalidArgumentError(absl::StrCat(internal::OneLine(path), ": ", st.st_size,
                                                    " bytes is too large for a job spec "
                                                    "(at most 16 MiB)"));
   }
@@ -777,7 +779,7 @@ absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path, const ParseOpti
   std::stringstream buffer;
   buffer << in.rdbuf();
   if (!in.good() && !in.eof()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": cannot read"));
+    return absl::InvalidArgumentError(absl::StrCat(internal::OneLine(path), ": cannot read"));
   }
   return ParseJobSpec(buffer.str(), options);
 }

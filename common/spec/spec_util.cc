@@ -37,11 +37,10 @@ std::string FormatDouble(double v) {
   return text;
 }
 
-std::string Quote(const std::string& text) {
-  constexpr size_t kMaxShown = 256;  // Long enough for file paths.
-  std::string out = "'";
-  for (size_t i = 0; i < text.size() && i < kMaxShown; ++i) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
+std::string OneLine(const std::string& text) {
+  std::string out;
+  for (const char ch : text) {
+    const unsigned char c = static_cast<unsigned char>(ch);
     if (c == '\n') {
       out += "\\n";
     } else if (c == '\t') {
@@ -51,12 +50,17 @@ std::string Quote(const std::string& text) {
       std::snprintf(buf, sizeof(buf), "\\x%02x", c);
       out += buf;
     } else {
-      out += static_cast<char>(c);
+      out += ch;
     }
   }
-  if (text.size() > kMaxShown) out += "...";
-  out += "'";
   return out;
+}
+
+std::string Quote(const std::string& text) {
+  constexpr size_t kMaxShown = 256;  // Long enough for file paths.
+  std::string out = "'" + OneLine(text.substr(0, kMaxShown));
+  if (text.size() > kMaxShown) out += "...";
+  return out + "'";
 }
 
 size_t EditDistance(const std::string& a, const std::string& b) {
@@ -99,7 +103,9 @@ std::string JoinChoices(const std::vector<std::string>& choices) {
 
 absl::Status ErrorsToStatus(const std::vector<std::string>& errors) {
   if (errors.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrJoin(errors, "\n"));
+  std::vector<std::string> lines;
+  for (const std::string& e : errors) lines.push_back(OneLine(e));
+  return absl::InvalidArgumentError(absl::StrJoin(lines, "\n"));
 }
 
 namespace {

@@ -20,6 +20,10 @@ std::string FormatDouble(double v);
 // 'text' for messages: single-quoted, control characters escaped, long text cut.
 std::string Quote(const std::string& text);
 
+// `text` with control characters (newlines included) escaped, so that one error
+// stays on one line.
+std::string OneLine(const std::string& text);
+
 // Levenshtein distance.
 size_t EditDistance(const std::string& a, const std::string& b);
 
@@ -30,7 +34,8 @@ std::string SuggestKey(const std::string& key, const std::vector<std::string>& c
 // "a, b or c".
 std::string JoinChoices(const std::vector<std::string>& choices);
 
-// Joins error lines with '\n' into one InvalidArgument (OK when `errors` is empty).
+// Joins error lines (each made OneLine) with '\n' into one InvalidArgument (OK when
+// `errors` is empty).
 absl::Status ErrorsToStatus(const std::vector<std::string>& errors);
 
 // Data files exist, are whole uint32 tokens and hold stages[0].seq_len + 1 tokens.

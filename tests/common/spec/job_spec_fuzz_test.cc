@@ -4,6 +4,7 @@
 // non-empty `path: ...` lines. Bounded to a few seconds.
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
@@ -132,8 +133,19 @@ TEST(JobSpecFuzzTest, HostileDocumentsNeverCrash) {
       "spec: {stages: [{seq_len: 99999999999999999999999}]}\n",
       "\xef\xbb\xbf"
       "apiVersion: ulysses/v1\n",
+      "\"a\\nb\": 1\n",
+      "apiVersion: ulysses/v1\nkind: TrainJob\nmetadata: {name: x}\nspec: {\"mo\\ndel\": 1}\n",
   };
-  for (const std::string& input : inputs) {
+  std::vector<std::string> all = inputs;
+  // Regression inputs found by spec_fuzzer (e.g. yaml-cpp messages quoting a raw newline).
+  const std::string testdata = testing::SourceDir() + "/tests/common/spec/testdata";
+  int regressions = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(testdata)) {
+    all.push_back(testing::ReadFile(entry.path().string()));
+    ++regressions;
+  }
+  EXPECT_GE(regressions, 2);
+  for (const std::string& input : all) {
     SCOPED_TRACE(input.substr(0, 60));
     absl::StatusOr<JobSpec> spec = ParseJobSpec(input);
     EXPECT_FALSE(spec.ok());
