@@ -15,6 +15,7 @@ PACKAGES=(
   # tests and benchmarks: gtest/gmock, google benchmark, promtool/prometheus for the
   # metrics checks, Debian's PyTorch for the independent reference and the eager baseline
   libgtest-dev libgmock-dev libbenchmark-dev prometheus python3 python3-torch python3-numpy
+  python3-yaml
   procps
 )
 

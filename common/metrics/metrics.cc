@@ -39,11 +39,15 @@ bool IsNameChar(char c) { return IsNameStart(c) || (c >= '0' && c <= '9'); }
 // Checks [a-z_][a-z0-9_]*; `what` is "metric name" or "label name".
 absl::Status CheckSnakeCase(const std::string& name, absl::string_view what,
                             const std::string& context) {
-  if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(context, what, " is empty"));
+  if (name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(context, what, " is empty"));
+  }
   for (size_t i = 0; i < name.size(); ++i) {
     char c = name[i];
     bool ok = i == 0 ? IsNameStart(c) : IsNameChar(c);
-    if (ok) continue;
+    if (ok) {
+      continue;
+    }
     std::string why;
     if (c >= 'A' && c <= 'Z') {
       why = "upper-case letters are not allowed; use snake_case";
@@ -75,7 +79,9 @@ std::vector<std::pair<std::string, std::string>> ZipLabels(const std::vector<std
                                                            const std::vector<std::string>& values) {
   std::vector<std::pair<std::string, std::string>> labels;
   labels.reserve(names.size());
-  for (size_t i = 0; i < names.size(); ++i) labels.emplace_back(names[i], values[i]);
+  for (size_t i = 0; i < names.size(); ++i) {
+    labels.emplace_back(names[i], values[i]);
+  }
   return labels;
 }
 
@@ -164,7 +170,9 @@ void Gauge::SetToCurrentTime() {
 
 Histogram::Histogram(std::shared_ptr<const std::vector<double>> bounds)
     : bounds_(std::move(bounds)), counts_(new std::atomic<uint64_t>[bounds_->size() + 1]) {
-  for (size_t i = 0; i <= bounds_->size(); ++i) counts_[i].store(0, std::memory_order_relaxed);
+  for (size_t i = 0; i <= bounds_->size(); ++i) {
+    counts_[i].store(0, std::memory_order_relaxed);
+  }
 }
 
 void Histogram::Observe(double value) {
@@ -215,7 +223,9 @@ std::shared_ptr<T> Family<T>::WithLabels(const std::vector<std::string>& label_v
   }
   std::lock_guard<std::mutex> lock(mu_);
   auto it = children_.find(label_values);
-  if (it == children_.end()) it = children_.emplace(label_values, make_child_()).first;
+  if (it == children_.end()) {
+    it = children_.emplace(label_values, make_child_()).first;
+  }
   return it->second;
 }
 
@@ -260,13 +270,18 @@ template class Family<Histogram>;
 std::vector<double> ExponentialBuckets(double start, double factor, int count) {
   std::vector<double> bounds;
   double bound = start;
-  for (int i = 0; i < count; ++i, bound *= factor) bounds.push_back(bound);
+  for (int i = 0; i < count; ++i, bound *= factor) {
+    bounds.push_back(bound);
+  }
   return bounds;
 }
 
 std::vector<double> LinearBuckets(double start, double width, int count) {
   std::vector<double> bounds;
-  for (int i = 0; i < count; ++i) bounds.push_back(start + width * i);
+  bounds.reserve(count > 0 ? count : 0);
+  for (int i = 0; i < count; ++i) {
+    bounds.push_back(start + width * i);
+  }
   return bounds;
 }
 
@@ -371,8 +386,9 @@ absl::StatusOr<CounterFamily*> Registry::AddCounter(const std::string& name,
                                                     const std::string& help,
                                                     std::vector<std::string> label_names) {
   RETURN_IF_ERROR(ValidateFamily(name, help, MetricType::kCounter, label_names));
-  auto family = std::make_unique<CounterFamily>(name, help, MetricType::kCounter, label_names,
-                                                [] { return std::make_shared<Counter>(); });
+  auto family =
+      std::make_unique<CounterFamily>(name, help, MetricType::kCounter, std::move(label_names),
+                                      [] { return std::make_shared<Counter>(); });
   CounterFamily* raw = family.get();
   RETURN_IF_ERROR(Insert(name, MetricType::kCounter, std::move(family)));
   return raw;
@@ -381,8 +397,9 @@ absl::StatusOr<CounterFamily*> Registry::AddCounter(const std::string& name,
 absl::StatusOr<GaugeFamily*> Registry::AddGauge(const std::string& name, const std::string& help,
                                                 std::vector<std::string> label_names) {
   RETURN_IF_ERROR(ValidateFamily(name, help, MetricType::kGauge, label_names));
-  auto family = std::make_unique<GaugeFamily>(name, help, MetricType::kGauge, label_names,
-                                              [] { return std::make_shared<Gauge>(); });
+  auto family =
+      std::make_unique<GaugeFamily>(name, help, MetricType::kGauge, std::move(label_names),
+                                    [] { return std::make_shared<Gauge>(); });
   GaugeFamily* raw = family.get();
   RETURN_IF_ERROR(Insert(name, MetricType::kGauge, std::move(family)));
   return raw;
@@ -396,7 +413,7 @@ absl::StatusOr<HistogramFamily*> Registry::AddHistogram(const std::string& name,
   RETURN_IF_ERROR(ValidateBuckets(name, buckets));
   auto bounds = std::make_shared<const std::vector<double>>(std::move(buckets));
   auto family =
-      std::make_unique<HistogramFamily>(name, help, MetricType::kHistogram, label_names,
+      std::make_unique<HistogramFamily>(name, help, MetricType::kHistogram, std::move(label_names),
                                         [bounds] { return std::make_shared<Histogram>(bounds); });
   HistogramFamily* raw = family.get();
   RETURN_IF_ERROR(Insert(name, MetricType::kHistogram, std::move(family)));
@@ -405,7 +422,9 @@ absl::StatusOr<HistogramFamily*> Registry::AddHistogram(const std::string& name,
 
 absl::Status Registry::AddCallbackGauge(const std::string& name, const std::string& help,
                                         std::function<double()> fn) {
-  if (!fn) return absl::InvalidArgumentError(absl::StrCat("metric \"", name, "\": null callback"));
+  if (!fn) {
+    return absl::InvalidArgumentError(absl::StrCat("metric \"", name, "\": null callback"));
+  }
   return AddCallbackGaugeFamily(name, help, {}, [fn = std::move(fn)] {
     return std::vector<CallbackSample>{CallbackSample{{}, fn()}};
   });
@@ -415,8 +434,11 @@ absl::Status Registry::AddCallbackGaugeFamily(const std::string& name, const std
                                               std::vector<std::string> label_names,
                                               std::function<std::vector<CallbackSample>()> fn) {
   RETURN_IF_ERROR(ValidateFamily(name, help, MetricType::kGauge, label_names));
-  if (!fn) return absl::InvalidArgumentError(absl::StrCat("metric \"", name, "\": null callback"));
-  auto family = std::make_unique<CallbackGaugeFamily>(name, help, label_names, std::move(fn));
+  if (!fn) {
+    return absl::InvalidArgumentError(absl::StrCat("metric \"", name, "\": null callback"));
+  }
+  auto family =
+      std::make_unique<CallbackGaugeFamily>(name, help, std::move(label_names), std::move(fn));
   return Insert(name, MetricType::kGauge, std::move(family));
 }
 
@@ -424,13 +446,17 @@ std::vector<FamilySnapshot> Registry::Collect() const {
   std::vector<const internal::FamilyBase*> families;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [name, family] : families_) families.push_back(family.get());
+    for (const auto& [name, family] : families_) {
+      families.push_back(family.get());
+    }
   }
   // Families are never removed, so the pointers stay valid without the lock; the
   // lock is not held while callbacks run.
   std::vector<FamilySnapshot> out;
   out.reserve(families.size());
-  for (const internal::FamilyBase* family : families) out.push_back(family->Collect());
+  for (const internal::FamilyBase* family : families) {
+    out.push_back(family->Collect());
+  }
   return out;
 }
 

@@ -41,7 +41,9 @@ class MetricsServer::Impl {
     if (state_ != State::kNew) {
       return absl::FailedPreconditionError("metrics server: Start() called twice");
     }
-    if (absl::Status status = ValidateMetricsServerConfig(config_); !status.ok()) return status;
+    if (absl::Status status = ValidateMetricsServerConfig(config_); !status.ok()) {
+      return status;
+    }
     InstallRoutes();
     const int threads = config_.threads;
     server_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
@@ -63,13 +65,23 @@ class MetricsServer::Impl {
           " (address in use or not available on this host); free the port or choose another "
           "metrics port"));
     }
-    port_.store(bound);
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    // stop() is a no-op until the accept loop runs, so wait for it (bounded).
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!server_.is_running() && std::chrono::steady_clock::now() < deadline) {
+    listen_returned_.store(false);
+    thread_ = std::thread([this] {
+      server_.listen_after_bind();
+      listen_returned_.store(true);
+    });
+    // stop() is a no-op until the accept loop runs, so wait until it does (or until
+    // listen_after_bind() gave up); either happens right after the thread starts.
+    while (!server_.is_running() && !listen_returned_.load()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    if (!server_.is_running()) {
+      thread_.join();
+      state_ = State::kStopped;
+      return absl::UnavailableError(absl::StrCat("metrics server: the accept loop on ",
+                                                 config_.host, ":", bound, " failed to start"));
+    }
+    port_.store(bound);
     state_ = State::kRunning;
     ULOG(INFO) << "metrics server listening on " << config_.host << ":" << bound;
     return absl::OkStatus();
@@ -79,7 +91,9 @@ class MetricsServer::Impl {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ == State::kRunning) {
       server_.stop();
-      if (thread_.joinable()) thread_.join();
+      if (thread_.joinable()) {
+        thread_.join();
+      }
     }
     state_ = State::kStopped;
   }
@@ -113,6 +127,7 @@ class MetricsServer::Impl {
   httplib::Server server_;
   std::thread thread_;
   std::atomic<int> port_{0};
+  std::atomic<bool> listen_returned_{false};
 };
 
 MetricsServer::MetricsServer(const Registry* registry, MetricsServerConfig config,

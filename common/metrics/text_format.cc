@@ -51,9 +51,15 @@ absl::string_view MetricTypeName(MetricType type) {
 }
 
 std::string FormatValue(double value) {
-  if (std::isnan(value)) return "NaN";
-  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
-  if (value == 0) return "0";  // Also folds -0.
+  if (std::isnan(value)) {
+    return "NaN";
+  }
+  if (std::isinf(value)) {
+    return value > 0 ? "+Inf" : "-Inf";
+  }
+  if (value == 0) {
+    return "0";  // Also folds -0.
+  }
   if (value == std::trunc(value) && std::fabs(value) < kMaxExactInteger) {
     char buf[32];
     std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(value));
@@ -63,7 +69,9 @@ std::string FormatValue(double value) {
   char buf[40];
   for (int precision = 1; precision <= 17; ++precision) {
     std::snprintf(buf, sizeof(buf), "%.*g", precision, value);
-    if (std::strtod(buf, nullptr) == value) break;
+    if (std::strtod(buf, nullptr) == value) {
+      break;
+    }
   }
   return buf;
 }
@@ -92,7 +100,9 @@ void AppendFamily(const FamilySnapshot& family, std::string* out) {
       out->push_back('{');
       bool first = true;
       for (const auto& [name, value] : sample.labels) {
-        if (!first) out->push_back(',');
+        if (!first) {
+          out->push_back(',');
+        }
         first = false;
         absl::StrAppend(out, name, "=\"");
         AppendEscaped(value, /*escape_quotes=*/true, out);
@@ -109,7 +119,9 @@ std::string WriteTextFormat(std::vector<FamilySnapshot> families) {
       families.begin(), families.end(),
       [](const FamilySnapshot& a, const FamilySnapshot& b) { return a.name < b.name; });
   std::string out;
-  for (const FamilySnapshot& family : families) AppendFamily(family, &out);
+  for (const FamilySnapshot& family : families) {
+    AppendFamily(family, &out);
+  }
   return out;
 }
 

@@ -181,6 +181,7 @@ class WorkerAgent::Impl {
   std::optional<v1::WorkRef> work_ref_;  // The current assignment while its child runs.
   bool work_running_ = false;
   int64_t work_pid_ = 0;
+  std::optional<v1::WorkRef> unacked_exit_;  // Last exit report, until acked.
   std::unique_ptr<ChildSupervisor> child_;
 };
 
@@ -265,6 +266,10 @@ absl::Status WorkerAgent::Impl::Register() {
       *request.mutable_running()->mutable_ref() = *work_ref_;
       request.mutable_running()->set_pid(work_pid_);
       reported = *work_ref_;
+    } else if (unacked_exit_.has_value()) {
+      // The rank ended while disconnected: still claim it until its exit report is
+      // acked, or the coordinator would count the rank as vanished.
+      *request.mutable_running()->mutable_ref() = *unacked_exit_;
     }
   }
   grpc::ClientContext ctx;
@@ -414,7 +419,14 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
         ULOG(WARNING) << "coordinator rejected report " << msg.ack().seq() << ": code "
                       << msg.ack().code() << " " << msg.ack().message();
       }
-      inflight_.erase(msg.ack().seq());
+      auto it = inflight_.find(msg.ack().seq());
+      if (it != inflight_.end()) {
+        if (it->second.has_exited() && unacked_exit_.has_value() &&
+            SameWork(it->second.exited().ref(), *unacked_exit_)) {
+          unacked_exit_.reset();
+        }
+        inflight_.erase(it);
+      }
       cv_.notify_all();
       return;
     }
@@ -591,6 +603,7 @@ void WorkerAgent::Impl::ReportExitLocked(const v1::WorkRef& ref, int exit_code, 
   e->set_preempted(preempted);
   e->set_aborted(aborted);
   e->set_error_message(error);
+  unacked_exit_ = ref;
   EnqueueLocked(std::move(msg));
 }
 

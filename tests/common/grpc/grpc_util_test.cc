@@ -85,7 +85,9 @@ class TestService : public grpc::CallbackGenericService {
     class Reactor : public grpc::ServerGenericBidiReactor {
      public:
       explicit Reactor(bool hang) {
-        if (!hang) Finish(ToGrpcStatus(absl::NotFoundError("job j7 not found")));
+        if (!hang) {
+          Finish(ToGrpcStatus(absl::NotFoundError("job j7 not found")));
+        }
         // A hanging call is finished by OnCancel when the deadline passes.
       }
       void OnCancel() override { Finish(grpc::Status::CANCELLED); }
@@ -108,7 +110,9 @@ class GrpcLoopbackTest : public ::testing::Test {
         "127.0.0.1:" + std::to_string(port_), grpc::InsecureChannelCredentials()));
   }
   void TearDown() override {
-    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (server_) {
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    }
   }
 
   // Blocking unary call through the callback API.

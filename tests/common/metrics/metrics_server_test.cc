@@ -43,14 +43,18 @@ TEST(MetricsServerTest, ServesCatalogThatPromtoolAccepts) {
   EXPECT_THAT(res->body, HasSubstr("ulysses_checkpoint_bytes{job_id=\"j1\"} 1500000000\n"));
   EXPECT_THAT(res->body, HasSubstr("ulysses_build_info{version=\""));
 
-  if (!FileExists(kPromtool)) GTEST_SKIP() << kPromtool << " missing (Debian package prometheus)";
+  if (!FileExists(kPromtool)) {
+    GTEST_SKIP() << kPromtool << " missing (Debian package prometheus)";
+  }
   CommandResult check = RunWithStdin(std::string(kPromtool) + " check metrics", res->body);
   EXPECT_EQ(check.exit_code, 0) << check.output;
   EXPECT_EQ(check.output, "") << "promtool lint problems:\n" << check.output;
 }
 
 TEST(MetricsServerTest, PromtoolCatchesABadlyNamedFamily) {
-  if (!FileExists(kPromtool)) GTEST_SKIP() << kPromtool << " missing";
+  if (!FileExists(kPromtool)) {
+    GTEST_SKIP() << kPromtool << " missing";
+  }
   // The raw writer does not validate, so it can produce what the Registry refuses.
   FamilySnapshot bad{"ulysses_restarts", "Restarts.", MetricType::kCounter, {Sample{"", {}, 1}}};
   EXPECT_FALSE(ValidateMetricName(bad.name, bad.type).ok());

@@ -69,7 +69,9 @@ TEST(HistogramTest, CumulativeBucketsSumCount) {
   ASSERT_TRUE(family.ok()) << family.status();
   auto h = (*family)->WithLabels({"gpu"});
   // 1.0 equals a bound and must land in le="1". Values are exact in binary.
-  for (double v : {0.0625, 0.09375, 0.5, 1.0, 3.0, 20.0, 1e9}) h->Observe(v);
+  for (double v : {0.0625, 0.09375, 0.5, 1.0, 3.0, 20.0, 1e9}) {
+    h->Observe(v);
+  }
   h->Observe(std::nan(""));  // Rejected.
 
   Histogram::Snapshot snap = h->Collect();
@@ -239,6 +241,7 @@ TEST(RegistryTest, ConcurrentUpdatesAreExact) {
   constexpr int kThreads = 8;
   constexpr int kIters = 20000;
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kIters; ++i) {
@@ -246,13 +249,17 @@ TEST(RegistryTest, ConcurrentUpdatesAreExact) {
         (*tokens)->WithLabels({t % 2 == 0 ? "even" : "odd"})->Increment(0.5);
         (*wait)->WithLabels()->Observe(i % 2);
         (*level)->WithLabels()->Increment();
-        if (i % 1000 == 0) r.Serialize();  // Concurrent scrapes.
+        if (i % 1000 == 0) {
+          r.Serialize();  // Concurrent scrapes.
+        }
       }
     });
   }
-  for (auto& thread : threads) thread.join();
-  EXPECT_EQ((*tokens)->WithLabels({"even"})->Value(), kThreads / 2 * kIters * 0.5);
-  EXPECT_EQ((*tokens)->WithLabels({"odd"})->Value(), kThreads / 2 * kIters * 0.5);
+  for (auto& thread : threads) {
+    thread.join();
+  }
+  EXPECT_EQ((*tokens)->WithLabels({"even"})->Value(), kThreads * kIters * 0.25);
+  EXPECT_EQ((*tokens)->WithLabels({"odd"})->Value(), kThreads * kIters * 0.25);
   Histogram::Snapshot snap = (*wait)->WithLabels()->Collect();
   EXPECT_EQ(snap.count, static_cast<uint64_t>(kThreads * kIters));
   EXPECT_EQ(snap.cumulative[0], static_cast<uint64_t>(kThreads * kIters / 2));

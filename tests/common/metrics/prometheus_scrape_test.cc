@@ -34,7 +34,10 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
       dup2(fileno(log), STDERR_FILENO);
     }
     std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.reserve(argv.size() + 1);
+    for (const std::string& a : argv) {
+      args.push_back(const_cast<char*>(a.c_str()));
+    }
     args.push_back(nullptr);
     execv(args[0], args.data());
     _exit(127);
@@ -44,11 +47,15 @@ pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path) {
 
 // SIGTERM, then SIGKILL if it has not exited within `grace`.
 void Terminate(pid_t pid, std::chrono::seconds grace) {
-  if (pid <= 0) return;
+  if (pid <= 0) {
+    return;
+  }
   kill(pid, SIGTERM);
   auto deadline = std::chrono::steady_clock::now() + grace;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (waitpid(pid, nullptr, WNOHANG) == pid) return;
+    if (waitpid(pid, nullptr, WNOHANG) == pid) {
+      return;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   kill(pid, SIGKILL);
@@ -64,11 +71,17 @@ std::string ReadFile(const std::string& path) {
 // query failed or did not return exactly one series.
 std::string QueryOne(httplib::Client* client, const std::string& promql) {
   auto res = client->Get("/api/v1/query", httplib::Params{{"query", promql}}, httplib::Headers{});
-  if (!res || res->status != 200) return "";
+  if (!res || res->status != 200) {
+    return "";
+  }
   auto json = nlohmann::json::parse(res->body, nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || json.value("status", "") != "success") return "";
+  if (json.is_discarded() || json.value("status", "") != "success") {
+    return "";
+  }
   const auto& result = json["data"]["result"];
-  if (!result.is_array() || result.size() != 1) return "";
+  if (!result.is_array() || result.size() != 1) {
+    return "";
+  }
   return result[0]["value"][1].get<std::string>();
 }
 
@@ -76,7 +89,9 @@ class PrometheusScrapeTest : public ::testing::Test {
  protected:
   void TearDown() override {
     Terminate(prometheus_pid_, std::chrono::seconds(10));
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+    if (!dir_.empty()) {
+      std::filesystem::remove_all(dir_);
+    }
   }
 
   pid_t prometheus_pid_ = -1;
@@ -84,7 +99,9 @@ class PrometheusScrapeTest : public ::testing::Test {
 };
 
 TEST_F(PrometheusScrapeTest, PrometheusScrapesOurServer) {
-  if (!FileExists(kPrometheus)) GTEST_SKIP() << kPrometheus << " missing (Debian prometheus)";
+  if (!FileExists(kPrometheus)) {
+    GTEST_SKIP() << kPrometheus << " missing (Debian prometheus)";
+  }
   Registry registry;
   RegisterCatalogForTest(&registry);
   MetricsServerConfig config;
@@ -96,10 +113,17 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesOurServer) {
   char tmpl[] = "/tmp/ulysses_prometheus_XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   dir_ = tmpl;
+  const char* source_dir = std::getenv("ULYSSES_SOURCE_DIR");
+  ASSERT_NE(source_dir, nullptr) << "run through ctest (sets ULYSSES_SOURCE_DIR)";
+  const std::string rules_path =
+      std::string(source_dir) + "/deploy/k8s/prometheus/ulysses-rules.yml";
   const std::string config_path = dir_ + "/prometheus.yml";
   std::ofstream(config_path) << "global:\n"
                                 "  scrape_interval: 1s\n"
                                 "  evaluation_interval: 1s\n"
+                                "rule_files: ['"
+                             << rules_path
+                             << "']\n"
                                 "scrape_configs:\n"
                                 "  - job_name: ulysses-coordinator\n"
                                 "    static_configs:\n"
@@ -122,7 +146,9 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesOurServer) {
   while (std::chrono::steady_clock::now() < deadline) {
     up = QueryOne(&client, "up{job=\"ulysses-coordinator\"}");
     tokens = QueryOne(&client, "ulysses_train_tokens_total{job_id=\"j1\"}");
-    if (up == "1" && tokens == "12345") break;
+    if (up == "1" && tokens == "12345") {
+      break;
+    }
     ASSERT_NE(waitpid(prometheus_pid_, nullptr, WNOHANG), prometheus_pid_)
         << "prometheus exited early:\n"
         << ReadFile(log_path);
@@ -133,6 +159,39 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesOurServer) {
   // Histograms are usable in PromQL as exported (le labels parse as numbers).
   EXPECT_EQ(QueryOne(&client, "histogram_quantile(1, ulysses_gang_wait_seconds_bucket)"), "4");
   EXPECT_EQ(QueryOne(&client, "count(ulysses_build_info)"), "1");
+
+  // The shipped alert rules load into the real server and evaluate against our real
+  // exposition without errors (health "ok" once evaluated; the alerting group runs
+  // every evaluation_interval = 1 s).
+  int alert_rules = 0, healthy = 0;
+  std::string last_error;
+  const auto rules_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < rules_deadline) {
+    auto res = client.Get("/api/v1/rules?type=alert");
+    if (res && res->status == 200) {
+      auto json = nlohmann::json::parse(res->body, nullptr, /*allow_exceptions=*/false);
+      alert_rules = healthy = 0;
+      if (!json.is_discarded()) {
+        for (const auto& group : json["data"]["groups"]) {
+          for (const auto& rule : group["rules"]) {
+            ++alert_rules;
+            if (rule.value("health", "") == "ok") {
+              ++healthy;
+            }
+            if (!rule.value("lastError", "").empty()) {
+              last_error = rule["lastError"].get<std::string>();
+            }
+          }
+        }
+      }
+      if (alert_rules > 0 && healthy == alert_rules) {
+        break;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(alert_rules, 6) << ReadFile(log_path);
+  EXPECT_EQ(healthy, alert_rules) << last_error;
 }
 
 }  // namespace

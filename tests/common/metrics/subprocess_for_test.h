@@ -24,7 +24,9 @@ struct CommandResult {
 inline CommandResult RunWithStdin(const std::string& command, const std::string& input) {
   char path[] = "/tmp/ulysses_stdin_XXXXXX";
   int fd = mkstemp(path);
-  if (fd < 0) return {};
+  if (fd < 0) {
+    return {};
+  }
   close(fd);
   std::ofstream(path, std::ios::binary) << input;
   CommandResult result;
@@ -32,7 +34,9 @@ inline CommandResult RunWithStdin(const std::string& command, const std::string&
   if (pipe != nullptr) {
     char buf[4096];
     size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) result.output.append(buf, n);
+    while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) {
+      result.output.append(buf, n);
+    }
     int status = pclose(pipe);
     result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
