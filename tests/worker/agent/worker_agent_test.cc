@@ -346,6 +346,33 @@ TEST_F(WorkerAgentTest, ReconnectsToARestartedCoordinatorWithoutKillingTheChild)
   EXPECT_EQ(Exited(peer->service.Messages())->exit_code(), 0);
 }
 
+TEST_F(WorkerAgentTest, ARankThatEndedWhileDisconnectedIsClaimedUntilItsExitIsAcked) {
+  auto peer = std::make_unique<PeerServer>();
+  const int port = peer->port;
+  StartWorker(port);
+  ASSERT_TRUE(peer->service.WaitForSession(1, seconds(20)));
+  ASSERT_TRUE(peer->service.Send(Assign(9, {"fake.steps=25", "fake.step_ms=20"})));
+  ASSERT_TRUE(peer->service.WaitFor(
+      [](const Msgs& m, const Regs&) { return Count(m, v1::WorkerMessage::kProgress) >= 1; },
+      seconds(20)));
+  peer.reset();
+  // The rank finishes while nobody listens.
+  const auto deadline = std::chrono::steady_clock::now() + seconds(20);
+  while (WorkerLog().find("exit code 0 -> succeeded") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  ASSERT_NE(WorkerLog().find("exit code 0 -> succeeded"), std::string::npos) << WorkerLog();
+  peer = std::make_unique<PeerServer>(port);
+  ASSERT_TRUE(
+      peer->service.WaitFor([](const Msgs& m, const Regs&) { return Exited(m); }, seconds(20)))
+      << WorkerLog();
+  const Regs regs = peer->service.Registers();
+  ASSERT_FALSE(regs.empty());
+  EXPECT_EQ(regs.front().running().ref().generation(), 9) << "the ended rank was not claimed";
+  EXPECT_EQ(Exited(peer->service.Messages())->exit_code(), 0);
+}
+
 TEST_F(WorkerAgentTest, RejectsBadFlagsWithTheFlagName) {
   std::string out;
   ChildCallbacks cb;
