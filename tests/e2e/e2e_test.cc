@@ -116,6 +116,14 @@ TEST_F(E2ETest, StagedJobSucceedsWithGroupsOfTheRightSize) {
   CommandResult logs = cluster_.Ctl({"logs", id, "--tail", "-1"});
   EXPECT_EQ(logs.exit_code, 0) << logs.err;
   EXPECT_NE(logs.out.find("started rank"), std::string::npos) << logs.out;
+  CommandResult follow = cluster_.Ctl({"logs", id, "-f"}, seconds(20));
+  EXPECT_EQ(follow.exit_code, 0) << "logs -f must end with the job: " << follow.err;
+  CommandResult events = cluster_.Ctl({"watch", id, "-o", "json"});
+  EXPECT_EQ(events.exit_code, 0) << events.err;
+  EXPECT_NE(events.out.find("\"type\":\"snapshot\""), std::string::npos) << events.out;
+  CommandResult workers = cluster_.Ctl({"get", "workers", "-o", "json"});
+  ASSERT_EQ(workers.exit_code, 0) << workers.err;
+  EXPECT_EQ(json::parse(workers.out).size(), 4u);
 }
 
 TEST_F(E2ETest, KilledWorkerIsRecoveredFromTheLastCheckpointWithTheSameLoss) {
