@@ -64,6 +64,27 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   AddCancelCommand(app, ctx);
   AddResumeCommand(app, ctx);
 
+  // Name an unknown verb instead of CLI11's "A subcommand is required".
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--coordinator" || arg == "-o" || arg == "--output") {
+      ++i;  // skip the option's value
+      continue;
+    }
+    if (arg.empty() || arg[0] == '-') continue;
+    const CLI::App& const_app = app;
+    const auto named = [&arg](const CLI::App* sub) { return sub->check_name(arg); };
+    if (const_app.get_subcommands(named).empty()) {
+      std::string verbs;
+      for (const CLI::App* sub : const_app.get_subcommands([](const CLI::App*) { return true; })) {
+        verbs += (verbs.empty() ? "" : ", ") + sub->get_name();
+      }
+      err << "ulyssesctl: unknown verb '" << arg << "' (use one of: " << verbs << ")\n";
+      return kExitBadInput;
+    }
+    break;
+  }
+
   try {
     // CLI11 takes a mutable argv; copy so callers may pass string literals.
     std::vector<std::string> args(argv + 1, argv + argc);

@@ -1,5 +1,6 @@
 // ValidateJobSpec: every rule of docs/JOBSPEC.md, all errors collected, each line
 // `<path>: <value> <problem> (<fix>)`.
+#include <cstdint>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -17,6 +18,10 @@ using internal::Quote;
 
 constexpr int64_t kNeedleMinVocab = 64;
 constexpr int64_t kNeedleMinSeqLen = 64;
+// Lists of valid head/sp values are only spelled out up to this many heads.
+constexpr int64_t kMaxListedHeads = 1 << 16;
+// The most ranks (sp_degree * dp_degree) a stage may ask for.
+constexpr int64_t kMaxWorldSize = 1 << 20;
 
 class Errors {
  public:
@@ -73,13 +78,34 @@ void CheckMetadata(const JobSpec& s, Errors& e) {
   }
 }
 
-// Sequence-parallel degrees that work with these head counts.
-std::vector<int64_t> ValidSpDegrees(int64_t hq, int64_t hkv) {
+// "1, 2, 4, 8": the sequence-parallel degrees that work with these head counts.
+std::string ValidSpDegrees(int64_t hq, int64_t hkv) {
+  if (hq > kMaxListedHeads) return "the divisors of num_attention_heads";
   std::vector<int64_t> valid;
   for (int64_t p = 1; p <= hq; ++p) {
     if (hq % p == 0 && (hkv % p == 0 || p % hkv == 0)) valid.push_back(p);
   }
-  return valid;
+  return absl::StrJoin(valid, ", ");
+}
+
+// "1, 2, 4, 8": the divisors of n (a phrase for very large n).
+std::string Divisors(int64_t n) {
+  if (n > kMaxListedHeads) return absl::StrCat("the divisors of ", n);
+  std::vector<int64_t> divisors;
+  for (int64_t d = 1; d <= n; ++d) {
+    if (n % d == 0) divisors.push_back(d);
+  }
+  return absl::StrJoin(divisors, ", ");
+}
+
+// "try 992 or 1008": the multiples of `unit` around `value` (no overflow).
+std::string NearestMultiples(int64_t value, int64_t unit) {
+  const int64_t lower = value / unit * unit;
+  int64_t higher = 0;
+  const bool has_higher = !__builtin_add_overflow(lower, unit, &higher);
+  if (lower <= 0) return absl::StrCat("try ", has_higher ? higher : unit);
+  if (!has_higher) return absl::StrCat("try ", lower);
+  return absl::StrCat("try ", lower, " or ", higher);
 }
 
 void CheckModel(const JobSpec& s, Errors& e) {
@@ -104,21 +130,16 @@ void CheckModel(const JobSpec& s, Errors& e) {
   const int64_t hq = m.num_attention_heads;
   const int64_t hkv = m.num_key_value_heads;
   if (hq > 0 && m.hidden_size > 0 && m.hidden_size % hq != 0) {
-    const int64_t lower = m.hidden_size / hq * hq;
     e.Add("spec.model.hidden_size", absl::StrCat(m.hidden_size),
           absl::StrCat("is not divisible by num_attention_heads ", hq),
-          absl::StrCat("head_dim = hidden_size / num_attention_heads must be whole; try ",
-                       lower > 0 ? absl::StrCat(lower, " or ") : "", lower + hq));
+          absl::StrCat("head_dim = hidden_size / num_attention_heads must be whole; ",
+                       NearestMultiples(m.hidden_size, hq)));
   }
   if (hq > 0 && hkv > 0 && hq % hkv != 0) {
-    std::vector<int64_t> divisors;
-    for (int64_t d = 1; d <= hq; ++d) {
-      if (hq % d == 0) divisors.push_back(d);
-    }
     e.Add("spec.model.num_key_value_heads", absl::StrCat(hkv),
           absl::StrCat("does not divide num_attention_heads ", hq),
           absl::StrCat("each kv head serves a whole group of query heads; use one of ",
-                       absl::StrJoin(divisors, ", ")));
+                       Divisors(hq)));
   }
   if (m.rope_theta <= 0) {
     e.Add("spec.model.rope_theta", FormatDouble(m.rope_theta), "must be > 0",
@@ -136,7 +157,7 @@ void CheckSpAgainstHeads(const JobSpec& s, const std::string& path, int64_t sp, 
   const int64_t hq = s.model.num_attention_heads;
   const int64_t hkv = s.model.num_key_value_heads;
   if (sp < 1 || hq <= 0 || hkv <= 0 || hq % hkv != 0) return;
-  const std::string valid = absl::StrJoin(ValidSpDegrees(hq, hkv), ", ");
+  const std::string valid = ValidSpDegrees(hq, hkv);
   if (hq % sp != 0) {
     e.Add(path, absl::StrCat(sp), absl::StrCat("does not divide num_attention_heads ", hq),
           absl::StrCat("each rank needs whole query heads, so sp_degree is at most ", hq,
@@ -216,10 +237,8 @@ void CheckOptimizer(const JobSpec& s, Errors& e) {
 // Nearest multiples of the sequence unit around `seq_len`: the unit keeps N/P a
 // multiple of 1024 when the sequence is long enough, else it is P itself.
 std::string SeqLenSuggestion(int64_t seq_len, int64_t sp) {
-  const int64_t unit = seq_len >= sp * 1024 ? sp * 1024 : sp;
-  const int64_t lower = seq_len / unit * unit;
-  if (lower <= 0) return absl::StrCat("try ", unit);
-  return absl::StrCat("try ", lower, " or ", lower + unit);
+  const int64_t unit = sp <= INT64_MAX / 1024 && seq_len >= sp * 1024 ? sp * 1024 : sp;
+  return NearestMultiples(seq_len, unit);
 }
 
 void CheckStage(const JobSpec& s, size_t i, Errors& e) {
@@ -253,6 +272,11 @@ void CheckStage(const JobSpec& s, size_t i, Errors& e) {
     CheckSpAgainstHeads(s, p + ".sp_degree", *st.sp_degree, e);
   }
   if (st.dp_degree) CheckDegree(e, p + ".dp_degree", *st.dp_degree, "data parallelism");
+  const int64_t dp = s.StageDp(i);
+  if (sp >= 1 && dp >= 1 && (sp > kMaxWorldSize || dp > kMaxWorldSize / sp)) {
+    e.Add(p, absl::StrCat("sp_degree ", sp, " x dp_degree ", dp),
+          absl::StrCat("is more than ", kMaxWorldSize, " ranks"), "use fewer ranks");
+  }
   if (s.data.synthetic && s.data.synthetic->generator == "needle" && st.seq_len > 0 &&
       st.seq_len < kNeedleMinSeqLen) {
     e.Add(p + ".seq_len", absl::StrCat(st.seq_len), "is too short for the needle generator",

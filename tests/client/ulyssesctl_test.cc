@@ -271,6 +271,9 @@ TEST_F(UlyssesctlTest, UsageErrorsExitOne) {
   Result no_verb = Run({});
   EXPECT_EQ(no_verb.exit_code, 1);
   EXPECT_THAT(no_verb.err, HasSubstr("subcommand is required"));
+  Result unknown = Run({"-o", "json", "frobnicate", "-f", "x"});
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_THAT(unknown.err, HasSubstr("unknown verb 'frobnicate' (use one of: validate, plan, "));
   Result bad_format = Run({"-o", "xml", "validate", "-f", Example("tiny-demo.yaml")});
   EXPECT_EQ(bad_format.exit_code, 1);
   EXPECT_THAT(bad_format.err, HasSubstr("xml not in {table,json,yaml}"));

@@ -308,6 +308,21 @@ std::vector<BadCase> BadCases() {
        With({{"generator: random", "generator: needle"},
              {base_stages, "  stages:\n    - {seq_len: 32, steps: 10}\n"}}),
        "spec.stages[0].seq_len: 32 is too short for the needle generator"},
+      {"huge_world", With("{sp_degree: 2, dp_degree: 1}", "{sp_degree: 2, dp_degree: 9000000}"),
+       "spec.stages[0]: sp_degree 2 x dp_degree 9000000 is more than 1048576 ranks (use fewer "
+       "ranks)"},
+      {"huge_heads_do_not_hang",
+       With("{preset: tiny}",
+            "{preset: tiny, num_attention_heads: 9223372036854775807, "
+            "num_key_value_heads: 3, hidden_size: 9223372036854775806}"),
+       "spec.model.num_key_value_heads: 3 does not divide num_attention_heads 9223372036854775807 "
+       "(each kv head serves a whole group of query heads; use one of the divisors of "
+       "9223372036854775807)"},
+      {"huge_seq_len_suggestion",
+       With("{seq_len: 2048, steps: 5, sp_degree: 4}",
+            "{seq_len: 9223372036854775807, steps: 5, sp_degree: 4}"),
+       "spec.stages[1].seq_len: 9223372036854775807 is not divisible by sp_degree 4 (try "
+       "9223372036854771712)"},
       {"max_failures", With("{max_failures: 3}", "{max_failures: -1}"),
        "spec.scheduling.max_failures: -1 must be >= 0"},
       {"loss_tile_tokens", With("{tiled_loss: true}", "{tiled_loss: true, loss_tile_tokens: 0}"),

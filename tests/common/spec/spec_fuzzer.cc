@@ -1,5 +1,8 @@
 // libFuzzer target for the JobSpec parser (built only with clang):
-//   build/bin/spec_fuzzer -max_total_time=60 configs/jobs
+//   mkdir -p /tmp/spec-corpus && cp configs/jobs/*.yaml /tmp/spec-corpus
+//   build/bin/spec_fuzzer -max_total_time=60 -timeout=5 /tmp/spec-corpus
+// (libFuzzer writes new inputs into the corpus directory: never point it at configs/.)
+// Crashes found so far live in tests/common/spec/testdata/ (run by common_spec_fuzz_test).
 // Any input must give OK or InvalidArgument with non-empty `path: ...` lines, and
 // an accepted spec must round-trip through ToYaml.
 #include <cstddef>
