@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -136,6 +137,10 @@ class SimWorker final : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Co
     return done_;
   }
   int assignments() const { return assignments_.load(); }
+  std::string final_status() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return absl::StrCat(final_.error_code(), " ", final_.error_message());
+  }
 
  private:
   Latencies* heartbeat_;
@@ -302,12 +307,11 @@ int main(int argc, char** argv) {
       auto slot_start =
           start + std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(5) * tick);
       std::this_thread::sleep_until(slot_start);
-      double phase =
-          std::fmod(std::chrono::duration<double>(slot_start - start).count(), period.count()) /
-          period.count();
-      double next_phase = phase + 0.005 / period.count();
-      int lo = static_cast<int>(phase * workers);
-      int hi = std::min(workers, static_cast<int>(next_phase * workers));
+      // Integer slots so every worker fires exactly once per period.
+      const long slots = std::max<long>(1, std::lround(period.count() / 0.005));
+      const long slot = tick % slots;
+      const int lo = static_cast<int>((slot * workers + slots - 1) / slots);
+      const int hi = static_cast<int>(((slot + 1) * workers + slots - 1) / slots);
       for (int i = lo; i < hi; ++i) {
         if (!sims[i]->Heartbeat()) skipped++;
       }
@@ -373,7 +377,9 @@ int main(int argc, char** argv) {
   beat.join();
   user.join();
   int dead = 0, assigned = 0;
+  std::map<std::string, int> end_reasons;
   for (auto& s : sims) {
+    if (s->done()) end_reasons[s->final_status()]++;
     dead += s->done();
     assigned += s->assignments();
   }
@@ -391,6 +397,7 @@ int main(int argc, char** argv) {
       "heartbeats skipped (previous write in flight): %ld; sessions ended early: %d; "
       "jobs submitted: %d; assignments received: %d\n",
       skipped.load(), dead, submitted.load(), assigned);
+  for (const auto& [why, n] : end_reasons) printf("  session ended: %d x [%s]\n", n, why.c_str());
   printf("coordinator CPU: %.1f%% of one core over %.1fs; RSS %.1f MiB\n",
          100.0 * (p1.cpu_seconds - p0.cpu_seconds) / wall, wall, p1.rss_mib);
 

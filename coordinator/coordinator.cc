@@ -113,6 +113,8 @@ struct Coordinator::JobRt {
   int64_t last_flush_steady = 0;
   int64_t queued_since_steady = 0;
   int64_t recovering_since_steady = 0;
+  int64_t last_progress_steady = 0;
+  int64_t last_progress_generation = 0;
 };
 
 struct Coordinator::Txn {
@@ -136,6 +138,7 @@ struct Coordinator::Metrics {
   metrics::GaugeFamily* loss = nullptr;
   metrics::GaugeFamily* tokens_per_s = nullptr;
   metrics::GaugeFamily* step = nullptr;
+  metrics::CounterFamily* tokens = nullptr;
 };
 
 Coordinator::Coordinator(CoordinatorConfig config, std::unique_ptr<Store> store,
@@ -156,7 +159,7 @@ Coordinator::Coordinator(CoordinatorConfig config, std::unique_ptr<Store> store,
   m.gang_wait = must(
       registry->AddHistogram("ulysses_gang_wait_seconds",
                              "Time a job waited in the queue until its whole group was placed.", {},
-                             metrics::ExponentialBuckets(0.01, 4, 10)));
+                             metrics::ExponentialBuckets(0.5, 2, 12)));
   m.restarts = must(registry->AddCounter("ulysses_job_restarts_total",
                                          "Group restarts after a failure, by reason.", {"reason"}));
   m.preemptions = must(registry->AddCounter("ulysses_preemptions_total",
@@ -164,12 +167,12 @@ Coordinator::Coordinator(CoordinatorConfig config, std::unique_ptr<Store> store,
   m.recovery =
       must(registry->AddHistogram("ulysses_recovery_duration_seconds",
                                   "Time from a group breaking (RECOVERING) until it runs again.",
-                                  {}, metrics::ExponentialBuckets(0.1, 2, 12)));
+                                  {}, metrics::ExponentialBuckets(0.5, 2, 12)));
   m.stage_transitions = must(registry->AddCounter(
       "ulysses_stage_transitions_total", "Stages completed (moves to the next stage or success)."));
   m.checkpoint_seconds = must(registry->AddHistogram("ulysses_checkpoint_save_duration_seconds",
                                                      "Wall time of committed checkpoint saves.", {},
-                                                     metrics::ExponentialBuckets(0.01, 3, 12)));
+                                                     metrics::ExponentialBuckets(0.5, 2, 12)));
   m.checkpoint_bytes =
       must(registry->AddGauge("ulysses_checkpoint_bytes",
                               "Size of the last committed checkpoint per live job.", {"job_id"}));
@@ -179,6 +182,11 @@ Coordinator::Coordinator(CoordinatorConfig config, std::unique_ptr<Store> store,
                                            "Last reported throughput per live job.", {"job_id"}));
   m.step = must(registry->AddGauge(
       "ulysses_train_step", "Last reported step of the current stage per live job.", {"job_id"}));
+  m.tokens = must(registry->AddCounter(
+      "ulysses_train_tokens_total",
+      "Tokens trained per live job since the coordinator started (reported throughput "
+      "integrated between rank-0 progress reports).",
+      {"job_id"}));
   check(registry->AddCallbackGaugeFamily("ulysses_jobs", "Jobs by state.", {"state"},
                                          [this] { return CountJobsByState(); }));
   check(registry->AddCallbackGauge("ulysses_queue_length",
@@ -379,6 +387,7 @@ void Coordinator::JobEnded(JobRt& job) {
        {metrics_->checkpoint_bytes, metrics_->loss, metrics_->tokens_per_s, metrics_->step}) {
     if (f) f->Remove({job.rec.id});
   }
+  if (metrics_->tokens) metrics_->tokens->Remove({job.rec.id});
 }
 
 void Coordinator::AddEvent(JobRt& job, v1::JobEvent event, bool persist, Txn& txn) {
@@ -409,7 +418,8 @@ void Coordinator::SetState(JobRt& job, v1::JobState to, const std::string& reaso
     txn.ended.push_back(&job);
   }
   if (IsQueued(to) && !IsQueued(from)) job.queued_since_steady = steady;
-  if (to == v1::JOB_STATE_RECOVERING && job.recovering_since_steady == 0) {
+  if ((to == v1::JOB_STATE_RECOVERING || to == v1::JOB_STATE_PREEMPTED) &&
+      job.recovering_since_steady == 0) {
     job.recovering_since_steady = steady;
   }
   if (to == v1::JOB_STATE_RUNNING && job.recovering_since_steady != 0) {
@@ -1190,6 +1200,14 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
             metrics_->tokens_per_s->WithLabels({job->rec.id})->Set(p.tokens_per_s());
           }
           if (metrics_->step) metrics_->step->WithLabels({job->rec.id})->Set(p.step());
+          const int64_t now = SteadyMs();
+          if (metrics_->tokens && job->last_progress_steady > 0 &&
+              job->last_progress_generation == ref.generation()) {
+            double dt = std::min(60.0, (now - job->last_progress_steady) / 1000.0);
+            metrics_->tokens->WithLabels({job->rec.id})->Increment(p.tokens_per_s() * dt);
+          }
+          job->last_progress_steady = now;
+          job->last_progress_generation = ref.generation();
           v1::JobEvent ev;
           v1::StepProgress* sp = ev.mutable_progress();
           sp->set_stage(ref.stage());

@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   RETURN_IF_ERROR(metrics::RegisterBuildInfo(&s->registry_));
   absl::StatusOr<metrics::HistogramFamily*> rpc_seconds = s->registry_.AddHistogram(
       "ulysses_rpc_duration_seconds", "Server-side handling time of coordinator RPCs.", {"method"},
-      metrics::ExponentialBuckets(0.0001, 4, 10));
+      metrics::ExponentialBuckets(0.0005, 2, 14));
   RETURN_IF_ERROR(rpc_seconds.status());
 
   ASSIGN_OR_RETURN(s->coordinator_, Coordinator::Create(config, &s->registry_));
@@ -79,7 +79,7 @@ void CoordinatorServer::Shutdown() {
     }
     // Close worker sessions and watch streams first so Shutdown need not wait them out.
     if (coordinator_) coordinator_->Shutdown();
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     server_->Wait();
   }
   if (coordinator_) coordinator_->Shutdown();

@@ -178,7 +178,7 @@ class SessionReactor final
       session_ = *session;
       opened_ = true;
     } else {
-      RpcTimer timer(rpc_seconds_, "WorkerService/Session.message");
+      RpcTimer timer(rpc_seconds_, "/ulysses.v1.WorkerService/Session");
       coordinator_->OnWorkerMessage(worker_id_, session_, in_);
     }
     StartRead(&in_);
@@ -206,7 +206,7 @@ class SessionReactor final
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* context,
                                                     const v1::SubmitJobRequest* request,
                                                     v1::SubmitJobResponse* response) {
-  RpcTimer timer(rpc_seconds_, "JobService/SubmitJob");
+  RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/SubmitJob");
   absl::StatusOr<v1::SubmitJobResponse> r = coordinator_->SubmitJob(*request);
   if (r.ok()) *response = std::move(*r);
   return FinishUnary(context, r.status());
@@ -215,7 +215,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* context,
                                                  const v1::GetJobRequest* request,
                                                  v1::GetJobResponse* response) {
-  RpcTimer timer(rpc_seconds_, "JobService/GetJob");
+  RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/GetJob");
   absl::StatusOr<v1::Job> r = coordinator_->GetJob(*request);
   if (r.ok()) *response->mutable_job() = std::move(*r);
   return FinishUnary(context, r.status());
@@ -224,7 +224,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* context,
                                                    const v1::ListJobsRequest* request,
                                                    v1::ListJobsResponse* response) {
-  RpcTimer timer(rpc_seconds_, "JobService/ListJobs");
+  RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ListJobs");
   absl::StatusOr<v1::ListJobsResponse> r = coordinator_->ListJobs(*request);
   if (r.ok()) *response = std::move(*r);
   return FinishUnary(context, r.status());
@@ -233,7 +233,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* context,
                                                     const v1::CancelJobRequest* request,
                                                     v1::CancelJobResponse* response) {
-  RpcTimer timer(rpc_seconds_, "JobService/CancelJob");
+  RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/CancelJob");
   absl::StatusOr<v1::Job> r = coordinator_->CancelJob(request->job_id(), request->reason());
   if (r.ok()) *response->mutable_job() = std::move(*r);
   return FinishUnary(context, r.status());
@@ -242,7 +242,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext* context,
                                                     const v1::ResumeJobRequest* request,
                                                     v1::ResumeJobResponse* response) {
-  RpcTimer timer(rpc_seconds_, "JobService/ResumeJob");
+  RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ResumeJob");
   absl::StatusOr<v1::Job> r = coordinator_->ResumeJob(request->job_id());
   if (r.ok()) *response->mutable_job() = std::move(*r);
   return FinishUnary(context, r.status());
@@ -261,7 +261,7 @@ grpc::ServerWriteReactor<v1::GetJobLogsResponse>* JobServiceImpl::GetJobLogs(
 grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContext* context,
                                                       const v1::ListWorkersRequest* request,
                                                       v1::ListWorkersResponse* response) {
-  RpcTimer timer(rpc_seconds_, "JobService/ListWorkers");
+  RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ListWorkers");
   *response = coordinator_->ListWorkers();
   return FinishUnary(context, absl::OkStatus());
 }
@@ -269,7 +269,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContext* context,
                                                       const v1::RegisterRequest* request,
                                                       v1::RegisterResponse* response) {
-  RpcTimer timer(rpc_seconds_, "WorkerService/Register");
+  RpcTimer timer(rpc_seconds_, "/ulysses.v1.WorkerService/Register");
   absl::StatusOr<v1::RegisterResponse> r = coordinator_->Register(*request);
   if (r.ok()) *response = std::move(*r);
   return FinishUnary(context, r.status());

@@ -8,7 +8,11 @@
 #include <set>
 #include <thread>
 
+#include <grpcpp/generic/generic_stub.h>
 #include "absl/strings/str_cat.h"
+
+#include <future>
+
 #include "common/grpc/grpc_util.h"
 #include "coordinator/server.h"
 #include "gtest/gtest.h"
@@ -31,7 +35,8 @@ class CoordinatorGrpcTest : public ::testing::Test {
     config_.listen = "127.0.0.1:0";
     config_.state_dir = dir_.path();
     config_.metrics_listen = "127.0.0.1:0";
-    config_.heartbeat_timeout_s = 1;
+    // Short enough to test loss quickly, long enough for a loaded 2-core CI box.
+    config_.heartbeat_timeout_s = 2;
     config_.heartbeat_interval_s = 0.2;
     config_.restart_backoff_base_s = 0.05;
     config_.restart_backoff_max_s = 0.2;
@@ -460,11 +465,12 @@ TEST_F(CoordinatorGrpcTest, MetricsPassPromtool) {
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200);
   const std::string& body = res->body;
-  for (const char* needle : {"ulysses_jobs{state=\"running\"} 1", "ulysses_queue_length 0",
-                             "ulysses_workers{state=\"busy\"} 1", "ulysses_build_info{",
-                             "ulysses_worker_heartbeat_age_seconds{worker=\"w-w1\"}",
-                             "ulysses_rpc_duration_seconds_bucket{method=\"JobService/SubmitJob\"",
-                             "ulysses_gang_wait_seconds_count 1"}) {
+  for (const char* needle :
+       {"ulysses_jobs{state=\"running\"} 1", "ulysses_queue_length 0",
+        "ulysses_workers{state=\"busy\"} 1", "ulysses_build_info{",
+        "ulysses_worker_heartbeat_age_seconds{worker=\"w-w1\"}",
+        "ulysses_rpc_duration_seconds_bucket{method=\"/ulysses.v1.JobService/SubmitJob\"",
+        "ulysses_gang_wait_seconds_count 1"}) {
     EXPECT_NE(body.find(needle), std::string::npos) << needle << "\n" << body;
   }
   EXPECT_NE(body.find("ulysses_train_loss{job_id=\"" + *id + "\"} 4.5"), std::string::npos);
@@ -480,6 +486,66 @@ TEST_F(CoordinatorGrpcTest, MetricsPassPromtool) {
   auto after = http.Get("/metrics");
   ASSERT_TRUE(after);
   EXPECT_EQ(after->body.find("job_id=\"" + *id + "\""), std::string::npos);
+}
+
+TEST_F(CoordinatorGrpcTest, ListJobsFiltersByStateAndPages) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto id = Submit(JobYaml("paged-" + std::to_string(i), "    - {seq_len: 256, steps: 2}\n"));
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  auto list = [&](const std::string& token, std::vector<v1::JobState> states) {
+    v1::ListJobsRequest req;
+    req.set_page_size(2);
+    req.set_page_token(token);
+    for (auto s : states) req.add_states(s);
+    v1::ListJobsResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(5));
+    EXPECT_TRUE(jobs_->ListJobs(&ctx, req, &resp).ok());
+    return resp;
+  };
+  v1::ListJobsResponse first = list("", {});
+  ASSERT_EQ(first.jobs_size(), 2);
+  EXPECT_EQ(first.jobs(0).id(), ids[2]);  // Newest first.
+  EXPECT_EQ(first.jobs(1).id(), ids[1]);
+  ASSERT_FALSE(first.next_page_token().empty());
+  v1::ListJobsResponse second = list(first.next_page_token(), {});
+  ASSERT_EQ(second.jobs_size(), 1);
+  EXPECT_EQ(second.jobs(0).id(), ids[0]);
+  EXPECT_TRUE(second.next_page_token().empty());
+  EXPECT_EQ(list("", {v1::JOB_STATE_PENDING}).jobs_size(), 2);
+  EXPECT_EQ(list("", {v1::JOB_STATE_RUNNING}).jobs_size(), 0);
+  v1::ListJobsRequest bad;
+  bad.set_page_token("not-a-token");
+  v1::ListJobsResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, absl::Seconds(5));
+  EXPECT_EQ(jobs_->ListJobs(&ctx, bad, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// The standard grpc.health.v1.Health/Check, called as a raw generic RPC: the request is
+// HealthCheckRequest{service = ""} (empty bytes); SERVING is HealthCheckResponse{status = 1},
+// i.e. the bytes 0x08 0x01.
+TEST_F(CoordinatorGrpcTest, HealthServiceReportsServing) {
+  grpc::GenericStub stub(channel_);
+  grpc::ByteBuffer request;  // Empty message.
+  grpc::Slice empty("", 0);
+  request = grpc::ByteBuffer(&empty, 1);
+  grpc::ByteBuffer response;
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, absl::Seconds(5));
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) { done.set_value(s); });
+  grpc::Status status = done.get_future().get();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  EXPECT_EQ(bytes, std::string("\x08\x01", 2));
 }
 
 }  // namespace
