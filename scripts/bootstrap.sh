@@ -12,6 +12,8 @@ PACKAGES=(
   libyaml-cpp-dev libsqlite3-dev libcpp-httplib-dev libcli11-dev nlohmann-json3-dev
   # engine: libtorch (CPU, with c10d Gloo + TCPStore) and an optimized BLAS for it
   libtorch-dev libopenblas0-pthread
+  # c10d ProcessGroupGloo.hpp includes <gloo/...> headers (ulysses_engine_parallel)
+  libgloo-dev
   # tests and benchmarks: gtest/gmock, google benchmark, promtool/prometheus for the
   # metrics checks, Debian's PyTorch for the independent reference and the eager baseline
   libgtest-dev libgmock-dev libbenchmark-dev prometheus python3 python3-torch python3-numpy

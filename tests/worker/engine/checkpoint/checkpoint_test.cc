@@ -1,0 +1,330 @@
+#include "worker/engine/checkpoint/checkpoint.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+namespace ulysses::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "ulysses-ckpt-XXXXXX").string();
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A reusable barrier for `n` threads; `hook(k)` runs on the last arriver of the k-th
+// barrier (0-based) before anyone is released.
+class ThreadBarrier {
+ public:
+  explicit ThreadBarrier(int n, std::function<absl::Status(int)> hook = nullptr)
+      : n_(n), hook_(std::move(hook)) {}
+  absl::Status Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t gen = generation_;
+    if (++arrived_ == n_) {
+      if (hook_) result_ = hook_(static_cast<int>(gen));
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return result_;
+    }
+    cv_.wait(lock, [&] { return generation_ != gen; });
+    return result_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const int n_;
+  int arrived_ = 0;
+  int64_t generation_ = 0;
+  std::function<absl::Status(int)> hook_;
+  absl::Status result_;
+};
+
+CheckpointState MakeState(int64_t step, uint64_t seed = 1) {
+  torch::manual_seed(seed);
+  CheckpointState s;
+  s.stage = 1;
+  s.step_in_stage = step - 10;
+  s.global_step = step;
+  s.stage_complete = step % 2 == 0;
+  s.spec_hash = "abc123";
+  s.tensors = {{"model/model.embed_tokens.weight", torch::randn({17, 8})},
+               {"optim/exp_avg/model.norm.weight", torch::randn({8}, torch::kFloat64)},
+               {"optim/step", torch::tensor({step}, torch::kInt64)},
+               {"rng/cpu", torch::randint(0, 255, {33}, torch::kUInt8)},
+               {"model/empty", torch::zeros({0, 4})},
+               {"model/half", torch::randn({3, 5}).to(torch::kBFloat16)},
+               {"model/lm_head.weight", torch::randn({17, 8}).t()}};  // non-contiguous
+  s.extra = {{"data_position", step * 4}, {"world", {{"sp", 2}, {"dp", 1}}}};
+  return s;
+}
+
+absl::StatusOr<std::string> SaveParallel(const std::string& root, const CheckpointState& state,
+                                         int world, int64_t keep_last,
+                                         std::function<absl::Status(int)> hook = nullptr) {
+  ThreadBarrier barrier(world, std::move(hook));
+  std::vector<absl::StatusOr<std::string>> results(world, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      results[r] = SaveCheckpoint(root, state, r, world, keep_last, [&] { return barrier.Wait(); });
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 1; r < world; ++r) {
+    if (results[r].ok() != results[0].ok()) return absl::InternalError("ranks disagree");
+  }
+  return results[0];
+}
+
+void ExpectSameState(const CheckpointState& a, const CheckpointState& b) {
+  EXPECT_EQ(a.stage, b.stage);
+  EXPECT_EQ(a.step_in_stage, b.step_in_stage);
+  EXPECT_EQ(a.global_step, b.global_step);
+  EXPECT_EQ(a.stage_complete, b.stage_complete);
+  EXPECT_EQ(a.spec_hash, b.spec_hash);
+  EXPECT_EQ(a.extra, b.extra);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    EXPECT_EQ(a.tensors[i].name, b.tensors[i].name);
+    EXPECT_EQ(a.tensors[i].tensor.scalar_type(), b.tensors[i].tensor.scalar_type());
+    EXPECT_TRUE(torch::equal(a.tensors[i].tensor, b.tensors[i].tensor)) << a.tensors[i].name;
+  }
+}
+
+TEST(CheckpointTest, Crc32KnownValue) {
+  EXPECT_EQ(Crc32("123456789", 9), 0xCBF43926u);
+  EXPECT_EQ(Crc32("6789", 4, Crc32("12345", 5)), 0xCBF43926u);
+}
+
+TEST(CheckpointTest, RoundTripAcrossWorldSizes) {
+  for (int world : {1, 2, 3}) {
+    TempDir root;
+    const CheckpointState state = MakeState(12);
+    auto dir = SaveParallel(root.path(), state, world, 2);
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    EXPECT_EQ(*dir, root.path() + "/step-00000012");
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(fs::exists(*dir + "/shard-" + std::to_string(r) + "-of-" + std::to_string(world) +
+                             ".bin"));
+    }
+    auto latest = LatestCommittedCheckpoint(root.path());
+    ASSERT_TRUE(latest.ok());
+    EXPECT_EQ(*latest, *dir);
+    auto loaded = LoadCheckpoint(*latest, "abc123");
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ExpectSameState(state, *loaded);
+    auto bytes = CheckpointBytes(*dir);
+    ASSERT_TRUE(bytes.ok());
+    EXPECT_GT(*bytes, 17 * 8 * 4 * 2);
+  }
+}
+
+TEST(CheckpointTest, ResumeAtDifferentWorldAndOverwriteSameStep) {
+  TempDir root;
+  ASSERT_TRUE(SaveParallel(root.path(), MakeState(20, 1), 4, 2).ok());
+  // Same step saved again with world 2 and different contents: replaces it.
+  const CheckpointState second = MakeState(20, 2);
+  auto dir = SaveParallel(root.path(), second, 2, 2);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_FALSE(fs::exists(*dir + "/shard-3-of-4.bin"));  // stale layout cleaned
+  auto loaded = LoadCheckpoint(*dir, "");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSameState(second, *loaded);
+}
+
+TEST(CheckpointTest, CorruptByteIsACrcErrorNamingTheShard) {
+  TempDir root;
+  auto dir = SaveParallel(root.path(), MakeState(4), 2, 2);
+  ASSERT_TRUE(dir.ok());
+  const std::string shard = *dir + "/shard-1-of-2.bin";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-3, std::ios::end);
+    char c;
+    f.read(&c, 1);
+    c ^= 0x5a;
+    f.seekp(-3, std::ios::end);
+    f.write(&c, 1);
+  }
+  auto loaded = LoadCheckpoint(*dir, "");
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(loaded.status().message().find("shard-1-of-2.bin"), std::string::npos)
+      << loaded.status();
+  EXPECT_NE(loaded.status().message().find("crc32 mismatch"), std::string::npos) << loaded.status();
+}
+
+TEST(CheckpointTest, BadMagicTruncatedAndMissingShard) {
+  TempDir root;
+  auto dir = SaveParallel(root.path(), MakeState(4), 2, 2);
+  ASSERT_TRUE(dir.ok());
+  const std::string shard0 = *dir + "/shard-0-of-2.bin";
+  const std::string backup = root.path() + "/backup.bin";
+  fs::copy_file(shard0, backup);
+
+  fs::resize_file(shard0, fs::file_size(shard0) - 10);
+  auto truncated = LoadCheckpoint(*dir, "");
+  ASSERT_FALSE(truncated.ok());
+  EXPECT_NE(truncated.status().message().find("shard-0-of-2.bin"), std::string::npos);
+  EXPECT_NE(truncated.status().message().find("truncated"), std::string::npos)
+      << truncated.status();
+
+  fs::resize_file(shard0, 20);
+  auto tiny = LoadCheckpoint(*dir, "");
+  EXPECT_NE(tiny.status().message().find("truncated"), std::string::npos) << tiny.status();
+
+  fs::copy_file(backup, shard0, fs::copy_options::overwrite_existing);
+  ASSERT_TRUE(LoadCheckpoint(*dir, "").ok());
+  {
+    std::fstream f(shard0, std::ios::in | std::ios::out | std::ios::binary);
+    f.write("XX", 2);
+  }
+  auto magic = LoadCheckpoint(*dir, "");
+  EXPECT_NE(magic.status().message().find("bad magic"), std::string::npos) << magic.status();
+
+  fs::remove(shard0);
+  auto missing = LoadCheckpoint(*dir, "");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("shard-0-of-2.bin is missing"), std::string::npos)
+      << missing.status();
+}
+
+TEST(CheckpointTest, ForeignSpecHash) {
+  TempDir root;
+  auto dir = SaveParallel(root.path(), MakeState(4), 1, 2);
+  ASSERT_TRUE(dir.ok());
+  auto loaded = LoadCheckpoint(*dir, "zzz999");
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(loaded.status().message().find("was written for spec hash abc123, this job is zzz999"),
+            std::string::npos)
+      << loaded.status();
+}
+
+TEST(CheckpointTest, MissingManifestIsNotCommitted) {
+  TempDir root;
+  EXPECT_EQ(LatestCommittedCheckpoint(root.path()).status().code(), absl::StatusCode::kNotFound);
+  auto first = SaveParallel(root.path(), MakeState(10), 2, 3);
+  ASSERT_TRUE(first.ok());
+  // Crash between shards and manifest: the job dies at the barrier after the shards.
+  auto crashed = SaveParallel(root.path(), MakeState(11), 2, 3, [](int k) {
+    return k == 1 ? absl::UnavailableError("peer died") : absl::OkStatus();
+  });
+  ASSERT_FALSE(crashed.ok());
+  EXPECT_TRUE(fs::exists(root.path() + "/step-00000011/shard-0-of-2.bin"));
+  EXPECT_FALSE(fs::exists(root.path() + "/step-00000011/manifest.json"));
+  auto latest = LatestCommittedCheckpoint(root.path());
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(*latest, *first);
+  auto not_committed = LoadCheckpoint(root.path() + "/step-00000011", "");
+  EXPECT_EQ(not_committed.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(not_committed.status().message().find("not committed"), std::string::npos);
+  // The next successful save removes the stale uncommitted dir (older than newest committed).
+  ASSERT_TRUE(SaveParallel(root.path(), MakeState(12), 2, 3).ok());
+  EXPECT_FALSE(fs::exists(root.path() + "/step-00000011"));
+  EXPECT_TRUE(fs::exists(root.path() + "/step-00000010"));
+}
+
+TEST(CheckpointTest, RetentionKeepsNewest) {
+  TempDir root;
+  for (int64_t step : {2, 4, 6, 8})
+    ASSERT_TRUE(SaveParallel(root.path(), MakeState(step), 2, 2).ok());
+  EXPECT_FALSE(fs::exists(root.path() + "/step-00000002"));
+  EXPECT_FALSE(fs::exists(root.path() + "/step-00000004"));
+  EXPECT_TRUE(fs::exists(root.path() + "/step-00000006/manifest.json"));
+  EXPECT_TRUE(fs::exists(root.path() + "/step-00000008/manifest.json"));
+  // keep_last 0 is treated as 1: the newest committed is never deleted.
+  ASSERT_TRUE(SaveParallel(root.path(), MakeState(9), 1, 0).ok());
+  EXPECT_FALSE(fs::exists(root.path() + "/step-00000008"));
+  EXPECT_TRUE(fs::exists(root.path() + "/step-00000009/manifest.json"));
+  // An unrelated directory is left alone.
+  fs::create_directories(root.path() + "/notes");
+  ASSERT_TRUE(SaveParallel(root.path(), MakeState(10), 1, 1).ok());
+  EXPECT_TRUE(fs::exists(root.path() + "/notes"));
+}
+
+TEST(CheckpointTest, ManifestIsWrittenLast) {
+  TempDir root;
+  const std::string dir = root.path() + "/step-00000014";
+  bool checked = false;
+  auto saved = SaveParallel(root.path(), MakeState(14), 2, 2, [&](int k) {
+    if (k == 1) {  // after every shard is written, before rank 0 commits
+      EXPECT_TRUE(fs::exists(dir + "/shard-0-of-2.bin"));
+      EXPECT_TRUE(fs::exists(dir + "/shard-1-of-2.bin"));
+      EXPECT_FALSE(fs::exists(dir + "/manifest.json"));
+      checked = true;
+    }
+    if (k == 2) EXPECT_TRUE(fs::exists(dir + "/manifest.json"));
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(saved.ok());
+  EXPECT_TRUE(checked);
+  const auto manifest_time = fs::last_write_time(dir + "/manifest.json");
+  EXPECT_GE(manifest_time, fs::last_write_time(dir + "/shard-0-of-2.bin"));
+  EXPECT_GE(manifest_time, fs::last_write_time(dir + "/shard-1-of-2.bin"));
+  EXPECT_FALSE(fs::exists(dir + "/manifest.json.tmp"));
+}
+
+TEST(CheckpointTest, ForkedProcessesShareAFileBarrier) {
+  // Two real processes, synchronised through files in the directory.
+  TempDir root;
+  const CheckpointState state = MakeState(30);
+  auto file_barrier = [&](int rank, int& gen) {
+    return [&, rank]() -> absl::Status {
+      const std::string mine =
+          root.path() + "/b" + std::to_string(gen) + "-" + std::to_string(rank);
+      std::ofstream(mine).put('x');
+      const std::string other =
+          root.path() + "/b" + std::to_string(gen) + "-" + std::to_string(1 - rank);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (!fs::exists(other)) {
+        if (std::chrono::steady_clock::now() > deadline)
+          return absl::DeadlineExceededError("barrier");
+        std::this_thread::yield();
+      }
+      ++gen;
+      return absl::OkStatus();
+    };
+  };
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int gen = 0;
+    auto r = SaveCheckpoint(root.path() + "/ckpt", state, 1, 2, 2, file_barrier(1, gen));
+    _exit(r.ok() ? 0 : 1);
+  }
+  int gen = 0;
+  auto r = SaveCheckpoint(root.path() + "/ckpt", state, 0, 2, 2, file_barrier(0, gen));
+  int wstatus = 0;
+  waitpid(pid, &wstatus, 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+  auto loaded = LoadCheckpoint(*r, "abc123");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSameState(state, *loaded);
+}
+
+}  // namespace
+}  // namespace ulysses::engine

@@ -1,0 +1,251 @@
+#include "worker/engine/hf/hf.h"
+
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+namespace ulysses::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "ulysses-hf-XXXXXX").string();
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string Sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+spec::ModelSpec TinyModel(bool tied) {
+  spec::ModelSpec m;
+  m.vocab_size = 64;
+  m.hidden_size = 32;
+  m.intermediate_size = 48;
+  m.num_hidden_layers = 2;
+  m.num_attention_heads = 4;
+  m.num_key_value_heads = 2;
+  m.rope_theta = 10000.0;
+  m.rms_norm_eps = 1e-5;
+  m.tie_word_embeddings = tied;
+  return m;
+}
+
+std::vector<NamedTensor> RandomWeights(const spec::ModelSpec& m, double std) {
+  std::vector<NamedTensor> w;
+  for (const auto& [name, shape] : HfLlamaShapes(m)) {
+    torch::Tensor t =
+        name.find("norm") != std::string::npos ? torch::ones(shape) : torch::randn(shape) * std;
+    w.push_back({name, t});
+  }
+  return w;
+}
+
+TEST(HfTest, RoundTripDirectory) {
+  TempDir dir;
+  for (bool tied : {false, true}) {
+    const spec::ModelSpec m = TinyModel(tied);
+    const auto weights = RandomWeights(m, 0.02);
+    const std::string out = dir.Sub(tied ? "tied" : "untied");
+    ASSERT_TRUE(WriteHfDirectory(out, m, weights).ok());
+    auto config = ReadHfConfig(out);
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->vocab_size, 64);
+    EXPECT_EQ(config->hidden_size, 32);
+    EXPECT_EQ(config->intermediate_size, 48);
+    EXPECT_EQ(config->num_hidden_layers, 2);
+    EXPECT_EQ(config->num_attention_heads, 4);
+    EXPECT_EQ(config->num_key_value_heads, 2);
+    EXPECT_DOUBLE_EQ(config->rms_norm_eps, 1e-5);
+    EXPECT_EQ(config->tie_word_embeddings, tied);
+    auto loaded = LoadHfWeights(out);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ASSERT_EQ(loaded->size(), weights.size());
+    std::map<std::string, torch::Tensor> by_name;
+    for (const auto& nt : weights) by_name[nt.name] = nt.tensor;
+    for (const auto& nt : *loaded) {
+      ASSERT_TRUE(by_name.count(nt.name)) << nt.name;
+      EXPECT_TRUE(torch::equal(nt.tensor, by_name[nt.name])) << nt.name;
+    }
+    EXPECT_EQ(tied, !by_name.count("lm_head.weight"));
+  }
+}
+
+TEST(HfTest, ReadsBf16F16AndShardedIndex) {
+  TempDir dir;
+  fs::create_directories(dir.Sub("m"));
+  torch::Tensor a = torch::randn({5, 3});
+  torch::Tensor b = torch::randn({7});
+  ASSERT_TRUE(WriteSafetensors(dir.Sub("m/part-1.safetensors"), {{"a", a.to(torch::kBFloat16)}},
+                               {{"format", "pt"}})
+                  .ok());
+  ASSERT_TRUE(
+      WriteSafetensors(dir.Sub("m/part-2.safetensors"), {{"b", b.to(torch::kFloat16)}}).ok());
+  ASSERT_TRUE(WriteSafetensors(dir.Sub("m/ignored.safetensors"), {{"zzz", b}}).ok());
+  std::ofstream(dir.Sub("m/model.safetensors.index.json"))
+      << R"({"metadata": {}, "weight_map": {"a": "part-1.safetensors", "b": "part-2.safetensors"}})";
+  auto loaded = LoadHfWeights(dir.Sub("m"));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->size(), 2u);  // only files named by the index
+  EXPECT_EQ((*loaded)[0].name, "a");
+  EXPECT_EQ((*loaded)[0].tensor.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::equal((*loaded)[0].tensor, a.to(torch::kBFloat16).to(torch::kFloat32)));
+  EXPECT_FALSE(torch::equal((*loaded)[0].tensor, a));  // bf16 really was stored
+  EXPECT_TRUE(torch::equal((*loaded)[1].tensor, b.to(torch::kFloat16).to(torch::kFloat32)));
+
+  // The raw file layout: 8-byte LE header length, JSON, data.
+  std::ifstream in(dir.Sub("m/part-1.safetensors"), std::ios::binary);
+  uint64_t len = 0;
+  in.read(reinterpret_cast<char*>(&len), 8);
+  std::string header(len, '\0');
+  in.read(header.data(), len);
+  EXPECT_NE(header.find(R"("a":{"data_offsets":[0,30],"dtype":"BF16","shape":[5,3]})"),
+            std::string::npos)
+      << header;
+  EXPECT_NE(header.find(R"("__metadata__":{"format":"pt"})"), std::string::npos);
+  EXPECT_EQ(fs::file_size(dir.Sub("m/part-1.safetensors")), 8 + len + 30);
+}
+
+void WriteRaw(const std::string& path, const std::string& header, size_t data_bytes) {
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t len = header.size();
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out << header << std::string(data_bytes, '\0');
+}
+
+TEST(HfTest, ShapeAndDtypeErrorsNameTheTensor) {
+  TempDir dir;
+  WriteRaw(dir.Sub("shape.safetensors"),
+           R"({"w.bad":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}})", 20);
+  auto shape = ReadSafetensors(dir.Sub("shape.safetensors"));
+  ASSERT_FALSE(shape.ok());
+  EXPECT_NE(
+      shape.status().message().find("tensor w.bad: shape [2, 3] with dtype F32 needs 24 bytes"),
+      std::string::npos)
+      << shape.status();
+  WriteRaw(dir.Sub("dtype.safetensors"),
+           R"({"w.odd":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})", 2);
+  auto dtype = ReadSafetensors(dir.Sub("dtype.safetensors"));
+  EXPECT_NE(dtype.status().message().find("tensor w.odd: unsupported dtype F8_E4M3"),
+            std::string::npos)
+      << dtype.status();
+  WriteRaw(dir.Sub("trunc.safetensors"),
+           R"({"w.cut":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8);
+  auto trunc = ReadSafetensors(dir.Sub("trunc.safetensors"));
+  EXPECT_NE(trunc.status().message().find("tensor w.cut"), std::string::npos) << trunc.status();
+  // Integer weights are refused by LoadHfWeights.
+  fs::create_directories(dir.Sub("int"));
+  ASSERT_TRUE(WriteSafetensors(dir.Sub("int/model.safetensors"),
+                               {{"w.int", torch::ones({2}, torch::kInt64)}})
+                  .ok());
+  auto ints = LoadHfWeights(dir.Sub("int"));
+  EXPECT_NE(ints.status().message().find("tensor w.int has dtype Long"), std::string::npos)
+      << ints.status();
+  // The writer checks names and shapes against the config.
+  spec::ModelSpec m = TinyModel(false);
+  auto weights = RandomWeights(m, 0.02);
+  weights[3].tensor = torch::zeros({1, 2});
+  auto bad = WriteHfDirectory(dir.Sub("bad"), m, weights);
+  EXPECT_NE(bad.message().find("tensor " + weights[3].name + " has shape [1, 2], expected"),
+            std::string::npos)
+      << bad;
+  EXPECT_NE(WriteHfDirectory(dir.Sub("bad"), m, RandomWeights(TinyModel(true), 0.02))
+                .message()
+                .find("missing"),
+            std::string::npos);
+}
+
+TEST(HfTest, ConfigErrors) {
+  TempDir dir;
+  fs::create_directories(dir.Sub("c"));
+  const std::string base =
+      R"("vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4)";
+  std::ofstream(dir.Sub("c/config.json")) << "{" << base << "}";
+  auto ok = ReadHfConfig(dir.Sub("c"));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->num_key_value_heads, 4);  // defaults to the query heads
+  EXPECT_DOUBLE_EQ(ok->rms_norm_eps, 1e-6);
+  std::ofstream(dir.Sub("c/config.json"))
+      << "{" << base << R"(, "rope_scaling": {"rope_type": "llama3"}})";
+  EXPECT_NE(ReadHfConfig(dir.Sub("c")).status().message().find("rope_scaling"), std::string::npos);
+  std::ofstream(dir.Sub("c/config.json")) << R"({"vocab_size": 64})";
+  EXPECT_NE(ReadHfConfig(dir.Sub("c")).status().message().find("missing hidden_size"),
+            std::string::npos);
+  EXPECT_EQ(ReadHfConfig(dir.Sub("nope")).status().code(), absl::StatusCode::kNotFound);
+}
+
+// Runs scripts/reference_llama.py and returns its "loss".
+double RunReference(const std::string& hf, const std::string& tokens, int64_t seq_len) {
+  const char* src = std::getenv("ULYSSES_SOURCE_DIR");
+  const std::string script = std::string(src ? src : ".") + "/scripts/reference_llama.py";
+  const std::string cmd = "/usr/bin/python3 " + script + " --hf " + hf + " --tokens " + tokens +
+                          " --seq-len " + std::to_string(seq_len);
+  FILE* pipe = popen(cmd.c_str(), "r");
+  EXPECT_NE(pipe, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
+  EXPECT_EQ(pclose(pipe), 0) << cmd;
+  auto json = nlohmann::json::parse(out, nullptr, false);
+  EXPECT_FALSE(json.is_discarded()) << out;
+  if (json.is_discarded()) return NAN;
+  return json.value("loss", std::nan(""));  // a double default: NAN alone is a float
+}
+
+void WriteTokenFile(const std::string& path, const torch::Tensor& tokens) {
+  torch::Tensor t = tokens.to(torch::kInt32).contiguous();  // values < 2^31: same bytes as uint32
+  std::ofstream out(path, std::ios::binary);
+  out.write(static_cast<const char*>(t.data_ptr()), t.nbytes());
+}
+
+TEST(ReferenceLlamaTest, RandomTinyModelLossIsNearLnVocab) {
+  TempDir dir;
+  torch::manual_seed(3);
+  const spec::ModelSpec m = TinyModel(false);
+  ASSERT_TRUE(WriteHfDirectory(dir.Sub("hf"), m, RandomWeights(m, 0.02)).ok());
+  WriteTokenFile(dir.Sub("tokens.bin"), torch::randint(0, m.vocab_size, {100}));
+  const double loss = RunReference(dir.Sub("hf"), dir.Sub("tokens.bin"), 16);
+  ASSERT_TRUE(std::isfinite(loss));
+  EXPECT_NEAR(loss, std::log(64.0), 0.05);
+}
+
+TEST(ReferenceLlamaTest, ZeroLayerModelMatchesDirectComputation) {
+  // With no decoder layers, logits = rmsnorm(embed[x]) @ lm_head^T: computed here
+  // independently, including the masked final target of the last window.
+  TempDir dir;
+  torch::manual_seed(4);
+  spec::ModelSpec m = TinyModel(false);
+  m.num_hidden_layers = 0;
+  auto weights = RandomWeights(m, 1.0);
+  std::map<std::string, torch::Tensor> w;
+  for (auto& nt : weights) {
+    if (nt.name == "model.norm.weight") nt.tensor = torch::rand({m.hidden_size}) + 0.5;
+    w[nt.name] = nt.tensor.to(torch::kFloat64);
+  }
+  ASSERT_TRUE(WriteHfDirectory(dir.Sub("hf"), m, weights).ok());
+  const int64_t n = 40, t = 10;  // 4 windows, the last one lacks its final target
+  torch::Tensor tokens = torch::randint(0, m.vocab_size, {n}, torch::kInt64);
+  WriteTokenFile(dir.Sub("tokens.bin"), tokens);
+  torch::Tensor x = w["model.embed_tokens.weight"].index_select(0, tokens.slice(0, 0, n - 1));
+  x = x * torch::rsqrt(x.pow(2).mean(-1, true) + m.rms_norm_eps) * w["model.norm.weight"];
+  torch::Tensor logits = x.matmul(w["lm_head.weight"].t());  // [n-1, V]
+  torch::Tensor nll = -torch::log_softmax(logits, -1).gather(1, tokens.slice(0, 1).unsqueeze(1));
+  const double expected = nll.mean().item<double>();
+  const double loss = RunReference(dir.Sub("hf"), dir.Sub("tokens.bin"), t);
+  EXPECT_NEAR(loss, expected, 1e-9);
+  EXPECT_GT(std::abs(expected - std::log(64.0)), 0.1);  // a non-trivial value
+}
+
+}  // namespace
+}  // namespace ulysses::engine

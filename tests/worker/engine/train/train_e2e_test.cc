@@ -1,0 +1,356 @@
+// End-to-end tests of the ulysses-train binary: real processes over Gloo on
+// loopback, token files on disk, checkpoints on disk.
+//   - 20 training steps at sp 1 and sp 4 give the same per-step losses (1e-4 rel);
+//     eval of the result at sp 4 equals sp 1.
+//   - kill -9 mid-stage, then restart: per-step losses bit-identical to an
+//     uninterrupted run (same layout).
+//   - SIGTERM -> exit 75 with a committed checkpoint; resuming at another sp
+//     degree continues within tolerance of the uninterrupted run.
+//   - export -> scripts/reference_llama.py loss == ulysses-train eval --init-from.
+//   - bad input: clear message, exit 2, nothing overwritten.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string Bin() {
+  const char* d = std::getenv("ULYSSES_BIN_DIR");
+  return std::string(d ? d : "build/bin") + "/ulysses-train";
+}
+std::string Src() {
+  const char* d = std::getenv("ULYSSES_SOURCE_DIR");
+  return d ? d : ".";
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct Proc {
+  pid_t pid = -1;
+  std::string out, err;
+};
+
+// Starts argv in its own process group, stdout/stderr to files.
+Proc Start(const std::vector<std::string>& argv, const std::string& tag, const fs::path& dir) {
+  Proc p;
+  p.out = (dir / (tag + ".out")).string();
+  p.err = (dir / (tag + ".err")).string();
+  p.pid = fork();
+  if (p.pid == 0) {
+    setpgid(0, 0);
+    int o = open(p.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int e = open(p.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(o, 1);
+    dup2(e, 2);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  setpgid(p.pid, p.pid);
+  return p;
+}
+
+int Wait(const Proc& p, int timeout_s = 150) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  int status = 0;
+  while (waitpid(p.pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(-p.pid, SIGKILL);
+      waitpid(p.pid, &status, 0);
+      ADD_FAILURE() << "timed out";
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+Result RunCmd(const std::vector<std::string>& args, const fs::path& dir, const std::string& tag) {
+  std::vector<std::string> argv = {Bin()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Proc p = Start(argv, tag, dir);
+  Result r;
+  r.code = Wait(p);
+  r.out = ReadFile(p.out);
+  r.err = ReadFile(p.err);
+  return r;
+}
+
+void WriteTokens(const fs::path& path, int64_t n, uint32_t seed) {
+  // A noisy deterministic successor sequence over vocab 64: learnable, not trivial.
+  std::vector<uint32_t> t(n);
+  uint32_t x = seed;
+  t[0] = 1;
+  for (int64_t i = 1; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    t[i] = ((x >> 24) % 4 == 0) ? (x >> 16) % 64 : (t[i - 1] * 5 + 3) % 64;
+  }
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(n * 4));
+}
+
+class TrainE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("ulysses-e2e-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    WriteTokens(dir_ / "train.bin", 40000, 1);
+    WriteTokens(dir_ / "val.bin", 1024, 2);
+    job_ = (dir_ / "job.yaml").string();
+    std::ofstream(job_) << "apiVersion: ulysses/v1\n"
+                           "kind: TrainJob\n"
+                           "metadata: {name: e2e}\n"
+                           "spec:\n"
+                           "  model: {vocab_size: 64, hidden_size: 64, intermediate_size: 96,\n"
+                           "          num_hidden_layers: 2, num_attention_heads: 4,\n"
+                           "          num_key_value_heads: 2}\n"
+                           "  data: {train: "
+                        << (dir_ / "train.bin").string()
+                        << ", validation: " << (dir_ / "val.bin").string()
+                        << "}\n"
+                           "  memory: {attention_block_size: 32}\n"
+                           "  optimizer: {lr: 3.0e-3, warmup_steps: 2}\n"
+                           "  stages: [{seq_len: 128, steps: 20}]\n"
+                           "  checkpoint: {every_steps: 5, keep_last: 2}\n"
+                           "  seed: 7\n";
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  std::vector<std::string> TrainArgs(const std::string& out, std::vector<std::string> sets) {
+    std::vector<std::string> a = {"train", "-f", job_, "--out", (dir_ / out).string()};
+    for (auto& s : sets) {
+      a.push_back("--set");
+      a.push_back(s);
+    }
+    return a;
+  }
+
+  // step_in_stage -> loss text (the last line written for that step), from metrics.jsonl.
+  std::map<int64_t, double> Losses(const std::string& out) {
+    std::map<int64_t, double> m;
+    std::ifstream f(dir_ / out / "metrics.jsonl");
+    std::string line;
+    while (std::getline(f, line)) {
+      json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded() || j.contains("eval")) continue;  // a line cut by kill -9
+      m[j["step_in_stage"].get<int64_t>()] = j["loss"].get<double>();
+    }
+    return m;
+  }
+
+  size_t MetricLines(const std::string& out) {
+    std::ifstream f(dir_ / out / "metrics.jsonl");
+    std::string line;
+    size_t n = 0;
+    while (std::getline(f, line)) ++n;
+    return n;
+  }
+
+  void WaitForLines(const std::string& out, size_t n, const Proc& p) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (MetricLines(out) < n) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no progress";
+      int status = 0;
+      ASSERT_EQ(waitpid(p.pid, &status, WNOHANG), 0) << "exited early: " << ReadFile(p.err);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  json EvalJson(const Result& r) {
+    EXPECT_EQ(r.code, 0) << r.err;
+    return json::parse(r.out.substr(0, r.out.find('\n')));
+  }
+
+  fs::path dir_;
+  std::string job_;
+};
+
+TEST_F(TrainE2eTest, Sp4TrainingAndEvalMatchSp1) {
+  Result a = RunCmd(TrainArgs("sp1", {}), dir_, "sp1");
+  ASSERT_EQ(a.code, 0) << a.err;
+  Result b = RunCmd(TrainArgs("sp4", {"spec.parallelism.sp_degree=4"}), dir_, "sp4");
+  ASSERT_EQ(b.code, 0) << b.err;
+  auto la = Losses("sp1"), lb = Losses("sp4");
+  ASSERT_EQ(la.size(), 20u);
+  ASSERT_EQ(lb.size(), 20u);
+  for (auto& [step, loss] : la) {
+    EXPECT_NEAR(lb[step], loss, 1e-4 * loss) << "step " << step;
+  }
+  EXPECT_LT(la[20], la[1]) << "loss did not fall";
+  // stdout carries the event contract.
+  EXPECT_NE(a.out.find("\"event\":\"step\""), std::string::npos);
+  EXPECT_NE(a.out.find("\"event\":\"eval\""), std::string::npos);
+  EXPECT_NE(a.out.find("\"event\":\"done\""), std::string::npos);
+  // Eval of the sp1 result at sp 4 == sp 1.
+  std::string ckpt;
+  for (auto& e : fs::directory_iterator(dir_ / "sp1" / "checkpoints"))
+    ckpt = std::max(ckpt, e.path().string());
+  json e1 = EvalJson(RunCmd({"eval", "-f", job_, "--checkpoint", ckpt}, dir_, "eval1"));
+  json e4 =
+      EvalJson(RunCmd({"eval", "-f", job_, "--checkpoint", ckpt, "--nproc", "4"}, dir_, "eval4"));
+  EXPECT_EQ(e1["tokens"], e4["tokens"]);
+  EXPECT_GT(e1["tokens"].get<int64_t>(), 0);
+  EXPECT_NEAR(e1["loss"].get<double>(), e4["loss"].get<double>(), 1e-5 * e1["loss"].get<double>());
+
+  // Reference check: export -> independent PyTorch Llama loss == eval --init-from.
+  Result ex =
+      RunCmd({"export", "--checkpoint", ckpt, "--hf-out", (dir_ / "hf").string()}, dir_, "export");
+  ASSERT_EQ(ex.code, 0) << ex.err;
+  Result again =
+      RunCmd({"export", "--checkpoint", ckpt, "--hf-out", (dir_ / "hf").string()}, dir_, "export2");
+  EXPECT_EQ(again.code, 2) << "export must not overwrite";
+  json ei =
+      EvalJson(RunCmd({"eval", "-f", job_, "--init-from", (dir_ / "hf").string()}, dir_, "evalhf"));
+  const std::string ref_cmd = "/usr/bin/python3 " + Src() + "/scripts/reference_llama.py --hf " +
+                              (dir_ / "hf").string() + " --tokens " + (dir_ / "val.bin").string() +
+                              " --seq-len 128 > " + (dir_ / "ref.json").string();
+  ASSERT_EQ(std::system(ref_cmd.c_str()), 0);
+  json ref = json::parse(ReadFile((dir_ / "ref.json").string()));
+  EXPECT_EQ(ref["tokens"], ei["tokens"]);
+  EXPECT_NEAR(ref["loss"].get<double>(), ei["loss"].get<double>(),
+              1e-4 * ref["loss"].get<double>());
+  EXPECT_NEAR(ei["loss"].get<double>(), e1["loss"].get<double>(), 1e-5 * e1["loss"].get<double>());
+
+  // init_from into a different shape: names the tensor and both shapes, exit 2.
+  Result bad = RunCmd({"train", "-f", job_, "--out", (dir_ / "bad").string(), "--set",
+                       "spec.model.init_from=" + (dir_ / "hf").string(), "--set",
+                       "spec.model.intermediate_size=80"},
+                      dir_, "badinit");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("mlp"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("80"), std::string::npos) << bad.err;
+}
+
+TEST_F(TrainE2eTest, KillNineAndSigtermResume) {
+  const std::vector<std::string> sp2 = {"spec.parallelism.sp_degree=2",
+                                        "spec.checkpoint.every_steps=3"};
+  Result ref = RunCmd(TrainArgs("ref", sp2), dir_, "ref");
+  ASSERT_EQ(ref.code, 0) << ref.err;
+  auto lref = Losses("ref");
+  ASSERT_EQ(lref.size(), 20u);
+
+  // kill -9 of the whole process tree after step 8 (checkpoint at 6), then restart.
+  std::vector<std::string> argv = {Bin()};
+  for (auto& a : TrainArgs("killed", sp2)) argv.push_back(a);
+  Proc p = Start(argv, "killed", dir_);
+  WaitForLines("killed", 8, p);
+  kill(-p.pid, SIGKILL);
+  Wait(p);
+  Result resumed = RunCmd(TrainArgs("killed", sp2), dir_, "resumed");
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  auto lk = Losses("killed");
+  ASSERT_EQ(lk.size(), 20u);
+  for (auto& [step, loss] : lref) EXPECT_EQ(lk[step], loss) << "step " << step;  // bit-identical
+
+  // SIGTERM: exit 75 with a committed checkpoint; resume at sp 4 continues within tolerance.
+  std::vector<std::string> argv2 = {Bin()};
+  for (auto& a : TrainArgs("term", {"spec.parallelism.sp_degree=2"})) argv2.push_back(a);
+  Proc t = Start(argv2, "term", dir_);
+  WaitForLines("term", 4, t);
+  kill(t.pid, SIGTERM);
+  ASSERT_EQ(Wait(t), 75) << ReadFile(t.err);
+  EXPECT_NE(ReadFile(t.out).find("\"event\":\"checkpoint\""), std::string::npos);
+  bool committed = false;
+  for (auto& e : fs::directory_iterator(dir_ / "term" / "checkpoints")) {
+    committed = committed || fs::exists(e.path() / "manifest.json");
+  }
+  EXPECT_TRUE(committed);
+  Result r4 = RunCmd(TrainArgs("term", {"spec.parallelism.sp_degree=4"}), dir_, "term4");
+  ASSERT_EQ(r4.code, 0) << r4.err;
+  auto lt = Losses("term");
+  ASSERT_EQ(lt.size(), 20u);
+  for (auto& [step, loss] : lref) EXPECT_NEAR(lt[step], loss, 1e-4 * loss) << "step " << step;
+
+  // A foreign job (other seed) refuses the checkpoint: exit 2, nothing touched.
+  auto listing = [&] {
+    std::vector<std::string> v;
+    for (auto& e : fs::recursive_directory_iterator(dir_ / "term" / "checkpoints")) {
+      v.push_back(e.path().string() + ":" +
+                  std::to_string(fs::last_write_time(e.path()).time_since_epoch().count()));
+    }
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  auto before = listing();
+  Result foreign = RunCmd(TrainArgs("term", {"spec.seed=8"}), dir_, "foreign");
+  EXPECT_EQ(foreign.code, 2) << foreign.err;
+  EXPECT_NE(foreign.err.find("spec hash"), std::string::npos) << foreign.err;
+  EXPECT_EQ(listing(), before);
+}
+
+TEST_F(TrainE2eTest, BadInputIsRejectedWithExit2) {
+  struct Case {
+    std::vector<std::string> sets;
+    std::string needle;
+  };
+  WriteTokens(dir_ / "short.bin", 50, 3);
+  const std::vector<Case> cases = {
+      {{"spec.parallelism.sp_degree=3"}, "3"},  // seq/heads not divisible
+      {{"spec.parallelism.sp_degree=8", "spec.stages[0].seq_len=256"}, "8"},  // 8 > 4 heads
+      {{"spec.data.train=" + (dir_ / "short.bin").string()}, "short.bin"},
+      {{"spec.model.dtype=float8"}, "float8"},
+  };
+  for (const auto& c : cases) {
+    Result r = RunCmd(TrainArgs("bad", c.sets), dir_, "bad");
+    EXPECT_EQ(r.code, 2) << c.sets[0] << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "bad" / "checkpoints")) << "a rejected job wrote a checkpoint";
+  Result usage = RunCmd({"train", "--bogus", "1"}, dir_, "usage");
+  EXPECT_EQ(usage.code, 2);
+  Result nproc = RunCmd({"train", "-f", job_, "--nproc", "3"}, dir_, "nproc");
+  EXPECT_EQ(nproc.code, 2);
+  EXPECT_NE(nproc.err.find("--nproc"), std::string::npos) << nproc.err;
+  // A corrupt checkpoint is refused by eval and export.
+  Result ok = RunCmd(TrainArgs("c", {"spec.stages[0].steps=2"}), dir_, "c");
+  ASSERT_EQ(ok.code, 0) << ok.err;
+  std::string ckpt;
+  for (auto& e : fs::directory_iterator(dir_ / "c" / "checkpoints")) ckpt = e.path().string();
+  for (auto& e : fs::directory_iterator(ckpt)) {
+    if (e.path().extension() == ".bin") {
+      std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(static_cast<std::streamoff>(fs::file_size(e.path()) / 2));
+      f.write("garbage!", 8);
+    }
+  }
+  Result ev = RunCmd({"eval", "-f", job_, "--checkpoint", ckpt}, dir_, "corrupt");
+  EXPECT_EQ(ev.code, 2) << ev.err;
+  EXPECT_FALSE(ev.err.empty());
+}
+
+}  // namespace

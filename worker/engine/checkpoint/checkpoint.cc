@@ -1,0 +1,593 @@
+#include "worker/engine/checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace ulysses::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Shard file header (little-endian), see docs/CHECKPOINTS.md:
+//   [0, 8)   magic "ULYSCKPT"        [8, 12)  u32 format version
+//   [12, 16) u32 crc32 of the table  [16, 24) u64 table length in bytes
+//   [24, 32) u64 data offset (64-aligned)
+//   [32, 32 + table length) JSON table: {"rank","world","tensors":[{name, dtype, shape,
+//                                        offset (absolute), bytes, crc32}]}
+constexpr char kMagic[8] = {'U', 'L', 'Y', 'S', 'C', 'K', 'P', 'T'};
+constexpr uint32_t kVersion = 1;
+constexpr int64_t kPrefixBytes = 32;
+constexpr int64_t kAlign = 64;
+
+int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+std::string ShardName(int rank, int world) {
+  return absl::StrCat("shard-", rank, "-of-", world, ".bin");
+}
+
+absl::Status ErrnoError(const std::string& what, const std::string& path) {
+  return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+absl::StatusOr<std::string> DtypeName(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32:
+      return std::string("float32");
+    case torch::kFloat64:
+      return std::string("float64");
+    case torch::kFloat16:
+      return std::string("float16");
+    case torch::kBFloat16:
+      return std::string("bfloat16");
+    case torch::kInt64:
+      return std::string("int64");
+    case torch::kInt32:
+      return std::string("int32");
+    case torch::kInt16:
+      return std::string("int16");
+    case torch::kInt8:
+      return std::string("int8");
+    case torch::kUInt8:
+      return std::string("uint8");
+    case torch::kBool:
+      return std::string("bool");
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", c10::toString(t)));
+  }
+}
+
+absl::StatusOr<torch::ScalarType> DtypeFromName(const std::string& name) {
+  static const std::map<std::string, torch::ScalarType> kTypes = {
+      {"float32", torch::kFloat32},   {"float64", torch::kFloat64}, {"float16", torch::kFloat16},
+      {"bfloat16", torch::kBFloat16}, {"int64", torch::kInt64},     {"int32", torch::kInt32},
+      {"int16", torch::kInt16},       {"int8", torch::kInt8},       {"uint8", torch::kUInt8},
+      {"bool", torch::kBool}};
+  auto it = kTypes.find(name);
+  if (it == kTypes.end()) return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", name));
+  return it->second;
+}
+
+class File {
+ public:
+  File() = default;
+  ~File() {
+    if (fd_ >= 0) close(fd_);
+  }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  absl::Status Open(const std::string& path, int flags) {
+    path_ = path;
+    fd_ = open(path.c_str(), flags | O_CLOEXEC, 0644);
+    if (fd_ < 0) return ErrnoError("cannot open", path);
+    return absl::OkStatus();
+  }
+  absl::Status Write(const void* data, size_t size) {
+    const char* p = static_cast<const char*>(data);
+    while (size > 0) {
+      ssize_t n = write(fd_, p, size);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return ErrnoError("cannot write", path_);
+      p += n;
+      size -= static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status ReadAt(void* data, size_t size, int64_t offset) {
+    char* p = static_cast<char*>(data);
+    while (size > 0) {
+      ssize_t n = pread(fd_, p, size, offset);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return ErrnoError("cannot read", path_);
+      if (n == 0) {
+        return absl::DataLossError(absl::StrCat("checkpoint shard ", path_,
+                                                " is truncated (unexpected end of file at byte ",
+                                                offset, ")"));
+      }
+      p += n;
+      size -= static_cast<size_t>(n);
+      offset += n;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Sync() {
+    if (fsync(fd_) != 0) return ErrnoError("cannot fsync", path_);
+    return absl::OkStatus();
+  }
+  absl::Status Close() {
+    const int fd = fd_;
+    fd_ = -1;
+    if (close(fd) != 0) return ErrnoError("cannot close", path_);
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+absl::Status SyncDir(const std::string& dir) {
+  File f;
+  RETURN_IF_ERROR(f.Open(dir, O_RDONLY | O_DIRECTORY));
+  return f.Sync();
+}
+
+// Writes `bytes` to path via path.tmp + fsync + rename + directory fsync.
+absl::Status WriteFileAtomic(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    File f;
+    RETURN_IF_ERROR(f.Open(tmp, O_WRONLY | O_CREAT | O_TRUNC));
+    RETURN_IF_ERROR(f.Write(bytes.data(), bytes.size()));
+    RETURN_IF_ERROR(f.Sync());
+    RETURN_IF_ERROR(f.Close());
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return ErrnoError("cannot rename to", path);
+  return SyncDir(fs::path(path).parent_path().string());
+}
+
+struct TableEntry {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  int64_t bytes = 0;
+  uint32_t crc32 = 0;
+};
+
+absl::Status WriteShard(const std::string& path, const std::vector<const NamedTensor*>& tensors,
+                        int rank, int world) {
+  std::vector<torch::Tensor> cpu;
+  nlohmann::json table = {{"rank", rank}, {"world", world}, {"tensors", nlohmann::json::array()}};
+  std::vector<int64_t> sizes;
+  for (const NamedTensor* nt : tensors) {
+    cpu.push_back(nt->tensor.detach().to(torch::kCPU).contiguous());
+    ASSIGN_OR_RETURN(std::string dtype, DtypeName(cpu.back().scalar_type()));
+    const int64_t bytes = cpu.back().numel() * static_cast<int64_t>(cpu.back().element_size());
+    sizes.push_back(bytes);
+    table["tensors"].push_back({{"name", nt->name},
+                                {"dtype", dtype},
+                                {"shape", cpu.back().sizes().vec()},
+                                {"bytes", bytes},
+                                {"crc32", Crc32(cpu.back().data_ptr(), bytes)}});
+  }
+  // Offsets depend on the table length, which depends on the offsets' digits: fix the
+  // table size by padding offsets with a first pass at a generous data offset.
+  int64_t data_offset = 0;
+  std::string table_text;
+  for (int pass = 0; pass < 3; ++pass) {
+    int64_t offset = AlignUp(kPrefixBytes + static_cast<int64_t>(table_text.size()));
+    data_offset = offset;
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      table["tensors"][i]["offset"] = offset;
+      offset = AlignUp(offset + sizes[i]);
+    }
+    std::string next = table.dump();
+    if (next.size() == table_text.size()) {
+      table_text = next;
+      break;
+    }
+    table_text = next;
+  }
+  if (AlignUp(kPrefixBytes + static_cast<int64_t>(table_text.size())) != data_offset) {
+    return absl::InternalError("checkpoint table layout did not converge");
+  }
+  std::array<char, kPrefixBytes> prefix{};
+  std::memcpy(prefix.data(), kMagic, 8);
+  const uint32_t table_crc = Crc32(table_text.data(), table_text.size());
+  const uint64_t table_len = table_text.size(), data_off = static_cast<uint64_t>(data_offset);
+  std::memcpy(prefix.data() + 8, &kVersion, 4);
+  std::memcpy(prefix.data() + 12, &table_crc, 4);
+  std::memcpy(prefix.data() + 16, &table_len, 8);
+  std::memcpy(prefix.data() + 24, &data_off, 8);
+
+  const std::string tmp = path + ".tmp";
+  File f;
+  RETURN_IF_ERROR(f.Open(tmp, O_WRONLY | O_CREAT | O_TRUNC));
+  RETURN_IF_ERROR(f.Write(prefix.data(), prefix.size()));
+  RETURN_IF_ERROR(f.Write(table_text.data(), table_text.size()));
+  int64_t pos = kPrefixBytes + static_cast<int64_t>(table_text.size());
+  const std::string zeros(kAlign, '\0');
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const int64_t offset = table["tensors"][i]["offset"].get<int64_t>();
+    RETURN_IF_ERROR(f.Write(zeros.data(), static_cast<size_t>(offset - pos)));
+    RETURN_IF_ERROR(f.Write(cpu[i].data_ptr(), static_cast<size_t>(sizes[i])));
+    pos = offset + sizes[i];
+  }
+  RETURN_IF_ERROR(f.Sync());
+  RETURN_IF_ERROR(f.Close());
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return ErrnoError("cannot rename to", path);
+  return SyncDir(fs::path(path).parent_path().string());
+}
+
+struct ShardInfo {
+  int64_t file_bytes = 0;
+  std::vector<TableEntry> entries;
+};
+
+absl::StatusOr<ShardInfo> ReadShardTable(const std::string& path, File& f) {
+  RETURN_IF_ERROR(f.Open(path, O_RDONLY));
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return ErrnoError("cannot stat", path);
+  ShardInfo info;
+  info.file_bytes = st.st_size;
+  if (info.file_bytes < kPrefixBytes) {
+    return absl::DataLossError(absl::StrCat("checkpoint shard ", path, " is truncated (",
+                                            info.file_bytes, " bytes, header needs ", kPrefixBytes,
+                                            ")"));
+  }
+  std::array<char, kPrefixBytes> prefix;
+  RETURN_IF_ERROR(f.ReadAt(prefix.data(), prefix.size(), 0));
+  if (std::memcmp(prefix.data(), kMagic, 8) != 0) {
+    return absl::DataLossError(absl::StrCat("checkpoint shard ", path,
+                                            " has a bad magic (not a Ulysses checkpoint shard)"));
+  }
+  uint32_t version, table_crc;
+  uint64_t table_len, data_offset;
+  std::memcpy(&version, prefix.data() + 8, 4);
+  std::memcpy(&table_crc, prefix.data() + 12, 4);
+  std::memcpy(&table_len, prefix.data() + 16, 8);
+  std::memcpy(&data_offset, prefix.data() + 24, 8);
+  if (version != kVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint shard ", path,
+                                                      " has format version ", version,
+                                                      "; this build reads version ", kVersion));
+  }
+  if (table_len > static_cast<uint64_t>(info.file_bytes - kPrefixBytes)) {
+    return absl::DataLossError(absl::StrCat("checkpoint shard ", path,
+                                            " is truncated (tensor table of ", table_len,
+                                            " bytes does not fit in ", info.file_bytes, ")"));
+  }
+  std::string table_text(table_len, '\0');
+  RETURN_IF_ERROR(f.ReadAt(table_text.data(), table_len, kPrefixBytes));
+  if (Crc32(table_text.data(), table_text.size()) != table_crc) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint shard ", path, ": tensor table crc32 mismatch"));
+  }
+  nlohmann::json table = nlohmann::json::parse(table_text, nullptr, /*allow_exceptions=*/false);
+  if (!table.is_object() || !table.contains("tensors")) {
+    return absl::DataLossError(absl::StrCat("checkpoint shard ", path, ": malformed tensor table"));
+  }
+  try {
+    for (const auto& t : table["tensors"]) {
+      TableEntry e;
+      e.name = t.at("name").get<std::string>();
+      e.dtype = t.at("dtype").get<std::string>();
+      e.shape = t.at("shape").get<std::vector<int64_t>>();
+      e.offset = t.at("offset").get<int64_t>();
+      e.bytes = t.at("bytes").get<int64_t>();
+      e.crc32 = t.at("crc32").get<uint32_t>();
+      if (e.offset + e.bytes > info.file_bytes) {
+        return absl::DataLossError(absl::StrCat(
+            "checkpoint shard ", path, " is truncated: tensor ", e.name, " needs bytes [", e.offset,
+            ", ", e.offset + e.bytes, ") of a ", info.file_bytes, "-byte file"));
+      }
+      info.entries.push_back(std::move(e));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint shard ", path, ": malformed tensor table: ", e.what()));
+  }
+  (void)data_offset;
+  return info;
+}
+
+absl::StatusOr<nlohmann::json> ReadManifest(const std::string& step_dir) {
+  const std::string path = (fs::path(step_dir) / kManifestName).string();
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("checkpoint ", step_dir, " is not committed: ", path, " is missing"));
+  }
+  std::string text;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) text.append(buf, n);
+  std::fclose(f);
+  nlohmann::json manifest = nlohmann::json::parse(text, nullptr, false);
+  if (manifest.is_discarded() || !manifest.is_object() ||
+      manifest.value("format", "") != "ulysses-checkpoint") {
+    return absl::DataLossError(absl::StrCat("checkpoint manifest ", path, " is malformed"));
+  }
+  if (manifest.value("version", 0) != static_cast<int>(kVersion)) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint manifest ", path, " has version ",
+                                                      manifest.value("version", 0),
+                                                      "; this build reads version ", kVersion));
+  }
+  return manifest;
+}
+
+// Step number of a "step-XXXXXXXX" directory name, or -1.
+int64_t ParseStepDir(const std::string& name) {
+  if (name.size() < 6 || name.compare(0, 5, "step-") != 0) return -1;
+  int64_t step = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+
+// (step, path, committed) for every step dir under root, ascending by step.
+std::vector<std::tuple<int64_t, std::string, bool>> ListStepDirs(const std::string& root) {
+  std::vector<std::tuple<int64_t, std::string, bool>> dirs;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    if (!it->is_directory()) continue;
+    const int64_t step = ParseStepDir(it->path().filename().string());
+    if (step < 0) continue;
+    dirs.emplace_back(step, it->path().string(), fs::exists(it->path() / kManifestName));
+  }
+  std::sort(dirs.begin(), dirs.end());
+  return dirs;
+}
+
+absl::Status CommitManifest(const std::string& dir, const CheckpointState& state, int world) {
+  nlohmann::json shards = nlohmann::json::array();
+  nlohmann::json tensors = nlohmann::json::array();
+  std::map<std::string, std::pair<int, TableEntry>> by_name;
+  int64_t total = 0;
+  for (int r = 0; r < world; ++r) {
+    const std::string path = (fs::path(dir) / ShardName(r, world)).string();
+    if (!fs::exists(path)) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint shard ", path, " is missing (rank ", r, " did not write it)"));
+    }
+    File f;
+    ASSIGN_OR_RETURN(ShardInfo info, ReadShardTable(path, f));
+    shards.push_back({{"file", ShardName(r, world)}, {"bytes", info.file_bytes}});
+    total += info.file_bytes;
+    for (auto& e : info.entries) by_name[e.name] = {r, e};
+  }
+  for (const NamedTensor& nt : state.tensors) {
+    auto it = by_name.find(nt.name);
+    if (it == by_name.end()) {
+      return absl::DataLossError(
+          absl::StrCat("tensor ", nt.name, " is missing from every shard in ", dir));
+    }
+    const TableEntry& e = it->second.second;
+    tensors.push_back({{"name", e.name},
+                       {"shard", it->second.first},
+                       {"dtype", e.dtype},
+                       {"shape", e.shape},
+                       {"bytes", e.bytes},
+                       {"crc32", e.crc32}});
+  }
+  nlohmann::json manifest = {{"format", "ulysses-checkpoint"},
+                             {"version", kVersion},
+                             {"stage", state.stage},
+                             {"step_in_stage", state.step_in_stage},
+                             {"global_step", state.global_step},
+                             {"stage_complete", state.stage_complete},
+                             {"spec_hash", state.spec_hash},
+                             {"world", world},
+                             {"total_bytes", total},
+                             {"shards", shards},
+                             {"tensors", tensors},
+                             {"extra", state.extra}};
+  return WriteFileAtomic((fs::path(dir) / kManifestName).string(), manifest.dump(1));
+}
+
+void ApplyRetention(const std::string& root, int64_t keep_last) {
+  keep_last = std::max<int64_t>(keep_last, 1);
+  auto dirs = ListStepDirs(root);
+  int64_t newest_committed = -1, committed_seen = 0;
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
+    const auto& [step, path, committed] = *it;
+    bool remove = false;
+    if (committed) {
+      if (newest_committed < 0) newest_committed = step;
+      remove = ++committed_seen > keep_last;
+    } else {
+      remove = newest_committed >= 0 && step < newest_committed;
+    }
+    if (remove) {
+      std::error_code ec;
+      // Un-commit first so a crash mid-delete never leaves a half-deleted "committed" dir.
+      fs::remove(fs::path(path) / kManifestName, ec);
+      fs::remove_all(path, ec);
+      if (ec)
+        ULOG(WARNING) << "checkpoint retention: cannot remove " << path << ": " << ec.message();
+    }
+  }
+}
+
+}  // namespace
+
+uint32_t Crc32(const void* data, size_t size, uint32_t crc) {
+  static const std::array<uint32_t, 256> kTable = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  const auto* p = static_cast<const uint8_t*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < size; ++i) crc = kTable[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+std::string StepDirName(int64_t global_step) { return absl::StrFormat("step-%08d", global_step); }
+
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const CheckpointState& state,
+                                           int rank, int world, int64_t keep_last,
+                                           const std::function<absl::Status()>& barrier) {
+  if (world < 1 || rank < 0 || rank >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SaveCheckpoint: rank ", rank, " not in [0, ", world, ")"));
+  }
+  const std::string dir = (fs::path(root) / StepDirName(state.global_step)).string();
+  const std::string manifest = (fs::path(dir) / kManifestName).string();
+  std::error_code ec;
+  fs::create_directories(dir, ec);  // Every rank: the root may be shared or per node.
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat("cannot create checkpoint dir ", dir, ": ", ec.message()));
+
+  // 1. Rank 0 un-commits a previous save of the same step before anyone rewrites shards.
+  absl::Status status;
+  if (rank == 0 && fs::exists(manifest)) {
+    if (std::remove(manifest.c_str()) != 0) status = ErrnoError("cannot remove", manifest);
+    if (status.ok()) status = SyncDir(dir);
+  }
+  RETURN_IF_ERROR(Annotate(barrier(), "checkpoint barrier (before shards)"));
+
+  // 2. Each rank writes its subset; the barrier is reached even on failure so that
+  // rank 0 does not wait forever (it then finds the shard missing and does not commit).
+  if (status.ok()) {
+    std::set<std::string> names;
+    std::vector<const NamedTensor*> mine;
+    for (size_t i = 0; i < state.tensors.size(); ++i) {
+      if (!names.insert(state.tensors[i].name).second) {
+        status = absl::InvalidArgumentError(
+            absl::StrCat("duplicate checkpoint tensor name ", state.tensors[i].name));
+        break;
+      }
+      if (static_cast<int>(i % world) == rank) mine.push_back(&state.tensors[i]);
+    }
+    const std::string shard = (fs::path(dir) / ShardName(rank, world)).string();
+    if (status.ok()) {
+      fs::remove(shard, ec);
+      status = WriteShard(shard, mine, rank, world);
+    }
+  }
+  RETURN_IF_ERROR(Annotate(barrier(), "checkpoint barrier (after shards)"));
+
+  // 3. Rank 0 commits: the manifest is the last file written.
+  if (rank == 0 && status.ok()) status = CommitManifest(dir, state, world);
+  RETURN_IF_ERROR(Annotate(barrier(), "checkpoint barrier (after manifest)"));
+  if (!status.ok()) return status;
+  if (!fs::exists(manifest)) {
+    return absl::InternalError(absl::StrCat("checkpoint ", dir, " was not committed by rank 0 (",
+                                            manifest, " missing); see rank 0's log"));
+  }
+  if (rank == 0) {
+    // Files of an earlier, uncommitted attempt with another world size are not in the manifest.
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.rfind("shard-", 0) == 0 &&
+          name.find(absl::StrCat("-of-", world, ".bin")) == std::string::npos) {
+        fs::remove(it->path(), ec);
+      }
+    }
+    ApplyRetention(root, keep_last);
+  }
+  return dir;
+}
+
+absl::StatusOr<std::string> LatestCommittedCheckpoint(const std::string& root) {
+  auto dirs = ListStepDirs(root);
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
+    if (std::get<2>(*it)) return std::get<1>(*it);
+  }
+  return absl::NotFoundError(absl::StrCat("no committed checkpoint under ", root));
+}
+
+absl::StatusOr<int64_t> CheckpointBytes(const std::string& step_dir) {
+  ASSIGN_OR_RETURN(nlohmann::json manifest, ReadManifest(step_dir));
+  return manifest.value("total_bytes", int64_t{0});
+}
+
+absl::StatusOr<CheckpointState> LoadCheckpoint(const std::string& step_dir,
+                                               const std::string& expected_spec_hash) {
+  ASSIGN_OR_RETURN(nlohmann::json manifest, ReadManifest(step_dir));
+  CheckpointState state;
+  try {
+    state.stage = manifest.at("stage").get<int64_t>();
+    state.step_in_stage = manifest.at("step_in_stage").get<int64_t>();
+    state.global_step = manifest.at("global_step").get<int64_t>();
+    state.stage_complete = manifest.at("stage_complete").get<bool>();
+    state.spec_hash = manifest.at("spec_hash").get<std::string>();
+    state.extra = manifest.value("extra", nlohmann::json::object());
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint manifest in ", step_dir, " is malformed: ", e.what()));
+  }
+  if (!expected_spec_hash.empty() && state.spec_hash != expected_spec_hash) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", step_dir, " was written for spec hash ", state.spec_hash, ", this job is ",
+        expected_spec_hash, "; use a fresh checkpoint dir or the original spec"));
+  }
+  std::map<std::string, torch::Tensor> loaded;
+  const auto& shards = manifest["shards"];
+  for (size_t r = 0; r < shards.size(); ++r) {
+    const std::string path = (fs::path(step_dir) / shards[r].value("file", "")).string();
+    if (!fs::exists(path)) {
+      return absl::DataLossError(absl::StrCat("checkpoint shard ", path, " is missing"));
+    }
+    File f;
+    ASSIGN_OR_RETURN(ShardInfo info, ReadShardTable(path, f));
+    if (info.file_bytes != shards[r].value("bytes", int64_t{-1})) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint shard ", path, " has ", info.file_bytes, " bytes, the manifest says ",
+          shards[r].value("bytes", int64_t{-1}), " (truncated or replaced)"));
+    }
+    for (const TableEntry& e : info.entries) {
+      ASSIGN_OR_RETURN(torch::ScalarType dtype, DtypeFromName(e.dtype));
+      torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(dtype));
+      if (t.numel() * static_cast<int64_t>(t.element_size()) != e.bytes) {
+        return absl::DataLossError(absl::StrCat("checkpoint shard ", path, ": tensor ", e.name,
+                                                " size does not match its shape"));
+      }
+      RETURN_IF_ERROR(f.ReadAt(t.data_ptr(), static_cast<size_t>(e.bytes), e.offset));
+      if (Crc32(t.data_ptr(), static_cast<size_t>(e.bytes)) != e.crc32) {
+        return absl::DataLossError(absl::StrCat(
+            "checkpoint shard ", path, ": crc32 mismatch in tensor ", e.name, " (corrupted data)"));
+      }
+      loaded[e.name] = t;
+    }
+  }
+  for (const auto& entry : manifest["tensors"]) {
+    const std::string name = entry.value("name", "");
+    auto it = loaded.find(name);
+    if (it == loaded.end()) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", step_dir, ": tensor ", name,
+                                              " listed in the manifest is in no shard"));
+    }
+    if (entry.value("crc32", uint32_t{0}) != Crc32(it->second.data_ptr(), it->second.nbytes())) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", step_dir, ": tensor ", name,
+                                              " differs from the manifest's checksum"));
+    }
+    state.tensors.push_back({name, it->second});
+  }
+  return state;
+}
+
+}  // namespace ulysses::engine

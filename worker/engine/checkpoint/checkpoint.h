@@ -1,0 +1,80 @@
+// Topology-independent sharded checkpoints with an atomic manifest.
+//
+// Layout: <root>/step-<global_step, 8 digits>/{shard-<r>-of-<w>.bin..., manifest.json}.
+// Every rank holds the same (replicated) state; rank r writes the tensors whose
+// index % world == r into its shard; rank 0 writes manifest.json LAST (tmp + fsync
+// + rename + dir fsync). A step directory is committed iff manifest.json exists,
+// so a crash at any point leaves the previous committed checkpoint as the latest.
+// Loading reads every shard listed in the manifest, so any sp/dp layout can resume
+// any checkpoint. Format details: docs/CHECKPOINTS.md.
+//
+// Thread-safety: the functions hold no global state; concurrent saves into the
+// same root from different jobs are not supported. Errors name the file and what
+// is wrong; a failed save never removes or modifies a committed checkpoint other
+// than the one being rewritten at the same step (which is un-committed first).
+#ifndef ULYSSES_WORKER_ENGINE_CHECKPOINT_CHECKPOINT_H_
+#define ULYSSES_WORKER_ENGINE_CHECKPOINT_CHECKPOINT_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ulysses::engine {
+
+struct NamedTensor {
+  std::string name;
+  torch::Tensor tensor;
+};
+
+struct CheckpointState {
+  int64_t stage = 0;            // Stage index the checkpoint belongs to.
+  int64_t step_in_stage = 0;    // Optimizer steps completed in that stage.
+  int64_t global_step = 0;      // Names the step directory.
+  bool stage_complete = false;  // True for the stage-end checkpoint.
+  std::string spec_hash;        // spec::SpecHash of the job that wrote it.
+  // "model/<hf name>", "optim/exp_avg/<hf name>", ..., rng state as uint8 tensors.
+  // Names must be unique. Supported dtypes: float32/64, float16, bfloat16, int64/32,
+  // int16, int8, uint8, bool. Loaded tensors are contiguous CPU tensors.
+  std::vector<NamedTensor> tensors;
+  nlohmann::json extra = nlohmann::json::object();  // Free-form metadata.
+};
+
+inline constexpr char kManifestName[] = "manifest.json";
+
+// "step-00000042".
+std::string StepDirName(int64_t global_step);
+
+// Collective: every rank calls with the same state (same tensor names/shapes) and
+// a `barrier` that returns when all `world` ranks have called it (3 calls per save).
+// Returns the step dir. On rank 0, after committing, keeps the newest `keep_last`
+// (>= 1) committed checkpoints and removes uncommitted step dirs older than the
+// newest committed one. Every rank returns an error if the manifest was not written.
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const CheckpointState& state,
+                                           int rank, int world, int64_t keep_last,
+                                           const std::function<absl::Status()>& barrier);
+
+// The committed step dir with the highest global step under root; NotFound if none.
+absl::StatusOr<std::string> LatestCommittedCheckpoint(const std::string& root);
+
+// Reads and verifies (magic, version, sizes, crc32 of every tensor) a committed
+// checkpoint. expected_spec_hash "" skips the spec check; otherwise a mismatch is
+// FailedPrecondition "checkpoint was written for spec hash X, this job is Y".
+absl::StatusOr<CheckpointState> LoadCheckpoint(const std::string& step_dir,
+                                               const std::string& expected_spec_hash);
+
+// Total bytes of the shard files listed in a committed step dir's manifest.
+absl::StatusOr<int64_t> CheckpointBytes(const std::string& step_dir);
+
+// CRC-32 (IEEE 802.3, as zlib's crc32), continuing from `crc` (0 to start).
+uint32_t Crc32(const void* data, size_t size, uint32_t crc = 0);
+
+}  // namespace ulysses::engine
+
+#endif  // ULYSSES_WORKER_ENGINE_CHECKPOINT_CHECKPOINT_H_

@@ -1,0 +1,93 @@
+// Token datasets for the training engine: flat uint32 token files (mmap) and
+// seeded synthetic generators ("random", "needle"). A dataset maps a sequence
+// index and a sequence length to one Sample, deterministically: the same
+// (index, seq_len) always yields the same tokens, on every rank and every run,
+// so resuming only needs the step counters.
+//
+// Thread-safety: Get()/NumSequences() are const and safe to call concurrently.
+// Ownership: a FileTokenDataset owns its read-only mapping until destroyed.
+// Errors: a bad file or an out-of-vocabulary token returns a Status naming the
+// file, byte offset, token and vocabulary size; nothing is cached on error.
+//
+// Synthetic "needle" task (long-range key->value retrieval), token ids:
+//   0 PAD (unused)   1 BOS   2 KEY   3 (reserved)   4 QUERY   5..7 reserved
+//   keys    : [8, 8 + R/4)          (R = vocab_size - 8)
+//   values  : [8 + R/4, 8 + R/2)
+//   filler  : [8 + R/2, vocab_size)
+// A sequence of s+1 tokens is: BOS, random filler with P pair blocks
+// "KEY k1 k2 v1 v2" planted at random depths, and, at the END, Q query blocks
+// "QUERY k1 k2 v1 v2" asking, in random order, for the values of every planted
+// key (P = clamp(s/64, 1, min(32, R/8)) pairs and as many queries; s=1024 gives 16
+// pairs and 16 queries, 32 scored tokens). All key tokens, and all value tokens, of one sequence
+// are distinct, so the answer is "find where this key token occurred, copy what followed" (an
+// induction pattern) across up to the whole context. target_mask marks exactly the positions whose
+// next-token target is a queried value token (inputs k2 and v1 of each query, 2 per query): loss
+// and accuracy on this task measure retrieval only. Accuracy = fraction of masked positions where
+// argmax == target.
+#ifndef ULYSSES_WORKER_ENGINE_DATA_DATASET_H_
+#define ULYSSES_WORKER_ENGINE_DATA_DATASET_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <torch/types.h>
+
+#include "absl/status/statusor.h"
+#include "common/spec/job_spec.h"
+
+namespace ulysses::engine {
+
+enum class Split { kTrain, kValidation };
+
+struct Sample {
+  torch::Tensor tokens;       // [s + 1] int64: inputs are tokens[0:s], targets tokens[1:s+1].
+  torch::Tensor target_mask;  // [s] bool: which positions are scored; undefined = all.
+};
+
+class TokenDataset {
+ public:
+  virtual ~TokenDataset() = default;
+  // The sample at `index` (>= 0) for sequence length `seq_len` (>= 1).
+  virtual absl::StatusOr<Sample> Get(int64_t index, int64_t seq_len) const = 0;
+  // Distinct sequences of length seq_len: train files report windows per epoch
+  // (Get wraps into later, reshuffled epochs beyond it); validation reports the
+  // window count; synthetic train reports -1 (unbounded).
+  virtual int64_t NumSequences(int64_t seq_len) const = 0;
+};
+
+// Needle-task vocabulary layout (see the header comment).
+struct NeedleVocab {
+  static constexpr int64_t kPad = 0, kBos = 1, kKey = 2, kQuery = 4;
+  static constexpr int64_t kFirstFree = 8;
+  static constexpr int64_t kMinVocab = 64;
+  static constexpr int64_t kMinSeqLen = 16;
+};
+
+// Flat little-endian uint32 token file. Train: sequence i is window k = perm_e(i % W)
+// of epoch e = i / W, covering tokens [k*s, k*s+s+1), W = (n-1)/s windows, perm a
+// seed-determined permutation per epoch. Validation: window k = [k*s, k*s+s+1) for
+// k < n/s (a partial last window is dropped); when the last window's final target
+// lies past the end of the file it is masked.
+absl::StatusOr<std::unique_ptr<TokenDataset>> OpenTokenFile(const std::string& path, Split split,
+                                                            int64_t vocab_size, uint64_t seed);
+
+// Synthetic generator "random" or "needle"; never stored. Seeded by (seed, split, index).
+// validation_sequences bounds the validation split.
+absl::StatusOr<std::unique_ptr<TokenDataset>> OpenSynthetic(const std::string& generator,
+                                                            Split split, int64_t vocab_size,
+                                                            uint64_t seed,
+                                                            int64_t validation_sequences);
+
+// Opens spec.data for `split`: the synthetic generator when spec.data.synthetic is set,
+// else spec.data.train / spec.data.validation. vocab_size bounds token ids.
+absl::StatusOr<std::unique_ptr<TokenDataset>> OpenDataset(const spec::JobSpec& spec, Split split,
+                                                          int64_t vocab_size);
+
+// Fraction of scored positions (target_mask, or all when undefined) where
+// predictions[i] == tokens[i+1]. predictions: [s] int64 (argmax of logits).
+double ScoredAccuracy(const Sample& sample, const torch::Tensor& predictions);
+
+}  // namespace ulysses::engine
+
+#endif  // ULYSSES_WORKER_ENGINE_DATA_DATASET_H_

@@ -1,0 +1,54 @@
+// Hugging Face interop: safetensors files and Llama config.json.
+//
+// Reads config.json (LlamaConfig names) into spec::ModelSpec, loads every
+// *.safetensors file of a directory (or the files named by
+// model.safetensors.index.json) converting F32/F16/BF16/F64 weights to float32,
+// and writes a directory (config.json + model.safetensors in F32) that
+// transformers.LlamaForCausalLM.from_pretrained and scripts/reference_llama.py load.
+//
+// Stateless and thread-safe. Errors name the file and, for tensor problems, the
+// tensor. A failed WriteHfDirectory may leave a partial directory behind; files are
+// written via tmp + rename so an existing config.json/model.safetensors is either
+// the old or the new version.
+#ifndef ULYSSES_WORKER_ENGINE_HF_HF_H_
+#define ULYSSES_WORKER_ENGINE_HF_HF_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <torch/types.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/spec/job_spec.h"
+#include "worker/engine/checkpoint/checkpoint.h"  // NamedTensor
+
+namespace ulysses::engine {
+
+// config.json -> ModelSpec shape fields (preset "", dtype left at its default).
+// Rejects what the engine's Llama does not implement (rope_scaling, head_dim !=
+// hidden/heads, hidden_act other than silu, attention/mlp bias) naming the field.
+absl::StatusOr<spec::ModelSpec> ReadHfConfig(const std::string& dir);
+
+// All tensors of dir's safetensors files, as contiguous float32 CPU tensors, sorted by name.
+absl::StatusOr<std::vector<NamedTensor>> LoadHfWeights(const std::string& dir);
+
+// config.json + model.safetensors (F32). `weights` must be exactly the HF Llama
+// parameters of `model` (HfLlamaShapes), else InvalidArgument naming the tensor.
+absl::Status WriteHfDirectory(const std::string& dir, const spec::ModelSpec& model,
+                              const std::vector<NamedTensor>& weights);
+
+// The HF Llama parameter names and shapes for `model` (lm_head.weight absent when tied).
+std::map<std::string, std::vector<int64_t>> HfLlamaShapes(const spec::ModelSpec& model);
+
+// Low level: one safetensors file. Write keeps each tensor's dtype (F32, F64, F16,
+// BF16, I64, I32, I16, I8, U8, BOOL); Read returns tensors in their stored dtype.
+absl::Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                              const std::map<std::string, std::string>& metadata = {});
+absl::StatusOr<std::vector<NamedTensor>> ReadSafetensors(const std::string& path);
+
+}  // namespace ulysses::engine
+
+#endif  // ULYSSES_WORKER_ENGINE_HF_HF_H_

@@ -1,0 +1,388 @@
+#include "worker/engine/model/llama.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ulysses::engine::model {
+namespace {
+
+namespace F = torch::nn::functional;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Holds the recompute closure of a Checkpoint call until backward.
+struct CheckpointClosure : torch::CustomClassHolder {
+  std::function<torch::Tensor(const torch::Tensor&)> fn;
+};
+
+class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x,
+                               c10::intrusive_ptr<CheckpointClosure> closure) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["closure"] = c10::IValue::make_capsule(closure);
+    torch::NoGradGuard no_grad;
+    return closure->fn(x);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto saved = ctx->get_saved_variables();
+    auto closure = c10::static_intrusive_pointer_cast<CheckpointClosure>(
+        ctx->saved_data["closure"].toCapsule());
+    torch::Tensor x = saved[0].detach().requires_grad_(true);
+    torch::Tensor y;
+    {
+      torch::AutoGradMode enable(true);
+      y = closure->fn(x);
+    }
+    // Reentrant backward: parameter grads accumulate into their .grad.
+    torch::autograd::backward({y}, {grad_outputs[0]});
+    return {x.grad(), torch::Tensor()};
+  }
+};
+
+// Cross-entropy sum over tiles of rows; backward recomputes each tile.
+class TiledCrossEntropyFunction : public torch::autograd::Function<TiledCrossEntropyFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor hidden, torch::Tensor weight,
+                               torch::Tensor labels, int64_t tile) {
+    ctx->save_for_backward({hidden, weight, labels});
+    ctx->saved_data["tile"] = tile;
+    const int64_t n = hidden.size(0);
+    torch::Tensor total = torch::zeros({}, hidden.options().dtype(AccumType(hidden)));
+    for (int64_t start = 0; start < n; start += tile) {
+      const int64_t len = std::min(tile, n - start);
+      torch::Tensor h = hidden.narrow(0, start, len);       // [t, H]
+      torch::Tensor y = labels.narrow(0, start, len);       // [t]
+      torch::Tensor logits = Upcast(h.matmul(weight.t()));  // [t, V]
+      torch::Tensor valid = y.ne(kIgnoreIndex);
+      torch::Tensor picked = logits.gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1);  // [t]
+      torch::Tensor lse = logits.logsumexp(1);                                          // [t]
+      total += ((lse - picked) * valid.to(lse.scalar_type())).sum();
+    }
+    return total.to(hidden.scalar_type());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto saved = ctx->get_saved_variables();
+    torch::Tensor hidden = saved[0], weight = saved[1], labels = saved[2];
+    const int64_t tile = ctx->saved_data["tile"].toInt();
+    const int64_t n = hidden.size(0);
+    torch::Tensor g = grad_outputs[0];
+    torch::Tensor grad_hidden = torch::zeros_like(hidden);
+    torch::Tensor grad_weight = torch::zeros_like(weight);
+    for (int64_t start = 0; start < n; start += tile) {
+      const int64_t len = std::min(tile, n - start);
+      torch::Tensor h = hidden.narrow(0, start, len);  // [t, H]
+      torch::Tensor y = labels.narrow(0, start, len);  // [t]
+      torch::Tensor logits = Upcast(h.matmul(weight.t()));
+      torch::Tensor dlogits = logits.softmax(1);  // [t, V]
+      torch::Tensor valid = y.ne(kIgnoreIndex);
+      torch::Tensor idx = y.clamp_min(0).unsqueeze(1);
+      dlogits.scatter_add_(1, idx, torch::full({len, 1}, -1.0, dlogits.options()));
+      dlogits.mul_(valid.to(dlogits.scalar_type()).unsqueeze(1));
+      dlogits.mul_(g.to(dlogits.scalar_type()));
+      dlogits = dlogits.to(hidden.scalar_type());
+      grad_hidden.narrow(0, start, len).copy_(dlogits.matmul(weight));  // [t, H]
+      grad_weight.add_(dlogits.t().matmul(h));                          // [V, H]
+    }
+    return {grad_hidden, grad_weight, torch::Tensor(), torch::Tensor()};
+  }
+
+ private:
+  static torch::ScalarType AccumType(const torch::Tensor& t) {
+    return t.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  }
+  static torch::Tensor Upcast(const torch::Tensor& t) { return t.to(AccumType(t)); }
+};
+
+}  // namespace
+
+absl::Status LlamaConfig::Validate() const {
+  auto positive = [](const char* field, int64_t v) -> absl::Status {
+    if (v > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.model.", field, ": ", v, " must be > 0 (set it or use a preset)"));
+  };
+  for (auto [field, v] :
+       std::vector<std::pair<const char*, int64_t>>{{"vocab_size", vocab_size},
+                                                    {"hidden_size", hidden_size},
+                                                    {"intermediate_size", intermediate_size},
+                                                    {"num_hidden_layers", num_hidden_layers},
+                                                    {"num_attention_heads", num_attention_heads},
+                                                    {"num_key_value_heads", num_key_value_heads}}) {
+    absl::Status s = positive(field, v);
+    if (!s.ok()) return s;
+  }
+  if (hidden_size % num_attention_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.model.hidden_size: ", hidden_size,
+                                                   " is not divisible by num_attention_heads ",
+                                                   num_attention_heads, " (pick a multiple)"));
+  }
+  if (head_dim() % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.model.hidden_size: head_dim ", head_dim(),
+                                                   " must be even for RoPE (change hidden_size)"));
+  }
+  if (num_attention_heads % num_key_value_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.model.num_key_value_heads: ", num_key_value_heads,
+        " does not divide num_attention_heads ", num_attention_heads, " (use a divisor)"));
+  }
+  if (!(rope_theta > 0) || !(rms_norm_eps > 0)) {
+    return absl::InvalidArgumentError("spec.model.rope_theta/rms_norm_eps: must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LlamaConfig> LlamaConfig::FromSpec(const spec::ModelSpec& m) {
+  LlamaConfig c;
+  c.vocab_size = m.vocab_size;
+  c.hidden_size = m.hidden_size;
+  c.intermediate_size = m.intermediate_size;
+  c.num_hidden_layers = m.num_hidden_layers;
+  c.num_attention_heads = m.num_attention_heads;
+  c.num_key_value_heads = m.num_key_value_heads > 0 ? m.num_key_value_heads : m.num_attention_heads;
+  c.rope_theta = m.rope_theta;
+  c.rms_norm_eps = m.rms_norm_eps;
+  c.tie_word_embeddings = m.tie_word_embeddings;
+  absl::Status s = c.Validate();
+  if (!s.ok()) return s;
+  return c;
+}
+
+absl::StatusOr<torch::Dtype> ParseDtype(const std::string& name) {
+  if (name == "float32" || name.empty()) return torch::kFloat;
+  if (name == "float64") return torch::kDouble;
+  if (name == "bfloat16") return torch::kBFloat16;
+  if (name == "float16") return torch::kHalf;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "spec.model.dtype: '", name, "' is not a dtype (use float32, bfloat16, float16 or float64)"));
+}
+
+std::pair<torch::Tensor, torch::Tensor> RopeCosSin(const torch::Tensor& position_ids,
+                                                   int64_t head_dim, double theta,
+                                                   torch::Dtype dtype, torch::Device device) {
+  // Computed in fp64 from global positions, so every shard sees identical values.
+  auto opts = torch::TensorOptions().dtype(torch::kDouble);
+  torch::Tensor inv_freq =
+      1.0 / torch::pow(theta, torch::arange(0, head_dim, 2, opts) / static_cast<double>(head_dim));
+  torch::Tensor pos = position_ids.to(torch::kCPU).to(torch::kDouble);  // [s/p]
+  torch::Tensor freqs = pos.unsqueeze(1) * inv_freq.unsqueeze(0);       // [s/p, d/2]
+  torch::Tensor emb = torch::cat({freqs, freqs}, 1);                    // [s/p, d]
+  return {emb.cos().to(device, dtype), emb.sin().to(device, dtype)};
+}
+
+torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos,
+                        const torch::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  torch::Tensor x1 = x.narrow(-1, 0, half);
+  torch::Tensor x2 = x.narrow(-1, half, half);
+  torch::Tensor rotated = torch::cat({-x2, x1}, -1);  // rotate_half
+  // [s/p, d] -> [1, s/p, 1, d]
+  torch::Tensor c = cos.unsqueeze(0).unsqueeze(2);
+  torch::Tensor s = sin.unsqueeze(0).unsqueeze(2);
+  return x * c + rotated * s;
+}
+
+torch::Tensor Checkpoint(std::function<torch::Tensor(const torch::Tensor&)> fn,
+                         const torch::Tensor& x) {
+  if (!torch::GradMode::is_enabled()) return fn(x);
+  auto closure = c10::make_intrusive<CheckpointClosure>();
+  closure->fn = std::move(fn);
+  return CheckpointFunction::apply(x, closure);
+}
+
+torch::Tensor TiledCrossEntropySum(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                   const torch::Tensor& labels, int64_t tile_tokens) {
+  return TiledCrossEntropyFunction::apply(hidden, weight, labels,
+                                          std::max<int64_t>(1, tile_tokens));
+}
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  torch::ScalarType in = x.scalar_type();
+  torch::Tensor xf = in == torch::kDouble ? x : x.to(torch::kFloat);
+  torch::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
+  return weight * (xf * torch::rsqrt(var + eps_)).to(in);
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c) : config_(c) {
+  const int64_t d = c.head_dim();
+  auto lin = [](int64_t in, int64_t out) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+  };
+  q_proj = register_module("q_proj", lin(c.hidden_size, c.num_attention_heads * d));
+  k_proj = register_module("k_proj", lin(c.hidden_size, c.num_key_value_heads * d));
+  v_proj = register_module("v_proj", lin(c.hidden_size, c.num_key_value_heads * d));
+  o_proj = register_module("o_proj", lin(c.num_attention_heads * d, c.hidden_size));
+}
+
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                          const torch::Tensor& sin, const AttentionFn& attention) {
+  const int64_t b = x.size(0), s = x.size(1), d = config_.head_dim();
+  const int64_t hq = config_.num_attention_heads, hkv = config_.num_key_value_heads;
+  // [b, s/p, H] -> [b, s/p, hq, d] / [b, s/p, hkv, d]
+  torch::Tensor q = q_proj(x).view({b, s, hq, d});
+  torch::Tensor k = k_proj(x).view({b, s, hkv, d});
+  torch::Tensor v = v_proj(x).view({b, s, hkv, d});
+  q = ApplyRope(q, cos, sin);
+  k = ApplyRope(k, cos, sin);
+  torch::Tensor o = attention(q, k, v);  // [b, s/p, hq, d]
+  // [b, s/p, hq, d] -> [b, s/p, hq*d]
+  return o_proj(o.reshape({b, s, hq * d}));
+}
+
+LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, const MemoryOptions& memory)
+    : memory_(memory), hidden_size_(c.hidden_size) {
+  auto lin = [](int64_t in, int64_t out) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+  };
+  gate_proj = register_module("gate_proj", lin(c.hidden_size, c.intermediate_size));
+  up_proj = register_module("up_proj", lin(c.hidden_size, c.intermediate_size));
+  down_proj = register_module("down_proj", lin(c.intermediate_size, c.hidden_size));
+}
+
+torch::Tensor LlamaMLPImpl::Dense(const torch::Tensor& x) {
+  return down_proj(F::silu(gate_proj(x)) * up_proj(x));
+}
+
+torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
+  if (!memory_.tiled_mlp) return Dense(x);
+  // Tiles along the local sequence: [b, s/p, H] -> n x [b, t, H]; each tile recomputed in backward.
+  const int64_t tile = memory_.mlp_tile_tokens > 0 ? memory_.mlp_tile_tokens : hidden_size_;
+  const int64_t s = x.size(1);
+  if (s <= tile) return Checkpoint([this](const torch::Tensor& t) { return Dense(t); }, x);
+  std::vector<torch::Tensor> outs;
+  for (int64_t start = 0; start < s; start += tile) {
+    torch::Tensor part = x.narrow(1, start, std::min(tile, s - start));
+    outs.push_back(Checkpoint([this](const torch::Tensor& t) { return Dense(t); }, part));
+  }
+  return torch::cat(outs, 1);
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, const MemoryOptions& memory) {
+  self_attn = register_module("self_attn", LlamaAttention(c));
+  mlp = register_module("mlp", LlamaMLP(c, memory));
+  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                             const torch::Tensor& sin,
+                                             const AttentionFn& attention) {
+  torch::Tensor h = x + self_attn(input_layernorm(x), cos, sin, attention);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, const MemoryOptions& memory)
+    : config_(c), memory_(memory) {
+  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(c, memory));
+  norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids,
+                                      const torch::Tensor& position_ids,
+                                      const AttentionFn& attention) {
+  torch::Tensor h = embed_tokens(input_ids);  // [b, s/p] -> [b, s/p, H]
+  auto [cos, sin] =
+      RopeCosSin(position_ids, config_.head_dim(), config_.rope_theta, h.scalar_type(), h.device());
+  for (size_t i = 0; i < layers->size(); ++i) {
+    auto layer = layers->ptr<LlamaDecoderLayerImpl>(i);
+    if (memory_.activation_checkpointing) {
+      torch::Tensor c = cos, s = sin;
+      AttentionFn attn = attention;
+      h = Checkpoint(
+          [layer, c, s, attn](const torch::Tensor& x) { return layer->forward(x, c, s, attn); }, h);
+    } else {
+      h = layer->forward(h, cos, sin, attention);
+    }
+  }
+  return norm(h);
+}
+
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, const MemoryOptions& memory)
+    : config_(c), memory_(memory) {
+  model = register_module("model", LlamaModel(c, memory));
+  if (!c.tie_word_embeddings) {
+    lm_head = register_module(
+        "lm_head",
+        torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+  }
+}
+
+void LlamaForCausalLMImpl::InitWeights(uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  for (auto& item : named_parameters()) {
+    torch::Tensor& p = item.value();
+    torch::Tensor init;
+    if (p.dim() == 1) {
+      init = torch::ones(p.sizes(), torch::kFloat);  // RMSNorm weights
+    } else {
+      init = torch::empty(p.sizes(), torch::kFloat);
+      init.normal_(0.0, 0.02, gen);
+    }
+    p.copy_(init);
+  }
+}
+
+torch::Tensor LlamaForCausalLMImpl::HeadWeight() const {
+  return config_.tie_word_embeddings ? model->embed_tokens->weight : lm_head->weight;
+}
+
+torch::Tensor LlamaForCausalLMImpl::Hidden(const torch::Tensor& input_ids,
+                                           const torch::Tensor& position_ids,
+                                           const AttentionFn& attention) {
+  return model(input_ids, position_ids, attention);
+}
+
+LossOutput LlamaForCausalLMImpl::Loss(const torch::Tensor& input_ids,
+                                      const torch::Tensor& position_ids,
+                                      const torch::Tensor& labels, const AttentionFn& attention,
+                                      const torch::Tensor& accuracy_mask) {
+  torch::Tensor h = Hidden(input_ids, position_ids, attention);  // [b, s/p, H]
+  const int64_t hidden = h.size(-1);
+  torch::Tensor flat_h = h.reshape({-1, hidden});                // [b*s/p, H]
+  torch::Tensor flat_y = labels.reshape({-1}).to(torch::kLong);  // [b*s/p]
+  torch::Tensor w = HeadWeight();
+  LossOutput out;
+  out.tokens = flat_y.ne(kIgnoreIndex).sum().item<int64_t>();
+  const int64_t n = flat_h.size(0);
+  const int64_t tile = memory_.tiled_loss ? std::max<int64_t>(1, memory_.loss_tile_tokens) : n;
+  if (memory_.tiled_loss) {
+    out.loss_sum = TiledCrossEntropySum(flat_h, w, flat_y, tile);
+  } else {
+    torch::Tensor logits = flat_h.matmul(w.t());  // [b*s/p, V]
+    if (logits.scalar_type() != torch::kDouble) logits = logits.to(torch::kFloat);
+    out.loss_sum = F::cross_entropy(
+        logits, flat_y,
+        F::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum));
+  }
+  if (accuracy_mask.defined()) {
+    torch::NoGradGuard no_grad;
+    torch::Tensor mask = accuracy_mask.reshape({-1}).to(torch::kBool) & flat_y.ne(kIgnoreIndex);
+    int64_t correct = 0;
+    for (int64_t start = 0; start < std::max<int64_t>(n, 1) && n > 0; start += tile) {
+      const int64_t len = std::min(tile, n - start);
+      torch::Tensor pred = flat_h.narrow(0, start, len).matmul(w.t()).argmax(1);  // [t]
+      torch::Tensor m = mask.narrow(0, start, len);
+      correct += (pred.eq(flat_y.narrow(0, start, len)) & m).sum().item<int64_t>();
+    }
+    out.correct = correct;
+    out.accuracy_tokens = mask.sum().item<int64_t>();
+  }
+  return out;
+}
+
+}  // namespace ulysses::engine::model

@@ -1,0 +1,204 @@
+// Llama decoder (Hugging Face LlamaForCausalLM layout) for Ulysses training.
+//
+// Parameter names and shapes are exactly HF's: named_parameters() yields
+// model.embed_tokens.weight, model.layers.<i>.self_attn.{q,k,v,o}_proj.weight,
+// model.layers.<i>.mlp.{gate,up,down}_proj.weight,
+// model.layers.<i>.{input,post_attention}_layernorm.weight, model.norm.weight and
+// lm_head.weight (absent when tie_word_embeddings).
+//
+// The model knows nothing about process groups: attention is a callback
+// (AttentionFn) that the caller binds to Ulysses attention over its sp
+// communicator (or to a local causal attention at sp 1). Every rank runs the
+// model on its local sequence shard [b, s/p] with GLOBAL position ids.
+//
+// Memory options: tiled loss (logits never materialised beyond one tile of
+// loss_tile_tokens x vocab, recomputed tile by tile in backward), per-layer
+// activation checkpointing and tiled MLP (both recompute in backward).
+//
+// Not thread-safe: one model per rank, used by one thread. Errors are returned
+// as Status only from the factory; forward/loss throw c10::Error like any
+// libtorch module (the training loop catches them at the engine edge).
+#ifndef ULYSSES_WORKER_ENGINE_MODEL_LLAMA_H_
+#define ULYSSES_WORKER_ENGINE_MODEL_LLAMA_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/spec/job_spec.h"
+
+namespace ulysses::engine::model {
+
+// Shape of the decoder (HF LlamaConfig field meanings).
+struct LlamaConfig {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-5;
+  bool tie_word_embeddings = false;
+
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  // Checks every field; errors name the field, the value and a fix.
+  absl::Status Validate() const;
+  // From a defaulted spec (presets already applied by the spec parser).
+  static absl::StatusOr<LlamaConfig> FromSpec(const spec::ModelSpec& model);
+};
+
+// Memory-saving execution options (all change memory, never results beyond
+// floating-point reassociation).
+struct MemoryOptions {
+  bool activation_checkpointing = false;  // Recompute each decoder layer in backward.
+  bool tiled_mlp = false;                 // MLP over sequence tiles, recomputed in backward.
+  int64_t mlp_tile_tokens = 0;            // Tokens per MLP tile (0 = hidden_size).
+  bool tiled_loss = false;                // Logits + CE in tiles, recomputed in backward.
+  int64_t loss_tile_tokens = 4096;        // Tokens per loss tile.
+};
+
+// q [b, s/p, hq, d], k/v [b, s/p, hkv, d] (RoPE applied at global positions)
+// -> [b, s/p, hq, d]: causal attention over the FULL sequence.
+using AttentionFn = std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k,
+                                                const torch::Tensor& v)>;
+
+// Result of LossSum: loss_sum is a differentiable scalar (sum of per-token CE
+// over valid labels); tokens = number of valid labels. Accuracy fields are
+// filled only when asked for (argmax == label over accuracy_mask positions).
+struct LossOutput {
+  torch::Tensor loss_sum;
+  int64_t tokens = 0;
+  int64_t correct = 0;
+  int64_t accuracy_tokens = 0;
+};
+
+inline constexpr int64_t kIgnoreIndex = -100;
+
+// cos/sin tables [s/p, d] for the given global positions (HF rotate_half layout).
+std::pair<torch::Tensor, torch::Tensor> RopeCosSin(const torch::Tensor& position_ids,
+                                                   int64_t head_dim, double theta,
+                                                   torch::Dtype dtype, torch::Device device);
+// x [b, s/p, h, d]; cos/sin [s/p, d].
+torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+// Runs fn(x) without saving activations and recomputes it in backward.
+// Parameter gradients reached by fn accumulate into their .grad directly
+// (reentrant backward), like PyTorch's reentrant checkpoint. fn must be
+// deterministic; collectives inside fn run again, in the same order, on every rank.
+torch::Tensor Checkpoint(std::function<torch::Tensor(const torch::Tensor&)> fn,
+                         const torch::Tensor& x);
+
+// Sum of token cross-entropy of hidden [n, H] against weight [V, H] and labels [n]
+// (kIgnoreIndex skipped), computed tile_tokens rows at a time; backward recomputes
+// each tile's logits. Never holds more than tile_tokens x V logits.
+torch::Tensor TiledCrossEntropySum(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                   const torch::Tensor& labels, int64_t tile_tokens);
+
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  explicit LlamaAttentionImpl(const LlamaConfig& config);
+  // x [b, s/p, H] -> [b, s/p, H]
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const AttentionFn& attention);
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  LlamaConfig config_;
+};
+TORCH_MODULE(LlamaAttention);
+
+class LlamaMLPImpl : public torch::nn::Module {
+ public:
+  LlamaMLPImpl(const LlamaConfig& config, const MemoryOptions& memory);
+  // x [b, s/p, H] -> [b, s/p, H]; down(silu(gate(x)) * up(x)).
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  torch::Tensor Dense(const torch::Tensor& x);
+  MemoryOptions memory_;
+  int64_t hidden_size_;
+};
+TORCH_MODULE(LlamaMLP);
+
+class LlamaDecoderLayerImpl : public torch::nn::Module {
+ public:
+  LlamaDecoderLayerImpl(const LlamaConfig& config, const MemoryOptions& memory);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const AttentionFn& attention);
+  LlamaAttention self_attn{nullptr};
+  LlamaMLP mlp{nullptr};
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(LlamaDecoderLayer);
+
+class LlamaModelImpl : public torch::nn::Module {
+ public:
+  LlamaModelImpl(const LlamaConfig& config, const MemoryOptions& memory);
+  // input_ids [b, s/p] int64, position_ids [s/p] int64 (global) -> [b, s/p, H] (final-normed).
+  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
+                        const AttentionFn& attention);
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+
+ private:
+  LlamaConfig config_;
+  MemoryOptions memory_;
+};
+TORCH_MODULE(LlamaModel);
+
+class LlamaForCausalLMImpl : public torch::nn::Module {
+ public:
+  LlamaForCausalLMImpl(const LlamaConfig& config, const MemoryOptions& memory);
+
+  // Deterministic init from seed: every weight matrix ~ N(0, 0.02) drawn in fp32 on
+  // CPU in named_parameters() order from one generator; norm weights = 1. The same
+  // seed gives the same weights for every dtype, device and parallel layout.
+  void InitWeights(uint64_t seed);
+
+  // Final hidden states [b, s/p, H] of the local shard.
+  torch::Tensor Hidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
+                       const AttentionFn& attention);
+  // Loss of the local shard: labels [b, s/p] (kIgnoreIndex = no target).
+  // accuracy_mask [b, s/p] bool (optional): count argmax hits at these positions.
+  LossOutput Loss(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
+                  const torch::Tensor& labels, const AttentionFn& attention,
+                  const torch::Tensor& accuracy_mask = {});
+
+  // The LM head weight [V, H] (embed_tokens.weight when tied).
+  torch::Tensor HeadWeight() const;
+  const LlamaConfig& config() const { return config_; }
+
+  LlamaModel model{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+
+ private:
+  LlamaConfig config_;
+  MemoryOptions memory_;
+};
+TORCH_MODULE(LlamaForCausalLM);
+
+// Parses spec.model.dtype.
+absl::StatusOr<torch::Dtype> ParseDtype(const std::string& name);
+
+}  // namespace ulysses::engine::model
+
+#endif  // ULYSSES_WORKER_ENGINE_MODEL_LLAMA_H_

@@ -1,0 +1,195 @@
+#include "worker/engine/parallel/attention.h"
+
+#include <torch/version.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace ulysses::engine {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using torch::indexing::Slice;
+
+// Internal layout. Legend: b batch, s sequence, hkv kv heads, g = hq/hkv query heads per kv head,
+// d head dim, bq/bk query/key tile lengths.
+// q [b, s, hq, d] -> [b, s, hkv, g, d] -> [b, hkv, g, s, d]
+torch::Tensor GroupQueries(const torch::Tensor& q, int64_t hkv) {
+  const int64_t b = q.size(0), s = q.size(1), hq = q.size(2), d = q.size(3);
+  return q.reshape({b, s, hkv, hq / hkv, d}).permute({0, 2, 3, 1, 4}).contiguous();
+}
+// [b, hkv, g, s, d] -> [b, s, hkv, g, d] -> [b, s, hq, d]
+torch::Tensor UngroupQueries(const torch::Tensor& x) {
+  const int64_t b = x.size(0), hkv = x.size(1), g = x.size(2), s = x.size(3), d = x.size(4);
+  return x.permute({0, 3, 1, 2, 4}).reshape({b, s, hkv * g, d});
+}
+// k/v [b, s, hkv, d] -> [b, hkv, s, d]
+torch::Tensor HeadsFirst(const torch::Tensor& x) { return x.permute({0, 2, 1, 3}).contiguous(); }
+// [b, hkv, s, d] -> [b, s, hkv, d]
+torch::Tensor SequenceFirst(const torch::Tensor& x) { return x.permute({0, 2, 1, 3}).contiguous(); }
+
+// Scores of query tile [i0, i0+bq) against key tile [j0, j0+bk), causally masked where the tile
+// crosses the diagonal. qt [b, hkv, g, bq, d], kt [b, hkv, bk, d] -> [b, hkv, g, bq, bk].
+torch::Tensor TileScores(const torch::Tensor& qt, const torch::Tensor& kt, double scale, int64_t i0,
+                         int64_t j0) {
+  // kt [b, hkv, bk, d] -> [b, hkv, 1, d, bk]; broadcast over g.
+  torch::Tensor s = torch::matmul(qt, kt.unsqueeze(2).transpose(-1, -2)).mul_(scale);
+  const int64_t bq = qt.size(3), bk = kt.size(2);
+  if (j0 + bk - 1 > i0) {  // some key in the tile is after some query: mask key > query
+    auto rows = torch::arange(i0, i0 + bq, torch::kLong).unsqueeze(1);  // [bq, 1]
+    auto cols = torch::arange(j0, j0 + bk, torch::kLong).unsqueeze(0);  // [1, bk]
+    s.masked_fill_(cols > rows, -std::numeric_limits<double>::infinity());
+  }
+  return s;
+}
+
+struct BlockwiseCausalAttention : public torch::autograd::Function<BlockwiseCausalAttention> {
+  // q [b, s, hq, d], k/v [b, s, hkv, d] -> out [b, s, hq, d]; saves q, k, v, out, lse.
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, int64_t block) {
+    const int64_t hkv = k.size(2), s = q.size(1), d = q.size(3);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    torch::Tensor qg = GroupQueries(q, hkv);                                // [b, hkv, g, s, d]
+    torch::Tensor kh = HeadsFirst(k);                                       // [b, hkv, s, d]
+    torch::Tensor vh = HeadsFirst(v);                                       // [b, hkv, s, d]
+    torch::Tensor out = torch::empty_like(qg);                              // [b, hkv, g, s, d]
+    torch::Tensor lse = torch::empty(qg.sizes().slice(0, 4), q.options());  // [b, hkv, g, s]
+    for (int64_t i0 = 0; i0 < s; i0 += block) {
+      const int64_t i1 = std::min(s, i0 + block);
+      torch::Tensor qt = qg.index({Slice(), Slice(), Slice(), Slice(i0, i1)});  // [b,hkv,g,bq,d]
+      torch::Tensor m, l, acc;  // running max [.., bq, 1], sum [.., bq, 1], output [.., bq, d]
+      for (int64_t j0 = 0; j0 < i1; j0 += block) {  // key tiles in order: the first has key 0
+        const int64_t j1 = std::min(s, j0 + block);
+        torch::Tensor kt = kh.index({Slice(), Slice(), Slice(j0, j1)});      // [b, hkv, bk, d]
+        torch::Tensor vt = vh.index({Slice(), Slice(), Slice(j0, j1)});      // [b, hkv, bk, d]
+        torch::Tensor sc = TileScores(qt, kt, scale, i0, j0);                // [b, hkv, g, bq, bk]
+        torch::Tensor tile_max = std::get<0>(sc.max(-1, /*keepdim=*/true));  // [.., bq, 1]
+        if (!m.defined()) {
+          m = tile_max;  // finite: key 0 is visible to every query
+          torch::Tensor p = (sc - m).exp_();
+          l = p.sum(-1, true);
+          acc = torch::matmul(p, vt.unsqueeze(2));  // [.., bq, bk] x [.., 1, bk, d] -> [.., bq, d]
+        } else {
+          torch::Tensor m_new = torch::maximum(m, tile_max);
+          torch::Tensor alpha = (m - m_new).exp_();
+          torch::Tensor p = (sc - m_new).exp_();
+          l = l * alpha + p.sum(-1, true);
+          acc = acc * alpha + torch::matmul(p, vt.unsqueeze(2));
+          m = m_new;
+        }
+      }
+      out.index_put_({Slice(), Slice(), Slice(), Slice(i0, i1)}, acc / l);
+      lse.index_put_({Slice(), Slice(), Slice(), Slice(i0, i1)}, (m + l.log()).squeeze(-1));
+    }
+    torch::Tensor result = UngroupQueries(out);  // [b, s, hq, d]
+    ctx->save_for_backward({q, k, v, result, lse});
+    ctx->saved_data["block"] = block;
+    return result;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3];
+    const torch::Tensor& lse = saved[4];  // [b, hkv, g, s]
+    const int64_t block = ctx->saved_data["block"].toInt();
+    const int64_t hkv = k.size(2), s = q.size(1), d = q.size(3);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    torch::Tensor qg = GroupQueries(q, hkv);                       // [b, hkv, g, s, d]
+    torch::Tensor dog = GroupQueries(grads[0].contiguous(), hkv);  // [b, hkv, g, s, d]
+    torch::Tensor og = GroupQueries(o, hkv);                       // [b, hkv, g, s, d]
+    torch::Tensor kh = HeadsFirst(k), vh = HeadsFirst(v);          // [b, hkv, s, d]
+    // delta_i = sum_d dO_i * O_i: [b, hkv, g, s, 1]
+    torch::Tensor delta = (dog * og).sum(-1, true);
+    torch::Tensor dq = torch::zeros_like(qg);  // [b, hkv, g, s, d]
+    torch::Tensor dk = torch::zeros_like(kh);  // [b, hkv, s, d]
+    torch::Tensor dv = torch::zeros_like(vh);  // [b, hkv, s, d]
+    for (int64_t j0 = 0; j0 < s; j0 += block) {
+      const int64_t j1 = std::min(s, j0 + block);
+      torch::Tensor kt = kh.index({Slice(), Slice(), Slice(j0, j1)});  // [b, hkv, bk, d]
+      torch::Tensor vt = vh.index({Slice(), Slice(), Slice(j0, j1)});  // [b, hkv, bk, d]
+      torch::Tensor dk_acc = torch::zeros_like(kt), dv_acc = torch::zeros_like(vt);
+      for (int64_t i0 = (j0 / block) * block; i0 < s; i0 += block) {  // query tiles at/after j0
+        const int64_t i1 = std::min(s, i0 + block);
+        auto rows = Slice(i0, i1);
+        torch::Tensor qt = qg.index({Slice(), Slice(), Slice(), rows});    // [b, hkv, g, bq, d]
+        torch::Tensor dot = dog.index({Slice(), Slice(), Slice(), rows});  // [b, hkv, g, bq, d]
+        torch::Tensor sc = TileScores(qt, kt, scale, i0, j0);              // [b, hkv, g, bq, bk]
+        // P = exp(S - lse): [b, hkv, g, bq, bk]
+        torch::Tensor p = (sc - lse.index({Slice(), Slice(), Slice(), rows}).unsqueeze(-1)).exp_();
+        // dV += sum_g P^T dO: [.., g, bk, bq] x [.., g, bq, d] -> [.., g, bk, d] -> [b, hkv, bk, d]
+        dv_acc += torch::matmul(p.transpose(-1, -2), dot).sum(2);
+        // dP = dO V^T: [.., g, bq, d] x [.., 1, d, bk] -> [.., g, bq, bk]
+        torch::Tensor dp = torch::matmul(dot, vt.unsqueeze(2).transpose(-1, -2));
+        // dS = P * (dP - delta) * scale
+        torch::Tensor ds =
+            p.mul_(dp.sub_(delta.index({Slice(), Slice(), Slice(), rows}))).mul_(scale);
+        // dQ += dS K: [.., g, bq, bk] x [.., 1, bk, d] -> [.., g, bq, d]
+        dq.index({Slice(), Slice(), Slice(), rows}) += torch::matmul(ds, kt.unsqueeze(2));
+        // dK += sum_g dS^T Q: [.., g, bk, bq] x [.., g, bq, d] -> [b, hkv, bk, d]
+        dk_acc += torch::matmul(ds.transpose(-1, -2), qt).sum(2);
+      }
+      dk.index_put_({Slice(), Slice(), Slice(j0, j1)}, dk_acc);
+      dv.index_put_({Slice(), Slice(), Slice(j0, j1)}, dv_acc);
+    }
+    return {UngroupQueries(dq), SequenceFirst(dk), SequenceFirst(dv), torch::Tensor()};
+  }
+};
+
+void CheckShapes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "CausalAttention: q, k, v must be [b, s, h, d]; got ", q.sizes(), ", ", k.sizes(),
+              ", ", v.sizes());
+  TORCH_CHECK(k.sizes() == v.sizes(), "CausalAttention: k ", k.sizes(), " != v ", v.sizes());
+  TORCH_CHECK(q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3),
+              "CausalAttention: q ", q.sizes(), " and k ", k.sizes(),
+              " must agree on batch, sequence and head dim");
+  TORCH_CHECK(k.size(2) > 0 && q.size(2) % k.size(2) == 0, "CausalAttention: query heads ",
+              q.size(2), " must be a multiple of kv heads ", k.size(2));
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
+              "CausalAttention: q, k, v dtypes differ");
+}
+
+}  // namespace
+
+torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const AttentionOptions& opts) {
+  CheckShapes(q, k, v);
+  TORCH_CHECK(opts.block_size > 0, "AttentionOptions.block_size: ", opts.block_size,
+              " must be > 0");
+#if TORCH_VERSION_MAJOR >= 2
+  if (q.is_cuda()) {
+    const int64_t g = q.size(2) / k.size(2);
+    // [b, s, h, d] -> [b, h, s, d]; kv heads repeated to the query head count.
+    auto qh = q.transpose(1, 2);
+    auto kh = (g == 1 ? k : k.repeat_interleave(g, 2)).transpose(1, 2);
+    auto vh = (g == 1 ? v : v.repeat_interleave(g, 2)).transpose(1, 2);
+    auto o = at::scaled_dot_product_attention(qh, kh, vh, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                              /*is_causal=*/true);
+    return o.transpose(1, 2).contiguous();  // [b, h, s, d] -> [b, s, h, d]
+  }
+#endif
+  if (q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16) {
+    return BlockwiseCausalAttention::apply(q.to(torch::kFloat), k.to(torch::kFloat),
+                                           v.to(torch::kFloat), opts.block_size)
+        .to(q.scalar_type());
+  }
+  return BlockwiseCausalAttention::apply(q, k, v, opts.block_size);
+}
+
+torch::Tensor NaiveCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v) {
+  CheckShapes(q, k, v);
+  const int64_t g = q.size(2) / k.size(2), s = q.size(1);
+  // [b, s, h, d] -> [b, h, s, d], kv repeated to hq heads.
+  auto qh = q.transpose(1, 2);
+  auto kh = k.repeat_interleave(g, 2).transpose(1, 2);
+  auto vh = v.repeat_interleave(g, 2).transpose(1, 2);
+  auto scores = torch::matmul(qh, kh.transpose(-1, -2)) / std::sqrt(static_cast<double>(q.size(3)));
+  auto mask = torch::ones({s, s}, torch::kBool).triu(1);  // [s, s]: key after query
+  scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
+  return torch::matmul(scores.softmax(-1), vh).transpose(1, 2);  // [b, h, s, d] -> [b, s, h, d]
+}
+
+}  // namespace ulysses::engine

@@ -1,0 +1,34 @@
+// Exact causal self-attention for one device, memory O(s * block) on CPU.
+//
+// CausalAttention(q [b, s, hq, d], k [b, s, hkv, d], v [b, s, hkv, d]) -> [b, s, hq, d], with
+// hq % hkv == 0 (GQA: query head i uses kv head i / (hq/hkv)) and scale 1/sqrt(d).
+//  - CPU: blockwise attention with an online softmax, one custom autograd Function that saves only
+//    q, k, v, out and the per-row logsumexp and recomputes score blocks in backward (flash-style).
+//    It never builds an [s, s] matrix. fp32 and fp64 are computed natively; fp16/bf16 are computed
+//    in fp32 and cast back. GQA is handled by grouping query heads per kv head (kv never repeated).
+//  - CUDA tensors with libtorch >= 2: at::scaled_dot_product_attention(is_causal=true).
+// Pure function: no state, thread-safe. Throws c10::Error on bad shapes.
+#ifndef ULYSSES_WORKER_ENGINE_PARALLEL_ATTENTION_H_
+#define ULYSSES_WORKER_ENGINE_PARALLEL_ATTENTION_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+namespace ulysses::engine {
+
+struct AttentionOptions {
+  // Query/key tile length of the CPU kernel; memory per head group is O(block_size^2).
+  int64_t block_size = 512;
+};
+
+torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v, const AttentionOptions& opts);
+
+// The naive reference: full [s, s] scores, masked softmax (tests and benchmarks only).
+torch::Tensor NaiveCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v);
+
+}  // namespace ulysses::engine
+
+#endif  // ULYSSES_WORKER_ENGINE_PARALLEL_ATTENTION_H_

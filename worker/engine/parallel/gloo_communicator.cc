@@ -1,0 +1,185 @@
+#include "worker/engine/parallel/gloo_communicator.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <atomic>
+#include <exception>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace ulysses::engine::internal {
+namespace {
+
+// Maps an exception from c10d/Gloo to a Status: timeouts are DEADLINE_EXCEEDED, anything else
+// (peer closed the connection, ...) UNAVAILABLE.
+absl::Status StatusFromException(const std::string& what, const std::string& op) {
+  std::string msg = what;
+  // c10::Error messages carry a long backtrace after the first line.
+  auto nl = msg.find('\n');
+  if (nl != std::string::npos) msg = msg.substr(0, nl);
+  std::string full = absl::StrCat("gloo ", op, " failed: ", msg);
+  if (absl::StrContains(absl::AsciiStrToLower(what), "timed out") ||
+      absl::StrContains(absl::AsciiStrToLower(what), "timeout")) {
+    return absl::DeadlineExceededError(full);
+  }
+  return absl::UnavailableError(full);
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, std::string name,
+                   std::chrono::milliseconds timeout)
+      : pg_(std::move(pg)), name_(std::move(name)), timeout_(timeout) {}
+  GlooCommunicator(const GlooCommunicator&) = delete;
+  GlooCommunicator& operator=(const GlooCommunicator&) = delete;
+
+  int rank() const override { return pg_->getRank(); }
+  int size() const override { return pg_->getSize(); }
+
+  absl::Status AllToAll(torch::Tensor& out, const torch::Tensor& in) override {
+    RETURN_IF_ERROR(CheckUsable("alltoall"));
+    if (!in.is_contiguous() || !out.is_contiguous() || in.sizes() != out.sizes() ||
+        in.scalar_type() != out.scalar_type() || in.dim() == 0 || in.size(0) % size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AllToAll(", name_, "): in/out must be contiguous with equal shape and dtype and dim 0 (",
+          in.dim() > 0 ? in.size(0) : 0, ") divisible by the group size (", size(), ")"));
+    }
+    if (size() == 1) {
+      out.copy_(in);
+      return absl::OkStatus();
+    }
+    std::vector<int64_t> counts;  // empty = equal splits
+    torch::Tensor in_mut = in;
+    absl::Status st =
+        Run("alltoall", [&] { return pg_->alltoall_base(out, in_mut, counts, counts); });
+    if (st.ok()) bytes_sent_ += static_cast<int64_t>(in.nbytes()) * (size() - 1) / size();
+    return st;
+  }
+
+  absl::Status AllReduceSum(std::vector<torch::Tensor>& tensors) override {
+    RETURN_IF_ERROR(CheckUsable("allreduce"));
+    if (tensors.empty() || size() == 1) return absl::OkStatus();
+    // One flat buffer per dtype: one collective instead of one per tensor.
+    std::map<c10::ScalarType, std::vector<size_t>> by_dtype;
+    for (size_t i = 0; i < tensors.size(); ++i) by_dtype[tensors[i].scalar_type()].push_back(i);
+    for (auto& [dtype, idx] : by_dtype) {
+      std::vector<torch::Tensor> flat_parts;
+      for (size_t i : idx) flat_parts.push_back(tensors[i].reshape({-1}));  // [n_i]
+      std::vector<torch::Tensor> flat = {torch::cat(flat_parts)};           // [sum n_i]
+      c10d::AllreduceOptions opts;
+      opts.reduceOp = c10d::ReduceOp::SUM;
+      opts.timeout = timeout_;
+      RETURN_IF_ERROR(Run("allreduce", [&] { return pg_->allreduce(flat, opts); }));
+      int64_t offset = 0;
+      for (size_t i : idx) {
+        int64_t n = tensors[i].numel();
+        tensors[i].copy_(flat[0].narrow(0, offset, n).view(tensors[i].sizes()));
+        offset += n;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AllReduceMax(torch::Tensor& t) override {
+    RETURN_IF_ERROR(CheckUsable("allreduce_max"));
+    if (size() == 1) return absl::OkStatus();
+    std::vector<torch::Tensor> v = {t.contiguous()};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::MAX;
+    opts.timeout = timeout_;
+    RETURN_IF_ERROR(Run("allreduce_max", [&] { return pg_->allreduce(v, opts); }));
+    if (!v[0].is_same(t)) t.copy_(v[0]);
+    return absl::OkStatus();
+  }
+
+  absl::Status Broadcast(torch::Tensor& t, int root) override {
+    RETURN_IF_ERROR(CheckUsable("broadcast"));
+    if (root < 0 || root >= size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Broadcast(", name_, "): root ", root, " not in [0, ", size(), ")"));
+    }
+    if (size() == 1) return absl::OkStatus();
+    std::vector<torch::Tensor> v = {t.contiguous()};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    opts.timeout = timeout_;
+    RETURN_IF_ERROR(Run("broadcast", [&] { return pg_->broadcast(v, opts); }));
+    if (!v[0].is_same(t)) t.copy_(v[0]);
+    return absl::OkStatus();
+  }
+
+  absl::Status Barrier() override {
+    RETURN_IF_ERROR(CheckUsable("barrier"));
+    if (size() == 1) return absl::OkStatus();
+    c10d::BarrierOptions opts;
+    opts.timeout = timeout_;
+    return Run("barrier", [&] { return pg_->barrier(opts); });
+  }
+
+  void Abort() override { aborted_ = true; }
+
+  int64_t bytes_sent() const override { return bytes_sent_; }
+
+ private:
+  absl::Status CheckUsable(const char* op) const {
+    if (aborted_) {
+      return absl::AbortedError(absl::StrCat("gloo ", op, " on group '", name_, "': aborted"));
+    }
+    if (broken_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("gloo ", op, " on group '", name_,
+                       "': an earlier collective failed; recreate the group"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Issues the collective and waits for it at most timeout_; failures mark the group broken.
+  template <typename Issue>
+  absl::Status Run(const std::string& op, Issue issue) {
+    try {
+      auto work = issue();
+      work->wait(timeout_);
+      return absl::OkStatus();
+    } catch (const std::exception& e) {
+      broken_ = true;
+      return StatusFromException(e.what(), absl::StrCat(op, " on group '", name_, "'"));
+    }
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  std::string name_;
+  std::chrono::milliseconds timeout_;
+  std::atomic<bool> aborted_{false};
+  bool broken_ = false;
+  int64_t bytes_sent_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
+    const c10::intrusive_ptr<c10d::Store>& store, const std::string& name, int rank, int size,
+    std::chrono::milliseconds timeout, bool loopback) {
+  try {
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name, store);
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    // Single-host jobs bind to loopback; otherwise to the address this host's name resolves to.
+    options->devices.push_back(loopback
+                                   ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                   : c10d::ProcessGroupGloo::createDefaultDevice());
+    options->threads = 2;
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, options);
+    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(pg), name, timeout));
+  } catch (const std::exception& e) {
+    return StatusFromException(
+        e.what(), absl::StrCat("setup of group '", name, "' (rank ", rank, " of ", size, ")"));
+  }
+}
+
+}  // namespace ulysses::engine::internal

@@ -1,0 +1,263 @@
+#include "worker/engine/train/cli.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_parser.h"
+#include "common/status.h"
+#include "common/stop.h"
+#include "worker/engine/train/engine.h"
+#include "worker/engine/train/launcher.h"
+
+namespace ulysses::engine::train {
+namespace {
+
+constexpr char kUsage[] =
+    "usage:\n"
+    "  ulysses-train train  -f JOB.yaml [--nproc N] [--out DIR] [--set spec.path=value ...]\n"
+    "  ulysses-train eval   -f JOB.yaml [--nproc N] [--checkpoint DIR | --init-from HFDIR]"
+    " [--seq-len T]\n"
+    "  ulysses-train export --checkpoint DIR --hf-out DIR\n"
+    "  ulysses-train rank   -f JOB.yaml --out DIR --stage I --rank R --world-size W"
+    " --master-addr HOST --master-port PORT [--device cpu|cuda:N] [--set ...]\n";
+
+struct Flags {
+  std::map<std::string, std::string> values;
+  std::vector<std::string> sets;
+  bool Has(const std::string& k) const { return values.count(k) > 0; }
+  std::string Get(const std::string& k, const std::string& def = "") const {
+    auto it = values.find(k);
+    return it == values.end() ? def : it->second;
+  }
+};
+
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv, int first,
+                                 const std::vector<std::string>& allowed) {
+  Flags f;
+  for (int i = first; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    bool has_value = false;
+    if (auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_value = true;
+    }
+    bool known = false;
+    for (const auto& a : allowed) known = known || a == arg;
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag '", arg, "'\n", kUsage));
+    }
+    if (!has_value) {
+      if (i + 1 >= argc) {
+        return absl::InvalidArgumentError(absl::StrCat("flag ", arg, " needs a value"));
+      }
+      value = argv[++i];
+    }
+    if (arg == "--set") {
+      f.sets.push_back(value);
+    } else {
+      f.values[arg] = value;
+    }
+  }
+  return f;
+}
+
+absl::StatusOr<int> IntFlag(const Flags& f, const std::string& name, int def) {
+  if (!f.Has(name)) return def;
+  int v = 0;
+  if (!absl::SimpleAtoi(f.Get(name), &v)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": '", f.Get(name), "' is not an integer"));
+  }
+  return v;
+}
+
+absl::StatusOr<std::string> Required(const Flags& f, const std::string& name) {
+  if (!f.Has(name) || f.Get(name).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": required\n", kUsage));
+  }
+  return f.Get(name);
+}
+
+int Fail(const absl::Status& s) {
+  std::cerr << "ulysses-train: " << s.message() << std::endl;
+  return ExitCodeFor(s);
+}
+
+#define OR_FAIL(lhs, expr)                            \
+  auto lhs##_or = (expr);                             \
+  if (!lhs##_or.ok()) return Fail(lhs##_or.status()); \
+  auto lhs = std::move(lhs##_or).value()
+
+int RankCommand(int argc, char** argv) {
+  OR_FAIL(f, ParseFlags(argc, argv, 2,
+                        {"-f", "--out", "--stage", "--rank", "--world-size", "--master-addr",
+                         "--master-port", "--device", "--set"}));
+  RankOptions o;
+  OR_FAIL(job, Required(f, "-f"));
+  OR_FAIL(out, Required(f, "--out"));
+  OR_FAIL(stage, IntFlag(f, "--stage", 0));
+  OR_FAIL(rank, IntFlag(f, "--rank", 0));
+  OR_FAIL(world, IntFlag(f, "--world-size", 1));
+  OR_FAIL(port, IntFlag(f, "--master-port", 0));
+  o.job_file = job;
+  o.out_dir = out;
+  o.stage = stage;
+  o.rank = rank;
+  o.world_size = world;
+  o.master_port = port;
+  o.master_addr = f.Get("--master-addr", "127.0.0.1");
+  o.device = f.Get("--device", "cpu");
+  o.overrides = f.sets;
+  if (world > 1 && port <= 0) {
+    return Fail(absl::InvalidArgumentError("--master-port: required when --world-size > 1"));
+  }
+  auto result = RunRank(o);
+  if (!result.ok()) return Fail(result.status());
+  return result->preempted ? kExitPreempted : kExitOk;
+}
+
+int TrainCommand(int argc, char** argv) {
+  OR_FAIL(f, ParseFlags(argc, argv, 2, {"-f", "--nproc", "--out", "--set"}));
+  OR_FAIL(job, Required(f, "-f"));
+  OR_FAIL(nproc, IntFlag(f, "--nproc", 0));
+  spec::ParseOptions popts;
+  popts.overrides = f.sets;
+  OR_FAIL(spec, spec::LoadJobSpecFile(job, popts));
+  for (size_t i = 0; i < spec.stages.size(); ++i) {
+    if (nproc > 0 && spec.StageWorld(i) != nproc) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--nproc: ", nproc, " != sp_degree ", spec.StageSp(i), " x dp_degree ", spec.StageDp(i),
+          " of spec.stages[", i, "] (omit --nproc or make them equal)")));
+    }
+  }
+  std::string out = f.Get("--out", (std::filesystem::path("runs") / spec.metadata.name).string());
+  OR_FAIL(first_stage, FirstStageToRun(spec, out));
+  const size_t first = static_cast<size_t>(first_stage);
+  InstallStopSignalHandlers();
+  const std::string self = SelfExe();
+  for (size_t stage = first; stage < spec.stages.size(); ++stage) {
+    const int world = static_cast<int>(spec.StageWorld(stage));
+    OR_FAIL(port, PickFreePort());
+    std::vector<std::vector<std::string>> argvs;
+    for (int r = 0; r < world; ++r) {
+      std::vector<std::string> a = {self,
+                                    "rank",
+                                    "-f",
+                                    job,
+                                    "--out",
+                                    out,
+                                    "--stage",
+                                    std::to_string(stage),
+                                    "--rank",
+                                    std::to_string(r),
+                                    "--world-size",
+                                    std::to_string(world),
+                                    "--master-addr",
+                                    "127.0.0.1",
+                                    "--master-port",
+                                    std::to_string(port)};
+      for (const auto& s : f.sets) {
+        a.push_back("--set");
+        a.push_back(s);
+      }
+      argvs.push_back(std::move(a));
+    }
+    int code = RunProcesses(argvs);
+    if (code != 0) return code;
+    if (StopRequested()) return kExitPreempted;
+  }
+  return kExitOk;
+}
+
+int EvalCommand(int argc, char** argv) {
+  OR_FAIL(f, ParseFlags(argc, argv, 2,
+                        {"-f", "--nproc", "--checkpoint", "--init-from", "--seq-len", "--set",
+                         "--rank", "--world-size", "--master-addr", "--master-port", "--device"}));
+  OR_FAIL(job, Required(f, "-f"));
+  OR_FAIL(nproc, IntFlag(f, "--nproc", 1));
+  OR_FAIL(seq_len, IntFlag(f, "--seq-len", 0));
+  EvalOptions o;
+  o.job_file = job;
+  o.overrides = f.sets;
+  o.checkpoint = f.Get("--checkpoint");
+  o.init_from = f.Get("--init-from");
+  o.seq_len = seq_len;
+  o.device = f.Get("--device", "cpu");
+  if (f.Has("--rank")) {  // one rank of a multi-process eval (spawned below)
+    OR_FAIL(rank, IntFlag(f, "--rank", 0));
+    OR_FAIL(world, IntFlag(f, "--world-size", 1));
+    OR_FAIL(port, IntFlag(f, "--master-port", 0));
+    o.rank = rank;
+    o.world_size = world;
+    o.master_port = port;
+    o.master_addr = f.Get("--master-addr", "127.0.0.1");
+  } else if (nproc > 1) {
+    OR_FAIL(port, PickFreePort());
+    std::vector<std::vector<std::string>> argvs;
+    for (int r = 0; r < nproc; ++r) {
+      std::vector<std::string> a(argv, argv + argc);
+      a[0] = SelfExe();
+      for (auto extra : {std::make_pair("--rank", std::to_string(r)),
+                         std::make_pair("--world-size", std::to_string(nproc)),
+                         std::make_pair("--master-port", std::to_string(port))}) {
+        a.push_back(extra.first);
+        a.push_back(extra.second);
+      }
+      argvs.push_back(std::move(a));
+    }
+    return RunProcesses(argvs);
+  } else if (nproc < 1) {
+    return Fail(absl::InvalidArgumentError("--nproc: must be >= 1"));
+  }
+  auto r = RunEvalRank(o);
+  if (!r.ok()) return Fail(r.status());
+  if (o.rank == 0) {
+    nlohmann::json j{{"loss", r->loss}, {"tokens", r->tokens}};
+    if (r->has_accuracy) j["accuracy"] = r->accuracy;
+    std::cout << j.dump() << std::endl;
+  }
+  return kExitOk;
+}
+
+int ExportCommand(int argc, char** argv) {
+  OR_FAIL(f, ParseFlags(argc, argv, 2, {"--checkpoint", "--hf-out"}));
+  OR_FAIL(ckpt, Required(f, "--checkpoint"));
+  OR_FAIL(out, Required(f, "--hf-out"));
+  absl::Status s = ExportCheckpoint(ckpt, out);
+  if (!s.ok()) return Fail(s);
+  std::cout << nlohmann::json{{"hf_out", out}}.dump() << std::endl;
+  return kExitOk;
+}
+
+}  // namespace
+
+int UlyssesTrainMain(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << kUsage;
+    return kExitBadInput;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "rank") return RankCommand(argc, argv);
+  if (cmd == "train") return TrainCommand(argc, argv);
+  if (cmd == "eval") return EvalCommand(argc, argv);
+  if (cmd == "export") return ExportCommand(argc, argv);
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+    std::cout << kUsage;
+    return kExitOk;
+  }
+  std::cerr << "ulysses-train: unknown command '" << cmd << "'\n" << kUsage;
+  return kExitBadInput;
+}
+
+}  // namespace ulysses::engine::train

@@ -1,0 +1,97 @@
+// The ulysses-train engine: one rank of one training stage, evaluation and export.
+//
+// RunRank() is the `ulysses-train rank` contract (TEAM.md): it rendezvouses the
+// stage's world (sp x dp ranks), resumes from the latest committed checkpoint (or
+// the previous stage's final one, or spec.model.init_from, or the seed init),
+// trains the stage's remaining optimizer steps, commits checkpoints every
+// checkpoint.every_steps and at the stage end, evaluates, and prints JSON event
+// lines on stdout. A SIGTERM/SIGINT on any rank is agreed across ranks at the
+// next step boundary: all ranks commit a checkpoint and return kPreempted.
+//
+// Loss/gradient math (SP exactness): each rank backpropagates its LOCAL loss
+// sum; gradients and (loss_sum, token_count) are summed over the world group;
+// gradients are then divided by max(total_tokens, 1). Because the sequence
+// all-to-all's backward routes every token's gradient to the rank that owns the
+// parameter use, the world sum of local loss-sum gradients is exactly the
+// full-sequence gradient, so sp=P matches sp=1 up to float reassociation.
+//
+// Errors: Status codes INVALID_ARGUMENT/NOT_FOUND/FAILED_PRECONDITION/DATA_LOSS
+// mean bad input (exit 2); others are failures (exit 1). A failed rank leaves
+// the last committed checkpoint untouched.
+#ifndef ULYSSES_WORKER_ENGINE_TRAIN_ENGINE_H_
+#define ULYSSES_WORKER_ENGINE_TRAIN_ENGINE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/spec/job_spec.h"
+
+namespace ulysses::engine::train {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitBadInput = 2;
+inline constexpr int kExitPreempted = 75;
+
+// Exit code for a Status (OK -> 0, bad input -> 2, else 1).
+int ExitCodeFor(const absl::Status& status);
+
+struct RankOptions {
+  std::string job_file;                // -f JOB.yaml
+  std::vector<std::string> overrides;  // --set spec.path=value
+  std::string out_dir;                 // --out DIR (metrics.jsonl, default checkpoint dir)
+  int stage = 0;                       // --stage I
+  int rank = 0;                        // --rank R
+  int world_size = 1;                  // --world-size W (must be sp x dp of the stage)
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  std::string device = "cpu";  // cpu | cuda:N
+};
+
+struct RankOutcome {
+  bool preempted = false;  // checkpoint committed after an agreed stop: exit 75
+};
+
+absl::StatusOr<RankOutcome> RunRank(const RankOptions& options);
+
+struct EvalOptions {
+  std::string job_file;
+  std::vector<std::string> overrides;
+  std::string checkpoint;  // checkpoint dir, or ""
+  std::string init_from;   // HF dir, or ""
+  int64_t seq_len = 0;     // 0 = last stage's seq_len
+  int rank = 0;
+  int world_size = 1;  // SP degree of the evaluation (dp 1)
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  std::string device = "cpu";
+};
+
+struct EvalResult {
+  double loss = 0;
+  int64_t tokens = 0;
+  bool has_accuracy = false;
+  double accuracy = 0;
+};
+
+// Validation loss (and accuracy when the data scores target positions) of one rank
+// of an SP evaluation; every rank returns the same global numbers.
+absl::StatusOr<EvalResult> RunEvalRank(const EvalOptions& options);
+
+// Checkpoint root of a job: spec.checkpoint.dir, else <out_dir>/checkpoints.
+std::string CheckpointRoot(const spec::JobSpec& spec, const std::string& out_dir);
+
+// The stage a (re)started job runs first: 0 with no checkpoint, the checkpoint's
+// stage when it is mid-stage, the next one when it completed its stage.
+absl::StatusOr<int> FirstStageToRun(const spec::JobSpec& spec, const std::string& out_dir);
+
+// Writes a committed checkpoint's model weights as an HF directory (config.json +
+// model.safetensors). Refuses to overwrite a non-empty hf_out.
+absl::Status ExportCheckpoint(const std::string& checkpoint_dir, const std::string& hf_out);
+
+}  // namespace ulysses::engine::train
+
+#endif  // ULYSSES_WORKER_ENGINE_TRAIN_ENGINE_H_

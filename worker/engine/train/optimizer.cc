@@ -1,0 +1,104 @@
+#include "worker/engine/train/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace ulysses::engine::train {
+namespace {
+
+torch::ScalarType StateType(const torch::Tensor& p) {
+  return (p.scalar_type() == torch::kHalf || p.scalar_type() == torch::kBFloat16) ? torch::kFloat
+                                                                                  : p.scalar_type();
+}
+
+}  // namespace
+
+bool DecaysWeight(const std::string& name, const torch::Tensor& param) { return param.dim() >= 2; }
+
+void AdamW::Step(const NamedParams& params, double lr) {
+  torch::NoGradGuard no_grad;
+  ++step_count_;
+  const double bc1 = 1.0 - std::pow(config_.beta1, static_cast<double>(step_count_));
+  const double bc2 = 1.0 - std::pow(config_.beta2, static_cast<double>(step_count_));
+  for (const auto& [name, p] : params) {
+    if (!p.grad().defined()) continue;
+    torch::ScalarType st = StateType(p);
+    torch::Tensor& m = exp_avg_[name];
+    torch::Tensor& v = exp_avg_sq_[name];
+    if (!m.defined()) m = torch::zeros(p.sizes(), p.options().dtype(st));
+    if (!v.defined()) v = torch::zeros(p.sizes(), p.options().dtype(st));
+    torch::Tensor g = p.grad().to(st);
+    torch::Tensor w = p.to(st);
+    if (DecaysWeight(name, p) && config_.weight_decay != 0) w.mul_(1.0 - lr * config_.weight_decay);
+    m.mul_(config_.beta1).add_(g, 1.0 - config_.beta1);
+    v.mul_(config_.beta2).addcmul_(g, g, 1.0 - config_.beta2);
+    torch::Tensor denom = (v / bc2).sqrt_().add_(config_.eps);
+    w.addcdiv_(m, denom, -lr / bc1);
+    p.copy_(w);
+  }
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> AdamW::StateTensors() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& [name, t] : exp_avg_) out.emplace_back("optim/exp_avg/" + name, t);
+  for (const auto& [name, t] : exp_avg_sq_) out.emplace_back("optim/exp_avg_sq/" + name, t);
+  return out;
+}
+
+absl::Status AdamW::LoadState(const NamedParams& params,
+                              const std::map<std::string, torch::Tensor>& tensors,
+                              int64_t step_count) {
+  exp_avg_.clear();
+  exp_avg_sq_.clear();
+  step_count_ = step_count;
+  if (step_count == 0) return absl::OkStatus();
+  for (const auto& [name, p] : params) {
+    for (auto [prefix, dst] : {std::make_pair("optim/exp_avg/", &exp_avg_),
+                               std::make_pair("optim/exp_avg_sq/", &exp_avg_sq_)}) {
+      auto it = tensors.find(prefix + name);
+      if (it == tensors.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("checkpoint: optimizer state ", prefix, name, " is missing"));
+      }
+      if (it->second.sizes() != p.sizes()) {
+        return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", prefix, name, " has shape ",
+                                                       c10::str(it->second.sizes()),
+                                                       ", parameter has ", c10::str(p.sizes())));
+      }
+      (*dst)[name] = it->second.to(p.device(), StateType(p)).clone();
+    }
+  }
+  return absl::OkStatus();
+}
+
+double ScheduledLr(const std::string& schedule, double peak, double min_lr_ratio, int64_t warmup,
+                   int64_t steps, int64_t t) {
+  if (warmup > 0 && t < warmup) return peak * static_cast<double>(t + 1) / warmup;
+  if (schedule == "constant") return peak;
+  const double floor = peak * min_lr_ratio;
+  const int64_t decay_steps = std::max<int64_t>(1, steps - warmup - 1);
+  const double progress =
+      std::clamp(static_cast<double>(t - warmup) / static_cast<double>(decay_steps), 0.0, 1.0);
+  if (schedule == "linear") return peak - (peak - floor) * progress;
+  return floor + (peak - floor) * 0.5 * (1.0 + std::cos(M_PI * progress));  // cosine
+}
+
+double ClipGradNorm(const NamedParams& params, double clip) {
+  torch::NoGradGuard no_grad;
+  double sq = 0;
+  for (const auto& [name, p] : params) {
+    if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+  }
+  const double norm = std::sqrt(sq);
+  if (clip > 0 && norm > clip) {
+    const double scale = clip / (norm + 1e-6);
+    for (const auto& [name, p] : params) {
+      if (p.grad().defined()) p.grad().mul_(scale);
+    }
+  }
+  return norm;
+}
+
+}  // namespace ulysses::engine::train

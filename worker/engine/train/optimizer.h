@@ -1,0 +1,70 @@
+// AdamW on named tensors (HF parameter names) and the per-stage LR schedule.
+//
+// State: exp_avg / exp_avg_sq per parameter name (fp32 for half/bf16 params, the
+// parameter's dtype otherwise) and the number of updates applied so far (bias
+// correction uses it; it carries across stages). Weight decay is decoupled and
+// applies to matrices (dim >= 2: projections, embeddings, lm_head) but not to
+// RMSNorm weights (dim 1).
+//
+// Not thread-safe. Step() mutates the parameters in place under no-grad.
+#ifndef ULYSSES_WORKER_ENGINE_TRAIN_OPTIMIZER_H_
+#define ULYSSES_WORKER_ENGINE_TRAIN_OPTIMIZER_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/spec/job_spec.h"
+
+namespace ulysses::engine::train {
+
+using NamedParams = std::vector<std::pair<std::string, torch::Tensor>>;
+
+struct AdamWConfig {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+};
+
+// True for parameters that get weight decay (matrices), false for norm weights.
+bool DecaysWeight(const std::string& name, const torch::Tensor& param);
+
+class AdamW {
+ public:
+  explicit AdamW(const AdamWConfig& config) : config_(config) {}
+
+  // One update with learning rate lr from each param's .grad() (undefined grads skip).
+  void Step(const NamedParams& params, double lr);
+
+  int64_t step_count() const { return step_count_; }
+  // Checkpoint view: "optim/exp_avg/<name>" and "optim/exp_avg_sq/<name>".
+  std::vector<std::pair<std::string, torch::Tensor>> StateTensors() const;
+  // Restores from StateTensors()' names; missing entries are an error naming them.
+  absl::Status LoadState(const NamedParams& params,
+                         const std::map<std::string, torch::Tensor>& tensors, int64_t step_count);
+
+ private:
+  AdamWConfig config_;
+  int64_t step_count_ = 0;
+  std::map<std::string, torch::Tensor> exp_avg_, exp_avg_sq_;
+};
+
+// LR at step_in_stage of a stage with `steps` steps: linear warmup over `warmup`
+// steps to peak (lr * (t+1)/warmup), then constant | linear | cosine decay towards
+// min_lr_ratio * peak at the last step.
+double ScheduledLr(const std::string& schedule, double peak, double min_lr_ratio, int64_t warmup,
+                   int64_t steps, int64_t step_in_stage);
+
+// Global L2 norm of the grads; when clip > 0 and norm > clip scales them by clip/norm.
+// Returns the pre-clip norm.
+double ClipGradNorm(const NamedParams& params, double clip);
+
+}  // namespace ulysses::engine::train
+
+#endif  // ULYSSES_WORKER_ENGINE_TRAIN_OPTIMIZER_H_
