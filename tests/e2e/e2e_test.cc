@@ -188,7 +188,7 @@ TEST_F(E2ETest, SigtermToAWorkerCheckpointsAndCountsAsAPreemption) {
   ASSERT_TRUE(cluster_.WaitForIdleWorkers(2, seconds(30))) << cluster_.Logs();
   const std::string id = cluster_.Submit(
       DemoSpec(),
-      {"spec.stages[0].steps=40", "spec.stages[0].sp_degree=2", "spec.checkpoint.every_steps=0",
+      {"spec.stages[0].steps=16", "spec.stages[0].sp_degree=2", "spec.checkpoint.every_steps=0",
        "spec.data.synthetic.validation_sequences=2", "spec.stages[1].steps=1",
        "spec.stages[2].steps=1", "spec.stages[2].sp_degree=2"});
   ASSERT_FALSE(id.empty());
@@ -292,7 +292,7 @@ TEST_F(E2ETest, CancelResumeAndABadSpecLeavesNoTrace) {
   StartWorkers(2);
   ASSERT_TRUE(cluster_.WaitForIdleWorkers(2, seconds(30))) << cluster_.Logs();
   const std::string id = cluster_.Submit(
-      DemoSpec(), {"spec.stages[0].steps=30", "spec.checkpoint.every_steps=2",
+      DemoSpec(), {"spec.stages[0].steps=14", "spec.checkpoint.every_steps=2",
                    "spec.data.synthetic.validation_sequences=2", "spec.stages[1].steps=1",
                    "spec.stages[2].steps=1", "spec.stages[2].sp_degree=2"});
   ASSERT_FALSE(id.empty());
