@@ -143,7 +143,9 @@ ChildSupervisor::~ChildSupervisor() {
 void ChildSupervisor::Stop(StopCause cause, std::chrono::milliseconds grace) {
   std::lock_guard<std::mutex> lock(mu_);
   if (result_.has_value()) return;
-  if (stop_cause_ == StopCause::kNone || cause == StopCause::kAbort) stop_cause_ = cause;
+  // The first cause wins: an abort that follows a preemption (the group breaking up
+  // because of it) must not turn the preemption into an abort.
+  if (stop_cause_ == StopCause::kNone) stop_cause_ = cause;
   const auto deadline = Clock::now() + grace;
   if (!kill_deadline_.has_value()) {
     kill(-pid_, SIGTERM);
