@@ -1,0 +1,348 @@
+#include "client/cmd_jobs.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/commands.h"
+#include "client/job_view.h"
+#include "client/output.h"
+#include "common/spec/job_spec_parser.h"
+
+namespace ulysses::client {
+namespace {
+
+namespace v1 = ::ulysses::v1;
+
+bool WantJson(const std::string& output) { return output == "json" || output == "yaml"; }
+
+// Prints a JSON value as JSON or (for -o yaml) YAML.
+void PrintStructured(const nlohmann::json& value, const std::string& output, std::ostream& out) {
+  if (output == "yaml") {
+    out << JsonToYaml(nlohmann::ordered_json::parse(value.dump()));
+  } else {
+    out << value.dump(2) << "\n";
+  }
+}
+
+int RpcError(const absl::Status& status, const JobClient& client, std::ostream& err) {
+  err << FormatRpcError(status, client.address()) << "\n";
+  return 1;
+}
+
+std::string LogLineText(const v1::LogLine& line) {
+  const char* stream = "agent";
+  switch (line.stream()) {
+    case v1::LOG_STREAM_STDOUT:
+      stream = "stdout";
+      break;
+    case v1::LOG_STREAM_STDERR:
+      stream = "stderr";
+      break;
+    case v1::LOG_STREAM_COORDINATOR:
+      stream = "coordinator";
+      break;
+    default:
+      break;
+  }
+  std::string who = line.worker_id().empty() ? std::string(stream)
+                                             : absl::StrCat(line.worker_id(), " r", line.rank(),
+                                                            " g", line.generation(), " ", stream);
+  return absl::StrCat("[", who, "] ", line.text());
+}
+
+}  // namespace
+
+int CmdSubmit(JobClient& client, const std::string& file, const std::vector<std::string>& sets,
+              const std::string& output, std::ostream& out, std::ostream& err) {
+  spec::ParseOptions options;
+  options.overrides = sets;
+  auto local = spec::LoadJobSpecFile(file, options);
+  if (!local.ok()) {
+    err << "error: " << file << " is not a valid TrainJob:\n" << local.status().message() << "\n";
+    return 1;
+  }
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto response = client.Submit(text.str(), sets);
+  if (!response.ok()) return RpcError(response.status(), client, err);
+  if (WantJson(output)) {
+    PrintStructured(JobSummaryJson(response->job()), output, out);
+  } else {
+    out << response->job_id() << "\n";
+  }
+  return 0;
+}
+
+int CmdGetJobs(JobClient& client, const std::string& output, std::ostream& out, std::ostream& err) {
+  auto jobs = client.ListJobs();
+  if (!jobs.ok()) return RpcError(jobs.status(), client, err);
+  if (WantJson(output)) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& job : *jobs) list.push_back(JobSummaryJson(job));
+    PrintStructured(list, output, out);
+  } else if (jobs->empty()) {
+    out << "No jobs.\n";
+  } else {
+    PrintJobsTable(*jobs, out);
+  }
+  return 0;
+}
+
+int CmdGetJob(JobClient& client, const std::string& id, const std::string& output,
+              std::ostream& out, std::ostream& err) {
+  auto job = client.GetJob(id, /*include_events=*/false, /*include_spec=*/false);
+  if (!job.ok()) return RpcError(job.status(), client, err);
+  if (WantJson(output)) {
+    PrintStructured(JobSummaryJson(*job), output, out);
+  } else {
+    PrintJobsTable({*job}, out);
+  }
+  return 0;
+}
+
+int CmdDescribeJob(JobClient& client, const std::string& id, const std::string& output,
+                   std::ostream& out, std::ostream& err) {
+  auto job = client.GetJob(id, /*include_events=*/true, /*include_spec=*/false);
+  if (!job.ok()) return RpcError(job.status(), client, err);
+  if (WantJson(output)) {
+    PrintStructured(JobDetailJson(*job), output, out);
+  } else {
+    PrintJobDescription(*job, out);
+  }
+  return 0;
+}
+
+int CmdGetWorkers(JobClient& client, const std::string& output, std::ostream& out,
+                  std::ostream& err) {
+  auto workers = client.ListWorkers();
+  if (!workers.ok()) return RpcError(workers.status(), client, err);
+  if (WantJson(output)) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& w : *workers) list.push_back(WorkerJson(w));
+    PrintStructured(list, output, out);
+  } else if (workers->empty()) {
+    out << "No workers.\n";
+  } else {
+    PrintWorkersTable(*workers, out);
+  }
+  return 0;
+}
+
+int CmdWatch(JobClient& client, const std::string& id, bool tty, bool json, absl::Duration timeout,
+             absl::Duration reconnect_window, std::ostream& out, std::ostream& err) {
+  std::ostringstream discard;
+  WatchView view(json ? discard : out, tty && !json);
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Time unavailable_since = absl::InfiniteFuture();
+  absl::Duration backoff = absl::Milliseconds(200);
+  while (true) {
+    absl::Status status = client.Watch(id, deadline - absl::Now(), [&](const v1::JobEvent& e) {
+      view.OnEvent(e);
+      if (json) out << JobEventJson(e).dump() << "\n" << std::flush;
+      unavailable_since = absl::InfiniteFuture();
+      backoff = absl::Milliseconds(200);
+      return true;
+    });
+    if (status.ok() && view.has_snapshot() && IsTerminal(view.state())) break;
+    if (view.has_snapshot() && (status.ok() || status.code() == absl::StatusCode::kUnavailable)) {
+      // The stream ended early (coordinator restart): watch again, for a while.
+      const absl::Time now = absl::Now();
+      if (unavailable_since == absl::InfiniteFuture()) unavailable_since = now;
+      if (now - unavailable_since > reconnect_window || now >= deadline) {
+        return RpcError(status.ok() ? absl::UnavailableError("watch stream ended early") : status,
+                        client, err);
+      }
+      if (!tty && !json) out << "(connection to the coordinator lost; retrying)\n" << std::flush;
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Seconds(2));
+      continue;
+    }
+    return RpcError(status, client, err);
+  }
+  const v1::JobState state = json ? view.state() : view.Finish();
+  return state == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
+}
+
+int CmdLogs(JobClient& client, const std::string& id, int tail, bool follow, std::ostream& out,
+            std::ostream& err) {
+  absl::Status status =
+      client.Logs(id, tail, follow, follow ? absl::Hours(24 * 7) : absl::Seconds(30),
+                  [&](const v1::LogLine& line) { out << LogLineText(line) << "\n"
+                                                     << std::flush; });
+  if (!status.ok()) return RpcError(status, client, err);
+  return 0;
+}
+
+int CmdCancel(JobClient& client, const std::string& id, const std::string& reason,
+              std::ostream& out, std::ostream& err) {
+  auto job = client.Cancel(id, reason);
+  if (!job.ok()) return RpcError(job.status(), client, err);
+  out << job->id() << " " << JobStateName(job->state()) << "\n";
+  return 0;
+}
+
+int CmdResume(JobClient& client, const std::string& id, std::ostream& out, std::ostream& err) {
+  auto job = client.Resume(id);
+  if (!job.ok()) return RpcError(job.status(), client, err);
+  out << job->id() << " " << JobStateName(job->state()) << "\n";
+  return 0;
+}
+
+namespace {
+
+JobClient ClientFor(const CliContext& ctx) { return JobClient(ctx.coordinator); }
+
+constexpr char kNeedsCoordinator[] =
+    "Needs the coordinator (--coordinator or $ULYSSES_COORDINATOR).";
+
+struct JobArgs {
+  std::string file, reason;
+  std::vector<std::string> sets;
+  std::vector<std::string> words;  // Positionals: [jobs|workers|job ID|ID].
+  bool follow = false;
+  int tail = 100;
+  double timeout_s = 7 * 24 * 3600;
+};
+
+// "job ID" or "ID" -> ID; "" when missing.
+std::string JobIdFrom(const std::vector<std::string>& words) {
+  if (words.size() == 2 && words[0] == "job") return words[1];
+  if (words.size() == 1 && words[0] != "job") return words[0];
+  return "";
+}
+
+}  // namespace
+
+void AddSubmitCommand(CLI::App& app, CliContext& ctx) {
+  auto args = std::make_shared<JobArgs>();
+  CLI::App* cmd = app.add_subcommand("submit", "Validate a TrainJob locally, then queue it");
+  cmd->add_option("-f,--file", args->file, "TrainJob YAML file")->required();
+  cmd->add_option("--set", args->sets, "Override a field: spec.path=value (repeatable)")
+      ->allow_extra_args(false);
+  cmd->footer(absl::StrCat(
+      "Prints the job id.\nExamples:\n"
+      "  ulyssesctl submit -f configs/jobs/tiny-demo.yaml\n"
+      "  ulyssesctl submit -f job.yaml --set spec.stages[0].steps=5 --coordinator coord:50051\n",
+      kNeedsCoordinator));
+  cmd->callback([&ctx, args] {
+    JobClient client = ClientFor(ctx);
+    ctx.exit_code = CmdSubmit(client, args->file, args->sets, ctx.output, *ctx.out, *ctx.err);
+  });
+}
+
+void AddGetCommand(CLI::App& app, CliContext& ctx) {
+  auto args = std::make_shared<JobArgs>();
+  CLI::App* cmd = app.add_subcommand("get", "List jobs or workers, or show one job");
+  cmd->add_option("what", args->words, "jobs (default) | job ID | workers");
+  cmd->footer(
+      absl::StrCat("Examples:\n"
+                   "  ulyssesctl get jobs\n"
+                   "  ulyssesctl get job job-000001 -o json\n"
+                   "  ulyssesctl get workers\n",
+                   kNeedsCoordinator));
+  cmd->callback([&ctx, args] {
+    JobClient client = ClientFor(ctx);
+    const auto& w = args->words;
+    if (w.empty() || (w.size() == 1 && w[0] == "jobs")) {
+      ctx.exit_code = CmdGetJobs(client, ctx.output, *ctx.out, *ctx.err);
+    } else if (w.size() == 1 && w[0] == "workers") {
+      ctx.exit_code = CmdGetWorkers(client, ctx.output, *ctx.out, *ctx.err);
+    } else if (const std::string id = JobIdFrom(w); !id.empty()) {
+      ctx.exit_code = CmdGetJob(client, id, ctx.output, *ctx.out, *ctx.err);
+    } else {
+      *ctx.err << "error: get: expected `jobs`, `job ID` or `workers`\n";
+      ctx.exit_code = kExitBadInput;
+    }
+  });
+}
+
+void AddDescribeCommand(CLI::App& app, CliContext& ctx) {
+  auto args = std::make_shared<JobArgs>();
+  CLI::App* cmd =
+      app.add_subcommand("describe", "Show a job in detail: stages, attempts, checkpoints, events");
+  cmd->add_option("what", args->words, "job ID")->required();
+  cmd->footer(
+      absl::StrCat("Examples:\n"
+                   "  ulyssesctl describe job job-000001\n"
+                   "  ulyssesctl describe job job-000001 -o json\n",
+                   kNeedsCoordinator));
+  cmd->callback([&ctx, args] {
+    const std::string id = JobIdFrom(args->words);
+    if (id.empty()) {
+      *ctx.err << "error: describe: expected `job ID`\n";
+      ctx.exit_code = kExitBadInput;
+      return;
+    }
+    JobClient client = ClientFor(ctx);
+    ctx.exit_code = CmdDescribeJob(client, id, ctx.output, *ctx.out, *ctx.err);
+  });
+}
+
+void AddWatchCommand(CLI::App& app, CliContext& ctx) {
+  auto args = std::make_shared<JobArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "watch", "Live progress per stage (step, loss, tokens/s, ETA) until the job ends");
+  cmd->add_option("what", args->words, "Job id")->required();
+  cmd->add_option("--timeout-s", args->timeout_s, "Give up after this many seconds");
+  cmd->footer(absl::StrCat(
+      "Exits 0 when the job SUCCEEDED, 1 when it FAILED or was CANCELLED (or on errors).\n"
+      "Plain lines when stdout is not a terminal.\nExamples:\n"
+      "  ulyssesctl watch job-000001\n"
+      "  ulyssesctl watch job-000001 -o json   # one JSON event per line\n",
+      kNeedsCoordinator));
+  cmd->callback([&ctx, args] {
+    const std::string id = JobIdFrom(args->words);
+    JobClient client = ClientFor(ctx);
+    ctx.exit_code =
+        CmdWatch(client, id, isatty(STDOUT_FILENO) == 1, ctx.output == "json",
+                 absl::Seconds(args->timeout_s), absl::Seconds(120), *ctx.out, *ctx.err);
+  });
+}
+
+void AddLogsCommand(CLI::App& app, CliContext& ctx) {
+  auto args = std::make_shared<JobArgs>();
+  CLI::App* cmd = app.add_subcommand("logs", "Log lines of a job's ranks");
+  cmd->add_option("what", args->words, "Job id")->required();
+  cmd->add_flag("-f,--follow", args->follow, "Keep streaming until the job ends");
+  cmd->add_option("--tail", args->tail, "Lines from the end (-1 = all)");
+  cmd->footer(absl::StrCat("Examples:\n  ulyssesctl logs job-000001 -f\n", kNeedsCoordinator));
+  cmd->callback([&ctx, args] {
+    JobClient client = ClientFor(ctx);
+    ctx.exit_code =
+        CmdLogs(client, JobIdFrom(args->words), args->tail, args->follow, *ctx.out, *ctx.err);
+  });
+}
+
+void AddCancelCommand(CLI::App& app, CliContext& ctx) {
+  auto args = std::make_shared<JobArgs>();
+  CLI::App* cmd = app.add_subcommand("cancel", "Cancel a job (it can be resumed)");
+  cmd->add_option("what", args->words, "Job id")->required();
+  cmd->add_option("--reason", args->reason, "Recorded as the job's reason");
+  cmd->footer(absl::StrCat("Examples:\n  ulyssesctl cancel job-000001\n", kNeedsCoordinator));
+  cmd->callback([&ctx, args] {
+    JobClient client = ClientFor(ctx);
+    ctx.exit_code = CmdCancel(client, JobIdFrom(args->words), args->reason, *ctx.out, *ctx.err);
+  });
+}
+
+void AddResumeCommand(CLI::App& app, CliContext& ctx) {
+  auto args = std::make_shared<JobArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "resume", "Requeue a FAILED or CANCELLED job from its last committed checkpoint");
+  cmd->add_option("what", args->words, "Job id")->required();
+  cmd->footer(absl::StrCat("Examples:\n  ulyssesctl resume job-000001\n", kNeedsCoordinator));
+  cmd->callback([&ctx, args] {
+    JobClient client = ClientFor(ctx);
+    ctx.exit_code = CmdResume(client, JobIdFrom(args->words), *ctx.out, *ctx.err);
+  });
+}
+
+}  // namespace ulysses::client

@@ -1,0 +1,155 @@
+#include "client/grpc_client.h"
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc/grpc_util.h"
+#include "grpcpp/grpcpp.h"
+
+namespace ulysses::client {
+
+namespace v1 = ::ulysses::v1;
+
+std::string ResolveCoordinator(const std::string& flag_value) {
+  if (!flag_value.empty()) return flag_value;
+  const char* env = std::getenv("ULYSSES_COORDINATOR");
+  if (env != nullptr && *env != '\0') return env;
+  return "127.0.0.1:50051";
+}
+
+JobClient::JobClient(std::string address, absl::Duration rpc_timeout)
+    : address_(std::move(address)), rpc_timeout_(rpc_timeout) {
+  stub_ =
+      v1::JobService::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+}
+
+absl::StatusOr<v1::SubmitJobResponse> JobClient::Submit(const std::string& spec_yaml,
+                                                        const std::vector<std::string>& sets) {
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, rpc_timeout_);
+  v1::SubmitJobRequest request;
+  request.set_spec_yaml(spec_yaml);
+  for (const auto& s : sets) request.add_overrides(s);
+  v1::SubmitJobResponse response;
+  absl::Status status = FromGrpcStatus(stub_->SubmitJob(&ctx, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::StatusOr<v1::Job> JobClient::GetJob(const std::string& id, bool include_events,
+                                          bool include_spec) {
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, rpc_timeout_);
+  v1::GetJobRequest request;
+  request.set_job_id(id);
+  request.set_include_events(include_events);
+  request.set_include_spec(include_spec);
+  v1::GetJobResponse response;
+  absl::Status status = FromGrpcStatus(stub_->GetJob(&ctx, request, &response));
+  if (!status.ok()) return status;
+  return response.job();
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobClient::ListJobs() {
+  std::vector<v1::Job> jobs;
+  std::string token;
+  for (int page = 0; page < 1000; ++page) {
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, rpc_timeout_);
+    v1::ListJobsRequest request;
+    request.set_page_size(1000);
+    request.set_page_token(token);
+    v1::ListJobsResponse response;
+    absl::Status status = FromGrpcStatus(stub_->ListJobs(&ctx, request, &response));
+    if (!status.ok()) return status;
+    for (auto& job : *response.mutable_jobs()) jobs.push_back(std::move(job));
+    token = response.next_page_token();
+    if (token.empty()) break;
+  }
+  return jobs;
+}
+
+absl::StatusOr<v1::Job> JobClient::Cancel(const std::string& id, const std::string& reason) {
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, rpc_timeout_);
+  v1::CancelJobRequest request;
+  request.set_job_id(id);
+  request.set_reason(reason);
+  v1::CancelJobResponse response;
+  absl::Status status = FromGrpcStatus(stub_->CancelJob(&ctx, request, &response));
+  if (!status.ok()) return status;
+  return response.job();
+}
+
+absl::StatusOr<v1::Job> JobClient::Resume(const std::string& id) {
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, rpc_timeout_);
+  v1::ResumeJobRequest request;
+  request.set_job_id(id);
+  v1::ResumeJobResponse response;
+  absl::Status status = FromGrpcStatus(stub_->ResumeJob(&ctx, request, &response));
+  if (!status.ok()) return status;
+  return response.job();
+}
+
+absl::StatusOr<std::vector<v1::Worker>> JobClient::ListWorkers() {
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, rpc_timeout_);
+  v1::ListWorkersResponse response;
+  absl::Status status =
+      FromGrpcStatus(stub_->ListWorkers(&ctx, v1::ListWorkersRequest(), &response));
+  if (!status.ok()) return status;
+  return std::vector<v1::Worker>(response.workers().begin(), response.workers().end());
+}
+
+absl::Status JobClient::Watch(const std::string& id, absl::Duration timeout,
+                              const std::function<bool(const v1::JobEvent&)>& on_event) {
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, timeout);
+  v1::WatchJobRequest request;
+  request.set_job_id(id);
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&ctx, request);
+  v1::JobEvent event;
+  while (reader->Read(&event)) {
+    if (!on_event(event)) {
+      ctx.TryCancel();
+      while (reader->Read(&event)) {
+      }
+      reader->Finish();
+      return absl::OkStatus();
+    }
+  }
+  return FromGrpcStatus(reader->Finish());
+}
+
+absl::Status JobClient::Logs(const std::string& id, int tail, bool follow, absl::Duration timeout,
+                             const std::function<void(const v1::LogLine&)>& on_line) {
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, timeout);
+  v1::GetJobLogsRequest request;
+  request.set_job_id(id);
+  request.set_tail_lines(tail);
+  request.set_follow(follow);
+  std::unique_ptr<grpc::ClientReader<v1::GetJobLogsResponse>> reader =
+      stub_->GetJobLogs(&ctx, request);
+  v1::GetJobLogsResponse response;
+  while (reader->Read(&response)) {
+    for (const auto& line : response.lines()) on_line(line);
+  }
+  return FromGrpcStatus(reader->Finish());
+}
+
+std::string FormatRpcError(const absl::Status& status, const std::string& address) {
+  const std::string code = absl::StatusCodeToString(status.code());
+  if (status.code() == absl::StatusCode::kUnavailable) {
+    return absl::StrCat("error: cannot reach the coordinator at ", address, " (", code, ": ",
+                        status.message(), ")");
+  }
+  if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+    return absl::StrCat("error: the coordinator at ", address, " did not answer in time (", code,
+                        ": ", status.message(), ")");
+  }
+  return absl::StrCat("error: ", code, ": ", status.message());
+}
+
+}  // namespace ulysses::client

@@ -1,0 +1,62 @@
+// JobClient: ulyssesctl's connection to the coordinator's JobService.
+//
+// Every call has a deadline (unary: `rpc_timeout`; streams: the caller's timeout).
+// Errors come back as absl::Status with the gRPC code and message; FormatRpcError
+// turns them into the one line ulyssesctl prints. The channel connects lazily; an
+// unreachable coordinator fails fast with UNAVAILABLE (no wait-for-ready).
+// Thread-compatible: one JobClient per thread.
+#ifndef ULYSSES_CLIENT_GRPC_CLIENT_H_
+#define ULYSSES_CLIENT_GRPC_CLIENT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ulysses/v1/job_service.grpc.pb.h"
+
+namespace ulysses::client {
+
+// The coordinator address from --coordinator, else $ULYSSES_COORDINATOR, else
+// "127.0.0.1:50051".
+std::string ResolveCoordinator(const std::string& flag_value);
+
+class JobClient {
+ public:
+  explicit JobClient(std::string address, absl::Duration rpc_timeout = absl::Seconds(10));
+
+  const std::string& address() const { return address_; }
+
+  absl::StatusOr<ulysses::v1::SubmitJobResponse> Submit(const std::string& spec_yaml,
+                                                        const std::vector<std::string>& sets);
+  absl::StatusOr<ulysses::v1::Job> GetJob(const std::string& id, bool include_events,
+                                          bool include_spec);
+  // Every job (all pages), newest first.
+  absl::StatusOr<std::vector<ulysses::v1::Job>> ListJobs();
+  absl::StatusOr<ulysses::v1::Job> Cancel(const std::string& id, const std::string& reason);
+  absl::StatusOr<ulysses::v1::Job> Resume(const std::string& id);
+  absl::StatusOr<std::vector<ulysses::v1::Worker>> ListWorkers();
+
+  // Streams WatchJob events to `on_event` until the server ends the stream (the job
+  // ended), `on_event` returns false, or `timeout` passes.
+  absl::Status Watch(const std::string& id, absl::Duration timeout,
+                     const std::function<bool(const ulysses::v1::JobEvent&)>& on_event);
+  // Streams log lines (the last `tail` lines, then new ones when `follow`).
+  absl::Status Logs(const std::string& id, int tail, bool follow, absl::Duration timeout,
+                    const std::function<void(const ulysses::v1::LogLine&)>& on_line);
+
+ private:
+  std::string address_;
+  absl::Duration rpc_timeout_;
+  std::unique_ptr<ulysses::v1::JobService::Stub> stub_;
+};
+
+// "error: NOT_FOUND: job job-000009 not found", or for UNAVAILABLE:
+// "error: cannot reach the coordinator at HOST:PORT (UNAVAILABLE: ...)".
+std::string FormatRpcError(const absl::Status& status, const std::string& address);
+
+}  // namespace ulysses::client
+
+#endif  // ULYSSES_CLIENT_GRPC_CLIENT_H_

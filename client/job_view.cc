@@ -1,0 +1,460 @@
+#include "client/job_view.h"
+
+#include <algorithm>
+#include <ctime>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace ulysses::client {
+namespace {
+
+namespace v1 = ::ulysses::v1;
+using nlohmann::json;
+
+std::string StripPrefix(const std::string& name, const std::string& prefix) {
+  return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
+}
+
+std::string TimeString(const google::protobuf::Timestamp& ts) {
+  if (ts.seconds() == 0 && ts.nanos() == 0) return "";
+  const time_t secs = static_cast<time_t>(ts.seconds());
+  tm utc;
+  gmtime_r(&secs, &utc);
+  char buf[32];
+  strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return buf;
+}
+
+json TimeJson(const google::protobuf::Timestamp& ts) {
+  std::string s = TimeString(ts);
+  return s.empty() ? json(nullptr) : json(s);
+}
+
+std::string Duration(double seconds) {
+  if (seconds < 0) return "-";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return absl::StrFormat("%dh%02dm", s / 3600, (s % 3600) / 60);
+  if (s >= 60) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%ds", s);
+}
+
+const v1::StageStatus* CurrentStage(const v1::Job& job) {
+  if (job.stages_size() == 0) return nullptr;
+  const int index = std::min(job.stage_index(), job.stages_size() - 1);
+  return &job.stages(std::max(index, 0));
+}
+
+json CheckpointJson(const v1::Checkpoint& c) {
+  return json{{"path", c.path()},
+              {"stage", c.stage()},
+              {"step", c.step()},
+              {"bytes", c.bytes()},
+              {"seconds", c.seconds()},
+              {"generation", c.generation()},
+              {"committed_at", TimeJson(c.committed_at())}};
+}
+
+json AttemptJson(const v1::Attempt& a) {
+  return json{
+      {"generation", a.generation()},
+      {"stage", a.stage()},
+      {"world_size", a.worker_ids_size()},
+      {"worker_ids", std::vector<std::string>(a.worker_ids().begin(), a.worker_ids().end())},
+      {"master", absl::StrCat(a.master_addr(), ":", a.master_port())},
+      {"outcome", OutcomeName(a.outcome())},
+      {"exit_code", a.exit_code()},
+      {"reason", a.reason()},
+      {"started_at", TimeJson(a.started_at())},
+      {"ended_at", TimeJson(a.ended_at())}};
+}
+
+}  // namespace
+
+json JobEventJson(const v1::JobEvent& e) {
+  json j{{"sequence", e.sequence()}, {"time", TimeJson(e.time())}};
+  switch (e.kind_case()) {
+    case v1::JobEvent::kStateChange:
+      j["type"] = "state_change";
+      j["from"] = JobStateName(e.state_change().from());
+      j["to"] = JobStateName(e.state_change().to());
+      j["reason"] = e.state_change().reason();
+      break;
+    case v1::JobEvent::kProgress:
+      j["type"] = "progress";
+      j["stage"] = e.progress().stage();
+      j["step"] = e.progress().step();
+      j["steps"] = e.progress().steps();
+      j["loss"] = e.progress().loss();
+      j["tokens_per_s"] = e.progress().tokens_per_s();
+      break;
+    case v1::JobEvent::kCheckpoint:
+      j["type"] = "checkpoint";
+      j["checkpoint"] = CheckpointJson(e.checkpoint());
+      break;
+    case v1::JobEvent::kEval:
+      j["type"] = "eval";
+      j["stage"] = e.eval().stage();
+      j["seq_len"] = e.eval().seq_len();
+      j["loss"] = e.eval().loss();
+      j["accuracy"] = e.eval().accuracy();
+      break;
+    case v1::JobEvent::kAttemptStarted:
+      j["type"] = "attempt_started";
+      j["attempt"] = AttemptJson(e.attempt_started());
+      break;
+    case v1::JobEvent::kAttemptEnded:
+      j["type"] = "attempt_ended";
+      j["attempt"] = AttemptJson(e.attempt_ended());
+      break;
+    case v1::JobEvent::kSnapshot:
+      j["type"] = "snapshot";
+      break;
+    default:
+      j["type"] = "unknown";
+  }
+  return j;
+}
+
+namespace {
+
+std::string EventText(const v1::JobEvent& e) {
+  switch (e.kind_case()) {
+    case v1::JobEvent::kStateChange:
+      return absl::StrCat(JobStateName(e.state_change().from()), " -> ",
+                          JobStateName(e.state_change().to()),
+                          e.state_change().reason().empty() ? "" : ": ", e.state_change().reason());
+    case v1::JobEvent::kCheckpoint:
+      return absl::StrCat("checkpoint stage ", e.checkpoint().stage(), " step ",
+                          e.checkpoint().step(), " ", e.checkpoint().path());
+    case v1::JobEvent::kEval:
+      return absl::StrFormat("eval stage %d seq %d loss %.4f accuracy %.3f", e.eval().stage(),
+                             e.eval().seq_len(), e.eval().loss(), e.eval().accuracy());
+    case v1::JobEvent::kAttemptStarted:
+      return absl::StrCat("attempt gen ", e.attempt_started().generation(), " stage ",
+                          e.attempt_started().stage(), " started on ",
+                          absl::StrJoin(e.attempt_started().worker_ids(), ","));
+    case v1::JobEvent::kAttemptEnded:
+      return absl::StrCat("attempt gen ", e.attempt_ended().generation(), " ended ",
+                          OutcomeName(e.attempt_ended().outcome()),
+                          e.attempt_ended().reason().empty() ? "" : ": ",
+                          e.attempt_ended().reason());
+    case v1::JobEvent::kProgress:
+      return absl::StrFormat("stage %d step %d/%d loss %.4f", e.progress().stage(),
+                             e.progress().step(), e.progress().steps(), e.progress().loss());
+    default:
+      return "";
+  }
+}
+
+}  // namespace
+
+std::string JobStateName(v1::JobState state) {
+  return StripPrefix(v1::JobState_Name(state), "JOB_STATE_");
+}
+std::string StageStateName(v1::StageState state) {
+  return StripPrefix(v1::StageState_Name(state), "STAGE_STATE_");
+}
+std::string OutcomeName(v1::AttemptOutcome outcome) {
+  return StripPrefix(v1::AttemptOutcome_Name(outcome), "ATTEMPT_OUTCOME_");
+}
+std::string WorkerStateName(v1::WorkerState state) {
+  return StripPrefix(v1::WorkerState_Name(state), "WORKER_STATE_");
+}
+bool IsTerminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+json JobSummaryJson(const v1::Job& job) {
+  const v1::StageStatus* stage = CurrentStage(job);
+  json j{{"id", job.id()},
+         {"name", job.name()},
+         {"state", JobStateName(job.state())},
+         {"reason", job.reason()},
+         {"stage", job.stage_index()},
+         {"stages_total", job.stages_size()},
+         {"seq_len", stage ? stage->seq_len() : 0},
+         {"step", stage ? stage->step() : 0},
+         {"steps", stage ? stage->steps() : 0},
+         {"restarts", job.restarts()},
+         {"preemptions", job.preemptions()},
+         {"failures", job.failures()},
+         {"generation", job.generation()},
+         {"priority", job.priority()},
+         {"loss", job.loss()},
+         {"created_at", TimeJson(job.created_at())},
+         {"finished_at", TimeJson(job.finished_at())}};
+  j["last_checkpoint"] = job.has_last_checkpoint() && !job.last_checkpoint().path().empty()
+                             ? CheckpointJson(job.last_checkpoint())
+                             : json(nullptr);
+  return j;
+}
+
+json JobDetailJson(const v1::Job& job) {
+  json j = JobSummaryJson(job);
+  j["checkpoint_dir"] = job.checkpoint_dir();
+  j["max_failures"] = job.max_failures();
+  j["max_preemptions"] = job.max_preemptions();
+  json stages = json::array();
+  for (const auto& s : job.stages()) {
+    stages.push_back(json{{"index", s.index()},
+                          {"state", StageStateName(s.state())},
+                          {"seq_len", s.seq_len()},
+                          {"steps", s.steps()},
+                          {"step", s.step()},
+                          {"sp", s.sp()},
+                          {"dp", s.dp()},
+                          {"world_size", s.sp() * std::max(1, s.dp())},
+                          {"loss", s.loss()},
+                          {"tokens_per_s", s.tokens_per_s()},
+                          {"eval_loss", s.eval_loss()},
+                          {"eval_accuracy", s.eval_accuracy()},
+                          {"eval_seq_len", s.eval_seq_len()},
+                          {"attempts", s.attempts()},
+                          {"started_at", TimeJson(s.started_at())},
+                          {"finished_at", TimeJson(s.finished_at())}});
+  }
+  j["stages"] = stages;
+  json attempts = json::array();
+  for (const auto& a : job.attempts()) attempts.push_back(AttemptJson(a));
+  j["attempts"] = attempts;
+  json events = json::array();
+  json checkpoints = json::array();
+  for (const auto& e : job.events()) {
+    events.push_back(JobEventJson(e));
+    if (e.has_checkpoint()) checkpoints.push_back(CheckpointJson(e.checkpoint()));
+  }
+  j["events"] = events;
+  j["checkpoints"] = checkpoints;
+  return j;
+}
+
+json WorkerJson(const v1::Worker& w) {
+  json j{{"id", w.id()},
+         {"name", w.name()},
+         {"state", WorkerStateName(w.state())},
+         {"device", w.device()},
+         {"node", w.node_label()},
+         {"host", w.host()},
+         {"heartbeat_age_seconds", w.heartbeat_age_seconds()}};
+  if (w.has_running() && !w.running().ref().job_id().empty()) {
+    j["running"] = json{{"job_id", w.running().ref().job_id()},
+                        {"generation", w.running().ref().generation()},
+                        {"stage", w.running().ref().stage()},
+                        {"rank", w.running().ref().rank()},
+                        {"pid", w.running().pid()}};
+  } else {
+    j["running"] = nullptr;
+  }
+  return j;
+}
+
+void PrintTable(const std::vector<std::vector<std::string>>& rows, std::ostream& out) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    if (widths.size() < row.size()) widths.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
+    }
+    out << line << "\n";
+  }
+}
+
+void PrintJobsTable(const std::vector<v1::Job>& jobs, std::ostream& out) {
+  std::vector<std::vector<std::string>> rows = {
+      {"ID", "NAME", "STATE", "STAGE", "SEQ_LEN", "STEP", "LOSS", "RESTARTS", "PREEMPT", "REASON"}};
+  for (const auto& job : jobs) {
+    const v1::StageStatus* stage = CurrentStage(job);
+    const int shown_stage = std::min(job.stage_index() + 1, job.stages_size());
+    rows.push_back({job.id(), job.name(), JobStateName(job.state()),
+                    absl::StrCat(shown_stage, "/", job.stages_size()),
+                    stage ? absl::StrCat(stage->seq_len()) : "-",
+                    stage ? absl::StrCat(stage->step(), "/", stage->steps()) : "-",
+                    job.loss() > 0 ? absl::StrFormat("%.4f", job.loss()) : "-",
+                    absl::StrCat(job.restarts()), absl::StrCat(job.preemptions()), job.reason()});
+  }
+  PrintTable(rows, out);
+}
+
+void PrintWorkersTable(const std::vector<v1::Worker>& workers, std::ostream& out) {
+  std::vector<std::vector<std::string>> rows = {
+      {"NAME", "ID", "STATE", "DEVICE", "NODE", "HOST", "RUNNING", "HEARTBEAT"}};
+  for (const auto& w : workers) {
+    std::string running = "-";
+    if (w.has_running() && !w.running().ref().job_id().empty()) {
+      const auto& ref = w.running().ref();
+      running =
+          absl::StrCat(ref.job_id(), " g", ref.generation(), " s", ref.stage(), " r", ref.rank());
+    }
+    rows.push_back({w.name(), w.id(), WorkerStateName(w.state()), w.device(), w.node_label(),
+                    w.host(), running, absl::StrFormat("%.1fs ago", w.heartbeat_age_seconds())});
+  }
+  PrintTable(rows, out);
+}
+
+void PrintJobDescription(const v1::Job& job, std::ostream& out) {
+  out << "Job:          " << job.id() << " (" << job.name() << ")\n";
+  out << "State:        " << JobStateName(job.state())
+      << (job.reason().empty() ? "" : "  (" + job.reason() + ")") << "\n";
+  out << "Priority:     " << job.priority() << "\n";
+  out << "Created:      " << TimeString(job.created_at()) << "\n";
+  if (!TimeString(job.finished_at()).empty()) {
+    out << "Finished:     " << TimeString(job.finished_at()) << "\n";
+  }
+  out << "Generation:   " << job.generation() << "\n";
+  out << "Restarts:     " << job.restarts() << "   Preemptions: " << job.preemptions()
+      << "   Failures: " << job.failures() << "/" << job.max_failures() << "\n";
+  out << "Checkpoints:  " << job.checkpoint_dir() << "\n";
+  if (job.has_last_checkpoint() && !job.last_checkpoint().path().empty()) {
+    out << "Last ckpt:    stage " << job.last_checkpoint().stage() << " step "
+        << job.last_checkpoint().step() << "  " << job.last_checkpoint().path() << "\n";
+  }
+  out << "\nStages:\n";
+  std::vector<std::vector<std::string>> rows = {
+      {"  #", "STATE", "SEQ_LEN", "SP", "DP", "STEP", "LOSS", "EVAL_LOSS", "ACCURACY", "ATTEMPTS"}};
+  for (const auto& s : job.stages()) {
+    rows.push_back({absl::StrCat("  ", s.index()), StageStateName(s.state()),
+                    absl::StrCat(s.seq_len()), absl::StrCat(s.sp()), absl::StrCat(s.dp()),
+                    absl::StrCat(s.step(), "/", s.steps()),
+                    s.loss() > 0 ? absl::StrFormat("%.4f", s.loss()) : "-",
+                    s.eval_loss() > 0 ? absl::StrFormat("%.4f", s.eval_loss()) : "-",
+                    s.eval_seq_len() > 0 ? absl::StrFormat("%.3f", s.eval_accuracy()) : "-",
+                    absl::StrCat(s.attempts())});
+  }
+  PrintTable(rows, out);
+  out << "\nAttempts:\n";
+  rows = {{"  GEN", "STAGE", "WORKERS", "OUTCOME", "EXIT", "STARTED", "ENDED", "REASON"}};
+  for (const auto& a : job.attempts()) {
+    rows.push_back({absl::StrCat("  ", a.generation()), absl::StrCat(a.stage()),
+                    absl::StrJoin(a.worker_ids(), ","), OutcomeName(a.outcome()),
+                    absl::StrCat(a.exit_code()), TimeString(a.started_at()),
+                    TimeString(a.ended_at()), a.reason()});
+  }
+  PrintTable(rows, out);
+  out << "\nEvents:\n";
+  for (const auto& e : job.events()) {
+    if (e.has_progress()) continue;  // Progress is summarised in the stage table.
+    out << "  " << TimeString(e.time()) << "  " << EventText(e) << "\n";
+  }
+}
+
+void WatchView::OnEvent(const v1::JobEvent& event) {
+  if (event.has_snapshot()) {
+    job_ = event.snapshot();
+    has_snapshot_ = true;
+    if (!tty_) {
+      out_ << job_.id() << " " << job_.name() << ": " << JobStateName(job_.state())
+           << (job_.reason().empty() ? "" : " (" + job_.reason() + ")") << "\n";
+    }
+  } else if (event.has_progress()) {
+    const auto& p = event.progress();
+    if (p.stage() >= 0 && p.stage() < job_.stages_size()) {
+      v1::StageStatus* s = job_.mutable_stages(p.stage());
+      s->set_step(p.step());
+      if (p.steps() > 0) s->set_steps(p.steps());
+      s->set_loss(p.loss());
+      s->set_tokens_per_s(p.tokens_per_s());
+      if (s->state() == v1::STAGE_STATE_PENDING) s->set_state(v1::STAGE_STATE_RUNNING);
+      job_.set_stage_index(p.stage());
+      job_.set_loss(p.loss());
+      auto it = first_progress_.find(p.stage());
+      if (it == first_progress_.end()) {
+        first_progress_[p.stage()] = {std::chrono::steady_clock::now(), p.step()};
+      }
+      if (!tty_) out_ << StageLine(*s) << "\n";
+    }
+  } else if (event.has_state_change()) {
+    job_.set_state(event.state_change().to());
+    job_.set_reason(event.state_change().reason());
+    if (!tty_) out_ << "state " << EventText(event) << "\n";
+  } else if (event.has_eval()) {
+    const auto& e = event.eval();
+    if (e.stage() >= 0 && e.stage() < job_.stages_size()) {
+      v1::StageStatus* s = job_.mutable_stages(e.stage());
+      s->set_eval_loss(e.loss());
+      s->set_eval_accuracy(e.accuracy());
+      s->set_eval_seq_len(e.seq_len());
+    }
+    if (!tty_) out_ << EventText(event) << "\n";
+  } else if (event.has_checkpoint()) {
+    *job_.mutable_last_checkpoint() = event.checkpoint();
+    if (!tty_) out_ << EventText(event) << "\n";
+  } else if (event.has_attempt_started() || event.has_attempt_ended()) {
+    if (event.has_attempt_ended()) {
+      const auto& a = event.attempt_ended();
+      if (a.outcome() == v1::ATTEMPT_OUTCOME_SUCCEEDED && a.stage() < job_.stages_size()) {
+        v1::StageStatus* s = job_.mutable_stages(a.stage());
+        s->set_state(v1::STAGE_STATE_COMPLETED);
+        s->set_step(s->steps());
+      }
+    } else if (event.attempt_started().stage() < job_.stages_size()) {
+      job_.set_stage_index(event.attempt_started().stage());
+      job_.mutable_stages(event.attempt_started().stage())->set_state(v1::STAGE_STATE_RUNNING);
+    }
+    if (!tty_) out_ << EventText(event) << "\n";
+  }
+  if (tty_) Redraw();
+  out_.flush();
+}
+
+std::string WatchView::StageLine(const v1::StageStatus& s) {
+  const int64_t steps = std::max<int64_t>(s.steps(), 1);
+  const int64_t step = std::min<int64_t>(s.step(), steps);
+  std::string eta = "-";
+  auto it = first_progress_.find(s.index());
+  if (s.state() == v1::STAGE_STATE_COMPLETED) {
+    eta = "done";
+  } else if (it != first_progress_.end() && step > it->second.second) {
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - it->second.first).count();
+    eta = Duration(elapsed / static_cast<double>(step - it->second.second) *
+                   static_cast<double>(steps - step));
+  }
+  std::string line = absl::StrFormat("stage %d/%d seq %6d sp %d", s.index() + 1, job_.stages_size(),
+                                     s.seq_len(), s.sp());
+  if (tty_) {
+    constexpr int kWidth = 24;
+    const int filled = static_cast<int>(kWidth * step / steps);
+    line += absl::StrCat(" [", std::string(filled, '#'), std::string(kWidth - filled, '.'), "]");
+  }
+  line += absl::StrFormat(" step %d/%d", step, s.steps());
+  if (s.loss() > 0) line += absl::StrFormat(" loss %.4f", s.loss());
+  if (s.tokens_per_s() > 0) line += absl::StrFormat(" tok/s %.0f", s.tokens_per_s());
+  line += " ETA " + eta;
+  if (s.eval_seq_len() > 0) {
+    line += absl::StrFormat(" eval_loss %.4f acc %.3f", s.eval_loss(), s.eval_accuracy());
+  }
+  return line;
+}
+
+void WatchView::Redraw() {
+  if (!has_snapshot_) return;
+  std::string block;
+  if (drawn_lines_ > 0) block += absl::StrCat("\033[", drawn_lines_, "F");  // Up, column 0.
+  int lines = 0;
+  block += absl::StrCat("\033[2K", job_.id(), " ", job_.name(), ": ", JobStateName(job_.state()),
+                        job_.reason().empty() ? "" : " (" + job_.reason() + ")", "\n");
+  ++lines;
+  for (const auto& s : job_.stages()) {
+    block += absl::StrCat("\033[2K  ", StageLine(s), "\n");
+    ++lines;
+  }
+  drawn_lines_ = lines;
+  out_ << block;
+}
+
+v1::JobState WatchView::Finish() {
+  out_ << job_.id() << " finished: " << JobStateName(job_.state())
+       << (job_.reason().empty() ? "" : " (" + job_.reason() + ")") << "\n";
+  out_.flush();
+  return job_.state();
+}
+
+}  // namespace ulysses::client

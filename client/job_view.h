@@ -1,0 +1,67 @@
+// How ulyssesctl shows jobs and workers: state names, JSON objects for `-o json`,
+// aligned tables, and the live progress view of `watch`. Pure formatting over the
+// ulysses.v1 messages; no I/O except into the given streams. Thread-compatible.
+//
+// `-o json` objects always carry: id, name, state, reason, stage (index), seq_len,
+// step, steps, restarts, preemptions, failures, last_checkpoint ({path, stage, step}
+// or null), loss. `describe` adds stages[], attempts[], events[], checkpoints[].
+#ifndef ULYSSES_CLIENT_JOB_VIEW_H_
+#define ULYSSES_CLIENT_JOB_VIEW_H_
+
+#include <chrono>
+#include <map>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "ulysses/v1/job_service.pb.h"
+
+namespace ulysses::client {
+
+std::string JobStateName(ulysses::v1::JobState state);         // "RUNNING"
+std::string StageStateName(ulysses::v1::StageState state);     // "COMPLETED"
+std::string OutcomeName(ulysses::v1::AttemptOutcome outcome);  // "PREEMPTED"
+std::string WorkerStateName(ulysses::v1::WorkerState state);   // "IDLE"
+bool IsTerminal(ulysses::v1::JobState state);
+
+nlohmann::json JobSummaryJson(const ulysses::v1::Job& job);
+nlohmann::json JobDetailJson(const ulysses::v1::Job& job);
+nlohmann::json WorkerJson(const ulysses::v1::Worker& worker);
+nlohmann::json JobEventJson(const ulysses::v1::JobEvent& event);
+
+// Column-aligned table: first row is the header.
+void PrintTable(const std::vector<std::vector<std::string>>& rows, std::ostream& out);
+
+void PrintJobsTable(const std::vector<ulysses::v1::Job>& jobs, std::ostream& out);
+void PrintWorkersTable(const std::vector<ulysses::v1::Worker>& workers, std::ostream& out);
+// Human-readable `describe job`.
+void PrintJobDescription(const ulysses::v1::Job& job, std::ostream& out);
+
+// The `watch` view. Feed it every JobEvent; it keeps the latest job picture and
+// prints it: on a TTY a redrawn block (one bar per stage), else plain lines.
+class WatchView {
+ public:
+  WatchView(std::ostream& out, bool tty) : out_(out), tty_(tty) {}
+  void OnEvent(const ulysses::v1::JobEvent& event);
+  // Prints the final summary line. Returns the job's state as last seen.
+  ulysses::v1::JobState Finish();
+  ulysses::v1::JobState state() const { return job_.state(); }
+  bool has_snapshot() const { return has_snapshot_; }
+
+ private:
+  void Redraw();
+  std::string StageLine(const ulysses::v1::StageStatus& stage);
+
+  std::ostream& out_;
+  bool tty_;
+  bool has_snapshot_ = false;
+  ulysses::v1::Job job_;
+  int drawn_lines_ = 0;
+  // First progress seen per stage (for the ETA): stage -> (time, step).
+  std::map<int, std::pair<std::chrono::steady_clock::time_point, int64_t>> first_progress_;
+};
+
+}  // namespace ulysses::client
+
+#endif  // ULYSSES_CLIENT_JOB_VIEW_H_

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Ulysses demo on one machine: a coordinator (temp state dir, free port) and 4 CPU
+# workers on loopback run configs/jobs/tiny-demo.yaml (needle retrieval; stages
+# 1k -> 2k -> 4k tokens with SP 1 -> 2 -> 4), watched live to the end; then prints
+# per-stage loss and retrieval accuracy. Every process is stopped on exit.
+#
+#   scripts/demo.sh                                   # full demo (a few minutes on 2 cores)
+#   scripts/demo.sh --set spec.stages[0].steps=5      # extra --set overrides go to submit
+#
+# Env: ULYSSES_BIN_DIR (default build/bin), SPEC (default configs/jobs/tiny-demo.yaml),
+#      WORKERS (default 4), KEEP=1 keeps the temp dir (logs, checkpoints).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+BIN="${ULYSSES_BIN_DIR:-$ROOT/build/bin}"
+SPEC="${SPEC:-$ROOT/configs/jobs/tiny-demo.yaml}"
+WORKERS="${WORKERS:-4}"
+PY=/usr/bin/python3
+
+for b in ulysses-coordinator ulysses-worker ulyssesctl ulysses-train; do
+  if [[ ! -x "$BIN/$b" ]]; then
+    echo "demo: $BIN/$b is missing: build it first (cmake --build build --target $b)" >&2
+    exit 1
+  fi
+done
+
+TMP="$(mktemp -d /tmp/ulysses-demo.XXXXXX)"
+PIDS=()
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  # Workers first (SIGTERM lets a running rank checkpoint), then the coordinator.
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do kill -TERM "${PIDS[$i]}" 2>/dev/null || true; done
+  local deadline=$((SECONDS + 40))
+  for pid in "${PIDS[@]}"; do
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  if [[ "${KEEP:-0}" == 1 ]]; then
+    echo "demo: logs and state kept in $TMP"
+  else
+    rm -rf "$TMP"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "demo: work dir $TMP"
+"$BIN/ulysses-coordinator" --listen 127.0.0.1:0 --state-dir "$TMP/state" \
+  --metrics-listen 127.0.0.1:0 >"$TMP/coordinator.log" 2>&1 &
+PIDS+=($!)
+PORT=""
+for _ in $(seq 1 150); do
+  PORT="$(sed -n 's/.*listening grpc=\([0-9]*\).*/\1/p' "$TMP/coordinator.log" | head -1)"
+  [[ -n "$PORT" ]] && break
+  kill -0 "${PIDS[0]}" 2>/dev/null || break
+  sleep 0.2
+done
+if [[ -z "$PORT" ]]; then
+  echo "demo: the coordinator did not start:" >&2
+  cat "$TMP/coordinator.log" >&2
+  exit 1
+fi
+export ULYSSES_COORDINATOR="127.0.0.1:$PORT"
+echo "demo: coordinator on $ULYSSES_COORDINATOR (metrics: $(sed -n 's/.*metrics=\([0-9]*\).*/\1/p' "$TMP/coordinator.log" | head -1))"
+
+for ((i = 0; i < WORKERS; i++)); do
+  "$BIN/ulysses-worker" --coordinator "$ULYSSES_COORDINATOR" --name "demo-w$i" --device cpu \
+    --work-dir "$TMP/workers/w$i" --grace-period-s 30 >"$TMP/worker$i.log" 2>&1 &
+  PIDS+=($!)
+done
+for _ in $(seq 1 150); do
+  idle="$("$BIN/ulyssesctl" get workers -o json 2>/dev/null | grep -c '"state": "IDLE"' || true)"
+  [[ "$idle" -ge "$WORKERS" ]] && break
+  sleep 0.2
+done
+"$BIN/ulyssesctl" get workers
+
+"$BIN/ulyssesctl" validate -f "$SPEC" "$@"
+JOB="$("$BIN/ulyssesctl" submit -f "$SPEC" "$@")"
+echo "demo: submitted $JOB"
+status=0
+"$BIN/ulyssesctl" watch "$JOB" || status=$?
+
+"$BIN/ulyssesctl" describe job "$JOB" -o json >"$TMP/job.json"
+"$PY" - "$TMP/job.json" <<'PYEOF'
+import json, sys
+job = json.load(open(sys.argv[1]))
+print()
+print(f"{job['id']} {job['name']}: {job['state']}  restarts={job['restarts']} "
+      f"preemptions={job['preemptions']}")
+print(f"{'stage':>5}  {'seq_len':>7}  {'sp':>2}  {'steps':>5}  {'train_loss':>10}  "
+      f"{'eval_loss':>9}  {'accuracy':>8}")
+for s in job["stages"]:
+    acc = f"{s['eval_accuracy']:.3f}" if s.get("eval_seq_len") else "-"
+    ev = f"{s['eval_loss']:.4f}" if s.get("eval_seq_len") else "-"
+    print(f"{s['index']:>5}  {s['seq_len']:>7}  {s['sp']:>2}  {s['steps']:>5}  "
+          f"{s['loss']:>10.4f}  {ev:>9}  {acc:>8}")
+PYEOF
+exit "$status"

@@ -1,0 +1,164 @@
+// Output of the coordinator-facing ulyssesctl verbs: the -o json contract, error
+// lines, and the non-TTY watch view. The verbs against a live coordinator are
+// covered by tests/e2e.
+#include "client/job_view.h"
+
+#include <sstream>
+
+#include "client/cli.h"
+#include "client/grpc_client.h"
+#include "gtest/gtest.h"
+
+namespace ulysses::client {
+namespace {
+
+namespace v1 = ::ulysses::v1;
+
+v1::Job SampleJob() {
+  v1::Job job;
+  job.set_id("job-000007");
+  job.set_name("tiny-demo");
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.set_reason("stage 2/3 running");
+  job.set_stage_index(1);
+  job.set_restarts(1);
+  job.set_preemptions(2);
+  job.set_loss(3.5);
+  for (int i = 0; i < 3; ++i) {
+    auto* s = job.add_stages();
+    s->set_index(i);
+    s->set_seq_len(1024 << i);
+    s->set_steps(10);
+    s->set_step(i == 1 ? 4 : (i == 0 ? 10 : 0));
+    s->set_sp(1 << i);
+    s->set_dp(1);
+  }
+  job.mutable_last_checkpoint()->set_path("/ck/job-000007/stage1-step4");
+  job.mutable_last_checkpoint()->set_stage(1);
+  job.mutable_last_checkpoint()->set_step(4);
+  auto* a = job.add_attempts();
+  a->set_generation(3);
+  a->set_stage(1);
+  a->add_worker_ids("w-a");
+  a->add_worker_ids("w-b");
+  a->set_outcome(v1::ATTEMPT_OUTCOME_LOST);
+  return job;
+}
+
+TEST(JobViewTest, SummaryJsonHasTheContractFields) {
+  nlohmann::json j = JobSummaryJson(SampleJob());
+  for (const char* key : {"id", "name", "state", "reason", "stage", "seq_len", "step", "restarts",
+                          "preemptions", "last_checkpoint", "loss"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_EQ(j["id"], "job-000007");
+  EXPECT_EQ(j["state"], "RUNNING");
+  EXPECT_EQ(j["stage"], 1);
+  EXPECT_EQ(j["seq_len"], 2048);
+  EXPECT_EQ(j["step"], 4);
+  EXPECT_EQ(j["restarts"], 1);
+  EXPECT_EQ(j["preemptions"], 2);
+  EXPECT_EQ(j["last_checkpoint"]["step"], 4);
+  EXPECT_DOUBLE_EQ(j["loss"].get<double>(), 3.5);
+
+  v1::Job fresh;
+  fresh.set_id("job-000008");
+  nlohmann::json k = JobSummaryJson(fresh);
+  EXPECT_TRUE(k["last_checkpoint"].is_null());
+  EXPECT_EQ(k["state"], "UNSPECIFIED");
+}
+
+TEST(JobViewTest, DetailJsonHasStagesAttemptsAndCheckpoints) {
+  v1::Job job = SampleJob();
+  auto* e = job.add_events();
+  e->mutable_checkpoint()->set_path("/ck/x");
+  e->mutable_checkpoint()->set_step(2);
+  auto* change = job.add_events()->mutable_state_change();
+  change->set_from(v1::JOB_STATE_RUNNING);
+  change->set_to(v1::JOB_STATE_RECOVERING);
+  change->set_reason("worker w-b lost");
+  nlohmann::json j = JobDetailJson(job);
+  ASSERT_EQ(j["stages"].size(), 3u);
+  EXPECT_EQ(j["stages"][2]["world_size"], 4);
+  EXPECT_EQ(j["stages"][0]["state"], "UNSPECIFIED");
+  ASSERT_EQ(j["attempts"].size(), 1u);
+  EXPECT_EQ(j["attempts"][0]["world_size"], 2);
+  EXPECT_EQ(j["attempts"][0]["outcome"], "LOST");
+  ASSERT_EQ(j["checkpoints"].size(), 1u);
+  EXPECT_EQ(j["checkpoints"][0]["path"], "/ck/x");
+  ASSERT_EQ(j["events"].size(), 2u);
+  EXPECT_EQ(j["events"][1]["to"], "RECOVERING");
+  EXPECT_EQ(j["events"][1]["reason"], "worker w-b lost");
+}
+
+TEST(JobViewTest, DescriptionAndTablesNameTheJob) {
+  std::ostringstream out;
+  PrintJobDescription(SampleJob(), out);
+  EXPECT_NE(out.str().find("job-000007 (tiny-demo)"), std::string::npos);
+  EXPECT_NE(out.str().find("LOST"), std::string::npos);
+  std::ostringstream table;
+  PrintJobsTable({SampleJob()}, table);
+  EXPECT_NE(table.str().find("2/3"), std::string::npos) << table.str();
+  EXPECT_NE(table.str().find("4/10"), std::string::npos) << table.str();
+}
+
+TEST(JobViewTest, PlainWatchViewPrintsOneLinePerProgressAndTheEnd) {
+  std::ostringstream out;
+  WatchView view(out, /*tty=*/false);
+  v1::JobEvent snap;
+  *snap.mutable_snapshot() = SampleJob();
+  view.OnEvent(snap);
+  v1::JobEvent progress;
+  progress.mutable_progress()->set_stage(1);
+  progress.mutable_progress()->set_step(5);
+  progress.mutable_progress()->set_steps(10);
+  progress.mutable_progress()->set_loss(3.25);
+  progress.mutable_progress()->set_tokens_per_s(1500);
+  view.OnEvent(progress);
+  v1::JobEvent done;
+  done.mutable_state_change()->set_from(v1::JOB_STATE_RUNNING);
+  done.mutable_state_change()->set_to(v1::JOB_STATE_FAILED);
+  done.mutable_state_change()->set_reason("max_failures exhausted");
+  view.OnEvent(done);
+  EXPECT_EQ(view.Finish(), v1::JOB_STATE_FAILED);
+  const std::string text = out.str();
+  EXPECT_NE(text.find("stage 2/3 seq   2048 sp 2 step 5/10 loss 3.2500 tok/s 1500"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("\033["), std::string::npos) << "no escape codes when not a TTY";
+  EXPECT_NE(text.find("RUNNING -> FAILED: max_failures exhausted"), std::string::npos) << text;
+  EXPECT_NE(text.find("job-000007 finished: FAILED"), std::string::npos) << text;
+}
+
+TEST(JobViewTest, RpcErrorsAreOneLineWithCodeOrAddress) {
+  EXPECT_EQ(FormatRpcError(absl::NotFoundError("job job-9 not found"), "h:1"),
+            "error: NOT_FOUND: job job-9 not found");
+  const std::string down = FormatRpcError(absl::UnavailableError("connection refused"), "h:1");
+  EXPECT_EQ(down, "error: cannot reach the coordinator at h:1 (UNAVAILABLE: connection refused)");
+}
+
+TEST(JobViewTest, UnreachableCoordinatorIsNamedAndExitsOne) {
+  std::ostringstream out, err;
+  const char* argv[] = {"ulyssesctl", "--coordinator", "127.0.0.1:1", "get", "jobs"};
+  EXPECT_EQ(RunCli(5, argv, out, err), 1);
+  EXPECT_NE(err.str().find("cannot reach the coordinator at 127.0.0.1:1"), std::string::npos)
+      << err.str();
+  EXPECT_EQ(err.str().find('\n'), err.str().size() - 1) << "one line";
+}
+
+TEST(JobViewTest, SubmitRejectsABadSpecLocally) {
+  std::ostringstream out, err;
+  const std::string spec =
+      std::string(std::getenv("ULYSSES_SOURCE_DIR")) + "/configs/jobs/tiny-demo.yaml";
+  const char* argv[] = {
+      "ulyssesctl", "--coordinator", "127.0.0.1:1", "submit",
+      "-f",         spec.c_str(),    "--set",       "spec.stages[1].seq_len=2047"};
+  EXPECT_EQ(RunCli(8, argv, out, err), 1);
+  // The validation message, not a connection error: nothing was sent.
+  EXPECT_NE(err.str().find("spec.stages[1].seq_len"), std::string::npos) << err.str();
+  EXPECT_EQ(err.str().find("cannot reach"), std::string::npos) << err.str();
+  EXPECT_TRUE(out.str().empty());
+}
+
+}  // namespace
+}  // namespace ulysses::client

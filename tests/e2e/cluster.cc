@@ -1,0 +1,209 @@
+#include "tests/e2e/cluster.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace ulysses::e2e {
+
+namespace fs = std::filesystem;
+
+std::string BinDir() {
+  const char* dir = std::getenv("ULYSSES_BIN_DIR");
+  return dir != nullptr ? dir : fs::absolute("build/bin").string();
+}
+
+std::string SourceDir() {
+  const char* dir = std::getenv("ULYSSES_SOURCE_DIR");
+  return dir != nullptr ? dir : fs::current_path().string();
+}
+
+std::string EngineBin() {
+  const char* over = std::getenv("ULYSSES_E2E_ENGINE_BIN");
+  if (over != nullptr && *over != '\0') return over;
+  return BinDir() + "/ulysses-train";
+}
+
+CommandResult RunCommand(const std::vector<std::string>& argv, milliseconds timeout) {
+  CommandResult result;
+  std::mutex mu;
+  agent::ChildCallbacks cb;
+  cb.on_log = [&](const std::string& stream, const std::string& line) {
+    std::lock_guard<std::mutex> lock(mu);
+    (stream == "stdout" ? result.out : result.err) += line + "\n";
+  };
+  // ulyssesctl prints JSON objects on stdout: route them as text, not as train events.
+  cb.on_event = [&](const agent::TrainEvent&) {};
+  auto child = agent::ChildSupervisor::Start(argv, "", std::move(cb));
+  if (!child.ok()) {
+    result.err = std::string(child.status().message());
+    return result;
+  }
+  auto done = (*child)->Wait(timeout);
+  if (!done) {
+    (*child)->Stop(agent::StopCause::kAbort, milliseconds(0));
+    (*child)->Wait();
+    result.err += "\n(timed out)";
+    return result;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  result.exit_code = WIFEXITED(done->wait_status) ? WEXITSTATUS(done->wait_status) : -1;
+  return result;
+}
+
+std::unique_ptr<Process> Process::Start(const std::vector<std::string>& argv) {
+  auto process = std::unique_ptr<Process>(new Process());
+  Process* p = process.get();
+  agent::ChildCallbacks cb;
+  cb.on_log = [p](const std::string&, const std::string& line) {
+    std::lock_guard<std::mutex> lock(p->mu_);
+    p->output_ += line + "\n";
+  };
+  auto child = agent::ChildSupervisor::Start(argv, "", std::move(cb));
+  if (!child.ok()) return nullptr;
+  p->child_ = std::move(*child);
+  return process;
+}
+
+Process::~Process() {
+  if (child_ && child_->Running()) Stop(milliseconds(3000));
+}
+
+agent::ChildResult Process::Stop(milliseconds grace) {
+  child_->Stop(agent::StopCause::kAbort, grace);
+  return child_->Wait();
+}
+
+void Process::Kill9() {
+  kill(child_->pid(), SIGKILL);
+  child_->Wait();
+}
+
+std::string Process::Output() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return output_;
+}
+
+std::optional<std::string> Process::WaitForLine(const std::string& text, milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const size_t at = output_.find(text);
+      if (at != std::string::npos) {
+        const size_t start = output_.rfind('\n', at);
+        const size_t end = output_.find('\n', at);
+        return output_.substr(start == std::string::npos ? 0 : start + 1,
+                              end == std::string::npos
+                                  ? std::string::npos
+                                  : end - (start == std::string::npos ? 0 : start + 1));
+      }
+    }
+    if (!child_->Running()) return std::nullopt;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  return std::nullopt;
+}
+
+Cluster::Cluster() {
+  char tmpl[] = "/tmp/ulysses-e2e-XXXXXX";
+  dir_ = mkdtemp(tmpl) != nullptr ? tmpl : "/tmp/ulysses-e2e";
+}
+
+Cluster::~Cluster() {
+  workers_.clear();  // Workers first: their children get SIGTERM through them.
+  coordinator_.reset();
+  std::error_code ec;
+  if (std::getenv("ULYSSES_E2E_KEEP") == nullptr) fs::remove_all(dir_, ec);
+}
+
+void Cluster::StartCoordinator(double heartbeat_timeout_s) {
+  if (coordinator_) dead_logs_ += "=== coordinator (previous)\n" + coordinator_->Output();
+  coordinator_ = Process::Start({BinDir() + "/ulysses-coordinator", "--listen",
+                                 absl::StrCat("127.0.0.1:", port_), "--state-dir", dir_ + "/state",
+                                 "--metrics-listen", "127.0.0.1:0", "--heartbeat-timeout-s",
+                                 absl::StrCat(heartbeat_timeout_s)});
+  if (!coordinator_) return;
+  auto line = coordinator_->WaitForLine("listening grpc=", seconds(30));
+  if (!line) return;
+  const size_t at = line->find("grpc=");
+  port_ = std::atoi(line->c_str() + at + 5);
+}
+
+void Cluster::KillCoordinator() {
+  if (!coordinator_) return;
+  coordinator_->Kill9();
+}
+
+std::string Cluster::address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+void Cluster::StartWorker(const std::string& name, double grace_period_s) {
+  auto process =
+      Process::Start({BinDir() + "/ulysses-worker", "--coordinator", address(), "--name", name,
+                      "--device", "cpu", "--work-dir", dir_ + "/workers/" + name, "--engine-bin",
+                      EngineBin(), "--grace-period-s", absl::StrCat(grace_period_s)});
+  workers_[name] = std::move(process);
+}
+
+std::string Cluster::NameFromId(const std::string& worker_id) {
+  return worker_id.rfind("w-", 0) == 0 ? worker_id.substr(2) : worker_id;
+}
+
+CommandResult Cluster::Ctl(std::vector<std::string> args, milliseconds timeout) {
+  args.insert(args.begin(), {BinDir() + "/ulyssesctl", "--coordinator", address()});
+  return RunCommand(args, timeout);
+}
+
+nlohmann::json Cluster::Describe(const std::string& id) {
+  CommandResult r = Ctl({"describe", "job", id, "-o", "json"});
+  if (r.exit_code != 0) return nullptr;
+  nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  return j.is_discarded() ? nlohmann::json(nullptr) : j;
+}
+
+std::string Cluster::Submit(const std::string& spec_path, const std::vector<std::string>& sets,
+                            CommandResult* result) {
+  std::vector<std::string> args = {"submit", "-f", spec_path};
+  for (const auto& s : sets) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  CommandResult r = Ctl(args);
+  if (result != nullptr) *result = r;
+  if (r.exit_code != 0) return "";
+  std::string id = r.out;
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  return id;
+}
+
+bool Cluster::WaitForIdleWorkers(int n, milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    CommandResult r = Ctl({"get", "workers", "-o", "json"});
+    nlohmann::json list = nlohmann::json::parse(r.out, nullptr, false);
+    if (r.exit_code == 0 && list.is_array()) {
+      int idle = 0;
+      for (const auto& w : list) idle += w.value("state", "") == "IDLE";
+      if (idle >= n) return true;
+    }
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  return false;
+}
+
+std::string Cluster::Logs() {
+  std::string all = dead_logs_;
+  if (coordinator_) all += "=== coordinator\n" + coordinator_->Output();
+  for (auto& [name, w] : workers_) {
+    if (w) all += "=== worker " + name + "\n" + w->Output();
+  }
+  if (all.size() > 60000) all = "...\n" + all.substr(all.size() - 60000);
+  return all;
+}
+
+}  // namespace ulysses::e2e

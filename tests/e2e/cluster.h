@@ -1,0 +1,114 @@
+// A real Ulysses control plane on loopback for end-to-end tests: the real
+// ulysses-coordinator, real ulysses-worker processes running the real ulysses-train,
+// and the real ulyssesctl. Processes are children of the test (ChildSupervisor:
+// own process group, killed if the test dies) and are stopped in the destructor;
+// the temp dir is removed.
+//
+// Binaries come from $ULYSSES_BIN_DIR. The engine is $ULYSSES_BIN_DIR/ulysses-train
+// (ULYSSES_E2E_ENGINE_BIN overrides it, for debugging the harness only).
+#ifndef ULYSSES_TESTS_E2E_CLUSTER_H_
+#define ULYSSES_TESTS_E2E_CLUSTER_H_
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+#include "worker/agent/child_supervisor.h"
+
+namespace ulysses::e2e {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+std::string BinDir();
+std::string SourceDir();
+std::string EngineBin();
+
+struct CommandResult {
+  int exit_code = -1;  // -1: timed out (killed).
+  std::string out;
+  std::string err;
+};
+
+// Runs argv to completion (killed after `timeout`), capturing stdout and stderr.
+CommandResult RunCommand(const std::vector<std::string>& argv, milliseconds timeout);
+
+// A long-running process with its output captured.
+class Process {
+ public:
+  static std::unique_ptr<Process> Start(const std::vector<std::string>& argv);
+  ~Process();
+  pid_t pid() const { return child_->pid(); }
+  bool Running() { return child_->Running(); }
+  // SIGTERM (grace, then SIGKILL) and wait.
+  agent::ChildResult Stop(milliseconds grace = milliseconds(5000));
+  void Kill9();
+  std::optional<agent::ChildResult> Wait(milliseconds timeout) { return child_->Wait(timeout); }
+  std::string Output();
+  // Waits until a captured line contains `text`; returns that line.
+  std::optional<std::string> WaitForLine(const std::string& text, milliseconds timeout);
+
+ private:
+  std::unique_ptr<agent::ChildSupervisor> child_;
+  std::mutex mu_;
+  std::string output_;
+};
+
+class Cluster {
+ public:
+  Cluster();
+  ~Cluster();
+
+  // Starts (or restarts on the same port and state dir) the coordinator.
+  void StartCoordinator(double heartbeat_timeout_s = 4);
+  void KillCoordinator();
+  std::string address() const;
+
+  void StartWorker(const std::string& name, double grace_period_s = 30);
+  Process* worker(const std::string& name) { return workers_.at(name).get(); }
+  // Worker name from a coordinator worker id ("w-<name>").
+  static std::string NameFromId(const std::string& worker_id);
+
+  CommandResult Ctl(std::vector<std::string> args, milliseconds timeout = seconds(30));
+  // `describe job ID -o json` (null json on failure).
+  nlohmann::json Describe(const std::string& id);
+  // Submits configs/jobs/<file> with --set overrides; returns the job id ("" on failure).
+  std::string Submit(const std::string& spec_path, const std::vector<std::string>& sets,
+                     CommandResult* result = nullptr);
+  // Polls describe until `pred(job)` holds; returns the last job json.
+  template <typename Pred>
+  nlohmann::json WaitForJob(const std::string& id, Pred pred, milliseconds timeout);
+  // Polls until `n` workers are registered and IDLE.
+  bool WaitForIdleWorkers(int n, milliseconds timeout);
+
+  const std::string& dir() const { return dir_; }
+  // Everything the processes printed, for failure messages.
+  std::string Logs();
+
+ private:
+  std::string dir_;
+  int port_ = 0;
+  std::unique_ptr<Process> coordinator_;
+  std::map<std::string, std::unique_ptr<Process>> workers_;
+  std::string dead_logs_;
+};
+
+template <typename Pred>
+nlohmann::json Cluster::WaitForJob(const std::string& id, Pred pred, milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  nlohmann::json job;
+  while (std::chrono::steady_clock::now() < deadline) {
+    job = Describe(id);
+    if (!job.is_null() && pred(job)) return job;
+    std::this_thread::sleep_for(milliseconds(300));
+  }
+  return job;
+}
+
+}  // namespace ulysses::e2e
+
+#endif  // ULYSSES_TESTS_E2E_CLUSTER_H_

@@ -1,0 +1,262 @@
+#include "worker/agent/child_supervisor.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ulysses::agent {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// Collects what the supervisor reports, thread-safely.
+struct Recorder {
+  std::mutex mu;
+  std::vector<TrainEvent> events;
+  std::vector<std::pair<std::string, std::string>> logs;
+  int exits = 0;
+
+  ChildCallbacks Callbacks() {
+    ChildCallbacks cb;
+    cb.on_event = [this](const TrainEvent& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      events.push_back(e);
+    };
+    cb.on_log = [this](const std::string& stream, const std::string& line) {
+      std::lock_guard<std::mutex> lock(mu);
+      logs.emplace_back(stream, line);
+    };
+    cb.on_exit = [this](const ChildResult&) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++exits;
+    };
+    return cb;
+  }
+  int Count(TrainEvent::Kind kind) {
+    std::lock_guard<std::mutex> lock(mu);
+    int n = 0;
+    for (const auto& e : events) n += e.kind == kind;
+    return n;
+  }
+  bool HasLog(const std::string& stream, const std::string& text) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [s, line] : logs) {
+      if (s == stream && line.find(text) != std::string::npos) return true;
+    }
+    return false;
+  }
+};
+
+std::vector<std::string> Fake(std::vector<std::string> args) {
+  args.insert(args.begin(), FAKE_RANK_PATH);
+  return args;
+}
+
+// Polls `pred` until true or the deadline passes.
+template <typename Pred>
+bool PollUntil(Pred pred, milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return pred();
+}
+
+TEST(ChildSupervisorTest, ForwardsEventsAndLogsAndSucceeds) {
+  Recorder rec;
+  auto child = ChildSupervisor::Start(Fake({"--steps", "4", "--noise"}), "", rec.Callbacks());
+  ASSERT_TRUE(child.ok()) << child.status();
+  ChildResult result = (*child)->Wait();
+  EXPECT_EQ(result.outcome, AttemptOutcome::kSucceeded);
+  EXPECT_EQ(result.description, "exit code 0");
+  EXPECT_EQ(rec.Count(TrainEvent::Kind::kStep), 4);
+  EXPECT_EQ(rec.Count(TrainEvent::Kind::kCheckpoint), 1);
+  EXPECT_EQ(rec.Count(TrainEvent::Kind::kEval), 1);
+  EXPECT_EQ(rec.Count(TrainEvent::Kind::kDone), 1);
+  EXPECT_TRUE(rec.HasLog("stdout", "plain text on stdout"));
+  EXPECT_TRUE(rec.HasLog("stderr", "warming up"));
+  EXPECT_TRUE(rec.HasLog("stderr", "finished"));
+  EXPECT_EQ(rec.exits, 1);
+  // Events arrive in output order.
+  std::lock_guard<std::mutex> lock(rec.mu);
+  ASSERT_GE(rec.events.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(rec.events[i].step, i + 1);
+  EXPECT_EQ(rec.events.back().kind, TrainEvent::Kind::kDone);
+}
+
+TEST(ChildSupervisorTest, MapsBadInputAndFailureExits) {
+  Recorder rec;
+  auto bad = ChildSupervisor::Start(Fake({"--steps", "0", "--exit", "2"}), "", rec.Callbacks());
+  ASSERT_TRUE(bad.ok());
+  ChildResult bad_result = (*bad)->Wait();
+  EXPECT_EQ(bad_result.outcome, AttemptOutcome::kBadInput);
+  EXPECT_NE(bad_result.stderr_tail.find("not divisible by sp_degree"), std::string::npos);
+
+  auto failed = ChildSupervisor::Start(Fake({"--steps", "1", "--exit", "1"}), "", rec.Callbacks());
+  ASSERT_TRUE(failed.ok());
+  EXPECT_EQ((*failed)->Wait().outcome, AttemptOutcome::kFailed);
+}
+
+TEST(ChildSupervisorTest, ExecFailureIsAFailureWithReason) {
+  Recorder rec;
+  auto child = ChildSupervisor::Start({"/nonexistent/ulysses-train", "rank"}, "", rec.Callbacks());
+  ASSERT_TRUE(child.ok());
+  ChildResult result = (*child)->Wait();
+  EXPECT_EQ(result.outcome, AttemptOutcome::kFailed);
+  EXPECT_EQ(result.description, "exit code 127");
+  EXPECT_NE(result.stderr_tail.find("exec of the engine binary failed"), std::string::npos);
+}
+
+TEST(ChildSupervisorTest, EmptyArgvIsRejected) {
+  auto child = ChildSupervisor::Start({}, "", {});
+  EXPECT_EQ(child.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ChildSupervisorTest, PreemptLetsTheChildCheckpointAndExit75) {
+  Recorder rec;
+  auto child =
+      ChildSupervisor::Start(Fake({"--steps", "100000", "--step-ms", "20"}), "", rec.Callbacks());
+  ASSERT_TRUE(child.ok());
+  ASSERT_TRUE(PollUntil([&] { return rec.Count(TrainEvent::Kind::kStep) >= 2; }, seconds(10)));
+  (*child)->Stop(StopCause::kPreempt, seconds(20));
+  auto result = (*child)->Wait(seconds(10));
+  ASSERT_TRUE(result.has_value()) << "child did not exit after SIGTERM";
+  EXPECT_EQ(result->outcome, AttemptOutcome::kPreempted);
+  EXPECT_EQ(result->description, "exit code 75");
+  EXPECT_FALSE(result->sigkilled_by_agent);
+  EXPECT_EQ(rec.Count(TrainEvent::Kind::kCheckpoint), 1);
+}
+
+TEST(ChildSupervisorTest, AbortKillsAChildThatIgnoresSigterm) {
+  Recorder rec;
+  auto child = ChildSupervisor::Start(
+      Fake({"--steps", "100000", "--step-ms", "20", "--ignore-term"}), "", rec.Callbacks());
+  ASSERT_TRUE(child.ok());
+  ASSERT_TRUE(PollUntil([&] { return rec.Count(TrainEvent::Kind::kStep) >= 1; }, seconds(10)));
+  (*child)->Stop(StopCause::kAbort, milliseconds(300));
+  // Still running inside the grace: SIGTERM alone does nothing to it.
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_TRUE((*child)->Running());
+  auto result = (*child)->Wait(seconds(10));
+  ASSERT_TRUE(result.has_value()) << "SIGKILL tier did not fire";
+  EXPECT_EQ(result->outcome, AttemptOutcome::kAborted);
+  EXPECT_TRUE(result->sigkilled_by_agent);
+  EXPECT_TRUE(WIFSIGNALED(result->wait_status));
+  EXPECT_EQ(WTERMSIG(result->wait_status), SIGKILL);
+}
+
+TEST(ChildSupervisorTest, PreemptGraceRunOutStillCountsAsPreemption) {
+  Recorder rec;
+  auto child = ChildSupervisor::Start(
+      Fake({"--steps", "100000", "--step-ms", "20", "--ignore-term"}), "", rec.Callbacks());
+  ASSERT_TRUE(child.ok());
+  (*child)->Stop(StopCause::kPreempt, seconds(30));
+  (*child)->Stop(StopCause::kPreempt, milliseconds(200));  // A later, shorter grace wins.
+  auto result = (*child)->Wait(seconds(10));
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->outcome, AttemptOutcome::kPreempted);
+  EXPECT_TRUE(result->sigkilled_by_agent);
+}
+
+TEST(ChildSupervisorTest, DestructorKillsARunningChild) {
+  Recorder rec;
+  pid_t pid = 0;
+  {
+    auto child = ChildSupervisor::Start(
+        Fake({"--steps", "100000", "--step-ms", "20", "--ignore-term"}), "", rec.Callbacks());
+    ASSERT_TRUE(child.ok());
+    pid = (*child)->pid();
+    ASSERT_GT(pid, 0);
+  }
+  EXPECT_EQ(rec.exits, 1);
+  EXPECT_NE(kill(pid, 0), 0);  // Reaped: the pid no longer exists.
+}
+
+// The child must not outlive an agent killed with SIGKILL (PR_SET_PDEATHSIG).
+TEST(ChildSupervisorTest, ChildDiesWithItsAgent) {
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);  // Orphans come to us to be reaped.
+  char dir_template[] = "/tmp/ulysses-agent-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string pid_file = std::string(dir_template) + "/child.pid";
+  const pid_t agent = fork();
+  ASSERT_GE(agent, 0);
+  if (agent == 0) {
+    auto child = ChildSupervisor::Start(
+        Fake({"--steps", "100000", "--step-ms", "20", "--ignore-term", "--pid-file", pid_file}), "",
+        {});
+    if (!child.ok()) _exit(3);
+    while (true) pause();  // Killed by the test.
+  }
+  pid_t grandchild = 0;
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        std::ifstream in(pid_file);
+        return static_cast<bool>(in >> grandchild) && grandchild > 0;
+      },
+      seconds(10)));
+  ASSERT_EQ(kill(agent, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(agent, &status, 0), agent);
+  // The orphaned grandchild is reparented to us; it must die promptly.
+  bool reaped =
+      PollUntil([&] { return waitpid(grandchild, &status, WNOHANG) == grandchild; }, seconds(10));
+  if (!reaped) kill(grandchild, SIGKILL);
+  EXPECT_TRUE(reaped) << "engine child outlived its killed agent";
+  if (reaped) {
+    EXPECT_TRUE(WIFSIGNALED(status));
+    EXPECT_EQ(WTERMSIG(status), SIGKILL);
+  }
+  std::remove(pid_file.c_str());
+  rmdir(dir_template);
+}
+
+TEST(ChildSupervisorTest, BuildsTheRankArgvOfTheContract) {
+  RankLaunch launch;
+  launch.engine_bin = "/bin/ulysses-train";
+  launch.spec_path = "/w/job.yaml";
+  launch.out_dir = "/w/out";
+  launch.stage = 2;
+  launch.rank = 1;
+  launch.world_size = 4;
+  launch.master_addr = "10.0.0.5";
+  launch.master_port = 29500;
+  launch.device = "cuda:1";
+  launch.overrides = {"spec.stages[0].steps=3"};
+  const std::vector<std::string> expected = {"/bin/ulysses-train",
+                                             "rank",
+                                             "-f",
+                                             "/w/job.yaml",
+                                             "--out",
+                                             "/w/out",
+                                             "--stage",
+                                             "2",
+                                             "--rank",
+                                             "1",
+                                             "--world-size",
+                                             "4",
+                                             "--master-addr",
+                                             "10.0.0.5",
+                                             "--master-port",
+                                             "29500",
+                                             "--device",
+                                             "cuda:1",
+                                             "--set",
+                                             "spec.stages[0].steps=3"};
+  EXPECT_EQ(BuildRankArgv(launch), expected);
+}
+
+}  // namespace
+}  // namespace ulysses::agent

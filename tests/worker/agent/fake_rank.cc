@@ -1,0 +1,182 @@
+// Test-only protocol peer of `ulysses-train rank` for the child supervisor's unit
+// tests: prints the same JSON event lines and uses the same exit codes, without
+// training anything. The end-to-end tests use the real ulysses-train.
+//
+//   fake_rank [--steps N] [--step-ms MS] [--exit CODE] [--ignore-term] [--noise]
+//             [--pid-file PATH] [--set fake.steps=N|fake.step_ms=N|fake.exit=N]
+//             [other rank contract flags, ignored]
+//
+// On SIGTERM it finishes the current step, prints a checkpoint event and exits 75
+// (unless --ignore-term). --noise prints a non-JSON stdout line and stderr lines.
+//
+// Spec mode (to exercise the e2e harness without the engine): when -f names a valid
+// TrainJob, it runs stage --stage for spec.stages[I].steps steps of
+// $FAKE_RANK_STEP_MS (default 100) ms, "commits" checkpoints every
+// spec.checkpoint.every_steps as a step-number file under spec.checkpoint.dir (rank 0),
+// resumes from it, and reports losses that depend only on (stage, step).
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/spec/job_spec_parser.h"
+
+namespace {
+volatile sig_atomic_t g_term = 0;
+void OnTerm(int) { g_term = 1; }
+double Loss(int64_t stage, int64_t step) { return 5.0 / (1.0 + 0.05 * (stage * 100 + step)); }
+
+// Runs one stage from the spec; returns the exit code.
+int RunSpecStage(const ulysses::spec::JobSpec& spec, int64_t stage, int64_t rank) {
+  const char* ms_env = std::getenv("FAKE_RANK_STEP_MS");
+  const int step_ms = ms_env != nullptr ? std::atoi(ms_env) : 100;
+  if (stage < 0 || stage >= static_cast<int64_t>(spec.stages.size())) {
+    std::fprintf(stderr, "--stage: %lld out of range\n", static_cast<long long>(stage));
+    return 2;
+  }
+  const int64_t steps = spec.stages[stage].steps;
+  const int64_t every = spec.checkpoint.every_steps;
+  const std::string marker = spec.checkpoint.dir.empty()
+                                 ? ""
+                                 : spec.checkpoint.dir + "/fake-stage" + std::to_string(stage);
+  int64_t start = 0;
+  if (!marker.empty()) {
+    std::ifstream in(marker);
+    in >> start;
+  }
+  auto commit = [&](int64_t step) {
+    if (rank == 0 && !marker.empty()) {
+      std::ofstream(marker + ".tmp") << step << "\n";
+      std::rename((marker + ".tmp").c_str(), marker.c_str());
+    }
+    std::printf(
+        "{\"event\":\"checkpoint\",\"stage\":%lld,\"step\":%lld,\"path\":\"%s@%lld\","
+        "\"bytes\":42,\"seconds\":0.01}\n",
+        static_cast<long long>(stage), static_cast<long long>(step), marker.c_str(),
+        static_cast<long long>(step));
+    std::fflush(stdout);
+  };
+  for (int64_t step = start + 1; step <= steps; ++step) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+    std::printf(
+        "{\"event\":\"step\",\"stage\":%lld,\"step\":%lld,\"steps\":%lld,\"loss\":%.6f,"
+        "\"tokens_per_s\":1000.0,\"seq_len\":%lld}\n",
+        static_cast<long long>(stage), static_cast<long long>(step), static_cast<long long>(steps),
+        Loss(stage, step), static_cast<long long>(spec.stages[stage].seq_len));
+    std::fflush(stdout);
+    if (g_term) {
+      commit(step);
+      return 75;
+    }
+    if (every > 0 && step % every == 0 && step < steps) commit(step);
+  }
+  commit(steps);
+  std::printf(
+      "{\"event\":\"eval\",\"stage\":%lld,\"seq_len\":%lld,\"loss\":%.6f,"
+      "\"accuracy\":0.5}\n",
+      static_cast<long long>(stage), static_cast<long long>(spec.stages[stage].seq_len),
+      Loss(stage, steps) + 0.1);
+  std::printf("{\"event\":\"done\",\"stage\":%lld}\n", static_cast<long long>(stage));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 3, step_ms = 10, exit_code = 0;
+  bool ignore_term = false, noise = false;
+  std::string pid_file, spec_file;
+  int64_t stage = 0, rank = 0;
+  std::vector<std::string> spec_sets;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : ""; };
+    if (arg == "--steps") {
+      steps = std::atoi(next());
+    } else if (arg == "--step-ms") {
+      step_ms = std::atoi(next());
+    } else if (arg == "--exit") {
+      exit_code = std::atoi(next());
+    } else if (arg == "--ignore-term") {
+      ignore_term = true;
+    } else if (arg == "--noise") {
+      noise = true;
+    } else if (arg == "--pid-file") {
+      pid_file = next();
+    } else if (arg == "-f") {
+      spec_file = next();
+    } else if (arg == "--stage") {
+      stage = std::atoll(next());
+    } else if (arg == "--rank") {
+      rank = std::atoll(next());
+    } else if (arg == "--set") {  // fake.steps=N, fake.step_ms=N, fake.exit=N (assignments)
+      const std::string kv = next();
+      const auto eq = kv.find('=');
+      const std::string key = kv.substr(0, eq);
+      const int value = eq == std::string::npos ? 0 : std::atoi(kv.c_str() + eq + 1);
+      if (key == "fake.steps") steps = value;
+      if (key == "fake.step_ms") step_ms = value;
+      if (key == "fake.exit") exit_code = value;
+      if (key.rfind("spec.", 0) == 0) spec_sets.push_back(kv);
+    }
+  }
+  if (!pid_file.empty()) {
+    FILE* f = std::fopen(pid_file.c_str(), "w");
+    if (f) {
+      std::fprintf(f, "%d\n", static_cast<int>(getpid()));
+      std::fclose(f);
+    }
+  }
+  signal(SIGTERM, ignore_term ? SIG_IGN : OnTerm);
+  if (!spec_file.empty()) {
+    ulysses::spec::ParseOptions options;
+    options.overrides = spec_sets;
+    auto spec = ulysses::spec::LoadJobSpecFile(spec_file, options);
+    if (spec.ok()) return RunSpecStage(*spec, stage, rank);
+  }
+  if (noise) {
+    std::printf("plain text on stdout\n");
+    std::fprintf(stderr, "warming up\n");
+  }
+  for (int step = 1; step <= steps; ++step) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
+    std::printf(
+        "{\"event\":\"step\",\"stage\":0,\"step\":%d,\"steps\":%d,\"loss\":%.3f,"
+        "\"tokens_per_s\":1000.0,\"seq_len\":128}\n",
+        step, steps, 5.0 - 0.1 * step);
+    std::fflush(stdout);
+    if (g_term) {
+      std::printf(
+          "{\"event\":\"checkpoint\",\"stage\":0,\"step\":%d,\"path\":\"/tmp/ckpt/step-%d\","
+          "\"bytes\":42,\"seconds\":0.01}\n",
+          step, step);
+      std::fflush(stdout);
+      std::fprintf(stderr, "preempted at step %d\n", step);
+      return 75;
+    }
+  }
+  if (exit_code == 2) {
+    std::fprintf(stderr, "spec.stages[0].seq_len: 100 is not divisible by sp_degree 3\n");
+    return 2;
+  }
+  if (exit_code != 0) {
+    std::fprintf(stderr, "fake failure\n");
+    return exit_code;
+  }
+  std::printf(
+      "{\"event\":\"checkpoint\",\"stage\":0,\"step\":%d,\"path\":\"/tmp/ckpt/final\","
+      "\"bytes\":42,\"seconds\":0.01}\n",
+      steps);
+  std::printf("{\"event\":\"eval\",\"stage\":0,\"seq_len\":128,\"loss\":4.5,\"accuracy\":0.25}\n");
+  std::printf("{\"event\":\"done\",\"stage\":0}\n");
+  if (noise) std::fprintf(stderr, "finished\n");
+  return 0;
+}

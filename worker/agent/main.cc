@@ -1,0 +1,50 @@
+// ulysses-worker: flags -> WorkerConfig -> WorkerAgent::Run until SIGTERM.
+#include <iostream>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "common/logging.h"
+#include "common/stop.h"
+#include "worker/agent/worker_agent.h"
+
+int main(int argc, char** argv) {
+  ulysses::agent::WorkerConfig config;
+  double grace_s = 30.0;
+  CLI::App app{"ulysses-worker: runs ranks of Ulysses training jobs for a coordinator"};
+  app.add_option("--coordinator", config.coordinator, "Coordinator HOST:PORT")->required();
+  app.add_option("--name", config.name, "Unique worker name (e.g. node3-gpu5)")->required();
+  app.add_option("--device", config.device, "cpu or cuda:N")->capture_default_str();
+  app.add_option("--work-dir", config.work_dir, "Directory for spec files and job output")
+      ->required();
+  app.add_option("--node", config.node_label, "Node / NVLink domain label (default: the name)");
+  app.add_option("--engine-bin", config.engine_bin,
+                 "ulysses-train binary (default: next to this binary)");
+  app.add_option("--grace-period-s", grace_s,
+                 "On SIGTERM: seconds the rank gets to checkpoint before SIGKILL")
+      ->capture_default_str();
+  app.add_option("--advertise-host", config.advertise_host,
+                 "Address other ranks reach this worker on")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  config.grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+  if (absl::Status status = config.Validate(); !status.ok()) {
+    std::cerr << "ulysses-worker: " << status.message() << "\n";
+    return 2;
+  }
+  if (!ulysses::InstallStopSignalHandlers()) {
+    std::cerr << "ulysses-worker: cannot install signal handlers\n";
+    return 1;
+  }
+  ulysses::agent::WorkerAgent agent(config);
+  std::thread([&agent] {
+    ulysses::WaitForStop();
+    ULOG(INFO) << "received signal " << ulysses::StopSignal() << ": draining";
+    agent.RequestShutdown();
+  }).detach();
+  absl::Status status = agent.Run();
+  if (!status.ok()) {
+    std::cerr << "ulysses-worker: " << status << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,661 @@
+#include "worker/agent/worker_agent.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/logging.h"
+#include "grpcpp/grpcpp.h"
+#include "ulysses/v1/worker_service.grpc.pb.h"
+#include "worker/agent/child_supervisor.h"
+
+namespace ulysses::agent {
+namespace {
+
+namespace v1 = ::ulysses::v1;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr char kAgentVersion[] = "0.1.0";
+constexpr size_t kMaxOutbox = 20000;
+constexpr size_t kMaxPendingLogs = 5000;
+constexpr size_t kMaxLinesPerBatch = 500;
+constexpr milliseconds kLogFlushInterval{200};
+constexpr milliseconds kReconnectAbortGrace{2000};
+
+void SetNow(google::protobuf::Timestamp* ts) {
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(now).count();
+  ts->set_seconds(nanos / 1000000000);
+  ts->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+}
+
+bool NeedsAck(const v1::WorkerMessage& msg) { return msg.has_checkpoint() || msg.has_exited(); }
+
+bool SameWork(const v1::WorkRef& a, const v1::WorkRef& b) {
+  return a.job_id() == b.job_id() && a.generation() == b.generation();
+}
+
+std::string RefString(const v1::WorkRef& ref) {
+  return absl::StrCat(ref.job_id(), " gen ", ref.generation(), " stage ", ref.stage(), " rank ",
+                      ref.rank());
+}
+
+// The last non-empty stderr lines (at most two, 500 chars): the job's failure reason.
+std::string LastLines(const std::string& tail) {
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(tail, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (!line.empty()) lines.emplace_back(line);
+  }
+  std::string out;
+  const size_t first = lines.size() > 2 ? lines.size() - 2 : 0;
+  for (size_t i = first; i < lines.size(); ++i) {
+    if (!out.empty()) out += " | ";
+    out += lines[i];
+  }
+  if (out.size() > 500) out = out.substr(out.size() - 500);
+  return out;
+}
+
+std::string DefaultEngineBin() {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return "ulysses-train";
+  return (self.parent_path() / "ulysses-train").string();
+}
+
+}  // namespace
+
+absl::Status WorkerConfig::Validate() {
+  std::vector<std::string> errors;
+  if (coordinator.empty() || coordinator.find(':') == std::string::npos) {
+    errors.push_back(absl::StrCat("--coordinator: \"", coordinator,
+                                  "\" is not HOST:PORT (e.g. --coordinator 127.0.0.1:50051)"));
+  }
+  if (name.empty())
+    errors.push_back("--name: empty (give each worker a unique name, e.g. node3-gpu5)");
+  if (device != "cpu" && !(device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
+                           device.find_first_not_of("0123456789", 5) == std::string::npos)) {
+    errors.push_back(absl::StrCat("--device: \"", device, "\" is not cpu or cuda:N"));
+  }
+  if (work_dir.empty()) {
+    errors.push_back("--work-dir: empty (a writable directory for spec files and job output)");
+  } else {
+    std::error_code ec;
+    fs::create_directories(work_dir, ec);
+    if (ec) {
+      errors.push_back(
+          absl::StrCat("--work-dir: \"", work_dir, "\" cannot be created: ", ec.message()));
+    } else {
+      work_dir = fs::absolute(work_dir).string();
+    }
+  }
+  if (engine_bin.empty()) engine_bin = DefaultEngineBin();
+  if (access(engine_bin.c_str(), X_OK) != 0) {
+    errors.push_back(
+        absl::StrCat("--engine-bin: \"", engine_bin,
+                     "\" is not an executable (build ulysses-train or pass its path)"));
+  }
+  if (advertise_host.empty()) {
+    errors.push_back("--advertise-host: empty (the address other ranks reach this worker on)");
+  }
+  if (grace_period.count() < 0) {
+    errors.push_back(absl::StrCat("--grace-period-s: ", grace_period.count() / 1000.0,
+                                  " is negative (use >= 0; Kubernetes gives 30 by default)"));
+  }
+  if (errors.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(errors, "\n"));
+}
+
+class WorkerAgent::Impl {
+ public:
+  explicit Impl(WorkerConfig config) : config_(std::move(config)) {}
+
+  absl::Status Run();
+  void RequestShutdown() {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  using Stream = grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>;
+
+  void SessionLoop();
+  absl::Status Register();
+  absl::Status RunSession();
+  void WriterLoop(Stream* stream, grpc::ClientContext* ctx);
+  void Handle(const v1::CoordinatorMessage& msg);
+  void HandleAssignment(const v1::Assignment& assignment);
+
+  // All below require mu_ held.
+  void EnqueueLocked(v1::WorkerMessage msg);
+  void FlushLogsLocked();
+  void AddLogLocked(const v1::WorkRef& ref, v1::LogStream stream, std::string text);
+  void NoteLocked(const v1::WorkRef& ref, const std::string& text);
+  void ReportExitLocked(const v1::WorkRef& ref, int exit_code, int signal, bool preempted,
+                        bool aborted, const std::string& error);
+
+  // Child callbacks (supervisor thread).
+  void OnEvent(const v1::WorkRef& ref, const TrainEvent& event);
+  void OnExit(const v1::WorkRef& ref, const ChildResult& result);
+
+  WorkerConfig config_;
+  std::unique_ptr<v1::WorkerService::Stub> stub_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool shutdown_ = false;  // Graceful shutdown requested.
+  bool stopping_ = false;  // Session loop must end.
+  std::string worker_id_;
+  milliseconds heartbeat_interval_{1000};
+  milliseconds liveness_timeout_{15000};  // No message from the coordinator this long: reconnect.
+  Clock::time_point last_received_;
+  std::deque<v1::WorkerMessage> outbox_;            // Not yet written (no seq).
+  std::map<uint64_t, v1::WorkerMessage> inflight_;  // Written, awaiting ack (this session).
+  struct PendingLog {
+    v1::WorkRef ref;
+    v1::LogLine line;
+  };
+  std::deque<PendingLog> logs_;
+  uint64_t seq_ = 0;
+  bool session_broken_ = true;
+  grpc::ClientContext* session_ctx_ = nullptr;
+  std::optional<v1::WorkRef> work_ref_;  // The current assignment while its child runs.
+  bool work_running_ = false;
+  int64_t work_pid_ = 0;
+  std::optional<v1::WorkRef> unacked_exit_;  // Last exit report, until acked.
+  std::unique_ptr<ChildSupervisor> child_;
+};
+
+absl::Status WorkerAgent::Impl::Run() {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  stub_ = v1::WorkerService::NewStub(
+      grpc::CreateCustomChannel(config_.coordinator, grpc::InsecureChannelCredentials(), args));
+  ULOG(INFO) << "ulysses-worker " << config_.name << " (" << config_.device << ", engine "
+             << config_.engine_bin << ") -> coordinator " << config_.coordinator;
+  std::thread session_thread([this] { SessionLoop(); });
+
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return shutdown_; });
+  ChildSupervisor* child = work_running_ ? child_.get() : nullptr;
+  if (child != nullptr) {
+    ULOG(INFO) << "shutting down: preempting " << RefString(*work_ref_) << " (grace "
+               << config_.grace_period.count() / 1000.0 << " s)";
+    NoteLocked(*work_ref_, absl::StrCat("worker ", config_.name,
+                                        " is shutting down: SIGTERM to the rank, grace ",
+                                        config_.grace_period.count() / 1000.0, " s"));
+    v1::WorkerMessage notice;
+    *notice.mutable_preempting()->mutable_ref() = *work_ref_;
+    EnqueueLocked(std::move(notice));
+    child->Stop(StopCause::kPreempt, config_.grace_period);
+    lock.unlock();
+    child->Wait();  // Bounded: the SIGKILL tier fires after the grace.
+    lock.lock();
+  }
+  // Deliver the exit report (and the last logs) before leaving.
+  FlushLogsLocked();
+  const bool drained = cv_.wait_for(lock, config_.report_drain, [&] {
+    return !session_broken_ && outbox_.empty() && inflight_.empty() && logs_.empty();
+  });
+  if (!drained) ULOG(WARNING) << "shutting down with unacknowledged reports";
+  stopping_ = true;
+  if (session_ctx_ != nullptr) session_ctx_->TryCancel();
+  cv_.notify_all();
+  lock.unlock();
+  session_thread.join();
+  child_.reset();
+  ULOG(INFO) << "ulysses-worker " << config_.name << " stopped";
+  return absl::OkStatus();
+}
+
+void WorkerAgent::Impl::SessionLoop() {
+  milliseconds backoff = config_.reconnect_min;
+  std::mt19937 rng(std::random_device{}());
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
+    const auto started = Clock::now();
+    absl::Status status = Register();
+    if (status.ok()) status = RunSession();
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stopping_) return;
+    if (Clock::now() - started > std::chrono::seconds(10)) backoff = config_.reconnect_min;
+    const milliseconds wait(
+        std::uniform_int_distribution<int64_t>(backoff.count() / 2, backoff.count())(rng));
+    ULOG(WARNING) << "coordinator session ended (" << status << "); reconnecting in "
+                  << wait.count() << " ms" << (work_running_ ? " (the rank keeps running)" : "");
+    cv_.wait_for(lock, wait, [&] { return stopping_; });
+    backoff = std::min(backoff * 2, config_.reconnect_max);
+  }
+}
+
+absl::Status WorkerAgent::Impl::Register() {
+  v1::RegisterRequest request;
+  request.set_name(config_.name);
+  request.set_node_label(config_.node_label);
+  request.set_device(config_.device);
+  request.set_host(config_.advertise_host);
+  request.set_capacity(1);
+  request.set_agent_version(kAgentVersion);
+  std::optional<v1::WorkRef> reported;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (work_running_) {
+      *request.mutable_running()->mutable_ref() = *work_ref_;
+      request.mutable_running()->set_pid(work_pid_);
+      reported = *work_ref_;
+    } else if (unacked_exit_.has_value()) {
+      // The rank ended while disconnected: still claim it until its exit report is
+      // acked, or the coordinator would count the rank as vanished.
+      *request.mutable_running()->mutable_ref() = *unacked_exit_;
+    }
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + config_.rpc_deadline);
+  v1::RegisterResponse response;
+  const grpc::Status status = stub_->Register(&ctx, request, &response);
+  if (!status.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        absl::StrCat("Register: ", status.error_message()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  worker_id_ = response.worker_id();
+  if (response.heartbeat_interval_ms() > 0) {
+    heartbeat_interval_ = milliseconds(response.heartbeat_interval_ms());
+  }
+  // Heartbeats ask for an ack, so a silent coordinator means a dead session.
+  liveness_timeout_ = std::max(
+      {milliseconds(response.heartbeat_timeout_ms()), heartbeat_interval_ * 5, milliseconds(3000)});
+  ULOG(INFO) << "registered as " << worker_id_ << " (heartbeat every "
+             << heartbeat_interval_.count() << " ms)"
+             << (reported ? absl::StrCat("; reported running ", RefString(*reported),
+                                         response.keep_running() ? ": keep" : ": abort")
+                          : "");
+  if (reported && !response.keep_running() && work_running_ && SameWork(*work_ref_, *reported)) {
+    NoteLocked(*reported, "coordinator no longer wants this attempt after reconnect: aborting");
+    child_->Stop(StopCause::kAbort, kReconnectAbortGrace);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerAgent::Impl::RunSession() {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + config_.session_max);
+  std::unique_ptr<Stream> stream = stub_->Session(&ctx);
+  v1::WorkerMessage hello;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    seq_ = 1;
+    hello.set_seq(seq_);
+    hello.mutable_hello()->set_worker_id(worker_id_);
+    session_ctx_ = &ctx;
+    session_broken_ = false;
+    last_received_ = Clock::now();
+    if (stopping_) ctx.TryCancel();
+  }
+  std::thread writer;
+  if (stream->Write(hello)) {
+    writer = std::thread([&] { WriterLoop(stream.get(), &ctx); });
+    v1::CoordinatorMessage msg;
+    while (stream->Read(&msg)) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        last_received_ = Clock::now();
+      }
+      Handle(msg);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    session_broken_ = true;
+    cv_.notify_all();
+  }
+  if (writer.joinable()) writer.join();
+  ctx.TryCancel();  // Finish() must not wait for a server that stopped answering.
+  const grpc::Status status = stream->Finish();
+  std::lock_guard<std::mutex> lock(mu_);
+  session_ctx_ = nullptr;
+  // Unacknowledged reports go out again on the next session, in their original order.
+  for (auto it = inflight_.rbegin(); it != inflight_.rend(); ++it) outbox_.push_front(it->second);
+  inflight_.clear();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat("Session: ", status.error_message()));
+}
+
+void WorkerAgent::Impl::WriterLoop(Stream* stream, grpc::ClientContext* ctx) {
+  auto next_heartbeat = Clock::now();
+  while (true) {
+    std::vector<v1::WorkerMessage> batch;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      const auto wake = std::min(next_heartbeat, Clock::now() + kLogFlushInterval);
+      cv_.wait_until(lock, wake, [&] { return session_broken_ || !outbox_.empty(); });
+      if (session_broken_) return;
+      if (Clock::now() - last_received_ > liveness_timeout_) {
+        ULOG(WARNING) << "no message from the coordinator for " << liveness_timeout_.count()
+                      << " ms: reconnecting";
+        ctx->TryCancel();
+        session_broken_ = true;
+        cv_.notify_all();
+        return;
+      }
+      FlushLogsLocked();
+      if (Clock::now() >= next_heartbeat) {
+        v1::WorkerMessage hb;
+        SetNow(hb.mutable_heartbeat()->mutable_sent_at());
+        hb.mutable_heartbeat()->set_request_ack(true);
+        if (work_running_) {
+          *hb.mutable_heartbeat()->mutable_running()->mutable_ref() = *work_ref_;
+          hb.mutable_heartbeat()->mutable_running()->set_pid(work_pid_);
+        }
+        outbox_.push_back(std::move(hb));
+        next_heartbeat = Clock::now() + heartbeat_interval_;
+      }
+      while (!outbox_.empty()) {
+        v1::WorkerMessage msg = std::move(outbox_.front());
+        outbox_.pop_front();
+        msg.set_seq(++seq_);
+        if (NeedsAck(msg)) inflight_[msg.seq()] = msg;
+        batch.push_back(std::move(msg));
+      }
+      cv_.notify_all();  // The shutdown drain watches the outbox.
+    }
+    for (const auto& msg : batch) {
+      if (!stream->Write(msg)) {
+        ctx->TryCancel();  // Wakes the reader; the session is re-established.
+        std::lock_guard<std::mutex> lock(mu_);
+        session_broken_ = true;
+        cv_.notify_all();
+        return;
+      }
+    }
+  }
+}
+
+void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
+  switch (msg.kind_case()) {
+    case v1::CoordinatorMessage::kAssignment:
+      HandleAssignment(msg.assignment());
+      return;
+    case v1::CoordinatorMessage::kAbort: {
+      const v1::Abort& abort = msg.abort();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!work_running_ || !SameWork(*work_ref_, abort.ref())) {
+        ULOG(INFO) << "ignoring abort for " << abort.ref().job_id() << " gen "
+                   << abort.ref().generation() << ": not running it";
+        return;
+      }
+      ULOG(INFO) << "abort " << RefString(*work_ref_) << ": " << abort.reason();
+      NoteLocked(*work_ref_, absl::StrCat("abort from coordinator: ", abort.reason(), " (grace ",
+                                          abort.grace_period_ms(), " ms)"));
+      child_->Stop(StopCause::kAbort, milliseconds(std::max<int64_t>(0, abort.grace_period_ms())));
+      return;
+    }
+    case v1::CoordinatorMessage::kAck: {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (msg.ack().code() != 0) {
+        ULOG(WARNING) << "coordinator rejected report " << msg.ack().seq() << ": code "
+                      << msg.ack().code() << " " << msg.ack().message();
+      }
+      auto it = inflight_.find(msg.ack().seq());
+      if (it != inflight_.end()) {
+        if (it->second.has_exited() && unacked_exit_.has_value() &&
+            SameWork(it->second.exited().ref(), *unacked_exit_)) {
+          unacked_exit_.reset();
+        }
+        inflight_.erase(it);
+      }
+      cv_.notify_all();
+      return;
+    }
+    case v1::CoordinatorMessage::kStop:
+      ULOG(INFO) << "coordinator asked this worker to stop: " << msg.stop().reason();
+      RequestShutdown();
+      return;
+    default:
+      ULOG(WARNING) << "ignoring an unknown coordinator message";
+  }
+}
+
+void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
+  const v1::WorkRef& ref = a.ref();
+  std::unique_lock<std::mutex> lock(mu_);
+  if (shutdown_) {
+    ReportExitLocked(ref, kExitPreempted, 0, /*preempted=*/true, /*aborted=*/false,
+                     "worker is shutting down");
+    return;
+  }
+  if (work_running_ && SameWork(*work_ref_, ref) && work_ref_->rank() == ref.rank()) {
+    ULOG(INFO) << "duplicate assignment for " << RefString(ref) << ": already running";
+    return;
+  }
+  if (child_ != nullptr) {
+    // A finished child is destroyed here; a stale one (the coordinator moved on) is killed.
+    std::unique_ptr<ChildSupervisor> old = std::move(child_);
+    if (work_running_) {
+      ULOG(WARNING) << "new assignment " << RefString(ref) << " replaces running "
+                    << RefString(*work_ref_);
+      NoteLocked(*work_ref_, "replaced by a newer assignment: aborting");
+      old->Stop(StopCause::kAbort, kReconnectAbortGrace);
+    }
+    lock.unlock();
+    old.reset();  // Joins the supervisor thread (its exit report is queued).
+    lock.lock();
+  }
+  const fs::path job_dir = fs::path(config_.work_dir) / "jobs" / ref.job_id();
+  const fs::path attempt_dir =
+      job_dir / absl::StrCat("g", ref.generation(), "-s", ref.stage(), "-r", ref.rank());
+  std::error_code ec;
+  fs::create_directories(attempt_dir, ec);
+  const fs::path spec_path = attempt_dir / "job.yaml";
+  {
+    std::ofstream out(spec_path, std::ios::trunc);
+    out << a.spec_yaml();
+    if (!out.good()) ec = std::make_error_code(std::errc::io_error);
+  }
+  if (ec) {
+    ReportExitLocked(ref, kExitFailure, 0, false, false,
+                     absl::StrCat("worker ", config_.name, " cannot write ", spec_path.string(),
+                                  ": ", ec.message()));
+    return;
+  }
+  RankLaunch launch;
+  launch.engine_bin = config_.engine_bin;
+  launch.spec_path = spec_path.string();
+  launch.out_dir = a.out_dir().empty() ? (job_dir / "out").string() : a.out_dir();
+  launch.stage = ref.stage();
+  launch.rank = ref.rank();
+  launch.world_size = std::max(1, a.world_size());
+  launch.master_addr = a.master_addr().empty() ? config_.advertise_host : a.master_addr();
+  launch.master_port = a.master_port();
+  launch.device = config_.device;
+  launch.overrides.assign(a.overrides().begin(), a.overrides().end());
+
+  ChildCallbacks callbacks;
+  callbacks.on_event = [this, ref](const TrainEvent& event) { OnEvent(ref, event); };
+  callbacks.on_log = [this, ref](const std::string& stream, const std::string& line) {
+    ULOG(DEBUG) << "[" << ref.job_id() << " r" << ref.rank() << " " << stream << "] " << line;
+    std::lock_guard<std::mutex> lock(mu_);
+    AddLogLocked(ref, stream == "stderr" ? v1::LOG_STREAM_STDERR : v1::LOG_STREAM_STDOUT, line);
+  };
+  callbacks.on_exit = [this, ref](const ChildResult& result) { OnExit(ref, result); };
+  auto child = ChildSupervisor::Start(BuildRankArgv(launch), "", std::move(callbacks));
+  if (!child.ok()) {
+    ReportExitLocked(ref, kExitFailure, 0, false, false,
+                     absl::StrCat("worker ", config_.name,
+                                  " cannot start ulysses-train: ", child.status().message()));
+    return;
+  }
+  child_ = std::move(*child);
+  work_ref_ = ref;
+  work_running_ = true;
+  work_pid_ = child_->pid();
+  ULOG(INFO) << "started " << RefString(ref) << " (world " << launch.world_size << ", seq_len "
+             << a.seq_len() << ", master " << launch.master_addr << ":" << launch.master_port
+             << ") as pid " << work_pid_;
+  v1::WorkerMessage started;
+  *started.mutable_started()->mutable_ref() = ref;
+  started.mutable_started()->set_pid(work_pid_);
+  EnqueueLocked(std::move(started));
+  NoteLocked(ref,
+             absl::StrCat("worker ", config_.name, " started rank ", ref.rank(), "/",
+                          launch.world_size, " of stage ", ref.stage(), " (pid ", work_pid_, ")"));
+}
+
+void WorkerAgent::Impl::OnEvent(const v1::WorkRef& ref, const TrainEvent& event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ref.rank() != 0 && event.kind != TrainEvent::Kind::kDone) return;  // Rank 0 speaks.
+  v1::WorkerMessage msg;
+  switch (event.kind) {
+    case TrainEvent::Kind::kStep: {
+      auto* p = msg.mutable_progress();
+      *p->mutable_ref() = ref;
+      p->set_step(event.step);
+      p->set_steps(event.steps);
+      p->set_loss(event.loss);
+      p->set_tokens_per_s(event.tokens_per_s);
+      p->set_seq_len(event.seq_len);
+      break;
+    }
+    case TrainEvent::Kind::kCheckpoint: {
+      auto* c = msg.mutable_checkpoint();
+      *c->mutable_ref() = ref;
+      c->set_path(event.path);
+      c->set_step(event.step);
+      c->set_bytes(event.bytes);
+      c->set_seconds(event.seconds);
+      ULOG(INFO) << "checkpoint committed: " << event.path << " (step " << event.step << ")";
+      break;
+    }
+    case TrainEvent::Kind::kEval: {
+      auto* e = msg.mutable_eval();
+      *e->mutable_ref() = ref;
+      e->set_seq_len(event.seq_len);
+      e->set_loss(event.loss);
+      e->set_accuracy(event.accuracy.value_or(0.0));
+      break;
+    }
+    case TrainEvent::Kind::kDone:
+      NoteLocked(ref, absl::StrCat("rank ", ref.rank(), " finished stage ", event.stage));
+      return;
+  }
+  EnqueueLocked(std::move(msg));
+}
+
+void WorkerAgent::Impl::OnExit(const v1::WorkRef& ref, const ChildResult& result) {
+  const int ws = result.wait_status;
+  const int signal = WIFSIGNALED(ws) ? WTERMSIG(ws) : 0;
+  const int exit_code = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + signal;
+  const bool failed =
+      result.outcome == AttemptOutcome::kFailed || result.outcome == AttemptOutcome::kBadInput;
+  std::string error;
+  if (failed) {
+    error = LastLines(result.stderr_tail);
+    if (error.empty()) error = absl::StrCat("ulysses-train ", result.description);
+  }
+  ULOG(INFO) << RefString(ref) << ": ulysses-train " << result.description << " -> "
+             << AttemptOutcomeName(result.outcome)
+             << (result.sigkilled_by_agent ? " (SIGKILL after the grace period)" : "")
+             << (error.empty() ? "" : ": ") << error;
+  std::lock_guard<std::mutex> lock(mu_);
+  NoteLocked(
+      ref,
+      absl::StrCat("ulysses-train ", result.description, " (", AttemptOutcomeName(result.outcome),
+                   ")", result.sigkilled_by_agent ? ", SIGKILL after the grace period" : ""));
+  ReportExitLocked(ref, exit_code, signal, result.stop_cause == StopCause::kPreempt,
+                   result.stop_cause == StopCause::kAbort, error);
+  if (work_running_ && SameWork(*work_ref_, ref) && work_ref_->rank() == ref.rank()) {
+    work_running_ = false;
+    work_pid_ = 0;
+  }
+  cv_.notify_all();
+}
+
+void WorkerAgent::Impl::ReportExitLocked(const v1::WorkRef& ref, int exit_code, int signal,
+                                         bool preempted, bool aborted, const std::string& error) {
+  v1::WorkerMessage msg;
+  auto* e = msg.mutable_exited();
+  *e->mutable_ref() = ref;
+  e->set_exit_code(exit_code);
+  e->set_signal(signal);
+  e->set_preempted(preempted);
+  e->set_aborted(aborted);
+  e->set_error_message(error);
+  unacked_exit_ = ref;
+  EnqueueLocked(std::move(msg));
+}
+
+void WorkerAgent::Impl::EnqueueLocked(v1::WorkerMessage msg) {
+  FlushLogsLocked();  // Keep log lines ahead of the event that followed them.
+  outbox_.push_back(std::move(msg));
+  if (outbox_.size() > kMaxOutbox) {  // Disconnected for long: drop the oldest droppable.
+    for (auto it = outbox_.begin(); it != outbox_.end(); ++it) {
+      if (!NeedsAck(*it)) {
+        outbox_.erase(it);
+        break;
+      }
+    }
+  }
+  cv_.notify_all();
+}
+
+void WorkerAgent::Impl::AddLogLocked(const v1::WorkRef& ref, v1::LogStream stream,
+                                     std::string text) {
+  PendingLog log;
+  log.ref = ref;
+  SetNow(log.line.mutable_time());
+  log.line.set_rank(ref.rank());
+  log.line.set_generation(ref.generation());
+  log.line.set_stream(stream);
+  log.line.set_text(std::move(text));
+  logs_.push_back(std::move(log));
+  if (logs_.size() > kMaxPendingLogs) logs_.pop_front();
+}
+
+void WorkerAgent::Impl::NoteLocked(const v1::WorkRef& ref, const std::string& text) {
+  AddLogLocked(ref, v1::LOG_STREAM_AGENT, text);
+}
+
+void WorkerAgent::Impl::FlushLogsLocked() {
+  while (!logs_.empty()) {
+    v1::WorkerMessage msg;
+    auto* batch = msg.mutable_logs();
+    *batch->mutable_ref() = logs_.front().ref;
+    while (!logs_.empty() && SameWork(logs_.front().ref, batch->ref()) &&
+           logs_.front().ref.rank() == batch->ref().rank() &&
+           static_cast<size_t>(batch->lines_size()) < kMaxLinesPerBatch) {
+      *batch->add_lines() = std::move(logs_.front().line);
+      logs_.pop_front();
+    }
+    outbox_.push_back(std::move(msg));
+  }
+}
+
+WorkerAgent::WorkerAgent(WorkerConfig config) : impl_(new Impl(std::move(config))) {}
+WorkerAgent::~WorkerAgent() = default;
+absl::Status WorkerAgent::Run() { return impl_->Run(); }
+void WorkerAgent::RequestShutdown() { impl_->RequestShutdown(); }
+
+}  // namespace ulysses::agent

@@ -1,0 +1,70 @@
+// The ulysses-worker daemon: one agent per GPU (or CPU rank).
+//
+// The agent registers with the coordinator, holds one Session stream (heartbeats,
+// progress, logs, checkpoint and exit reports up; assignments, aborts, acks and stop
+// down) and runs each Assignment as a child `ulysses-train rank` process
+// (ChildSupervisor), so a crashing step never takes the agent with it.
+//
+// Failure behaviour:
+// - A broken session (coordinator restart, transient error) never touches the child:
+//   the agent re-registers with backoff, reports what it runs (job, generation, rank)
+//   and keeps or kills the child as the coordinator answers. Reports that need an
+//   ack (checkpoint committed, attempt exited) are resent on the next session.
+// - Abort: SIGTERM to the child, SIGKILL after the abort's grace.
+// - RequestShutdown() (SIGTERM of the agent, or Stop from the coordinator): SIGTERM
+//   to the child, up to grace_period for it to checkpoint and exit 75, SIGKILL after;
+//   the exit is reported as a preemption, then Run() returns.
+//
+// Thread-safety: Run() is called once; RequestShutdown() from any thread.
+#ifndef ULYSSES_WORKER_AGENT_WORKER_AGENT_H_
+#define ULYSSES_WORKER_AGENT_WORKER_AGENT_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace ulysses::agent {
+
+struct WorkerConfig {
+  std::string coordinator;                        // HOST:PORT of the coordinator. Required.
+  std::string name;                               // Unique worker name. Required.
+  std::string device = "cpu";                     // cpu | cuda:N, passed to ulysses-train --device.
+  std::string work_dir;                           // Spec files and job output. Required; created.
+  std::string node_label;                         // Node / NVLink domain label ("" = the name).
+  std::string engine_bin;                         // ulysses-train path ("" = next to this binary).
+  std::string advertise_host = "127.0.0.1";       // Address other ranks reach this worker on.
+  std::chrono::milliseconds grace_period{30000};  // SIGTERM -> SIGKILL on preemption.
+  std::chrono::milliseconds rpc_deadline{5000};   // Deadline of unary RPCs.
+  std::chrono::milliseconds session_max{3600000};  // Deadline of one Session stream.
+  std::chrono::milliseconds reconnect_min{200};    // Reconnect backoff, doubling...
+  std::chrono::milliseconds reconnect_max{5000};   // ... up to this.
+  std::chrono::milliseconds report_drain{5000};    // On shutdown: wait for exit acks.
+
+  // Fills defaults (engine_bin) and checks every field; the message names the flag,
+  // the value and the fix.
+  absl::Status Validate();
+};
+
+class WorkerAgent {
+ public:
+  explicit WorkerAgent(WorkerConfig config);
+  ~WorkerAgent();
+  WorkerAgent(const WorkerAgent&) = delete;
+  WorkerAgent& operator=(const WorkerAgent&) = delete;
+
+  // Runs until shutdown completes. Returns OK after a clean drain.
+  absl::Status Run();
+
+  // Starts the graceful shutdown (preempts the child). Thread-safe, idempotent.
+  void RequestShutdown();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ulysses::agent
+
+#endif  // ULYSSES_WORKER_AGENT_WORKER_AGENT_H_
