@@ -13,12 +13,6 @@ std::string DefaultCoordinator() {
   return env != nullptr && env[0] != '\0' ? env : "127.0.0.1:50051";
 }
 
-void NotAvailable(CliContext& ctx, const std::string& verb) {
-  *ctx.err << "ulyssesctl " << verb << ": not available yet: needs the coordinator ("
-           << ctx.coordinator << ")\n";
-  ctx.exit_code = kExitUnavailable;
-}
-
 void PrintErrorLines(CliContext& ctx, const std::string& prefix, absl::string_view message) {
   for (absl::string_view line : absl::StrSplit(message, '\n')) {
     if (line.empty()) {
@@ -54,7 +48,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       "  ulyssesctl plan -f configs/jobs/llama3-8b-1m.yaml\n"
       "  ulyssesctl submit -f job.yaml --coordinator coord:50051\n"
       "  ulyssesctl get -o json\n"
-      "Exit codes: 0 ok, 1 bad input, 2 needs the coordinator (not available yet).");
+      "Exit codes: 0 ok; 1 bad input, a server error, an unreachable coordinator, or a watched\n"
+      "job that ended FAILED or CANCELLED.");
 
   AddValidateCommand(app, ctx);
   AddPlanCommand(app, ctx);

@@ -2,8 +2,8 @@
 // returns the process exit code; main.cc is a thin wrapper so tests and other
 // tools can run the CLI in-process.
 //
-// Exit codes: 0 success; 1 bad input (invalid spec, unreadable file, usage error);
-// 2 the verb needs the coordinator and is not available in this build.
+// Exit codes: 0 success; 1 bad input (invalid spec, unreadable file, usage error), a
+// server error, an unreachable coordinator, or a watched job that ended FAILED/CANCELLED.
 #ifndef ULYSSES_CLIENT_CLI_H_
 #define ULYSSES_CLIENT_CLI_H_
 
@@ -14,7 +14,6 @@ namespace ulysses::client {
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitBadInput = 1;
-inline constexpr int kExitUnavailable = 2;
 
 // Global options and the streams every verb writes to.
 struct CliContext {

@@ -22,9 +22,6 @@ void AddLogsCommand(CLI::App& app, CliContext& ctx);
 void AddCancelCommand(CLI::App& app, CliContext& ctx);
 void AddResumeCommand(CLI::App& app, CliContext& ctx);
 
-// Prints "ulyssesctl VERB: not available yet: needs the coordinator" and sets exit code 2.
-void NotAvailable(CliContext& ctx, const std::string& verb);
-
 // Prints every line of a multi-line error to ctx.err as "<prefix>: <line>"
 // (no prefix when the line already starts with it).
 void PrintErrorLines(CliContext& ctx, const std::string& prefix, absl::string_view message);

@@ -94,6 +94,9 @@ struct Coordinator::WorkerRt {
   int64_t last_seen_steady = 0;
   std::optional<v1::WorkRef> assigned;          // What we believe it runs (until its exit report).
   std::vector<v1::CoordinatorMessage> pending;  // Queued while no session is open.
+  // The worker announced its own shutdown (SIGTERM: a Kubernetes preemption). It gets no new
+  // work until it registers again, so a requeued job is not placed on a worker about to exit.
+  bool draining = false;
 };
 
 struct Coordinator::JobRt {
@@ -491,7 +494,7 @@ void Coordinator::ScheduleLocked(Txn& txn) {
   });
   std::vector<IdleWorker> idle;
   for (auto& [id, w] : workers_) {
-    if (w->sink != nullptr && w->state == v1::WORKER_STATE_IDLE && !w->assigned) {
+    if (w->sink != nullptr && w->state == v1::WORKER_STATE_IDLE && !w->assigned && !w->draining) {
       idle.push_back({w->rec.id, w->rec.node_label});
     }
   }
@@ -971,6 +974,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
   w.rec.last_seen_ms = NowMs();
   w.last_seen_steady = SteadyMs();
   if (w.state == v1::WORKER_STATE_LOST) w.state = v1::WORKER_STATE_DISCONNECTED;
+  w.draining = false;  // A (re)registering worker process takes new work again.
   Txn txn;
   txn.workers.insert(&w);
   bool keep_running = false;
@@ -1300,6 +1304,7 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
       return;
     }
     case v1::WorkerMessage::kPreempting: {
+      w.draining = true;
       JobRt* job = fence_live(m.preempting().ref());
       if (job == nullptr) return;
       if (job->rec.state == v1::JOB_STATE_RUNNING || job->rec.state == v1::JOB_STATE_SCHEDULING) {

@@ -214,8 +214,10 @@ TEST_F(E2ETest, SigtermToAWorkerCheckpointsAndCountsAsAPreemption) {
   cluster_.StartWorker("w-replacement");
   job = cluster_.WaitForJob(id, Terminal, seconds(300));
   EXPECT_EQ(State(job), "SUCCEEDED") << job.dump(2);
-  // Not asserted: restarts stays 0 afterwards. Today the coordinator may put the draining
-  // worker into the next generation; when it exits that attempt is LOST (a restart).
+  // The draining worker must not have been placed in the next generation (it would exit and
+  // turn that attempt into a LOST restart): the preemption cost no restart.
+  EXPECT_EQ(job["restarts"], 0) << job.dump(2);
+  EXPECT_EQ(job["preemptions"], 1) << job.dump(2);
 }
 
 TEST_F(E2ETest, JobFinishesAcrossACoordinatorKillAndRestart) {
