@@ -74,7 +74,10 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--kv", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch default)")
     a = ap.parse_args()
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     emb = nn.Embedding(a.vocab, a.hidden)
     layers = nn.ModuleList([Layer(a.hidden, a.inter, a.heads, a.kv) for _ in range(a.layers)])

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # One-rank CPU training throughput: ulysses-train vs eager PyTorch 1.13, same model
 # (vocab 256, hidden 256, 4 layers, 8 heads, 4 kv heads, inter 688), seq 2048, fp32.
-# Usage: bench/train_throughput.sh [BUILD_DIR=build] [STEPS=5]
+# Usage: bench/train_throughput.sh [BUILD_DIR=build] [STEPS=5] [THREADS=nproc]
+# Both implementations run with the same number of intra-op threads (OMP_NUM_THREADS).
 # Prints one JSON line per implementation (median step time over steps 2..N).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build}"
 STEPS="${2:-5}"
+THREADS="${3:-$(nproc)}"
+export OMP_NUM_THREADS="$THREADS"
+echo "# threads: $THREADS (both implementations)"
 BIN="$BUILD_DIR/bin/ulysses-train"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
@@ -33,4 +37,4 @@ print(json.dumps({"impl": "ulysses-train", "seq_len": rows[0]["seq_len"],
                   "tokens_per_s": rows[0]["seq_len"] / med,
                   "step_seconds": [r["step_seconds"] for r in rows]}))
 PY
-/usr/bin/python3 bench/train_eager.py --seq 2048 --steps "$STEPS"
+/usr/bin/python3 bench/train_eager.py --seq 2048 --steps "$STEPS" --threads "$THREADS"

@@ -237,9 +237,17 @@ TEST_F(CoordinatorGrpcTest, Exit75CountsAsPreemptionNotFailure) {
   auto abort = first[1].first->WaitAbort();
   ASSERT_TRUE(abort);
   first[1].first->Exited(first[1].second.ref(), 75);
-  auto second = CollectAssignments({&w1, &w2}, 2);
+  // The worker that announced its own shutdown drains: generation 2 waits for a replacement
+  // and never lands on it.
+  FakeWorker* draining = first[0].first;
+  FakeWorker* survivor = first[1].first;
+  FakeWorker& w3 = AddWorker("w3");
+  auto second = CollectAssignments({survivor, &w3}, 2);
   ASSERT_EQ(second.size(), 2u);
   EXPECT_EQ(second[0].second.ref().generation(), 2);
+  EXPECT_EQ(second[1].second.ref().generation(), 2);
+  EXPECT_FALSE(draining->WaitAssignment(std::chrono::milliseconds(200)).has_value())
+      << "work was placed on a draining worker";
   v1::Job job = GetJob(*id);
   EXPECT_EQ(job.preemptions(), 1);
   EXPECT_EQ(job.restarts(), 0);

@@ -163,6 +163,8 @@ TEST(ChildSupervisorTest, PreemptGraceRunOutStillCountsAsPreemption) {
   auto child = ChildSupervisor::Start(
       Fake({"--steps", "100000", "--step-ms", "20", "--ignore-term"}), "", rec.Callbacks());
   ASSERT_TRUE(child.ok());
+  // Its first step means the child has installed its SIGTERM-ignoring handler.
+  ASSERT_TRUE(PollUntil([&] { return rec.Count(TrainEvent::Kind::kStep) >= 1; }, seconds(10)));
   (*child)->Stop(StopCause::kPreempt, seconds(30));
   (*child)->Stop(StopCause::kPreempt, milliseconds(200));  // A later, shorter grace wins.
   auto result = (*child)->Wait(seconds(10));
