@@ -8,6 +8,26 @@
 
 namespace ulysses::client {
 
+bool LoadSpecForVerb(CliContext& ctx, const std::string& file,
+                     const spec::ParseOptions& parse_options, OutputFormat fallback,
+                     OutputFormat* format, spec::JobSpec* job) {
+  absl::StatusOr<OutputFormat> parsed_format = ParseOutputFormat(ctx.output, fallback);
+  if (!parsed_format.ok()) {
+    PrintErrorLines(ctx, "", parsed_format.status().message());
+    ctx.exit_code = kExitBadInput;
+    return false;
+  }
+  absl::StatusOr<spec::JobSpec> loaded = spec::LoadJobSpecFile(file, parse_options);
+  if (!loaded.ok()) {
+    PrintErrorLines(ctx, file, loaded.status().message());
+    ctx.exit_code = kExitBadInput;
+    return false;
+  }
+  *format = *parsed_format;
+  *job = *std::move(loaded);
+  return true;
+}
+
 std::string DefaultCoordinator() {
   const char* env = std::getenv("ULYSSES_COORDINATOR");
   return env != nullptr && env[0] != '\0' ? env : "127.0.0.1:50051";

@@ -54,25 +54,16 @@ nlohmann::ordered_json PlanJson(const std::vector<StagePlan>& plans) {
 }
 
 void RunPlan(CliContext& ctx, const PlanOptions& opts) {
-  absl::StatusOr<OutputFormat> format = ParseOutputFormat(ctx.output, OutputFormat::kTable);
-  if (!format.ok()) {
-    PrintErrorLines(ctx, "", format.status().message());
-    ctx.exit_code = kExitBadInput;
-    return;
-  }
   spec::ParseOptions parse_options;
   parse_options.overrides = opts.overrides;
-  absl::StatusOr<spec::JobSpec> job = spec::LoadJobSpecFile(opts.file, parse_options);
-  if (!job.ok()) {
-    PrintErrorLines(ctx, opts.file, job.status().message());
-    ctx.exit_code = kExitBadInput;
-    return;
-  }
-  const std::vector<StagePlan> plans = PlanJob(*job);
-  switch (*format) {
+  OutputFormat format;
+  spec::JobSpec job;
+  if (!LoadSpecForVerb(ctx, opts.file, parse_options, OutputFormat::kTable, &format, &job)) return;
+  const std::vector<StagePlan> plans = PlanJob(job);
+  switch (format) {
     case OutputFormat::kTable: {
-      const spec::ModelSpec& m = job->model;
-      *ctx.out << "job " << job->metadata.name << ": " << FormatCount(ParameterCount(m))
+      const spec::ModelSpec& m = job.model;
+      *ctx.out << "job " << job.metadata.name << ": " << FormatCount(ParameterCount(m))
                << " parameters, " << m.num_hidden_layers << " layers, " << m.num_attention_heads
                << "q/" << m.num_key_value_heads << "kv heads of dim " << m.head_dim() << ", "
                << m.dtype << "\n";

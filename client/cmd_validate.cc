@@ -39,30 +39,21 @@ void PrintSummary(const spec::JobSpec& s, std::ostream& out) {
 }
 
 void RunValidate(CliContext& ctx, const ValidateOptions& opts) {
-  absl::StatusOr<OutputFormat> format = ParseOutputFormat(ctx.output, OutputFormat::kYaml);
-  if (!format.ok()) {
-    PrintErrorLines(ctx, "", format.status().message());
-    ctx.exit_code = kExitBadInput;
-    return;
-  }
   spec::ParseOptions parse_options;
   parse_options.overrides = opts.overrides;
   parse_options.check_files = opts.check_files;
-  absl::StatusOr<spec::JobSpec> job = spec::LoadJobSpecFile(opts.file, parse_options);
-  if (!job.ok()) {
-    PrintErrorLines(ctx, opts.file, job.status().message());
-    ctx.exit_code = kExitBadInput;
-    return;
-  }
-  switch (*format) {
+  OutputFormat format;
+  spec::JobSpec job;
+  if (!LoadSpecForVerb(ctx, opts.file, parse_options, OutputFormat::kYaml, &format, &job)) return;
+  switch (format) {
     case OutputFormat::kYaml:
-      *ctx.out << spec::ToYaml(*job);
+      *ctx.out << spec::ToYaml(job);
       break;
     case OutputFormat::kJson:
-      *ctx.out << JobSpecToJson(*job).dump(2) << "\n";
+      *ctx.out << JobSpecToJson(job).dump(2) << "\n";
       break;
     case OutputFormat::kTable:
-      PrintSummary(*job, *ctx.out);
+      PrintSummary(job, *ctx.out);
       break;
   }
   ctx.exit_code = kExitOk;

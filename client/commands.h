@@ -9,6 +9,9 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/string_view.h"
 #include "client/cli.h"
+#include "client/output.h"
+#include "common/spec/job_spec.h"
+#include "common/spec/job_spec_parser.h"
 
 namespace ulysses::client {
 
@@ -25,6 +28,12 @@ void AddResumeCommand(CLI::App& app, CliContext& ctx);
 // Prints every line of a multi-line error to ctx.err as "<prefix>: <line>"
 // (no prefix when the line already starts with it).
 void PrintErrorLines(CliContext& ctx, const std::string& prefix, absl::string_view message);
+
+// The shared front of the offline verbs: parses -o (default `fallback`) and loads + validates
+// the spec file. On error prints it (file-prefixed lines), sets kExitBadInput, returns false.
+bool LoadSpecForVerb(CliContext& ctx, const std::string& file,
+                     const spec::ParseOptions& parse_options, OutputFormat fallback,
+                     OutputFormat* format, spec::JobSpec* job);
 
 }  // namespace ulysses::client
 
