@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/failpoint.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -490,8 +491,13 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Checkp
   }
   RETURN_IF_ERROR(Annotate(barrier(), "checkpoint barrier (after shards)"));
 
-  // 3. Rank 0 commits: the manifest is the last file written.
-  if (rank == 0 && status.ok()) status = CommitManifest(dir, state, world);
+  // 3. Rank 0 commits: the manifest is the last file written. The failpoint (tests only,
+  // off unless ULYSSES_FAILPOINT arms it; common/failpoint.h) blocks rank 0 here so a test
+  // can kill the job with every shard on disk and no manifest.
+  if (rank == 0 && status.ok()) {
+    HangAtFailpoint("checkpoint.before_manifest", state.global_step);
+    status = CommitManifest(dir, state, world);
+  }
   RETURN_IF_ERROR(Annotate(barrier(), "checkpoint barrier (after manifest)"));
   if (!status.ok()) return status;
   if (!fs::exists(manifest)) {
