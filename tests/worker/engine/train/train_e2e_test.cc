@@ -6,6 +6,10 @@
 //     uninterrupted run (same layout).
 //   - SIGTERM -> exit 75 with a committed checkpoint; resuming at another sp
 //     degree continues within tolerance of the uninterrupted run.
+//   - kill -9 in the middle of a checkpoint save (shards written, no manifest; held
+//     there by the checkpoint.before_manifest failpoint): the previous checkpoint stays
+//     the latest and loads, a rerun resumes from it bit-identically and re-commits
+//     the half-written step.
 //   - export -> scripts/reference_llama.py loss == ulysses-train eval --init-from.
 //   - bad input: clear message, exit 2, nothing overwritten.
 #include <fcntl.h>
@@ -15,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -26,6 +31,10 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "worker/engine/checkpoint/checkpoint.h"
+
+extern char** environ;
 
 namespace {
 
@@ -53,11 +62,22 @@ struct Proc {
   std::string out, err;
 };
 
-// Starts argv in its own process group, stdout/stderr to files.
-Proc Start(const std::vector<std::string>& argv, const std::string& tag, const fs::path& dir) {
+// Starts argv in its own process group, stdout/stderr to files. `env` ("K=V") is added
+// to this process's environment for the child only (ahead of it, so it wins getenv);
+// ULYSSES_FAILPOINT* is never inherited: only a child given it in `env` gets it.
+Proc Start(const std::vector<std::string>& argv, const std::string& tag, const fs::path& dir,
+           const std::vector<std::string>& env = {}) {
   Proc p;
   p.out = (dir / (tag + ".out")).string();
   p.err = (dir / (tag + ".err")).string();
+  std::vector<char*> args, envp;  // Built before fork: the child does not allocate.
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string(*e).rfind("ULYSSES_FAILPOINT", 0) != 0) envp.push_back(*e);
+  }
+  envp.push_back(nullptr);
   p.pid = fork();
   if (p.pid == 0) {
     setpgid(0, 0);
@@ -65,10 +85,7 @@ Proc Start(const std::vector<std::string>& argv, const std::string& tag, const f
     int e = open(p.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(o, 1);
     dup2(e, 2);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
+    execve(args[0], args.data(), envp.data());
     _exit(127);
   }
   setpgid(p.pid, p.pid);
@@ -160,11 +177,14 @@ class TrainE2eTest : public ::testing::Test {
     return a;
   }
 
-  // step_in_stage -> loss text (the last line written for that step), from metrics.jsonl.
-  std::map<int64_t, double> Losses(const std::string& out) {
+  // step_in_stage -> loss text (the last line written for that step), from metrics.jsonl,
+  // ignoring its first `skip_lines` lines.
+  std::map<int64_t, double> Losses(const std::string& out, size_t skip_lines = 0) {
     std::map<int64_t, double> m;
     std::ifstream f(dir_ / out / "metrics.jsonl");
     std::string line;
+    for (size_t i = 0; i < skip_lines && std::getline(f, line); ++i) {
+    }
     while (std::getline(f, line)) {
       json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded() || j.contains("eval")) continue;  // a line cut by kill -9
@@ -189,6 +209,25 @@ class TrainE2eTest : public ::testing::Test {
       ASSERT_EQ(waitpid(p.pid, &status, WNOHANG), 0) << "exited early: " << ReadFile(p.err);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
+  }
+
+  // Waits (bounded) for `path` to appear, i.e. for an event the process signals by
+  // creating it; false (with a failure recorded) if it exits first or the deadline passes.
+  bool WaitForFile(const fs::path& path, const Proc& p) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!fs::exists(path)) {
+      int status = 0;
+      if (waitpid(p.pid, &status, WNOHANG) != 0) {
+        ADD_FAILURE() << "exited before creating " << path << ": " << ReadFile(p.err);
+        return false;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        ADD_FAILURE() << path << " did not appear: " << ReadFile(p.err);
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
   }
 
   json EvalJson(const Result& r) {
@@ -311,6 +350,103 @@ TEST_F(TrainE2eTest, KillNineAndSigtermResume) {
   EXPECT_EQ(foreign.code, 2) << foreign.err;
   EXPECT_NE(foreign.err.find("spec hash"), std::string::npos) << foreign.err;
   EXPECT_EQ(listing(), before);
+}
+
+// SIGKILL in the middle of a checkpoint save. The checkpoint.before_manifest failpoint
+// (common/failpoint.h) holds rank 0 of a 2-rank run inside the save of step 4 after
+// every shard is on disk and before manifest.json; the test kills the whole process
+// tree as soon as the failpoint's marker file appears (no sleeps), then checks that
+// step 2 is still the latest committed checkpoint and loads, that a rerun of the same
+// command resumes from it with per-step losses bit-identical to an uninterrupted run,
+// and that the rerun re-commits step 4 with the uninterrupted run's tensors.
+TEST_F(TrainE2eTest, KillNineMidCheckpointSaveResumesFromPreviousCommit) {
+  namespace ck = ulysses::engine;
+  const std::vector<std::string> sets = {"spec.parallelism.sp_degree=2", "spec.stages[0].steps=6",
+                                         "spec.checkpoint.every_steps=2",
+                                         "spec.checkpoint.keep_last=3"};
+  Result ref = RunCmd(TrainArgs("ref", sets), dir_, "ref");
+  ASSERT_EQ(ref.code, 0) << ref.err;
+  auto lref = Losses("ref");
+  ASSERT_EQ(lref.size(), 6u);
+
+  const fs::path ckpts = dir_ / "killed" / "checkpoints";
+  const fs::path half = ckpts / ck::StepDirName(4);
+  const fs::path marker = dir_ / "failpoint.hit";
+  std::vector<std::string> argv = {Bin()};
+  for (auto& a : TrainArgs("killed", sets)) argv.push_back(a);
+  Proc p = Start(argv, "killed", dir_,
+                 {"ULYSSES_FAILPOINT=checkpoint.before_manifest@4",
+                  "ULYSSES_FAILPOINT_MARKER=" + marker.string()});
+  const bool hit = WaitForFile(marker, p);
+  kill(-p.pid, SIGKILL);  // Launcher and both ranks: they share the process group.
+  const int killed_code = Wait(p);
+  ASSERT_TRUE(hit);
+  EXPECT_EQ(killed_code, 128 + SIGKILL);
+  const std::string killed_err = ReadFile(p.err);
+  EXPECT_NE(killed_err.find("is ARMED"), std::string::npos) << killed_err;
+  EXPECT_NE(killed_err.find("failpoint checkpoint.before_manifest reached at step 4"),
+            std::string::npos)
+      << killed_err;
+
+  // The kill landed mid-save: both shards of step 4 written, no manifest.
+  EXPECT_TRUE(fs::exists(half / "shard-0-of-2.bin"));
+  EXPECT_TRUE(fs::exists(half / "shard-1-of-2.bin"));
+  EXPECT_FALSE(fs::exists(half / ck::kManifestName));
+  EXPECT_FALSE(fs::exists(half / "manifest.json.tmp"));
+  const size_t lines_before = MetricLines("killed");
+  EXPECT_EQ(lines_before, 4u) << "steps 1-4 were logged before the save of step 4";
+
+  // 1. The previous checkpoint is still the latest committed one, and it is intact.
+  absl::StatusOr<std::string> latest = ck::LatestCommittedCheckpoint(ckpts.string());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(fs::path(*latest).filename().string(), ck::StepDirName(2));
+  absl::StatusOr<ck::CheckpointState> prev = ck::LoadCheckpoint(*latest, "");
+  ASSERT_TRUE(prev.ok()) << prev.status();
+  EXPECT_EQ(prev->global_step, 2);
+  EXPECT_FALSE(prev->stage_complete);
+  EXPECT_EQ(ck::LoadCheckpoint(half.string(), "").status().code(), absl::StatusCode::kNotFound);
+  json ev = EvalJson(RunCmd({"eval", "-f", job_, "--checkpoint", *latest}, dir_, "evalprev"));
+  EXPECT_GT(ev["tokens"].get<int64_t>(), 0);
+
+  // 2. The same command (failpoint off) resumes from step 2 and finishes; the losses it
+  // logs for steps 3-6 are bit-identical to the uninterrupted run's.
+  Result resumed = RunCmd(TrainArgs("killed", sets), dir_, "resumed");
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_EQ(resumed.err.find("failpoint"), std::string::npos) << resumed.err;
+  std::vector<int64_t> steps;
+  std::istringstream events(resumed.out);
+  for (std::string line; std::getline(events, line);) {
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.value("event", "") == "step")
+      steps.push_back(j["step"].get<int64_t>());
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{3, 4, 5, 6}));
+  auto lk = Losses("killed", lines_before);
+  ASSERT_EQ(lk.size(), 4u);
+  for (auto& [step, loss] : lk) EXPECT_EQ(loss, lref[step]) << "step " << step;  // bit-identical
+
+  // 3. The half-written step was re-committed; every checkpoint matches the uninterrupted
+  // run's tensor for tensor (crc32s in the manifest) and has no leftover files.
+  latest = ck::LatestCommittedCheckpoint(ckpts.string());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(fs::path(*latest).filename().string(), ck::StepDirName(6));
+  for (int64_t step : {2, 4, 6}) {
+    const fs::path dir = ckpts / ck::StepDirName(step);
+    absl::StatusOr<ck::CheckpointState> st = ck::LoadCheckpoint(dir.string(), "");
+    ASSERT_TRUE(st.ok()) << st.status();
+    EXPECT_EQ(st->global_step, step);
+    json mk = json::parse(ReadFile((dir / ck::kManifestName).string()));
+    json mr = json::parse(
+        ReadFile((dir_ / "ref" / "checkpoints" / ck::StepDirName(step) / ck::kManifestName)));
+    EXPECT_EQ(mk["tensors"], mr["tensors"]) << "step " << step;
+    EXPECT_EQ(mk["total_bytes"], mr["total_bytes"]) << "step " << step;
+    std::vector<std::string> files;
+    for (auto& e : fs::directory_iterator(dir)) files.push_back(e.path().filename().string());
+    std::sort(files.begin(), files.end());
+    EXPECT_EQ(files,
+              (std::vector<std::string>{"manifest.json", "shard-0-of-2.bin", "shard-1-of-2.bin"}))
+        << dir;
+  }
 }
 
 TEST_F(TrainE2eTest, BadInputIsRejectedWithExit2) {
