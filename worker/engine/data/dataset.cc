@@ -191,15 +191,14 @@ class RandomDataset final : public TokenDataset {
 
 class NeedleDataset final : public TokenDataset {
  public:
-  static constexpr int64_t kBlock = 5;  // KEY/QUERY k1 k2 v1 v2
+  static constexpr int64_t kBlock = 3;  // KEY k v  /  QUERY k v
 
   NeedleDataset(Split split, int64_t vocab_size, uint64_t seed, int64_t validation_sequences)
-      : split_(split), vocab_size_(vocab_size), seed_(seed), validation_(validation_sequences) {
-    const int64_t free = vocab_size - NeedleVocab::kFirstFree;
-    key_begin_ = NeedleVocab::kFirstFree;
-    value_begin_ = key_begin_ + free / 4;
-    filler_begin_ = key_begin_ + free / 2;
-  }
+      : split_(split),
+        vocab_size_(vocab_size),
+        seed_(seed),
+        validation_(validation_sequences),
+        layout_(NeedleLayout::For(vocab_size)) {}
 
   int64_t NumSequences(int64_t seq_len) const override {
     return split_ == Split::kTrain ? -1 : validation_;
@@ -213,68 +212,57 @@ class NeedleDataset final : public TokenDataset {
     if (index < 0 || (split_ == Split::kValidation && index >= validation_)) {
       return absl::OutOfRangeError(absl::StrCat("synthetic index ", index, " out of range"));
     }
-    // Keys and values are distinct within a sequence, so a range of R/4 tokens holds
-    // R/8 pairs.
-    const int64_t max_pairs = std::min<int64_t>(32, (value_begin_ - key_begin_) / 2);
-    // Dense enough that retrieval, not filler, carries the signal: one pair per 64
-    // tokens, and every planted pair is queried (in random order).
-    const int64_t num_pairs = std::clamp<int64_t>(seq_len / 64, 1, max_pairs);
-    const int64_t num_queries = num_pairs;
+    const int64_t num_needles = NeedleLayout::NeedlesFor(layout_, seq_len);
     const int64_t total = seq_len + 1;
-    const int64_t query_begin = total - num_queries * kBlock;
-    const int64_t body = query_begin - 1;  // after BOS
-    const int64_t filler = body - num_pairs * kBlock;
+    const int64_t query_begin = total - num_needles * kBlock;
+    const int64_t filler = query_begin - 1 - num_needles * kBlock;  // after BOS
     Rng rng(StreamSeed(seed_, 0x6e65656400ULL ^ SplitTag(split_), static_cast<uint64_t>(index),
                        static_cast<uint64_t>(seq_len)));
 
-    // Distinct key tokens and distinct value tokens across the sequence (2 each per
-    // pair): every key and value token occurs once in the body, so retrieval is the
-    // classic induction pattern "find the earlier occurrence, copy what follows".
-    auto distinct = [&rng](int64_t begin, int64_t end, int64_t count) {
-      std::vector<int64_t> tokens(end - begin);
-      for (int64_t i = 0; i < end - begin; ++i) tokens[i] = begin + i;
-      for (int64_t i = 0; i < count; ++i) {  // partial Fisher-Yates
-        std::swap(tokens[i], tokens[i + rng.Uniform(end - begin - i)]);
-      }
-      tokens.resize(count);
-      return tokens;
-    };
-    const std::vector<int64_t> key_tokens = distinct(key_begin_, value_begin_, 2 * num_pairs);
-    const std::vector<int64_t> values = distinct(value_begin_, filler_begin_, 2 * num_pairs);
+    // Which keys this sequence plants (all of them once seq_len allows) and the value
+    // each one holds, drawn uniformly from that key's own value range.
+    std::vector<int64_t> keys(layout_.num_keys);
+    for (int64_t k = 0; k < layout_.num_keys; ++k) keys[k] = k;
+    for (int64_t i = 0; i < num_needles; ++i) {  // partial Fisher-Yates: random subset, order
+      std::swap(keys[i], keys[i + rng.Uniform(layout_.num_keys - i)]);
+    }
+    keys.resize(num_needles);
+    std::vector<int64_t> values(num_needles);
+    for (int64_t n = 0; n < num_needles; ++n) {
+      values[n] = layout_.ValueBegin(keys[n]) + rng.Uniform(layout_.values_per_key);
+    }
 
     Sample sample;
     sample.tokens = torch::empty({total}, torch::kInt64);
     int64_t* out = sample.tokens.data_ptr<int64_t>();
     out[0] = NeedleVocab::kBos;
     for (int64_t i = 1; i < query_begin; ++i) {
-      out[i] = filler_begin_ + rng.Uniform(vocab_size_ - filler_begin_);
+      out[i] = layout_.filler_begin + rng.Uniform(vocab_size_ - layout_.filler_begin);
     }
-    // Random depths: split the filler into num_pairs + 1 gaps.
-    std::vector<int64_t> cuts(num_pairs);
+    // Random depths: num_needles sorted cut points split the filler into gaps.
+    std::vector<int64_t> cuts(num_needles);
     for (auto& c : cuts) c = rng.Uniform(filler + 1);
     std::sort(cuts.begin(), cuts.end());
-    auto write_block = [&](int64_t at, int64_t marker, int64_t pair) {
+    auto write_block = [&](int64_t at, int64_t marker, int64_t needle) {
       out[at] = marker;
-      out[at + 1] = key_tokens[2 * pair];
-      out[at + 2] = key_tokens[2 * pair + 1];
-      out[at + 3] = values[2 * pair];
-      out[at + 4] = values[2 * pair + 1];
+      out[at + 1] = layout_.key_begin + keys[needle];
+      out[at + 2] = values[needle];
     };
-    for (int64_t p = 0; p < num_pairs; ++p)
-      write_block(1 + cuts[p] + p * kBlock, NeedleVocab::kKey, p);
-    // Queries: distinct planted pairs in random order.
-    std::vector<int64_t> order(num_pairs);
-    for (int64_t p = 0; p < num_pairs; ++p) order[p] = p;
-    for (int64_t q = 0; q < num_queries; ++q) {
-      std::swap(order[q], order[q + rng.Uniform(num_pairs - q)]);
+    for (int64_t n = 0; n < num_needles; ++n) {
+      write_block(1 + cuts[n] + n * kBlock, NeedleVocab::kKey, n);
+    }
+    // Queries at the end: every planted key once, in an order independent of the depths.
+    std::vector<int64_t> order(num_needles);
+    for (int64_t n = 0; n < num_needles; ++n) order[n] = n;
+    for (int64_t q = 0; q < num_needles; ++q) {
+      std::swap(order[q], order[q + rng.Uniform(num_needles - q)]);
     }
     sample.target_mask = torch::zeros({seq_len}, torch::kBool);
     bool* mask = sample.target_mask.data_ptr<bool>();
-    for (int64_t q = 0; q < num_queries; ++q) {
+    for (int64_t q = 0; q < num_needles; ++q) {
       const int64_t at = query_begin + q * kBlock;
       write_block(at, NeedleVocab::kQuery, order[q]);
-      mask[at + 2] = true;  // input k2, target tokens[at + 3] = v1
-      mask[at + 3] = true;  // input v1, target tokens[at + 4] = v2
+      mask[at + 1] = true;  // input: the queried key; target tokens[at + 2]: its value
     }
     return sample;
   }
@@ -284,10 +272,26 @@ class NeedleDataset final : public TokenDataset {
   const int64_t vocab_size_;
   const uint64_t seed_;
   const int64_t validation_;
-  int64_t key_begin_ = 0, value_begin_ = 0, filler_begin_ = 0;
+  const NeedleLayout layout_;
 };
 
 }  // namespace
+
+NeedleLayout NeedleLayout::For(int64_t vocab_size) {
+  NeedleLayout l;
+  const int64_t free = vocab_size - NeedleVocab::kFirstFree;
+  // Half of the free ids hold keys and their values, half are filler.
+  l.num_keys = std::clamp<int64_t>(free / 8, 1, kMaxKeys);
+  l.values_per_key = std::max<int64_t>(2, (free / 2 - l.num_keys) / l.num_keys);
+  l.key_begin = NeedleVocab::kFirstFree;
+  l.value_begin = l.key_begin + l.num_keys;
+  l.filler_begin = l.value_begin + l.num_keys * l.values_per_key;
+  return l;
+}
+
+int64_t NeedleLayout::NeedlesFor(const NeedleLayout& layout, int64_t seq_len) {
+  return std::clamp<int64_t>(seq_len / 16, 1, layout.num_keys);
+}
 
 absl::StatusOr<std::unique_ptr<TokenDataset>> OpenTokenFile(const std::string& path, Split split,
                                                             int64_t vocab_size, uint64_t seed) {

@@ -9,21 +9,22 @@
 // Errors: a bad file or an out-of-vocabulary token returns a Status naming the
 // file, byte offset, token and vocabulary size; nothing is cached on error.
 //
-// Synthetic "needle" task (long-range key->value retrieval), token ids:
+// Synthetic "needle" task (long-range retrieval), token ids:
 //   0 PAD (unused)   1 BOS   2 KEY   3 (reserved)   4 QUERY   5..7 reserved
-//   keys    : [8, 8 + R/4)          (R = vocab_size - 8)
-//   values  : [8 + R/4, 8 + R/2)
-//   filler  : [8 + R/2, vocab_size)
-// A sequence of s+1 tokens is: BOS, random filler with P pair blocks
-// "KEY k1 k2 v1 v2" planted at random depths, and, at the END, Q query blocks
-// "QUERY k1 k2 v1 v2" asking, in random order, for the values of every planted
-// key (P = clamp(s/64, 1, min(32, R/8)) pairs and as many queries; s=1024 gives 16
-// pairs and 16 queries, 32 scored tokens). All key tokens, and all value tokens, of one sequence
-// are distinct, so the answer is "find where this key token occurred, copy what followed" (an
-// induction pattern) across up to the whole context. target_mask marks exactly the positions whose
-// next-token target is a queried value token (inputs k2 and v1 of each query, 2 per query): loss
-// and accuracy on this task measure retrieval only. Accuracy = fraction of masked positions where
-// argmax == target.
+//   keys    : [8, 8 + K)                       K = NeedleLayout::num_keys (8 at vocab >= 72)
+//   values  : key k owns [value_begin + k*M, value_begin + (k+1)*M)   M = values_per_key
+//   filler  : [filler_begin, vocab_size)       (about half of the ids)
+// A sequence of s+1 tokens is: BOS, uniform random filler with n = min(K, s/16) needles
+// "KEY k v" planted at random depths (distinct keys, v uniform over key k's M values), and,
+// at the END, n queries "QUERY k v", one per planted key in an independent random order.
+// target_mask marks exactly the n positions whose input is a queried key (target: its
+// value), so loss and accuracy on this task measure retrieval only; training also learns
+// from these positions only (filler is random by construction). The value exists once in
+// the sequence, at a random depth, so nothing beats chance (1/M; ln M loss) without
+// attending back across the context. Giving every key its own value range keeps the task to
+// one attention hop (find the token of key k's type) instead of an induction circuit, which
+// a small model learns from scratch in minutes on a CPU (docs/ENGINE.md has the numbers).
+// Accuracy = fraction of masked positions where argmax == target.
 #ifndef ULYSSES_WORKER_ENGINE_DATA_DATASET_H_
 #define ULYSSES_WORKER_ENGINE_DATA_DATASET_H_
 
@@ -62,6 +63,18 @@ struct NeedleVocab {
   static constexpr int64_t kFirstFree = 8;
   static constexpr int64_t kMinVocab = 64;
   static constexpr int64_t kMinSeqLen = 16;
+};
+
+// Where keys, values and filler live for a vocabulary size (>= NeedleVocab::kMinVocab).
+struct NeedleLayout {
+  static constexpr int64_t kMaxKeys = 8;
+  int64_t num_keys = 0;        // K: distinct keys; a sequence plants each at most once.
+  int64_t values_per_key = 0;  // M: chance accuracy is 1/M.
+  int64_t key_begin = 0, value_begin = 0, filler_begin = 0;
+  int64_t ValueBegin(int64_t key) const { return value_begin + key * values_per_key; }
+  static NeedleLayout For(int64_t vocab_size);
+  // Needles (and queries) in one sequence of seq_len tokens: min(K, seq_len / 16), >= 1.
+  static int64_t NeedlesFor(const NeedleLayout& layout, int64_t seq_len);
 };
 
 // Flat little-endian uint32 token file. Train: sequence i is window k = perm_e(i % W)

@@ -5,7 +5,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <numeric>
 #include <set>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -150,12 +153,28 @@ TEST(SyntheticTest, RandomIsDeterministicAndInVocab) {
   EXPECT_NE(unknown.status().message().find("unknown value \"zipf\""), std::string::npos);
 }
 
+TEST(SyntheticTest, NeedleLayoutSplitsTheVocabulary) {
+  const NeedleLayout l = NeedleLayout::For(256);
+  EXPECT_EQ(l.num_keys, 8);
+  EXPECT_EQ(l.values_per_key, 14);  // (248 / 2 - 8) / 8
+  EXPECT_EQ(l.key_begin, 8);
+  EXPECT_EQ(l.value_begin, 16);
+  EXPECT_EQ(l.filler_begin, 16 + 8 * 14);
+  const NeedleLayout small = NeedleLayout::For(NeedleVocab::kMinVocab);
+  EXPECT_EQ(small.num_keys, 7);  // 56 free ids
+  EXPECT_EQ(small.values_per_key, 3);
+  EXPECT_LT(small.filler_begin, NeedleVocab::kMinVocab);
+  EXPECT_EQ(NeedleLayout::NeedlesFor(l, 16), 1);
+  EXPECT_EQ(NeedleLayout::NeedlesFor(l, 64), 4);
+  EXPECT_EQ(NeedleLayout::NeedlesFor(l, 4096), 8);
+}
+
 TEST(SyntheticTest, NeedleStructure) {
   const int64_t vocab = 256, s = 1024;
   auto ds = OpenSynthetic("needle", Split::kTrain, vocab, 11, 8);
   ASSERT_TRUE(ds.ok());
-  const int64_t free = vocab - NeedleVocab::kFirstFree;
-  const int64_t key_begin = 8, value_begin = 8 + free / 4, filler_begin = 8 + free / 2;
+  const NeedleLayout l = NeedleLayout::For(vocab);
+  std::set<int64_t> depths_seen;
   for (int64_t index = 0; index < 20; ++index) {
     auto sample = (*ds)->Get(index, s);
     ASSERT_TRUE(sample.ok());
@@ -166,62 +185,86 @@ TEST(SyntheticTest, NeedleStructure) {
     ASSERT_EQ(tok.size(0), s + 1);
     ASSERT_EQ(sample->target_mask.size(0), s);
     EXPECT_EQ(tok[0].item<int64_t>(), NeedleVocab::kBos);
-    // Collect planted pairs: key (k1,k2) -> (v1,v2).
-    std::map<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>> pairs;
-    std::set<int64_t> key_tokens, value_tokens;
-    int64_t queries = 0, depth_min = s, depth_max = 0;
+    std::map<int64_t, int64_t> planted;  // key -> value
+    std::set<int64_t> queried;
+    std::vector<int64_t> query_order;
     for (int64_t i = 1; i <= s; ++i) {
       const int64_t t = tok[i].item<int64_t>();
       if (t == NeedleVocab::kKey) {
-        const auto k = std::make_pair(tok[i + 1].item<int64_t>(), tok[i + 2].item<int64_t>());
-        EXPECT_TRUE(key_tokens.insert(k.first).second);
-        EXPECT_TRUE(key_tokens.insert(k.second).second);
-        EXPECT_GE(k.first, key_begin);
-        EXPECT_LT(k.second, value_begin);
-        pairs[k] = {tok[i + 3].item<int64_t>(), tok[i + 4].item<int64_t>()};
-        EXPECT_TRUE(value_tokens.insert(pairs[k].first).second);
-        EXPECT_TRUE(value_tokens.insert(pairs[k].second).second);
-        EXPECT_GE(pairs[k].first, value_begin);
-        EXPECT_LT(pairs[k].second, filler_begin);
-        depth_min = std::min(depth_min, i);
-        depth_max = std::max(depth_max, i);
-        i += 4;
+        const int64_t k = tok[i + 1].item<int64_t>(), v = tok[i + 2].item<int64_t>();
+        ASSERT_GE(k, l.key_begin);
+        ASSERT_LT(k, l.value_begin);
+        EXPECT_TRUE(planted.emplace(k, v).second) << "key planted twice";
+        EXPECT_GE(v, l.ValueBegin(k - l.key_begin)) << "value outside its key's range";
+        EXPECT_LT(v, l.ValueBegin(k - l.key_begin + 1));
+        EXPECT_TRUE(queried.empty()) << "needle after the first query";
+        depths_seen.insert(i * 8 / s);
+        i += 2;
       } else if (t == NeedleVocab::kQuery) {
-        const auto k = std::make_pair(tok[i + 1].item<int64_t>(), tok[i + 2].item<int64_t>());
-        ASSERT_TRUE(pairs.count(k)) << "query for a key that was not planted";
-        EXPECT_EQ(tok[i + 3].item<int64_t>(), pairs[k].first);
-        EXPECT_EQ(tok[i + 4].item<int64_t>(), pairs[k].second);
-        EXPECT_TRUE(sample->target_mask[i + 2].item<bool>());
-        EXPECT_TRUE(sample->target_mask[i + 3].item<bool>());
-        ++queries;
-        i += 4;
+        const int64_t k = tok[i + 1].item<int64_t>();
+        ASSERT_TRUE(planted.count(k)) << "query for a key that was not planted";
+        EXPECT_TRUE(queried.insert(k).second) << "key queried twice";
+        query_order.push_back(k);
+        EXPECT_EQ(tok[i + 2].item<int64_t>(), planted[k]);
+        EXPECT_TRUE(sample->target_mask[i + 1].item<bool>());
+        EXPECT_FALSE(sample->target_mask[i].item<bool>());
+        i += 2;
       } else {
-        EXPECT_GE(t, filler_begin) << "position " << i;
+        EXPECT_GE(t, l.filler_begin) << "position " << i;
         EXPECT_LT(t, vocab);
+        if (!queried.empty()) ADD_FAILURE() << "filler after the first query at " << i;
       }
     }
-    EXPECT_EQ(static_cast<int64_t>(pairs.size()), s / 64);
-    EXPECT_EQ(queries, s / 64);
-    EXPECT_EQ(sample->target_mask.sum().item<int64_t>(), 2 * queries);
-    EXPECT_TRUE(sample->target_mask[s - 1].item<bool>());  // the answer ends the sequence
-    EXPECT_LT(depth_min, depth_max);
+    EXPECT_EQ(static_cast<int64_t>(planted.size()), l.num_keys);
+    EXPECT_EQ(queried.size(), planted.size());
+    EXPECT_EQ(sample->target_mask.sum().item<int64_t>(), l.num_keys);
+    EXPECT_TRUE(sample->target_mask[s - 1].item<bool>());  // the last answer ends the sequence
     // Accuracy helper: perfect predictions score 1, shifted-by-one score < 1.
     EXPECT_DOUBLE_EQ(ScoredAccuracy(*sample, tok.slice(0, 1)), 1.0);
     EXPECT_LT(ScoredAccuracy(*sample, tok.slice(0, 0, s)), 1.0);
   }
+  // Over 20 sequences the needles land in every eighth of the context.
+  EXPECT_EQ(depths_seen.size(), 8u);
   // Different indices differ; too-small settings are rejected.
   EXPECT_FALSE(torch::equal((*ds)->Get(0, s)->tokens, (*ds)->Get(1, s)->tokens));
   EXPECT_FALSE((*ds)->Get(0, 8).ok());
   EXPECT_FALSE(OpenSynthetic("needle", Split::kTrain, 32, 1, 1).ok());
   auto small = (*ds)->Get(5, 16);
   ASSERT_TRUE(small.ok());
-  EXPECT_EQ(small->target_mask.sum().item<int64_t>(), 2);
-  // A small vocabulary caps the pairs: 56 free ids -> 14 key ids -> 7 pairs.
-  auto tiny_vocab = OpenSynthetic("needle", Split::kValidation, 64, 1, 1);
+  EXPECT_EQ(small->target_mask.sum().item<int64_t>(), 1);
+  // The smallest vocabulary still plants one needle per key.
+  auto tiny_vocab = OpenSynthetic("needle", Split::kValidation, NeedleVocab::kMinVocab, 1, 1);
   ASSERT_TRUE(tiny_vocab.ok());
   auto capped = (*tiny_vocab)->Get(0, 2048);
   ASSERT_TRUE(capped.ok()) << capped.status();
   EXPECT_EQ(capped->tokens.eq(NeedleVocab::kKey).sum().item<int64_t>(), 7);
+  EXPECT_LT(capped->tokens.max().item<int64_t>(), NeedleVocab::kMinVocab);
+}
+
+TEST(SyntheticTest, NeedleValuesAreUniformOverTheKeysRange) {
+  // Chance accuracy is 1/M only if every value of a key's range is equally likely.
+  const int64_t vocab = 256;
+  auto ds = OpenSynthetic("needle", Split::kTrain, vocab, 3, 0);
+  ASSERT_TRUE(ds.ok());
+  const NeedleLayout l = NeedleLayout::For(vocab);
+  std::vector<int64_t> counts(l.values_per_key, 0);
+  const int64_t n = 1400;
+  for (int64_t index = 0; index < n; ++index) {
+    auto sample = (*ds)->Get(index, 64);
+    ASSERT_TRUE(sample.ok());
+    const auto tok = sample->tokens;
+    for (int64_t i = 1; i < 64; ++i) {
+      if (tok[i].item<int64_t>() == NeedleVocab::kKey && tok[i + 1].item<int64_t>() == l.key_begin) {
+        ++counts[tok[i + 2].item<int64_t>() - l.ValueBegin(0)];
+      }
+    }
+  }
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  ASSERT_GT(total, 400);  // key 0 is planted in about half of the 4-needle sequences
+  for (int64_t c : counts) {
+    EXPECT_GT(c, total / l.values_per_key / 2);
+    EXPECT_LT(c, total / l.values_per_key * 2);
+  }
 }
 
 TEST(OpenDatasetTest, UsesSpec) {
