@@ -5,7 +5,7 @@
 # stage resuming from the last one's checkpoint), watched live to the end; then prints
 # per-stage loss and retrieval accuracy (chance: 1/14). Every process is stopped on exit.
 #
-#   scripts/demo.sh                                   # full demo (~3 minutes on 2 cores)
+#   scripts/demo.sh                                   # full demo (~2 minutes on 2 cores)
 #   scripts/demo.sh --set spec.stages[0].steps=5      # extra --set overrides go to submit
 #
 # Env: ULYSSES_BIN_DIR (default build/bin), SPEC (default configs/jobs/needle-retrieval.yaml),
