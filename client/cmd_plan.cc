@@ -26,8 +26,9 @@ Table PlanTable(const std::vector<StagePlan>& plans) {
     table.AddRow({absl::StrCat(i), absl::StrCat(p.seq_len), absl::StrCat(p.steps),
                   absl::StrCat(p.sp), absl::StrCat(p.dp), absl::StrCat(p.world),
                   absl::StrCat(p.tokens_per_rank), absl::StrCat(p.kv_heads_exchanged),
-                  p.a2a_elements > 0 ? FormatCount(p.a2a_elements) : "?", bytes(p.a2a_bytes),
-                  bytes(p.activation_bytes), bytes(p.model_state_bytes)});
+                  p.sp == 1 ? "0" : (p.a2a_elements > 0 ? FormatCount(p.a2a_elements) : "?"),
+                  p.sp == 1 ? "0" : bytes(p.a2a_bytes), bytes(p.activation_bytes),
+                  bytes(p.model_state_bytes)});
   }
   return table;
 }
@@ -71,7 +72,7 @@ void RunPlan(CliContext& ctx, const PlanOptions& opts) {
       *ctx.out
           << "tokens/rank = N/P; kv_heads = kv heads after replication for the exchange (Hkv');\n"
              "a2a/layer = forward all-to-all elements per layer per rank, "
-             "(2*Hq + 2*Hkv')*D*N/P;\n"
+             "(2*Hq + 2*Hkv')*D*N/P (0 at SP 1: nothing to exchange);\n"
              "activations, model_state = rough per-rank estimates (docs/JOBSPEC.md, Plan)\n";
       break;
     }

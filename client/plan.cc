@@ -83,8 +83,12 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s) {
     p.kv_heads_exchanged = hkv > 0 && hkv % p.sp != 0 ? p.sp : hkv;
     if (shape_known) {
       // q, k, v in (scatter heads) and the attention output back: (2 Hq + 2 Hkv') D N/P.
-      p.a2a_elements = static_cast<double>(2 * m.num_attention_heads + 2 * p.kv_heads_exchanged) *
-                       static_cast<double>(m.head_dim()) * static_cast<double>(p.tokens_per_rank);
+      // SP 1 holds the whole sequence and exchanges nothing.
+      p.a2a_elements =
+          p.sp == 1
+              ? 0
+              : static_cast<double>(2 * m.num_attention_heads + 2 * p.kv_heads_exchanged) *
+                    static_cast<double>(m.head_dim()) * static_cast<double>(p.tokens_per_rank);
       p.a2a_bytes = p.a2a_elements * b;
       p.activation_bytes = ActivationBytes(s, p);
       const double adam = s.parallelism.offload_optimizer ? 0 : 8;  // fp32 m and v

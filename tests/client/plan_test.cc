@@ -32,6 +32,10 @@ TEST(PlanTest, MhaAllToAllIsFourNHOverP) {
   ASSERT_EQ(plans.size(), 1u);
   EXPECT_EQ(plans[0].tokens_per_rank, 1024);
   EXPECT_DOUBLE_EQ(plans[0].a2a_elements, 4.0 * 4096 * 256 / 4);
+  // SP 1 keeps the whole sequence on one rank: no exchange at all.
+  s.parallelism.sp_degree = 1;
+  EXPECT_EQ(PlanJob(s)[0].a2a_elements, 0);
+  EXPECT_EQ(PlanJob(s)[0].a2a_bytes, 0);
 }
 
 TEST(PlanTest, GqaReplicatesKvHeadsWhenSpExceedsThem) {

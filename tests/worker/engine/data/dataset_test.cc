@@ -254,7 +254,8 @@ TEST(SyntheticTest, NeedleValuesAreUniformOverTheKeysRange) {
     ASSERT_TRUE(sample.ok());
     const auto tok = sample->tokens;
     for (int64_t i = 1; i < 64; ++i) {
-      if (tok[i].item<int64_t>() == NeedleVocab::kKey && tok[i + 1].item<int64_t>() == l.key_begin) {
+      if (tok[i].item<int64_t>() == NeedleVocab::kKey &&
+          tok[i + 1].item<int64_t>() == l.key_begin) {
         ++counts[tok[i + 2].item<int64_t>() - l.ValueBegin(0)];
       }
     }

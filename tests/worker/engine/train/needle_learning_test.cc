@@ -48,8 +48,8 @@ TEST(NeedleLearningTest, RetrievalRisesFarAboveChanceAtEveryStage) {
   const std::string cmd = "'" + bin + "' train -f '" + spec + "' --out '" + (dir / "out").string() +
                           "' > '" + (dir / "train.log").string() + "' 2>&1";
   const int status = std::system(cmd.c_str());
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << cmd << "\n" << ReadFile(dir / "train.log");
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << cmd << "\n"
+                                                             << ReadFile(dir / "train.log");
 
   std::ifstream metrics(dir / "out" / "metrics.jsonl");
   ASSERT_TRUE(metrics.good());
