@@ -162,6 +162,10 @@ std::string OutcomeName(v1::AttemptOutcome outcome) {
 std::string WorkerStateName(v1::WorkerState state) {
   return StripPrefix(v1::WorkerState_Name(state), "WORKER_STATE_");
 }
+std::string WorkerStateLabel(const v1::Worker& w) {
+  const std::string state = WorkerStateName(w.state());
+  return w.draining() ? state + ",DRAINING" : state;
+}
 bool IsTerminal(v1::JobState state) {
   return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
          state == v1::JOB_STATE_CANCELLED;
@@ -235,6 +239,7 @@ json WorkerJson(const v1::Worker& w) {
   json j{{"id", w.id()},
          {"name", w.name()},
          {"state", WorkerStateName(w.state())},
+         {"draining", w.draining()},
          {"device", w.device()},
          {"node", w.node_label()},
          {"host", w.host()},
@@ -293,7 +298,7 @@ void PrintWorkersTable(const std::vector<v1::Worker>& workers, std::ostream& out
       running =
           absl::StrCat(ref.job_id(), " g", ref.generation(), " s", ref.stage(), " r", ref.rank());
     }
-    rows.push_back({w.name(), w.id(), WorkerStateName(w.state()), w.device(), w.node_label(),
+    rows.push_back({w.name(), w.id(), WorkerStateLabel(w), w.device(), w.node_label(),
                     w.host(), running, absl::StrFormat("%.1fs ago", w.heartbeat_age_seconds())});
   }
   PrintTable(rows, out);

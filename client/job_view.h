@@ -5,6 +5,8 @@
 // `-o json` objects always carry: id, name, state, reason, stage (index), seq_len,
 // step, steps, restarts, preemptions, failures, last_checkpoint ({path, stage, step}
 // or null), loss. `describe` adds stages[], attempts[], events[], checkpoints[].
+// Workers: id, name, state, draining, device, node, host, heartbeat_age_seconds,
+// running ({job_id, generation, stage, rank}) when busy.
 #ifndef ULYSSES_CLIENT_JOB_VIEW_H_
 #define ULYSSES_CLIENT_JOB_VIEW_H_
 
@@ -23,6 +25,8 @@ std::string JobStateName(ulysses::v1::JobState state);         // "RUNNING"
 std::string StageStateName(ulysses::v1::StageState state);     // "COMPLETED"
 std::string OutcomeName(ulysses::v1::AttemptOutcome outcome);  // "PREEMPTED"
 std::string WorkerStateName(ulysses::v1::WorkerState state);   // "IDLE"
+// The table's STATE: the state, plus ",DRAINING" for a worker that announced its shutdown.
+std::string WorkerStateLabel(const ulysses::v1::Worker& worker);  // "BUSY,DRAINING"
 bool IsTerminal(ulysses::v1::JobState state);
 
 nlohmann::json JobSummaryJson(const ulysses::v1::Job& job);

@@ -1421,6 +1421,7 @@ v1::Worker Coordinator::ToProto(const WorkerRt& w, int64_t now_steady_ms) const 
   p.set_host(w.rec.host);
   p.set_capacity(w.rec.capacity);
   p.set_state(w.state);
+  p.set_draining(w.draining);
   if (w.assigned) *p.mutable_running()->mutable_ref() = *w.assigned;
   SetTime(w.rec.registered_ms, p.mutable_registered_at());
   const int64_t age_ms = std::max<int64_t>(0, now_steady_ms - w.last_seen_steady);

@@ -160,5 +160,25 @@ TEST(JobViewTest, SubmitRejectsABadSpecLocally) {
   EXPECT_TRUE(out.str().empty());
 }
 
+TEST(WorkersViewTest, DrainingWorkersAreMarked) {
+  v1::Worker idle, draining;
+  idle.set_name("gpu-0");
+  idle.set_state(v1::WORKER_STATE_IDLE);
+  draining.set_name("gpu-1");
+  draining.set_state(v1::WORKER_STATE_BUSY);
+  draining.set_draining(true);
+  draining.mutable_running()->mutable_ref()->set_job_id("job-000003");
+  EXPECT_EQ(WorkerStateLabel(idle), "IDLE");
+  EXPECT_EQ(WorkerStateLabel(draining), "BUSY,DRAINING");
+  EXPECT_EQ(WorkerJson(idle)["draining"], false);
+  EXPECT_EQ(WorkerJson(draining)["draining"], true);
+  EXPECT_EQ(WorkerJson(draining)["state"], "BUSY");
+  std::ostringstream out;
+  PrintWorkersTable({idle, draining}, out);
+  const std::string table = out.str();
+  EXPECT_NE(table.find("BUSY,DRAINING"), std::string::npos) << table;
+  EXPECT_EQ(table.find("IDLE,DRAINING"), std::string::npos) << table;
+}
+
 }  // namespace
 }  // namespace ulysses::client

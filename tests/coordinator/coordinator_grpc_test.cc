@@ -248,6 +248,16 @@ TEST_F(CoordinatorGrpcTest, Exit75CountsAsPreemptionNotFailure) {
   EXPECT_EQ(second[1].second.ref().generation(), 2);
   EXPECT_FALSE(draining->WaitAssignment(std::chrono::milliseconds(200)).has_value())
       << "work was placed on a draining worker";
+  // ListWorkers shows which worker drains (ulyssesctl get workers: "IDLE,DRAINING").
+  grpc::ClientContext list_ctx;
+  v1::ListWorkersResponse workers;
+  ASSERT_TRUE(jobs_->ListWorkers(&list_ctx, v1::ListWorkersRequest(), &workers).ok());
+  int draining_seen = 0;
+  for (const v1::Worker& w : workers.workers()) {
+    EXPECT_EQ(w.draining(), w.name() == draining->name()) << w.name();
+    draining_seen += w.draining() ? 1 : 0;
+  }
+  EXPECT_EQ(draining_seen, 1);
   v1::Job job = GetJob(*id);
   EXPECT_EQ(job.preemptions(), 1);
   EXPECT_EQ(job.restarts(), 0);
