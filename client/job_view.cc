@@ -298,8 +298,8 @@ void PrintWorkersTable(const std::vector<v1::Worker>& workers, std::ostream& out
       running =
           absl::StrCat(ref.job_id(), " g", ref.generation(), " s", ref.stage(), " r", ref.rank());
     }
-    rows.push_back({w.name(), w.id(), WorkerStateLabel(w), w.device(), w.node_label(),
-                    w.host(), running, absl::StrFormat("%.1fs ago", w.heartbeat_age_seconds())});
+    rows.push_back({w.name(), w.id(), WorkerStateLabel(w), w.device(), w.node_label(), w.host(),
+                    running, absl::StrFormat("%.1fs ago", w.heartbeat_age_seconds())});
   }
   PrintTable(rows, out);
 }
