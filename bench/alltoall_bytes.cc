@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "worker/engine/parallel/communicator.h"
+#include "worker/engine/parallel/rendezvous_port.h"
 #include "worker/engine/parallel/ulysses_attention.h"
 
 extern char** environ;
@@ -34,16 +35,12 @@ using ulysses::engine::CreateProcessGroups;
 using ulysses::engine::UlyssesAttention;
 
 int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
+  absl::StatusOr<int> port = ulysses::engine::PickRendezvousPort();
+  if (!port.ok()) {
+    std::fprintf(stderr, "%s\n", port.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *port;
 }
 
 int RunRank(int rank, int p, int port, int64_t n, int64_t hq, int64_t hkv, int64_t d) {

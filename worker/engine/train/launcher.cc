@@ -15,26 +15,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/stop.h"
+#include "worker/engine/parallel/rendezvous_port.h"
 
 namespace ulysses::engine::train {
 
-absl::StatusOr<int> PickFreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    int err = errno;
-    close(fd);
-    return absl::InternalError(absl::StrCat("picking a free port: ", std::strerror(err)));
-  }
-  close(fd);
-  return static_cast<int>(ntohs(addr.sin_port));
-}
+absl::StatusOr<int> PickFreePort() { return PickRendezvousPort(); }
 
 std::string SelfExe() {
   char buf[4096];

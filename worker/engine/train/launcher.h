@@ -15,7 +15,8 @@
 
 namespace ulysses::engine::train {
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
+// A rendezvous port for the ranks' TCPStore: PickRendezvousPort (below the ephemeral range,
+// bindable a moment ago; worker/engine/parallel/rendezvous_port.h says why).
 absl::StatusOr<int> PickFreePort();
 
 // Path of the running executable (/proc/self/exe).

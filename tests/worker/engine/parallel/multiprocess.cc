@@ -7,26 +7,24 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <thread>
+
+#include "worker/engine/parallel/rendezvous_port.h"
 
 extern char** environ;
 
 namespace ulysses::testing {
 
 int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
+  absl::StatusOr<int> port = engine::PickRendezvousPort();
+  if (!port.ok()) {
+    std::cerr << "multiprocess: " << port.status() << "\n";
+    std::abort();
+  }
+  return *port;
 }
 
 std::vector<ChildResult> RunChildren(const std::string& scenario, int world,
