@@ -381,6 +381,9 @@ TEST_F(CoordinatorGrpcTest, WatchJobStreamsSnapshotThenEventsAndEnds) {
   ASSERT_TRUE(id.ok());
   std::vector<v1::JobEvent> events;
   grpc::Status final_status;
+  // The worker is driven only once the stream has delivered its snapshot: a watch that
+  // starts after the job ended gets just the snapshot, which is not what this tests.
+  std::promise<void> subscribed;
   std::thread watcher([&] {
     grpc::ClientContext ctx;
     SetDeadlineAfter(&ctx, absl::Seconds(30));
@@ -388,9 +391,16 @@ TEST_F(CoordinatorGrpcTest, WatchJobStreamsSnapshotThenEventsAndEnds) {
     req.set_job_id(*id);
     auto reader = jobs_->WatchJob(&ctx, req);
     v1::JobEvent ev;
-    while (reader->Read(&ev)) events.push_back(ev);
+    bool first = true;
+    while (reader->Read(&ev)) {
+      events.push_back(ev);
+      if (first) subscribed.set_value();
+      first = false;
+    }
+    if (first) subscribed.set_value();  // stream ended without a snapshot: fail below
     final_status = reader->Finish();
   });
+  subscribed.get_future().wait();
   auto a = w1.WaitAssignment();
   ASSERT_TRUE(a);
   w1.Started(a->ref());
