@@ -7,9 +7,7 @@
 //
 //   alltoall_bytes [--P 4] [--N 4096] [--hq 8] [--hkv 8] [--d 64]
 // Prints one table row (rank 0). Spawns P copies of itself (env ULYSSES_BENCH_RANK...).
-#include <netinet/in.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 

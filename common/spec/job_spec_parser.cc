@@ -560,27 +560,17 @@ void ReadSpec(const YAML::Node& node, Reader& r, JobSpec* spec) {
   } else {
     r.Error("spec.model", "missing (add model: {preset: tiny} or the shape fields)");
   }
-  if (m.count("data")) {
-    ReadData(m["data"], r, &spec->data);
-  }
-  if (m.count("parallelism")) {
-    ReadParallelism(m["parallelism"], r, &spec->parallelism);
-  }
-  if (m.count("memory")) {
-    ReadMemory(m["memory"], r, &spec->memory);
-  }
-  if (m.count("optimizer")) {
-    ReadOptimizer(m["optimizer"], r, &spec->optimizer);
-  }
-  if (m.count("stages")) {
-    ReadStages(m["stages"], r, &spec->stages);
-  }
-  if (m.count("checkpoint")) {
-    ReadCheckpoint(m["checkpoint"], r, &spec->checkpoint);
-  }
-  if (m.count("scheduling")) {
-    ReadScheduling(m["scheduling"], r, &spec->scheduling);
-  }
+  // Optional sections: read when present, defaults otherwise.
+  auto section = [&](const char* key, auto read, auto* out) {
+    if (auto it = m.find(key); it != m.end()) read(it->second, r, out);
+  };
+  section("data", ReadData, &spec->data);
+  section("parallelism", ReadParallelism, &spec->parallelism);
+  section("memory", ReadMemory, &spec->memory);
+  section("optimizer", ReadOptimizer, &spec->optimizer);
+  section("stages", ReadStages, &spec->stages);
+  section("checkpoint", ReadCheckpoint, &spec->checkpoint);
+  section("scheduling", ReadScheduling, &spec->scheduling);
   auto seed = m.find("seed");
   if (seed != m.end() && !seed->second.IsNull()) {
     if (!seed->second.IsScalar() || !ParseUint64(seed->second.Scalar(), &spec->seed)) {

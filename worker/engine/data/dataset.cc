@@ -212,7 +212,7 @@ class NeedleDataset final : public TokenDataset {
     if (index < 0 || (split_ == Split::kValidation && index >= validation_)) {
       return absl::OutOfRangeError(absl::StrCat("synthetic index ", index, " out of range"));
     }
-    const int64_t num_needles = NeedleLayout::NeedlesFor(layout_, seq_len);
+    const int64_t num_needles = layout_.NeedlesFor(seq_len);
     const int64_t total = seq_len + 1;
     const int64_t query_begin = total - num_needles * kBlock;
     const int64_t filler = query_begin - 1 - num_needles * kBlock;  // after BOS
@@ -289,8 +289,8 @@ NeedleLayout NeedleLayout::For(int64_t vocab_size) {
   return l;
 }
 
-int64_t NeedleLayout::NeedlesFor(const NeedleLayout& layout, int64_t seq_len) {
-  return std::clamp<int64_t>(seq_len / 16, 1, layout.num_keys);
+int64_t NeedleLayout::NeedlesFor(int64_t seq_len) const {
+  return std::clamp<int64_t>(seq_len / 16, 1, num_keys);
 }
 
 absl::StatusOr<std::unique_ptr<TokenDataset>> OpenTokenFile(const std::string& path, Split split,

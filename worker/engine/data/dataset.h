@@ -74,7 +74,7 @@ struct NeedleLayout {
   int64_t ValueBegin(int64_t key) const { return value_begin + key * values_per_key; }
   static NeedleLayout For(int64_t vocab_size);
   // Needles (and queries) in one sequence of seq_len tokens: min(K, seq_len / 16), >= 1.
-  static int64_t NeedlesFor(const NeedleLayout& layout, int64_t seq_len);
+  int64_t NeedlesFor(int64_t seq_len) const;
 };
 
 // Flat little-endian uint32 token file. Train: sequence i is window k = perm_e(i % W)

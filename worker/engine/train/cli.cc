@@ -15,6 +15,7 @@
 #include "common/spec/job_spec_parser.h"
 #include "common/status.h"
 #include "common/stop.h"
+#include "worker/engine/parallel/rendezvous_port.h"
 #include "worker/engine/train/engine.h"
 #include "worker/engine/train/launcher.h"
 
@@ -148,7 +149,7 @@ int TrainCommand(int argc, char** argv) {
   const std::string self = SelfExe();
   for (size_t stage = first; stage < spec.stages.size(); ++stage) {
     const int world = static_cast<int>(spec.StageWorld(stage));
-    OR_FAIL(port, PickFreePort());
+    OR_FAIL(port, PickRendezvousPort());
     std::vector<std::vector<std::string>> argvs;
     for (int r = 0; r < world; ++r) {
       std::vector<std::string> a = {self,
@@ -203,7 +204,7 @@ int EvalCommand(int argc, char** argv) {
     o.master_port = port;
     o.master_addr = f.Get("--master-addr", "127.0.0.1");
   } else if (nproc > 1) {
-    OR_FAIL(port, PickFreePort());
+    OR_FAIL(port, PickRendezvousPort());
     std::vector<std::vector<std::string>> argvs;
     for (int r = 0; r < nproc; ++r) {
       std::vector<std::string> a(argv, argv + argc);

@@ -1,9 +1,6 @@
 #include "worker/engine/train/launcher.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,11 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/stop.h"
-#include "worker/engine/parallel/rendezvous_port.h"
 
 namespace ulysses::engine::train {
-
-absl::StatusOr<int> PickFreePort() { return PickRendezvousPort(); }
 
 std::string SelfExe() {
   char buf[4096];

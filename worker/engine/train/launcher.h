@@ -15,10 +15,6 @@
 
 namespace ulysses::engine::train {
 
-// A rendezvous port for the ranks' TCPStore: PickRendezvousPort (below the ephemeral range,
-// bindable a moment ago; worker/engine/parallel/rendezvous_port.h says why).
-absl::StatusOr<int> PickFreePort();
-
 // Path of the running executable (/proc/self/exe).
 std::string SelfExe();
 

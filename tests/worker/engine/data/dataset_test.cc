@@ -164,9 +164,9 @@ TEST(SyntheticTest, NeedleLayoutSplitsTheVocabulary) {
   EXPECT_EQ(small.num_keys, 7);  // 56 free ids
   EXPECT_EQ(small.values_per_key, 3);
   EXPECT_LT(small.filler_begin, NeedleVocab::kMinVocab);
-  EXPECT_EQ(NeedleLayout::NeedlesFor(l, 16), 1);
-  EXPECT_EQ(NeedleLayout::NeedlesFor(l, 64), 4);
-  EXPECT_EQ(NeedleLayout::NeedlesFor(l, 4096), 8);
+  EXPECT_EQ(l.NeedlesFor(16), 1);
+  EXPECT_EQ(l.NeedlesFor(64), 4);
+  EXPECT_EQ(l.NeedlesFor(4096), 8);
 }
 
 TEST(SyntheticTest, NeedleStructure) {

@@ -1,9 +1,7 @@
 #include "tests/worker/engine/parallel/multiprocess.h"
 
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 

@@ -22,6 +22,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "worker/engine/data/dataset.h"
+
+namespace ulysses {
 namespace {
 
 namespace fs = std::filesystem;
@@ -75,9 +78,11 @@ TEST(NeedleLearningTest, RetrievalRisesFarAboveChanceAtEveryStage) {
   }
   EXPECT_LT(tail, 0.25 * head) << "training loss did not fall: " << head << " -> " << tail;
 
-  // Vocabulary 256: 8 keys with 14 values each, so chance accuracy is 1/14 and a model
-  // that does not retrieve cannot beat a loss of ln 14 = 2.64 on the answers.
-  const double chance = 1.0 / 14, floor_loss = std::log(14.0);
+  // The job's vocabulary (256) gives 8 keys with 14 values each: chance accuracy is 1/14,
+  // and a model that does not retrieve cannot beat a loss of ln 14 = 2.64 on the answers.
+  const int64_t m = engine::NeedleLayout::For(256).values_per_key;
+  ASSERT_EQ(m, 14);
+  const double chance = 1.0 / m, floor_loss = std::log(static_cast<double>(m));
   const std::vector<int64_t> lengths = {128, 1024, 2048, 4096};
   for (int stage = 0; stage < 4; ++stage) {
     const json& e = evals[stage];
@@ -90,3 +95,4 @@ TEST(NeedleLearningTest, RetrievalRisesFarAboveChanceAtEveryStage) {
 }
 
 }  // namespace
+}  // namespace ulysses

@@ -24,6 +24,7 @@
 #include "worker/engine/data/sharding.h"
 #include "worker/engine/model/llama.h"
 #include "worker/engine/parallel/communicator.h"
+#include "worker/engine/parallel/rendezvous_port.h"
 #include "worker/engine/parallel/ulysses_attention.h"
 #include "worker/engine/train/launcher.h"
 
@@ -109,7 +110,7 @@ struct ChildDispatch {
 
 // Runs `world` ranks; returns [loss_sum/count..., grads] from rank 0.
 std::vector<torch::Tensor> RunRanks(int world, bool memopts) {
-  auto port = PickFreePort();
+  auto port = PickRendezvousPort();
   EXPECT_TRUE(port.ok());
   std::string out = (std::filesystem::temp_directory_path() /
                      ("spx-" + std::to_string(getpid()) + "-" + std::to_string(world) + ".pt"))
@@ -163,7 +164,6 @@ void ExpectEqualResults(const std::vector<torch::Tensor>& a, const std::vector<t
     EXPECT_LE((a[i] - b[i]).abs().max().item<double>(), 1e-10 * scale);
   }
 }
-
 
 TEST(SpExactnessTest, LossAndEveryGradientMatchAcrossSpDegrees) {
   auto sp1 = RunRanks(1, false);
