@@ -1,10 +1,11 @@
 #include "worker/engine/parallel/attention.h"
 
-#include <torch/version.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+
+#include "worker/engine/torch_compat.h"
 
 namespace ulysses::engine {
 namespace {
@@ -151,24 +152,90 @@ void CheckShapes(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
               "CausalAttention: q, k, v dtypes differ");
 }
 
+#if ULYSSES_TORCH_HAS_SDPA
+// q, k, v in SDPA's [b, h, s, d] layout; gqa: k/v hold the kv heads unrepeated (enable_gqa).
+struct SdpaInputs {
+  torch::Tensor q, k, v;
+  bool gqa = false;
+};
+
+// sdp::SDPBackend values (ATen/native/transformers/sdp_utils_cpp.h).
+constexpr int64_t kSdpaMath = 0;
+
+int64_t SdpaChoice(const SdpaInputs& in) {
+#if ULYSSES_TORCH_HAS_SDPA_GQA
+  return at::_fused_sdp_choice(in.q, in.k, in.v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                               /*is_causal=*/true, /*scale=*/std::nullopt, in.gqa);
+#else
+  return at::_fused_sdp_choice(in.q, in.k, in.v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                               /*is_causal=*/true);
+#endif
+}
+
+// q [b, s, hq, d], k/v [b, s, hkv, d] -> SDPA's [b, h, s, d] views. kv heads are shared by their
+// query group (enable_gqa, libtorch >= 2.5) when a fused kernel takes them so, and repeated to the
+// query head count otherwise (never the math kernel's O(s^2) memory just for GQA).
+SdpaInputs ToSdpaLayout(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  const int64_t g = q.size(2) / k.size(2);
+  SdpaInputs in;
+  in.q = q.transpose(1, 2);
+  in.k = k.transpose(1, 2);
+  in.v = v.transpose(1, 2);
+  if (g == 1) return in;
+#if ULYSSES_TORCH_HAS_SDPA_GQA
+  in.gqa = true;
+  if (SdpaChoice(in) != kSdpaMath) return in;
+  in.gqa = false;
+#endif
+  in.k = k.repeat_interleave(g, 2).transpose(1, 2);
+  in.v = v.repeat_interleave(g, 2).transpose(1, 2);
+  return in;
+}
+
+torch::Tensor SdpaCausal(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  SdpaInputs in = ToSdpaLayout(q, k, v);
+#if ULYSSES_TORCH_HAS_SDPA_GQA
+  torch::Tensor o = at::scaled_dot_product_attention(in.q, in.k, in.v, /*attn_mask=*/{},
+                                                     /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                     /*scale=*/std::nullopt, in.gqa);
+#else
+  torch::Tensor o = at::scaled_dot_product_attention(in.q, in.k, in.v, /*attn_mask=*/{},
+                                                     /*dropout_p=*/0.0, /*is_causal=*/true);
+#endif
+  return o.transpose(1, 2).contiguous();  // [b, h, s, d] -> [b, s, h, d]
+}
+#endif
+
 }  // namespace
+
+std::string SdpaBackendFor(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+#if ULYSSES_TORCH_HAS_SDPA
+  if (q.is_cuda()) {
+    const int64_t choice = SdpaChoice(ToSdpaLayout(q, k, v));
+    switch (choice) {
+      case kSdpaMath:
+        return "math";
+      case 1:
+        return "flash";
+      case 2:
+        return "efficient";
+      case 3:
+        return "cudnn";
+      default:
+        return "backend-" + std::to_string(choice);
+    }
+  }
+#endif
+  return "blockwise";
+}
 
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const AttentionOptions& opts) {
   CheckShapes(q, k, v);
   TORCH_CHECK(opts.block_size > 0, "AttentionOptions.block_size: ", opts.block_size,
               " must be > 0");
-#if TORCH_VERSION_MAJOR >= 2
-  if (q.is_cuda()) {
-    const int64_t g = q.size(2) / k.size(2);
-    // [b, s, h, d] -> [b, h, s, d]; kv heads repeated to the query head count.
-    auto qh = q.transpose(1, 2);
-    auto kh = (g == 1 ? k : k.repeat_interleave(g, 2)).transpose(1, 2);
-    auto vh = (g == 1 ? v : v.repeat_interleave(g, 2)).transpose(1, 2);
-    auto o = at::scaled_dot_product_attention(qh, kh, vh, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                              /*is_causal=*/true);
-    return o.transpose(1, 2).contiguous();  // [b, h, s, d] -> [b, s, h, d]
-  }
+#if ULYSSES_TORCH_HAS_SDPA
+  if (q.is_cuda()) return SdpaCausal(q, k, v);
 #endif
   if (q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16) {
     return BlockwiseCausalAttention::apply(q.to(torch::kFloat), k.to(torch::kFloat),

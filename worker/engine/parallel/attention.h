@@ -6,7 +6,9 @@
 //    q, k, v, out and the per-row logsumexp and recomputes score blocks in backward (flash-style).
 //    It never builds an [s, s] matrix. fp32 and fp64 are computed natively; fp16/bf16 are computed
 //    in fp32 and cast back. GQA is handled by grouping query heads per kv head (kv never repeated).
-//  - CUDA tensors with libtorch >= 2: at::scaled_dot_product_attention(is_causal=true).
+//  - CUDA tensors with libtorch >= 2: at::scaled_dot_product_attention(is_causal=true), which
+//    dispatches to a fused kernel (flash / memory-efficient / cuDNN; SdpaBackendFor() names the
+//    one it picks). GQA passes kv heads unrepeated (enable_gqa) where libtorch supports it (2.5+).
 // Pure function: no state, thread-safe. Throws c10::Error on bad shapes.
 #ifndef ULYSSES_WORKER_ENGINE_PARALLEL_ATTENTION_H_
 #define ULYSSES_WORKER_ENGINE_PARALLEL_ATTENTION_H_
@@ -14,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 
 namespace ulysses::engine {
 
@@ -24,6 +27,11 @@ struct AttentionOptions {
 
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v, const AttentionOptions& opts);
+
+// The SDPA backend libtorch's dispatcher picks for these q, k, v (causal, no mask): "flash",
+// "efficient", "cudnn", "math", ...; "blockwise" where CausalAttention does not use SDPA (CPU
+// tensors, or libtorch < 2).
+std::string SdpaBackendFor(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
 
 // The naive reference: full [s, s] scores, masked softmax (tests and benchmarks only).
 torch::Tensor NaiveCausalAttention(const torch::Tensor& q, const torch::Tensor& k,

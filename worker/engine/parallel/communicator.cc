@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "worker/engine/parallel/gloo_communicator.h"
+#include "worker/engine/parallel/host_staging_communicator.h"
 #ifdef ULYSSES_HAVE_CUDA
 #include "worker/engine/parallel/nccl_communicator.h"
 #endif
@@ -76,12 +77,6 @@ absl::Status ValidateCommConfig(const CommConfig& c) {
     return absl::InvalidArgumentError(
         absl::StrCat("comm.device: '", c.device, "' is not cpu or cuda:N"));
   }
-  if (c.backend == "gloo" && dev != -1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("comm.device: '", c.device,
-                     "' with backend gloo; gloo here handles CPU tensors: use cpu "
-                     "or backend nccl"));
-  }
   if (c.backend == "nccl" && dev < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("comm.device: '", c.device, "' with backend nccl; use cuda:N"));
@@ -127,8 +122,12 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const CommConfig& config) {
                                               config.timeout);
     }
 #endif
-    return internal::CreateGlooCommunicator(store, name, r, n, config.timeout,
-                                            IsLoopback(config.master_addr));
+    ASSIGN_OR_RETURN(std::unique_ptr<Communicator> gloo,
+                     internal::CreateGlooCommunicator(store, name, r, n, config.timeout,
+                                                      IsLoopback(config.master_addr)));
+    // Gloo here reduces CPU tensors; ranks on a GPU stage theirs through host memory.
+    if (ParseDevice(config.device) >= 0) return internal::WrapWithHostStaging(std::move(gloo));
+    return gloo;
   };
   // Same construction order on every rank: world, then sp, then dp.
   ASSIGN_OR_RETURN(groups.world, make("world", rank, world));

@@ -4,8 +4,9 @@
 // CreateProcessGroups() rendezvouses every rank through a c10d TCPStore (rank 0 hosts it at
 // master_addr:master_port) and builds three groups over it:
 //   world: all ranks;  sp: contiguous ranks [g*sp, (g+1)*sp);  dp: ranks with equal sp_rank.
-// Backends: "gloo" (CPU tensors, libtorch's c10d ProcessGroupGloo) and "nccl" (CUDA tensors, raw
-// NCCL; only when built with ULYSSES_HAVE_CUDA).
+// Backends: "gloo" (libtorch's c10d ProcessGroupGloo; with a cuda:N device, CUDA tensors are staged
+// through host memory, which lets several ranks share one GPU) and "nccl" (CUDA tensors, raw NCCL;
+// only when built with ULYSSES_HAVE_CUDA; one rank per GPU).
 //
 // Ownership: ProcessGroups owns its communicators; they share the store. Thread-safety: a
 // Communicator is thread-compatible (one thread issues its collectives, in the same order on every
@@ -40,7 +41,7 @@ struct CommConfig {
   int sp_size = 1;
   // Rendezvous and every collective fail with a Status after this long.
   std::chrono::milliseconds timeout{60000};
-  // "cpu" or "cuda:N" (nccl needs cuda:N, gloo needs cpu).
+  // "cpu" or "cuda:N" (nccl needs cuda:N; gloo takes either).
   std::string device = "cpu";
 };
 

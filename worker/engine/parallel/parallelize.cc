@@ -24,15 +24,11 @@ absl::StatusOr<ParallelRuntime> Parallelize(const ParallelConfig& config) {
         absl::StrCat("--device: '", config.device, "' is not a device (use cpu or cuda:N)"));
   }
   std::string backend = config.backend;
-  if (backend == "auto") {
-    backend = rt.device.is_cuda() && config.ranks_per_device <= 1 ? "nccl" : "gloo";
+  if (backend != "auto" && backend != "gloo" && backend != "nccl") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend: '", backend, "' is not auto, gloo or nccl"));
   }
-  if (backend == "nccl" && config.ranks_per_device > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "backend nccl: ", config.ranks_per_device,
-        " ranks share one GPU and NCCL refuses duplicate devices (use backend gloo or one GPU per "
-        "rank)"));
-  }
+  if (backend == "auto") backend = rt.device.is_cuda() ? "nccl" : "gloo";
   CommConfig comm;
   comm.backend = backend;
   comm.master_addr = config.master_addr;

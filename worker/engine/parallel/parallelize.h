@@ -7,8 +7,8 @@
 // [b, s/p, hkv, d] -> [b, s/p, hq, d]). The model (worker/engine/model) knows nothing about
 // either; the training loop (worker/engine/train) ties them together.
 //
-// Backend choice: "auto" picks NCCL when the device is CUDA and every rank has its own GPU
-// (NCCL refuses two ranks on one device), Gloo otherwise (Gloo stages CUDA tensors through host
+// Backend choice: "auto" picks NCCL on a CUDA device and Gloo on the CPU; ranks that share one GPU
+// must ask for "gloo" (NCCL refuses two ranks on one device; Gloo stages CUDA tensors through host
 // memory). Errors name the field and the fix. A ParallelRuntime owns its communicators; the
 // attention callback borrows the SP communicator and must not outlive the runtime.
 #ifndef ULYSSES_WORKER_ENGINE_PARALLEL_PARALLELIZE_H_
@@ -37,8 +37,6 @@ struct ParallelConfig {
   int master_port = 0;
   std::string device = "cpu";    // cpu | cuda:N
   std::string backend = "auto";  // auto | gloo | nccl
-  // Ranks sharing this rank's GPU (1 when each rank has its own); > 1 forces Gloo under "auto".
-  int ranks_per_device = 1;
   std::chrono::milliseconds timeout{60000};
 };
 

@@ -7,9 +7,11 @@
 #include <string>
 #include <vector>
 
+#include <torch/cuda.h>
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/spec/job_spec_parser.h"
@@ -24,12 +26,14 @@ namespace {
 
 constexpr char kUsage[] =
     "usage:\n"
-    "  ulysses-train train  -f JOB.yaml [--nproc N] [--out DIR] [--set spec.path=value ...]\n"
+    "  ulysses-train train  -f JOB.yaml [--nproc N] [--out DIR] [--device cpu|cuda|cuda:N]"
+    " [--set spec.path=value ...]\n"
     "  ulysses-train eval   -f JOB.yaml [--nproc N] [--checkpoint DIR | --init-from HFDIR]"
     " [--seq-len T]\n"
     "  ulysses-train export --checkpoint DIR --hf-out DIR\n"
     "  ulysses-train rank   -f JOB.yaml --out DIR --stage I --rank R --world-size W"
-    " --master-addr HOST --master-port PORT [--device cpu|cuda:N] [--set ...]\n";
+    " --master-addr HOST --master-port PORT [--device cpu|cuda:N] [--backend auto|gloo|nccl]"
+    " [--set ...]\n";
 
 struct Flags {
   std::map<std::string, std::string> values;
@@ -95,6 +99,47 @@ int Fail(const absl::Status& s) {
   return ExitCodeFor(s);
 }
 
+// Where the local launcher puts its ranks: all on the CPU, or round-robin over the visible GPUs.
+// When ranks outnumber GPUs they share devices and talk Gloo (NCCL refuses two ranks on one GPU).
+struct RankDevice {
+  std::string device;
+  std::string backend;
+};
+struct LocalDevicePlan {
+  bool cuda = false;
+  int first = 0;  // cuda:N pins every rank to GPU N
+  int count = 0;  // GPUs to spread over (0 for cpu)
+  RankDevice For(int rank, int world) const {
+    if (!cuda) return {"cpu", "auto"};
+    const int index = first + rank % count;
+    return {absl::StrCat("cuda:", index), world > count ? "gloo" : "auto"};
+  }
+};
+
+absl::StatusOr<LocalDevicePlan> LocalDevices(const std::string& device) {
+  LocalDevicePlan plan;
+  if (device == "cpu") return plan;
+  const int visible = static_cast<int>(torch::cuda::device_count());
+  int index = -1;
+  if (device != "cuda" && !(absl::StartsWith(device, "cuda:") &&
+                            absl::SimpleAtoi(device.substr(5), &index) && index >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: '", device, "' is not cpu, cuda or cuda:N"));
+  }
+  if (visible == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: '", device, "' but no CUDA device is visible (use --device cpu)"));
+  }
+  if (index >= visible) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: '", device, "' but only ", visible, " CUDA devices are visible"));
+  }
+  plan.cuda = true;
+  plan.first = index < 0 ? 0 : index;
+  plan.count = index < 0 ? visible : 1;
+  return plan;
+}
+
 #define OR_FAIL(lhs, expr)                            \
   auto lhs##_or = (expr);                             \
   if (!lhs##_or.ok()) return Fail(lhs##_or.status()); \
@@ -103,7 +148,7 @@ int Fail(const absl::Status& s) {
 int RankCommand(int argc, char** argv) {
   OR_FAIL(f, ParseFlags(argc, argv, 2,
                         {"-f", "--out", "--stage", "--rank", "--world-size", "--master-addr",
-                         "--master-port", "--device", "--set"}));
+                         "--master-port", "--device", "--backend", "--set"}));
   RankOptions o;
   OR_FAIL(job, Required(f, "-f"));
   OR_FAIL(out, Required(f, "--out"));
@@ -119,6 +164,7 @@ int RankCommand(int argc, char** argv) {
   o.master_port = port;
   o.master_addr = f.Get("--master-addr", "127.0.0.1");
   o.device = f.Get("--device", "cpu");
+  o.backend = f.Get("--backend", "auto");
   o.overrides = f.sets;
   if (world > 1 && port <= 0) {
     return Fail(absl::InvalidArgumentError("--master-port: required when --world-size > 1"));
@@ -129,7 +175,7 @@ int RankCommand(int argc, char** argv) {
 }
 
 int TrainCommand(int argc, char** argv) {
-  OR_FAIL(f, ParseFlags(argc, argv, 2, {"-f", "--nproc", "--out", "--set"}));
+  OR_FAIL(f, ParseFlags(argc, argv, 2, {"-f", "--nproc", "--out", "--device", "--set"}));
   OR_FAIL(job, Required(f, "-f"));
   OR_FAIL(nproc, IntFlag(f, "--nproc", 0));
   spec::ParseOptions popts;
@@ -143,6 +189,7 @@ int TrainCommand(int argc, char** argv) {
     }
   }
   std::string out = f.Get("--out", (std::filesystem::path("runs") / spec.metadata.name).string());
+  OR_FAIL(devices, LocalDevices(f.Get("--device", "cpu")));
   OR_FAIL(first_stage, FirstStageToRun(spec, out));
   const size_t first = static_cast<size_t>(first_stage);
   InstallStopSignalHandlers();
@@ -168,6 +215,11 @@ int TrainCommand(int argc, char** argv) {
                                     "127.0.0.1",
                                     "--master-port",
                                     std::to_string(port)};
+      const RankDevice d = devices.For(r, world);
+      for (const std::string& flag :
+           {std::string("--device"), d.device, std::string("--backend"), d.backend}) {
+        a.push_back(flag);
+      }
       for (const auto& s : f.sets) {
         a.push_back("--set");
         a.push_back(s);

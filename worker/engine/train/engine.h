@@ -49,7 +49,8 @@ struct RankOptions {
   int world_size = 1;                  // --world-size W (must be sp x dp of the stage)
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
-  std::string device = "cpu";  // cpu | cuda:N
+  std::string device = "cpu";    // cpu | cuda:N
+  std::string backend = "auto";  // auto | gloo | nccl (parallelize.h)
 };
 
 struct RankOutcome {
