@@ -73,7 +73,9 @@ do_build() {
 do_tests() {
   local rc=0
   (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 600) > "$RESULTS/tests.log" 2>&1 || rc=1
-  (cd "$BUILD" && ctest -j8 -LE gpu --timeout 600) >> "$RESULTS/tests.log" 2>&1 || rc=1
+  # The CPU-rank engine tests against this libtorch (CI runs them against Debian's 1.13).
+  (cd "$BUILD" && ctest -j8 -LE gpu -E "${CPU_TESTS_EXCLUDE:-needle}" --output-on-failure \
+     --timeout 600) >> "$RESULTS/tests.log" 2>&1 || rc=1
   grep -E "INFO|tests passed|Passed|Failed|SKIPPED|Skipped|\*\*\*" "$RESULTS/tests.log" | tail -n 60 >&2
   return $rc
 }
