@@ -7,7 +7,11 @@
 #   build     scripts/gpu/build_engine.sh build-gpu                  -> build.log (tail)
 #   facts     scripts/gpu/machine_facts.sh                           -> machine.txt
 #   tests     ctest -L gpu, then the other engine tests (CPU ranks)  -> tests.log
+#   gputests  ctest -L gpu only                                      -> tests.log
+#   diag      a backtrace of each crashing engine test (cuda-gdb)      -> diag.log
 #   throughput engine_bench and hf_bench at 8k, 32k, 128k            -> results.jsonl
+#             (the engine with activation checkpointing; tiled loss only where the full logits
+#             would not fit: 128k; transformers with gradient checkpointing)
 #   profile   one 32k engine step under the Kineto profiler          -> profile_32k.json
 #   hfmax     longest sequence transformers trains at                -> results.jsonl
 #   maxseq    longest sequence the engine trains at (all memory features on) -> results.jsonl
@@ -70,14 +74,32 @@ do_build() {
   return $rc
 }
 
+do_gpu_tests() {
+  local rc=0
+  (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 600) >> "$RESULTS/tests.log" 2>&1 || rc=1
+  grep -E "INFO|tests passed|Passed|Failed|SKIPPED|Skipped|\*\*\*" "$RESULTS/tests.log" | tail -n 30 >&2
+  return $rc
+}
+
 do_tests() {
   local rc=0
-  (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 600) > "$RESULTS/tests.log" 2>&1 || rc=1
-  # The CPU-rank engine tests against this libtorch (CI runs them against Debian's 1.13).
-  (cd "$BUILD" && ctest -j8 -LE gpu -E "${CPU_TESTS_EXCLUDE:-needle}" --output-on-failure \
+  do_gpu_tests || rc=1
+  # The CPU-rank engine tests against this libtorch (CI runs them against Debian's 1.13), two
+  # threads each so eight at a time do not oversubscribe the cores.
+  (cd "$BUILD" && OMP_NUM_THREADS=2 ctest -j8 -LE gpu -E "${CPU_TESTS_EXCLUDE:-needle}" --output-on-failure \
      --timeout 600) >> "$RESULTS/tests.log" 2>&1 || rc=1
   grep -E "INFO|tests passed|Passed|Failed|SKIPPED|Skipped|\*\*\*" "$RESULTS/tests.log" | tail -n 60 >&2
   return $rc
+}
+
+do_diag() {
+  : > "$RESULTS/diag.log"
+  for t in ${DIAG_TESTS:-engine_data_test engine_checkpoint_test engine_hf_test}; do
+    echo "--- $t" >> "$RESULTS/diag.log"
+    timeout 120 cuda-gdb -batch -ex run -ex bt -ex quit --args "$BUILD/bin/$t" \
+      >> "$RESULTS/diag.log" 2>&1
+  done
+  grep -E "^#[0-9]|SIGSEGV|---" "$RESULTS/diag.log" | head -n 80 >&2
 }
 
 engine() { "$BUILD/bin/engine_bench" --device cuda:0 --shape llama3.2-1b --dtype bfloat16 "$@"; }
@@ -87,8 +109,12 @@ for s in "${STEPS[@]}"; do
     build) step build do_build ;;
     facts) step facts bash -c "scripts/gpu/machine_facts.sh '$PY' > '$RESULTS/machine.txt' 2>&1" ;;
     tests) step tests do_tests ;;
+    gputests) step gpu-tests do_gpu_tests ;;
+    diag) step diag do_diag ;;
     throughput)
-      step engine-throughput record engine engine --seq "$SEQS" --ac --tiled-loss
+      step engine-throughput record engine engine --seq "${SEQS_UNTILED:-8192,32768}" --ac
+      step engine-throughput-tiled record engine engine --seq "${SEQS_TILED:-131072}" --ac \
+        --tiled-loss
       step hf-throughput record hf "$PY" bench/gpu/hf_bench.py --seq "$SEQS" ;;
     profile)
       step profile bash -c "$BUILD/bin/engine_bench --device cuda:0 --shape llama3.2-1b \
@@ -96,6 +122,8 @@ for s in "${STEPS[@]}"; do
         > /dev/null && $PY bench/gpu/trace_summary.py /tmp/trace_32k.json > '$RESULTS/profile_32k.json'" ;;
     hfmax) step hf-max-seq record hf "$PY" bench/gpu/hf_bench.py --max-seq 16384 \
         --max-seq-step-budget "${MAX_SEQ_BUDGET:-200}" ;;
+    fit256k) step engine-fit-256k record engine engine --ac --tiled-mlp --tiled-loss \
+        --seq 262144 --steps 1 --warmup 0 ;;
     maxseq) step engine-max-seq record engine engine --ac --tiled-mlp --tiled-loss \
         --max-seq "${ENGINE_MAX_SEQ_START:-131072}" --max-seq-step-budget "${MAX_SEQ_BUDGET:-200}" ;;
     *) echo "run_checks: unknown step '$s'" >&2; failed=1 ;;

@@ -7,6 +7,7 @@
 //                                 (defined by CMake when libc10_cuda is found next to libtorch)
 //   ULYSSES_TORCH_HAS_SDPA        at::scaled_dot_product_attention and at::_fused_sdp_choice (2.0)
 //   ULYSSES_TORCH_HAS_SDPA_GQA    their enable_gqa argument: kv heads shared by query groups (2.5)
+//   ULYSSES_TORCH_HAS_FUSED_ADAMW at::_fused_adamw_, one multi-tensor AdamW kernel on CUDA (2.2)
 #ifndef ULYSSES_WORKER_ENGINE_TORCH_COMPAT_H_
 #define ULYSSES_WORKER_ENGINE_TORCH_COMPAT_H_
 
@@ -18,5 +19,6 @@
 
 #define ULYSSES_TORCH_HAS_SDPA ULYSSES_TORCH_AT_LEAST(2, 0)
 #define ULYSSES_TORCH_HAS_SDPA_GQA ULYSSES_TORCH_AT_LEAST(2, 5)
+#define ULYSSES_TORCH_HAS_FUSED_ADAMW ULYSSES_TORCH_AT_LEAST(2, 2)
 
 #endif  // ULYSSES_WORKER_ENGINE_TORCH_COMPAT_H_

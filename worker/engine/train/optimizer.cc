@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "worker/engine/torch_compat.h"
 
 namespace ulysses::engine::train {
 namespace {
@@ -24,8 +25,8 @@ bool IsLowPrecision(const torch::Tensor& t) {
 void AdamW::Step(const NamedParams& params, const std::vector<torch::Tensor>& grads, double lr) {
   torch::NoGradGuard no_grad;
   ++step_count_;
-  const double bc1 = 1.0 - std::pow(config_.beta1, static_cast<double>(step_count_));
-  const double bc2 = 1.0 - std::pow(config_.beta2, static_cast<double>(step_count_));
+  // The tensor each update is applied to: the parameter itself, or its fp32 master.
+  std::vector<torch::Tensor> targets(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& [name, p] = params[i];
     if (i >= grads.size() || !grads[i].defined()) continue;
@@ -34,21 +35,70 @@ void AdamW::Step(const NamedParams& params, const std::vector<torch::Tensor>& gr
     torch::Tensor& v = exp_avg_sq_[name];
     if (!m.defined()) m = torch::zeros(p.sizes(), p.options().dtype(st));
     if (!v.defined()) v = torch::zeros(p.sizes(), p.options().dtype(st));
-    torch::Tensor g = grads[i].to(st);
-    const bool low = IsLowPrecision(p);
-    torch::Tensor w = p;  // updated in place: the parameter itself, or its fp32 master
-    if (low) {
+    targets[i] = p;
+    if (IsLowPrecision(p)) {
       torch::Tensor& master = master_[name];
       if (!master.defined()) master = p.detach().to(torch::kFloat).clone();
-      w = master;
+      targets[i] = master;
     }
-    if (DecaysWeight(name, p) && config_.weight_decay != 0) w.mul_(1.0 - lr * config_.weight_decay);
-    m.mul_(config_.beta1).add_(g, 1.0 - config_.beta1);
-    v.mul_(config_.beta2).addcmul_(g, g, 1.0 - config_.beta2);
-    torch::Tensor denom = (v / bc2).sqrt_().add_(config_.eps);
-    w.addcdiv_(m, denom, -lr / bc1);
-    if (low) p.copy_(w);  // round the master to the parameter's dtype
   }
+  if (!FusedStep(params, grads, targets, lr)) {
+    const double bc1 = 1.0 - std::pow(config_.beta1, static_cast<double>(step_count_));
+    const double bc2 = 1.0 - std::pow(config_.beta2, static_cast<double>(step_count_));
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!targets[i].defined()) continue;
+      const std::string& name = params[i].first;
+      torch::Tensor& w = targets[i];
+      torch::Tensor& m = exp_avg_[name];
+      torch::Tensor& v = exp_avg_sq_[name];
+      torch::Tensor g = grads[i].to(m.scalar_type());
+      if (DecaysWeight(name, w) && config_.weight_decay != 0) {
+        w.mul_(1.0 - lr * config_.weight_decay);
+      }
+      m.mul_(config_.beta1).add_(g, 1.0 - config_.beta1);
+      v.mul_(config_.beta2).addcmul_(g, g, 1.0 - config_.beta2);
+      torch::Tensor denom = (v / bc2).sqrt_().add_(config_.eps);
+      w.addcdiv_(m, denom, -lr / bc1);
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    // Round each master to its low-precision parameter.
+    if (targets[i].defined() && !targets[i].is_same(params[i].second)) {
+      params[i].second.copy_(targets[i]);
+    }
+  }
+}
+
+bool AdamW::FusedStep(const NamedParams& params, const std::vector<torch::Tensor>& grads,
+                      const std::vector<torch::Tensor>& targets, double lr) {
+#if ULYSSES_TORCH_HAS_FUSED_ADAMW
+  // One multi-tensor kernel per weight-decay group, for fp32 CUDA targets only (the fused kernel
+  // needs params, grads and moments of one dtype and device); anything else takes the loop.
+  std::vector<torch::Tensor> w[2], g[2], m[2], v[2];
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!targets[i].defined()) continue;
+    const torch::Tensor& t = targets[i];
+    if (!t.is_cuda() || t.scalar_type() != torch::kFloat) return false;
+    const int group = DecaysWeight(params[i].first, t) && config_.weight_decay != 0 ? 1 : 0;
+    w[group].push_back(t);
+    g[group].push_back(grads[i].to(torch::kFloat));
+    m[group].push_back(exp_avg_[params[i].first]);
+    v[group].push_back(exp_avg_sq_[params[i].first]);
+  }
+  for (int group = 0; group < 2; ++group) {
+    if (w[group].empty()) continue;
+    // The kernel reads the (already incremented) step count for bias correction.
+    torch::Tensor step = torch::full({}, static_cast<double>(step_count_),
+                                     w[group][0].options().dtype(torch::kFloat));
+    std::vector<torch::Tensor> steps(w[group].size(), step);
+    at::_fused_adamw_(w[group], g[group], m[group], v[group], /*max_exp_avg_sqs=*/{}, steps, lr,
+                      config_.beta1, config_.beta2, group == 1 ? config_.weight_decay : 0.0,
+                      config_.eps, /*amsgrad=*/false, /*maximize=*/false);
+  }
+  return true;
+#else
+  return false;
+#endif
 }
 
 void AdamW::Step(const NamedParams& params, double lr) {

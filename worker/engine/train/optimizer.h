@@ -64,6 +64,11 @@ class AdamW {
                          const std::map<std::string, torch::Tensor>& tensors, int64_t step_count);
 
  private:
+  // The update through libtorch's fused multi-tensor AdamW when every target is an fp32 CUDA
+  // tensor (and libtorch has it); false when the caller must run the per-tensor loop.
+  bool FusedStep(const NamedParams& params, const std::vector<torch::Tensor>& grads,
+                 const std::vector<torch::Tensor>& targets, double lr);
+
   AdamWConfig config_;
   int64_t step_count_ = 0;
   std::map<std::string, torch::Tensor> exp_avg_, exp_avg_sq_, master_;

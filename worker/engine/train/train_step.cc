@@ -41,14 +41,11 @@ void LossScaler::Update(bool overflow) {
 
 absl::StatusOr<StepStats> Trainer::Step(const std::vector<LocalShard>& micro_batches, double lr,
                                         int64_t step) {
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      torch::Tensor& p = params_[i].second;
-      if (p.grad().defined()) p.grad().zero_();
-      if (grad32_[i].defined()) grad32_[i].zero_();
-    }
+  if (micro_batches.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step, ": no micro-batch to train on"));
   }
+  // Gradients start undefined: autograd writes the first micro-batch's fresh (no zero fill).
+  for (auto& [name, p] : params_) p.mutable_grad() = torch::Tensor();
   const double scale = scaler_.enabled ? scaler_.scale : 1.0;
   double local_loss = 0;
   int64_t local_tokens = 0;
@@ -69,9 +66,17 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<LocalShard>& micro_bat
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < params_.size(); ++i) {
         torch::Tensor& p = params_[i].second;
-        if (!grad32_[i].defined() || !p.grad().defined()) continue;
-        grad32_[i].add_(p.grad());
-        p.grad().zero_();
+        if (!grad32_[i].defined()) continue;
+        if (!p.grad().defined()) {
+          if (micro == 0) grad32_[i].zero_();
+          continue;
+        }
+        if (micro == 0) {
+          grad32_[i].copy_(p.grad());
+        } else {
+          grad32_[i].add_(p.grad());
+        }
+        p.mutable_grad() = torch::Tensor();
       }
       return absl::OkStatus();
     }));

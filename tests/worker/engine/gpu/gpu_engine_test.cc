@@ -211,27 +211,31 @@ TEST(GpuEngineTest, NcclWorldOfOneRunsEveryCollective) {
   EXPECT_FALSE(c.Broadcast(b, 3).ok()) << "root out of range must fail";
 }
 
+// Trajectories drift apart step by step (an fp16 overflow skips a step), so the check is on where
+// training gets: the mean loss of the last 10 of 30 steps within 5% of fp32's, and learning.
 TEST(GpuEngineTest, Bfloat16AndFloat16TrainOnCudaAndTrackFloat32) {
   SKIP_WITHOUT_CUDA();
   Rank f32("cuda:0", torch::kFloat), bf16("cuda:0", torch::kBFloat16), f16("cuda:0", torch::kHalf);
   ASSERT_TRUE(f16.trainer->loss_scaler().enabled);
-  double rel_bf16 = 0, rel_f16 = 0, first = 0, last = 0;
-  int used_f16 = 0;
+  double tail[3] = {0, 0, 0}, first = 0;
+  int skipped_f16 = 0;
   for (int64_t step = 0; step < 30; ++step) {
     StepStats a = f32.Step(step), b = bf16.Step(step), c = f16.Step(step);
-    rel_bf16 = std::max(rel_bf16, Rel(b.loss, a.loss));
-    if (!c.skipped) {
-      rel_f16 = std::max(rel_f16, Rel(c.loss, a.loss));
-      ++used_f16;
+    skipped_f16 += c.skipped;
+    EXPECT_FALSE(b.skipped);
+    if (step == 0) first = a.loss;
+    if (step >= 20) {
+      tail[0] += a.loss / 10;
+      tail[1] += b.loss / 10;
+      tail[2] += c.loss / 10;
     }
-    if (step == 0) first = b.loss;
-    last = b.loss;
   }
-  EXPECT_LT(rel_bf16, 2e-2);
-  EXPECT_LT(rel_f16, 1e-2);
-  EXPECT_GT(used_f16, 25) << "fp16 loss scaling must recover within a few steps";
+  EXPECT_LT(Rel(tail[1], tail[0]), 5e-2) << "bf16 " << tail[1] << " fp32 " << tail[0];
+  EXPECT_LT(Rel(tail[2], tail[0]), 5e-2) << "fp16 " << tail[2] << " fp32 " << tail[0];
+  EXPECT_LT(skipped_f16, 5) << "fp16 loss scaling must settle within a few steps";
   EXPECT_GT(f16.trainer->loss_scaler().scale, 1.0);
-  EXPECT_LT(last, first - 0.1);
+  EXPECT_LT(tail[0], first - 0.1);
+  EXPECT_LT(tail[1], first - 0.1);
 }
 
 TEST(GpuEngineTest, UlyssesTrainRunsAStagedJobOnCuda) {
