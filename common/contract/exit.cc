@@ -49,7 +49,7 @@ const char* StopRequestName(StopRequest stop) {
   return "?";
 }
 
-RankOutcome OutcomeOf(const RankExit& exit, StopRequest stop) {
+RankOutcome OutcomeOf(const ProcessExit& exit, StopRequest stop) {
   const bool killed = exit.signal != 0;
   if (!killed && exit.exit_code == kExitOk) return RankOutcome::kSucceeded;
   switch (stop) {

@@ -51,8 +51,8 @@ enum class RankOutcome {
 const char* RankOutcomeName(RankOutcome outcome);  // "succeeded", "preempted", ...
 const char* StopRequestName(StopRequest stop);     // "none", "abort", "preempt".
 
-// How a rank process ended: its exit code, or the signal that killed it.
-struct RankExit {
+// How a process ended: its exit code, or the signal that killed it.
+struct ProcessExit {
   int exit_code = 0;  // WEXITSTATUS, or 128 + signal when killed.
   int signal = 0;     // Terminating signal; 0 when the process exited by itself.
 };
@@ -63,7 +63,7 @@ struct RankExit {
 //   killed after its grace ran out: the job resumes from its last checkpoint);
 // - else killed by a signal -> kFailed; exit 75 -> kPreempted; exit 2 -> kBadInput;
 //   any other exit -> kFailed.
-RankOutcome OutcomeOf(const RankExit& exit, StopRequest stop);
+RankOutcome OutcomeOf(const ProcessExit& exit, StopRequest stop);
 
 }  // namespace ulysses::contract
 

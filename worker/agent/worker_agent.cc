@@ -1,6 +1,5 @@
 #include "worker/agent/worker_agent.h"
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <optional>
 #include <random>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -154,7 +154,8 @@ class WorkerAgent::Impl {
                         bool aborted, const std::string& error);
 
   // Child callbacks (supervisor thread).
-  void OnEvent(const v1::WorkRef& ref, const TrainEvent& event);
+  void OnEvent(const v1::WorkRef& ref, const contract::RankEvent& event);
+  void OnBadEvent(const v1::WorkRef& ref, const std::string& line, const absl::Status& error);
   void OnExit(const v1::WorkRef& ref, const ChildResult& result);
 
   WorkerConfig config_;
@@ -207,7 +208,7 @@ absl::Status WorkerAgent::Impl::Run() {
     v1::WorkerMessage notice;
     *notice.mutable_preempting()->mutable_ref() = *work_ref_;
     EnqueueLocked(std::move(notice));
-    child->Stop(StopCause::kPreempt, config_.grace_period);
+    child->Stop(contract::StopRequest::kPreempt, config_.grace_period);
     lock.unlock();
     child->Wait();  // Bounded: the SIGKILL tier fires after the grace.
     lock.lock();
@@ -295,7 +296,7 @@ absl::Status WorkerAgent::Impl::Register() {
                           : "");
   if (reported && !response.keep_running() && work_running_ && SameWork(*work_ref_, *reported)) {
     NoteLocked(*reported, "coordinator no longer wants this attempt after reconnect: aborting");
-    child_->Stop(StopCause::kAbort, kReconnectAbortGrace);
+    child_->Stop(contract::StopRequest::kAbort, kReconnectAbortGrace);
   }
   return absl::OkStatus();
 }
@@ -410,7 +411,8 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
       ULOG(INFO) << "abort " << RefString(*work_ref_) << ": " << abort.reason();
       NoteLocked(*work_ref_, absl::StrCat("abort from coordinator: ", abort.reason(), " (grace ",
                                           abort.grace_period_ms(), " ms)"));
-      child_->Stop(StopCause::kAbort, milliseconds(std::max<int64_t>(0, abort.grace_period_ms())));
+      child_->Stop(contract::StopRequest::kAbort,
+                   milliseconds(std::max<int64_t>(0, abort.grace_period_ms())));
       return;
     }
     case v1::CoordinatorMessage::kAck: {
@@ -443,7 +445,7 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   const v1::WorkRef& ref = a.ref();
   std::unique_lock<std::mutex> lock(mu_);
   if (shutdown_) {
-    ReportExitLocked(ref, kExitPreempted, 0, /*preempted=*/true, /*aborted=*/false,
+    ReportExitLocked(ref, contract::kExitPreempted, 0, /*preempted=*/true, /*aborted=*/false,
                      "worker is shutting down");
     return;
   }
@@ -458,7 +460,7 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
       ULOG(WARNING) << "new assignment " << RefString(ref) << " replaces running "
                     << RefString(*work_ref_);
       NoteLocked(*work_ref_, "replaced by a newer assignment: aborting");
-      old->Stop(StopCause::kAbort, kReconnectAbortGrace);
+      old->Stop(contract::StopRequest::kAbort, kReconnectAbortGrace);
     }
     lock.unlock();
     old.reset();  // Joins the supervisor thread (its exit report is queued).
@@ -476,7 +478,7 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
     if (!out.good()) ec = std::make_error_code(std::errc::io_error);
   }
   if (ec) {
-    ReportExitLocked(ref, kExitFailure, 0, false, false,
+    ReportExitLocked(ref, contract::kExitFailure, 0, false, false,
                      absl::StrCat("worker ", config_.name, " cannot write ", spec_path.string(),
                                   ": ", ec.message()));
     return;
@@ -494,7 +496,10 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   launch.overrides.assign(a.overrides().begin(), a.overrides().end());
 
   ChildCallbacks callbacks;
-  callbacks.on_event = [this, ref](const TrainEvent& event) { OnEvent(ref, event); };
+  callbacks.on_event = [this, ref](const contract::RankEvent& event) { OnEvent(ref, event); };
+  callbacks.on_bad_event = [this, ref](const std::string& line, const absl::Status& error) {
+    OnBadEvent(ref, line, error);
+  };
   callbacks.on_log = [this, ref](const std::string& stream, const std::string& line) {
     ULOG(DEBUG) << "[" << ref.job_id() << " r" << ref.rank() << " " << stream << "] " << line;
     std::lock_guard<std::mutex> lock(mu_);
@@ -503,7 +508,7 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   callbacks.on_exit = [this, ref](const ChildResult& result) { OnExit(ref, result); };
   auto child = ChildSupervisor::Start(BuildRankArgv(launch), "", std::move(callbacks));
   if (!child.ok()) {
-    ReportExitLocked(ref, kExitFailure, 0, false, false,
+    ReportExitLocked(ref, contract::kExitFailure, 0, false, false,
                      absl::StrCat("worker ", config_.name,
                                   " cannot start ulysses-train: ", child.status().message()));
     return;
@@ -524,68 +529,72 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
                           launch.world_size, " of stage ", ref.stage(), " (pid ", work_pid_, ")"));
 }
 
-void WorkerAgent::Impl::OnEvent(const v1::WorkRef& ref, const TrainEvent& event) {
+void WorkerAgent::Impl::OnEvent(const v1::WorkRef& ref, const contract::RankEvent& event) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (ref.rank() != 0 && event.kind != TrainEvent::Kind::kDone) return;  // Rank 0 speaks.
+  if (const auto* done = std::get_if<contract::DoneEvent>(&event)) {
+    NoteLocked(ref, absl::StrCat("rank ", ref.rank(), " finished stage ", done->stage));
+    return;
+  }
+  if (ref.rank() != 0) return;  // Rank 0 speaks for the group.
   v1::WorkerMessage msg;
-  switch (event.kind) {
-    case TrainEvent::Kind::kStep: {
-      auto* p = msg.mutable_progress();
-      *p->mutable_ref() = ref;
-      p->set_step(event.step);
-      p->set_steps(event.steps);
-      p->set_loss(event.loss);
-      p->set_tokens_per_s(event.tokens_per_s);
-      p->set_seq_len(event.seq_len);
-      break;
-    }
-    case TrainEvent::Kind::kCheckpoint: {
-      auto* c = msg.mutable_checkpoint();
-      *c->mutable_ref() = ref;
-      c->set_path(event.path);
-      c->set_step(event.step);
-      c->set_bytes(event.bytes);
-      c->set_seconds(event.seconds);
-      ULOG(INFO) << "checkpoint committed: " << event.path << " (step " << event.step << ")";
-      break;
-    }
-    case TrainEvent::Kind::kEval: {
-      auto* e = msg.mutable_eval();
-      *e->mutable_ref() = ref;
-      e->set_seq_len(event.seq_len);
-      e->set_loss(event.loss);
-      e->set_accuracy(event.accuracy.value_or(0.0));
-      break;
-    }
-    case TrainEvent::Kind::kDone:
-      NoteLocked(ref, absl::StrCat("rank ", ref.rank(), " finished stage ", event.stage));
-      return;
+  if (const auto* step = std::get_if<contract::StepEvent>(&event)) {
+    auto* p = msg.mutable_progress();
+    *p->mutable_ref() = ref;
+    p->set_step(step->step);
+    p->set_steps(step->steps);
+    p->set_loss(step->loss);
+    p->set_tokens_per_s(step->tokens_per_s);
+    p->set_seq_len(step->seq_len);
+  } else if (const auto* ckpt = std::get_if<contract::CheckpointEvent>(&event)) {
+    auto* c = msg.mutable_checkpoint();
+    *c->mutable_ref() = ref;
+    c->set_path(ckpt->path);
+    c->set_step(ckpt->step);
+    c->set_bytes(ckpt->bytes);
+    c->set_seconds(ckpt->seconds);
+    ULOG(INFO) << "checkpoint committed: " << ckpt->path << " (step " << ckpt->step << ")";
+  } else if (const auto* eval = std::get_if<contract::EvalEvent>(&event)) {
+    auto* e = msg.mutable_eval();
+    *e->mutable_ref() = ref;
+    e->set_seq_len(eval->seq_len);
+    e->set_loss(eval->loss);
+    e->set_accuracy(eval->accuracy.value_or(0.0));
   }
   EnqueueLocked(std::move(msg));
 }
 
+void WorkerAgent::Impl::OnBadEvent(const v1::WorkRef& ref, const std::string& line,
+                                   const absl::Status& error) {
+  ULOG(WARNING) << RefString(ref) << ": ignoring a malformed event line: " << error.message()
+                << ": " << line;
+  std::lock_guard<std::mutex> lock(mu_);
+  NoteLocked(ref, absl::StrCat("rank ", ref.rank(),
+                               " printed a malformed event line (not reported, "
+                               "kept as a log line): ",
+                               error.message()));
+}
+
 void WorkerAgent::Impl::OnExit(const v1::WorkRef& ref, const ChildResult& result) {
-  const int ws = result.wait_status;
-  const int signal = WIFSIGNALED(ws) ? WTERMSIG(ws) : 0;
-  const int exit_code = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + signal;
-  const bool failed =
-      result.outcome == AttemptOutcome::kFailed || result.outcome == AttemptOutcome::kBadInput;
+  const contract::ProcessExit exit = process::ProcessExitOf(result.wait_status);
+  const bool failed = result.outcome == contract::RankOutcome::kFailed ||
+                      result.outcome == contract::RankOutcome::kBadInput;
   std::string error;
   if (failed) {
     error = LastLines(result.stderr_tail);
     if (error.empty()) error = absl::StrCat("ulysses-train ", result.description);
   }
   ULOG(INFO) << RefString(ref) << ": ulysses-train " << result.description << " -> "
-             << AttemptOutcomeName(result.outcome)
+             << contract::RankOutcomeName(result.outcome)
              << (result.sigkilled_by_agent ? " (SIGKILL after the grace period)" : "")
              << (error.empty() ? "" : ": ") << error;
   std::lock_guard<std::mutex> lock(mu_);
-  NoteLocked(
-      ref,
-      absl::StrCat("ulysses-train ", result.description, " (", AttemptOutcomeName(result.outcome),
-                   ")", result.sigkilled_by_agent ? ", SIGKILL after the grace period" : ""));
-  ReportExitLocked(ref, exit_code, signal, result.stop_cause == StopCause::kPreempt,
-                   result.stop_cause == StopCause::kAbort, error);
+  NoteLocked(ref,
+             absl::StrCat("ulysses-train ", result.description, " (",
+                          contract::RankOutcomeName(result.outcome), ")",
+                          result.sigkilled_by_agent ? ", SIGKILL after the grace period" : ""));
+  ReportExitLocked(ref, exit.exit_code, exit.signal,
+                   result.stop_cause == contract::StopRequest::kPreempt,
+                   result.stop_cause == contract::StopRequest::kAbort, error);
   if (work_running_ && SameWork(*work_ref_, ref) && work_ref_->rank() == ref.rank()) {
     work_running_ = false;
     work_pid_ = 0;

@@ -7,8 +7,8 @@
 namespace ulysses::contract {
 namespace {
 
-RankExit Exited(int code) { return RankExit{code, 0}; }
-RankExit Killed(int sig) { return RankExit{128 + sig, sig}; }
+ProcessExit Exited(int code) { return ProcessExit{code, 0}; }
+ProcessExit Killed(int sig) { return ProcessExit{128 + sig, sig}; }
 
 TEST(ExitCodeTest, CodesAreTheDocumentedOnes) {
   // docs/CONTRACTS.md, Kubernetes manifests and scripts depend on these numbers.
@@ -47,9 +47,9 @@ TEST(RankOutcomeTest, ExitsWithoutStopRequest) {
 
 TEST(RankOutcomeTest, ASignalIsNotReadAsItsExitCode) {
   // 128 + signal can be any code: a signal never means "preempted" or "bad input".
-  EXPECT_EQ(OutcomeOf(RankExit{75, 9}, StopRequest::kNone), RankOutcome::kFailed);
-  EXPECT_EQ(OutcomeOf(RankExit{2, 9}, StopRequest::kNone), RankOutcome::kFailed);
-  EXPECT_EQ(OutcomeOf(RankExit{0, 9}, StopRequest::kNone), RankOutcome::kFailed);
+  EXPECT_EQ(OutcomeOf(ProcessExit{75, 9}, StopRequest::kNone), RankOutcome::kFailed);
+  EXPECT_EQ(OutcomeOf(ProcessExit{2, 9}, StopRequest::kNone), RankOutcome::kFailed);
+  EXPECT_EQ(OutcomeOf(ProcessExit{0, 9}, StopRequest::kNone), RankOutcome::kFailed);
 }
 
 TEST(RankOutcomeTest, ExitsAfterStopRequest) {
