@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/contract/exit.h"
 #include "common/logging.h"
 #include "common/metrics/build_info.h"
 #include "common/spec/job_spec_parser.h"
@@ -656,9 +657,14 @@ void Coordinator::OnRankFailure(JobRt& job, v1::AttemptOutcome outcome, int exit
       txn);
 }
 
-void Coordinator::OnRankPreempted(JobRt& job, int rank, Txn& txn) {
-  std::string why = absl::StrCat("rank ", rank, " preempted (exit 75 after a checkpoint)");
-  EndAttempt(job, v1::ATTEMPT_OUTCOME_PREEMPTED, 75, why,
+void Coordinator::OnRankPreempted(JobRt& job, int rank, int exit_code, const std::string& how,
+                                  Txn& txn) {
+  std::string why =
+      exit_code == contract::kExitPreempted
+          ? absl::StrCat("rank ", rank, " preempted (exit ", exit_code, " after a checkpoint)")
+          : absl::StrCat("rank ", rank, " preempted (it ", how, " instead of exiting ",
+                         contract::kExitPreempted, " after a checkpoint)");
+  EndAttempt(job, v1::ATTEMPT_OUTCOME_PREEMPTED, exit_code, why,
              static_cast<int64_t>(config_.cancel_grace_s * 1000), txn);
   job.rec.preemptions++;
   job.rec.preemptions_budget_used++;
@@ -1337,20 +1343,30 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
         return;
       }
       std::string detail = x.error_message().empty() ? "" : absl::StrCat(": ", x.error_message());
-      if (x.exit_code() == 0 && !x.aborted()) {
-        job->done_ranks.insert(ref.rank());
-        if (job->done_ranks.size() == a->worker_ids.size()) CompleteStage(*job, txn);
-      } else if (x.exit_code() == 75) {
-        OnRankPreempted(*job, ref.rank(), txn);
-      } else if (x.exit_code() == 2) {
-        OnRankFailure(*job, v1::ATTEMPT_OUTCOME_BAD_INPUT, 2,
-                      absl::StrCat("rank ", ref.rank(), " rejected its input (exit 2)", detail),
-                      "bad_input", txn);
-      } else {
-        std::string how = x.signal() != 0 ? absl::StrCat("was killed by signal ", x.signal())
-                                          : absl::StrCat("exited ", x.exit_code());
-        OnRankFailure(*job, v1::ATTEMPT_OUTCOME_FAILED, x.exit_code(),
-                      absl::StrCat("rank ", ref.rank(), " ", how, detail), "rank_failed", txn);
+      const contract::StopRequest stop = x.aborted()     ? contract::StopRequest::kAbort
+                                         : x.preempted() ? contract::StopRequest::kPreempt
+                                                         : contract::StopRequest::kNone;
+      const std::string how = x.signal() != 0 ? absl::StrCat("was killed by signal ", x.signal())
+                                              : absl::StrCat("exited ", x.exit_code());
+      switch (contract::OutcomeOf(contract::ProcessExit{x.exit_code(), x.signal()}, stop)) {
+        case contract::RankOutcome::kSucceeded:
+          job->done_ranks.insert(ref.rank());
+          if (job->done_ranks.size() == a->worker_ids.size()) CompleteStage(*job, txn);
+          break;
+        case contract::RankOutcome::kPreempted:
+          OnRankPreempted(*job, ref.rank(), x.exit_code(), how, txn);
+          break;
+        case contract::RankOutcome::kBadInput:
+          OnRankFailure(*job, v1::ATTEMPT_OUTCOME_BAD_INPUT, x.exit_code(),
+                        absl::StrCat("rank ", ref.rank(), " rejected its input (exit ",
+                                     contract::kExitBadInput, ")", detail),
+                        "bad_input", txn);
+          break;
+        case contract::RankOutcome::kFailed:
+        case contract::RankOutcome::kAborted:  // Its worker stopped it; this attempt needs it.
+          OnRankFailure(*job, v1::ATTEMPT_OUTCOME_FAILED, x.exit_code(),
+                        absl::StrCat("rank ", ref.rank(), " ", how, detail), "rank_failed", txn);
+          break;
       }
       return;
     }

@@ -3,6 +3,7 @@
 // peers and JobService clients.
 #include <sqlite3.h>
 
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -264,6 +265,44 @@ TEST_F(CoordinatorGrpcTest, Exit75CountsAsPreemptionNotFailure) {
   EXPECT_EQ(job.failures(), 0);
   EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_PREEMPTED);
   EXPECT_EQ(job.last_checkpoint().step(), 2);
+}
+
+// The grace ran out and the worker SIGKILLed its preempted rank: still a preemption
+// (contract::OutcomeOf), resumed from the last committed checkpoint, not a failure.
+TEST_F(CoordinatorGrpcTest, PreemptedRankKilledAfterItsGraceIsAPreemption) {
+  FakeWorker& w1 = AddWorker("w1");
+  auto id = Submit(JobYaml("killed", "    - {seq_len: 256, steps: 4}\n", "{max_failures: 1}"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto first = CollectAssignments({&w1}, 1);
+  ASSERT_EQ(first.size(), 1u);
+  w1.Started(first[0].second.ref());
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
+  w1.Killed(first[0].second.ref(), SIGKILL, /*preempted=*/true);
+  // The attempt ends at once (the job then requeues, so its state moves on).
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        v1::Job j = GetJob(*id);
+        return j.attempts_size() > 0 && j.attempts(0).outcome() != v1::ATTEMPT_OUTCOME_RUNNING;
+      },
+      std::chrono::seconds(15)));
+  v1::Job job = GetJob(*id);
+  EXPECT_EQ(job.preemptions(), 1);
+  EXPECT_EQ(job.failures(), 0);
+  EXPECT_EQ(job.restarts(), 0);
+  ASSERT_GE(job.attempts_size(), 1);
+  EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_PREEMPTED);
+  EXPECT_EQ(job.attempts(0).exit_code(), 128 + SIGKILL);
+  EXPECT_NE(job.attempts(0).reason().find("was killed by signal 9"), std::string::npos)
+      << job.attempts(0).reason();
+
+  // Without a preemption request the same kill is a failure.
+  auto second = CollectAssignments({&w1}, 1);
+  ASSERT_EQ(second.size(), 1u);
+  w1.Started(second[0].second.ref());
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
+  w1.Killed(second[0].second.ref(), SIGKILL, /*preempted=*/false);
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_FAILED));  // max_failures: 1
+  EXPECT_EQ(GetJob(*id).failures(), 1);
 }
 
 TEST_F(CoordinatorGrpcTest, StageTransitionChangesGroupSize) {

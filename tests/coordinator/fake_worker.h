@@ -179,6 +179,19 @@ class FakeWorker {
     Send(std::move(m), &seq);
     return seq;
   }
+  // The rank was killed by `signal` (what the agent reports: exit 128 + signal), after the
+  // worker asked it to stop for a preemption when `preempted`.
+  uint64_t Killed(const v1::WorkRef& ref, int signal, bool preempted) {
+    SetRunning(std::nullopt);
+    v1::WorkerMessage m;
+    *m.mutable_exited()->mutable_ref() = ref;
+    m.mutable_exited()->set_exit_code(128 + signal);
+    m.mutable_exited()->set_signal(signal);
+    m.mutable_exited()->set_preempted(preempted);
+    uint64_t seq = 0;
+    Send(std::move(m), &seq);
+    return seq;
+  }
   uint64_t Log(const v1::WorkRef& ref, const std::string& text) {
     v1::WorkerMessage m;
     *m.mutable_logs()->mutable_ref() = ref;
