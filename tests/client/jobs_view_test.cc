@@ -153,7 +153,7 @@ TEST(JobViewTest, SubmitRejectsABadSpecLocally) {
   const char* argv[] = {
       "ulyssesctl", "--coordinator", "127.0.0.1:1", "submit",
       "-f",         spec.c_str(),    "--set",       "spec.stages[1].seq_len=2047"};
-  EXPECT_EQ(RunCli(8, argv, out, err), 1);
+  EXPECT_EQ(RunCli(8, argv, out, err), 2);  // Bad input.
   // The validation message, not a connection error: nothing was sent.
   EXPECT_NE(err.str().find("spec.stages[1].seq_len"), std::string::npos) << err.str();
   EXPECT_EQ(err.str().find("cannot reach"), std::string::npos) << err.str();

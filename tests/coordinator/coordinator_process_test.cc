@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -258,6 +260,24 @@ TEST(CoordinatorProcessTest, BadConfigExits2WithTheField) {
   fclose(e);
   EXPECT_NE(std::string(buf, n).find("heartbeat_timeout_s: 60 is out of range"), std::string::npos)
       << std::string(buf, n);
+}
+
+// Flags CLI11 rejects are bad input too: exit 2 (not CLI11's own 100+ codes).
+TEST(CoordinatorProcessTest, BadFlagsExit2) {
+  TempDir dir;
+  for (const std::string& flags :
+       {std::string("--state-dir ") + dir.path() + " --no-such-flag",
+        std::string("--state-dir ") + dir.path() + " --heartbeat-timeout-s ten"}) {
+    SCOPED_TRACE(flags);
+    const std::string err_file = dir.path() + "/err.txt";
+    const std::string cmd = Binary() + " " + flags + " 2>" + err_file;
+    const int rc = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(rc));
+    EXPECT_EQ(WEXITSTATUS(rc), 2);
+    std::ifstream in(err_file);
+    const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_FALSE(err.empty()) << "no message on stderr";
+  }
 }
 
 }  // namespace

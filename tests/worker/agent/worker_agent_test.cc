@@ -319,6 +319,24 @@ TEST_F(WorkerAgentTest, SigtermPreemptsTheChildReportsAndExits) {
   EXPECT_TRUE(exited->preempted());
 }
 
+// What CLI11 rejects (an unknown flag, a missing required one) is bad input: exit 2.
+TEST_F(WorkerAgentTest, FlagsCli11RejectsExit2) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--coordinator", "127.0.0.1:1", "--name", "x", "--work-dir",
+                                 work_dir_, "--no-such-flag"},
+        std::vector<std::string>{"--name", "x", "--work-dir", work_dir_}}) {
+    std::string err;
+    ChildCallbacks cb;
+    cb.on_log = [&](const std::string&, const std::string& line) { err += line + "\n"; };
+    std::vector<std::string> argv = {BinDir() + "/ulysses-worker"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto worker = ChildSupervisor::Start(argv, "", std::move(cb));
+    ASSERT_TRUE(worker.ok());
+    EXPECT_EQ((*worker)->Wait().description, "exit code 2") << err;
+    EXPECT_FALSE(err.empty());
+  }
+}
+
 TEST_F(WorkerAgentTest, ReconnectsToARestartedCoordinatorWithoutKillingTheChild) {
   auto peer = std::make_unique<PeerServer>();
   const int port = peer->port;
