@@ -29,7 +29,7 @@ v1::Job SampleJob() {
     s->set_index(i);
     s->set_seq_len(1024 << i);
     s->set_steps(10);
-    s->set_step(i == 1 ? 4 : (i == 0 ? 10 : 0));
+    if (i < 2) s->mutable_progress()->set_step(i == 1 ? 4 : 10);
     s->set_sp(1 << i);
     s->set_dp(1);
   }

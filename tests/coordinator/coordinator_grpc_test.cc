@@ -155,16 +155,16 @@ TEST_F(CoordinatorGrpcTest, SubmitAssignsRanksAndProgressShowsInGetJob) {
   for (auto& [rank, wa] : assigned) wa.first->Started(wa.second.ref());
   ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
   assigned[0].first->Progress(a0.ref(), 3, 2.5, 1234);
-  ASSERT_TRUE(PollUntil([&] { return GetJob(*id).stages(0).step() == 3; }));
+  ASSERT_TRUE(PollUntil([&] { return GetJob(*id).stages(0).progress().step() == 3; }));
   v1::Job job = GetJob(*id);
-  EXPECT_DOUBLE_EQ(job.stages(0).loss(), 2.5);
-  EXPECT_DOUBLE_EQ(job.stages(0).tokens_per_s(), 1234);
+  EXPECT_DOUBLE_EQ(job.stages(0).progress().loss(), 2.5);
+  EXPECT_DOUBLE_EQ(job.stages(0).progress().tokens_per_s(), 1234);
   EXPECT_DOUBLE_EQ(job.loss(), 2.5);
 
   uint64_t seq = assigned[0].first->Checkpoint(a0.ref(), 4, "/ckpt/s0-4");
   auto ack = assigned[0].first->WaitAck(seq);
   ASSERT_TRUE(ack);
-  EXPECT_EQ(ack->code(), 0);
+  EXPECT_EQ(ack->code(), v1::ACK_CODE_OK);
   for (auto& [rank, wa] : assigned) wa.first->Exited(wa.second.ref(), 0);
   ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_SUCCEEDED));
   job = GetJob(*id);
@@ -214,9 +214,9 @@ TEST_F(CoordinatorGrpcTest, HeartbeatLossAbortsSurvivorsAndRestartsWithNewGenera
   uint64_t seq = survivor->Progress(first[0].second.ref(), 2, 1.0);
   auto ack = survivor->WaitAck(seq);
   ASSERT_TRUE(ack);
-  EXPECT_EQ(ack->code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+  EXPECT_EQ(ack->code(), v1::ACK_CODE_STALE);
   EXPECT_NE(ack->message().find("stale generation 1"), std::string::npos) << ack->message();
-  EXPECT_EQ(GetJob(*id).stages(0).step(), 0);
+  EXPECT_FALSE(GetJob(*id).stages(0).has_progress());
 }
 
 TEST_F(CoordinatorGrpcTest, Exit75CountsAsPreemptionNotFailure) {
@@ -526,7 +526,7 @@ TEST_F(CoordinatorGrpcTest, MetricsPassPromtool) {
   w1.Started(a->ref());
   w1.Progress(a->ref(), 1, 4.5);
   ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
-  ASSERT_TRUE(PollUntil([&] { return GetJob(*id).stages(0).step() == 1; }));
+  ASSERT_TRUE(PollUntil([&] { return GetJob(*id).stages(0).progress().step() == 1; }));
   httplib::Client http("127.0.0.1", server_->metrics_port());
   auto res = http.Get("/metrics");
   ASSERT_TRUE(res);

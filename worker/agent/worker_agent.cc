@@ -57,6 +57,35 @@ std::string RefString(const v1::WorkRef& ref) {
                       ref.rank());
 }
 
+// The rank's events as the session's shared types (the one conversion on this hop).
+v1::StepProgress ToProto(const contract::StepEvent& e) {
+  v1::StepProgress p;
+  p.set_stage(static_cast<int32_t>(e.stage));
+  p.set_step(e.step);
+  p.set_steps(e.steps);
+  p.set_loss(e.loss);
+  p.set_tokens_per_s(e.tokens_per_s);
+  p.set_seq_len(e.seq_len);
+  return p;
+}
+v1::Checkpoint ToProto(const contract::CheckpointEvent& e) {
+  v1::Checkpoint c;
+  c.set_path(e.path);
+  c.set_stage(static_cast<int32_t>(e.stage));
+  c.set_step(e.step);
+  c.set_bytes(e.bytes);
+  c.set_seconds(e.seconds);
+  return c;
+}
+v1::EvalResult ToProto(const contract::EvalEvent& e) {
+  v1::EvalResult r;
+  r.set_stage(static_cast<int32_t>(e.stage));
+  r.set_seq_len(e.seq_len);
+  r.set_loss(e.loss);
+  r.set_accuracy(e.accuracy.value_or(0.0));
+  return r;
+}
+
 // The last non-empty stderr lines (at most two, 500 chars): the job's failure reason.
 std::string LastLines(const std::string& tail) {
   std::vector<std::string> lines;
@@ -417,9 +446,9 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
     }
     case v1::CoordinatorMessage::kAck: {
       std::lock_guard<std::mutex> lock(mu_);
-      if (msg.ack().code() != 0) {
-        ULOG(WARNING) << "coordinator rejected report " << msg.ack().seq() << ": code "
-                      << msg.ack().code() << " " << msg.ack().message();
+      if (msg.ack().code() != v1::ACK_CODE_OK) {
+        ULOG(WARNING) << "coordinator rejected report " << msg.ack().seq() << ": "
+                      << v1::AckCode_Name(msg.ack().code()) << " " << msg.ack().message();
       }
       auto it = inflight_.find(msg.ack().seq());
       if (it != inflight_.end()) {
@@ -538,27 +567,15 @@ void WorkerAgent::Impl::OnEvent(const v1::WorkRef& ref, const contract::RankEven
   if (ref.rank() != 0) return;  // Rank 0 speaks for the group.
   v1::WorkerMessage msg;
   if (const auto* step = std::get_if<contract::StepEvent>(&event)) {
-    auto* p = msg.mutable_progress();
-    *p->mutable_ref() = ref;
-    p->set_step(step->step);
-    p->set_steps(step->steps);
-    p->set_loss(step->loss);
-    p->set_tokens_per_s(step->tokens_per_s);
-    p->set_seq_len(step->seq_len);
+    *msg.mutable_progress()->mutable_ref() = ref;
+    *msg.mutable_progress()->mutable_progress() = ToProto(*step);
   } else if (const auto* ckpt = std::get_if<contract::CheckpointEvent>(&event)) {
-    auto* c = msg.mutable_checkpoint();
-    *c->mutable_ref() = ref;
-    c->set_path(ckpt->path);
-    c->set_step(ckpt->step);
-    c->set_bytes(ckpt->bytes);
-    c->set_seconds(ckpt->seconds);
+    *msg.mutable_checkpoint()->mutable_ref() = ref;
+    *msg.mutable_checkpoint()->mutable_checkpoint() = ToProto(*ckpt);
     ULOG(INFO) << "checkpoint committed: " << ckpt->path << " (step " << ckpt->step << ")";
   } else if (const auto* eval = std::get_if<contract::EvalEvent>(&event)) {
-    auto* e = msg.mutable_eval();
-    *e->mutable_ref() = ref;
-    e->set_seq_len(eval->seq_len);
-    e->set_loss(eval->loss);
-    e->set_accuracy(eval->accuracy.value_or(0.0));
+    *msg.mutable_eval()->mutable_ref() = ref;
+    *msg.mutable_eval()->mutable_result() = ToProto(*eval);
   }
   EnqueueLocked(std::move(msg));
 }
