@@ -32,6 +32,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "common/contract/cli11.h"
 #include "common/grpc/grpc_util.h"
 #include "ulysses/v1/job_service.grpc.pb.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
@@ -212,7 +213,9 @@ int main(int argc, char** argv) {
   app.add_option("--channels", channels, "gRPC channels (TCP connections) for the workers");
   app.add_option("--core", core, "Pin the coordinator with taskset -c CORE (-1 = no pinning)");
   app.add_option("--coordinator", bin, "ulysses-coordinator binary (default: next to this one)");
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> exit_code = ulysses::contract::ParseCommandLine(app, argc, argv)) {
+    return *exit_code;
+  }
   if (bin.empty()) {
     bin = (std::filesystem::canonical("/proc/self/exe").parent_path() / "ulysses-coordinator")
               .string();

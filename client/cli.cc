@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_split.h"
 #include "client/commands.h"
+#include "common/contract/cli11.h"
 
 namespace ulysses::client {
 
@@ -14,13 +15,13 @@ bool LoadSpecForVerb(CliContext& ctx, const std::string& file,
   absl::StatusOr<OutputFormat> parsed_format = ParseOutputFormat(ctx.output, fallback);
   if (!parsed_format.ok()) {
     PrintErrorLines(ctx, "", parsed_format.status().message());
-    ctx.exit_code = kExitBadInput;
+    ctx.exit_code = contract::kExitBadInput;
     return false;
   }
   absl::StatusOr<spec::JobSpec> loaded = spec::LoadJobSpecFile(file, parse_options);
   if (!loaded.ok()) {
     PrintErrorLines(ctx, file, loaded.status().message());
-    ctx.exit_code = kExitBadInput;
+    ctx.exit_code = contract::kExitBadInput;
     return false;
   }
   *format = *parsed_format;
@@ -68,8 +69,9 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       "  ulyssesctl plan -f configs/jobs/llama3-8b-1m.yaml\n"
       "  ulyssesctl submit -f job.yaml --coordinator coord:50051\n"
       "  ulyssesctl get -o json\n"
-      "Exit codes: 0 ok; 1 bad input, a server error, an unreachable coordinator, or a watched\n"
-      "job that ended FAILED or CANCELLED.");
+      "Exit codes: 0 ok; 2 bad input (usage, spec, or a request the coordinator refused as\n"
+      "invalid); 1 an unreachable coordinator, a server error, or a watched job that ended\n"
+      "FAILED or CANCELLED.");
 
   AddValidateCommand(app, ctx);
   AddPlanCommand(app, ctx);
@@ -99,7 +101,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
         verbs += (verbs.empty() ? "" : ", ") + sub->get_name();
       }
       err << "ulyssesctl: unknown verb '" << arg << "' (use one of: " << verbs << ")\n";
-      return kExitBadInput;
+      return contract::kExitBadInput;
     }
     break;
   }
@@ -110,11 +112,10 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     std::reverse(args.begin(), args.end());
     app.parse(args);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e, out, err);
-    return code == 0 ? kExitOk : kExitBadInput;
+    return contract::ExitCodeForParseError(app, e, out, err);
   } catch (const std::exception& e) {
     err << "ulyssesctl: " << e.what() << "\n";
-    return kExitBadInput;
+    return contract::kExitFailure;
   }
   return ctx.exit_code;
 }

@@ -2,18 +2,20 @@
 // returns the process exit code; main.cc is a thin wrapper so tests and other
 // tools can run the CLI in-process.
 //
-// Exit codes: 0 success; 1 bad input (invalid spec, unreadable file, usage error), a
-// server error, an unreachable coordinator, or a watched job that ended FAILED/CANCELLED.
+// Exit codes (common/contract/exit.h): 0 success; 2 bad input: a usage error (unknown
+// verb or flag, missing argument), an invalid or unreadable spec, or a request the
+// coordinator refused as invalid (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, ...);
+// 1 any other failure: an unreachable coordinator, a server error, or a watched job that
+// ended FAILED/CANCELLED.
 #ifndef ULYSSES_CLIENT_CLI_H_
 #define ULYSSES_CLIENT_CLI_H_
 
 #include <ostream>
 #include <string>
 
-namespace ulysses::client {
+#include "common/contract/exit.h"
 
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitBadInput = 1;
+namespace ulysses::client {
 
 // Global options and the streams every verb writes to.
 struct CliContext {
@@ -21,7 +23,7 @@ struct CliContext {
   std::string output;       // "table" | "json" | "yaml" | "" (the verb's default).
   std::ostream* out = nullptr;
   std::ostream* err = nullptr;
-  int exit_code = kExitOk;  // Set by the verb that ran.
+  int exit_code = contract::kExitOk;  // Set by the verb that ran.
 };
 
 // Default coordinator address: $ULYSSES_COORDINATOR, else 127.0.0.1:50051.

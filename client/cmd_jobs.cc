@@ -13,6 +13,7 @@
 #include "client/commands.h"
 #include "client/job_view.h"
 #include "client/output.h"
+#include "common/contract/exit.h"
 #include "common/spec/job_spec_parser.h"
 
 namespace ulysses::client {
@@ -31,9 +32,11 @@ void PrintStructured(const nlohmann::json& value, const std::string& output, std
   }
 }
 
+// Prints the error; the exit code says whether the request was refused as bad input (2)
+// or failed otherwise (1: unreachable coordinator, server error).
 int RpcError(const absl::Status& status, const JobClient& client, std::ostream& err) {
   err << FormatRpcError(status, client.address()) << "\n";
-  return 1;
+  return contract::ExitCodeFor(status);
 }
 
 std::string LogLineText(const v1::LogLine& line) {
@@ -66,7 +69,7 @@ int CmdSubmit(JobClient& client, const std::string& file, const std::vector<std:
   auto local = spec::LoadJobSpecFile(file, options);
   if (!local.ok()) {
     err << "error: " << file << " is not a valid TrainJob:\n" << local.status().message() << "\n";
-    return 1;
+    return contract::kExitBadInput;
   }
   std::ifstream in(file);
   std::stringstream text;
@@ -78,7 +81,7 @@ int CmdSubmit(JobClient& client, const std::string& file, const std::vector<std:
   } else {
     out << response->job_id() << "\n";
   }
-  return 0;
+  return contract::kExitOk;
 }
 
 int CmdGetJobs(JobClient& client, const std::string& output, std::ostream& out, std::ostream& err) {
@@ -93,7 +96,7 @@ int CmdGetJobs(JobClient& client, const std::string& output, std::ostream& out, 
   } else {
     PrintJobsTable(*jobs, out);
   }
-  return 0;
+  return contract::kExitOk;
 }
 
 int CmdGetJob(JobClient& client, const std::string& id, const std::string& output,
@@ -105,7 +108,7 @@ int CmdGetJob(JobClient& client, const std::string& id, const std::string& outpu
   } else {
     PrintJobsTable({*job}, out);
   }
-  return 0;
+  return contract::kExitOk;
 }
 
 int CmdDescribeJob(JobClient& client, const std::string& id, const std::string& output,
@@ -117,7 +120,7 @@ int CmdDescribeJob(JobClient& client, const std::string& id, const std::string& 
   } else {
     PrintJobDescription(*job, out);
   }
-  return 0;
+  return contract::kExitOk;
 }
 
 int CmdGetWorkers(JobClient& client, const std::string& output, std::ostream& out,
@@ -133,7 +136,7 @@ int CmdGetWorkers(JobClient& client, const std::string& output, std::ostream& ou
   } else {
     PrintWorkersTable(*workers, out);
   }
-  return 0;
+  return contract::kExitOk;
 }
 
 int CmdWatch(JobClient& client, const std::string& id, bool tty, bool json, absl::Duration timeout,
@@ -168,7 +171,7 @@ int CmdWatch(JobClient& client, const std::string& id, bool tty, bool json, absl
     return RpcError(status, client, err);
   }
   const v1::JobState state = json ? view.state() : view.Finish();
-  return state == v1::JOB_STATE_SUCCEEDED ? 0 : 1;
+  return state == v1::JOB_STATE_SUCCEEDED ? contract::kExitOk : contract::kExitFailure;
 }
 
 int CmdLogs(JobClient& client, const std::string& id, int tail, bool follow, std::ostream& out,
@@ -178,7 +181,7 @@ int CmdLogs(JobClient& client, const std::string& id, int tail, bool follow, std
                   [&](const v1::LogLine& line) { out << LogLineText(line) << "\n"
                                                      << std::flush; });
   if (!status.ok()) return RpcError(status, client, err);
-  return 0;
+  return contract::kExitOk;
 }
 
 int CmdCancel(JobClient& client, const std::string& id, const std::string& reason,
@@ -186,14 +189,14 @@ int CmdCancel(JobClient& client, const std::string& id, const std::string& reaso
   auto job = client.Cancel(id, reason);
   if (!job.ok()) return RpcError(job.status(), client, err);
   out << job->id() << " " << JobStateName(job->state()) << "\n";
-  return 0;
+  return contract::kExitOk;
 }
 
 int CmdResume(JobClient& client, const std::string& id, std::ostream& out, std::ostream& err) {
   auto job = client.Resume(id);
   if (!job.ok()) return RpcError(job.status(), client, err);
   out << job->id() << " " << JobStateName(job->state()) << "\n";
-  return 0;
+  return contract::kExitOk;
 }
 
 namespace {
@@ -259,7 +262,7 @@ void AddGetCommand(CLI::App& app, CliContext& ctx) {
       ctx.exit_code = CmdGetJob(client, id, ctx.output, *ctx.out, *ctx.err);
     } else {
       *ctx.err << "error: get: expected `jobs`, `job ID` or `workers`\n";
-      ctx.exit_code = kExitBadInput;
+      ctx.exit_code = contract::kExitBadInput;
     }
   });
 }
@@ -278,7 +281,7 @@ void AddDescribeCommand(CLI::App& app, CliContext& ctx) {
     const std::string id = JobIdFrom(args->words);
     if (id.empty()) {
       *ctx.err << "error: describe: expected `job ID`\n";
-      ctx.exit_code = kExitBadInput;
+      ctx.exit_code = contract::kExitBadInput;
       return;
     }
     JobClient client = ClientFor(ctx);

@@ -83,7 +83,7 @@ void RunPlan(CliContext& ctx, const PlanOptions& opts) {
       *ctx.out << JsonToYaml(PlanJson(plans));
       break;
   }
-  ctx.exit_code = kExitOk;
+  ctx.exit_code = contract::kExitOk;
 }
 
 }  // namespace

@@ -56,7 +56,7 @@ void RunValidate(CliContext& ctx, const ValidateOptions& opts) {
       PrintSummary(job, *ctx.out);
       break;
   }
-  ctx.exit_code = kExitOk;
+  ctx.exit_code = contract::kExitOk;
 }
 
 }  // namespace

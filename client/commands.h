@@ -30,7 +30,8 @@ void AddResumeCommand(CLI::App& app, CliContext& ctx);
 void PrintErrorLines(CliContext& ctx, const std::string& prefix, absl::string_view message);
 
 // The shared front of the offline verbs: parses -o (default `fallback`) and loads + validates
-// the spec file. On error prints it (file-prefixed lines), sets kExitBadInput, returns false.
+// the spec file. On error prints it (file-prefixed lines), sets contract::kExitBadInput and
+// returns false.
 bool LoadSpecForVerb(CliContext& ctx, const std::string& file,
                      const spec::ParseOptions& parse_options, OutputFormat fallback,
                      OutputFormat* format, spec::JobSpec* job);

@@ -180,7 +180,7 @@ json JobSummaryJson(const v1::Job& job) {
          {"stage", job.stage_index()},
          {"stages_total", job.stages_size()},
          {"seq_len", stage ? stage->seq_len() : 0},
-         {"step", stage ? stage->step() : 0},
+         {"step", stage ? stage->progress().step() : 0},
          {"steps", stage ? stage->steps() : 0},
          {"restarts", job.restarts()},
          {"preemptions", job.preemptions()},
@@ -207,15 +207,15 @@ json JobDetailJson(const v1::Job& job) {
                           {"state", StageStateName(s.state())},
                           {"seq_len", s.seq_len()},
                           {"steps", s.steps()},
-                          {"step", s.step()},
+                          {"step", s.progress().step()},
                           {"sp", s.sp()},
                           {"dp", s.dp()},
                           {"world_size", s.sp() * std::max(1, s.dp())},
-                          {"loss", s.loss()},
-                          {"tokens_per_s", s.tokens_per_s()},
-                          {"eval_loss", s.eval_loss()},
-                          {"eval_accuracy", s.eval_accuracy()},
-                          {"eval_seq_len", s.eval_seq_len()},
+                          {"loss", s.progress().loss()},
+                          {"tokens_per_s", s.progress().tokens_per_s()},
+                          {"eval_loss", s.eval().loss()},
+                          {"eval_accuracy", s.eval().accuracy()},
+                          {"eval_seq_len", s.eval().seq_len()},
                           {"attempts", s.attempts()},
                           {"started_at", TimeJson(s.started_at())},
                           {"finished_at", TimeJson(s.finished_at())}});
@@ -281,7 +281,7 @@ void PrintJobsTable(const std::vector<v1::Job>& jobs, std::ostream& out) {
     rows.push_back({job.id(), job.name(), JobStateName(job.state()),
                     absl::StrCat(shown_stage, "/", job.stages_size()),
                     stage ? absl::StrCat(stage->seq_len()) : "-",
-                    stage ? absl::StrCat(stage->step(), "/", stage->steps()) : "-",
+                    stage ? absl::StrCat(stage->progress().step(), "/", stage->steps()) : "-",
                     job.loss() > 0 ? absl::StrFormat("%.4f", job.loss()) : "-",
                     absl::StrCat(job.restarts()), absl::StrCat(job.preemptions()), job.reason()});
   }
@@ -327,10 +327,10 @@ void PrintJobDescription(const v1::Job& job, std::ostream& out) {
   for (const auto& s : job.stages()) {
     rows.push_back({absl::StrCat("  ", s.index()), StageStateName(s.state()),
                     absl::StrCat(s.seq_len()), absl::StrCat(s.sp()), absl::StrCat(s.dp()),
-                    absl::StrCat(s.step(), "/", s.steps()),
-                    s.loss() > 0 ? absl::StrFormat("%.4f", s.loss()) : "-",
-                    s.eval_loss() > 0 ? absl::StrFormat("%.4f", s.eval_loss()) : "-",
-                    s.eval_seq_len() > 0 ? absl::StrFormat("%.3f", s.eval_accuracy()) : "-",
+                    absl::StrCat(s.progress().step(), "/", s.steps()),
+                    s.has_progress() ? absl::StrFormat("%.4f", s.progress().loss()) : "-",
+                    s.has_eval() ? absl::StrFormat("%.4f", s.eval().loss()) : "-",
+                    s.has_eval() ? absl::StrFormat("%.3f", s.eval().accuracy()) : "-",
                     absl::StrCat(s.attempts())});
   }
   PrintTable(rows, out);
@@ -362,10 +362,8 @@ void WatchView::OnEvent(const v1::JobEvent& event) {
     const auto& p = event.progress();
     if (p.stage() >= 0 && p.stage() < job_.stages_size()) {
       v1::StageStatus* s = job_.mutable_stages(p.stage());
-      s->set_step(p.step());
+      *s->mutable_progress() = p;
       if (p.steps() > 0) s->set_steps(p.steps());
-      s->set_loss(p.loss());
-      s->set_tokens_per_s(p.tokens_per_s());
       if (s->state() == v1::STAGE_STATE_PENDING) s->set_state(v1::STAGE_STATE_RUNNING);
       job_.set_stage_index(p.stage());
       job_.set_loss(p.loss());
@@ -382,10 +380,7 @@ void WatchView::OnEvent(const v1::JobEvent& event) {
   } else if (event.has_eval()) {
     const auto& e = event.eval();
     if (e.stage() >= 0 && e.stage() < job_.stages_size()) {
-      v1::StageStatus* s = job_.mutable_stages(e.stage());
-      s->set_eval_loss(e.loss());
-      s->set_eval_accuracy(e.accuracy());
-      s->set_eval_seq_len(e.seq_len());
+      *job_.mutable_stages(e.stage())->mutable_eval() = e;
     }
     if (!tty_) out_ << EventText(event) << "\n";
   } else if (event.has_checkpoint()) {
@@ -397,7 +392,7 @@ void WatchView::OnEvent(const v1::JobEvent& event) {
       if (a.outcome() == v1::ATTEMPT_OUTCOME_SUCCEEDED && a.stage() < job_.stages_size()) {
         v1::StageStatus* s = job_.mutable_stages(a.stage());
         s->set_state(v1::STAGE_STATE_COMPLETED);
-        s->set_step(s->steps());
+        s->mutable_progress()->set_step(s->steps());
       }
     } else if (event.attempt_started().stage() < job_.stages_size()) {
       job_.set_stage_index(event.attempt_started().stage());
@@ -411,7 +406,7 @@ void WatchView::OnEvent(const v1::JobEvent& event) {
 
 std::string WatchView::StageLine(const v1::StageStatus& s) {
   const int64_t steps = std::max<int64_t>(s.steps(), 1);
-  const int64_t step = std::min<int64_t>(s.step(), steps);
+  const int64_t step = std::min<int64_t>(s.progress().step(), steps);
   std::string eta = "-";
   auto it = first_progress_.find(s.index());
   if (s.state() == v1::STAGE_STATE_COMPLETED) {
@@ -430,11 +425,12 @@ std::string WatchView::StageLine(const v1::StageStatus& s) {
     line += absl::StrCat(" [", std::string(filled, '#'), std::string(kWidth - filled, '.'), "]");
   }
   line += absl::StrFormat(" step %d/%d", step, s.steps());
-  if (s.loss() > 0) line += absl::StrFormat(" loss %.4f", s.loss());
-  if (s.tokens_per_s() > 0) line += absl::StrFormat(" tok/s %.0f", s.tokens_per_s());
+  const v1::StepProgress& p = s.progress();
+  if (p.loss() > 0) line += absl::StrFormat(" loss %.4f", p.loss());
+  if (p.tokens_per_s() > 0) line += absl::StrFormat(" tok/s %.0f", p.tokens_per_s());
   line += " ETA " + eta;
-  if (s.eval_seq_len() > 0) {
-    line += absl::StrFormat(" eval_loss %.4f acc %.3f", s.eval_loss(), s.eval_accuracy());
+  if (s.has_eval()) {
+    line += absl::StrFormat(" eval_loss %.4f acc %.3f", s.eval().loss(), s.eval().accuracy());
   }
   return line;
 }

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/contract/exit.h"
 #include "common/logging.h"
 #include "common/metrics/build_info.h"
 #include "common/spec/job_spec_parser.h"
@@ -656,9 +657,14 @@ void Coordinator::OnRankFailure(JobRt& job, v1::AttemptOutcome outcome, int exit
       txn);
 }
 
-void Coordinator::OnRankPreempted(JobRt& job, int rank, Txn& txn) {
-  std::string why = absl::StrCat("rank ", rank, " preempted (exit 75 after a checkpoint)");
-  EndAttempt(job, v1::ATTEMPT_OUTCOME_PREEMPTED, 75, why,
+void Coordinator::OnRankPreempted(JobRt& job, int rank, int exit_code, const std::string& how,
+                                  Txn& txn) {
+  std::string why =
+      exit_code == contract::kExitPreempted
+          ? absl::StrCat("rank ", rank, " preempted (exit ", exit_code, " after a checkpoint)")
+          : absl::StrCat("rank ", rank, " preempted (it ", how, " instead of exiting ",
+                         contract::kExitPreempted, " after a checkpoint)");
+  EndAttempt(job, v1::ATTEMPT_OUTCOME_PREEMPTED, exit_code, why,
              static_cast<int64_t>(config_.cancel_grace_s * 1000), txn);
   job.rec.preemptions++;
   job.rec.preemptions_budget_used++;
@@ -1100,6 +1106,17 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, uint64_t session
   (void)CommitLocked(txn);
 }
 
+namespace {
+
+// How an Ack tells the worker what became of its message.
+v1::AckCode AckCodeFor(const absl::Status& status) {
+  if (status.ok()) return v1::ACK_CODE_OK;
+  if (absl::IsFailedPrecondition(status)) return v1::ACK_CODE_STALE;
+  return v1::ACK_CODE_INVALID;
+}
+
+}  // namespace
+
 Coordinator::JobRt* Coordinator::Fence(const v1::WorkRef& ref, absl::Status* error) {
   auto it = jobs_.find(ref.job_id());
   if (it == jobs_.end()) {
@@ -1120,7 +1137,7 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
   auto ack = [&](const absl::Status& status) {
     v1::CoordinatorMessage msg;
     msg.mutable_ack()->set_seq(m.seq());
-    msg.mutable_ack()->set_code(static_cast<int>(status.code()));
+    msg.mutable_ack()->set_code(AckCodeFor(status));
     msg.mutable_ack()->set_message(std::string(status.message()));
     SendTo(w, std::move(msg), txn);
   };
@@ -1190,7 +1207,7 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
       job->started_ranks.insert(ref.rank());
       StageRecord& stage = job->rec.stages[job->rec.stage_index];
       if (m.has_progress()) {
-        const v1::ProgressReport& p = m.progress();
+        const v1::StepProgress& p = m.progress().progress();
         if (p.step() >= stage.step) {
           stage.step = p.step();
           stage.loss = p.loss();
@@ -1214,12 +1231,10 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
           job->last_progress_generation = ref.generation();
           v1::JobEvent ev;
           v1::StepProgress* sp = ev.mutable_progress();
+          *sp = p;
           sp->set_stage(ref.stage());
-          sp->set_step(p.step());
-          sp->set_steps(p.steps() > 0 ? p.steps() : stage.steps);
-          sp->set_loss(p.loss());
-          sp->set_tokens_per_s(p.tokens_per_s());
-          sp->set_seq_len(p.seq_len() > 0 ? p.seq_len() : stage.seq_len);
+          if (sp->steps() <= 0) sp->set_steps(stage.steps);
+          if (sp->seq_len() <= 0) sp->set_seq_len(stage.seq_len);
           AddEvent(*job, std::move(ev), /*persist=*/false, txn);
         }
       }
@@ -1250,19 +1265,20 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
       return;
     }
     case v1::WorkerMessage::kCheckpoint: {
-      const v1::CheckpointCommitted& c = m.checkpoint();
+      const v1::WorkRef& c_ref = m.checkpoint().ref();
+      const v1::Checkpoint& c = m.checkpoint().checkpoint();
       absl::Status error;
-      JobRt* job = Fence(c.ref(), &error);
+      JobRt* job = Fence(c_ref, &error);
       if (job == nullptr) {
         ack(error);
         return;
       }
       const auto& last = job->rec.last_checkpoint;
-      if (!last || last->stage != c.ref().stage() || last->step != c.step()) {
+      if (!last || last->stage != c_ref.stage() || last->step != c.step()) {
         CheckpointRecord rec;
         rec.job_id = job->rec.id;
-        rec.generation = c.ref().generation();
-        rec.stage = c.ref().stage();
+        rec.generation = c_ref.generation();
+        rec.stage = c_ref.stage();
         rec.step = c.step();
         rec.path = c.path();
         rec.bytes = c.bytes();
@@ -1285,10 +1301,10 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
       return;
     }
     case v1::WorkerMessage::kEval: {
-      const v1::EvalReport& e = m.eval();
-      JobRt* job = fence_live(e.ref());
+      const v1::EvalResult& e = m.eval().result();
+      JobRt* job = fence_live(m.eval().ref());
       if (job == nullptr) return;
-      int idx = e.ref().stage();
+      int idx = m.eval().ref().stage();
       if (idx >= 0 && idx < static_cast<int>(job->rec.stages.size())) {
         StageRecord& stage = job->rec.stages[idx];
         stage.eval_loss = e.loss();
@@ -1296,10 +1312,8 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
         stage.eval_seq_len = e.seq_len();
       }
       v1::JobEvent ev;
+      *ev.mutable_eval() = e;
       ev.mutable_eval()->set_stage(idx);
-      ev.mutable_eval()->set_seq_len(e.seq_len());
-      ev.mutable_eval()->set_loss(e.loss());
-      ev.mutable_eval()->set_accuracy(e.accuracy());
       AddEvent(*job, std::move(ev), true, txn);
       return;
     }
@@ -1337,20 +1351,30 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
         return;
       }
       std::string detail = x.error_message().empty() ? "" : absl::StrCat(": ", x.error_message());
-      if (x.exit_code() == 0 && !x.aborted()) {
-        job->done_ranks.insert(ref.rank());
-        if (job->done_ranks.size() == a->worker_ids.size()) CompleteStage(*job, txn);
-      } else if (x.exit_code() == 75) {
-        OnRankPreempted(*job, ref.rank(), txn);
-      } else if (x.exit_code() == 2) {
-        OnRankFailure(*job, v1::ATTEMPT_OUTCOME_BAD_INPUT, 2,
-                      absl::StrCat("rank ", ref.rank(), " rejected its input (exit 2)", detail),
-                      "bad_input", txn);
-      } else {
-        std::string how = x.signal() != 0 ? absl::StrCat("was killed by signal ", x.signal())
-                                          : absl::StrCat("exited ", x.exit_code());
-        OnRankFailure(*job, v1::ATTEMPT_OUTCOME_FAILED, x.exit_code(),
-                      absl::StrCat("rank ", ref.rank(), " ", how, detail), "rank_failed", txn);
+      const contract::StopRequest stop = x.aborted()     ? contract::StopRequest::kAbort
+                                         : x.preempted() ? contract::StopRequest::kPreempt
+                                                         : contract::StopRequest::kNone;
+      const std::string how = x.signal() != 0 ? absl::StrCat("was killed by signal ", x.signal())
+                                              : absl::StrCat("exited ", x.exit_code());
+      switch (contract::OutcomeOf(contract::ProcessExit{x.exit_code(), x.signal()}, stop)) {
+        case contract::RankOutcome::kSucceeded:
+          job->done_ranks.insert(ref.rank());
+          if (job->done_ranks.size() == a->worker_ids.size()) CompleteStage(*job, txn);
+          break;
+        case contract::RankOutcome::kPreempted:
+          OnRankPreempted(*job, ref.rank(), x.exit_code(), how, txn);
+          break;
+        case contract::RankOutcome::kBadInput:
+          OnRankFailure(*job, v1::ATTEMPT_OUTCOME_BAD_INPUT, x.exit_code(),
+                        absl::StrCat("rank ", ref.rank(), " rejected its input (exit ",
+                                     contract::kExitBadInput, ")", detail),
+                        "bad_input", txn);
+          break;
+        case contract::RankOutcome::kFailed:
+        case contract::RankOutcome::kAborted:  // Its worker stopped it; this attempt needs it.
+          OnRankFailure(*job, v1::ATTEMPT_OUTCOME_FAILED, x.exit_code(),
+                        absl::StrCat("rank ", ref.rank(), " ", how, detail), "rank_failed", txn);
+          break;
       }
       return;
     }
@@ -1383,14 +1407,24 @@ v1::Job Coordinator::ToProto(const JobRt& job, bool full) const {
     st->set_state(s.state);
     st->set_seq_len(s.seq_len);
     st->set_steps(s.steps);
-    st->set_step(s.step);
     st->set_sp(s.sp);
     st->set_dp(s.dp);
-    st->set_loss(s.loss);
-    st->set_tokens_per_s(s.tokens_per_s);
-    st->set_eval_loss(s.eval_loss);
-    st->set_eval_accuracy(s.eval_accuracy);
-    st->set_eval_seq_len(s.eval_seq_len);
+    if (s.step > 0) {
+      v1::StepProgress* p = st->mutable_progress();
+      p->set_stage(s.index);
+      p->set_step(s.step);
+      p->set_steps(s.steps);
+      p->set_loss(s.loss);
+      p->set_tokens_per_s(s.tokens_per_s);
+      p->set_seq_len(s.seq_len);
+    }
+    if (s.eval_seq_len > 0) {
+      v1::EvalResult* e = st->mutable_eval();
+      e->set_stage(s.index);
+      e->set_seq_len(s.eval_seq_len);
+      e->set_loss(s.eval_loss);
+      e->set_accuracy(s.eval_accuracy);
+    }
     st->set_attempts(s.attempts);
     SetTime(s.started_ms, st->mutable_started_at());
     SetTime(s.finished_ms, st->mutable_finished_at());

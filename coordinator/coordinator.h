@@ -129,7 +129,8 @@ class Coordinator {
                   int64_t grace_ms, Txn& txn);
   void OnRankFailure(JobRt& job, v1::AttemptOutcome outcome, int exit_code,
                      const std::string& reason, const std::string& metric_reason, Txn& txn);
-  void OnRankPreempted(JobRt& job, int rank, Txn& txn);
+  // exit_code 75, or how else a rank stopped for a preemption ended (`how`).
+  void OnRankPreempted(JobRt& job, int rank, int exit_code, const std::string& how, Txn& txn);
   void CompleteStage(JobRt& job, Txn& txn);
   void OnWorkerLost(WorkerRt& worker, const std::string& why, Txn& txn);
   void AddEvent(JobRt& job, v1::JobEvent event, bool persist, Txn& txn);

@@ -1,13 +1,15 @@
 // ulysses-coordinator: the control-plane daemon. See docs/COORDINATOR.md.
 //   ulysses-coordinator --listen HOST:PORT --state-dir DIR --metrics-listen HOST:PORT
 //                       [--config FILE]
-// Flags override the config file. Exits 0 after SIGTERM/SIGINT, 2 on bad flags/config,
-// 1 when the daemon cannot start.
+// Flags override the config file. Exit codes (common/contract/exit.h): 0 after
+// SIGTERM/SIGINT, 2 on bad flags/config, 1 when the daemon cannot start.
 #include <cstdlib>
 #include <iostream>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "common/contract/cli11.h"
+#include "common/contract/exit.h"
 #include "common/logging.h"
 #include "common/stop.h"
 #include "coordinator/config.h"
@@ -27,14 +29,16 @@ int main(int argc, char** argv) {
                  "Shared checkpoint root (default <state-dir>/checkpoints)");
   app.add_option("--heartbeat-timeout-s", heartbeat_timeout_s,
                  "Seconds without a worker message before it is LOST (<= 10)");
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> exit_code = ulysses::contract::ParseCommandLine(app, argc, argv)) {
+    return *exit_code;
+  }
 
   CoordinatorConfig config;
   if (!config_file.empty()) {
     absl::Status s = ulysses::coordinator::LoadConfigFile(config_file, &config);
     if (!s.ok()) {
       std::cerr << "ulysses-coordinator: " << s.message() << "\n";
-      return 2;
+      return ulysses::contract::kExitBadInput;
     }
   }
   if (!listen.empty()) config.listen = listen;
@@ -44,14 +48,14 @@ int main(int argc, char** argv) {
   if (heartbeat_timeout_s >= 0) config.heartbeat_timeout_s = heartbeat_timeout_s;
   if (absl::Status s = ulysses::coordinator::ValidateAndFinalize(&config); !s.ok()) {
     std::cerr << "ulysses-coordinator: invalid configuration:\n" << s.message() << "\n";
-    return 2;
+    return ulysses::contract::kExitBadInput;
   }
 
   ulysses::InstallStopSignalHandlers();
   auto server = ulysses::coordinator::CoordinatorServer::Start(config);
   if (!server.ok()) {
     std::cerr << "ulysses-coordinator: " << server.status().message() << "\n";
-    return 1;
+    return ulysses::contract::kExitFailure;
   }
   // Ready line for scripts and tests: the bound ports.
   std::cout << "ulysses-coordinator listening grpc=" << (*server)->port()
@@ -59,5 +63,5 @@ int main(int argc, char** argv) {
   while (!ulysses::WaitForStop(std::chrono::seconds(1))) (*server)->UpdateHealth();
   ULOG(INFO) << "stop requested (signal " << ulysses::StopSignal() << "); shutting down";
   (*server)->Shutdown();
-  return 0;
+  return ulysses::contract::kExitOk;
 }

@@ -29,7 +29,7 @@ v1::Job SampleJob() {
     s->set_index(i);
     s->set_seq_len(1024 << i);
     s->set_steps(10);
-    s->set_step(i == 1 ? 4 : (i == 0 ? 10 : 0));
+    if (i < 2) s->mutable_progress()->set_step(i == 1 ? 4 : 10);
     s->set_sp(1 << i);
     s->set_dp(1);
   }
@@ -153,7 +153,7 @@ TEST(JobViewTest, SubmitRejectsABadSpecLocally) {
   const char* argv[] = {
       "ulyssesctl", "--coordinator", "127.0.0.1:1", "submit",
       "-f",         spec.c_str(),    "--set",       "spec.stages[1].seq_len=2047"};
-  EXPECT_EQ(RunCli(8, argv, out, err), 1);
+  EXPECT_EQ(RunCli(8, argv, out, err), 2);  // Bad input.
   // The validation message, not a connection error: nothing was sent.
   EXPECT_NE(err.str().find("spec.stages[1].seq_len"), std::string::npos) << err.str();
   EXPECT_EQ(err.str().find("cannot reach"), std::string::npos) << err.str();

@@ -215,7 +215,7 @@ TEST_F(UlyssesctlTest, ValidateTableSummarisesStages) {
 TEST_F(UlyssesctlTest, ValidateReportsEveryErrorPrefixedWithTheFile) {
   const std::string path = Write("bad.yaml", kBadSpec);
   Result r = Run({"validate", "-f", path});
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.out, "");
   const std::vector<std::string> lines = absl::StrSplit(r.err, '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), 2u) << r.err;
@@ -233,7 +233,7 @@ TEST_F(UlyssesctlTest, ValidateAppliesSetOverrides) {
   EXPECT_THAT(r.out, HasSubstr("{seq_len: 106496, steps: 5}"));
   EXPECT_THAT(r.out, HasSubstr("keep_last: 3"));
   Result bad = Run({"validate", "-f", path, "--set", "spec.stages[0].stpes=1"});
-  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr(path + ": --set spec.stages[0].stpes=1: spec.stages[0].stpes is "
                                         "not a known field (did you mean 'steps'?)"));
 }
@@ -255,7 +255,7 @@ TEST_F(UlyssesctlTest, ValidateNeverCrashesOnBadFiles) {
     SCOPED_TRACE(path);
     Result r = Run({"validate", "-f", path});
     EXPECT_EQ(r.signal, 0);
-    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_EQ(r.exit_code, 2);
     EXPECT_THAT(r.err, HasSubstr(expected));
     EXPECT_THAT(r.err, HasSubstr(path + ": "));
   }
@@ -276,24 +276,31 @@ spec:
   Result plain = Run({"validate", "-f", path});
   EXPECT_EQ(plain.exit_code, 0) << plain.err;
   Result checked = Run({"validate", "-f", path, "--check-files"});
-  EXPECT_EQ(checked.exit_code, 1);
+  EXPECT_EQ(checked.exit_code, 2);
   EXPECT_THAT(checked.err, HasSubstr("spec.data.train: '" + short_file +
                                      "' holds 100 tokens, needs at least 1025"));
 }
 
-TEST_F(UlyssesctlTest, UsageErrorsExitOne) {
+// Usage errors are bad input: exit 2 (common/contract/exit.h), whether CLI11 or
+// ulyssesctl itself finds them.
+TEST_F(UlyssesctlTest, UsageErrorsExitTwo) {
   Result no_file = Run({"validate"});
-  EXPECT_EQ(no_file.exit_code, 1);
+  EXPECT_EQ(no_file.exit_code, 2);
   EXPECT_THAT(no_file.err, HasSubstr("--file is required"));
   Result no_verb = Run({});
-  EXPECT_EQ(no_verb.exit_code, 1);
+  EXPECT_EQ(no_verb.exit_code, 2);
   EXPECT_THAT(no_verb.err, HasSubstr("subcommand is required"));
   Result unknown = Run({"-o", "json", "frobnicate", "-f", "x"});
-  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_THAT(unknown.err, HasSubstr("unknown verb 'frobnicate' (use one of: validate, plan, "));
   Result bad_format = Run({"-o", "xml", "validate", "-f", Example("tiny-demo.yaml")});
-  EXPECT_EQ(bad_format.exit_code, 1);
+  EXPECT_EQ(bad_format.exit_code, 2);
   EXPECT_THAT(bad_format.err, HasSubstr("xml not in {table,json,yaml}"));
+  Result unknown_flag = Run({"validate", "-f", Example("tiny-demo.yaml"), "--frobnicate"});
+  EXPECT_EQ(unknown_flag.exit_code, 2);
+  EXPECT_THAT(unknown_flag.err, HasSubstr("--frobnicate"));
+  Result help = Run({"validate", "--help"});
+  EXPECT_EQ(help.exit_code, 0);
 }
 
 TEST_F(UlyssesctlTest, HelpHasExamplesOnEveryVerb) {
@@ -363,7 +370,7 @@ TEST_F(UlyssesctlTest, PlanShowsTokensAndAllToAllVolume) {
   EXPECT_GT(j[3]["activation_bytes_per_rank"].get<int64_t>(),
             j[0]["activation_bytes_per_rank"].get<int64_t>());
   Result bad = Run({"plan", "-f", Write("bad.yaml", kBadSpec)});
-  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr("is not divisible by sp_degree 8 (try 98304 or 106496)"));
 }
 

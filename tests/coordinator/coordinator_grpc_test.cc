@@ -3,6 +3,7 @@
 // peers and JobService clients.
 #include <sqlite3.h>
 
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -154,16 +155,16 @@ TEST_F(CoordinatorGrpcTest, SubmitAssignsRanksAndProgressShowsInGetJob) {
   for (auto& [rank, wa] : assigned) wa.first->Started(wa.second.ref());
   ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
   assigned[0].first->Progress(a0.ref(), 3, 2.5, 1234);
-  ASSERT_TRUE(PollUntil([&] { return GetJob(*id).stages(0).step() == 3; }));
+  ASSERT_TRUE(PollUntil([&] { return GetJob(*id).stages(0).progress().step() == 3; }));
   v1::Job job = GetJob(*id);
-  EXPECT_DOUBLE_EQ(job.stages(0).loss(), 2.5);
-  EXPECT_DOUBLE_EQ(job.stages(0).tokens_per_s(), 1234);
+  EXPECT_DOUBLE_EQ(job.stages(0).progress().loss(), 2.5);
+  EXPECT_DOUBLE_EQ(job.stages(0).progress().tokens_per_s(), 1234);
   EXPECT_DOUBLE_EQ(job.loss(), 2.5);
 
   uint64_t seq = assigned[0].first->Checkpoint(a0.ref(), 4, "/ckpt/s0-4");
   auto ack = assigned[0].first->WaitAck(seq);
   ASSERT_TRUE(ack);
-  EXPECT_EQ(ack->code(), 0);
+  EXPECT_EQ(ack->code(), v1::ACK_CODE_OK);
   for (auto& [rank, wa] : assigned) wa.first->Exited(wa.second.ref(), 0);
   ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_SUCCEEDED));
   job = GetJob(*id);
@@ -213,9 +214,9 @@ TEST_F(CoordinatorGrpcTest, HeartbeatLossAbortsSurvivorsAndRestartsWithNewGenera
   uint64_t seq = survivor->Progress(first[0].second.ref(), 2, 1.0);
   auto ack = survivor->WaitAck(seq);
   ASSERT_TRUE(ack);
-  EXPECT_EQ(ack->code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+  EXPECT_EQ(ack->code(), v1::ACK_CODE_STALE);
   EXPECT_NE(ack->message().find("stale generation 1"), std::string::npos) << ack->message();
-  EXPECT_EQ(GetJob(*id).stages(0).step(), 0);
+  EXPECT_FALSE(GetJob(*id).stages(0).has_progress());
 }
 
 TEST_F(CoordinatorGrpcTest, Exit75CountsAsPreemptionNotFailure) {
@@ -264,6 +265,44 @@ TEST_F(CoordinatorGrpcTest, Exit75CountsAsPreemptionNotFailure) {
   EXPECT_EQ(job.failures(), 0);
   EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_PREEMPTED);
   EXPECT_EQ(job.last_checkpoint().step(), 2);
+}
+
+// The grace ran out and the worker SIGKILLed its preempted rank: still a preemption
+// (contract::OutcomeOf), resumed from the last committed checkpoint, not a failure.
+TEST_F(CoordinatorGrpcTest, PreemptedRankKilledAfterItsGraceIsAPreemption) {
+  FakeWorker& w1 = AddWorker("w1");
+  auto id = Submit(JobYaml("killed", "    - {seq_len: 256, steps: 4}\n", "{max_failures: 1}"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto first = CollectAssignments({&w1}, 1);
+  ASSERT_EQ(first.size(), 1u);
+  w1.Started(first[0].second.ref());
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
+  w1.Killed(first[0].second.ref(), SIGKILL, /*preempted=*/true);
+  // The attempt ends at once (the job then requeues, so its state moves on).
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        v1::Job j = GetJob(*id);
+        return j.attempts_size() > 0 && j.attempts(0).outcome() != v1::ATTEMPT_OUTCOME_RUNNING;
+      },
+      std::chrono::seconds(15)));
+  v1::Job job = GetJob(*id);
+  EXPECT_EQ(job.preemptions(), 1);
+  EXPECT_EQ(job.failures(), 0);
+  EXPECT_EQ(job.restarts(), 0);
+  ASSERT_GE(job.attempts_size(), 1);
+  EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_PREEMPTED);
+  EXPECT_EQ(job.attempts(0).exit_code(), 128 + SIGKILL);
+  EXPECT_NE(job.attempts(0).reason().find("was killed by signal 9"), std::string::npos)
+      << job.attempts(0).reason();
+
+  // Without a preemption request the same kill is a failure.
+  auto second = CollectAssignments({&w1}, 1);
+  ASSERT_EQ(second.size(), 1u);
+  w1.Started(second[0].second.ref());
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
+  w1.Killed(second[0].second.ref(), SIGKILL, /*preempted=*/false);
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_FAILED));  // max_failures: 1
+  EXPECT_EQ(GetJob(*id).failures(), 1);
 }
 
 TEST_F(CoordinatorGrpcTest, StageTransitionChangesGroupSize) {
@@ -487,7 +526,7 @@ TEST_F(CoordinatorGrpcTest, MetricsPassPromtool) {
   w1.Started(a->ref());
   w1.Progress(a->ref(), 1, 4.5);
   ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
-  ASSERT_TRUE(PollUntil([&] { return GetJob(*id).stages(0).step() == 1; }));
+  ASSERT_TRUE(PollUntil([&] { return GetJob(*id).stages(0).progress().step() == 1; }));
   httplib::Client http("127.0.0.1", server_->metrics_port());
   auto res = http.Get("/metrics");
   ASSERT_TRUE(res);

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -145,7 +147,7 @@ TEST(CoordinatorProcessTest, SigkillAndRestartKeepsJobsCountersAndGeneration) {
     uint64_t seq = rank0.Checkpoint(w1ref.rank() == 0 ? w1ref : w2ref, 4, "/ckpt/s0-4");
     auto ack = rank0.WaitAck(seq);
     ASSERT_TRUE(ack);
-    ASSERT_EQ(ack->code(), 0) << ack->message();
+    ASSERT_EQ(ack->code(), v1::ACK_CODE_OK) << ack->message();
     v1::Job before = GetJob(stub.get(), id);
     ASSERT_EQ(before.preemptions(), 1);
     ASSERT_EQ(before.generation(), 2);
@@ -258,6 +260,24 @@ TEST(CoordinatorProcessTest, BadConfigExits2WithTheField) {
   fclose(e);
   EXPECT_NE(std::string(buf, n).find("heartbeat_timeout_s: 60 is out of range"), std::string::npos)
       << std::string(buf, n);
+}
+
+// Flags CLI11 rejects are bad input too: exit 2 (not CLI11's own 100+ codes).
+TEST(CoordinatorProcessTest, BadFlagsExit2) {
+  TempDir dir;
+  for (const std::string& flags :
+       {std::string("--state-dir ") + dir.path() + " --no-such-flag",
+        std::string("--state-dir ") + dir.path() + " --heartbeat-timeout-s ten"}) {
+    SCOPED_TRACE(flags);
+    const std::string err_file = dir.path() + "/err.txt";
+    const std::string cmd = Binary() + " " + flags + " 2>" + err_file;
+    const int rc = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(rc));
+    EXPECT_EQ(WEXITSTATUS(rc), 2);
+    std::ifstream in(err_file);
+    const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_FALSE(err.empty()) << "no message on stderr";
+  }
 }
 
 }  // namespace

@@ -150,9 +150,11 @@ class FakeWorker {
   uint64_t Progress(const v1::WorkRef& ref, int64_t step, double loss, double tps = 1000) {
     v1::WorkerMessage m;
     *m.mutable_progress()->mutable_ref() = ref;
-    m.mutable_progress()->set_step(step);
-    m.mutable_progress()->set_loss(loss);
-    m.mutable_progress()->set_tokens_per_s(tps);
+    v1::StepProgress* p = m.mutable_progress()->mutable_progress();
+    p->set_stage(ref.stage());
+    p->set_step(step);
+    p->set_loss(loss);
+    p->set_tokens_per_s(tps);
     uint64_t seq = 0;
     Send(std::move(m), &seq);
     return seq;
@@ -160,10 +162,12 @@ class FakeWorker {
   uint64_t Checkpoint(const v1::WorkRef& ref, int64_t step, const std::string& path) {
     v1::WorkerMessage m;
     *m.mutable_checkpoint()->mutable_ref() = ref;
-    m.mutable_checkpoint()->set_step(step);
-    m.mutable_checkpoint()->set_path(path);
-    m.mutable_checkpoint()->set_bytes(1 << 20);
-    m.mutable_checkpoint()->set_seconds(0.25);
+    v1::Checkpoint* c = m.mutable_checkpoint()->mutable_checkpoint();
+    c->set_stage(ref.stage());
+    c->set_step(step);
+    c->set_path(path);
+    c->set_bytes(1 << 20);
+    c->set_seconds(0.25);
     uint64_t seq = 0;
     Send(std::move(m), &seq);
     return seq;
@@ -175,6 +179,19 @@ class FakeWorker {
     m.mutable_exited()->set_exit_code(exit_code);
     m.mutable_exited()->set_preempted(exit_code == 75);
     m.mutable_exited()->set_error_message(error);
+    uint64_t seq = 0;
+    Send(std::move(m), &seq);
+    return seq;
+  }
+  // The rank was killed by `signal` (what the agent reports: exit 128 + signal), after the
+  // worker asked it to stop for a preemption when `preempted`.
+  uint64_t Killed(const v1::WorkRef& ref, int signal, bool preempted) {
+    SetRunning(std::nullopt);
+    v1::WorkerMessage m;
+    *m.mutable_exited()->mutable_ref() = ref;
+    m.mutable_exited()->set_exit_code(128 + signal);
+    m.mutable_exited()->set_signal(signal);
+    m.mutable_exited()->set_preempted(preempted);
     uint64_t seq = 0;
     Send(std::move(m), &seq);
     return seq;

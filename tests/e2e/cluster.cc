@@ -38,7 +38,7 @@ CommandResult RunCommand(const std::vector<std::string>& argv, milliseconds time
     (stream == "stdout" ? result.out : result.err) += line + "\n";
   };
   // ulyssesctl prints JSON objects on stdout: route them as text, not as train events.
-  cb.on_event = [&](const agent::TrainEvent&) {};
+  cb.on_event = [&](const contract::RankEvent&) {};
   auto child = agent::ChildSupervisor::Start(argv, "", std::move(cb));
   if (!child.ok()) {
     result.err = std::string(child.status().message());
@@ -46,7 +46,7 @@ CommandResult RunCommand(const std::vector<std::string>& argv, milliseconds time
   }
   auto done = (*child)->Wait(timeout);
   if (!done) {
-    (*child)->Stop(agent::StopCause::kAbort, milliseconds(0));
+    (*child)->Stop(contract::StopRequest::kAbort, milliseconds(0));
     (*child)->Wait();
     result.err += "\n(timed out)";
     return result;
@@ -75,7 +75,7 @@ Process::~Process() {
 }
 
 agent::ChildResult Process::Stop(milliseconds grace) {
-  child_->Stop(agent::StopCause::kAbort, grace);
+  child_->Stop(contract::StopRequest::kAbort, grace);
   return child_->Wait();
 }
 

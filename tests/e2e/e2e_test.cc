@@ -282,14 +282,14 @@ TEST_F(E2ETest, CancelResumeAndABadSpecLeavesNoTrace) {
   CommandResult bad;
   const std::string bad_id = cluster_.Submit(DemoSpec(), {"spec.stages[1].seq_len=2047"}, &bad);
   EXPECT_TRUE(bad_id.empty());
-  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.err.find("spec.stages[1].seq_len"), std::string::npos) << bad.err;
   CommandResult list = cluster_.Ctl({"get", "jobs", "-o", "json"});
   ASSERT_EQ(list.exit_code, 0) << list.err;
   EXPECT_EQ(json::parse(list.out), json::array());
-  // Unknown job: one clear line, exit 1.
+  // Unknown job: one clear line, exit 2 (bad input).
   CommandResult missing = cluster_.Ctl({"describe", "job", "job-999999"});
-  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_EQ(missing.exit_code, 2);
   EXPECT_NE(missing.err.find("error: NOT_FOUND"), std::string::npos) << missing.err;
 
   StartWorkers(2);
@@ -316,7 +316,7 @@ TEST_F(E2ETest, CancelResumeAndABadSpecLeavesNoTrace) {
   job = cluster_.WaitForJob(id, Terminal, seconds(300));
   EXPECT_EQ(State(job), "SUCCEEDED") << job.dump(2);
   CommandResult again = cluster_.Ctl({"resume", id});
-  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_EQ(again.exit_code, 2);
   EXPECT_NE(again.err.find("error: "), std::string::npos);
 }
 

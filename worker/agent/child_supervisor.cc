@@ -2,8 +2,6 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,70 +62,43 @@ absl::StatusOr<std::unique_ptr<ChildSupervisor>> ChildSupervisor::Start(
     close(out_pipe[1]);
     return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
   }
-  // The supervisor thread must be the forking thread (PDEATHSIG follows the parent
-  // *thread*), so the thread forks, publishes the pid, then runs the loop.
   std::unique_ptr<ChildSupervisor> self(
       new ChildSupervisor(out_pipe[0], err_pipe[0], std::move(callbacks)));
-  const pid_t parent_pid = getpid();
-  const int child_out = out_pipe[1], child_err = err_pipe[1];
-  std::string cwd_copy = work_dir;
+  process::SpawnOptions options;
+  options.work_dir = work_dir;
+  options.stdout_fd = out_pipe[1];
+  options.stderr_fd = err_pipe[1];
+  options.stdin_from_dev_null = true;
+  options.own_process_group = true;
+  options.die_with_parent = true;
+  options.exec_error_prefix = "ulysses-worker: exec of the engine binary failed";
+  // The supervisor thread must be the spawning thread (PDEATHSIG follows the parent
+  // *thread*), so the thread spawns, publishes the pid, then runs the loop.
   ChildSupervisor* me = self.get();
-  me->thread_ = std::thread([me, argv, cwd_copy, parent_pid, child_out, child_err] {
-    const char* cwd = cwd_copy.empty() ? nullptr : cwd_copy.c_str();
-    // Built before fork: the child may only call async-signal-safe functions.
-    std::vector<char*> cargv;
-    for (const auto& arg : argv) cargv.push_back(const_cast<char*>(arg.c_str()));
-    cargv.push_back(nullptr);
-    const pid_t pid = fork();
-    if (pid == 0) {
-      // Child: only async-signal-safe calls until exec.
-      setpgid(0, 0);
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent_pid) _exit(127);
-      sigset_t none;
-      sigemptyset(&none);
-      sigprocmask(SIG_SETMASK, &none, nullptr);
-      signal(SIGTERM, SIG_DFL);
-      signal(SIGINT, SIG_DFL);
-      signal(SIGPIPE, SIG_DFL);
-      dup2(child_out, STDOUT_FILENO);
-      dup2(child_err, STDERR_FILENO);
-      int devnull = open("/dev/null", O_RDONLY);
-      if (devnull >= 0) dup2(devnull, STDIN_FILENO);
-      if (cwd != nullptr && chdir(cwd) != 0) {
-        const char msg[] = "ulysses-worker: cannot chdir to the work dir\n";
-        ssize_t ignored = write(STDERR_FILENO, msg, sizeof(msg) - 1);
-        (void)ignored;
-        _exit(127);
-      }
-      execv(cargv[0], cargv.data());
-      const char msg[] = "ulysses-worker: exec of the engine binary failed: ";
-      ssize_t ignored = write(STDERR_FILENO, msg, sizeof(msg) - 1);
-      const char* reason = strerror(errno);
-      ignored = write(STDERR_FILENO, reason, strlen(reason));
-      ignored = write(STDERR_FILENO, "\n", 1);
-      (void)ignored;
-      _exit(127);
-    }
-    const int fork_errno = errno;
+  me->thread_ = std::thread([me, argv, options] {
+    absl::StatusOr<pid_t> pid = process::Spawn(argv, options);
     {
       std::lock_guard<std::mutex> lock(me->mu_);
-      me->pid_ = pid;
-      me->fork_errno_ = pid < 0 ? fork_errno : 0;
+      if (pid.ok()) {
+        me->pid_ = *pid;
+        me->tiers_ = process::KillTiers(-*pid);  // The child leads its own group.
+      } else {
+        me->spawn_error_ = pid.status();
+        me->pid_ = -1;
+      }
       me->cv_.notify_all();
     }
-    if (pid > 0) me->Loop();
+    if (pid.ok()) me->Loop();
   });
   {
     std::unique_lock<std::mutex> lock(me->mu_);
     me->cv_.wait(lock, [&] { return me->pid_ != 0; });
   }
-  close(child_out);
-  close(child_err);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
   if (me->pid_ < 0) {
-    const int err = me->fork_errno_;
     me->thread_.join();
-    return absl::InternalError(absl::StrCat("fork: ", strerror(err)));
+    return me->spawn_error_;
   }
   return self;
 }
@@ -136,23 +107,20 @@ ChildSupervisor::ChildSupervisor(int out_fd, int err_fd, ChildCallbacks callback
     : out_fd_(out_fd), err_fd_(err_fd), callbacks_(std::move(callbacks)) {}
 
 ChildSupervisor::~ChildSupervisor() {
-  Stop(StopCause::kAbort, std::chrono::milliseconds(0));
+  Stop(contract::StopRequest::kAbort, std::chrono::milliseconds(0));
   if (thread_.joinable()) thread_.join();
 }
 
-void ChildSupervisor::Stop(StopCause cause, std::chrono::milliseconds grace) {
+void ChildSupervisor::Stop(contract::StopRequest stop, std::chrono::milliseconds grace) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (result_.has_value()) return;
-  // The first cause wins: an abort that follows a preemption (the group breaking up
+  if (result_.has_value() || pid_ <= 0) return;
+  // The first request wins: an abort that follows a preemption (the group breaking up
   // because of it) must not turn the preemption into an abort.
-  if (stop_cause_ == StopCause::kNone) stop_cause_ = cause;
-  const auto deadline = Clock::now() + grace;
-  if (!kill_deadline_.has_value()) {
-    kill(-pid_, SIGTERM);
+  if (stop_cause_ == contract::StopRequest::kNone) stop_cause_ = stop;
+  if (tiers_.Stop(grace)) {
     ULOG(INFO) << "sent SIGTERM to child pid " << pid_ << " (SIGKILL in " << grace.count()
                << " ms if it has not exited)";
   }
-  if (!kill_deadline_.has_value() || deadline < *kill_deadline_) kill_deadline_ = deadline;
   cv_.notify_all();
 }
 
@@ -176,11 +144,12 @@ bool ChildSupervisor::Running() {
 void ChildSupervisor::HandleLine(bool is_stdout, std::string line) {
   if (!line.empty() && line.back() == '\r') line.pop_back();
   if (is_stdout) {
-    auto event = ParseTrainEvent(line);
-    if (event.ok()) {
-      if (callbacks_.on_event) callbacks_.on_event(*event);
+    absl::StatusOr<std::optional<contract::RankEvent>> event = contract::ParseRankEventLine(line);
+    if (event.ok() && event->has_value()) {
+      if (callbacks_.on_event) callbacks_.on_event(**event);
       return;
     }
+    if (!event.ok() && callbacks_.on_bad_event) callbacks_.on_bad_event(line, event.status());
   } else {
     stderr_tail_.append(line).append("\n");
     if (stderr_tail_.size() > kStderrTailBytes) {
@@ -224,10 +193,8 @@ void ChildSupervisor::Loop() {
     }
     if (!reaped) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (kill_deadline_.has_value() && !sigkill_sent_ && Clock::now() >= *kill_deadline_) {
+      if (tiers_.Enforce()) {
         ULOG(WARNING) << "child pid " << pid_ << " did not exit in its grace period: SIGKILL";
-        kill(-pid_, SIGKILL);
-        sigkill_sent_ = true;
       }
     }
     // Done once reaped and both pipes drained; a grandchild holding a pipe open
@@ -244,10 +211,10 @@ void ChildSupervisor::Loop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     result.stop_cause = stop_cause_;
-    result.sigkilled_by_agent = sigkill_sent_;
+    result.sigkilled_by_agent = tiers_.kill_sent();
   }
-  result.outcome = MapExit(status, result.stop_cause);
-  result.description = DescribeWaitStatus(status);
+  result.outcome = contract::OutcomeOf(process::ProcessExitOf(status), result.stop_cause);
+  result.description = process::DescribeWaitStatus(status);
   result.stderr_tail = stderr_tail_;
   if (callbacks_.on_exit) callbacks_.on_exit(result);
   std::lock_guard<std::mutex> lock(mu_);

@@ -1,15 +1,17 @@
 // Runs one `ulysses-train rank` child process and watches it.
 //
 // Start() forks+execs argv in its own process group with stdout/stderr piped
-// back. One supervisor thread (the child's parent thread, so PR_SET_PDEATHSIG
-// fires only when the agent itself dies) reads both pipes, turns stdout JSON lines
-// into TrainEvents (other stdout lines and all stderr lines go to on_log), enforces
-// the kill tiers and reaps the child. Callbacks run on that thread, in output order;
-// they must not call back into this object except Stop()/pid().
+// back (common/process Spawn). One supervisor thread (the child's parent thread, so
+// PR_SET_PDEATHSIG fires only when the agent itself dies) reads both pipes, turns
+// stdout event lines into contract::RankEvents (common/contract/rank_event.h; other
+// stdout lines and all stderr lines go to on_log), enforces the kill tiers and reaps
+// the child. Callbacks run on that thread, in output order; they must not call back
+// into this object except Stop()/pid().
 //
-// Kill tiers: Stop(cause, grace) sends SIGTERM to the child's process group now
-// and SIGKILL once `grace` passes without an exit. A later Stop() can only shorten
-// the deadline. If the agent dies (even kill -9) the kernel SIGKILLs the child.
+// Kill tiers (common/process KillTiers): Stop(stop, grace) sends SIGTERM to the
+// child's process group now and SIGKILL once `grace` passes without an exit. A later
+// Stop() can only shorten the deadline. If the agent dies (even kill -9) the kernel
+// SIGKILLs the child. The exit is read with contract::OutcomeOf.
 //
 // Thread-safety: all public methods are thread-safe. The destructor SIGKILLs a
 // child that is still running and joins the thread. Copy is deleted.
@@ -29,23 +31,28 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/agent/train_event.h"
+#include "common/contract/exit.h"
+#include "common/contract/rank_event.h"
+#include "common/process/process.h"
 
 namespace ulysses::agent {
 
 struct ChildResult {
-  AttemptOutcome outcome = AttemptOutcome::kFailed;
+  contract::RankOutcome outcome = contract::RankOutcome::kFailed;
   int wait_status = 0;  // Raw waitpid() status.
-  StopCause stop_cause = StopCause::kNone;
+  contract::StopRequest stop_cause = contract::StopRequest::kNone;
   bool sigkilled_by_agent = false;  // The SIGKILL tier fired.
   std::string description;          // "exit code 75", "killed by signal 9 (Killed)".
   std::string stderr_tail;          // Last stderr lines (for failure messages), <= ~2 KiB.
 };
 
 struct ChildCallbacks {
-  std::function<void(const TrainEvent&)> on_event;
+  std::function<void(const contract::RankEvent&)> on_event;
   // stream is "stdout" or "stderr"; the line has no trailing newline.
   std::function<void(const std::string& stream, const std::string& line)> on_log;
+  // A stdout event line that breaks the protocol (`error` says how). The line itself
+  // also goes to on_log.
+  std::function<void(const std::string& line, const absl::Status& error)> on_bad_event;
   // Called once, last, after the child was reaped.
   std::function<void(const ChildResult&)> on_exit;
 };
@@ -65,7 +72,8 @@ class ChildSupervisor {
   ChildSupervisor& operator=(const ChildSupervisor&) = delete;
 
   // SIGTERM now, SIGKILL after `grace` (0 = SIGKILL at once). No-op once exited.
-  void Stop(StopCause cause, std::chrono::milliseconds grace);
+  // The first stop request is the one the result reports.
+  void Stop(contract::StopRequest stop, std::chrono::milliseconds grace);
 
   // Waits up to `timeout` for the child to be reaped; returns its result if so.
   std::optional<ChildResult> Wait(std::chrono::milliseconds timeout);
@@ -79,8 +87,8 @@ class ChildSupervisor {
   void Loop();  // The supervisor thread.
   void HandleLine(bool is_stdout, std::string line);
 
-  pid_t pid_ = 0;  // Written once by the thread before Start() returns.
-  int fork_errno_ = 0;
+  pid_t pid_ = 0;  // Written once by the thread before Start() returns (-1: spawn failed).
+  absl::Status spawn_error_;  // Why the spawn failed; written before pid_.
   int out_fd_;
   int err_fd_;
   ChildCallbacks callbacks_;
@@ -88,10 +96,9 @@ class ChildSupervisor {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  StopCause stop_cause_ = StopCause::kNone;         // GUARDED_BY(mu_)
-  std::optional<Clock::time_point> kill_deadline_;  // GUARDED_BY(mu_)
-  bool sigkill_sent_ = false;                       // GUARDED_BY(mu_)
-  std::optional<ChildResult> result_;               // GUARDED_BY(mu_)
+  contract::StopRequest stop_cause_ = contract::StopRequest::kNone;  // GUARDED_BY(mu_)
+  process::KillTiers tiers_{0};        // GUARDED_BY(mu_); targets the child's group.
+  std::optional<ChildResult> result_;  // GUARDED_BY(mu_)
   std::thread thread_;
 };
 

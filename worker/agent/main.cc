@@ -1,8 +1,12 @@
 // ulysses-worker: flags -> WorkerConfig -> WorkerAgent::Run until SIGTERM.
+// Exit codes (common/contract/exit.h): 0 after a clean drain, 2 on bad flags, 1 when
+// the agent fails.
 #include <iostream>
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "common/contract/cli11.h"
+#include "common/contract/exit.h"
 #include "common/logging.h"
 #include "common/stop.h"
 #include "worker/agent/worker_agent.h"
@@ -25,15 +29,17 @@ int main(int argc, char** argv) {
   app.add_option("--advertise-host", config.advertise_host,
                  "Address other ranks reach this worker on")
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> exit_code = ulysses::contract::ParseCommandLine(app, argc, argv)) {
+    return *exit_code;
+  }
   config.grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
   if (absl::Status status = config.Validate(); !status.ok()) {
     std::cerr << "ulysses-worker: " << status.message() << "\n";
-    return 2;
+    return ulysses::contract::kExitBadInput;
   }
   if (!ulysses::InstallStopSignalHandlers()) {
     std::cerr << "ulysses-worker: cannot install signal handlers\n";
-    return 1;
+    return ulysses::contract::kExitFailure;
   }
   ulysses::agent::WorkerAgent agent(config);
   std::thread([&agent] {
@@ -44,7 +50,7 @@ int main(int argc, char** argv) {
   absl::Status status = agent.Run();
   if (!status.ok()) {
     std::cerr << "ulysses-worker: " << status << "\n";
-    return 1;
+    return ulysses::contract::kExitFailure;
   }
-  return 0;
+  return ulysses::contract::kExitOk;
 }

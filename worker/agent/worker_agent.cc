@@ -1,6 +1,5 @@
 #include "worker/agent/worker_agent.h"
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <optional>
 #include <random>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -55,6 +55,35 @@ bool SameWork(const v1::WorkRef& a, const v1::WorkRef& b) {
 std::string RefString(const v1::WorkRef& ref) {
   return absl::StrCat(ref.job_id(), " gen ", ref.generation(), " stage ", ref.stage(), " rank ",
                       ref.rank());
+}
+
+// The rank's events as the session's shared types (the one conversion on this hop).
+v1::StepProgress ToProto(const contract::StepEvent& e) {
+  v1::StepProgress p;
+  p.set_stage(static_cast<int32_t>(e.stage));
+  p.set_step(e.step);
+  p.set_steps(e.steps);
+  p.set_loss(e.loss);
+  p.set_tokens_per_s(e.tokens_per_s);
+  p.set_seq_len(e.seq_len);
+  return p;
+}
+v1::Checkpoint ToProto(const contract::CheckpointEvent& e) {
+  v1::Checkpoint c;
+  c.set_path(e.path);
+  c.set_stage(static_cast<int32_t>(e.stage));
+  c.set_step(e.step);
+  c.set_bytes(e.bytes);
+  c.set_seconds(e.seconds);
+  return c;
+}
+v1::EvalResult ToProto(const contract::EvalEvent& e) {
+  v1::EvalResult r;
+  r.set_stage(static_cast<int32_t>(e.stage));
+  r.set_seq_len(e.seq_len);
+  r.set_loss(e.loss);
+  r.set_accuracy(e.accuracy.value_or(0.0));
+  return r;
 }
 
 // The last non-empty stderr lines (at most two, 500 chars): the job's failure reason.
@@ -154,7 +183,8 @@ class WorkerAgent::Impl {
                         bool aborted, const std::string& error);
 
   // Child callbacks (supervisor thread).
-  void OnEvent(const v1::WorkRef& ref, const TrainEvent& event);
+  void OnEvent(const v1::WorkRef& ref, const contract::RankEvent& event);
+  void OnBadEvent(const v1::WorkRef& ref, const std::string& line, const absl::Status& error);
   void OnExit(const v1::WorkRef& ref, const ChildResult& result);
 
   WorkerConfig config_;
@@ -207,7 +237,7 @@ absl::Status WorkerAgent::Impl::Run() {
     v1::WorkerMessage notice;
     *notice.mutable_preempting()->mutable_ref() = *work_ref_;
     EnqueueLocked(std::move(notice));
-    child->Stop(StopCause::kPreempt, config_.grace_period);
+    child->Stop(contract::StopRequest::kPreempt, config_.grace_period);
     lock.unlock();
     child->Wait();  // Bounded: the SIGKILL tier fires after the grace.
     lock.lock();
@@ -295,7 +325,7 @@ absl::Status WorkerAgent::Impl::Register() {
                           : "");
   if (reported && !response.keep_running() && work_running_ && SameWork(*work_ref_, *reported)) {
     NoteLocked(*reported, "coordinator no longer wants this attempt after reconnect: aborting");
-    child_->Stop(StopCause::kAbort, kReconnectAbortGrace);
+    child_->Stop(contract::StopRequest::kAbort, kReconnectAbortGrace);
   }
   return absl::OkStatus();
 }
@@ -410,14 +440,15 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
       ULOG(INFO) << "abort " << RefString(*work_ref_) << ": " << abort.reason();
       NoteLocked(*work_ref_, absl::StrCat("abort from coordinator: ", abort.reason(), " (grace ",
                                           abort.grace_period_ms(), " ms)"));
-      child_->Stop(StopCause::kAbort, milliseconds(std::max<int64_t>(0, abort.grace_period_ms())));
+      child_->Stop(contract::StopRequest::kAbort,
+                   milliseconds(std::max<int64_t>(0, abort.grace_period_ms())));
       return;
     }
     case v1::CoordinatorMessage::kAck: {
       std::lock_guard<std::mutex> lock(mu_);
-      if (msg.ack().code() != 0) {
-        ULOG(WARNING) << "coordinator rejected report " << msg.ack().seq() << ": code "
-                      << msg.ack().code() << " " << msg.ack().message();
+      if (msg.ack().code() != v1::ACK_CODE_OK) {
+        ULOG(WARNING) << "coordinator rejected report " << msg.ack().seq() << ": "
+                      << v1::AckCode_Name(msg.ack().code()) << " " << msg.ack().message();
       }
       auto it = inflight_.find(msg.ack().seq());
       if (it != inflight_.end()) {
@@ -443,7 +474,7 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   const v1::WorkRef& ref = a.ref();
   std::unique_lock<std::mutex> lock(mu_);
   if (shutdown_) {
-    ReportExitLocked(ref, kExitPreempted, 0, /*preempted=*/true, /*aborted=*/false,
+    ReportExitLocked(ref, contract::kExitPreempted, 0, /*preempted=*/true, /*aborted=*/false,
                      "worker is shutting down");
     return;
   }
@@ -458,7 +489,7 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
       ULOG(WARNING) << "new assignment " << RefString(ref) << " replaces running "
                     << RefString(*work_ref_);
       NoteLocked(*work_ref_, "replaced by a newer assignment: aborting");
-      old->Stop(StopCause::kAbort, kReconnectAbortGrace);
+      old->Stop(contract::StopRequest::kAbort, kReconnectAbortGrace);
     }
     lock.unlock();
     old.reset();  // Joins the supervisor thread (its exit report is queued).
@@ -476,7 +507,7 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
     if (!out.good()) ec = std::make_error_code(std::errc::io_error);
   }
   if (ec) {
-    ReportExitLocked(ref, kExitFailure, 0, false, false,
+    ReportExitLocked(ref, contract::kExitFailure, 0, false, false,
                      absl::StrCat("worker ", config_.name, " cannot write ", spec_path.string(),
                                   ": ", ec.message()));
     return;
@@ -494,7 +525,10 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   launch.overrides.assign(a.overrides().begin(), a.overrides().end());
 
   ChildCallbacks callbacks;
-  callbacks.on_event = [this, ref](const TrainEvent& event) { OnEvent(ref, event); };
+  callbacks.on_event = [this, ref](const contract::RankEvent& event) { OnEvent(ref, event); };
+  callbacks.on_bad_event = [this, ref](const std::string& line, const absl::Status& error) {
+    OnBadEvent(ref, line, error);
+  };
   callbacks.on_log = [this, ref](const std::string& stream, const std::string& line) {
     ULOG(DEBUG) << "[" << ref.job_id() << " r" << ref.rank() << " " << stream << "] " << line;
     std::lock_guard<std::mutex> lock(mu_);
@@ -503,7 +537,7 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   callbacks.on_exit = [this, ref](const ChildResult& result) { OnExit(ref, result); };
   auto child = ChildSupervisor::Start(BuildRankArgv(launch), "", std::move(callbacks));
   if (!child.ok()) {
-    ReportExitLocked(ref, kExitFailure, 0, false, false,
+    ReportExitLocked(ref, contract::kExitFailure, 0, false, false,
                      absl::StrCat("worker ", config_.name,
                                   " cannot start ulysses-train: ", child.status().message()));
     return;
@@ -524,68 +558,60 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
                           launch.world_size, " of stage ", ref.stage(), " (pid ", work_pid_, ")"));
 }
 
-void WorkerAgent::Impl::OnEvent(const v1::WorkRef& ref, const TrainEvent& event) {
+void WorkerAgent::Impl::OnEvent(const v1::WorkRef& ref, const contract::RankEvent& event) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (ref.rank() != 0 && event.kind != TrainEvent::Kind::kDone) return;  // Rank 0 speaks.
+  if (const auto* done = std::get_if<contract::DoneEvent>(&event)) {
+    NoteLocked(ref, absl::StrCat("rank ", ref.rank(), " finished stage ", done->stage));
+    return;
+  }
+  if (ref.rank() != 0) return;  // Rank 0 speaks for the group.
   v1::WorkerMessage msg;
-  switch (event.kind) {
-    case TrainEvent::Kind::kStep: {
-      auto* p = msg.mutable_progress();
-      *p->mutable_ref() = ref;
-      p->set_step(event.step);
-      p->set_steps(event.steps);
-      p->set_loss(event.loss);
-      p->set_tokens_per_s(event.tokens_per_s);
-      p->set_seq_len(event.seq_len);
-      break;
-    }
-    case TrainEvent::Kind::kCheckpoint: {
-      auto* c = msg.mutable_checkpoint();
-      *c->mutable_ref() = ref;
-      c->set_path(event.path);
-      c->set_step(event.step);
-      c->set_bytes(event.bytes);
-      c->set_seconds(event.seconds);
-      ULOG(INFO) << "checkpoint committed: " << event.path << " (step " << event.step << ")";
-      break;
-    }
-    case TrainEvent::Kind::kEval: {
-      auto* e = msg.mutable_eval();
-      *e->mutable_ref() = ref;
-      e->set_seq_len(event.seq_len);
-      e->set_loss(event.loss);
-      e->set_accuracy(event.accuracy.value_or(0.0));
-      break;
-    }
-    case TrainEvent::Kind::kDone:
-      NoteLocked(ref, absl::StrCat("rank ", ref.rank(), " finished stage ", event.stage));
-      return;
+  if (const auto* step = std::get_if<contract::StepEvent>(&event)) {
+    *msg.mutable_progress()->mutable_ref() = ref;
+    *msg.mutable_progress()->mutable_progress() = ToProto(*step);
+  } else if (const auto* ckpt = std::get_if<contract::CheckpointEvent>(&event)) {
+    *msg.mutable_checkpoint()->mutable_ref() = ref;
+    *msg.mutable_checkpoint()->mutable_checkpoint() = ToProto(*ckpt);
+    ULOG(INFO) << "checkpoint committed: " << ckpt->path << " (step " << ckpt->step << ")";
+  } else if (const auto* eval = std::get_if<contract::EvalEvent>(&event)) {
+    *msg.mutable_eval()->mutable_ref() = ref;
+    *msg.mutable_eval()->mutable_result() = ToProto(*eval);
   }
   EnqueueLocked(std::move(msg));
 }
 
+void WorkerAgent::Impl::OnBadEvent(const v1::WorkRef& ref, const std::string& line,
+                                   const absl::Status& error) {
+  ULOG(WARNING) << RefString(ref) << ": ignoring a malformed event line: " << error.message()
+                << ": " << line;
+  std::lock_guard<std::mutex> lock(mu_);
+  NoteLocked(ref, absl::StrCat("rank ", ref.rank(),
+                               " printed a malformed event line (not reported, "
+                               "kept as a log line): ",
+                               error.message()));
+}
+
 void WorkerAgent::Impl::OnExit(const v1::WorkRef& ref, const ChildResult& result) {
-  const int ws = result.wait_status;
-  const int signal = WIFSIGNALED(ws) ? WTERMSIG(ws) : 0;
-  const int exit_code = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + signal;
-  const bool failed =
-      result.outcome == AttemptOutcome::kFailed || result.outcome == AttemptOutcome::kBadInput;
+  const contract::ProcessExit exit = process::ProcessExitOf(result.wait_status);
+  const bool failed = result.outcome == contract::RankOutcome::kFailed ||
+                      result.outcome == contract::RankOutcome::kBadInput;
   std::string error;
   if (failed) {
     error = LastLines(result.stderr_tail);
     if (error.empty()) error = absl::StrCat("ulysses-train ", result.description);
   }
   ULOG(INFO) << RefString(ref) << ": ulysses-train " << result.description << " -> "
-             << AttemptOutcomeName(result.outcome)
+             << contract::RankOutcomeName(result.outcome)
              << (result.sigkilled_by_agent ? " (SIGKILL after the grace period)" : "")
              << (error.empty() ? "" : ": ") << error;
   std::lock_guard<std::mutex> lock(mu_);
-  NoteLocked(
-      ref,
-      absl::StrCat("ulysses-train ", result.description, " (", AttemptOutcomeName(result.outcome),
-                   ")", result.sigkilled_by_agent ? ", SIGKILL after the grace period" : ""));
-  ReportExitLocked(ref, exit_code, signal, result.stop_cause == StopCause::kPreempt,
-                   result.stop_cause == StopCause::kAbort, error);
+  NoteLocked(ref,
+             absl::StrCat("ulysses-train ", result.description, " (",
+                          contract::RankOutcomeName(result.outcome), ")",
+                          result.sigkilled_by_agent ? ", SIGKILL after the grace period" : ""));
+  ReportExitLocked(ref, exit.exit_code, exit.signal,
+                   result.stop_cause == contract::StopRequest::kPreempt,
+                   result.stop_cause == contract::StopRequest::kAbort, error);
   if (work_running_ && SameWork(*work_ref_, ref) && work_ref_->rank() == ref.rank()) {
     work_running_ = false;
     work_pid_ = 0;

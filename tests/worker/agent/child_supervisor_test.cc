@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -24,13 +25,14 @@ using std::chrono::seconds;
 // Collects what the supervisor reports, thread-safely.
 struct Recorder {
   std::mutex mu;
-  std::vector<TrainEvent> events;
+  std::vector<contract::RankEvent> events;
   std::vector<std::pair<std::string, std::string>> logs;
+  std::vector<std::string> bad_events;  // The parser's error messages.
   int exits = 0;
 
   ChildCallbacks Callbacks() {
     ChildCallbacks cb;
-    cb.on_event = [this](const TrainEvent& e) {
+    cb.on_event = [this](const contract::RankEvent& e) {
       std::lock_guard<std::mutex> lock(mu);
       events.push_back(e);
     };
@@ -38,16 +40,20 @@ struct Recorder {
       std::lock_guard<std::mutex> lock(mu);
       logs.emplace_back(stream, line);
     };
+    cb.on_bad_event = [this](const std::string&, const absl::Status& error) {
+      std::lock_guard<std::mutex> lock(mu);
+      bad_events.emplace_back(error.message());
+    };
     cb.on_exit = [this](const ChildResult&) {
       std::lock_guard<std::mutex> lock(mu);
       ++exits;
     };
     return cb;
   }
-  int Count(TrainEvent::Kind kind) {
+  int Count(const std::string& kind) {
     std::lock_guard<std::mutex> lock(mu);
     int n = 0;
-    for (const auto& e : events) n += e.kind == kind;
+    for (const auto& e : events) n += contract::RankEventKind(e) == kind;
     return n;
   }
   bool HasLog(const std::string& stream, const std::string& text) {
@@ -80,12 +86,12 @@ TEST(ChildSupervisorTest, ForwardsEventsAndLogsAndSucceeds) {
   auto child = ChildSupervisor::Start(Fake({"--steps", "4", "--noise"}), "", rec.Callbacks());
   ASSERT_TRUE(child.ok()) << child.status();
   ChildResult result = (*child)->Wait();
-  EXPECT_EQ(result.outcome, AttemptOutcome::kSucceeded);
+  EXPECT_EQ(result.outcome, contract::RankOutcome::kSucceeded);
   EXPECT_EQ(result.description, "exit code 0");
-  EXPECT_EQ(rec.Count(TrainEvent::Kind::kStep), 4);
-  EXPECT_EQ(rec.Count(TrainEvent::Kind::kCheckpoint), 1);
-  EXPECT_EQ(rec.Count(TrainEvent::Kind::kEval), 1);
-  EXPECT_EQ(rec.Count(TrainEvent::Kind::kDone), 1);
+  EXPECT_EQ(rec.Count("step"), 4);
+  EXPECT_EQ(rec.Count("checkpoint"), 1);
+  EXPECT_EQ(rec.Count("eval"), 1);
+  EXPECT_EQ(rec.Count("done"), 1);
   EXPECT_TRUE(rec.HasLog("stdout", "plain text on stdout"));
   EXPECT_TRUE(rec.HasLog("stderr", "warming up"));
   EXPECT_TRUE(rec.HasLog("stderr", "finished"));
@@ -93,8 +99,23 @@ TEST(ChildSupervisorTest, ForwardsEventsAndLogsAndSucceeds) {
   // Events arrive in output order.
   std::lock_guard<std::mutex> lock(rec.mu);
   ASSERT_GE(rec.events.size(), 4u);
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(rec.events[i].step, i + 1);
-  EXPECT_EQ(rec.events.back().kind, TrainEvent::Kind::kDone);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(std::holds_alternative<contract::StepEvent>(rec.events[i]));
+    EXPECT_EQ(std::get<contract::StepEvent>(rec.events[i]).step, i + 1);
+  }
+  EXPECT_TRUE(std::holds_alternative<contract::DoneEvent>(rec.events.back()));
+}
+
+TEST(ChildSupervisorTest, AMalformedEventLineIsReportedAndKeptAsALog) {
+  Recorder rec;
+  auto child = ChildSupervisor::Start(Fake({"--steps", "2", "--bad-event"}), "", rec.Callbacks());
+  ASSERT_TRUE(child.ok()) << child.status();
+  EXPECT_EQ((*child)->Wait().outcome, contract::RankOutcome::kSucceeded);
+  EXPECT_EQ(rec.Count("step"), 2);  // Only the two valid step lines.
+  EXPECT_TRUE(rec.HasLog("stdout", R"("loss":-1)"));
+  std::lock_guard<std::mutex> lock(rec.mu);
+  ASSERT_EQ(rec.bad_events.size(), 1u);
+  EXPECT_EQ(rec.bad_events[0], "step.loss: -1 is out of range (a finite number >= 0)");
 }
 
 TEST(ChildSupervisorTest, MapsBadInputAndFailureExits) {
@@ -102,12 +123,12 @@ TEST(ChildSupervisorTest, MapsBadInputAndFailureExits) {
   auto bad = ChildSupervisor::Start(Fake({"--steps", "0", "--exit", "2"}), "", rec.Callbacks());
   ASSERT_TRUE(bad.ok());
   ChildResult bad_result = (*bad)->Wait();
-  EXPECT_EQ(bad_result.outcome, AttemptOutcome::kBadInput);
+  EXPECT_EQ(bad_result.outcome, contract::RankOutcome::kBadInput);
   EXPECT_NE(bad_result.stderr_tail.find("not divisible by sp_degree"), std::string::npos);
 
   auto failed = ChildSupervisor::Start(Fake({"--steps", "1", "--exit", "1"}), "", rec.Callbacks());
   ASSERT_TRUE(failed.ok());
-  EXPECT_EQ((*failed)->Wait().outcome, AttemptOutcome::kFailed);
+  EXPECT_EQ((*failed)->Wait().outcome, contract::RankOutcome::kFailed);
 }
 
 TEST(ChildSupervisorTest, ExecFailureIsAFailureWithReason) {
@@ -115,7 +136,7 @@ TEST(ChildSupervisorTest, ExecFailureIsAFailureWithReason) {
   auto child = ChildSupervisor::Start({"/nonexistent/ulysses-train", "rank"}, "", rec.Callbacks());
   ASSERT_TRUE(child.ok());
   ChildResult result = (*child)->Wait();
-  EXPECT_EQ(result.outcome, AttemptOutcome::kFailed);
+  EXPECT_EQ(result.outcome, contract::RankOutcome::kFailed);
   EXPECT_EQ(result.description, "exit code 127");
   EXPECT_NE(result.stderr_tail.find("exec of the engine binary failed"), std::string::npos);
 }
@@ -130,14 +151,14 @@ TEST(ChildSupervisorTest, PreemptLetsTheChildCheckpointAndExit75) {
   auto child =
       ChildSupervisor::Start(Fake({"--steps", "100000", "--step-ms", "20"}), "", rec.Callbacks());
   ASSERT_TRUE(child.ok());
-  ASSERT_TRUE(PollUntil([&] { return rec.Count(TrainEvent::Kind::kStep) >= 2; }, seconds(10)));
-  (*child)->Stop(StopCause::kPreempt, seconds(20));
+  ASSERT_TRUE(PollUntil([&] { return rec.Count("step") >= 2; }, seconds(10)));
+  (*child)->Stop(contract::StopRequest::kPreempt, seconds(20));
   auto result = (*child)->Wait(seconds(10));
   ASSERT_TRUE(result.has_value()) << "child did not exit after SIGTERM";
-  EXPECT_EQ(result->outcome, AttemptOutcome::kPreempted);
+  EXPECT_EQ(result->outcome, contract::RankOutcome::kPreempted);
   EXPECT_EQ(result->description, "exit code 75");
   EXPECT_FALSE(result->sigkilled_by_agent);
-  EXPECT_EQ(rec.Count(TrainEvent::Kind::kCheckpoint), 1);
+  EXPECT_EQ(rec.Count("checkpoint"), 1);
 }
 
 TEST(ChildSupervisorTest, AbortKillsAChildThatIgnoresSigterm) {
@@ -145,14 +166,14 @@ TEST(ChildSupervisorTest, AbortKillsAChildThatIgnoresSigterm) {
   auto child = ChildSupervisor::Start(
       Fake({"--steps", "100000", "--step-ms", "20", "--ignore-term"}), "", rec.Callbacks());
   ASSERT_TRUE(child.ok());
-  ASSERT_TRUE(PollUntil([&] { return rec.Count(TrainEvent::Kind::kStep) >= 1; }, seconds(10)));
-  (*child)->Stop(StopCause::kAbort, milliseconds(300));
+  ASSERT_TRUE(PollUntil([&] { return rec.Count("step") >= 1; }, seconds(10)));
+  (*child)->Stop(contract::StopRequest::kAbort, milliseconds(300));
   // Still running inside the grace: SIGTERM alone does nothing to it.
   std::this_thread::sleep_for(milliseconds(100));
   EXPECT_TRUE((*child)->Running());
   auto result = (*child)->Wait(seconds(10));
   ASSERT_TRUE(result.has_value()) << "SIGKILL tier did not fire";
-  EXPECT_EQ(result->outcome, AttemptOutcome::kAborted);
+  EXPECT_EQ(result->outcome, contract::RankOutcome::kAborted);
   EXPECT_TRUE(result->sigkilled_by_agent);
   EXPECT_TRUE(WIFSIGNALED(result->wait_status));
   EXPECT_EQ(WTERMSIG(result->wait_status), SIGKILL);
@@ -164,12 +185,13 @@ TEST(ChildSupervisorTest, PreemptGraceRunOutStillCountsAsPreemption) {
       Fake({"--steps", "100000", "--step-ms", "20", "--ignore-term"}), "", rec.Callbacks());
   ASSERT_TRUE(child.ok());
   // Its first step means the child has installed its SIGTERM-ignoring handler.
-  ASSERT_TRUE(PollUntil([&] { return rec.Count(TrainEvent::Kind::kStep) >= 1; }, seconds(10)));
-  (*child)->Stop(StopCause::kPreempt, seconds(30));
-  (*child)->Stop(StopCause::kPreempt, milliseconds(200));  // A later, shorter grace wins.
+  ASSERT_TRUE(PollUntil([&] { return rec.Count("step") >= 1; }, seconds(10)));
+  (*child)->Stop(contract::StopRequest::kPreempt, seconds(30));
+  (*child)->Stop(contract::StopRequest::kPreempt,
+                 milliseconds(200));  // A later, shorter grace wins.
   auto result = (*child)->Wait(seconds(10));
   ASSERT_TRUE(result.has_value());
-  EXPECT_EQ(result->outcome, AttemptOutcome::kPreempted);
+  EXPECT_EQ(result->outcome, contract::RankOutcome::kPreempted);
   EXPECT_TRUE(result->sigkilled_by_agent);
 }
 

@@ -3,11 +3,13 @@
 // training anything. The end-to-end tests use the real ulysses-train.
 //
 //   fake_rank [--steps N] [--step-ms MS] [--exit CODE] [--ignore-term] [--noise]
-//             [--pid-file PATH] [--set fake.steps=N|fake.step_ms=N|fake.exit=N]
+//             [--bad-event] [--pid-file PATH] [--set fake.steps=N|fake.step_ms=N|fake.exit=N]
 //             [other rank contract flags, ignored]
 //
+// Events are written with the contract's own serializer (common/contract/rank_event.h).
 // On SIGTERM it finishes the current step, prints a checkpoint event and exits 75
-// (unless --ignore-term). --noise prints a non-JSON stdout line and stderr lines.
+// (unless --ignore-term). --noise prints a non-JSON stdout line and stderr lines;
+// --bad-event prints an event line that breaks the protocol (a negative loss) first.
 //
 // Spec mode (to exercise the e2e harness without the engine): when -f names a valid
 // TrainJob, it runs stage --stage for spec.stages[I].steps steps of
@@ -27,9 +29,14 @@
 #include <thread>
 #include <vector>
 
+#include <iostream>
+
+#include "common/contract/exit.h"
+#include "common/contract/rank_event.h"
 #include "common/spec/job_spec_parser.h"
 
 namespace {
+namespace contract = ulysses::contract;
 volatile sig_atomic_t g_term = 0;
 void OnTerm(int) { g_term = 1; }
 double Loss(int64_t stage, int64_t step) { return 5.0 / (1.0 + 0.05 * (stage * 100 + step)); }
@@ -40,7 +47,7 @@ int RunSpecStage(const ulysses::spec::JobSpec& spec, int64_t stage, int64_t rank
   const int step_ms = ms_env != nullptr ? std::atoi(ms_env) : 100;
   if (stage < 0 || stage >= static_cast<int64_t>(spec.stages.size())) {
     std::fprintf(stderr, "--stage: %lld out of range\n", static_cast<long long>(stage));
-    return 2;
+    return contract::kExitBadInput;
   }
   const int64_t steps = spec.stages[stage].steps;
   const int64_t every = spec.checkpoint.every_steps;
@@ -57,42 +64,32 @@ int RunSpecStage(const ulysses::spec::JobSpec& spec, int64_t stage, int64_t rank
       std::ofstream(marker + ".tmp") << step << "\n";
       std::rename((marker + ".tmp").c_str(), marker.c_str());
     }
-    std::printf(
-        "{\"event\":\"checkpoint\",\"stage\":%lld,\"step\":%lld,\"path\":\"%s@%lld\","
-        "\"bytes\":42,\"seconds\":0.01}\n",
-        static_cast<long long>(stage), static_cast<long long>(step), marker.c_str(),
-        static_cast<long long>(step));
-    std::fflush(stdout);
+    contract::WriteRankEvent(
+        std::cout,
+        contract::CheckpointEvent{stage, step, marker + "@" + std::to_string(step), 42, 0.01});
   };
   for (int64_t step = start + 1; step <= steps; ++step) {
     std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
-    std::printf(
-        "{\"event\":\"step\",\"stage\":%lld,\"step\":%lld,\"steps\":%lld,\"loss\":%.6f,"
-        "\"tokens_per_s\":1000.0,\"seq_len\":%lld}\n",
-        static_cast<long long>(stage), static_cast<long long>(step), static_cast<long long>(steps),
-        Loss(stage, step), static_cast<long long>(spec.stages[stage].seq_len));
-    std::fflush(stdout);
+    contract::WriteRankEvent(std::cout, contract::StepEvent{stage, step, steps, Loss(stage, step),
+                                                            1000.0, spec.stages[stage].seq_len});
     if (g_term) {
       commit(step);
-      return 75;
+      return contract::kExitPreempted;
     }
     if (every > 0 && step % every == 0 && step < steps) commit(step);
   }
   commit(steps);
-  std::printf(
-      "{\"event\":\"eval\",\"stage\":%lld,\"seq_len\":%lld,\"loss\":%.6f,"
-      "\"accuracy\":0.5}\n",
-      static_cast<long long>(stage), static_cast<long long>(spec.stages[stage].seq_len),
-      Loss(stage, steps) + 0.1);
-  std::printf("{\"event\":\"done\",\"stage\":%lld}\n", static_cast<long long>(stage));
-  return 0;
+  contract::WriteRankEvent(std::cout, contract::EvalEvent{stage, spec.stages[stage].seq_len,
+                                                          Loss(stage, steps) + 0.1, 0.5});
+  contract::WriteRankEvent(std::cout, contract::DoneEvent{stage, std::nullopt});
+  return contract::kExitOk;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int steps = 3, step_ms = 10, exit_code = 0;
-  bool ignore_term = false, noise = false;
+  bool ignore_term = false, noise = false, bad_event = false;
   std::string pid_file, spec_file;
   int64_t stage = 0, rank = 0;
   std::vector<std::string> spec_sets;
@@ -109,6 +106,8 @@ int main(int argc, char** argv) {
       ignore_term = true;
     } else if (arg == "--noise") {
       noise = true;
+    } else if (arg == "--bad-event") {
+      bad_event = true;
     } else if (arg == "--pid-file") {
       pid_file = next();
     } else if (arg == "-f") {
@@ -143,40 +142,37 @@ int main(int argc, char** argv) {
     if (spec.ok()) return RunSpecStage(*spec, stage, rank);
   }
   if (noise) {
-    std::printf("plain text on stdout\n");
+    std::cout << "plain text on stdout" << std::endl;
     std::fprintf(stderr, "warming up\n");
+  }
+  if (bad_event) {
+    std::cout << R"({"event":"step","stage":0,"step":1,"steps":1,"loss":-1,"tokens_per_s":1,)"
+              << R"("seq_len":128})" << std::endl;
   }
   for (int step = 1; step <= steps; ++step) {
     std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
-    std::printf(
-        "{\"event\":\"step\",\"stage\":0,\"step\":%d,\"steps\":%d,\"loss\":%.3f,"
-        "\"tokens_per_s\":1000.0,\"seq_len\":128}\n",
-        step, steps, 5.0 - 0.1 * step);
-    std::fflush(stdout);
+    contract::WriteRankEvent(std::cout,
+                             contract::StepEvent{0, step, steps, 5.0 - 0.1 * step, 1000.0, 128});
     if (g_term) {
-      std::printf(
-          "{\"event\":\"checkpoint\",\"stage\":0,\"step\":%d,\"path\":\"/tmp/ckpt/step-%d\","
-          "\"bytes\":42,\"seconds\":0.01}\n",
-          step, step);
-      std::fflush(stdout);
+      contract::WriteRankEvent(
+          std::cout,
+          contract::CheckpointEvent{0, step, "/tmp/ckpt/step-" + std::to_string(step), 42, 0.01});
       std::fprintf(stderr, "preempted at step %d\n", step);
-      return 75;
+      return contract::kExitPreempted;
     }
   }
-  if (exit_code == 2) {
+  if (exit_code == contract::kExitBadInput) {
     std::fprintf(stderr, "spec.stages[0].seq_len: 100 is not divisible by sp_degree 3\n");
-    return 2;
+    return contract::kExitBadInput;
   }
   if (exit_code != 0) {
     std::fprintf(stderr, "fake failure\n");
     return exit_code;
   }
-  std::printf(
-      "{\"event\":\"checkpoint\",\"stage\":0,\"step\":%d,\"path\":\"/tmp/ckpt/final\","
-      "\"bytes\":42,\"seconds\":0.01}\n",
-      steps);
-  std::printf("{\"event\":\"eval\",\"stage\":0,\"seq_len\":128,\"loss\":4.5,\"accuracy\":0.25}\n");
-  std::printf("{\"event\":\"done\",\"stage\":0}\n");
+  contract::WriteRankEvent(std::cout,
+                           contract::CheckpointEvent{0, steps, "/tmp/ckpt/final", 42, 0.01});
+  contract::WriteRankEvent(std::cout, contract::EvalEvent{0, 128, 4.5, 0.25});
+  contract::WriteRankEvent(std::cout, contract::DoneEvent{0, std::nullopt});
   if (noise) std::fprintf(stderr, "finished\n");
-  return 0;
+  return contract::kExitOk;
 }

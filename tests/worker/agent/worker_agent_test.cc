@@ -65,6 +65,7 @@ class PeerCoordinator final : public v1::WorkerService::Service {
           (msg.has_heartbeat() && msg.heartbeat().request_ack())) {
         v1::CoordinatorMessage ack;
         ack.mutable_ack()->set_seq(msg.seq());
+        ack.mutable_ack()->set_code(v1::ACK_CODE_OK);
         std::lock_guard<std::mutex> wlock(write_mu_);
         stream->Write(ack);
       }
@@ -241,11 +242,15 @@ TEST_F(WorkerAgentTest, RunsAnAssignmentAndReportsEverything) {
   EXPECT_EQ(exited->ref().generation(), 1);
   for (const auto& m : msgs) {
     if (m.has_progress()) {
-      EXPECT_EQ(m.progress().steps(), 3);
-      EXPECT_GT(m.progress().loss(), 0);
+      EXPECT_EQ(m.progress().progress().steps(), 3);
+      EXPECT_GT(m.progress().progress().loss(), 0);
     }
     if (m.has_checkpoint()) {
-      EXPECT_EQ(m.checkpoint().path(), "/tmp/ckpt/final");
+      EXPECT_EQ(m.checkpoint().checkpoint().path(), "/tmp/ckpt/final");
+    }
+    if (m.has_eval()) {
+      EXPECT_EQ(m.eval().result().seq_len(), 128);
+      EXPECT_DOUBLE_EQ(m.eval().result().accuracy(), 0.25);
     }
   }
   // The spec was written under the work dir and the logs include the agent's notes.
@@ -317,6 +322,24 @@ TEST_F(WorkerAgentTest, SigtermPreemptsTheChildReportsAndExits) {
   ASSERT_NE(exited, nullptr);
   EXPECT_EQ(exited->exit_code(), 75);
   EXPECT_TRUE(exited->preempted());
+}
+
+// What CLI11 rejects (an unknown flag, a missing required one) is bad input: exit 2.
+TEST_F(WorkerAgentTest, FlagsCli11RejectsExit2) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--coordinator", "127.0.0.1:1", "--name", "x", "--work-dir",
+                                 work_dir_, "--no-such-flag"},
+        std::vector<std::string>{"--name", "x", "--work-dir", work_dir_}}) {
+    std::string err;
+    ChildCallbacks cb;
+    cb.on_log = [&](const std::string&, const std::string& line) { err += line + "\n"; };
+    std::vector<std::string> argv = {BinDir() + "/ulysses-worker"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto worker = ChildSupervisor::Start(argv, "", std::move(cb));
+    ASSERT_TRUE(worker.ok());
+    EXPECT_EQ((*worker)->Wait().description, "exit code 2") << err;
+    EXPECT_FALSE(err.empty());
+  }
 }
 
 TEST_F(WorkerAgentTest, ReconnectsToARestartedCoordinatorWithoutKillingTheChild) {

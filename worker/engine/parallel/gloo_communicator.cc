@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "worker/engine/parallel/group_health.h"
 
 namespace ulysses::engine::internal {
 namespace {
@@ -36,7 +37,7 @@ class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, std::string name,
                    std::chrono::milliseconds timeout)
-      : pg_(std::move(pg)), name_(std::move(name)), timeout_(timeout) {}
+      : pg_(std::move(pg)), name_(name), timeout_(timeout), health_("gloo", std::move(name)) {}
   GlooCommunicator(const GlooCommunicator&) = delete;
   GlooCommunicator& operator=(const GlooCommunicator&) = delete;
 
@@ -44,7 +45,7 @@ class GlooCommunicator final : public Communicator {
   int size() const override { return pg_->getSize(); }
 
   absl::Status AllToAll(torch::Tensor& out, const torch::Tensor& in) override {
-    RETURN_IF_ERROR(CheckUsable("alltoall"));
+    RETURN_IF_ERROR(health_.CheckUsable("alltoall"));
     if (!in.is_contiguous() || !out.is_contiguous() || in.sizes() != out.sizes() ||
         in.scalar_type() != out.scalar_type() || in.dim() == 0 || in.size(0) % size() != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -64,7 +65,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status AllReduceSum(std::vector<torch::Tensor>& tensors) override {
-    RETURN_IF_ERROR(CheckUsable("allreduce"));
+    RETURN_IF_ERROR(health_.CheckUsable("allreduce"));
     if (tensors.empty() || size() == 1) return absl::OkStatus();
     // One flat buffer per dtype: one collective instead of one per tensor.
     std::map<c10::ScalarType, std::vector<size_t>> by_dtype;
@@ -88,7 +89,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status AllReduceMax(torch::Tensor& t) override {
-    RETURN_IF_ERROR(CheckUsable("allreduce_max"));
+    RETURN_IF_ERROR(health_.CheckUsable("allreduce_max"));
     if (size() == 1) return absl::OkStatus();
     std::vector<torch::Tensor> v = {t.contiguous()};
     c10d::AllreduceOptions opts;
@@ -100,7 +101,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status Broadcast(torch::Tensor& t, int root) override {
-    RETURN_IF_ERROR(CheckUsable("broadcast"));
+    RETURN_IF_ERROR(health_.CheckUsable("broadcast"));
     if (root < 0 || root >= size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("Broadcast(", name_, "): root ", root, " not in [0, ", size(), ")"));
@@ -116,30 +117,18 @@ class GlooCommunicator final : public Communicator {
   }
 
   absl::Status Barrier() override {
-    RETURN_IF_ERROR(CheckUsable("barrier"));
+    RETURN_IF_ERROR(health_.CheckUsable("barrier"));
     if (size() == 1) return absl::OkStatus();
     c10d::BarrierOptions opts;
     opts.timeout = timeout_;
     return Run("barrier", [&] { return pg_->barrier(opts); });
   }
 
-  void Abort() override { aborted_ = true; }
+  void Abort() override { health_.Abort(); }
 
   int64_t bytes_sent() const override { return bytes_sent_; }
 
  private:
-  absl::Status CheckUsable(const char* op) const {
-    if (aborted_) {
-      return absl::AbortedError(absl::StrCat("gloo ", op, " on group '", name_, "': aborted"));
-    }
-    if (broken_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("gloo ", op, " on group '", name_,
-                       "': an earlier collective failed; recreate the group"));
-    }
-    return absl::OkStatus();
-  }
-
   // Issues the collective and waits for it at most timeout_; failures mark the group broken.
   template <typename Issue>
   absl::Status Run(const std::string& op, Issue issue) {
@@ -148,7 +137,7 @@ class GlooCommunicator final : public Communicator {
       work->wait(timeout_);
       return absl::OkStatus();
     } catch (const std::exception& e) {
-      broken_ = true;
+      health_.MarkBroken();
       return StatusFromException(e.what(), absl::StrCat(op, " on group '", name_, "'"));
     }
   }
@@ -156,8 +145,7 @@ class GlooCommunicator final : public Communicator {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   std::string name_;
   std::chrono::milliseconds timeout_;
-  std::atomic<bool> aborted_{false};
-  bool broken_ = false;
+  GroupHealth health_;
   int64_t bytes_sent_ = 0;
 };
 

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "worker/engine/parallel/group_health.h"
 
 namespace ulysses::engine::internal {
 namespace {
@@ -55,12 +56,17 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(std::string name, int rank, int size, int device,
                    std::chrono::milliseconds timeout)
-      : name_(std::move(name)), rank_(rank), size_(size), device_(device), timeout_(timeout) {}
+      : name_(name),
+        rank_(rank),
+        size_(size),
+        device_(device),
+        timeout_(timeout),
+        health_("nccl", std::move(name)) {}
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
   ~NcclCommunicator() override {
     if (comm_ != nullptr) {
-      if (broken_ || aborted_) {
+      if (health_.broken() || health_.aborted()) {
         ncclCommAbort(comm_);
       } else {
         ncclCommDestroy(comm_);
@@ -109,7 +115,7 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
 
   absl::Status AllToAll(torch::Tensor& out, const torch::Tensor& in) override {
-    RETURN_IF_ERROR(CheckUsable("alltoall"));
+    RETURN_IF_ERROR(health_.CheckUsable("alltoall"));
     if (!in.is_contiguous() || !out.is_contiguous() || in.sizes() != out.sizes() ||
         in.scalar_type() != out.scalar_type() || in.dim() == 0 || in.size(0) % size_ != 0) {
       return absl::InvalidArgumentError(
@@ -134,7 +140,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   absl::Status AllReduceSum(std::vector<torch::Tensor>& tensors) override {
-    RETURN_IF_ERROR(CheckUsable("allreduce"));
+    RETURN_IF_ERROR(health_.CheckUsable("allreduce"));
     for (auto& t : tensors) {
       if (!t.is_contiguous()) {
         return absl::InvalidArgumentError("AllReduceSum(nccl): tensors must be contiguous");
@@ -153,7 +159,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   absl::Status AllReduceMax(torch::Tensor& t) override {
-    RETURN_IF_ERROR(CheckUsable("allreduce_max"));
+    RETURN_IF_ERROR(health_.CheckUsable("allreduce_max"));
     if (!t.is_contiguous()) return absl::InvalidArgumentError("AllReduceMax: not contiguous");
     ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(t.scalar_type()));
     return Finish(
@@ -162,7 +168,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   absl::Status Broadcast(torch::Tensor& t, int root) override {
-    RETURN_IF_ERROR(CheckUsable("broadcast"));
+    RETURN_IF_ERROR(health_.CheckUsable("broadcast"));
     if (!t.is_contiguous() || root < 0 || root >= size_) {
       return absl::InvalidArgumentError(absl::StrCat("Broadcast(", name_,
                                                      "): tensor must be contiguous and root ", root,
@@ -174,13 +180,13 @@ class NcclCommunicator final : public Communicator {
   }
 
   absl::Status Barrier() override {
-    RETURN_IF_ERROR(CheckUsable("barrier"));
+    RETURN_IF_ERROR(health_.CheckUsable("barrier"));
     return Finish(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_),
                   "barrier");
   }
 
   void Abort() override {
-    aborted_ = true;
+    health_.Abort();
     // ncclCommAbort is documented as safe to call while other operations are pending.
   }
 
@@ -189,22 +195,10 @@ class NcclCommunicator final : public Communicator {
  private:
   absl::Status Check(ncclResult_t r, const std::string& what) {
     if (r == ncclSuccess || r == ncclInProgress) return absl::OkStatus();
-    broken_ = true;
+    health_.MarkBroken();
     return absl::UnavailableError(absl::StrCat("nccl ", what, " on group '", name_,
                                                "': ", ncclGetErrorString(r), " ",
                                                ncclGetLastError(comm_)));
-  }
-
-  absl::Status CheckUsable(const char* op) const {
-    if (aborted_) {
-      return absl::AbortedError(absl::StrCat("nccl ", op, " on group '", name_, "': aborted"));
-    }
-    if (broken_) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("nccl ", op, " on group '", name_,
-                       "': an earlier collective failed; recreate the group"));
-    }
-    return absl::OkStatus();
   }
 
   // Polls the communicator's async state until it leaves ncclInProgress, or the timeout.
@@ -216,7 +210,7 @@ class NcclCommunicator final : public Communicator {
       if (r != ncclSuccess) return Check(r, op);
       if (state == ncclSuccess) return absl::OkStatus();
       if (state != ncclInProgress) return Check(state, op);
-      if (aborted_ || Clock::now() > deadline) return TimeOut(op);
+      if (health_.aborted() || Clock::now() > deadline) return TimeOut(op);
       std::this_thread::yield();
     }
   }
@@ -231,24 +225,22 @@ class NcclCommunicator final : public Communicator {
       cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess) return absl::OkStatus();
       if (q != cudaErrorNotReady) {
-        broken_ = true;
+        health_.MarkBroken();
         return CudaStatus(q, absl::StrCat("nccl ", op, " on group '", name_, "'"));
       }
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(comm_, &state);
       if (state != ncclSuccess && state != ncclInProgress) return Check(state, op);
-      if (aborted_ || Clock::now() > deadline) return TimeOut(op);
+      if (health_.aborted() || Clock::now() > deadline) return TimeOut(op);
       std::this_thread::yield();
     }
   }
 
   absl::Status TimeOut(const std::string& op) {
-    broken_ = true;
+    health_.MarkBroken();
     ncclCommAbort(comm_);
     comm_ = nullptr;
-    if (aborted_) {
-      return absl::AbortedError(absl::StrCat("nccl ", op, " on group '", name_, "': aborted"));
-    }
+    if (health_.aborted()) return health_.AbortedError(op);
     return absl::DeadlineExceededError(absl::StrCat("nccl ", op, " on group '", name_,
                                                     "' timed out after ", timeout_.count(),
                                                     " ms (communicator aborted)"));
@@ -260,8 +252,7 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;
-  std::atomic<bool> aborted_{false};
-  bool broken_ = false;
+  GroupHealth health_;
   int64_t bytes_sent_ = 0;
 };
 

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/contract/exit.h"
 #include "common/spec/job_spec_parser.h"
 #include "common/status.h"
 #include "common/stop.h"
@@ -96,7 +97,7 @@ absl::StatusOr<std::string> Required(const Flags& f, const std::string& name) {
 
 int Fail(const absl::Status& s) {
   std::cerr << "ulysses-train: " << s.message() << std::endl;
-  return ExitCodeFor(s);
+  return contract::ExitCodeFor(s);
 }
 
 // Where the local launcher puts its ranks: all on the CPU, or round-robin over the visible GPUs.
@@ -171,7 +172,7 @@ int RankCommand(int argc, char** argv) {
   }
   auto result = RunRank(o);
   if (!result.ok()) return Fail(result.status());
-  return result->preempted ? kExitPreempted : kExitOk;
+  return result->preempted ? contract::kExitPreempted : contract::kExitOk;
 }
 
 int TrainCommand(int argc, char** argv) {
@@ -228,9 +229,9 @@ int TrainCommand(int argc, char** argv) {
     }
     int code = RunProcesses(argvs);
     if (code != 0) return code;
-    if (StopRequested()) return kExitPreempted;
+    if (StopRequested()) return contract::kExitPreempted;
   }
-  return kExitOk;
+  return contract::kExitOk;
 }
 
 int EvalCommand(int argc, char** argv) {
@@ -280,7 +281,7 @@ int EvalCommand(int argc, char** argv) {
     if (r->has_accuracy) j["accuracy"] = r->accuracy;
     std::cout << j.dump() << std::endl;
   }
-  return kExitOk;
+  return contract::kExitOk;
 }
 
 int ExportCommand(int argc, char** argv) {
@@ -290,7 +291,7 @@ int ExportCommand(int argc, char** argv) {
   absl::Status s = ExportCheckpoint(ckpt, out);
   if (!s.ok()) return Fail(s);
   std::cout << nlohmann::json{{"hf_out", out}}.dump() << std::endl;
-  return kExitOk;
+  return contract::kExitOk;
 }
 
 }  // namespace
@@ -298,7 +299,7 @@ int ExportCommand(int argc, char** argv) {
 int UlyssesTrainMain(int argc, char** argv) {
   if (argc < 2) {
     std::cerr << kUsage;
-    return kExitBadInput;
+    return contract::kExitBadInput;
   }
   const std::string cmd = argv[1];
   if (cmd == "rank") return RankCommand(argc, argv);
@@ -307,10 +308,10 @@ int UlyssesTrainMain(int argc, char** argv) {
   if (cmd == "export") return ExportCommand(argc, argv);
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     std::cout << kUsage;
-    return kExitOk;
+    return contract::kExitOk;
   }
   std::cerr << "ulysses-train: unknown command '" << cmd << "'\n" << kUsage;
-  return kExitBadInput;
+  return contract::kExitBadInput;
 }
 
 }  // namespace ulysses::engine::train

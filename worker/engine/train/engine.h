@@ -1,12 +1,13 @@
 // The ulysses-train engine: one rank of one training stage, evaluation and export.
 //
-// RunRank() is the `ulysses-train rank` contract (TEAM.md): it rendezvouses the
+// RunRank() is one `ulysses-train rank` (docs/CONTRACTS.md): it rendezvouses the
 // stage's world (sp x dp ranks), resumes from the latest committed checkpoint (or
 // the previous stage's final one, or spec.model.init_from, or the seed init),
 // trains the stage's remaining optimizer steps, commits checkpoints every
-// checkpoint.every_steps and at the stage end, evaluates, and prints JSON event
-// lines on stdout. A SIGTERM/SIGINT on any rank is agreed across ranks at the
-// next step boundary: all ranks commit a checkpoint and return kPreempted.
+// checkpoint.every_steps and at the stage end, evaluates, and prints the event lines
+// of common/contract/rank_event.h on stdout. A SIGTERM/SIGINT on any rank is agreed
+// across ranks at the next step boundary: all ranks commit a checkpoint and return
+// kPreempted.
 //
 // Loss/gradient math (SP exactness): each rank backpropagates its LOCAL loss
 // sum; gradients and (loss_sum, token_count) are summed over the world group;
@@ -16,8 +17,8 @@
 // full-sequence gradient, so sp=P matches sp=1 up to float reassociation.
 //
 // Errors: Status codes INVALID_ARGUMENT/NOT_FOUND/FAILED_PRECONDITION/DATA_LOSS
-// mean bad input (exit 2); others are failures (exit 1). A failed rank leaves
-// the last committed checkpoint untouched.
+// mean bad input; others are failures (exit codes: contract::ExitCodeFor in
+// common/contract/exit.h). A failed rank leaves the last committed checkpoint untouched.
 #ifndef ULYSSES_WORKER_ENGINE_TRAIN_ENGINE_H_
 #define ULYSSES_WORKER_ENGINE_TRAIN_ENGINE_H_
 
@@ -27,18 +28,18 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/contract/exit.h"
 #include "common/spec/job_spec.h"
 #include "worker/engine/train/evaluate.h"
 
 namespace ulysses::engine::train {
 
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitFailure = 1;
-inline constexpr int kExitBadInput = 2;
-inline constexpr int kExitPreempted = 75;
-
-// Exit code for a Status (OK -> 0, bad input -> 2, else 1).
-int ExitCodeFor(const absl::Status& status);
+// The exit codes are common/contract/exit.h's (named here until engine.cc uses the
+// contract directly).
+using contract::kExitBadInput;
+using contract::kExitFailure;
+using contract::kExitOk;
+using contract::kExitPreempted;
 
 struct RankOptions {
   std::string job_file;                // -f JOB.yaml

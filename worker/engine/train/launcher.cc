@@ -4,16 +4,30 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
-#include <cstring>
+#include <optional>
 #include <thread>
 
-#include "absl/strings/str_cat.h"
+#include "common/contract/exit.h"
 #include "common/logging.h"
+#include "common/process/process.h"
 #include "common/stop.h"
 
 namespace ulysses::engine::train {
+namespace {
+
+// A failed rank leaves its peers blocked in collectives: they get this long after
+// SIGTERM before SIGKILL.
+constexpr std::chrono::seconds kPeerFailureGrace{10};
+constexpr std::chrono::milliseconds kPollInterval{20};
+
+struct Rank {
+  pid_t pid;
+  process::KillTiers tiers;
+  std::optional<contract::ProcessExit> exit;  // Set once reaped.
+};
+
+}  // namespace
 
 std::string SelfExe() {
   char buf[4096];
@@ -25,73 +39,69 @@ std::string SelfExe() {
 
 int RunProcesses(const std::vector<std::vector<std::string>>& argvs) {
   InstallStopSignalHandlers();
-  std::vector<pid_t> pids;
+  process::SpawnOptions options;
+  options.exec_error_prefix = "ulysses-train: exec failed";
+  std::vector<Rank> ranks;
   for (const auto& argv : argvs) {
-    std::vector<char*> cargs;
-    for (const auto& a : argv) cargs.push_back(const_cast<char*>(a.c_str()));
-    cargs.push_back(nullptr);
-    pid_t pid = fork();
-    if (pid == 0) {
-      execv(cargs[0], cargs.data());
-      std::fprintf(stderr, "exec %s: %s\n", cargs[0], std::strerror(errno));
-      _exit(127);
+    absl::StatusOr<pid_t> pid = process::Spawn(argv, options);
+    if (!pid.ok()) {
+      ULOG(ERROR) << "cannot start rank " << ranks.size() << ": " << pid.status().message();
+      for (Rank& r : ranks) kill(r.pid, SIGKILL);
+      for (Rank& r : ranks) waitpid(r.pid, nullptr, 0);
+      return contract::kExitFailure;
     }
-    if (pid < 0) {
-      ULOG(ERROR) << "fork failed: " << std::strerror(errno);
-      for (pid_t p : pids) kill(p, SIGKILL);
-      for (pid_t p : pids) waitpid(p, nullptr, 0);
-      return 1;
-    }
-    pids.push_back(pid);
+    ranks.push_back(Rank{*pid, process::KillTiers(*pid), std::nullopt});
   }
-  std::vector<int> codes(pids.size(), -1);
-  size_t running = pids.size();
-  bool forwarded = false;
+  size_t running = ranks.size();
   bool failed = false;
-  std::chrono::steady_clock::time_point kill_at{};
+  bool forwarded = false;
   while (running > 0) {
-    for (size_t i = 0; i < pids.size(); ++i) {
-      if (codes[i] != -1) continue;
+    for (Rank& r : ranks) {
+      if (r.exit.has_value()) continue;
       int status = 0;
-      pid_t r = waitpid(pids[i], &status, WNOHANG);
-      if (r != pids[i]) continue;
-      codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
+      r.exit = process::ProcessExitOf(status);
       --running;
-      if (codes[i] != 0 && codes[i] != 75 && !failed) {
-        // A failed rank leaves its peers blocked in collectives: stop them.
+      const contract::RankOutcome outcome =
+          contract::OutcomeOf(*r.exit, contract::StopRequest::kNone);
+      if (!failed && outcome != contract::RankOutcome::kSucceeded &&
+          outcome != contract::RankOutcome::kPreempted) {
         failed = true;
-        for (size_t j = 0; j < pids.size(); ++j) {
-          if (codes[j] == -1) kill(pids[j], SIGTERM);
+        for (Rank& peer : ranks) {
+          if (!peer.exit.has_value()) peer.tiers.Stop(kPeerFailureGrace);
         }
-        kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       }
     }
     if (StopRequested() && !forwarded) {
-      forwarded = true;
-      for (size_t j = 0; j < pids.size(); ++j) {
-        if (codes[j] == -1) kill(pids[j], SIGTERM);
+      forwarded = true;  // Preemption: the ranks agree to stop and checkpoint; no deadline.
+      for (Rank& r : ranks) {
+        if (!r.exit.has_value()) r.tiers.Stop(std::nullopt);
       }
     }
-    if (failed && running > 0 && std::chrono::steady_clock::now() > kill_at) {
-      for (size_t j = 0; j < pids.size(); ++j) {
-        if (codes[j] == -1) kill(pids[j], SIGKILL);
-      }
+    for (Rank& r : ranks) {
+      if (!r.exit.has_value()) r.tiers.Enforce();
     }
-    if (running > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (running > 0) std::this_thread::sleep_for(kPollInterval);
   }
-  bool any75 = false, any2 = false, any1 = false;
-  for (int c : codes) {
-    if (c == 75)
-      any75 = true;
-    else if (c == 2)
-      any2 = true;
-    else if (c != 0)
-      any1 = true;
+  bool any_bad_input = false, any_failed = false, any_preempted = false;
+  for (const Rank& r : ranks) {
+    switch (contract::OutcomeOf(*r.exit, contract::StopRequest::kNone)) {
+      case contract::RankOutcome::kBadInput:
+        any_bad_input = true;
+        break;
+      case contract::RankOutcome::kPreempted:
+        any_preempted = true;
+        break;
+      case contract::RankOutcome::kSucceeded:
+        break;
+      default:
+        any_failed = true;
+    }
   }
-  if (any2) return 2;
-  if (any1) return 1;
-  if (any75) return 75;
-  return 0;
+  if (any_bad_input) return contract::kExitBadInput;
+  if (any_failed) return contract::kExitFailure;
+  if (any_preempted) return contract::kExitPreempted;
+  return contract::kExitOk;
 }
 
 }  // namespace ulysses::engine::train

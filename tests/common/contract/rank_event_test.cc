@@ -1,0 +1,199 @@
+#include "common/contract/rank_event.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "gtest/gtest.h"
+
+namespace ulysses::contract {
+namespace {
+
+// Parses a line that must be a valid event.
+RankEvent MustParse(const std::string& line) {
+  absl::StatusOr<std::optional<RankEvent>> parsed = ParseRankEventLine(line);
+  EXPECT_TRUE(parsed.ok()) << line << ": " << parsed.status();
+  EXPECT_TRUE(parsed.ok() && parsed->has_value()) << line << " was not read as an event";
+  return parsed.ok() && parsed->has_value() ? **parsed : RankEvent{};
+}
+
+// The error message for a line that must be rejected.
+std::string MustReject(const std::string& line) {
+  absl::StatusOr<std::optional<RankEvent>> parsed = ParseRankEventLine(line);
+  EXPECT_FALSE(parsed.ok()) << line << " was accepted";
+  if (parsed.ok()) return "";
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(parsed.status().message());
+}
+
+TEST(RankEventTest, SerializesEachKindAsDocumented) {
+  EXPECT_EQ(SerializeRankEvent(StepEvent{1, 7, 20, 3.25, 1234.5, 2048}),
+            R"({"event":"step","stage":1,"step":7,"steps":20,"loss":3.25,)"
+            R"("tokens_per_s":1234.5,"seq_len":2048})");
+  EXPECT_EQ(SerializeRankEvent(CheckpointEvent{0, 10, "/ck/step-00000010", 99, 0.5}),
+            R"({"event":"checkpoint","stage":0,"step":10,"path":"/ck/step-00000010",)"
+            R"("bytes":99,"seconds":0.5})");
+  EXPECT_EQ(SerializeRankEvent(EvalEvent{2, 4096, 2.0, 0.75}),
+            R"({"event":"eval","stage":2,"seq_len":4096,"loss":2.0,"accuracy":0.75})");
+  EXPECT_EQ(SerializeRankEvent(EvalEvent{2, 4096, 2.0, std::nullopt}),
+            R"({"event":"eval","stage":2,"seq_len":4096,"loss":2.0})");
+  EXPECT_EQ(SerializeRankEvent(DoneEvent{2, 1 << 20}),
+            R"({"event":"done","stage":2,"peak_rss_bytes":1048576})");
+  EXPECT_EQ(SerializeRankEvent(DoneEvent{2, std::nullopt}), R"({"event":"done","stage":2})");
+}
+
+TEST(RankEventTest, RoundTripsEveryKind) {
+  const RankEvent events[] = {
+      StepEvent{3, 1, 1, 0.0, 0.0, 1},
+      StepEvent{0, 20, 20, 10.875, 98765.25, 1 << 20},
+      CheckpointEvent{1, 0, "runs/x/checkpoints/step-00000000", -1, 0.0},
+      CheckpointEvent{1, 8, "/ck/step-8", int64_t{1} << 40, 12.5},
+      EvalEvent{0, 64, 4.5, std::nullopt},
+      EvalEvent{0, 64, 4.5, 1.0},
+      DoneEvent{7, std::nullopt},
+      DoneEvent{7, 0},
+  };
+  for (const RankEvent& event : events) {
+    const std::string line = SerializeRankEvent(event);
+    EXPECT_EQ(MustParse(line), event) << line;
+  }
+}
+
+TEST(RankEventTest, WriteRankEventWritesOneLine) {
+  std::ostringstream out;
+  WriteRankEvent(out, DoneEvent{1, std::nullopt});
+  WriteRankEvent(out, DoneEvent{2, std::nullopt});
+  EXPECT_EQ(out.str(), "{\"event\":\"done\",\"stage\":1}\n{\"event\":\"done\",\"stage\":2}\n");
+}
+
+TEST(RankEventTest, KindNames) {
+  EXPECT_STREQ(RankEventKind(StepEvent{}), "step");
+  EXPECT_STREQ(RankEventKind(CheckpointEvent{}), "checkpoint");
+  EXPECT_STREQ(RankEventKind(EvalEvent{}), "eval");
+  EXPECT_STREQ(RankEventKind(DoneEvent{}), "done");
+}
+
+TEST(RankEventTest, ReadsEventsInAnyFieldOrderAndWithCarriageReturn) {
+  EXPECT_EQ(MustParse(R"({"stage":0,"event":"done"})"), RankEvent(DoneEvent{0, std::nullopt}));
+  EXPECT_EQ(MustParse("{\"event\":\"done\",\"stage\":4}\r"), RankEvent(DoneEvent{4, std::nullopt}));
+  // Integers are numbers too.
+  EXPECT_EQ(MustParse(R"({"event":"eval","stage":0,"seq_len":8,"loss":3,"accuracy":1})"),
+            RankEvent(EvalEvent{0, 8, 3.0, 1.0}));
+}
+
+TEST(RankEventTest, OtherLinesAreLogLines) {
+  for (const char* line : {"", "loading model", "  {\"event\":\"step\"}", "[1, 2]",
+                           R"({"level":"info","msg":"hello"})", "{not json at all", "{}", "\r"}) {
+    absl::StatusOr<std::optional<RankEvent>> parsed = ParseRankEventLine(line);
+    ASSERT_TRUE(parsed.ok()) << line << ": " << parsed.status();
+    EXPECT_FALSE(parsed->has_value()) << line;
+  }
+}
+
+TEST(RankEventTest, RejectsBrokenEventLines) {
+  EXPECT_NE(MustReject(R"({"event":"step","stage":0,"st)").find("not a JSON object"),
+            std::string::npos);
+  EXPECT_NE(
+      MustReject(R"({"event":"warp","stage":0})").find("event: \"warp\" is not an event kind"),
+      std::string::npos);
+  EXPECT_NE(MustReject(R"({"event":7,"stage":0})").find("event: 7 is not a string"),
+            std::string::npos);
+}
+
+TEST(RankEventTest, RejectsMissingFields) {
+  EXPECT_EQ(
+      MustReject(R"({"event":"step","stage":0,"steps":4,"loss":1,"tokens_per_s":1,"seq_len":8})"),
+      "step.step: missing (a step event needs \"step\": an integer in [1, 4])");
+  EXPECT_NE(MustReject(R"({"event":"checkpoint","stage":0,"step":3,"bytes":1,"seconds":0})")
+                .find("checkpoint.path: missing"),
+            std::string::npos);
+  EXPECT_NE(MustReject(R"({"event":"eval","stage":0,"seq_len":8})").find("eval.loss: missing"),
+            std::string::npos);
+  EXPECT_NE(MustReject(R"({"event":"done"})").find("done.stage: missing"), std::string::npos);
+}
+
+TEST(RankEventTest, RejectsUnknownFields) {
+  EXPECT_NE(MustReject(R"({"event":"done","stage":0,"stgae":1})").find("done.stgae: unknown field"),
+            std::string::npos);
+  // accuracy belongs to eval, not step.
+  EXPECT_NE(MustReject(R"({"event":"step","stage":0,"step":1,"steps":1,"loss":1,)"
+                       R"("tokens_per_s":1,"seq_len":8,"accuracy":0.5})")
+                .find("step.accuracy: unknown field"),
+            std::string::npos);
+}
+
+TEST(RankEventTest, RejectsMistypedFields) {
+  EXPECT_EQ(MustReject(R"({"event":"done","stage":"0"})"),
+            "done.stage: \"0\" is not an integer (an integer in [0, 2147483647])");
+  EXPECT_NE(MustReject(R"({"event":"done","stage":1.5})").find("done.stage: 1.5 is not an integer"),
+            std::string::npos);
+  // A non-finite loss is serialized as null; it is not a number the protocol accepts.
+  EXPECT_EQ(MustReject(R"({"event":"eval","stage":0,"seq_len":8,"loss":null})"),
+            "eval.loss: null is not a number (a finite number >= 0)");
+  EXPECT_NE(
+      MustReject(R"({"event":"checkpoint","stage":0,"step":3,"path":7,"bytes":1,"seconds":0})")
+          .find("checkpoint.path: 7 is not a string"),
+      std::string::npos);
+}
+
+TEST(RankEventTest, RejectsOutOfRangeValues) {
+  const std::string step_head = R"({"event":"step","stage":0,)";
+  EXPECT_EQ(
+      MustReject(step_head + R"("step":21,"steps":20,"loss":1,"tokens_per_s":1,"seq_len":8})"),
+      "step.step: 21 is out of range (an integer in [1, 20])");
+  EXPECT_NE(MustReject(step_head + R"("step":0,"steps":20,"loss":1,"tokens_per_s":1,"seq_len":8})")
+                .find("step.step: 0 is out of range"),
+            std::string::npos);
+  EXPECT_NE(MustReject(step_head + R"("step":1,"steps":0,"loss":1,"tokens_per_s":1,"seq_len":8})")
+                .find("step.steps: 0 is out of range"),
+            std::string::npos);
+  EXPECT_EQ(
+      MustReject(step_head + R"("step":1,"steps":2,"loss":-0.5,"tokens_per_s":1,"seq_len":8})"),
+      "step.loss: -0.5 is out of range (a finite number >= 0)");
+  // 1e400 overflows a double: the JSON reader refuses the line.
+  EXPECT_NE(
+      MustReject(step_head + R"("step":1,"steps":2,"loss":1e400,"tokens_per_s":1,"seq_len":8})")
+          .find("not a JSON object"),
+      std::string::npos);
+  EXPECT_NE(MustReject(step_head + R"("step":1,"steps":2,"loss":1,"tokens_per_s":-1,"seq_len":8})")
+                .find("step.tokens_per_s: -1 is out of range"),
+            std::string::npos);
+  EXPECT_NE(MustReject(step_head + R"("step":1,"steps":2,"loss":1,"tokens_per_s":1,"seq_len":0})")
+                .find("step.seq_len: 0 is out of range"),
+            std::string::npos);
+  EXPECT_NE(MustReject(R"({"event":"done","stage":-1})").find("done.stage: -1 is out of range"),
+            std::string::npos);
+  EXPECT_NE(MustReject(R"({"event":"done","stage":2147483648})").find("done.stage"),
+            std::string::npos);
+  EXPECT_NE(MustReject(R"({"event":"done","stage":0,"peak_rss_bytes":18446744073709551615})")
+                .find("done.peak_rss_bytes: 18446744073709551615 is out of range"),
+            std::string::npos);
+  EXPECT_EQ(MustReject(R"({"event":"eval","stage":0,"seq_len":8,"loss":1,"accuracy":1.5})"),
+            "eval.accuracy: 1.5 is out of range (a finite number in [0, 1])");
+  const std::string ckpt_head = R"({"event":"checkpoint","stage":0,"step":3,)";
+  EXPECT_NE(MustReject(ckpt_head + R"("path":"/ck","bytes":-2,"seconds":0})")
+                .find("checkpoint.bytes: -2 is out of range (an integer >= -1)"),
+            std::string::npos);
+  EXPECT_NE(MustReject(ckpt_head + R"("path":"","bytes":1,"seconds":0})")
+                .find("checkpoint.path: \"\" is not a valid path"),
+            std::string::npos);
+  EXPECT_NE(MustReject(ckpt_head + R"("path":"/ck\nstep","bytes":1,"seconds":0})")
+                .find("checkpoint.path"),
+            std::string::npos);
+  EXPECT_NE(MustReject(ckpt_head + "\"path\":\"/" + std::string(4096, 'a') +
+                       R"(","bytes":1,"seconds":0})")
+                .find("checkpoint.path"),
+            std::string::npos);
+  EXPECT_NE(MustReject(ckpt_head + R"("path":"/ck","bytes":1,"seconds":-1})")
+                .find("checkpoint.seconds: -1 is out of range"),
+            std::string::npos);
+}
+
+TEST(RankEventTest, NonFiniteValuesDoNotSurviveTheWire) {
+  const std::string line =
+      SerializeRankEvent(StepEvent{0, 1, 2, std::numeric_limits<double>::quiet_NaN(), 1.0, 8});
+  EXPECT_NE(MustReject(line).find("step.loss: null"), std::string::npos) << line;
+}
+
+}  // namespace
+}  // namespace ulysses::contract

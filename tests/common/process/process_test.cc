@@ -1,0 +1,201 @@
+#include "common/process/process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace ulysses::process {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// A pipe whose read end the test keeps; the write end goes to the child.
+struct Pipe {
+  int read = -1;
+  int write = -1;
+  Pipe() {
+    int fds[2];
+    EXPECT_EQ(pipe2(fds, O_CLOEXEC), 0);
+    read = fds[0];
+    write = fds[1];
+  }
+  ~Pipe() {
+    if (read >= 0) close(read);
+    CloseWrite();
+  }
+  void CloseWrite() {
+    if (write >= 0) close(write);
+    write = -1;
+  }
+  // Reads one line (blocking), without its newline.
+  std::string Line() {
+    std::string line;
+    char c = 0;
+    while (::read(read, &c, 1) == 1 && c != '\n') line.push_back(c);
+    return line;
+  }
+  // Reads until EOF.
+  std::string All() {
+    std::string text;
+    char buf[256];
+    for (ssize_t n; (n = ::read(read, buf, sizeof(buf))) > 0;) text.append(buf, n);
+    return text;
+  }
+};
+
+pid_t MustSpawn(const std::vector<std::string>& argv, const SpawnOptions& options = {}) {
+  absl::StatusOr<pid_t> pid = Spawn(argv, options);
+  EXPECT_TRUE(pid.ok()) << pid.status();
+  return pid.ok() ? *pid : -1;
+}
+
+// Waits for `pid` to end; a child still running after 10 s fails the test and is
+// SIGKILLed, so a broken stop never hangs the suite.
+int Reap(pid_t pid) {
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + seconds(10);
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ADD_FAILURE() << "pid " << pid << " still runs 10 s after it should have ended";
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return status;
+    }
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return status;
+}
+
+TEST(ProcessTest, ReadsAnExitCode) {
+  const int status = Reap(MustSpawn({"/bin/sh", "-c", "exit 3"}));
+  const contract::ProcessExit exit = ProcessExitOf(status);
+  EXPECT_EQ(exit.exit_code, 3);
+  EXPECT_EQ(exit.signal, 0);
+  EXPECT_EQ(DescribeWaitStatus(status), "exit code 3");
+}
+
+TEST(ProcessTest, ReadsAKillingSignalAs128PlusSignal) {
+  const int status = Reap(MustSpawn({"/bin/sh", "-c", "kill -9 $$"}));
+  const contract::ProcessExit exit = ProcessExitOf(status);
+  EXPECT_EQ(exit.exit_code, 128 + SIGKILL);
+  EXPECT_EQ(exit.signal, SIGKILL);
+  EXPECT_NE(DescribeWaitStatus(status).find("killed by signal 9"), std::string::npos);
+}
+
+TEST(ProcessTest, ExecFailureExits127WithTheReasonOnStderr) {
+  Pipe err;
+  SpawnOptions options;
+  options.stderr_fd = err.write;
+  options.exec_error_prefix = "test: exec of the binary failed";
+  const pid_t pid = MustSpawn({"/nonexistent/binary"}, options);
+  err.CloseWrite();
+  EXPECT_EQ(err.All(), "test: exec of the binary failed: No such file or directory\n");
+  EXPECT_EQ(ProcessExitOf(Reap(pid)).exit_code, 127);
+}
+
+TEST(ProcessTest, EmptyArgvIsRejected) {
+  EXPECT_EQ(Spawn({}, {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ProcessTest, RunsInTheWorkDirWithRedirectedStdoutAndOwnGroup) {
+  Pipe out;
+  SpawnOptions options;
+  options.work_dir = "/tmp";
+  options.stdout_fd = out.write;
+  options.own_process_group = true;
+  options.stdin_from_dev_null = true;
+  // Prints its cwd, whether it leads its own process group, and what stdin gives.
+  const pid_t pid =
+      MustSpawn({"/bin/sh", "-c",
+                 "pwd; [ \"$(ps -o pgid= -p $$ | tr -d ' ')\" = \"$$\" ] && echo leader; "
+                 "cat; echo end"},
+                options);
+  out.CloseWrite();
+  EXPECT_EQ(out.All(), "/tmp\nleader\nend\n");
+  EXPECT_EQ(ProcessExitOf(Reap(pid)).exit_code, 0);
+}
+
+TEST(KillTiersTest, SigtermFirstAndSigkillOnlyAfterTheGrace) {
+  Pipe out;
+  SpawnOptions options;
+  options.stdout_fd = out.write;
+  // Ignores SIGTERM, then says so.
+  const pid_t pid = MustSpawn(
+      {"/bin/sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.05; done"}, options);
+  out.CloseWrite();
+  ASSERT_EQ(out.Line(), "ready");
+  KillTiers tiers(pid);
+  const auto t0 = KillTiers::Clock::now();
+  EXPECT_TRUE(tiers.Stop(milliseconds(500), t0));
+  EXPECT_TRUE(tiers.term_sent());
+  EXPECT_FALSE(tiers.Enforce(t0 + milliseconds(499)));  // Inside the grace: no SIGKILL.
+  EXPECT_FALSE(tiers.kill_sent());
+  int status = 0;
+  EXPECT_EQ(waitpid(pid, &status, WNOHANG), 0) << "SIGTERM alone stopped a child that ignores it";
+  EXPECT_TRUE(tiers.Enforce(t0 + milliseconds(500)));
+  EXPECT_FALSE(tiers.Enforce(t0 + milliseconds(600)));  // Sent once.
+  status = Reap(pid);
+  EXPECT_EQ(ProcessExitOf(status).signal, SIGKILL);
+}
+
+TEST(KillTiersTest, AChildThatHonoursSigtermEndsByIt) {
+  const pid_t pid = MustSpawn({"/bin/sleep", "1000"});
+  KillTiers tiers(pid);
+  EXPECT_TRUE(tiers.Stop(seconds(30)));
+  const int status = Reap(pid);
+  EXPECT_EQ(ProcessExitOf(status).signal, SIGTERM);
+  EXPECT_FALSE(tiers.kill_sent());
+}
+
+TEST(KillTiersTest, ALaterStopOnlyBringsTheDeadlineCloser) {
+  const pid_t pid = MustSpawn({"/bin/sleep", "1000"});
+  KillTiers tiers(pid);
+  const auto t0 = KillTiers::Clock::now();
+  EXPECT_TRUE(tiers.Stop(std::nullopt, t0));  // SIGTERM only (a forwarded preemption).
+  EXPECT_FALSE(tiers.deadline().has_value());
+  EXPECT_FALSE(tiers.Enforce(t0 + seconds(3600)));
+  EXPECT_FALSE(tiers.Stop(seconds(10), t0));  // SIGTERM is not sent twice.
+  EXPECT_EQ(tiers.deadline(), t0 + seconds(10));
+  tiers.Stop(seconds(1), t0);
+  EXPECT_EQ(tiers.deadline(), t0 + seconds(1));
+  tiers.Stop(seconds(5), t0);
+  tiers.Stop(std::nullopt, t0);
+  EXPECT_EQ(tiers.deadline(), t0 + seconds(1));
+  Reap(pid);
+}
+
+TEST(KillTiersTest, AGroupTargetReachesGrandchildren) {
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);  // Orphans come to us to be reaped.
+  Pipe out;
+  SpawnOptions options;
+  options.stdout_fd = out.write;
+  options.own_process_group = true;
+  const pid_t pid = MustSpawn(
+      {"/bin/sh", "-c", "trap '' TERM; sleep 1000 & echo $!; while :; do sleep 0.05; done"},
+      options);
+  out.CloseWrite();
+  const pid_t grandchild = std::atoi(out.Line().c_str());
+  ASSERT_GT(grandchild, 0);
+  KillTiers tiers(-pid);
+  tiers.Stop(milliseconds(0));
+  EXPECT_TRUE(tiers.Enforce());
+  EXPECT_EQ(ProcessExitOf(Reap(pid)).signal, SIGKILL);
+  // The grandchild got the group's SIGTERM and is reaped by us (its parent is gone) or
+  // was already reaped by the shell before it died.
+  if (kill(grandchild, 0) == 0) {  // Alive or a zombie: ours to reap now.
+    EXPECT_TRUE(WIFSIGNALED(Reap(grandchild))) << "grandchild outlived its group's kill";
+  }
+}
+
+}  // namespace
+}  // namespace ulysses::process
