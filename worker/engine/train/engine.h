@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/spec/job_spec.h"
+#include "worker/engine/train/evaluate.h"
 
 namespace ulysses::engine::train {
 
@@ -68,13 +69,6 @@ struct EvalOptions {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
   std::string device = "cpu";
-};
-
-struct EvalResult {
-  double loss = 0;
-  int64_t tokens = 0;
-  bool has_accuracy = false;
-  double accuracy = 0;
 };
 
 // Validation loss (and accuracy when the data scores target positions) of one rank

@@ -1,0 +1,96 @@
+#include "worker/engine/train/rank_events.h"
+
+#include <sys/resource.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "worker/engine/checkpoint/checkpoint.h"
+
+namespace ulysses::engine::train {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+void EmitEvent(const json& event) { std::cout << event.dump() << "\n" << std::flush; }
+
+void AppendMetrics(const std::string& out_dir, const json& line) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  std::ofstream f(fs::path(out_dir) / "metrics.jsonl", std::ios::app);
+  f << line.dump() << "\n";
+}
+
+}  // namespace
+
+int64_t PeakRssBytes() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+RankReporter::RankReporter(bool enabled, std::string out_dir)
+    : enabled_(enabled), out_dir_(std::move(out_dir)) {}
+
+void RankReporter::Step(const StepReport& r) {
+  if (!enabled_) return;
+  EmitEvent(json{{"event", "step"},
+                 {"stage", r.stage},
+                 {"step", r.step_in_stage},
+                 {"steps", r.steps},
+                 {"loss", r.stats.loss},
+                 {"tokens_per_s", r.tokens_per_s},
+                 {"seq_len", r.seq_len}});
+  AppendMetrics(out_dir_, json{{"step", r.global_step},
+                               {"stage", r.stage},
+                               {"step_in_stage", r.step_in_stage},
+                               {"seq_len", r.seq_len},
+                               {"sp_degree", r.sp},
+                               {"dp_degree", r.dp},
+                               {"loss", r.stats.loss},
+                               {"grad_norm", r.stats.grad_norm},
+                               {"lr", r.lr},
+                               {"tokens", static_cast<int64_t>(r.stats.tokens)},
+                               {"tokens_per_s", r.tokens_per_s},
+                               {"step_seconds", r.seconds},
+                               {"peak_rss_bytes", PeakRssBytes()}});
+}
+
+void RankReporter::Eval(int stage, int64_t seq_len, const EvalResult& r) {
+  if (!enabled_) return;
+  json event{{"event", "eval"}, {"stage", stage}, {"seq_len", seq_len}, {"loss", r.loss}};
+  json metric{{"stage", stage}, {"seq_len", seq_len}, {"loss", r.loss}, {"tokens", r.tokens}};
+  if (r.has_accuracy) {
+    event["accuracy"] = r.accuracy;
+    metric["accuracy"] = r.accuracy;
+  }
+  EmitEvent(event);
+  AppendMetrics(out_dir_, json{{"eval", metric}});
+}
+
+void RankReporter::Checkpoint(int stage, int64_t step_in_stage, const std::string& path,
+                              double seconds) {
+  if (!enabled_) return;
+  absl::StatusOr<int64_t> bytes_or = CheckpointBytes(path);
+  const int64_t bytes = bytes_or.ok() ? *bytes_or : -1;
+  EmitEvent(json{{"event", "checkpoint"},
+                 {"stage", stage},
+                 {"step", step_in_stage},
+                 {"path", path},
+                 {"bytes", bytes},
+                 {"seconds", seconds}});
+}
+
+void RankReporter::Done(int stage, bool with_peak_rss) {
+  if (!enabled_) return;
+  json event{{"event", "done"}, {"stage", stage}};
+  if (with_peak_rss) event["peak_rss_bytes"] = PeakRssBytes();
+  EmitEvent(event);
+}
+
+}  // namespace ulysses::engine::train

@@ -1,0 +1,84 @@
+#include "worker/engine/train/resume.h"
+
+#include <chrono>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_parser.h"
+#include "common/status.h"
+#include "worker/engine/train/model_io.h"
+
+namespace ulysses::engine::train {
+
+absl::StatusOr<std::optional<std::string>> FindLatestCheckpoint(const std::string& root) {
+  absl::StatusOr<std::string> latest = LatestCommittedCheckpoint(root);
+  if (latest.ok()) return std::optional<std::string>(*latest);
+  if (latest.status().code() == absl::StatusCode::kNotFound) return std::optional<std::string>();
+  return latest.status();
+}
+
+absl::StatusOr<ResumePlan> PlanResume(const std::string& root, const std::string& spec_hash,
+                                      int stage) {
+  ResumePlan plan;
+  ASSIGN_OR_RETURN(std::optional<std::string> latest, FindLatestCheckpoint(root));
+  if (!latest) {
+    if (stage > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--stage ", stage, ": no committed checkpoint under ", root, " (run stage 0 first)"));
+    }
+    return plan;
+  }
+  ASSIGN_OR_RETURN(CheckpointState st, LoadCheckpoint(*latest, spec_hash));
+  if (st.stage > stage || (st.stage == stage && st.stage_complete)) {
+    plan.stage_done = true;
+    return plan;
+  }
+  if (st.stage < stage && !(st.stage == stage - 1 && st.stage_complete)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", *latest, " is stage ", st.stage, " step ", st.step_in_stage,
+                     " (complete=", st.stage_complete, "); run stage ", st.stage, " first"));
+  }
+  plan.state = std::move(st);
+  plan.path = *latest;
+  return plan;
+}
+
+absl::StatusOr<CommitResult> CommitTraining(const spec::JobSpec& spec, const std::string& root,
+                                            const CommitPoint& point,
+                                            model::LlamaForCausalLM& model, const AdamW& optimizer,
+                                            nlohmann::json extra, Communicator& world) {
+  auto t0 = std::chrono::steady_clock::now();
+  CheckpointState state;
+  state.stage = point.stage;
+  state.step_in_stage = point.step_in_stage;
+  state.global_step = point.global_step;
+  state.stage_complete = point.stage_complete;
+  state.spec_hash = spec::SpecHash(spec);
+  for (auto& [name, t] : Params(model)) {
+    state.tensors.push_back({kModelPrefix + name, t.detach().cpu()});
+  }
+  for (auto& [name, t] : optimizer.StateTensors()) state.tensors.push_back({name, t.cpu()});
+  extra["adam_steps"] = optimizer.step_count();
+  state.extra = std::move(extra);
+  Communicator* w = &world;
+  ASSIGN_OR_RETURN(std::string path,
+                   SaveCheckpoint(root, state, world.rank(), world.size(),
+                                  spec.checkpoint.keep_last, [w] { return w->Barrier(); }));
+  CommitResult r;
+  r.path = std::move(path);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+absl::Status RestoreTraining(const CheckpointState& state, const std::string& path,
+                             model::LlamaForCausalLM& model, AdamW& optimizer) {
+  std::map<std::string, torch::Tensor> named = ModelTensors(state);
+  RETURN_IF_ERROR(LoadParams(model, named, absl::StrCat("checkpoint ", path)));
+  for (const auto& t : state.tensors) named[t.name] = t.tensor;
+  int64_t adam_steps = 0;
+  if (state.extra.contains("adam_steps")) adam_steps = state.extra["adam_steps"].get<int64_t>();
+  return optimizer.LoadState(Params(model), named, adam_steps);
+}
+
+}  // namespace ulysses::engine::train

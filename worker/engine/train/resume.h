@@ -1,0 +1,66 @@
+// Where a rank starts and how training state goes to and from checkpoints.
+//
+// PlanResume() decides, before any network traffic, what a rank of stage `stage` does with the
+// checkpoints under root: run the stage fresh (stage 0 with none), resume mid-stage or from the
+// previous stage's final checkpoint, or nothing (the stage is already complete). A checkpoint of a
+// different spec hash, or a gap (stage k+2 after an incomplete stage k), is FAILED_PRECONDITION.
+//
+// CommitTraining() is collective over the world: every rank passes its full (replicated) model and
+// optimizer state; checkpoint.h shards and commits them (manifest last). RestoreTraining() loads
+// model weights and AdamW moments from any committed checkpoint, whatever layout wrote it.
+#ifndef ULYSSES_WORKER_ENGINE_TRAIN_RESUME_H_
+#define ULYSSES_WORKER_ENGINE_TRAIN_RESUME_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/spec/job_spec.h"
+#include "worker/engine/checkpoint/checkpoint.h"
+#include "worker/engine/model/llama.h"
+#include "worker/engine/parallel/communicator.h"
+#include "worker/engine/train/optimizer.h"
+
+namespace ulysses::engine::train {
+
+// The committed checkpoint with the highest step under root, or nullopt when there is none.
+absl::StatusOr<std::optional<std::string>> FindLatestCheckpoint(const std::string& root);
+
+struct ResumePlan {
+  bool stage_done = false;               // the stage already completed: nothing to run
+  std::optional<CheckpointState> state;  // set when resuming (mid-stage or from stage - 1)
+  std::string path;                      // the checkpoint `state` came from
+};
+
+absl::StatusOr<ResumePlan> PlanResume(const std::string& root, const std::string& spec_hash,
+                                      int stage);
+
+// What identifies a checkpoint besides the tensors.
+struct CommitPoint {
+  int stage = 0;
+  int64_t step_in_stage = 0;
+  int64_t global_step = 0;
+  bool stage_complete = false;
+};
+
+struct CommitResult {
+  std::string path;
+  double seconds = 0;
+};
+
+// Collective over `world`: saves model weights ("model/<name>"), AdamW state and `extra` (plus
+// adam_steps), keeping spec.checkpoint.keep_last committed checkpoints.
+absl::StatusOr<CommitResult> CommitTraining(const spec::JobSpec& spec, const std::string& root,
+                                            const CommitPoint& point,
+                                            model::LlamaForCausalLM& model, const AdamW& optimizer,
+                                            nlohmann::json extra, Communicator& world);
+
+// Restores model weights and optimizer state from a loaded checkpoint.
+absl::Status RestoreTraining(const CheckpointState& state, const std::string& path,
+                             model::LlamaForCausalLM& model, AdamW& optimizer);
+
+}  // namespace ulysses::engine::train
+
+#endif  // ULYSSES_WORKER_ENGINE_TRAIN_RESUME_H_

@@ -1,0 +1,66 @@
+// One optimizer step of one rank: forward/backward over the rank's micro-batches, the world
+// reduction of gradients and loss statistics, gradient scaling, clipping and the AdamW update.
+//
+// Loss/gradient math (SP exactness): each rank backpropagates its LOCAL loss sum; gradients and
+// (loss_sum, token_count) are summed over the world group (SP x DP); gradients are then divided by
+// max(total_tokens, 1). The sequence all-to-all's backward routes every token's gradient to the
+// rank that owns the parameter use, so the world sum of local loss-sum gradients is exactly the
+// full-sequence gradient: sp=P matches sp=1 up to float reassociation, and dp=D matches one rank
+// over the same D sequences.
+//
+// The Trainer borrows the model, the attention callback's communicator, the world communicator
+// and the optimizer; none may be destroyed while it is used. Not thread-safe. Errors: libtorch
+// exceptions become INTERNAL (RESOURCE_EXHAUSTED for out-of-memory) naming the step and
+// micro-batch; a failed collective returns its Status. After an error the model and optimizer state
+// are unspecified (the caller resumes from the last committed checkpoint).
+#ifndef ULYSSES_WORKER_ENGINE_TRAIN_TRAIN_STEP_H_
+#define ULYSSES_WORKER_ENGINE_TRAIN_TRAIN_STEP_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/engine/data/sharding.h"
+#include "worker/engine/model/llama.h"
+#include "worker/engine/parallel/communicator.h"
+#include "worker/engine/parallel/parallelize.h"
+#include "worker/engine/train/model_io.h"
+#include "worker/engine/train/optimizer.h"
+
+namespace ulysses::engine::train {
+
+struct StepStats {
+  double loss = 0;       // world loss sum / max(world tokens, 1)
+  double tokens = 0;     // world count of scored tokens
+  double grad_norm = 0;  // global L2 norm of the averaged gradient, before clipping
+};
+
+class Trainer {
+ public:
+  Trainer(model::LlamaForCausalLM model, AttentionCallback attention, Communicator* world,
+          AdamW* optimizer, double grad_clip, torch::Device device);
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // One optimizer step at learning rate `lr` over this rank's micro-batches (CPU tensors; moved
+  // to the device here). `step` only labels errors.
+  absl::StatusOr<StepStats> Step(const std::vector<LocalShard>& micro_batches, double lr,
+                                 int64_t step);
+
+  const NamedParams& params() const { return params_; }
+
+ private:
+  model::LlamaForCausalLM model_;
+  AttentionCallback attention_;
+  Communicator* world_;
+  AdamW* optimizer_;
+  double grad_clip_;
+  torch::Device device_;
+  NamedParams params_;
+};
+
+}  // namespace ulysses::engine::train
+
+#endif  // ULYSSES_WORKER_ENGINE_TRAIN_TRAIN_STEP_H_
