@@ -4,6 +4,7 @@
 #include "worker/engine/train/engine.h"
 
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -59,6 +60,11 @@ absl::StatusOr<RankSetup> SetUpRank(const spec::JobSpec& spec, const LlamaConfig
                                     const ParallelConfig& pc) {
   RETURN_IF_ERROR(CheckUlyssesHeads(config.num_attention_heads, config.num_key_value_heads, pc.sp));
   ASSIGN_OR_RETURN(torch::Dtype dtype, model::ParseDtype(spec.model.dtype));
+  if (dtype == torch::kHalf && pc.device == "cpu") {
+    return absl::InvalidArgumentError(
+        "spec.model.dtype: float16 on a CPU device: libtorch has no float16 matrix products on "
+        "CPU (use bfloat16 or float32 on CPU; float16 runs on cuda devices)");
+  }
   if (spec.memory.attention_block_size <= 0) {
     return absl::InvalidArgumentError("spec.memory.attention_block_size: must be > 0");
   }
@@ -73,12 +79,33 @@ absl::StatusOr<RankSetup> SetUpRank(const spec::JobSpec& spec, const LlamaConfig
 }
 
 json CheckpointExtra(const spec::JobSpec& spec, const LlamaConfig& config,
-                     const ParallelRuntime& rt) {
-  return json{{"seed", spec.seed},
-              {"sp_degree", rt.sp},
-              {"dp_degree", rt.dp},
-              {"model_config", ModelConfigToJson(config)},
-              {"dtype", spec.model.dtype}};
+                     const ParallelRuntime& rt, const LossScaler& scaler) {
+  json extra{{"seed", spec.seed},
+             {"sp_degree", rt.sp},
+             {"dp_degree", rt.dp},
+             {"model_config", ModelConfigToJson(config)},
+             {"dtype", spec.model.dtype}};
+  if (scaler.enabled) {
+    extra["loss_scale"] = scaler.scale;
+    extra["loss_scale_good_steps"] = scaler.good_steps;
+  }
+  return extra;
+}
+
+// Restores the float16 loss scale from a checkpoint's extra (absent: keep the initial scale).
+absl::Status RestoreLossScale(const json& extra, LossScaler& scaler) {
+  if (!scaler.enabled || !extra.contains("loss_scale")) return absl::OkStatus();
+  const json& scale = extra["loss_scale"];
+  const json& good = extra.value("loss_scale_good_steps", json(0));
+  if (!scale.is_number() || !good.is_number_integer() || !(scale.get<double>() > 0) ||
+      !std::isfinite(scale.get<double>()) || good.get<int64_t>() < 0) {
+    return absl::DataLossError(absl::StrCat("checkpoint extra.loss_scale: ", scale.dump(),
+                                            " / loss_scale_good_steps: ", good.dump(),
+                                            " are not a positive finite scale and a count"));
+  }
+  scaler.scale = scale.get<double>();
+  scaler.good_steps = good.get<int64_t>();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
@@ -136,6 +163,7 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
 
   Trainer trainer(rs.model, rs.attention, rs.rt.groups.world.get(), &adam, spec.optimizer.grad_clip,
                   rs.rt.device);
+  if (plan.state) RETURN_IF_ERROR(RestoreLossScale(plan.state->extra, trainer.loss_scaler()));
   BatchLayout layout;
   layout.seq_len = stage.seq_len;
   layout.sp_rank = rs.rt.groups.sp_rank;
@@ -149,12 +177,15 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   Communicator& world = *rs.rt.groups.world;
   auto commit = [&](int64_t step_in_stage, bool complete) -> absl::Status {
     CommitPoint point{o.stage, step_in_stage, global_step, complete};
-    ASSIGN_OR_RETURN(CommitResult c, CommitTraining(spec, root, point, rs.model, adam,
-                                                    CheckpointExtra(spec, config, rs.rt), world));
+    ASSIGN_OR_RETURN(
+        CommitResult c,
+        CommitTraining(spec, root, point, rs.model, adam,
+                       CheckpointExtra(spec, config, rs.rt, trainer.loss_scaler()), world));
     report.Checkpoint(o.stage, step_in_stage, c.path, c.seconds);
     return absl::OkStatus();
   };
 
+  int64_t skipped_in_a_row = 0;
   for (int64_t step = start_step; step < steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(std::vector<LocalShard> batches, StepMicroBatches(*train_data, layout, step));
@@ -162,6 +193,7 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
                                   warmup, steps, step);
     ASSIGN_OR_RETURN(StepStats stats, trainer.Step(batches, lr, step));
     ++global_step;
+    skipped_in_a_row = stats.skipped ? skipped_in_a_row + 1 : 0;
     StepReport r;
     r.stage = o.stage;
     r.step_in_stage = step + 1;
@@ -176,6 +208,14 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
     r.tokens_per_s =
         static_cast<double>(stage.seq_len * layout.grad_accum * dp) / std::max(r.seconds, 1e-9);
     report.Step(r);
+    if (skipped_in_a_row >= kMaxConsecutiveSkippedSteps) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "spec.stages[", o.stage, "] step ", step + 1, ": ", skipped_in_a_row,
+          " consecutive steps had a non-finite loss or gradient norm (last: loss ", stats.loss,
+          ", grad_norm ", stats.grad_norm,
+          ") and were skipped; the run diverged (lower optimizer.lr, raise warmup_steps, set "
+          "optimizer.grad_clip, use bfloat16 instead of float16, or check the data)"));
+    }
     // Agree on a stop across all ranks.
     torch::Tensor stop = torch::tensor({StopRequested() ? 1.0f : 0.0f}).to(rs.rt.device);
     RETURN_IF_ERROR(world.AllReduceMax(stop));

@@ -17,33 +17,57 @@ torch::ScalarType StateType(const torch::Tensor& p) {
 
 bool DecaysWeight(const std::string& name, const torch::Tensor& param) { return param.dim() >= 2; }
 
-void AdamW::Step(const NamedParams& params, double lr) {
+bool IsLowPrecision(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16;
+}
+
+void AdamW::Step(const NamedParams& params, const std::vector<torch::Tensor>& grads, double lr) {
   torch::NoGradGuard no_grad;
   ++step_count_;
   const double bc1 = 1.0 - std::pow(config_.beta1, static_cast<double>(step_count_));
   const double bc2 = 1.0 - std::pow(config_.beta2, static_cast<double>(step_count_));
-  for (const auto& [name, p] : params) {
-    if (!p.grad().defined()) continue;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, p] = params[i];
+    if (i >= grads.size() || !grads[i].defined()) continue;
     torch::ScalarType st = StateType(p);
     torch::Tensor& m = exp_avg_[name];
     torch::Tensor& v = exp_avg_sq_[name];
     if (!m.defined()) m = torch::zeros(p.sizes(), p.options().dtype(st));
     if (!v.defined()) v = torch::zeros(p.sizes(), p.options().dtype(st));
-    torch::Tensor g = p.grad().to(st);
-    torch::Tensor w = p.to(st);
+    torch::Tensor g = grads[i].to(st);
+    const bool low = IsLowPrecision(p);
+    torch::Tensor w = p;  // updated in place: the parameter itself, or its fp32 master
+    if (low) {
+      torch::Tensor& master = master_[name];
+      if (!master.defined()) master = p.detach().to(torch::kFloat).clone();
+      w = master;
+    }
     if (DecaysWeight(name, p) && config_.weight_decay != 0) w.mul_(1.0 - lr * config_.weight_decay);
     m.mul_(config_.beta1).add_(g, 1.0 - config_.beta1);
     v.mul_(config_.beta2).addcmul_(g, g, 1.0 - config_.beta2);
     torch::Tensor denom = (v / bc2).sqrt_().add_(config_.eps);
     w.addcdiv_(m, denom, -lr / bc1);
-    p.copy_(w);
+    if (low) p.copy_(w);  // round the master to the parameter's dtype
   }
+}
+
+void AdamW::Step(const NamedParams& params, double lr) {
+  std::vector<torch::Tensor> grads;
+  grads.reserve(params.size());
+  for (const auto& [name, p] : params) grads.push_back(p.grad());
+  Step(params, grads, lr);
+}
+
+torch::Tensor AdamW::Master(const std::string& name) const {
+  auto it = master_.find(name);
+  return it == master_.end() ? torch::Tensor() : it->second;
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> AdamW::StateTensors() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (const auto& [name, t] : exp_avg_) out.emplace_back("optim/exp_avg/" + name, t);
   for (const auto& [name, t] : exp_avg_sq_) out.emplace_back("optim/exp_avg_sq/" + name, t);
+  for (const auto& [name, t] : master_) out.emplace_back("optim/master/" + name, t);
   return out;
 }
 
@@ -52,9 +76,21 @@ absl::Status AdamW::LoadState(const NamedParams& params,
                               int64_t step_count) {
   exp_avg_.clear();
   exp_avg_sq_.clear();
+  master_.clear();
   step_count_ = step_count;
   if (step_count == 0) return absl::OkStatus();
   for (const auto& [name, p] : params) {
+    if (IsLowPrecision(p)) {
+      auto it = tensors.find("optim/master/" + name);
+      if (it != tensors.end()) {
+        if (it->second.sizes() != p.sizes()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("checkpoint: optim/master/", name, " has shape ",
+                           c10::str(it->second.sizes()), ", parameter has ", c10::str(p.sizes())));
+        }
+        master_[name] = it->second.to(p.device(), torch::kFloat).clone();
+      }
+    }
     for (auto [prefix, dst] : {std::make_pair("optim/exp_avg/", &exp_avg_),
                                std::make_pair("optim/exp_avg_sq/", &exp_avg_sq_)}) {
       auto it = tensors.find(prefix + name);
@@ -85,20 +121,29 @@ double ScheduledLr(const std::string& schedule, double peak, double min_lr_ratio
   return floor + (peak - floor) * 0.5 * (1.0 + std::cos(M_PI * progress));  // cosine
 }
 
-double ClipGradNorm(const NamedParams& params, double clip) {
+double ClipGradNorm(const std::vector<torch::Tensor>& grads, double clip) {
   torch::NoGradGuard no_grad;
-  double sq = 0;
-  for (const auto& [name, p] : params) {
-    if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+  // Per-tensor squared sums accumulated in fp64 on the grads' device; one host sync in all.
+  std::vector<torch::Tensor> squares;
+  for (const torch::Tensor& g : grads) {
+    if (g.defined()) squares.push_back(g.pow(2).sum(torch::kDouble));
   }
+  const double sq = squares.empty() ? 0.0 : torch::stack(squares).sum().item<double>();
   const double norm = std::sqrt(sq);
-  if (clip > 0 && norm > clip) {
+  if (clip > 0 && std::isfinite(norm) && norm > clip) {
     const double scale = clip / (norm + 1e-6);
-    for (const auto& [name, p] : params) {
-      if (p.grad().defined()) p.grad().mul_(scale);
+    for (const torch::Tensor& g : grads) {
+      if (g.defined()) g.mul_(scale);
     }
   }
   return norm;
+}
+
+double ClipGradNorm(const NamedParams& params, double clip) {
+  std::vector<torch::Tensor> grads;
+  grads.reserve(params.size());
+  for (const auto& [name, p] : params) grads.push_back(p.grad());
+  return ClipGradNorm(grads, clip);
 }
 
 }  // namespace ulysses::engine::train

@@ -6,6 +6,12 @@
 // applies to matrices (dim >= 2: projections, embeddings, lm_head) but not to
 // RMSNorm weights (dim 1).
 //
+// Mixed precision: for a low-precision parameter (bfloat16/float16) AdamW keeps an fp32 MASTER
+// copy; the update is applied to the master and the parameter becomes the master rounded to its
+// dtype. Updates far below the parameter's precision (lr 1e-5 on N(0, 0.02) weights, or on
+// RMSNorm weights of 1.0) therefore accumulate instead of being rounded away. Masters are part of
+// the state (checkpointed), created from the parameter at the first step.
+//
 // Not thread-safe. Step() mutates the parameters in place under no-grad.
 #ifndef ULYSSES_WORKER_ENGINE_TRAIN_OPTIMIZER_H_
 #define ULYSSES_WORKER_ENGINE_TRAIN_OPTIMIZER_H_
@@ -39,21 +45,32 @@ class AdamW {
  public:
   explicit AdamW(const AdamWConfig& config) : config_(config) {}
 
-  // One update with learning rate lr from each param's .grad() (undefined grads skip).
+  // One update with learning rate lr. grads[i] is the averaged gradient of params[i] (any
+  // floating dtype; fp32 for low-precision params keeps its precision); undefined grads skip.
+  void Step(const NamedParams& params, const std::vector<torch::Tensor>& grads, double lr);
+  // The same with each param's .grad().
   void Step(const NamedParams& params, double lr);
 
   int64_t step_count() const { return step_count_; }
-  // Checkpoint view: "optim/exp_avg/<name>" and "optim/exp_avg_sq/<name>".
+  // The fp32 master of a low-precision parameter (undefined before its first step, and for
+  // fp32/fp64 parameters, which are their own master).
+  torch::Tensor Master(const std::string& name) const;
+  // Checkpoint view: "optim/exp_avg/<name>", "optim/exp_avg_sq/<name>" and, for low-precision
+  // parameters, "optim/master/<name>".
   std::vector<std::pair<std::string, torch::Tensor>> StateTensors() const;
-  // Restores from StateTensors()' names; missing entries are an error naming them.
+  // Restores from StateTensors()' names; missing moments are an error naming them. A missing
+  // master is recreated from the parameter.
   absl::Status LoadState(const NamedParams& params,
                          const std::map<std::string, torch::Tensor>& tensors, int64_t step_count);
 
  private:
   AdamWConfig config_;
   int64_t step_count_ = 0;
-  std::map<std::string, torch::Tensor> exp_avg_, exp_avg_sq_;
+  std::map<std::string, torch::Tensor> exp_avg_, exp_avg_sq_, master_;
 };
+
+// True for bfloat16/float16 tensors (those that get an fp32 master and fp32 gradients).
+bool IsLowPrecision(const torch::Tensor& t);
 
 // LR at step_in_stage of a stage with `steps` steps: linear warmup over `warmup`
 // steps to peak (lr * (t+1)/warmup), then constant | linear | cosine decay towards
@@ -61,8 +78,10 @@ class AdamW {
 double ScheduledLr(const std::string& schedule, double peak, double min_lr_ratio, int64_t warmup,
                    int64_t steps, int64_t step_in_stage);
 
-// Global L2 norm of the grads; when clip > 0 and norm > clip scales them by clip/norm.
-// Returns the pre-clip norm.
+// Global L2 norm of the grads (computed in fp64); when clip > 0 and norm > clip scales them by
+// clip/norm. Returns the pre-clip norm (non-finite when any gradient is; nothing is scaled then).
+double ClipGradNorm(const std::vector<torch::Tensor>& grads, double clip);
+// The same over each param's .grad().
 double ClipGradNorm(const NamedParams& params, double clip);
 
 }  // namespace ulysses::engine::train

@@ -58,6 +58,8 @@ void RankReporter::Step(const StepReport& r) {
                                {"tokens", static_cast<int64_t>(r.stats.tokens)},
                                {"tokens_per_s", r.tokens_per_s},
                                {"step_seconds", r.seconds},
+                               {"skipped", r.stats.skipped},
+                               {"loss_scale", r.stats.loss_scale},
                                {"peak_rss_bytes", PeakRssBytes()}});
 }
 

@@ -1,6 +1,7 @@
 #include "worker/engine/train/train_step.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,13 +18,38 @@ Trainer::Trainer(model::LlamaForCausalLM model, AttentionCallback attention, Com
       optimizer_(optimizer),
       grad_clip_(grad_clip),
       device_(device),
-      params_(Params(model_)) {}
+      params_(Params(model_)) {
+  grad32_.resize(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const torch::Tensor& p = params_[i].second;
+    if (IsLowPrecision(p)) grad32_[i] = torch::zeros(p.sizes(), p.options().dtype(torch::kFloat));
+    if (p.scalar_type() == torch::kHalf) scaler_.enabled = true;
+  }
+  if (scaler_.enabled) scaler_.scale = LossScaler::kInitialScale;
+}
+
+void LossScaler::Update(bool overflow) {
+  if (!enabled) return;
+  if (overflow) {
+    scale = std::max(scale / 2, 1.0 / (1 << 24));
+    good_steps = 0;
+  } else if (++good_steps >= kGrowthInterval) {
+    scale *= 2;
+    good_steps = 0;
+  }
+}
 
 absl::StatusOr<StepStats> Trainer::Step(const std::vector<LocalShard>& micro_batches, double lr,
                                         int64_t step) {
-  for (auto& [name, p] : params_) {
-    if (p.grad().defined()) p.grad().zero_();
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      torch::Tensor& p = params_[i].second;
+      if (p.grad().defined()) p.grad().zero_();
+      if (grad32_[i].defined()) grad32_[i].zero_();
+    }
   }
+  const double scale = scaler_.enabled ? scaler_.scale : 1.0;
   double local_loss = 0;
   int64_t local_tokens = 0;
   for (size_t micro = 0; micro < micro_batches.size(); ++micro) {
@@ -32,32 +58,54 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<LocalShard>& micro_bat
       model::LossOutput out =
           model_->Loss(shard.input_ids.to(device_), shard.position_ids.to(device_),
                        shard.labels.to(device_), attention_);
-      out.loss_sum.backward();
+      if (scale != 1.0) {
+        (out.loss_sum * scale).backward();
+      } else {
+        out.loss_sum.backward();
+      }
       local_loss += out.loss_sum.item<double>();
       local_tokens += out.tokens;
+      // Low-precision gradients go into the fp32 accumulators after every micro-batch.
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < params_.size(); ++i) {
+        torch::Tensor& p = params_[i].second;
+        if (!grad32_[i].defined() || !p.grad().defined()) continue;
+        grad32_[i].add_(p.grad());
+        p.grad().zero_();
+      }
       return absl::OkStatus();
     }));
   }
-  // Sum grads + (loss, tokens) over the world; then scale grads by 1/max(tokens, 1).
-  std::vector<torch::Tensor> reduce;
-  for (auto& [name, p] : params_) {
-    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-    reduce.push_back(p.grad());
+  // Sum grads + (loss, tokens) over the world, then divide the grads by max(tokens, 1) * scale.
+  std::vector<torch::Tensor> grads;
+  grads.reserve(params_.size() + 1);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    torch::Tensor& p = params_[i].second;
+    if (grad32_[i].defined()) {
+      grads.push_back(grad32_[i]);
+    } else {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      grads.push_back(p.grad());
+    }
   }
-  reduce.push_back(
+  grads.push_back(
       torch::tensor({local_loss, static_cast<double>(local_tokens)}, torch::kDouble).to(device_));
-  RETURN_IF_ERROR(world_->AllReduceSum(reduce));
-  torch::Tensor stats = reduce.back().cpu();
+  RETURN_IF_ERROR(world_->AllReduceSum(grads));
+  torch::Tensor stats = grads.back().cpu();
+  grads.pop_back();
   StepStats out;
+  out.loss_scale = scale;
   out.tokens = stats[1].item<double>();
   out.loss = stats[0].item<double>() / std::max(1.0, out.tokens);
   RETURN_IF_ERROR(Guard(absl::StrCat("step ", step, " optimizer"), [&] {
     {
       torch::NoGradGuard no_grad;
-      for (auto& [name, p] : params_) p.grad().div_(std::max(1.0, out.tokens));
+      for (torch::Tensor& g : grads) g.div_(std::max(1.0, out.tokens) * scale);
     }
-    out.grad_norm = ClipGradNorm(params_, grad_clip_);
-    optimizer_->Step(params_, lr);
+    out.grad_norm = ClipGradNorm(grads, grad_clip_);
+    out.skipped = !std::isfinite(out.loss) || !std::isfinite(out.grad_norm);
+    if (!out.skipped) optimizer_->Step(params_, grads, lr);
+    scaler_.Update(out.skipped);
     return absl::OkStatus();
   }));
   return out;

@@ -8,6 +8,17 @@
 // full-sequence gradient: sp=P matches sp=1 up to float reassociation, and dp=D matches one rank
 // over the same D sequences.
 //
+// Mixed precision: with bfloat16/float16 parameters, each micro-batch's low-precision gradients
+// are accumulated into fp32 buffers, reduced over the world in fp32, and AdamW updates fp32
+// masters (optimizer.h); softmax, norms and the loss are computed in fp32 by the model. float16
+// adds dynamic loss scaling (LossScaler): the loss is multiplied by the scale before backward, the
+// gradients divided by it after; an overflow skips the step and halves the scale, and every
+// LossScaler::kGrowthInterval good steps double it.
+//
+// Non-finite steps: when the world loss or the gradient norm is NaN/inf, no parameter or
+// optimizer state changes (the step is skipped and reported as such); the loop fails the stage
+// after a run of them (kMaxConsecutiveSkippedSteps).
+//
 // The Trainer borrows the model, the attention callback's communicator, the world communicator
 // and the optimizer; none may be destroyed while it is used. Not thread-safe. Errors: libtorch
 // exceptions become INTERNAL (RESOURCE_EXHAUSTED for out-of-memory) naming the step and
@@ -32,10 +43,28 @@
 namespace ulysses::engine::train {
 
 struct StepStats {
-  double loss = 0;       // world loss sum / max(world tokens, 1)
-  double tokens = 0;     // world count of scored tokens
-  double grad_norm = 0;  // global L2 norm of the averaged gradient, before clipping
+  double loss = 0;        // world loss sum / max(world tokens, 1)
+  double tokens = 0;      // world count of scored tokens
+  double grad_norm = 0;   // global L2 norm of the averaged gradient, before clipping
+  bool skipped = false;   // loss or grad_norm was non-finite: nothing was updated
+  double loss_scale = 1;  // the scale this step ran with (float16 only; 1 otherwise)
 };
+
+// Dynamic loss scale for float16 training. Checkpointed (scale, good_steps).
+struct LossScaler {
+  static constexpr double kInitialScale = 65536.0;
+  static constexpr int64_t kGrowthInterval = 1000;
+  bool enabled = false;
+  double scale = 1.0;
+  int64_t good_steps = 0;
+  // After a step: halve on overflow (never below 2^-24), double after kGrowthInterval good steps.
+  void Update(bool overflow);
+};
+
+// A stage fails (FAILED_PRECONDITION) after this many consecutive skipped steps: with float16
+// the scaler has halved 2^16 past any usable scale by then; with other dtypes a persistent
+// NaN/inf means the run diverged.
+inline constexpr int64_t kMaxConsecutiveSkippedSteps = 32;
 
 class Trainer {
  public:
@@ -50,6 +79,7 @@ class Trainer {
                                  int64_t step);
 
   const NamedParams& params() const { return params_; }
+  LossScaler& loss_scaler() { return scaler_; }
 
  private:
   model::LlamaForCausalLM model_;
@@ -59,6 +89,9 @@ class Trainer {
   double grad_clip_;
   torch::Device device_;
   NamedParams params_;
+  // fp32 gradient accumulators of low-precision params (undefined for fp32/fp64 params).
+  std::vector<torch::Tensor> grad32_;
+  LossScaler scaler_;
 };
 
 }  // namespace ulysses::engine::train
