@@ -9,9 +9,9 @@
 //   - init_from resolution: a spec's shape against a config.json
 //     (ResolveModelShape: unset fields filled, disagreements are errors);
 //   - the Ulysses head rule (CheckUlyssesHeads, UlyssesKvHeadsExchanged).
-// spec::ModelSpec (job_spec.h) is a ModelShape plus preset, init_from and dtype;
-// the engine's model::LlamaConfig is this struct. No torch, no filesystem:
-// callers read the files. Stateless; every function is thread-safe.
+// spec::ModelSpec (below; spec.model of job_spec.h) is a ModelShape plus preset,
+// init_from and dtype; the engine's model::LlamaConfig is this struct. No torch,
+// no filesystem: callers read the files. Stateless; every function is thread-safe.
 #ifndef ULYSSES_COMMON_SPEC_MODEL_SHAPE_H_
 #define ULYSSES_COMMON_SPEC_MODEL_SHAPE_H_
 
