@@ -66,7 +66,7 @@ int RunRank(int rank, int p, int port, int64_t n, int64_t hq, int64_t hkv, int64
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (rank == 0) {
     const int64_t es = 4;  // fp32
-    const int64_t hk = hkv % p == 0 ? hkv : p;
+    const int64_t hk = ulysses::spec::UlyssesKvHeadsExchanged(hkv, p);
     const double paper = 4.0 * n * hq * d / p * es;
     const double leaves = static_cast<double>(2 * hq + 2 * hk) * d * n / p * (p - 1) / p * es;
     std::printf("| %d | %lld | %lld | %lld | %lld | %lld | %.0f | %.0f | %lld | %.2f |\n", p,

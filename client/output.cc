@@ -85,18 +85,16 @@ nlohmann::ordered_json Table::ToJson() const {
 nlohmann::ordered_json JobSpecToJson(const spec::JobSpec& s) {
   using json = nlohmann::ordered_json;
   const spec::ModelSpec& m = s.model;
-  json model = {{"preset", m.preset},
-                {"vocab_size", m.vocab_size},
-                {"hidden_size", m.hidden_size},
-                {"intermediate_size", m.intermediate_size},
-                {"num_hidden_layers", m.num_hidden_layers},
-                {"num_attention_heads", m.num_attention_heads},
-                {"num_key_value_heads", m.num_key_value_heads},
-                {"rope_theta", m.rope_theta},
-                {"rms_norm_eps", m.rms_norm_eps},
-                {"tie_word_embeddings", m.tie_word_embeddings},
-                {"init_from", m.init_from},
-                {"dtype", m.dtype}};
+  json model = {{"preset", m.preset}};
+  spec::ForEachShapeField(m, [&](const std::string& key, const auto& value) {
+    if (spec::ShapeFieldShown(m, key)) {  // "rope_scaling.factor" nests under rope_scaling
+      std::string pointer = "/" + key;
+      std::replace(pointer.begin(), pointer.end(), '.', '/');
+      model[json::json_pointer(pointer)] = value;
+    }
+  });
+  model["init_from"] = m.init_from;
+  model["dtype"] = m.dtype;
   json data = json::object();
   if (!s.data.train.empty()) {
     data["train"] = s.data.train;

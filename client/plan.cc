@@ -79,8 +79,7 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s) {
     p.dp = std::max<int64_t>(1, s.StageDp(i));
     p.world = p.sp * p.dp;
     p.tokens_per_rank = p.seq_len / p.sp;
-    const int64_t hkv = m.num_key_value_heads;
-    p.kv_heads_exchanged = hkv > 0 && hkv % p.sp != 0 ? p.sp : hkv;
+    p.kv_heads_exchanged = spec::UlyssesKvHeadsExchanged(m.num_key_value_heads, p.sp);
     if (shape_known) {
       // q, k, v in (scatter heads) and the attention output back: (2 Hq + 2 Hkv') D N/P.
       // SP 1 holds the whole sequence and exchanges nothing.

@@ -18,7 +18,7 @@ struct StagePlan {
   int64_t dp = 1;
   int64_t world = 1;               // P * dp
   int64_t tokens_per_rank = 0;     // N / P
-  int64_t kv_heads_exchanged = 0;  // Hkv if P divides it, else P (kv heads replicated)
+  int64_t kv_heads_exchanged = 0;  // spec::UlyssesKvHeadsExchanged: Hkv, or P when replicated
   // The remaining fields are 0 when the shape is unknown (init_from without shape fields).
   double a2a_elements = 0;       // Forward all-to-all elements per layer per rank.
   double a2a_bytes = 0;          // a2a_elements * dtype size.

@@ -11,7 +11,13 @@ not scored. Positions restart at 0 in every window.
 
 Math (as in HF's LlamaForCausalLM): RMSNorm x * rsqrt(mean(x^2) + eps) * w; RoPE
 with inv_freq = theta^(-2i/D), cos/sin over cat(freqs, freqs) and rotate_half(x) =
-cat(-x[D/2:], x[:D/2]); GQA by repeating each kv head Hq/Hkv times (head j uses kv
+cat(-x[D/2:], x[:D/2]); rope_scaling of type llama3 (Llama 3.1) rescales each
+inverse frequency f by its wavelength w = 2 pi / f against the original context
+C = original_max_position_embeddings: w < C / high_freq_factor keeps f (high
+frequencies), w > C / low_freq_factor gives f / factor (low frequencies), and in
+between the two are mixed with weight s = (C / w - low_freq_factor) /
+(high_freq_factor - low_freq_factor): (1 - s) * f / factor + s * f; no other
+rope_scaling type is accepted; GQA by repeating each kv head Hq/Hkv times (head j uses kv
 head j // (Hq/Hkv)); causal softmax attention scaled by 1/sqrt(D); SwiGLU MLP
 down(silu(gate(x)) * up(x)); final norm; lm_head (or the tied embedding).
 
@@ -79,6 +85,33 @@ def load_weights(hf_dir):
     return weights
 
 
+def rope_inverse_frequencies(theta, d, rope_scaling):
+    """The d/2 RoPE inverse frequencies (python floats), scaled per rope_scaling."""
+    plain = [theta ** (-(2.0 * i) / d) for i in range(d // 2)]
+    if not rope_scaling:
+        return plain
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
+    if kind == "default":
+        return plain
+    if kind != "llama3":
+        raise ValueError(f"rope_scaling type {kind!r} is not implemented here")
+    factor = float(rope_scaling["factor"])
+    low = float(rope_scaling["low_freq_factor"])
+    high = float(rope_scaling["high_freq_factor"])
+    context = float(rope_scaling["original_max_position_embeddings"])
+    scaled = []
+    for f in plain:
+        wavelength = 2.0 * math.pi / f
+        if wavelength < context / high:      # many turns within the original context
+            scaled.append(f)
+        elif wavelength > context / low:     # less than one turn: stretch by factor
+            scaled.append(f / factor)
+        else:                                # in between: blend the two
+            s = (context / wavelength - low) / (high - low)
+            scaled.append((1.0 - s) * f / factor + s * f)
+    return scaled
+
+
 class Llama:
     def __init__(self, config, weights, dtype):
         self.c = config
@@ -88,6 +121,8 @@ class Llama:
         self.d = config["hidden_size"] // self.hq
         self.eps = config.get("rms_norm_eps", 1e-6)
         self.theta = config.get("rope_theta", 10000.0)
+        self.inv_freq = rope_inverse_frequencies(self.theta, self.d,
+                                                 config.get("rope_scaling"))
         self.dtype = dtype
         if config.get("tie_word_embeddings", False) or "lm_head.weight" not in self.w:
             self.lm_head = self.w["model.embed_tokens.weight"]
@@ -99,7 +134,7 @@ class Llama:
 
     def rope(self, t):
         # cos/sin [t, d] with the HF half-split layout.
-        inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.d, 2, dtype=torch.float64) / self.d))
+        inv_freq = torch.tensor(self.inv_freq, dtype=torch.float64)    # [d/2]
         pos = torch.arange(t, dtype=torch.float64)
         freqs = pos[:, None] * inv_freq[None, :]          # [t, d/2]
         emb = torch.cat([freqs, freqs], dim=-1)           # [t, d]

@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include "common/spec/model_shape.h"
+
 namespace ulysses::spec {
 
 inline constexpr char kApiVersion[] = "ulysses/v1";
@@ -37,25 +39,8 @@ struct Metadata {
   std::map<std::string, std::string> labels;  // Free-form key/value labels.
 };
 
-// Model shape, Hugging Face LlamaConfig names. A preset fills every shape field;
-// explicit fields override the preset. `init_from` loads weights (and, when no
-// preset/fields are given, the shape) from an HF directory.
-struct ModelSpec {
-  std::string preset;                 // "tiny", "llama3-1b", "llama3-8b", or "" (explicit).
-  int64_t vocab_size = 0;             // Token vocabulary size.
-  int64_t hidden_size = 0;            // Model width H.
-  int64_t intermediate_size = 0;      // SwiGLU inner width.
-  int64_t num_hidden_layers = 0;      // Decoder layers.
-  int64_t num_attention_heads = 0;    // Query heads Hq.
-  int64_t num_key_value_heads = 0;    // KV heads Hkv (GQA); defaults to Hq.
-  double rope_theta = 10000.0;        // RoPE base.
-  double rms_norm_eps = 1e-5;         // RMSNorm epsilon.
-  bool tie_word_embeddings = false;   // Share embed_tokens and lm_head weights.
-  std::string init_from;              // HF directory (config.json + *.safetensors), or "".
-  std::string dtype = "float32";      // float32 | bfloat16 | float16 | float64 (float64: tests).
-
-  int64_t head_dim() const { return num_attention_heads > 0 ? hidden_size / num_attention_heads : 0; }
-};
+// spec.model is spec::ModelSpec (common/spec/model_shape.h): the model shape
+// (ModelShape) plus preset, init_from and dtype.
 
 // Synthetic data, used when no token files are given.
 struct SyntheticDataSpec {

@@ -13,18 +13,36 @@ namespace {
 
 using internal::FormatDouble;
 
+void EmitValue(YAML::Emitter& out, int64_t v) { out << v; }
+void EmitValue(YAML::Emitter& out, double v) { out << FormatDouble(v); }
+void EmitValue(YAML::Emitter& out, bool v) { out << v; }
+void EmitValue(YAML::Emitter& out, const std::string& v) { out << v; }
+
 void EmitModel(YAML::Emitter& out, const ModelSpec& m) {
   out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "preset" << YAML::Value << m.preset;
-  out << YAML::Key << "vocab_size" << YAML::Value << m.vocab_size;
-  out << YAML::Key << "hidden_size" << YAML::Value << m.hidden_size;
-  out << YAML::Key << "intermediate_size" << YAML::Value << m.intermediate_size;
-  out << YAML::Key << "num_hidden_layers" << YAML::Value << m.num_hidden_layers;
-  out << YAML::Key << "num_attention_heads" << YAML::Value << m.num_attention_heads;
-  out << YAML::Key << "num_key_value_heads" << YAML::Value << m.num_key_value_heads;
-  out << YAML::Key << "rope_theta" << YAML::Value << FormatDouble(m.rope_theta);
-  out << YAML::Key << "rms_norm_eps" << YAML::Value << FormatDouble(m.rms_norm_eps);
-  out << YAML::Key << "tie_word_embeddings" << YAML::Value << m.tie_word_embeddings;
+  std::string group;  // The nested mapping open now ("rope_scaling"), or "".
+  ForEachShapeField(m, [&](const std::string& key, const auto& value) {
+    if (!ShapeFieldShown(m, key)) {
+      return;
+    }
+    const size_t dot = key.find('.');
+    const std::string key_group = dot == std::string::npos ? "" : key.substr(0, dot);
+    if (key_group != group) {
+      if (!group.empty()) {
+        out << YAML::EndMap;
+      }
+      if (!key_group.empty()) {
+        out << YAML::Key << key_group << YAML::Value << YAML::BeginMap;
+      }
+      group = key_group;
+    }
+    out << YAML::Key << (dot == std::string::npos ? key : key.substr(dot + 1)) << YAML::Value;
+    EmitValue(out, value);
+  });
+  if (!group.empty()) {
+    out << YAML::EndMap;
+  }
   out << YAML::Key << "init_from" << YAML::Value << m.init_from;
   out << YAML::Key << "dtype" << YAML::Value << m.dtype;
   out << YAML::EndMap;

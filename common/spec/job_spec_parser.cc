@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -33,82 +34,99 @@ using internal::Quote;
 enum class Kind { kMap, kList, kScalar, kStringMap };
 
 struct SchemaEntry {
-  const char* path;
+  std::string path;
   Kind kind;
 };
 
+// The spec.model shape keys, from the field list (model_shape.h): a "group.name"
+// key is a scalar inside the mapping spec.model.group.
+std::vector<SchemaEntry> ModelShapeSchema() {
+  std::vector<SchemaEntry> entries;
+  for (const std::string& key : ShapeFieldKeys()) {
+    const size_t dot = key.find('.');
+    if (dot != std::string::npos) {
+      const std::string group = "spec.model." + key.substr(0, dot);
+      if (entries.empty() || entries.back().path.rfind(group + ".", 0) != 0) {
+        entries.push_back({group, Kind::kMap});
+      }
+    }
+    entries.push_back({"spec.model." + key, Kind::kScalar});
+  }
+  return entries;
+}
+
 const std::vector<SchemaEntry>& Schema() {
-  static const auto* schema = new std::vector<SchemaEntry>{
-      {"", Kind::kMap},
-      {"apiVersion", Kind::kScalar},
-      {"kind", Kind::kScalar},
-      {"metadata", Kind::kMap},
-      {"metadata.name", Kind::kScalar},
-      {"metadata.labels", Kind::kStringMap},
-      {"metadata.labels.*", Kind::kScalar},
-      {"spec", Kind::kMap},
-      {"spec.model", Kind::kMap},
-      {"spec.model.preset", Kind::kScalar},
-      {"spec.model.vocab_size", Kind::kScalar},
-      {"spec.model.hidden_size", Kind::kScalar},
-      {"spec.model.intermediate_size", Kind::kScalar},
-      {"spec.model.num_hidden_layers", Kind::kScalar},
-      {"spec.model.num_attention_heads", Kind::kScalar},
-      {"spec.model.num_key_value_heads", Kind::kScalar},
-      {"spec.model.rope_theta", Kind::kScalar},
-      {"spec.model.rms_norm_eps", Kind::kScalar},
-      {"spec.model.tie_word_embeddings", Kind::kScalar},
-      {"spec.model.init_from", Kind::kScalar},
-      {"spec.model.dtype", Kind::kScalar},
-      {"spec.data", Kind::kMap},
-      {"spec.data.train", Kind::kScalar},
-      {"spec.data.validation", Kind::kScalar},
-      {"spec.data.synthetic", Kind::kMap},
-      {"spec.data.synthetic.generator", Kind::kScalar},
-      {"spec.data.synthetic.validation_sequences", Kind::kScalar},
-      {"spec.parallelism", Kind::kMap},
-      {"spec.parallelism.sp_degree", Kind::kScalar},
-      {"spec.parallelism.dp_degree", Kind::kScalar},
-      {"spec.parallelism.zero_stage", Kind::kScalar},
-      {"spec.parallelism.offload_optimizer", Kind::kScalar},
-      {"spec.parallelism.offload_activations", Kind::kScalar},
-      {"spec.memory", Kind::kMap},
-      {"spec.memory.activation_checkpointing", Kind::kScalar},
-      {"spec.memory.tiled_mlp", Kind::kScalar},
-      {"spec.memory.tiled_loss", Kind::kScalar},
-      {"spec.memory.loss_tile_tokens", Kind::kScalar},
-      {"spec.memory.attention_block_size", Kind::kScalar},
-      {"spec.optimizer", Kind::kMap},
-      {"spec.optimizer.type", Kind::kScalar},
-      {"spec.optimizer.lr", Kind::kScalar},
-      {"spec.optimizer.betas", Kind::kList},
-      {"spec.optimizer.betas[]", Kind::kScalar},
-      {"spec.optimizer.weight_decay", Kind::kScalar},
-      {"spec.optimizer.eps", Kind::kScalar},
-      {"spec.optimizer.grad_clip", Kind::kScalar},
-      {"spec.optimizer.warmup_steps", Kind::kScalar},
-      {"spec.optimizer.schedule", Kind::kScalar},
-      {"spec.optimizer.min_lr_ratio", Kind::kScalar},
-      {"spec.optimizer.grad_accum_steps", Kind::kScalar},
-      {"spec.stages", Kind::kList},
-      {"spec.stages[]", Kind::kMap},
-      {"spec.stages[].seq_len", Kind::kScalar},
-      {"spec.stages[].steps", Kind::kScalar},
-      {"spec.stages[].lr", Kind::kScalar},
-      {"spec.stages[].warmup_steps", Kind::kScalar},
-      {"spec.stages[].sp_degree", Kind::kScalar},
-      {"spec.stages[].dp_degree", Kind::kScalar},
-      {"spec.checkpoint", Kind::kMap},
-      {"spec.checkpoint.dir", Kind::kScalar},
-      {"spec.checkpoint.every_steps", Kind::kScalar},
-      {"spec.checkpoint.keep_last", Kind::kScalar},
-      {"spec.scheduling", Kind::kMap},
-      {"spec.scheduling.priority", Kind::kScalar},
-      {"spec.scheduling.max_failures", Kind::kScalar},
-      {"spec.scheduling.max_preemptions", Kind::kScalar},
-      {"spec.scheduling.node_label", Kind::kScalar},
-      {"spec.seed", Kind::kScalar},
-  };
+  static const auto* schema = [] {
+    auto* entries = new std::vector<SchemaEntry>{
+        {"", Kind::kMap},
+        {"apiVersion", Kind::kScalar},
+        {"kind", Kind::kScalar},
+        {"metadata", Kind::kMap},
+        {"metadata.name", Kind::kScalar},
+        {"metadata.labels", Kind::kStringMap},
+        {"metadata.labels.*", Kind::kScalar},
+        {"spec", Kind::kMap},
+        {"spec.model", Kind::kMap},
+        {"spec.model.preset", Kind::kScalar},
+    };
+    for (SchemaEntry& e : ModelShapeSchema()) {
+      entries->push_back(std::move(e));
+    }
+    std::vector<SchemaEntry> rest = {
+        {"spec.model.init_from", Kind::kScalar},
+        {"spec.model.dtype", Kind::kScalar},
+        {"spec.data", Kind::kMap},
+        {"spec.data.train", Kind::kScalar},
+        {"spec.data.validation", Kind::kScalar},
+        {"spec.data.synthetic", Kind::kMap},
+        {"spec.data.synthetic.generator", Kind::kScalar},
+        {"spec.data.synthetic.validation_sequences", Kind::kScalar},
+        {"spec.parallelism", Kind::kMap},
+        {"spec.parallelism.sp_degree", Kind::kScalar},
+        {"spec.parallelism.dp_degree", Kind::kScalar},
+        {"spec.parallelism.zero_stage", Kind::kScalar},
+        {"spec.parallelism.offload_optimizer", Kind::kScalar},
+        {"spec.parallelism.offload_activations", Kind::kScalar},
+        {"spec.memory", Kind::kMap},
+        {"spec.memory.activation_checkpointing", Kind::kScalar},
+        {"spec.memory.tiled_mlp", Kind::kScalar},
+        {"spec.memory.tiled_loss", Kind::kScalar},
+        {"spec.memory.loss_tile_tokens", Kind::kScalar},
+        {"spec.memory.attention_block_size", Kind::kScalar},
+        {"spec.optimizer", Kind::kMap},
+        {"spec.optimizer.type", Kind::kScalar},
+        {"spec.optimizer.lr", Kind::kScalar},
+        {"spec.optimizer.betas", Kind::kList},
+        {"spec.optimizer.betas[]", Kind::kScalar},
+        {"spec.optimizer.weight_decay", Kind::kScalar},
+        {"spec.optimizer.eps", Kind::kScalar},
+        {"spec.optimizer.grad_clip", Kind::kScalar},
+        {"spec.optimizer.warmup_steps", Kind::kScalar},
+        {"spec.optimizer.schedule", Kind::kScalar},
+        {"spec.optimizer.min_lr_ratio", Kind::kScalar},
+        {"spec.optimizer.grad_accum_steps", Kind::kScalar},
+        {"spec.stages", Kind::kList},
+        {"spec.stages[]", Kind::kMap},
+        {"spec.stages[].seq_len", Kind::kScalar},
+        {"spec.stages[].steps", Kind::kScalar},
+        {"spec.stages[].lr", Kind::kScalar},
+        {"spec.stages[].warmup_steps", Kind::kScalar},
+        {"spec.stages[].sp_degree", Kind::kScalar},
+        {"spec.stages[].dp_degree", Kind::kScalar},
+        {"spec.checkpoint", Kind::kMap},
+        {"spec.checkpoint.dir", Kind::kScalar},
+        {"spec.checkpoint.every_steps", Kind::kScalar},
+        {"spec.checkpoint.keep_last", Kind::kScalar},
+        {"spec.scheduling", Kind::kMap},
+        {"spec.scheduling.priority", Kind::kScalar},
+        {"spec.scheduling.max_failures", Kind::kScalar},
+        {"spec.scheduling.max_preemptions", Kind::kScalar},
+        {"spec.scheduling.node_label", Kind::kScalar},
+        {"spec.seed", Kind::kScalar},
+    };
+    entries->insert(entries->end(), rest.begin(), rest.end());
+    return entries;
+  }();
   return *schema;
 }
 
@@ -326,6 +344,24 @@ class Reader {
     return true;
   }
 
+  // Typed dispatch for the field list (model_shape.h).
+  bool Read(const std::map<std::string, YAML::Node>& m, const std::string& key,
+            const std::string& path, int64_t* out) {
+    return Int(m, key, path, out);
+  }
+  bool Read(const std::map<std::string, YAML::Node>& m, const std::string& key,
+            const std::string& path, double* out) {
+    return Double(m, key, path, out);
+  }
+  bool Read(const std::map<std::string, YAML::Node>& m, const std::string& key,
+            const std::string& path, bool* out) {
+    return Bool(m, key, path, out);
+  }
+  bool Read(const std::map<std::string, YAML::Node>& m, const std::string& key,
+            const std::string& path, std::string* out) {
+    return String(m, key, path, out);
+  }
+
  private:
   // The scalar node at `key`, or null when absent/null/not a scalar (reported).
   const YAML::Node* Scalar(const std::map<std::string, YAML::Node>& m, const std::string& key,
@@ -381,21 +417,34 @@ void ReadModel(const YAML::Node& node, Reader& r, ModelSpec* model) {
       r.errors.push_back(message);
     }
   }
+  // Nested groups of shape keys ("rope_scaling.factor" is factor in rope_scaling).
+  std::map<std::string, Entries> groups;
+  for (const std::string& key : ShapeFieldKeys()) {
+    const size_t dot = key.find('.');
+    if (dot == std::string::npos || groups.count(key.substr(0, dot)) != 0) {
+      continue;
+    }
+    const std::string group = key.substr(0, dot);
+    Entries& entries = groups[group];
+    auto it = m.find(group);
+    if (it != m.end()) {
+      r.Entries(it->second, JoinPath(p, group), JoinPath(p, group), &entries);
+    }
+  }
   // Explicit fields override the preset.
-  r.Int(m, "vocab_size", p, &model->vocab_size);
-  r.Int(m, "hidden_size", p, &model->hidden_size);
-  r.Int(m, "intermediate_size", p, &model->intermediate_size);
-  r.Int(m, "num_hidden_layers", p, &model->num_hidden_layers);
-  r.Int(m, "num_attention_heads", p, &model->num_attention_heads);
-  r.Int(m, "num_key_value_heads", p, &model->num_key_value_heads);
-  r.Double(m, "rope_theta", p, &model->rope_theta);
-  r.Double(m, "rms_norm_eps", p, &model->rms_norm_eps);
-  r.Bool(m, "tie_word_embeddings", p, &model->tie_word_embeddings);
+  std::set<std::string> given;
+  ForEachShapeField(*model, [&](const std::string& key, auto& value) {
+    const size_t dot = key.find('.');
+    const bool nested = dot != std::string::npos;
+    const Entries& from = nested ? groups[key.substr(0, dot)] : m;
+    const std::string path = nested ? JoinPath(p, key.substr(0, dot)) : p;
+    if (r.Read(from, nested ? key.substr(dot + 1) : key, path, &value)) {
+      given.insert(key);
+    }
+  });
   r.String(m, "init_from", p, &model->init_from);
   r.String(m, "dtype", p, &model->dtype);
-  if (model->num_key_value_heads == 0) {
-    model->num_key_value_heads = model->num_attention_heads;
-  }
+  FinishModelSpec(*model, given);
 }
 
 void ReadData(const YAML::Node& node, Reader& r, DataSpec* data) {
@@ -728,19 +777,6 @@ absl::Status ApplyOverride(const YAML::Node& root, const std::string& assignment
   return absl::OkStatus();
 }
 
-struct Preset {
-  const char* name;
-  int64_t vocab, hidden, intermediate, layers, heads, kv_heads;
-  double rope_theta, eps;
-  bool tied;
-};
-
-constexpr Preset kPresets[] = {
-    {"tiny", 256, 256, 688, 4, 8, 4, 10000.0, 1e-5, false},
-    {"llama3-1b", 128256, 2048, 8192, 16, 32, 8, 500000.0, 1e-5, true},
-    {"llama3-8b", 128256, 4096, 14336, 32, 32, 8, 500000.0, 1e-5, false},
-};
-
 // Counts node events of one document (to detect a second document without
 // YAML::LoadAll, which loops forever on some malformed input in yaml-cpp 0.7).
 class NodeCounter : public YAML::EventHandler {
@@ -817,34 +853,6 @@ absl::StatusOr<JobSpec> ParseTree(const std::string& text, const ParseOptions& o
 }
 
 }  // namespace
-
-absl::Status ApplyModelPreset(ModelSpec& model) {
-  if (model.preset.empty()) {
-    return absl::OkStatus();
-  }
-  for (const Preset& p : kPresets) {
-    if (model.preset != p.name) {
-      continue;
-    }
-    model.vocab_size = p.vocab;
-    model.hidden_size = p.hidden;
-    model.intermediate_size = p.intermediate;
-    model.num_hidden_layers = p.layers;
-    model.num_attention_heads = p.heads;
-    model.num_key_value_heads = p.kv_heads;
-    model.rope_theta = p.rope_theta;
-    model.rms_norm_eps = p.eps;
-    model.tie_word_embeddings = p.tied;
-    return absl::OkStatus();
-  }
-  std::vector<std::string> names;
-  for (const Preset& p : kPresets) {
-    names.push_back(p.name);
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("spec.model.preset: ", Quote(model.preset), " is not a known preset (use ",
-                   internal::JoinChoices(names), ", or no preset and the shape fields)"));
-}
 
 absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text, const ParseOptions& options) {
   absl::StatusOr<JobSpec> spec;

@@ -40,8 +40,7 @@ std::string ToYaml(const JobSpec& spec);
 // optimizer, seed), hex. Stored in checkpoints to detect foreign resumes.
 std::string SpecHash(const JobSpec& spec);
 
-// Fills shape fields from a preset name; unknown preset -> error naming the choices.
-absl::Status ApplyModelPreset(ModelSpec& model);
+// ApplyModelPreset (presets) is in model_shape.h.
 
 }  // namespace ulysses::spec
 

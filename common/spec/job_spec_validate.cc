@@ -18,8 +18,6 @@ using internal::Quote;
 
 constexpr int64_t kNeedleMinVocab = 64;
 constexpr int64_t kNeedleMinSeqLen = 64;
-// Lists of valid head/sp values are only spelled out up to this many heads.
-constexpr int64_t kMaxListedHeads = 1 << 16;
 // The most ranks (sp_degree * dp_degree) a stage may ask for.
 constexpr int64_t kMaxWorldSize = 1 << 20;
 
@@ -29,6 +27,7 @@ class Errors {
            const std::string& fix) {
     lines_.push_back(absl::StrCat(path, ": ", value, " ", problem, " (", fix, ")"));
   }
+  void AddLine(const std::string& line) { lines_.push_back(line); }
   const std::vector<std::string>& lines() const { return lines_; }
 
  private:
@@ -87,111 +86,38 @@ void CheckMetadata(const JobSpec& s, Errors& e) {
   }
 }
 
-// "1, 2, 4, 8": the sequence-parallel degrees that work with these head counts.
-std::string ValidSpDegrees(int64_t hq, int64_t hkv) {
-  if (hq > kMaxListedHeads) {
-    return "the divisors of num_attention_heads";
-  }
-  std::vector<int64_t> valid;
-  for (int64_t p = 1; p <= hq; ++p) {
-    if (hq % p == 0 && (hkv % p == 0 || p % hkv == 0)) {
-      valid.push_back(p);
-    }
-  }
-  return absl::StrJoin(valid, ", ");
-}
-
-// "1, 2, 4, 8": the divisors of n (a phrase for very large n).
-std::string Divisors(int64_t n) {
-  if (n > kMaxListedHeads) {
-    return absl::StrCat("the divisors of ", n);
-  }
-  std::vector<int64_t> divisors;
-  for (int64_t d = 1; d <= n; ++d) {
-    if (n % d == 0) {
-      divisors.push_back(d);
-    }
-  }
-  return absl::StrJoin(divisors, ", ");
-}
-
-// "try 992 or 1008": the multiples of `unit` around `value` (no overflow).
-std::string NearestMultiples(int64_t value, int64_t unit) {
-  const int64_t lower = value / unit * unit;
-  int64_t higher = 0;
-  const bool has_higher = !__builtin_add_overflow(lower, unit, &higher);
-  if (lower <= 0) {
-    return absl::StrCat("try ", has_higher ? higher : unit);
-  }
-  if (!has_higher) {
-    return absl::StrCat("try ", lower);
-  }
-  return absl::StrCat("try ", lower, " or ", higher);
-}
-
 void CheckModel(const JobSpec& s, Errors& e) {
   const ModelSpec& m = s.model;
-  const bool shape_from_checkpoint = !m.init_from.empty();
-  const std::string fix = shape_from_checkpoint
-                              ? "set it > 0, or leave it out to read it from init_from"
-                              : "set it, or use a preset: tiny, llama3-1b or llama3-8b";
-  const std::pair<const char*, int64_t> shape[] = {
-      {"vocab_size", m.vocab_size},
-      {"hidden_size", m.hidden_size},
-      {"intermediate_size", m.intermediate_size},
-      {"num_hidden_layers", m.num_hidden_layers},
-      {"num_attention_heads", m.num_attention_heads},
-      {"num_key_value_heads", m.num_key_value_heads},
-  };
-  for (const auto& [name, value] : shape) {
-    if (value < 0 || (value == 0 && !shape_from_checkpoint)) {
-      e.Add(absl::StrCat("spec.model.", name), absl::StrCat(value), "must be > 0", fix);
+  const std::string fix =
+      m.init_from.empty()
+          ? absl::StrCat("set it, or use a preset: ", internal::JoinChoices(ModelPresetNames()))
+          : "set it > 0, or leave it out to read it from init_from";
+  for (const std::string& line : ModelShapeErrors(m, fix)) {
+    e.AddLine(line);
+  }
+  if (m.init_from.empty()) {
+    for (const std::string& key : m.from_init) {
+      e.Add("spec.model." + key, "(unset)", "is left to init_from, but init_from is empty",
+            "set the field, or set init_from");
     }
-  }
-  const int64_t hq = m.num_attention_heads;
-  const int64_t hkv = m.num_key_value_heads;
-  if (hq > 0 && m.hidden_size > 0 && m.hidden_size % hq != 0) {
-    e.Add("spec.model.hidden_size", absl::StrCat(m.hidden_size),
-          absl::StrCat("is not divisible by num_attention_heads ", hq),
-          absl::StrCat("head_dim = hidden_size / num_attention_heads must be whole; ",
-                       NearestMultiples(m.hidden_size, hq)));
-  }
-  if (hq > 0 && hkv > 0 && hq % hkv != 0) {
-    e.Add("spec.model.num_key_value_heads", absl::StrCat(hkv),
-          absl::StrCat("does not divide num_attention_heads ", hq),
-          absl::StrCat("each kv head serves a whole group of query heads; use one of ",
-                       Divisors(hq)));
-  }
-  if (m.rope_theta <= 0) {
-    e.Add("spec.model.rope_theta", FormatDouble(m.rope_theta), "must be > 0",
-          "Llama 3 uses 500000.0, Llama 2 10000.0");
-  }
-  if (m.rms_norm_eps <= 0) {
-    e.Add("spec.model.rms_norm_eps", FormatDouble(m.rms_norm_eps), "must be > 0", "use 1e-5");
   }
   CheckChoice(e, "spec.model.dtype", m.dtype, {"float32", "bfloat16", "float16", "float64"},
               "dtype");
 }
 
-// sp_degree at `path` against the head counts (skipped when heads are unknown).
+// sp_degree at `path` against the head counts (skipped when heads are unknown or
+// invalid: CheckModel reports those).
 void CheckSpAgainstHeads(const JobSpec& s, const std::string& path, int64_t sp, Errors& e) {
   const int64_t hq = s.model.num_attention_heads;
   const int64_t hkv = s.model.num_key_value_heads;
-  if (sp < 1 || hq <= 0 || hkv <= 0 || hq % hkv != 0) {
+  if (sp < 1 || hq <= 0 || hkv <= 0 || hq % hkv != 0 ||
+      s.model.from_init.count("num_attention_heads") != 0 ||
+      s.model.from_init.count("num_key_value_heads") != 0) {
     return;
   }
-  const std::string valid = ValidSpDegrees(hq, hkv);
-  if (hq % sp != 0) {
-    e.Add(path, absl::StrCat(sp), absl::StrCat("does not divide num_attention_heads ", hq),
-          absl::StrCat("each rank needs whole query heads, so sp_degree is at most ", hq,
-                       "; use one of ", valid));
-  } else if (hkv % sp != 0 && sp % hkv != 0) {
-    e.Add(
-        path, absl::StrCat(sp),
-        absl::StrCat("is incompatible with num_key_value_heads ", hkv,
-                     ": neither divides the other"),
-        absl::StrCat("kv heads are sharded when ", hkv, " % sp == 0 or replicated when sp % ", hkv,
-                     " == 0; with ", hq, " query and ", hkv, " kv heads use one of ", valid));
+  absl::Status heads = CheckUlyssesHeads(hq, hkv, sp, path);
+  if (!heads.ok()) {
+    e.AddLine(std::string(heads.message()));
   }
 }
 
@@ -265,7 +191,7 @@ void CheckOptimizer(const JobSpec& s, Errors& e) {
 // multiple of 1024 when the sequence is long enough, else it is P itself.
 std::string SeqLenSuggestion(int64_t seq_len, int64_t sp) {
   const int64_t unit = sp <= INT64_MAX / 1024 && seq_len >= sp * 1024 ? sp * 1024 : sp;
-  return NearestMultiples(seq_len, unit);
+  return internal::NearestMultiples(seq_len, unit);
 }
 
 void CheckStage(const JobSpec& s, size_t i, Errors& e) {

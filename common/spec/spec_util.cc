@@ -106,6 +106,19 @@ std::string SuggestKey(const std::string& key, const std::vector<std::string>& c
   return absl::StrCat(" (valid keys: ", absl::StrJoin(candidates, ", "), ")");
 }
 
+std::string NearestMultiples(int64_t value, int64_t unit) {
+  const int64_t lower = value / unit * unit;
+  int64_t higher = 0;
+  const bool has_higher = !__builtin_add_overflow(lower, unit, &higher);
+  if (lower <= 0) {
+    return absl::StrCat("try ", has_higher ? higher : unit);
+  }
+  if (!has_higher) {
+    return absl::StrCat("try ", lower);
+  }
+  return absl::StrCat("try ", lower, " or ", higher);
+}
+
 std::string JoinChoices(const std::vector<std::string>& choices) {
   if (choices.empty()) {
     return "";

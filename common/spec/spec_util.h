@@ -31,6 +31,9 @@ size_t EditDistance(const std::string& a, const std::string& b);
 // " (valid keys: a, b, c)". Empty candidates -> "".
 std::string SuggestKey(const std::string& key, const std::vector<std::string>& candidates);
 
+// "try 992 or 1008": the multiples of `unit` (> 0) around `value` (no overflow).
+std::string NearestMultiples(int64_t value, int64_t unit);
+
 // "a, b or c".
 std::string JoinChoices(const std::vector<std::string>& choices);
 

@@ -196,6 +196,22 @@ TEST_F(UlyssesctlTest, ValidateJsonHasTheDefaultedFields) {
   EXPECT_EQ(nlohmann::json::parse(after.out), j);
 }
 
+TEST_F(UlyssesctlTest, ValidateJsonPrintsTheModelShapeFieldList) {
+  // The model section comes from the shape field list: nested rope_scaling when scaled,
+  // none of it when not.
+  Result r = Run({"-o", "json", "validate", "-f", Example("llama3-8b-1m.yaml")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json model = nlohmann::json::parse(r.out)["spec"]["model"];
+  EXPECT_EQ(model["rope_theta"], 500000.0);
+  EXPECT_EQ(model["rope_scaling"]["rope_type"], "llama3");
+  EXPECT_EQ(model["rope_scaling"]["factor"], 8.0);
+  EXPECT_EQ(model["rope_scaling"]["original_max_position_embeddings"], 8192);
+  EXPECT_EQ(model["tie_word_embeddings"], false);
+  Result tiny = Run({"-o", "json", "validate", "-f", Example("tiny-demo.yaml")});
+  ASSERT_EQ(tiny.exit_code, 0) << tiny.err;
+  EXPECT_FALSE(nlohmann::json::parse(tiny.out)["spec"]["model"].contains("rope_scaling"));
+}
+
 TEST_F(UlyssesctlTest, ValidateTableSummarisesStages) {
   Result r = Run({"validate", "-f", Example("tiny-demo.yaml"), "-o", "table"});
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -104,10 +105,30 @@ TEST(JobSpecParserTest, PresetsFillShapeAndExplicitFieldsWin) {
     int64_t vocab, hidden, inter, layers, heads, kv;
     double theta;
     bool tied;
+    RopeScaling rope;
   } cases[] = {
-      {"tiny", 256, 256, 688, 4, 8, 4, 10000.0, false},
-      {"llama3-1b", 128256, 2048, 8192, 16, 32, 8, 500000.0, true},
-      {"llama3-8b", 128256, 4096, 14336, 32, 32, 8, 500000.0, false},
+      {"tiny", 256, 256, 688, 4, 8, 4, 10000.0, false, {}},
+      // Meta's config.json of Llama-3.2-1B and Llama-3.1-8B.
+      {"llama3-1b",
+       128256,
+       2048,
+       8192,
+       16,
+       32,
+       8,
+       500000.0,
+       true,
+       {"llama3", 32.0, 1.0, 4.0, 8192}},
+      {"llama3-8b",
+       128256,
+       4096,
+       14336,
+       32,
+       32,
+       8,
+       500000.0,
+       false,
+       {"llama3", 8.0, 1.0, 4.0, 8192}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.preset);
@@ -123,6 +144,12 @@ TEST(JobSpecParserTest, PresetsFillShapeAndExplicitFieldsWin) {
     EXPECT_EQ(m.rope_theta, c.theta);
     EXPECT_EQ(m.rms_norm_eps, 1e-5);
     EXPECT_EQ(m.tie_word_embeddings, c.tied);
+    EXPECT_EQ(m.rope_scaling.rope_type, c.rope.rope_type);
+    EXPECT_EQ(m.rope_scaling.factor, c.rope.factor);
+    EXPECT_EQ(m.rope_scaling.low_freq_factor, c.rope.low_freq_factor);
+    EXPECT_EQ(m.rope_scaling.high_freq_factor, c.rope.high_freq_factor);
+    EXPECT_EQ(m.rope_scaling.original_max_position_embeddings,
+              c.rope.original_max_position_embeddings);
   }
   absl::StatusOr<JobSpec> spec =
       ParseJobSpec(With("{preset: tiny}", "{preset: tiny, num_hidden_layers: 2, vocab_size: 512}"));
@@ -151,11 +178,71 @@ TEST(JobSpecParserTest, InitFromWithoutShapeSkipsShapeChecks) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->model.hidden_size, 0);
   EXPECT_EQ(spec->model.init_from, "/models/Llama-3.2-1B");
+  // Every shape field is left to config.json, none is defaulted.
+  EXPECT_EQ(spec->model.from_init,
+            std::set<std::string>(ShapeFieldKeys().begin(), ShapeFieldKeys().end()));
   // Without init_from the same document must name the missing shape.
   absl::StatusOr<JobSpec> bare = ParseJobSpec(With("{preset: tiny}", "{dtype: bfloat16}"));
   ASSERT_FALSE(bare.ok());
   EXPECT_THAT(std::string(bare.status().message()),
               HasSubstr("spec.model.hidden_size: 0 must be > 0 (set it, or use a preset"));
+}
+
+TEST(JobSpecParserTest, InitFromKeepsWhatTheDocumentGives) {
+  // Given fields are claims about config.json; the rest is read from it.
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      With("{preset: tiny}", "{init_from: /m, rope_theta: 500000, num_attention_heads: 32}"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model.from_init.count("rope_theta"), 0u);
+  EXPECT_EQ(spec->model.from_init.count("num_attention_heads"), 0u);
+  EXPECT_EQ(spec->model.from_init.count("num_key_value_heads"), 1u);  // not defaulted to Hq
+  EXPECT_EQ(spec->model.from_init.count("rope_scaling.factor"), 1u);
+  EXPECT_EQ(spec->model.rope_theta, 500000.0);
+  // An explicit "no scaling" settles the scaling numbers too.
+  spec = ParseJobSpec(With("{preset: tiny}", "{init_from: /m, rope_scaling: {rope_type: none}}"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  for (const std::string& key : ShapeFieldKeys()) {
+    EXPECT_EQ(spec->model.from_init.count(key), key.rfind("rope_scaling.", 0) == 0 ? 0u : 1u)
+        << key;
+  }
+  // A preset gives every field: nothing is left to config.json.
+  spec = ParseJobSpec(With("{preset: tiny}", "{preset: tiny, init_from: /m}"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->model.from_init.empty());
+  // An explicit 0 is not "unset".
+  absl::StatusOr<JobSpec> zero =
+      ParseJobSpec(With("{preset: tiny}", "{init_from: /m, hidden_size: 0}"));
+  ASSERT_FALSE(zero.ok());
+  EXPECT_THAT(std::string(zero.status().message()),
+              HasSubstr("spec.model.hidden_size: 0 must be > 0 (set it > 0, or leave it out to "
+                        "read it from init_from)"));
+}
+
+TEST(JobSpecParserTest, RopeScalingIsReadAndNoneDropsThePresetsNumbers) {
+  absl::StatusOr<JobSpec> spec =
+      ParseJobSpec(With("{preset: tiny}",
+                        "{preset: tiny, rope_scaling: {rope_type: llama3, factor: 16, "
+                        "low_freq_factor: 1, high_freq_factor: 4, "
+                        "original_max_position_embeddings: 2048}}"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model.rope_scaling.rope_type, "llama3");
+  EXPECT_EQ(spec->model.rope_scaling.factor, 16.0);
+  EXPECT_EQ(spec->model.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(spec->model.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(spec->model.rope_scaling.original_max_position_embeddings, 2048);
+  // Overriding one number of a preset's scaling keeps the others.
+  ParseOptions options;
+  options.overrides = {"spec.model.preset=llama3-8b", "spec.model.rope_scaling.factor=4"};
+  spec = ParseJobSpec(kBase, options);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model.rope_scaling.factor, 4.0);
+  EXPECT_EQ(spec->model.rope_scaling.original_max_position_embeddings, 8192);
+  // rope_type none on a scaled preset means no scaling, not an error about its numbers.
+  options.overrides = {"spec.model.preset=llama3-8b", "spec.model.rope_scaling.rope_type=none"};
+  spec = ParseJobSpec(kBase, options);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model.rope_scaling.factor, 0.0);
+  EXPECT_EQ(spec->model.rope_scaling.original_max_position_embeddings, 0);
 }
 
 struct BadCase {
@@ -255,6 +342,46 @@ std::vector<BadCase> BadCases() {
        "spec.model.num_hidden_layers: 0 must be > 0"},
       {"rope_theta", With("{preset: tiny}", "{preset: tiny, rope_theta: 0}"),
        "spec.model.rope_theta: 0.0 must be > 0"},
+      {"rms_norm_eps", With("{preset: tiny}", "{preset: tiny, rms_norm_eps: -1e-5}"),
+       "spec.model.rms_norm_eps: -1e-05 must be > 0 (use 1e-5)"},
+      {"kv_heads_zero", With("{preset: tiny}", "{preset: tiny, num_key_value_heads: 0}"),
+       "spec.model.num_key_value_heads: 0 must be > 0"},
+      {"odd_head_dim", With("{preset: tiny}", "{preset: tiny, hidden_size: 24}"),
+       "spec.model.hidden_size: 24 gives an odd head_dim 3 (hidden_size / num_attention_heads "
+       "8) (RoPE rotates pairs of dimensions, so head_dim must be even; try 16 or 32)"},
+      {"rope_type_unknown",
+       With("{preset: tiny}", "{preset: tiny, rope_scaling: {rope_type: yarn}}"),
+       "spec.model.rope_scaling.rope_type: 'yarn' is not a supported rope type (use none or "
+       "llama3)"},
+      {"rope_numbers_without_type",
+       With("{preset: tiny}", "{preset: tiny, rope_scaling: {factor: 8}}"),
+       "spec.model.rope_scaling.factor: 8.0 is set but rope_scaling.rope_type is 'none' (set "
+       "rope_scaling.rope_type: llama3, or remove factor)"},
+      {"rope_factor_below_one",
+       With("{preset: tiny}", "{preset: llama3-8b, rope_scaling: {factor: 0.5}}"),
+       "spec.model.rope_scaling.factor: 0.5 must be >= 1 (Llama 3.1 uses 8.0, Llama 3.2 32.0)"},
+      {"rope_low_freq_zero",
+       With("{preset: tiny}", "{preset: llama3-8b, rope_scaling: {low_freq_factor: 0}}"),
+       "spec.model.rope_scaling.low_freq_factor: 0.0 must be > 0 (Llama 3 uses 1.0)"},
+      {"rope_high_not_above_low",
+       With("{preset: tiny}", "{preset: llama3-8b, rope_scaling: {high_freq_factor: 1}}"),
+       "spec.model.rope_scaling.high_freq_factor: 1.0 must be greater than low_freq_factor 1.0 "
+       "(Llama 3 uses high_freq_factor 4.0 and low_freq_factor 1.0)"},
+      {"rope_original_max_zero",
+       With("{preset: tiny}",
+            "{preset: llama3-8b, rope_scaling: {original_max_position_embeddings: 0}}"),
+       "spec.model.rope_scaling.original_max_position_embeddings: 0 must be > 0"},
+      {"rope_llama3_without_numbers",
+       With("{preset: tiny}", "{preset: tiny, rope_scaling: {rope_type: llama3}}"),
+       "spec.model.rope_scaling.factor: 0.0 must be >= 1"},
+      {"rope_unknown_key", With("{preset: tiny}", "{preset: llama3-8b, rope_scaling: {facter: 8}}"),
+       "spec.model.rope_scaling.facter: unknown key (did you mean 'factor'?)"},
+      {"rope_not_a_mapping", With("{preset: tiny}", "{preset: tiny, rope_scaling: 8}"),
+       "spec.model.rope_scaling: '8' is not a mapping (expected keys: rope_type, factor, "
+       "low_freq_factor, high_freq_factor, original_max_position_embeddings)"},
+      {"rope_factor_not_a_number",
+       With("{preset: tiny}", "{preset: llama3-8b, rope_scaling: {factor: big}}"),
+       "spec.model.rope_scaling.factor: 'big' is not a number"},
       {"dtype", With("{preset: tiny}", "{preset: tiny, dtype: fp8}"),
        "spec.model.dtype: 'fp8' is not a supported dtype (use float32, bfloat16, float16 or "
        "float64)"},
@@ -467,6 +594,15 @@ TEST(JobSpecParserTest, ToYamlRoundTrips) {
   odd.scheduling.node_label = "gpu=h100";
   odd.seed = 18446744073709551615ULL;
   specs.push_back(odd);
+  // init_from: given fields kept, the rest left to config.json; scaled RoPE.
+  for (const char* model :
+       {"{init_from: /m}", "{init_from: /m, rope_theta: 500000.0}",
+        "{init_from: /m, rope_scaling: {rope_type: none}}", "{preset: tiny, init_from: /m}",
+        "{init_from: /m, rope_scaling: {rope_type: llama3, factor: 8}}", "{preset: llama3-1b}"}) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(With("{preset: tiny}", model));
+    ASSERT_TRUE(spec.ok()) << model << ": " << spec.status();
+    specs.push_back(*spec);
+  }
   JobSpec files = *base;
   files.data.synthetic.reset();
   files.data.train = "data/train.bin";

@@ -39,15 +39,11 @@ inline void ExpectSpecEq(const JobSpec& a, const JobSpec& b) {
   EXPECT_EQ(a.metadata.labels, b.metadata.labels);
   const ModelSpec &m = a.model, &n = b.model;
   EXPECT_EQ(m.preset, n.preset);
-  EXPECT_EQ(m.vocab_size, n.vocab_size);
-  EXPECT_EQ(m.hidden_size, n.hidden_size);
-  EXPECT_EQ(m.intermediate_size, n.intermediate_size);
-  EXPECT_EQ(m.num_hidden_layers, n.num_hidden_layers);
-  EXPECT_EQ(m.num_attention_heads, n.num_attention_heads);
-  EXPECT_EQ(m.num_key_value_heads, n.num_key_value_heads);
-  EXPECT_EQ(m.rope_theta, n.rope_theta);
-  EXPECT_EQ(m.rms_norm_eps, n.rms_norm_eps);
-  EXPECT_EQ(m.tie_word_embeddings, n.tie_word_embeddings);
+  for (const std::string& key : ShapeFieldKeys()) {
+    EXPECT_TRUE(ShapeFieldEquals(m, n, key))
+        << key << ": " << ShapeFieldText(m, key) << " != " << ShapeFieldText(n, key);
+  }
+  EXPECT_EQ(m.from_init, n.from_init);
   EXPECT_EQ(m.init_from, n.init_from);
   EXPECT_EQ(m.dtype, n.dtype);
   EXPECT_EQ(a.data.train, b.data.train);

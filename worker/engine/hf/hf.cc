@@ -61,7 +61,7 @@ absl::Status WriteAtomically(const std::string& path,
 
 }  // namespace
 
-std::map<std::string, std::vector<int64_t>> HfLlamaShapes(const spec::ModelSpec& m) {
+std::map<std::string, std::vector<int64_t>> HfLlamaShapes(const spec::ModelShape& m) {
   const int64_t h = m.hidden_size, d = m.head_dim(), hq = m.num_attention_heads;
   const int64_t hkv = m.num_key_value_heads > 0 ? m.num_key_value_heads : hq;
   std::map<std::string, std::vector<int64_t>> shapes;
@@ -239,74 +239,35 @@ absl::StatusOr<std::vector<NamedTensor>> LoadHfWeights(const std::string& dir) {
   return out;
 }
 
-absl::StatusOr<spec::ModelSpec> ReadHfConfig(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "config.json").string();
+std::string HfConfigPath(const std::string& dir) {
+  return (fs::path(dir) / "config.json").string();
+}
+
+absl::StatusOr<spec::ModelShape> ReadHfConfig(const std::string& dir) {
+  const std::string path = HfConfigPath(dir);
   ASSIGN_OR_RETURN(std::string text, ReadText(path));
   nlohmann::json c = nlohmann::json::parse(text, nullptr, false);
   if (c.is_discarded() || !c.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object"));
   }
-  spec::ModelSpec m;
-  auto get_int = [&](const char* key, int64_t& field, bool required) -> absl::Status {
-    if (!c.contains(key) || c[key].is_null()) {
-      return required ? absl::InvalidArgumentError(absl::StrCat(path, ": missing ", key))
-                      : absl::OkStatus();
-    }
-    if (!c[key].is_number_integer() || c[key].get<int64_t>() <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": ", key, " = ", c[key].dump(), " must be a positive integer"));
-    }
-    field = c[key].get<int64_t>();
-    return absl::OkStatus();
-  };
-  RETURN_IF_ERROR(get_int("vocab_size", m.vocab_size, true));
-  RETURN_IF_ERROR(get_int("hidden_size", m.hidden_size, true));
-  RETURN_IF_ERROR(get_int("intermediate_size", m.intermediate_size, true));
-  RETURN_IF_ERROR(get_int("num_hidden_layers", m.num_hidden_layers, true));
-  RETURN_IF_ERROR(get_int("num_attention_heads", m.num_attention_heads, true));
-  m.num_key_value_heads = m.num_attention_heads;
-  RETURN_IF_ERROR(get_int("num_key_value_heads", m.num_key_value_heads, false));
-  m.rms_norm_eps = 1e-6;  // LlamaConfig's default
-  if (c.contains("rope_theta") && c["rope_theta"].is_number())
-    m.rope_theta = c["rope_theta"].get<double>();
-  if (c.contains("rms_norm_eps") && c["rms_norm_eps"].is_number()) {
-    m.rms_norm_eps = c["rms_norm_eps"].get<double>();
-  }
-  if (c.contains("tie_word_embeddings") && c["tie_word_embeddings"].is_boolean()) {
-    m.tie_word_embeddings = c["tie_word_embeddings"].get<bool>();
-  }
-  auto unsupported = [&](const std::string& what) {
+  // What the shape does not say but the math depends on: refused unless it is ours.
+  auto unsupported = [&](const std::string& key, const std::string& why) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": ", what, " is not supported by the Ulysses Llama model"));
+        absl::StrCat(path, ": ", key, ": ", c[key].dump(), " is not supported (", why, ")"));
   };
-  if (m.hidden_size % m.num_attention_heads != 0) {
-    return unsupported(absl::StrCat("hidden_size ", m.hidden_size,
-                                    " not divisible by num_attention_heads ",
-                                    m.num_attention_heads));
-  }
-  if (m.num_attention_heads % m.num_key_value_heads != 0) {
-    return unsupported(absl::StrCat("num_attention_heads ", m.num_attention_heads,
-                                    " not divisible by num_key_value_heads ",
-                                    m.num_key_value_heads));
-  }
-  if (c.contains("head_dim") && c["head_dim"].is_number_integer() &&
-      c["head_dim"].get<int64_t>() != m.head_dim()) {
-    return unsupported(absl::StrCat("head_dim ", c["head_dim"].get<int64_t>(),
-                                    " != hidden_size/num_attention_heads ", m.head_dim()));
-  }
-  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
-    return unsupported(absl::StrCat("rope_scaling ", c["rope_scaling"].dump()));
-  }
   if (c.contains("hidden_act") && c["hidden_act"] != "silu") {
-    return unsupported(absl::StrCat("hidden_act ", c["hidden_act"].dump()));
+    return unsupported("hidden_act", "the engine's Llama MLP is SwiGLU: silu");
   }
   for (const char* bias : {"attention_bias", "mlp_bias"}) {
-    if (c.contains(bias) && c[bias] == true) return unsupported(absl::StrCat(bias, " = true"));
+    if (c.contains(bias) && !c[bias].is_null() && c[bias] != false) {
+      return unsupported(bias, "the engine's Llama projections have no bias");
+    }
   }
-  return m;
+  // The shape itself (with rope_scaling and head_dim) is read by the one shape reader.
+  return spec::ModelShapeFromJson(c, path);
 }
 
-absl::Status WriteHfDirectory(const std::string& dir, const spec::ModelSpec& model,
+absl::Status WriteHfDirectory(const std::string& dir, const spec::ModelShape& model,
                               const std::vector<NamedTensor>& weights) {
   const auto expected = HfLlamaShapes(model);
   std::set<std::string> seen;
@@ -339,22 +300,13 @@ absl::Status WriteHfDirectory(const std::string& dir, const spec::ModelSpec& mod
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  nlohmann::json config = {
+  // The shape keys (with head_dim and rope_scaling) from the one shape writer, plus what
+  // transformers' LlamaConfig wants to know about the rest of the architecture.
+  nlohmann::json config = spec::ModelShapeToJson(model);
+  config.update({
       {"architectures", {"LlamaForCausalLM"}},
       {"model_type", "llama"},
       {"hidden_act", "silu"},
-      {"vocab_size", model.vocab_size},
-      {"hidden_size", model.hidden_size},
-      {"intermediate_size", model.intermediate_size},
-      {"num_hidden_layers", model.num_hidden_layers},
-      {"num_attention_heads", model.num_attention_heads},
-      {"num_key_value_heads",
-       model.num_key_value_heads > 0 ? model.num_key_value_heads : model.num_attention_heads},
-      {"head_dim", model.head_dim()},
-      {"rope_theta", model.rope_theta},
-      {"rope_scaling", nullptr},
-      {"rms_norm_eps", model.rms_norm_eps},
-      {"tie_word_embeddings", model.tie_word_embeddings},
       {"attention_bias", false},
       {"attention_dropout", 0.0},
       {"mlp_bias", false},
@@ -365,7 +317,7 @@ absl::Status WriteHfDirectory(const std::string& dir, const spec::ModelSpec& mod
       {"max_position_embeddings", 131072},
       {"bos_token_id", 1},
       {"eos_token_id", 2},
-  };
+  });
   RETURN_IF_ERROR(
       WriteSafetensors((fs::path(dir) / "model.safetensors").string(), f32, {{"format", "pt"}}));
   const std::string text = config.dump(2) + "\n";

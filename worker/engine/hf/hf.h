@@ -1,6 +1,6 @@
 // Hugging Face interop: safetensors files and Llama config.json.
 //
-// Reads config.json (LlamaConfig names) into spec::ModelSpec, loads every
+// Reads config.json (LlamaConfig names) into spec::ModelShape, loads every
 // *.safetensors file of a directory (or the files named by
 // model.safetensors.index.json) converting F32/F16/BF16/F64 weights to float32,
 // and writes a directory (config.json + model.safetensors in F32) that
@@ -23,25 +23,32 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/spec/job_spec.h"
+#include "common/spec/model_shape.h"
 #include "worker/engine/checkpoint/checkpoint.h"  // NamedTensor
 
 namespace ulysses::engine {
 
-// config.json -> ModelSpec shape fields (preset "", dtype left at its default).
-// Rejects what the engine's Llama does not implement (rope_scaling, head_dim !=
-// hidden/heads, hidden_act other than silu, attention/mlp bias) naming the field.
-absl::StatusOr<spec::ModelSpec> ReadHfConfig(const std::string& dir);
+// <dir>/config.json.
+std::string HfConfigPath(const std::string& dir);
+
+// config.json -> model shape, read by spec::ModelShapeFromJson (rope_scaling none/llama3,
+// LlamaConfig defaults for absent keys, keys that do not change the math ignored). Rejects what the
+// engine's Llama does not implement (another rope type, head_dim != hidden/heads, hidden_act other
+// than silu, attention/mlp bias) naming the file, the key and the value.
+absl::StatusOr<spec::ModelShape> ReadHfConfig(const std::string& dir);
 
 // All tensors of dir's safetensors files, as contiguous float32 CPU tensors, sorted by name.
 absl::StatusOr<std::vector<NamedTensor>> LoadHfWeights(const std::string& dir);
 
 // config.json + model.safetensors (F32). `weights` must be exactly the HF Llama
 // parameters of `model` (HfLlamaShapes), else InvalidArgument naming the tensor.
-absl::Status WriteHfDirectory(const std::string& dir, const spec::ModelSpec& model,
+// config.json holds spec::ModelShapeToJson(model) (rope_scaling included) and the HF
+// architecture keys.
+absl::Status WriteHfDirectory(const std::string& dir, const spec::ModelShape& model,
                               const std::vector<NamedTensor>& weights);
 
 // The HF Llama parameter names and shapes for `model` (lm_head.weight absent when tied).
-std::map<std::string, std::vector<int64_t>> HfLlamaShapes(const spec::ModelSpec& model);
+std::map<std::string, std::vector<int64_t>> HfLlamaShapes(const spec::ModelShape& model);
 
 // Low level: one safetensors file. Write keeps each tensor's dtype (F32, F64, F16,
 // BF16, I64, I32, I16, I8, U8, BOOL); Read returns tensors in their stored dtype.

@@ -103,58 +103,6 @@ class TiledCrossEntropyFunction : public torch::autograd::Function<TiledCrossEnt
 
 }  // namespace
 
-absl::Status LlamaConfig::Validate() const {
-  auto positive = [](const char* field, int64_t v) -> absl::Status {
-    if (v > 0) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.model.", field, ": ", v, " must be > 0 (set it or use a preset)"));
-  };
-  for (auto [field, v] :
-       std::vector<std::pair<const char*, int64_t>>{{"vocab_size", vocab_size},
-                                                    {"hidden_size", hidden_size},
-                                                    {"intermediate_size", intermediate_size},
-                                                    {"num_hidden_layers", num_hidden_layers},
-                                                    {"num_attention_heads", num_attention_heads},
-                                                    {"num_key_value_heads", num_key_value_heads}}) {
-    absl::Status s = positive(field, v);
-    if (!s.ok()) return s;
-  }
-  if (hidden_size % num_attention_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.model.hidden_size: ", hidden_size,
-                                                   " is not divisible by num_attention_heads ",
-                                                   num_attention_heads, " (pick a multiple)"));
-  }
-  if (head_dim() % 2 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.model.hidden_size: head_dim ", head_dim(),
-                                                   " must be even for RoPE (change hidden_size)"));
-  }
-  if (num_attention_heads % num_key_value_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.model.num_key_value_heads: ", num_key_value_heads,
-        " does not divide num_attention_heads ", num_attention_heads, " (use a divisor)"));
-  }
-  if (!(rope_theta > 0) || !(rms_norm_eps > 0)) {
-    return absl::InvalidArgumentError("spec.model.rope_theta/rms_norm_eps: must be > 0");
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<LlamaConfig> LlamaConfig::FromSpec(const spec::ModelSpec& m) {
-  LlamaConfig c;
-  c.vocab_size = m.vocab_size;
-  c.hidden_size = m.hidden_size;
-  c.intermediate_size = m.intermediate_size;
-  c.num_hidden_layers = m.num_hidden_layers;
-  c.num_attention_heads = m.num_attention_heads;
-  c.num_key_value_heads = m.num_key_value_heads > 0 ? m.num_key_value_heads : m.num_attention_heads;
-  c.rope_theta = m.rope_theta;
-  c.rms_norm_eps = m.rms_norm_eps;
-  c.tie_word_embeddings = m.tie_word_embeddings;
-  absl::Status s = c.Validate();
-  if (!s.ok()) return s;
-  return c;
-}
-
 absl::StatusOr<torch::Dtype> ParseDtype(const std::string& name) {
   if (name == "float32" || name.empty()) return torch::kFloat;
   if (name == "float64") return torch::kDouble;
@@ -164,13 +112,33 @@ absl::StatusOr<torch::Dtype> ParseDtype(const std::string& name) {
       "spec.model.dtype: '", name, "' is not a dtype (use float32, bfloat16, float16 or float64)"));
 }
 
-std::pair<torch::Tensor, torch::Tensor> RopeCosSin(const torch::Tensor& position_ids,
-                                                   int64_t head_dim, double theta,
-                                                   torch::Dtype dtype, torch::Device device) {
-  // Computed in fp64 from global positions, so every shard sees identical values.
+torch::Tensor RopeInverseFrequencies(const LlamaConfig& c) {
+  const int64_t d = c.head_dim();
   auto opts = torch::TensorOptions().dtype(torch::kDouble);
+  // [d/2]: theta^(-2i/d)
   torch::Tensor inv_freq =
-      1.0 / torch::pow(theta, torch::arange(0, head_dim, 2, opts) / static_cast<double>(head_dim));
+      1.0 / torch::pow(c.rope_theta, torch::arange(0, d, 2, opts) / static_cast<double>(d));
+  const spec::RopeScaling& r = c.rope_scaling;
+  if (r.rope_type == spec::kRopeNone) return inv_freq;
+  TORCH_CHECK(r.rope_type == spec::kRopeLlama3, "spec.model.rope_scaling.rope_type: '", r.rope_type,
+              "' is not implemented (use none or llama3)");
+  // llama3: by wavelength against the original context C, keep the high frequencies
+  // (wavelength < C / high_freq_factor), divide the low ones (> C / low_freq_factor) by
+  // factor, and interpolate linearly in C / wavelength between the two.
+  const double context = static_cast<double>(r.original_max_position_embeddings);
+  constexpr double kPi = 3.14159265358979323846;
+  torch::Tensor wavelength = 2.0 * kPi / inv_freq;  // [d/2]
+  torch::Tensor turns = context / wavelength;       // rotations within C
+  torch::Tensor mix = ((turns - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor))
+                          .clamp(0.0, 1.0);  // 0: low .. 1: high
+  return inv_freq / r.factor * (1.0 - mix) + inv_freq * mix;
+}
+
+std::pair<torch::Tensor, torch::Tensor> RopeCosSin(const torch::Tensor& position_ids,
+                                                   const LlamaConfig& config, torch::Dtype dtype,
+                                                   torch::Device device) {
+  // Computed in fp64 from global positions, so every shard sees identical values.
+  torch::Tensor inv_freq = RopeInverseFrequencies(config);              // [d/2]
   torch::Tensor pos = position_ids.to(torch::kCPU).to(torch::kDouble);  // [s/p]
   torch::Tensor freqs = pos.unsqueeze(1) * inv_freq.unsqueeze(0);       // [s/p, d/2]
   torch::Tensor emb = torch::cat({freqs, freqs}, 1);                    // [s/p, d]
@@ -295,8 +263,7 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids,
                                       const torch::Tensor& position_ids,
                                       const AttentionFn& attention) {
   torch::Tensor h = embed_tokens(input_ids);  // [b, s/p] -> [b, s/p, H]
-  auto [cos, sin] =
-      RopeCosSin(position_ids, config_.head_dim(), config_.rope_theta, h.scalar_type(), h.device());
+  auto [cos, sin] = RopeCosSin(position_ids, config_, h.scalar_type(), h.device());
   for (size_t i = 0; i < layers->size(); ++i) {
     auto layer = layers->ptr<LlamaDecoderLayerImpl>(i);
     if (memory_.activation_checkpointing) {

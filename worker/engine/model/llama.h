@@ -30,28 +30,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/spec/job_spec.h"
+#include "common/spec/model_shape.h"
 
 namespace ulysses::engine::model {
 
-// Shape of the decoder (HF LlamaConfig field meanings).
-struct LlamaConfig {
-  int64_t vocab_size = 0;
-  int64_t hidden_size = 0;
-  int64_t intermediate_size = 0;
-  int64_t num_hidden_layers = 0;
-  int64_t num_attention_heads = 0;
-  int64_t num_key_value_heads = 0;
-  double rope_theta = 10000.0;
-  double rms_norm_eps = 1e-5;
-  bool tie_word_embeddings = false;
-
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }
-  // Checks every field; errors name the field, the value and a fix.
-  absl::Status Validate() const;
-  // From a defaulted spec (presets already applied by the spec parser).
-  static absl::StatusOr<LlamaConfig> FromSpec(const spec::ModelSpec& model);
-};
+// Shape of the decoder: the one model-shape struct of common/spec/model_shape.h (HF
+// LlamaConfig names, rope_scaling included; Validate() checks every field and names it).
+using LlamaConfig = spec::ModelShape;
 
 // Memory-saving execution options (all change memory, never results beyond
 // floating-point reassociation).
@@ -80,10 +65,15 @@ struct LossOutput {
 
 inline constexpr int64_t kIgnoreIndex = -100;
 
-// cos/sin tables [s/p, d] for the given global positions (HF rotate_half layout).
+// RoPE inverse frequencies [d/2] in fp64: rope_theta^(-2i/d), rescaled per
+// config.rope_scaling (llama3: see spec::RopeScaling). Throws c10::Error on a rope
+// type it does not implement (a validated config has none).
+torch::Tensor RopeInverseFrequencies(const LlamaConfig& config);
+// cos/sin tables [s/p, d] for the given global positions (HF rotate_half layout), from
+// RopeInverseFrequencies(config).
 std::pair<torch::Tensor, torch::Tensor> RopeCosSin(const torch::Tensor& position_ids,
-                                                   int64_t head_dim, double theta,
-                                                   torch::Dtype dtype, torch::Device device);
+                                                   const LlamaConfig& config, torch::Dtype dtype,
+                                                   torch::Device device);
 // x [b, s/p, h, d]; cos/sin [s/p, d].
 torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 

@@ -7,29 +7,6 @@
 
 namespace ulysses::engine {
 
-absl::Status CheckUlyssesHeads(int64_t hq, int64_t hkv, int64_t sp) {
-  if (sp < 1 || hq < 1 || hkv < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("Ulysses: heads (", hq, " query, ", hkv,
-                                                   " kv) and sp_size (", sp, ") must be >= 1"));
-  }
-  if (hq % hkv != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Ulysses: query heads ", hq, " must be a multiple of kv heads ", hkv));
-  }
-  if (hq % sp != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Ulysses: query heads ", hq, " are not divisible by sp_size ", sp,
-                     "; use an sp_size that divides ", hq, " (at most ", hq, ")"));
-  }
-  if (hkv % sp != 0 && sp % hkv != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Ulysses: kv heads ", hkv, " and sp_size ", sp,
-                     " do not divide one another; kv heads are sharded when sp_size divides ", hkv,
-                     " or replicated when ", hkv, " divides sp_size: pick such an sp_size"));
-  }
-  return absl::OkStatus();
-}
-
 torch::Tensor UlyssesAttention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, Communicator* sp,
                                const AttentionOptions& opts) {
@@ -44,9 +21,10 @@ torch::Tensor UlyssesAttention(const torch::Tensor& q, const torch::Tensor& k,
   // GQA with fewer kv heads than ranks: [b, s/p, hkv, d] -> [b, s/p, p, d], so rank r receives
   // kv head r / (p/hkv), the one its query heads r*hq/p .. use.
   torch::Tensor kx = k, vx = v;
-  if (hkv % p != 0) {
-    kx = k.repeat_interleave(p / hkv, 2);
-    vx = v.repeat_interleave(p / hkv, 2);
+  const int64_t exchanged = spec::UlyssesKvHeadsExchanged(hkv, p);
+  if (exchanged != hkv) {
+    kx = k.repeat_interleave(exchanged / hkv, 2);
+    vx = v.repeat_interleave(exchanged / hkv, 2);
   }
   const int64_t hk = kx.size(2);  // kv heads entering the exchange (a multiple of p)
   const int64_t b = q.size(0), sl = q.size(1), d = q.size(3);

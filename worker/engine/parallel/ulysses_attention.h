@@ -7,8 +7,9 @@
 //   CausalAttention over the full sequence for the hq/p local query heads
 //   all-to-all #2: [b, s, hq/p, d] -> [b, s/p, hq, d]
 // Differentiable end to end (the exchanges are SeqAllToAll autograd Functions).
-// GQA rule (CheckUlyssesHeads): hq % p == 0; kv heads are sharded if hkv % p == 0, replicated
-// p/hkv times (repeat_interleave) before the exchange if p % hkv == 0, otherwise rejected.
+// GQA rule (spec::CheckUlyssesHeads, common/spec/model_shape.h, the one rule the spec validator
+// and the planner use too): hq % p == 0; kv heads are sharded if hkv % p == 0, replicated p/hkv
+// times (repeat_interleave) before the exchange if p % hkv == 0, otherwise rejected.
 // p == 1 is plain CausalAttention. `sp` is borrowed and must outlive the autograd graph; every rank
 // calls with the same shapes. Throws c10::Error on bad shapes, std::runtime_error on comm failure.
 #ifndef ULYSSES_WORKER_ENGINE_PARALLEL_ULYSSES_ATTENTION_H_
@@ -19,6 +20,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "common/spec/model_shape.h"
 #include "worker/engine/parallel/attention.h"
 #include "worker/engine/parallel/communicator.h"
 #include "worker/engine/parallel/sequence_all_to_all.h"
@@ -27,7 +29,7 @@ namespace ulysses::engine {
 
 // OK when hq query heads and hkv kv heads can be split over sp ranks; INVALID_ARGUMENT naming the
 // numbers and the fix otherwise.
-absl::Status CheckUlyssesHeads(int64_t hq, int64_t hkv, int64_t sp);
+using spec::CheckUlyssesHeads;
 
 torch::Tensor UlyssesAttention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, Communicator* sp,

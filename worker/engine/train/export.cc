@@ -24,19 +24,9 @@ absl::Status ExportCheckpoint(const std::string& checkpoint_dir, const std::stri
       return absl::DataLossError(absl::StrCat("checkpoint ", checkpoint_dir, ": no model_config"));
     }
     ASSIGN_OR_RETURN(model::LlamaConfig config, ModelConfigFromJson(st.extra["model_config"]));
-    spec::ModelSpec m;
-    m.vocab_size = config.vocab_size;
-    m.hidden_size = config.hidden_size;
-    m.intermediate_size = config.intermediate_size;
-    m.num_hidden_layers = config.num_hidden_layers;
-    m.num_attention_heads = config.num_attention_heads;
-    m.num_key_value_heads = config.num_key_value_heads;
-    m.rope_theta = config.rope_theta;
-    m.rms_norm_eps = config.rms_norm_eps;
-    m.tie_word_embeddings = config.tie_word_embeddings;
     std::vector<NamedTensor> weights;
     for (auto& [name, t] : ModelTensors(st)) weights.push_back({name, t});
-    return WriteHfDirectory(hf_out, m, weights);
+    return WriteHfDirectory(hf_out, config, weights);
   });
 }
 

@@ -13,45 +13,21 @@ using model::LlamaForCausalLM;
 
 absl::StatusOr<LlamaConfig> ResolveModelConfig(const spec::JobSpec& spec,
                                                const std::string& init_from) {
-  spec::ModelSpec m = spec.model;
-  if (!init_from.empty() && m.hidden_size == 0) {
-    ASSIGN_OR_RETURN(spec::ModelSpec hf, ReadHfConfig(init_from));
-    hf.dtype = m.dtype;
-    hf.init_from = init_from;
-    m = hf;
+  if (init_from.empty()) {
+    RETURN_IF_ERROR(spec.model.Validate());
+    return LlamaConfig(spec.model);
   }
-  return LlamaConfig::FromSpec(m);
+  ASSIGN_OR_RETURN(LlamaConfig hf, ReadHfConfig(init_from));
+  return spec::ResolveModelShape(spec.model, hf, HfConfigPath(init_from));
 }
 
-json ModelConfigToJson(const LlamaConfig& c) {
-  return json{{"vocab_size", c.vocab_size},
-              {"hidden_size", c.hidden_size},
-              {"intermediate_size", c.intermediate_size},
-              {"num_hidden_layers", c.num_hidden_layers},
-              {"num_attention_heads", c.num_attention_heads},
-              {"num_key_value_heads", c.num_key_value_heads},
-              {"rope_theta", c.rope_theta},
-              {"rms_norm_eps", c.rms_norm_eps},
-              {"tie_word_embeddings", c.tie_word_embeddings}};
-}
+json ModelConfigToJson(const LlamaConfig& c) { return spec::ModelShapeToJson(c); }
 
 absl::StatusOr<LlamaConfig> ModelConfigFromJson(const json& j) {
-  try {
-    LlamaConfig c;
-    c.vocab_size = j.at("vocab_size");
-    c.hidden_size = j.at("hidden_size");
-    c.intermediate_size = j.at("intermediate_size");
-    c.num_hidden_layers = j.at("num_hidden_layers");
-    c.num_attention_heads = j.at("num_attention_heads");
-    c.num_key_value_heads = j.at("num_key_value_heads");
-    c.rope_theta = j.at("rope_theta");
-    c.rms_norm_eps = j.at("rms_norm_eps");
-    c.tie_word_embeddings = j.at("tie_word_embeddings");
-    RETURN_IF_ERROR(c.Validate());
-    return c;
-  } catch (const json::exception& e) {
-    return absl::DataLossError(absl::StrCat("checkpoint extra.model_config: ", e.what()));
-  }
+  absl::StatusOr<LlamaConfig> c =
+      spec::ModelShapeFromJson(j, "checkpoint extra.model_config", spec::JsonDefaults::kRequireAll);
+  if (!c.ok()) return absl::DataLossError(c.status().message());  // our own file: corrupt
+  return c;
 }
 
 model::MemoryOptions MemoryOptionsFromSpec(const spec::JobSpec& spec) {

@@ -28,11 +28,14 @@ namespace ulysses::engine::train {
 
 inline constexpr char kModelPrefix[] = "model/";
 
-// Model shape from the spec, filling unset shape fields from init_from's config.json.
+// Model shape from the spec. With init_from, its config.json is read and compared field by
+// field (spec::ResolveModelShape): fields the spec left out are taken from it, a field that
+// disagrees (from a preset or explicit) is InvalidArgument naming both values.
 absl::StatusOr<model::LlamaConfig> ResolveModelConfig(const spec::JobSpec& spec,
                                                       const std::string& init_from);
 
-// Shape <-> checkpoint extra.model_config.
+// Shape <-> checkpoint extra.model_config (spec::ModelShapeToJson / ModelShapeFromJson: HF
+// names, rope_scaling included; an older model_config without rope_scaling reads as none).
 nlohmann::json ModelConfigToJson(const model::LlamaConfig& config);
 absl::StatusOr<model::LlamaConfig> ModelConfigFromJson(const nlohmann::json& j);
 

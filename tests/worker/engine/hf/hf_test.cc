@@ -54,7 +54,8 @@ std::vector<NamedTensor> RandomWeights(const spec::ModelSpec& m, double std) {
 TEST(HfTest, RoundTripDirectory) {
   TempDir dir;
   for (bool tied : {false, true}) {
-    const spec::ModelSpec m = TinyModel(tied);
+    spec::ModelSpec m = TinyModel(tied);
+    if (tied) m.rope_scaling = {"llama3", 8.0, 1.0, 4.0, 64};
     const auto weights = RandomWeights(m, 0.02);
     const std::string out = dir.Sub(tied ? "tied" : "untied");
     ASSERT_TRUE(WriteHfDirectory(out, m, weights).ok());
@@ -68,6 +69,10 @@ TEST(HfTest, RoundTripDirectory) {
     EXPECT_EQ(config->num_key_value_heads, 2);
     EXPECT_DOUBLE_EQ(config->rms_norm_eps, 1e-5);
     EXPECT_EQ(config->tie_word_embeddings, tied);
+    EXPECT_EQ(config->rope_scaling.rope_type, tied ? "llama3" : "none");
+    EXPECT_EQ(config->rope_scaling.factor, m.rope_scaling.factor);
+    EXPECT_EQ(config->rope_scaling.original_max_position_embeddings,
+              m.rope_scaling.original_max_position_embeddings);
     auto loaded = LoadHfWeights(out);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     ASSERT_EQ(loaded->size(), weights.size());
@@ -175,13 +180,65 @@ TEST(HfTest, ConfigErrors) {
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->num_key_value_heads, 4);  // defaults to the query heads
   EXPECT_DOUBLE_EQ(ok->rms_norm_eps, 1e-6);
-  std::ofstream(dir.Sub("c/config.json"))
-      << "{" << base << R"(, "rope_scaling": {"rope_type": "llama3"}})";
-  EXPECT_NE(ReadHfConfig(dir.Sub("c")).status().message().find("rope_scaling"), std::string::npos);
+  auto error = [&](const std::string& extra) {
+    std::ofstream(dir.Sub("c/config.json")) << "{" << base << extra << "}";
+    return std::string(ReadHfConfig(dir.Sub("c")).status().message());
+  };
+  const std::string path = dir.Sub("c/config.json");
+  EXPECT_EQ(error(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0})"),
+            path +
+                ": rope_scaling.rope_type: 'yarn' is not supported (the engine implements "
+                "RoPE scaling of type llama3 only; use weights whose config.json has "
+                "rope_type llama3 or no rope_scaling)");
+  EXPECT_EQ(error(R"(, "rope_scaling": {"rope_type": "llama3"})"),
+            path + ": rope_scaling.factor: missing (a Llama config has it)\n" + path +
+                ": rope_scaling.low_freq_factor: missing (a Llama config has it)\n" + path +
+                ": rope_scaling.high_freq_factor: missing (a Llama config has it)\n" + path +
+                ": rope_scaling.original_max_position_embeddings: missing (a Llama config has "
+                "it)");
+  EXPECT_EQ(error(R"(, "hidden_act": "gelu")"),
+            path +
+                ": hidden_act: \"gelu\" is not supported (the engine's Llama MLP is SwiGLU: "
+                "silu)");
+  EXPECT_EQ(error(R"(, "mlp_bias": true)"),
+            path +
+                ": mlp_bias: true is not supported (the engine's Llama projections have no "
+                "bias)");
+  EXPECT_EQ(error(R"(, "head_dim": 16)"),
+            path +
+                ": head_dim: 16 is not hidden_size / num_attention_heads = 8 (the engine's "
+                "Llama derives head_dim from them; such a model is not supported)");
   std::ofstream(dir.Sub("c/config.json")) << R"({"vocab_size": 64})";
-  EXPECT_NE(ReadHfConfig(dir.Sub("c")).status().message().find("missing hidden_size"),
+  EXPECT_NE(ReadHfConfig(dir.Sub("c")).status().message().find("hidden_size: missing"),
             std::string::npos);
   EXPECT_EQ(ReadHfConfig(dir.Sub("nope")).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(HfTest, AcceptsLlama31ConfigJson) {
+  // Meta's Llama-3.1-8B config.json: rope_scaling llama3 and keys the engine ignores.
+  TempDir dir;
+  fs::create_directories(dir.Sub("m"));
+  std::ofstream(dir.Sub("m/config.json")) << R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 131072,
+    "mlp_bias": false, "model_type": "llama", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "transformers_version": "4.43.0.dev0", "use_cache": true, "vocab_size": 128256})";
+  auto config = ReadHfConfig(dir.Sub("m"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  spec::ModelSpec preset;
+  preset.preset = "llama3-8b";
+  ASSERT_TRUE(spec::ApplyModelPreset(preset).ok());
+  for (const std::string& key : spec::ShapeFieldKeys()) {
+    EXPECT_TRUE(spec::ShapeFieldEquals(*config, preset, key)) << key;
+  }
+  EXPECT_EQ(config->rope_scaling.rope_type, "llama3");
+  EXPECT_EQ(config->rope_scaling.factor, 8.0);
 }
 
 // Runs scripts/reference_llama.py and returns its "loss".

@@ -97,19 +97,55 @@ TEST(LlamaTest, InitIsDeterministic) {
 
 TEST(LlamaTest, RopeRotateHalfAtGlobalPositions) {
   // Position 0 is the identity; a shard's table equals the slice of the full table.
-  auto [cos, sin] =
-      RopeCosSin(torch::arange(8, torch::kLong), 4, 10000.0, torch::kDouble, torch::kCPU);
+  LlamaConfig config = Tiny();
+  config.hidden_size = 16;  // head_dim 4
+  auto [cos, sin] = RopeCosSin(torch::arange(8, torch::kLong), config, torch::kDouble, torch::kCPU);
   torch::Tensor x = torch::randn({1, 8, 1, 4}, torch::kDouble);
   torch::Tensor y = ApplyRope(x, cos, sin);
   EXPECT_TRUE(torch::allclose(y.select(1, 0), x.select(1, 0)));
   auto [cos2, sin2] =
-      RopeCosSin(torch::arange(4, 8, torch::kLong), 4, 10000.0, torch::kDouble, torch::kCPU);
+      RopeCosSin(torch::arange(4, 8, torch::kLong), config, torch::kDouble, torch::kCPU);
   EXPECT_TRUE(torch::allclose(cos2, cos.narrow(0, 4, 4)));
   // rotate_half: x = [a, b, c, e] at position 1 with freqs (1, 1/100):
   // out[0] = a cos1 - c sin1.
   torch::Tensor one = ApplyRope(x.narrow(1, 1, 1), cos.narrow(0, 1, 1), sin.narrow(0, 1, 1));
   double a = x[0][1][0][0].item<double>(), c = x[0][1][0][2].item<double>();
   EXPECT_NEAR(one[0][0][0][0].item<double>(), a * std::cos(1.0) - c * std::sin(1.0), 1e-12);
+}
+
+TEST(LlamaTest, Llama3RopeScalingFrequencies) {
+  // head_dim 16, theta 1e4: f_i = 1e4^(-i/8), wavelength w_i = 2 pi / f_i = 6.3, 19.9, 62.8,
+  // 198.7, 628.3, 1987, 6283, 19869. With C = 1024, low 1, high 4: w < C/4 = 256 keeps f
+  // (i 0..3), w > C/1 = 1024 divides it by the factor 8 (i 5..7), i = 4 is blended.
+  LlamaConfig c = Tiny();
+  c.hidden_size = 64;
+  c.num_attention_heads = 4;
+  c.rope_theta = 10000.0;
+  c.rope_scaling = {"llama3", 8.0, 1.0, 4.0, 1024};
+  ASSERT_TRUE(c.Validate().ok()) << c.Validate();
+  torch::Tensor f = RopeInverseFrequencies(c);
+  ASSERT_EQ(f.sizes(), torch::IntArrayRef({8}));
+  const double pi = std::acos(-1.0);
+  for (int i = 0; i < 8; ++i) {
+    const double plain = std::pow(10000.0, -i / 8.0);
+    double want = plain;
+    if (i == 4) {
+      const double s = (1024.0 / (2 * pi / plain) - 1.0) / (4.0 - 1.0);
+      want = (1 - s) * plain / 8.0 + s * plain;
+    } else if (i > 4) {
+      want = plain / 8.0;
+    }
+    EXPECT_NEAR(f[i].item<double>(), want, 1e-15 * want) << "i = " << i;
+  }
+  // The blended one, as printed by scripts/reference_llama.py's own implementation.
+  EXPECT_NEAR(f[4].item<double>(), 0.003086760967011274, 1e-17);
+  // The tables use them: position 100, dimension 5 and its rotate_half partner 13.
+  auto [cos, sin] = RopeCosSin(torch::tensor({100}, torch::kLong), c, torch::kDouble, torch::kCPU);
+  EXPECT_NEAR(cos[0][5].item<double>(), std::cos(100 * std::pow(10000.0, -5 / 8.0) / 8.0), 1e-12);
+  EXPECT_NEAR(sin[0][13].item<double>(), std::sin(100 * std::pow(10000.0, -5 / 8.0) / 8.0), 1e-12);
+  // No scaling: the plain frequencies.
+  c.rope_scaling = {};
+  EXPECT_NEAR(RopeInverseFrequencies(c)[5].item<double>(), std::pow(10000.0, -5 / 8.0), 1e-15);
 }
 
 void ExpectSameGrads(const std::map<std::string, torch::Tensor>& a,

@@ -76,8 +76,9 @@ int UlyssesChild(const ChildEnv& env) {
     } catch (const c10::Error& e) {
       std::string msg = e.what();
       CHILD_CHECK(env,
-                  msg.find("kv heads " + std::to_string(hkv) + " and sp_size " +
-                           std::to_string(env.world)) != std::string::npos,
+                  msg.find("sp_degree: " + std::to_string(env.world) +
+                           " is incompatible with num_key_value_heads " + std::to_string(hkv)) !=
+                      std::string::npos,
                   msg);
     }
     CHILD_CHECK(env, sp->Barrier().ok(), "barrier");
@@ -126,9 +127,12 @@ TEST(UlyssesAttentionTest, CheckUlyssesHeadsRule) {
   EXPECT_TRUE(CheckUlyssesHeads(8, 2, 4).ok());
   absl::Status st = CheckUlyssesHeads(6, 3, 2);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("kv heads 3 and sp_size 2"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("sp_degree: 2 is incompatible with num_key_value_heads 3"),
+            std::string::npos)
+      << st;
   st = CheckUlyssesHeads(8, 8, 3);
-  EXPECT_NE(st.message().find("query heads 8 are not divisible by sp_size 3"), std::string::npos)
+  EXPECT_NE(st.message().find("sp_degree: 3 does not divide num_attention_heads 8"),
+            std::string::npos)
       << st;
 }
 

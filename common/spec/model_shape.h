@@ -1,0 +1,178 @@
+// The model shape: ONE struct for the Llama decoder's shape (Hugging Face
+// LlamaConfig names), with the one place for each thing done with it:
+//   - the field list (ForEachShapeField), which every reader, printer and
+//     comparison iterates instead of naming fields by hand;
+//   - presets and defaults (ApplyModelPreset, FinishModelSpec);
+//   - validation (ModelShapeErrors / ModelShape::Validate), lines of the form
+//     `spec.model.<field>: <value> <problem> (<fix>)`;
+//   - JSON read/write with HF names (config.json, a checkpoint's model_config);
+//   - init_from resolution: a spec's shape against a config.json
+//     (ResolveModelShape: unset fields filled, disagreements are errors);
+//   - the Ulysses head rule (CheckUlyssesHeads, UlyssesKvHeadsExchanged).
+// spec::ModelSpec (below; spec.model of job_spec.h) is a ModelShape plus preset,
+// init_from and dtype; the engine's model::LlamaConfig is this struct. No torch,
+// no filesystem: callers read the files. Stateless; every function is thread-safe.
+#ifndef ULYSSES_COMMON_SPEC_MODEL_SHAPE_H_
+#define ULYSSES_COMMON_SPEC_MODEL_SHAPE_H_
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ulysses::spec {
+
+// RoPE frequency scaling (HF LlamaConfig.rope_scaling).
+//   none:   inv_freq_i = rope_theta^(-2i/D), no scaling (the numbers below stay 0).
+//   llama3: Llama 3.1's rule. With L = original_max_position_embeddings and the
+//           wavelength w_i = 2*pi / inv_freq_i: w_i < L / high_freq_factor keeps
+//           inv_freq_i; w_i > L / low_freq_factor divides it by `factor`; in
+//           between, s = (L / w_i - low_freq_factor) / (high_freq_factor -
+//           low_freq_factor) blends the two: (1 - s) * inv_freq_i / factor + s * inv_freq_i.
+struct RopeScaling {
+  std::string rope_type = "none";                // "none" | "llama3".
+  double factor = 0;                             // llama3: >= 1 (8 for Llama 3.1, 32 for 3.2).
+  double low_freq_factor = 0;                    // llama3: > 0 (1 in Llama 3.1).
+  double high_freq_factor = 0;                   // llama3: > low_freq_factor (4 in Llama 3.1).
+  int64_t original_max_position_embeddings = 0;  // llama3: > 0 (8192 in Llama 3.1).
+};
+
+inline constexpr char kRopeNone[] = "none";
+inline constexpr char kRopeLlama3[] = "llama3";
+
+// Shape of the decoder. Field names are the YAML keys of spec.model and the
+// config.json keys. Defaults are those of a spec without preset.
+struct ModelShape {
+  int64_t vocab_size = 0;            // Token vocabulary size.
+  int64_t hidden_size = 0;           // Model width H.
+  int64_t intermediate_size = 0;     // SwiGLU inner width.
+  int64_t num_hidden_layers = 0;     // Decoder layers.
+  int64_t num_attention_heads = 0;   // Query heads Hq.
+  int64_t num_key_value_heads = 0;   // KV heads Hkv (GQA); defaults to Hq.
+  double rope_theta = 10000.0;       // RoPE base.
+  double rms_norm_eps = 1e-5;        // RMSNorm epsilon.
+  bool tie_word_embeddings = false;  // Share embed_tokens and lm_head weights.
+  RopeScaling rope_scaling;          // RoPE frequency scaling (none | llama3).
+
+  // The head_dim rule: D = hidden_size / num_attention_heads (whole and even,
+  // checked by Validate); 0 while the heads are unknown.
+  int64_t head_dim() const {
+    return num_attention_heads > 0 ? hidden_size / num_attention_heads : 0;
+  }
+  // Every field known and valid; InvalidArgument with one line per problem
+  // (`spec.model.<field>: ...`) otherwise.
+  absl::Status Validate() const;
+};
+
+// The field list. Calls fn(key, value) for every shape field in document order,
+// `value` a reference to the field (int64_t, double, bool or std::string, const
+// when `shape` is). Keys are the YAML / config.json names; rope_scaling's fields
+// come as "rope_scaling.<name>".
+template <typename Shape, typename Fn>
+void ForEachShapeField(Shape& shape, Fn&& fn) {
+  fn("vocab_size", shape.vocab_size);
+  fn("hidden_size", shape.hidden_size);
+  fn("intermediate_size", shape.intermediate_size);
+  fn("num_hidden_layers", shape.num_hidden_layers);
+  fn("num_attention_heads", shape.num_attention_heads);
+  fn("num_key_value_heads", shape.num_key_value_heads);
+  fn("rope_theta", shape.rope_theta);
+  fn("rms_norm_eps", shape.rms_norm_eps);
+  fn("tie_word_embeddings", shape.tie_word_embeddings);
+  fn("rope_scaling.rope_type", shape.rope_scaling.rope_type);
+  fn("rope_scaling.factor", shape.rope_scaling.factor);
+  fn("rope_scaling.low_freq_factor", shape.rope_scaling.low_freq_factor);
+  fn("rope_scaling.high_freq_factor", shape.rope_scaling.high_freq_factor);
+  fn("rope_scaling.original_max_position_embeddings",
+     shape.rope_scaling.original_max_position_embeddings);
+}
+
+// The keys of ForEachShapeField, in order.
+const std::vector<std::string>& ShapeFieldKeys();
+
+// A field's value as text for messages: "4096", "500000.0", "true", "'llama3'".
+std::string ShapeFieldText(const ModelShape& shape, const std::string& key);
+
+// True when the two shapes agree on `key` (exact: values come from decimal text).
+bool ShapeFieldEquals(const ModelShape& a, const ModelShape& b, const std::string& key);
+
+// The model part of a job spec (spec.model): a shape plus where it and the
+// weights come from.
+struct ModelSpec : ModelShape {
+  std::string preset;             // "tiny", "llama3-1b", "llama3-8b", or "" (explicit).
+  std::string init_from;          // HF directory (config.json + *.safetensors), or "".
+  std::string dtype = "float32";  // float32 | bfloat16 | float16 | float64 (float64: tests).
+  // Shape keys (ShapeFieldKeys) the document left out while init_from is set and no
+  // preset is given: the engine reads them from init_from's config.json
+  // (ResolveModelShape); until then they hold the struct defaults. Empty otherwise.
+  std::set<std::string> from_init;
+};
+
+// The preset names, in the order of messages ("tiny", "llama3-1b", "llama3-8b").
+std::vector<std::string> ModelPresetNames();
+
+// Overwrites every shape field with the preset's; "" does nothing; an unknown
+// name is an error naming the choices.
+absl::Status ApplyModelPreset(ModelSpec& model);
+
+// Completes a parsed spec.model after the preset and the document's fields were
+// applied; `given` holds the shape keys the document set. With init_from and no
+// preset, every key not given goes to from_init; otherwise num_key_value_heads
+// defaults to num_attention_heads (when neither it nor a preset set it).
+void FinishModelSpec(ModelSpec& model, const std::set<std::string>& given);
+
+// True when a document shows `key` of `model` (ToYaml, printers): not a from_init
+// field, and not part of a rope_scaling of type none outside init_from (no
+// scaling is written by leaving rope_scaling out).
+bool ShapeFieldShown(const ModelSpec& model, const std::string& key);
+
+// Validation lines (`spec.model.<key>: <value> <problem> (<fix>)`) for `model`.
+// Keys in model.from_init are unknown: they are skipped, and so are the rules
+// that need them. `missing_fix` is the fix for a shape integer that is 0.
+std::vector<std::string> ModelShapeErrors(const ModelSpec& model, const std::string& missing_fix);
+
+// Shape -> JSON with HF LlamaConfig names: the fields, head_dim, and rope_scaling
+// (null for none, else {rope_type, factor, low_freq_factor, high_freq_factor,
+// original_max_position_embeddings}). The checkpoint's model_config and the
+// shape keys of an exported config.json.
+nlohmann::json ModelShapeToJson(const ModelShape& shape);
+
+// JSON (HF names) -> validated shape. `source` prefixes every error (e.g.
+// "/m/config.json"). kHfDefaults: absent optional keys take LlamaConfig's
+// defaults (num_key_value_heads = heads, rope_theta 10000, rms_norm_eps 1e-6,
+// no tie, no rope_scaling); kRequireAll: only rope_scaling may be absent (none).
+// rope_scaling: null, {rope_type|type: "default"} = none, "llama3" with its four
+// numbers; any other rope type is refused. A head_dim key must equal
+// hidden_size / num_attention_heads. Keys that do not change the shape are
+// ignored; HF-only semantics (hidden_act, biases) are the HF reader's.
+enum class JsonDefaults { kHfDefaults, kRequireAll };
+absl::StatusOr<ModelShape> ModelShapeFromJson(const nlohmann::json& json, const std::string& source,
+                                              JsonDefaults defaults = JsonDefaults::kHfDefaults);
+
+// init_from resolution: the spec's shape against the shape read from init_from's
+// config.json (`hf`, read from `source`). Fields in model.from_init take hf's
+// value; every other field must equal it, else InvalidArgument with one line per
+// field naming both values and the fix. The result is validated.
+absl::StatusOr<ModelShape> ResolveModelShape(const ModelSpec& model, const ModelShape& hf,
+                                             const std::string& source);
+
+// The Ulysses head rule for hq query and hkv kv heads over sp ranks: hq % sp == 0
+// (each rank takes whole query heads), and kv heads are sharded (hkv % sp == 0)
+// or replicated (sp % hkv == 0, each kv head copied sp/hkv times). Also needs
+// hq, hkv, sp >= 1 and hq % hkv == 0. InvalidArgument
+// `<field>: <sp> <problem> (<fix>)` naming the numbers and the sp values that work.
+absl::Status CheckUlyssesHeads(int64_t hq, int64_t hkv, int64_t sp,
+                               const std::string& field = "sp_degree");
+
+// KV heads entering the Ulysses exchange: hkv when sharded, sp when replicated
+// (assumes CheckUlyssesHeads passed; 0 when hkv is unknown).
+int64_t UlyssesKvHeadsExchanged(int64_t hkv, int64_t sp);
+
+}  // namespace ulysses::spec
+
+#endif  // ULYSSES_COMMON_SPEC_MODEL_SHAPE_H_
