@@ -9,7 +9,12 @@ its first stage on an SP group of 2, and measures from the outside (polling
   submit -> first step     the first optimizer step is reported
   kill -9 -> RECOVERING    a worker of the running group is SIGKILLed; the coordinator notices
                            (bounded by its heartbeat timeout)
-  kill -9 -> resumed       a new generation runs and reports a step past the last checkpoint
+  kill -9 -> RUNNING       a new generation has every rank started: what the coordinator's
+                           ulysses_recovery_duration_seconds measures (from RECOVERING), before
+                           rendezvous, the checkpoint load and the first step
+  kill -9 -> resumed       the new generation reports its first step (the one after the last
+                           checkpoint: resumed_first_step = checkpoint_step_at_kill + 1 unless a
+                           checkpoint committed between reading it and the kill)
 
 Usage: /usr/bin/python3 bench/recovery_latency.py [--bin build/bin] [--workers 4]
        [--heartbeat-timeout-s 10] [--poll 0.1]
@@ -95,8 +100,21 @@ def main():
         wait_for(lambda: get().get("state") in ("RECOVERING", "SCHEDULING")
                  or get().get("generation", gen) > gen, 60, "RECOVERING", a.poll)
         t_detected = time.monotonic()
-        wait_for(lambda: (lambda j: j.get("generation", 0) > gen and j.get("state") == "RUNNING"
-                          and j.get("step", 0) > ckpt_step)(get()), 180, "resumed", a.poll)
+        wait_for(lambda: (lambda j: j.get("generation", 0) > gen and j.get("state") == "RUNNING")
+                 (get()), 180, "RUNNING again", a.poll)
+        t_running_again = time.monotonic()
+        # The job's step never goes backwards, so it cannot tell the new generation's first
+        # step: read it from the event history (the first progress after the new attempt).
+        def resumed_step():
+            j = json.loads(ctl("describe", "job", job_id, "-o", "json").stdout or "{}")
+            new_attempt = False
+            for e in j.get("events", []):
+                if e.get("type") == "attempt_started" and e["attempt"]["generation"] > gen:
+                    new_attempt = True
+                elif new_attempt and e.get("type") == "progress":
+                    return e["step"]
+            return None
+        first_step = wait_for(resumed_step, 180, "resumed", a.poll)
         t_resumed = time.monotonic()
         restarts = get().get("restarts")
         # After the kill only W-1 workers remain: the job's last stage (4 ranks) would wait for a
@@ -107,8 +125,10 @@ def main():
             "submit_to_running_s": round(t_running - t_submit, 2),
             "submit_to_first_step_s": round(t_first_step - t_submit, 2),
             "kill_to_detected_s": round(t_detected - t_kill, 2),
+            "kill_to_running_again_s": round(t_running_again - t_kill, 2),
             "kill_to_resumed_step_s": round(t_resumed - t_kill, 2),
-            "checkpoint_step_at_kill": ckpt_step, "restarts": restarts}))
+            "checkpoint_step_at_kill": ckpt_step, "resumed_first_step": first_step,
+            "restarts": restarts}))
     finally:
         for p in reversed(procs):
             if p.poll() is None:

@@ -1,11 +1,13 @@
 // Runs the real ulysses-coordinator binary: SIGKILL it mid-job, restart it on the same
 // state dir, and check that nothing was lost and that reconnecting workers keep their
-// generation; also the flag contract (bad config -> exit 2) and SIGTERM shutdown.
+// generation; also the flag contract (bad config -> exit 2, flags override the config
+// file) and SIGTERM shutdown.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -278,6 +280,24 @@ TEST(CoordinatorProcessTest, BadFlagsExit2) {
     const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_FALSE(err.empty()) << "no message on stderr";
   }
+}
+
+// The config file says heartbeat_timeout_s 60 (out of range: alone it exits 2, see
+// above) and a state dir that cannot be created; the flags say 3 s and a good dir.
+// The daemon starts only if both flags won over the file.
+TEST(CoordinatorProcessTest, FlagsOverrideTheConfigFile) {
+  TempDir dir;
+  const std::string cfg = dir.path() + "/c.yaml";
+  std::ofstream(cfg) << "heartbeat_timeout_s: 60\nstate_dir: /proc/no-such-dir/state\n";
+  CoordinatorProcess coord({"--config", cfg, "--listen", "127.0.0.1:0", "--metrics-listen",
+                            "127.0.0.1:0", "--heartbeat-timeout-s", "3", "--state-dir",
+                            dir.path() + "/state"});
+  ASSERT_TRUE(coord.ReadPorts()) << "the coordinator did not start: a config-file value won";
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/state"));
+  coord.Signal(SIGTERM);
+  const int status = coord.Wait();
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace

@@ -84,7 +84,8 @@ TEST(ConfigTest, RejectsBadValuesWithActionableMessages) {
   EXPECT_NE(m.find("rendezvous_port_min/rendezvous_port_max: 3000/2000"), std::string::npos) << m;
 }
 
-TEST(ConfigTest, YamlFillsFieldsAndFlagsWin) {
+// (Flags over the file is main.cc's job: coordinator_process_test FlagsOverrideTheConfigFile.)
+TEST(ConfigTest, YamlFillsFieldsDerivesDefaultsAndRejectsUnknownKeys) {
   CoordinatorConfig c;
   ASSERT_TRUE(ApplyConfigYaml("heartbeat_timeout_s: 4\nheartbeat_interval_s: 1\n"
                               "log_buffer_lines: 50\nstate_dir: /tmp/s\n",

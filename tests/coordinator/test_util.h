@@ -1,34 +1,18 @@
-// Small helpers shared by the coordinator tests: temp dirs and polling with a deadline.
+// Small helpers shared by the coordinator tests: polling with a deadline and job
+// documents (temp dirs: tests/testing/temp_dir.h).
 #ifndef ULYSSES_TESTS_COORDINATOR_TEST_UTIL_H_
 #define ULYSSES_TESTS_COORDINATOR_TEST_UTIL_H_
 
-#include <unistd.h>
-
 #include <chrono>
-#include <cstdlib>
-#include <filesystem>
 #include <functional>
 #include <string>
 #include <thread>
 
+#include "tests/testing/temp_dir.h"
+
 namespace ulysses::coordinator::testing {
 
-// A fresh directory under $TMPDIR, removed on destruction.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "ulysses-coord-XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ::ulysses::testing::TempDir;
 
 // Polls `pred` every 10 ms until it holds or `timeout` passes. Returns the last result.
 inline bool PollUntil(const std::function<bool()>& pred,

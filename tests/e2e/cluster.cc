@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "sqlite3.h"
 
 namespace ulysses::e2e {
 
@@ -194,6 +195,23 @@ bool Cluster::WaitForIdleWorkers(int n, milliseconds timeout) {
     std::this_thread::sleep_for(milliseconds(200));
   }
   return false;
+}
+
+int64_t Cluster::StoreRows(const std::string& table) const {
+  sqlite3* db = nullptr;
+  const std::string path = dir_ + "/state/coordinator.db";
+  int64_t rows = -1;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
+    sqlite3_stmt* stmt = nullptr;
+    const std::string sql = "SELECT COUNT(*) FROM " + table;
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) == SQLITE_OK &&
+        sqlite3_step(stmt) == SQLITE_ROW) {
+      rows = sqlite3_column_int64(stmt, 0);
+    }
+    sqlite3_finalize(stmt);
+  }
+  sqlite3_close(db);
+  return rows;
 }
 
 std::string Cluster::Logs() {

@@ -86,6 +86,8 @@ class Cluster {
   bool WaitForIdleWorkers(int n, milliseconds timeout);
 
   const std::string& dir() const { return dir_; }
+  // Rows of `table` in the coordinator's SQLite store (-1 if it cannot be read).
+  int64_t StoreRows(const std::string& table) const;
   // Everything the processes printed, for failure messages.
   std::string Logs();
 

@@ -1,8 +1,7 @@
 // Randomized-corpus robustness test: mutates the shipped specs (byte flips,
 // deletions, duplications, line and key swaps) with a fixed seed and checks that
 // ParseJobSpec never crashes and answers OK or InvalidArgument with a message of
-// non-empty `path: ...` lines. Bounded to a few seconds.
-#include <chrono>
+// non-empty `path: ...` lines. A fixed number of inputs (no wall-clock budget).
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -90,9 +89,11 @@ TEST(JobSpecFuzzTest, MutatedShippedSpecsNeverCrash) {
   // ULYSSES_FUZZ_TRACE=FILE writes each input to FILE before parsing it.
   const char* trace = std::getenv("ULYSSES_FUZZ_TRACE");
   std::mt19937_64 rng(20261121);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-  int runs = 0, accepted = 0;
-  for (; runs < 20000 && std::chrono::steady_clock::now() < deadline; ++runs) {
+  // A fixed number of inputs from a fixed seed: every run checks the same inputs,
+  // however fast the machine is.
+  constexpr int kRuns = 10000;
+  int accepted = 0;
+  for (int run = 0; run < kRuns; ++run) {
     std::string input = corpus[rng() % corpus.size()];
     // Mutations stack: half the time, mutate a mutant.
     do {
@@ -114,16 +115,15 @@ TEST(JobSpecFuzzTest, MutatedShippedSpecsNeverCrash) {
       EXPECT_EQ(ToYaml(*again), ToYaml(*spec));
     }
   }
-  EXPECT_GT(runs, 500);
   EXPECT_GT(accepted, 0) << "the mutations should leave some specs valid";
-  std::printf("fuzz: %d inputs, %d accepted\n", runs, accepted);
+  std::printf("fuzz: %d inputs, %d accepted\n", kRuns, accepted);
 }
 
 TEST(JobSpecFuzzTest, HostileDocumentsNeverCrash) {
   const std::string deep(5000, '[');
   const std::vector<std::string> inputs = {
       "",
-      "\0\0\0",
+      std::string("\0\0\0", 3),  // NUL bytes (a plain "\0..." literal would be "").
       "~",
       "[]",
       "{}",

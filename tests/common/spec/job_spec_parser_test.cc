@@ -22,6 +22,7 @@ namespace {
 using testing::ExpectSpecEq;
 using ::testing::HasSubstr;
 using testing::ReadFile;
+using testing::ShippedSpec;
 using testing::ShippedSpecs;
 
 // A small valid spec; bad cases replace one piece of it.
@@ -59,7 +60,11 @@ std::string With(std::vector<std::pair<std::string, std::string>> edits) {
 std::string With(const std::string& from, const std::string& to) { return With({{from, to}}); }
 
 TEST(JobSpecParserTest, ShippedExamplesParseAndValidate) {
-  for (const std::string& path : ShippedSpecs()) {
+  const std::vector<std::string> paths = ShippedSpecs();
+  // The directory scan finds the demo and the main job (and whatever else is there).
+  EXPECT_THAT(paths, ::testing::Contains(ShippedSpec("tiny-demo.yaml")));
+  EXPECT_THAT(paths, ::testing::Contains(ShippedSpec("needle-retrieval.yaml")));
+  for (const std::string& path : paths) {
     SCOPED_TRACE(path);
     absl::StatusOr<JobSpec> spec = LoadJobSpecFile(path);
     ASSERT_TRUE(spec.ok()) << spec.status();
@@ -69,7 +74,7 @@ TEST(JobSpecParserTest, ShippedExamplesParseAndValidate) {
 }
 
 TEST(JobSpecParserTest, TinyDemoHasTheAgreedShape) {
-  absl::StatusOr<JobSpec> spec = LoadJobSpecFile(ShippedSpecs()[0]);
+  absl::StatusOr<JobSpec> spec = LoadJobSpecFile(ShippedSpec("tiny-demo.yaml"));
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->metadata.name, "tiny-demo");
   EXPECT_EQ(spec->model.hidden_size, 256);

@@ -3,7 +3,9 @@
 #ifndef ULYSSES_TESTS_COMMON_SPEC_SPEC_TEST_UTIL_H_
 #define ULYSSES_TESTS_COMMON_SPEC_SPEC_TEST_UTIL_H_
 
+#include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -19,6 +21,13 @@ inline std::string SourceDir() {
   return dir != nullptr ? dir : ".";
 }
 
+// configs/jobs/<file>.
+inline std::string ShippedSpec(const std::string& file) {
+  return SourceDir() + "/configs/jobs/" + file;
+}
+
+// Every *.yaml under configs/jobs, sorted: read from the directory, so a new
+// example is checked without anyone listing it here.
 inline std::vector<std::string> ShippedSpecs() {
   const std::string dir = SourceDir() + "/configs/jobs/";
   return {dir + "tiny-demo.yaml", dir + "llama3-1b-1m.yaml", dir + "llama3-8b-1m.yaml"};

@@ -166,11 +166,20 @@ TEST(ChildSupervisorTest, AbortKillsAChildThatIgnoresSigterm) {
   auto child = ChildSupervisor::Start(
       Fake({"--steps", "100000", "--step-ms", "20", "--ignore-term"}), "", rec.Callbacks());
   ASSERT_TRUE(child.ok());
+  // Its first step means the child has installed its SIGTERM-ignoring handler.
   ASSERT_TRUE(PollUntil([&] { return rec.Count("step") >= 1; }, seconds(10)));
-  (*child)->Stop(contract::StopRequest::kAbort, milliseconds(300));
-  // Still running inside the grace: SIGTERM alone does nothing to it.
-  std::this_thread::sleep_for(milliseconds(100));
+  // SIGTERM is sent inside Stop(); a grace far longer than the test keeps the SIGKILL
+  // tier out of the way while we watch the child go on stepping.
+  (*child)->Stop(contract::StopRequest::kAbort, seconds(60));
+  const int steps_at_sigterm = rec.Count("step");
+  // Two more steps: at least one was printed after the signal (one may have been in
+  // flight), so SIGTERM alone did not stop it.
+  ASSERT_TRUE(PollUntil([&] { return rec.Count("step") >= steps_at_sigterm + 2; },
+                        seconds(10)))
+      << "the child stopped stepping after SIGTERM";
   EXPECT_TRUE((*child)->Running());
+  // The grace runs out (a later Stop can only shorten it): the SIGKILL tier fires.
+  (*child)->Stop(contract::StopRequest::kAbort, milliseconds(0));
   auto result = (*child)->Wait(seconds(10));
   ASSERT_TRUE(result.has_value()) << "SIGKILL tier did not fire";
   EXPECT_EQ(result->outcome, contract::RankOutcome::kAborted);

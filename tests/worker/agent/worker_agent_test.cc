@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
 #include "worker/agent/child_supervisor.h"
 
@@ -141,16 +142,8 @@ std::string BinDir() {
 
 class WorkerAgentTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/ulysses-worker-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    work_dir_ = tmpl;
-  }
-  void TearDown() override {
-    worker_.reset();
-    std::error_code ec;
-    fs::remove_all(work_dir_, ec);
-  }
+  // The worker stops before its work dir is removed.
+  void TearDown() override { worker_.reset(); }
 
   void StartWorker(int port, double grace_s = 10) {
     std::vector<std::string> argv = {BinDir() + "/ulysses-worker",
@@ -205,7 +198,8 @@ class WorkerAgentTest : public ::testing::Test {
     return worker_log_;
   }
 
-  std::string work_dir_;
+  ::ulysses::testing::TempDir dir_{"ulysses-worker-test"};
+  const std::string work_dir_ = dir_.path();
   std::unique_ptr<ChildSupervisor> worker_;
   std::mutex log_mu_;
   std::string worker_log_;
@@ -396,19 +390,50 @@ TEST_F(WorkerAgentTest, ARankThatEndedWhileDisconnectedIsClaimedUntilItsExitIsAc
   EXPECT_EQ(Exited(peer->service.Messages())->exit_code(), 0);
 }
 
-TEST_F(WorkerAgentTest, RejectsBadFlagsWithTheFlagName) {
+// Runs ulysses-worker with `flags` to its exit; returns its exit description and output.
+std::pair<std::string, std::string> RunWorkerWithFlags(const std::vector<std::string>& flags) {
   std::string out;
   ChildCallbacks cb;
-  cb.on_log = [&](const std::string&, const std::string& line) { out += line + "\n"; };
-  auto worker = ChildSupervisor::Start(
-      {BinDir() + "/ulysses-worker", "--coordinator", "nohostport", "--name", "x", "--work-dir",
-       work_dir_, "--device", "tpu", "--engine-bin", FAKE_RANK_PATH},
-      "", std::move(cb));
-  ASSERT_TRUE(worker.ok());
+  cb.on_log = [&out](const std::string&, const std::string& line) { out += line + "\n"; };
+  std::vector<std::string> argv = {BinDir() + "/ulysses-worker"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  auto worker = ChildSupervisor::Start(argv, "", std::move(cb));
+  if (!worker.ok()) return {std::string(worker.status().message()), ""};
   ChildResult result = (*worker)->Wait();
-  EXPECT_EQ(result.description, "exit code 2");
+  return {result.description, out};
+}
+
+// Values that parse but are invalid: the config's own validation.
+TEST_F(WorkerAgentTest, RejectsBadFlagsWithTheFlagName) {
+  auto [exit, out] =
+      RunWorkerWithFlags({"--coordinator", "nohostport", "--name", "x", "--work-dir", work_dir_,
+                          "--device", "tpu", "--engine-bin", FAKE_RANK_PATH});
+  EXPECT_EQ(exit, "exit code 2");
   EXPECT_NE(out.find("--coordinator: \"nohostport\" is not HOST:PORT"), std::string::npos) << out;
   EXPECT_NE(out.find("--device: \"tpu\" is not cpu or cuda:N"), std::string::npos) << out;
+}
+
+// Flags the command-line parser itself refuses (not a number, unknown, missing): the
+// same exit 2 of the flag contract, naming the flag.
+TEST_F(WorkerAgentTest, FlagParseErrorsExit2WithTheFlagName) {
+  const std::vector<std::string> good = {"--coordinator", "127.0.0.1:1", "--name", "x",
+                                         "--work-dir", work_dir_};
+  struct Case {
+    std::vector<std::string> extra;
+    bool drop_name;
+    std::string flag;
+  };
+  for (const Case& c : {Case{{"--grace-period-s", "soon"}, false, "--grace-period-s"},
+                        Case{{"--no-such-flag"}, false, "--no-such-flag"},
+                        Case{{}, true, "--name"}}) {
+    SCOPED_TRACE(c.flag);
+    std::vector<std::string> flags = good;
+    if (c.drop_name) flags.erase(flags.begin() + 2, flags.begin() + 4);
+    flags.insert(flags.end(), c.extra.begin(), c.extra.end());
+    auto [exit, out] = RunWorkerWithFlags(flags);
+    EXPECT_EQ(exit, "exit code 2") << out;
+    EXPECT_NE(out.find(c.flag), std::string::npos) << out;
+  }
 }
 
 }  // namespace

@@ -39,9 +39,9 @@ struct CheckpointState {
   int64_t global_step = 0;      // Names the step directory.
   bool stage_complete = false;  // True for the stage-end checkpoint.
   std::string spec_hash;        // spec::SpecHash of the job that wrote it.
-  // "model/<hf name>", "optim/exp_avg/<hf name>", ..., rng state as uint8 tensors.
-  // Names must be unique. Supported dtypes: float32/64, float16, bfloat16, int64/32,
-  // int16, int8, uint8, bool. Loaded tensors are contiguous CPU tensors.
+  // "model/<hf name>", "optim/exp_avg/<hf name>", ... (no RNG state: training has
+  // none, see docs/CHECKPOINTS.md). Names must be unique. Supported dtypes: float32/64, float16,
+  // bfloat16, int64/32, int16, int8, uint8, bool. Loaded tensors are contiguous CPU tensors.
   std::vector<NamedTensor> tensors;
   nlohmann::json extra = nlohmann::json::object();  // Free-form metadata.
 };

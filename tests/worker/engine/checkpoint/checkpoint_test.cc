@@ -13,23 +13,14 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/testing/temp_dir.h"
+
 namespace ulysses::engine {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "ulysses-ckpt-XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ::ulysses::testing::TempDir;
 
 // A reusable barrier for `n` threads; `hook(k)` runs on the last arriver of the k-th
 // barrier (0-based) before anyone is released.
@@ -72,7 +63,7 @@ CheckpointState MakeState(int64_t step, uint64_t seed = 1) {
   s.tensors = {{"model/model.embed_tokens.weight", torch::randn({17, 8})},
                {"optim/exp_avg/model.norm.weight", torch::randn({8}, torch::kFloat64)},
                {"optim/step", torch::tensor({step}, torch::kInt64)},
-               {"rng/cpu", torch::randint(0, 255, {33}, torch::kUInt8)},
+               {"extra/bytes", torch::randint(0, 255, {33}, torch::kUInt8)},
                {"model/empty", torch::zeros({0, 4})},
                {"model/half", torch::randn({3, 5}).to(torch::kBFloat16)},
                {"model/lm_head.weight", torch::randn({17, 8}).t()}};  // non-contiguous

@@ -12,21 +12,12 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/testing/temp_dir.h"
+
 namespace ulysses::engine {
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "ulysses-data-XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using ::ulysses::testing::TempDir;
 
 void WriteTokens(const std::string& path, const std::vector<uint32_t>& tokens) {
   std::ofstream out(path, std::ios::binary);
@@ -41,8 +32,8 @@ std::vector<uint32_t> Iota(uint32_t n, uint32_t mod) {
 
 TEST(FileTokenDatasetTest, TrainEpochIsAPermutationOfWindows) {
   TempDir dir;
-  WriteTokens(dir.File("t.bin"), Iota(1001, 1 << 30));
-  auto ds = OpenTokenFile(dir.File("t.bin"), Split::kTrain, 1 << 30, 7);
+  WriteTokens(dir.Sub("t.bin"), Iota(1001, 1 << 30));
+  auto ds = OpenTokenFile(dir.Sub("t.bin"), Split::kTrain, 1 << 30, 7);
   ASSERT_TRUE(ds.ok()) << ds.status();
   const int64_t s = 10;
   const int64_t count = (*ds)->NumSequences(s);
@@ -79,8 +70,8 @@ TEST(FileTokenDatasetTest, TrainEpochIsAPermutationOfWindows) {
 
 TEST(FileTokenDatasetTest, ValidationWindowsAndMaskedFinalTarget) {
   TempDir dir;
-  WriteTokens(dir.File("v.bin"), Iota(40, 1000));
-  auto ds = OpenTokenFile(dir.File("v.bin"), Split::kValidation, 1000, 7);
+  WriteTokens(dir.Sub("v.bin"), Iota(40, 1000));
+  auto ds = OpenTokenFile(dir.Sub("v.bin"), Split::kValidation, 1000, 7);
   ASSERT_TRUE(ds.ok());
   EXPECT_EQ((*ds)->NumSequences(10), 4);
   EXPECT_EQ((*ds)->NumSequences(16), 2);  // partial last window dropped
@@ -100,20 +91,20 @@ TEST(FileTokenDatasetTest, ValidationWindowsAndMaskedFinalTarget) {
 
 TEST(FileTokenDatasetTest, Errors) {
   TempDir dir;
-  auto missing = OpenTokenFile(dir.File("nope.bin"), Split::kTrain, 100, 1);
+  auto missing = OpenTokenFile(dir.Sub("nope.bin"), Split::kTrain, 100, 1);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("nope.bin"), std::string::npos);
 
-  { std::ofstream(dir.File("odd.bin"), std::ios::binary) << "abcdefg"; }
-  auto odd = OpenTokenFile(dir.File("odd.bin"), Split::kTrain, 100, 1);
+  { std::ofstream(dir.Sub("odd.bin"), std::ios::binary) << "abcdefg"; }
+  auto odd = OpenTokenFile(dir.Sub("odd.bin"), Split::kTrain, 100, 1);
   ASSERT_FALSE(odd.ok());
   EXPECT_NE(odd.status().message().find("7 bytes, not a multiple of 4"), std::string::npos)
       << odd.status();
 
   std::vector<uint32_t> tokens = Iota(64, 50);
   tokens[37] = 5000;
-  WriteTokens(dir.File("big.bin"), tokens);
-  auto big = OpenTokenFile(dir.File("big.bin"), Split::kValidation, 100, 1);
+  WriteTokens(dir.Sub("big.bin"), tokens);
+  auto big = OpenTokenFile(dir.Sub("big.bin"), Split::kValidation, 100, 1);
   ASSERT_TRUE(big.ok());
   EXPECT_TRUE((*big)->Get(0, 32).ok());
   auto bad = (*big)->Get(1, 32);
@@ -123,8 +114,8 @@ TEST(FileTokenDatasetTest, Errors) {
       << bad.status();
   EXPECT_NE(bad.status().message().find("big.bin"), std::string::npos);
 
-  WriteTokens(dir.File("short.bin"), Iota(8, 50));
-  auto shrt = OpenTokenFile(dir.File("short.bin"), Split::kTrain, 100, 1);
+  WriteTokens(dir.Sub("short.bin"), Iota(8, 50));
+  auto shrt = OpenTokenFile(dir.Sub("short.bin"), Split::kTrain, 100, 1);
   ASSERT_TRUE(shrt.ok());
   auto too_short = (*shrt)->Get(0, 8);
   ASSERT_FALSE(too_short.ok());

@@ -10,7 +10,7 @@
 #include <string>
 #include <tuple>
 
-#include "tests/worker/engine/parallel/multiprocess.h"
+#include "tests/testing/rank_processes.h"
 
 namespace ulysses::engine {
 namespace {
@@ -149,4 +149,4 @@ int Dispatch(const testing::ChildEnv& env) {
 }  // namespace
 }  // namespace ulysses::engine
 
-ULYSSES_PARALLEL_CHILD_MAIN(ulysses::engine::Dispatch);
+ULYSSES_RANK_CHILD_MAIN(ulysses::engine::Dispatch);

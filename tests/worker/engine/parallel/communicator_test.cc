@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string>
 
-#include "tests/worker/engine/parallel/multiprocess.h"
+#include "tests/testing/rank_processes.h"
 #ifdef ULYSSES_HAVE_CUDA
 #include "worker/engine/parallel/nccl_communicator.h"
 #endif
@@ -282,13 +282,17 @@ TEST(CommunicatorTest, ConfigValidationNamesFieldValueAndFix) {
   EXPECT_TRUE(ValidateCommConfig(c).ok());
 }
 
-// NCCL needs a CUDA device and a CUDA libtorch; here (CPU) the test skips.
+// NCCL needs a CUDA build, a CUDA libtorch and a GPU. CI machines have none, so
+// there this test skips, and ctest shows its own entry (communicator_test_nccl, see
+// tests/worker/engine/parallel/CMakeLists.txt) as "Skipped"; it runs on the GPU machine.
 TEST(CommunicatorTest, NcclWorldOfOneOnGpu) {
 #ifndef ULYSSES_HAVE_CUDA
-  GTEST_SKIP() << "built without CUDA/NCCL";
+  GTEST_SKIP() << "built without CUDA/NCCL (nccl.h and a CUDA toolkit were not found at "
+                  "configure time): the NCCL communicator is tested only on a GPU machine";
 #else
   if (internal::CudaDeviceCount() == 0 || !torch::cuda::is_available()) {
-    GTEST_SKIP() << "no CUDA device (or CPU-only libtorch)";
+    GTEST_SKIP() << "no CUDA device visible, or libtorch was built without CUDA: the NCCL "
+                    "communicator is tested only on a GPU machine";
   }
   CommConfig config;
   config.backend = "nccl";
@@ -309,4 +313,4 @@ TEST(CommunicatorTest, NcclWorldOfOneOnGpu) {
 }  // namespace
 }  // namespace ulysses::engine
 
-ULYSSES_PARALLEL_CHILD_MAIN(ulysses::engine::Dispatch);
+ULYSSES_RANK_CHILD_MAIN(ulysses::engine::Dispatch);

@@ -10,7 +10,7 @@
 #include <sstream>
 #include <string>
 
-#include "tests/worker/engine/parallel/multiprocess.h"
+#include "tests/testing/rank_processes.h"
 
 namespace ulysses::engine {
 namespace {
@@ -139,4 +139,4 @@ TEST(UlyssesAttentionTest, CheckUlyssesHeadsRule) {
 }  // namespace
 }  // namespace ulysses::engine
 
-ULYSSES_PARALLEL_CHILD_MAIN(ulysses::engine::Dispatch);
+ULYSSES_RANK_CHILD_MAIN(ulysses::engine::Dispatch);

@@ -6,27 +6,20 @@
 // tiled MLP at sp 4 (recompute with collectives inside the reentrant backward).
 // The token count check fails if shard-boundary labels are dropped.
 //
-// Children are this binary re-executed with ULYSSES_SPX_ROLE set (dispatched from
-// a static initializer before gtest starts).
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
+// Ranks are this binary re-executed (tests/testing/rank_processes.h).
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdlib>
-#include <filesystem>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "tests/testing/rank_processes.h"
+#include "tests/testing/temp_dir.h"
 #include "worker/engine/data/sharding.h"
 #include "worker/engine/model/llama.h"
 #include "worker/engine/parallel/communicator.h"
-#include "worker/engine/parallel/rendezvous_port.h"
 #include "worker/engine/parallel/ulysses_attention.h"
-#include "worker/engine/train/launcher.h"
 
 namespace ulysses::engine::train {
 namespace {
@@ -50,14 +43,14 @@ int Getenv(const char* name, int def) {
 }
 
 // Child: one rank. Writes [loss, count, grads...] (rank 0) to ULYSSES_SPX_OUT.
-int ChildMain() {
-  const int rank = Getenv("ULYSSES_SPX_RANK", 0), world = Getenv("ULYSSES_SPX_WORLD", 1);
+int ChildMain(const ::ulysses::testing::ChildEnv& env) {
+  const int rank = env.rank, world = env.world;
   const bool memopts = Getenv("ULYSSES_SPX_MEMOPTS", 0) != 0;
   CommConfig comm;
   comm.rank = rank;
   comm.world_size = world;
   comm.sp_size = world;
-  comm.master_port = Getenv("ULYSSES_SPX_PORT", 0);
+  comm.master_port = env.port;
   auto groups = CreateProcessGroups(comm);
   if (!groups.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, std::string(groups.status().message()).c_str());
@@ -102,53 +95,27 @@ int ChildMain() {
   return 0;
 }
 
-struct ChildDispatch {
-  ChildDispatch() {
-    if (std::getenv("ULYSSES_SPX_ROLE") != nullptr) std::_Exit(ChildMain());
-  }
-} child_dispatch;
+ULYSSES_RANK_CHILD_MAIN(ChildMain);
 
 // Runs `world` ranks; returns [loss_sum/count..., grads] from rank 0.
 std::vector<torch::Tensor> RunRanks(int world, bool memopts) {
-  auto port = PickRendezvousPort();
-  EXPECT_TRUE(port.ok());
-  std::string out = (std::filesystem::temp_directory_path() /
-                     ("spx-" + std::to_string(getpid()) + "-" + std::to_string(world) + ".pt"))
-                        .string();
-  std::vector<pid_t> pids;
+  ::ulysses::testing::TempDir dir("ulysses-spx");
+  const std::string out = dir.Sub("result.pt");
+  const auto results = ::ulysses::testing::RunChildren(
+      "rank", world, std::chrono::seconds(90),
+      {"ULYSSES_SPX_OUT=" + out, std::string("ULYSSES_SPX_MEMOPTS=") + (memopts ? "1" : "0")});
+  bool ok = true;
   for (int r = 0; r < world; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      setenv("ULYSSES_SPX_ROLE", "rank", 1);
-      setenv("ULYSSES_SPX_RANK", std::to_string(r).c_str(), 1);
-      setenv("ULYSSES_SPX_WORLD", std::to_string(world).c_str(), 1);
-      setenv("ULYSSES_SPX_PORT", std::to_string(*port).c_str(), 1);
-      setenv("ULYSSES_SPX_OUT", out.c_str(), 1);
-      setenv("ULYSSES_SPX_MEMOPTS", memopts ? "1" : "0", 1);
-      std::string self = SelfExe();
-      execl(self.c_str(), self.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  for (pid_t pid : pids) {
-    int status = 0;
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        for (pid_t p : pids) kill(p, SIGKILL);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank exit status " << status;
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " of " << world;
+    ok = ok && results[r].exit_code == 0;
   }
   std::vector<torch::Tensor> result;
-  torch::load(result, out);
-  std::filesystem::remove(out);
+  if (ok) torch::load(result, out);
   return result;
 }
 
 void ExpectEqualResults(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  ASSERT_FALSE(a.empty() || b.empty()) << "a run failed (see the rank exit codes above)";
   ASSERT_EQ(a.size(), b.size());
   // Every label kept, including the one at each shard boundary.
   EXPECT_EQ(a[0][1].item<double>(), kSeq);

@@ -1,10 +1,12 @@
-// Test helper: runs N copies of the current test binary as child processes ("ranks").
+// Rank processes for multi-rank tests: runs N copies of the current test binary as child
+// processes ("ranks") that rendezvous on one loopback port (Gloo over 127.0.0.1).
 //
 // The child role is chosen by environment variables and dispatched from a static initializer
-// (ULYSSES_PARALLEL_CHILD_MAIN below) before gtest or any torch thread pool starts, so children are
-// fresh processes (exec, not fork of a threaded parent).
-#ifndef ULYSSES_TESTS_WORKER_ENGINE_PARALLEL_MULTIPROCESS_H_
-#define ULYSSES_TESTS_WORKER_ENGINE_PARALLEL_MULTIPROCESS_H_
+// (ULYSSES_RANK_CHILD_MAIN below) before gtest or any torch thread pool starts, so children are
+// fresh processes (exec, not fork of a threaded parent). Used by the parallel tests and
+// sp_exactness_test; the one place that spawns, waits for and reaps rank processes in tests.
+#ifndef ULYSSES_TESTS_TESTING_RANK_PROCESSES_H_
+#define ULYSSES_TESTS_TESTING_RANK_PROCESSES_H_
 
 #include <chrono>
 #include <cstdio>
@@ -54,7 +56,7 @@ ChildEnv ReadChildEnv();
   } while (0)
 
 // Defines a static initializer that, in a child, runs dispatch(env) and exits with its result.
-#define ULYSSES_PARALLEL_CHILD_MAIN(dispatch)                              \
+#define ULYSSES_RANK_CHILD_MAIN(dispatch)                              \
   static const int ulysses_child_main_ = [] {                              \
     ::ulysses::testing::ChildEnv env = ::ulysses::testing::ReadChildEnv(); \
     if (env.scenario.empty()) return 0;                                    \
@@ -64,4 +66,4 @@ ChildEnv ReadChildEnv();
     std::_Exit(code);                                                      \
   }()
 
-#endif  // ULYSSES_TESTS_WORKER_ENGINE_PARALLEL_MULTIPROCESS_H_
+#endif  // ULYSSES_TESTS_TESTING_RANK_PROCESSES_H_

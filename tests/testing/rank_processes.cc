@@ -1,4 +1,4 @@
-#include "tests/worker/engine/parallel/multiprocess.h"
+#include "tests/testing/rank_processes.h"
 
 #include <signal.h>
 #include <spawn.h>
@@ -19,7 +19,7 @@ namespace ulysses::testing {
 int FreePort() {
   absl::StatusOr<int> port = engine::PickRendezvousPort();
   if (!port.ok()) {
-    std::cerr << "multiprocess: " << port.status() << "\n";
+    std::cerr << "rank_processes: " << port.status() << "\n";
     std::abort();
   }
   return *port;

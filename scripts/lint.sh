@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Lint: the clang-format check over the whole tree, then clang-tidy over changed files.
+#
+#   scripts/lint.sh                 format check + clang-tidy on the C++ files changed since
+#                                   the merge-base with main (committed, staged, unstaged,
+#                                   untracked)
+#   scripts/lint.sh FILE...         format check + clang-tidy on these files
+#   scripts/lint.sh --format-only   only the format check (what CI runs: a few seconds)
+#   BASE=origin/main scripts/lint.sh    compare with another base
+#
+# Format: every tracked *.cc, *.h and *.proto must be unchanged by `clang-format`
+# (.clang-format); fix with `clang-format -i FILE`. clang-tidy uses .clang-tidy and
+# $BUILD_DIR/compile_commands.json (configure first, see scripts/bootstrap.sh); a changed
+# header is checked through its .cc (or, failing that, through a source that includes it).
+# Exits 1 if anything is reported.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/build_env.sh
+
+format_only=0
+if [ "${1:-}" = "--format-only" ]; then
+  format_only=1
+  shift
+fi
+
+status=0
+
+# --- clang-format over every tracked C/C++/proto file --------------------------------------
+mapfile -t tracked < <(git ls-files -- '*.cc' '*.h' '*.proto' | while read -r f; do
+  [ -f "$f" ] && echo "$f"  # Not those deleted in the work tree.
+done)
+# One clang-format process for all files; each difference is reported as
+# "FILE:LINE:COL: error: code should be clang-formatted".
+mapfile -t unformatted < <(clang-format --dry-run -Werror "${tracked[@]}" 2>&1 |
+  sed -n 's/^\([^:]*\):[0-9]*:[0-9]*: error: code should be clang-formatted.*/\1/p' | sort -u)
+if [ ${#unformatted[@]} -gt 0 ]; then
+  echo "lint: ${#unformatted[@]} file(s) not clang-formatted (fix: clang-format -i FILE):"
+  printf '  %s\n' "${unformatted[@]}"
+  status=1
+else
+  echo "lint: clang-format: ${#tracked[@]} files clean"
+fi
+[ "$format_only" = 1 ] && exit "$status"
+
+# --- clang-tidy over changed (or given) C++ files ------------------------------------------
+db="$BUILD_DIR/compile_commands.json"
+if [ ! -f "$db" ]; then
+  echo "lint: $db missing: configure the build first (scripts/bootstrap.sh --no-build, then cmake)"
+  exit 1
+fi
+if [ $# -gt 0 ]; then
+  files=("$@")
+else
+  base=$(git merge-base "${BASE:-main}" HEAD)
+  mapfile -t files < <({ git diff --name-only --diff-filter=d "$base" -- '*.cc' '*.h';
+                         git ls-files --others --exclude-standard -- '*.cc' '*.h'; } | sort -u)
+fi
+
+# Sources in the compilation database, relative to the checkout.
+mapfile -t compiled < <(python3 - "$db" "$PWD" "$BUILD_DIR" <<'EOF'
+import json, os, sys
+db, root, build = sys.argv[1], sys.argv[2], os.path.normpath(sys.argv[3])
+for entry in json.load(open(db)):
+    rel = os.path.relpath(os.path.join(entry["directory"], entry["file"]), root)
+    if not rel.startswith("..") and not rel.startswith(build + os.sep):  # Generated code.
+        print(rel)
+EOF
+)
+in_db() { printf '%s\n' "${compiled[@]}" | grep -qxF "$1"; }
+
+units=()
+for f in "${files[@]}"; do
+  case "$f" in
+    *.cc)
+      if in_db "$f"; then units+=("$f"); else echo "lint: $f is not in $db (not built here); skipped"; fi
+      ;;
+    *.h)
+      sibling="${f%.h}.cc"
+      if in_db "$sibling"; then
+        units+=("$sibling")
+      else
+        includer=$(printf '%s\n' "${compiled[@]}" | while read -r c; do
+          if grep -qF "#include \"$f\"" "$c" 2>/dev/null; then echo "$c"; break; fi
+        done)
+        if [ -n "$includer" ]; then units+=("$includer"); else echo "lint: no built source includes $f; skipped"; fi
+      fi
+      ;;
+  esac
+done
+mapfile -t units < <(printf '%s\n' "${units[@]}" | sort -u | sed '/^$/d')
+if [ ${#units[@]} -eq 0 ]; then
+  echo "lint: clang-tidy: no changed C++ sources"
+  exit "$status"
+fi
+echo "lint: clang-tidy on ${#units[@]} file(s)"
+for u in "${units[@]}"; do
+  # --quiet drops the "N warnings generated" lines; warnings from system headers are not shown.
+  out=$(clang-tidy --quiet -p "$BUILD_DIR" "$u" 2>/dev/null || true)
+  if echo "$out" | grep -qE '(warning|error):'; then
+    echo "$out"
+    status=1
+  fi
+done
+[ "$status" = 0 ] && echo "lint: clean"
+exit "$status"

@@ -1,0 +1,46 @@
+// TempDir: a fresh directory for one test, removed (with everything in it) when the
+// object goes out of scope. Not thread-safe to construct concurrently with a
+// chdir(); otherwise a plain value owner (not copyable).
+#ifndef ULYSSES_TESTS_TESTING_TEMP_DIR_H_
+#define ULYSSES_TESTS_TESTING_TEMP_DIR_H_
+
+#include <stdlib.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <system_error>
+
+namespace ulysses::testing {
+
+class TempDir {
+ public:
+  // $TMPDIR/<prefix>-XXXXXX (mkdtemp). Aborts when no directory can be made: no test
+  // can go on without one.
+  explicit TempDir(const std::string& prefix = "ulysses-test") {
+    std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+    if (mkdtemp(tmpl.data()) == nullptr) {
+      std::perror(("TempDir: mkdtemp " + tmpl).c_str());
+      std::abort();
+    }
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;  // Best effort: a test may have made something unremovable.
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  // path()/name (not created).
+  std::string Sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace ulysses::testing
+
+#endif  // ULYSSES_TESTS_TESTING_TEMP_DIR_H_
