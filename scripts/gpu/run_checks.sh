@@ -15,8 +15,8 @@
 #   profile   one 32k engine step under the Kineto profiler          -> profile_32k.json
 #   hfmax     longest sequence transformers trains at                -> results.jsonl
 #   maxseq    longest sequence the engine trains at (all memory features on) -> results.jsonl
-# Every record in results.jsonl carries "bench" (engine | hf), the git commit ($COMMIT or git)
-# and the command that produced it. A failed step is reported and the next one still runs; the
+# Every record in results.jsonl carries "bench" (engine | hf), the git commit ($COMMIT or git),
+# the GPU's name (nvidia-smi) and the command that produced it. A failed step is reported and the next one still runs; the
 # exit code is non-zero if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,6 +29,7 @@ PY=${PYTHON:-python3}
 BUILD=${BUILD_DIR:-build-gpu}
 COMMIT=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 SEQS=${SEQS:-8192,32768,131072}
+GPU_NAME=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null || echo unknown)}
 export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 failed=0
 
@@ -39,15 +40,15 @@ record() {
   echo "run_checks: $*" >&2
   "$@" | "$PY" -c '
 import json, sys
-bench, commit, cmd = sys.argv[1], sys.argv[2], sys.argv[3]
+bench, commit, cmd, gpu = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 for line in sys.stdin:
     line = line.strip()
     if not line.startswith("{"):
         continue
     rec = json.loads(line)
-    rec.update(bench=bench, commit=commit, command=cmd)
+    rec.update(bench=bench, commit=commit, command=cmd, gpu=gpu)
     print(json.dumps(rec), flush=True)
-' "$bench" "$COMMIT" "$*" | tee -a "$RESULTS/results.jsonl"
+' "$bench" "$COMMIT" "$*" "$GPU_NAME" | tee -a "$RESULTS/results.jsonl"
   return "${PIPESTATUS[0]}"
 }
 
