@@ -33,6 +33,25 @@ absl::StatusOr<std::string> SafetensorsDtype(torch::ScalarType t) {
       absl::StrCat("dtype ", c10::toString(t), " has no safetensors equivalent"));
 }
 
+// HF's torch_dtype names of the dtypes a directory can be written in.
+absl::StatusOr<std::string> HfDtypeName(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32:
+      return std::string("float32");
+    case torch::kBFloat16:
+      return std::string("bfloat16");
+    case torch::kFloat16:
+      return std::string("float16");
+    case torch::kFloat64:
+      return std::string("float64");
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype ", c10::toString(t),
+                       " is not a weight dtype (float32, bfloat16, float16 or "
+                       "float64)"));
+  }
+}
+
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
@@ -268,10 +287,11 @@ absl::StatusOr<spec::ModelShape> ReadHfConfig(const std::string& dir) {
 }
 
 absl::Status WriteHfDirectory(const std::string& dir, const spec::ModelShape& model,
-                              const std::vector<NamedTensor>& weights) {
+                              const std::vector<NamedTensor>& weights, torch::ScalarType dtype) {
+  ASSIGN_OR_RETURN(const std::string dtype_name, HfDtypeName(dtype));
   const auto expected = HfLlamaShapes(model);
   std::set<std::string> seen;
-  std::vector<NamedTensor> f32;
+  std::vector<NamedTensor> converted;
   for (const NamedTensor& nt : weights) {
     auto it = expected.find(nt.name);
     if (it == expected.end()) {
@@ -291,7 +311,16 @@ absl::Status WriteHfDirectory(const std::string& dir, const spec::ModelShape& mo
                                                      ", expected a floating-point type"));
     }
     seen.insert(nt.name);
-    f32.push_back({nt.name, nt.tensor.detach().to(torch::kCPU, torch::kFloat32)});
+    torch::Tensor source = nt.tensor.detach().to(torch::kCPU);
+    torch::Tensor out = source.to(dtype);
+    // Narrowing must not turn a finite weight into inf (float16 tops out at 65504).
+    if (!out.isfinite().equal(source.isfinite())) {
+      const double largest = source.masked_select(source.isfinite()).abs().max().item<double>();
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", nt.name, " has a value of magnitude ", largest, " that ",
+                       dtype_name, " cannot hold (export as bfloat16 or float32)"));
+    }
+    converted.push_back({nt.name, out});
   }
   for (const auto& [name, shape] : expected) {
     if (!seen.count(name))
@@ -313,13 +342,13 @@ absl::Status WriteHfDirectory(const std::string& dir, const spec::ModelShape& mo
       {"initializer_range", 0.02},
       {"pretraining_tp", 1},
       {"use_cache", true},
-      {"torch_dtype", "float32"},
+      {"torch_dtype", dtype_name},
       {"max_position_embeddings", 131072},
       {"bos_token_id", 1},
       {"eos_token_id", 2},
   });
-  RETURN_IF_ERROR(
-      WriteSafetensors((fs::path(dir) / "model.safetensors").string(), f32, {{"format", "pt"}}));
+  RETURN_IF_ERROR(WriteSafetensors((fs::path(dir) / "model.safetensors").string(), converted,
+                                   {{"format", "pt"}}));
   const std::string text = config.dump(2) + "\n";
   return WriteAtomically((fs::path(dir) / "config.json").string(), [&](std::ofstream& out) {
     out << text;

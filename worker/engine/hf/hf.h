@@ -3,7 +3,7 @@
 // Reads config.json (LlamaConfig names) into spec::ModelShape, loads every
 // *.safetensors file of a directory (or the files named by
 // model.safetensors.index.json) converting F32/F16/BF16/F64 weights to float32,
-// and writes a directory (config.json + model.safetensors in F32) that
+// and writes a directory (config.json + model.safetensors in F32, BF16, F16 or F64) that
 // transformers.LlamaForCausalLM.from_pretrained and scripts/reference_llama.py load.
 //
 // Stateless and thread-safe. Errors name the file and, for tensor problems, the
@@ -40,12 +40,16 @@ absl::StatusOr<spec::ModelShape> ReadHfConfig(const std::string& dir);
 // All tensors of dir's safetensors files, as contiguous float32 CPU tensors, sorted by name.
 absl::StatusOr<std::vector<NamedTensor>> LoadHfWeights(const std::string& dir);
 
-// config.json + model.safetensors (F32). `weights` must be exactly the HF Llama
-// parameters of `model` (HfLlamaShapes), else InvalidArgument naming the tensor.
-// config.json holds spec::ModelShapeToJson(model) (rope_scaling included) and the HF
-// architecture keys.
+// config.json + model.safetensors with every weight converted to `dtype` (float32,
+// bfloat16, float16 or float64; config.json's torch_dtype says which). `weights` must be
+// exactly the HF Llama parameters of `model` (HfLlamaShapes), else InvalidArgument naming
+// the tensor; a finite weight that `dtype` cannot hold (beyond float16's range) is
+// InvalidArgument naming the tensor and its largest magnitude. Everything is checked and
+// converted before the directory is created. config.json holds spec::ModelShapeToJson(model)
+// (rope_scaling included) and the HF architecture keys.
 absl::Status WriteHfDirectory(const std::string& dir, const spec::ModelShape& model,
-                              const std::vector<NamedTensor>& weights);
+                              const std::vector<NamedTensor>& weights,
+                              torch::ScalarType dtype = torch::kFloat32);
 
 // The HF Llama parameter names and shapes for `model` (lm_head.weight absent when tied).
 std::map<std::string, std::vector<int64_t>> HfLlamaShapes(const spec::ModelShape& model);

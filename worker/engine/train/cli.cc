@@ -31,7 +31,7 @@ constexpr char kUsage[] =
     " [--set spec.path=value ...]\n"
     "  ulysses-train eval   -f JOB.yaml [--nproc N] [--checkpoint DIR | --init-from HFDIR]"
     " [--seq-len T]\n"
-    "  ulysses-train export --checkpoint DIR --hf-out DIR\n"
+    "  ulysses-train export --checkpoint DIR --hf-out DIR [--dtype bf16|fp16|fp32|fp64]\n"
     "  ulysses-train rank   -f JOB.yaml --out DIR --stage I --rank R --world-size W"
     " --master-addr HOST --master-port PORT [--device cpu|cuda:N] [--backend auto|gloo|nccl]"
     " [--set ...]\n";
@@ -285,12 +285,24 @@ int EvalCommand(int argc, char** argv) {
 }
 
 int ExportCommand(int argc, char** argv) {
-  OR_FAIL(f, ParseFlags(argc, argv, 2, {"--checkpoint", "--hf-out"}));
+  OR_FAIL(f, ParseFlags(argc, argv, 2, {"--checkpoint", "--hf-out", "--dtype"}));
+  ExportOptions o;
+  o.dtype = f.Get("--dtype");
+  if (f.Has("--dtype") && o.dtype.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "--dtype: '' is not an export dtype (use bf16, fp16, fp32 or fp64, or leave it out)"));
+  }
   OR_FAIL(ckpt, Required(f, "--checkpoint"));
   OR_FAIL(out, Required(f, "--hf-out"));
-  absl::Status s = ExportCheckpoint(ckpt, out);
-  if (!s.ok()) return Fail(s);
-  std::cout << nlohmann::json{{"hf_out", out}}.dump() << std::endl;
+  o.checkpoint = ckpt;
+  o.hf_out = out;
+  OR_FAIL(result, ExportCheckpoint(o));
+  std::cout << nlohmann::json{{"hf_out", out},
+                              {"dtype", result.dtype},
+                              {"tensors", result.tensors},
+                              {"from_masters", result.from_masters}}
+                   .dump()
+            << std::endl;
   return contract::kExitOk;
 }
 

@@ -3,7 +3,7 @@
 // worker agent runs, see docs/API.md):
 //   train  -f JOB.yaml [--nproc N] [--out DIR] [--set spec.path=value ...]
 //   eval   -f JOB.yaml [--nproc N] [--checkpoint DIR | --init-from HFDIR] [--seq-len T]
-//   export --checkpoint DIR --hf-out DIR
+//   export --checkpoint DIR --hf-out DIR [--dtype bf16|fp16|fp32|fp64]
 //   rank   -f JOB.yaml --out DIR --stage I --rank R --world-size W --master-addr HOST
 //          --master-port PORT [--device cpu|cuda:N] [--set ...]
 // Returns the process exit code (common/contract/exit.h: 0 ok, 75 preempted, 2 bad

@@ -84,9 +84,28 @@ std::string CheckpointRoot(const spec::JobSpec& spec, const std::string& out_dir
 // stage when it is mid-stage, the next one when it completed its stage.
 absl::StatusOr<int> FirstStageToRun(const spec::JobSpec& spec, const std::string& out_dir);
 
-// Writes a committed checkpoint's model weights as an HF directory (config.json +
-// model.safetensors). Refuses to overwrite a non-empty hf_out.
-absl::Status ExportCheckpoint(const std::string& checkpoint_dir, const std::string& hf_out);
+// `ulysses-train export`: a committed checkpoint's model weights as an HF directory.
+struct ExportOptions {
+  std::string checkpoint;  // --checkpoint DIR: a committed step directory
+  std::string hf_out;      // --hf-out DIR: must be absent or empty
+  // --dtype: bf16 | fp16 | fp32 | fp64, or the spec.model.dtype spellings bfloat16 | float16 |
+  // float32 | float64. "" = the job's spec.model.dtype (the checkpoint's extra.dtype).
+  std::string dtype;
+};
+
+struct ExportResult {
+  std::string dtype;         // what was written: float32 | bfloat16 | float16 | float64
+  int64_t tensors = 0;       // weights written
+  int64_t from_masters = 0;  // of them, taken from the fp32 masters (optim/master/<name>)
+};
+
+// Writes config.json + model.safetensors in the chosen dtype. A weight is taken from its fp32
+// master (optimizer.h, kMasterPrefix) when the checkpoint holds one and the chosen dtype is not
+// the weight's own: so an fp32 export of a bf16 job is the masters bit for bit, and an fp16
+// export rounds the masters once. In the weight's own dtype the stored weights are written as
+// trained. Checks --dtype before reading anything and refuses a non-empty hf_out; nothing is
+// written on an error except a partial hf_out after a failed write (hf.h).
+absl::StatusOr<ExportResult> ExportCheckpoint(const ExportOptions& options);
 
 }  // namespace ulysses::engine::train
 

@@ -117,7 +117,7 @@ std::vector<std::pair<std::string, torch::Tensor>> AdamW::StateTensors() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (const auto& [name, t] : exp_avg_) out.emplace_back("optim/exp_avg/" + name, t);
   for (const auto& [name, t] : exp_avg_sq_) out.emplace_back("optim/exp_avg_sq/" + name, t);
-  for (const auto& [name, t] : master_) out.emplace_back("optim/master/" + name, t);
+  for (const auto& [name, t] : master_) out.emplace_back(kMasterPrefix + name, t);
   return out;
 }
 
@@ -131,11 +131,11 @@ absl::Status AdamW::LoadState(const NamedParams& params,
   if (step_count == 0) return absl::OkStatus();
   for (const auto& [name, p] : params) {
     if (IsLowPrecision(p)) {
-      auto it = tensors.find("optim/master/" + name);
+      auto it = tensors.find(kMasterPrefix + name);
       if (it != tensors.end()) {
         if (it->second.sizes() != p.sizes()) {
           return absl::InvalidArgumentError(
-              absl::StrCat("checkpoint: optim/master/", name, " has shape ",
+              absl::StrCat("checkpoint: ", kMasterPrefix, name, " has shape ",
                            c10::str(it->second.sizes()), ", parameter has ", c10::str(p.sizes())));
         }
         master_[name] = it->second.to(p.device(), torch::kFloat).clone();

@@ -31,6 +31,9 @@ namespace ulysses::engine::train {
 
 using NamedParams = std::vector<std::pair<std::string, torch::Tensor>>;
 
+// Checkpoint name prefix of the fp32 master of a low-precision parameter: "optim/master/<name>".
+inline constexpr char kMasterPrefix[] = "optim/master/";
+
 struct AdamWConfig {
   double beta1 = 0.9;
   double beta2 = 0.95;

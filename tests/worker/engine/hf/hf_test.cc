@@ -6,8 +6,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "tests/testing/temp_dir.h"
 
@@ -75,6 +79,61 @@ TEST(HfTest, RoundTripDirectory) {
     }
     EXPECT_EQ(tied, !by_name.count("lm_head.weight"));
   }
+}
+
+// The writer converts every weight to the dtype asked for and says so in config.json.
+TEST(HfTest, WritesTheDtypeAskedFor) {
+  TempDir dir;
+  const spec::ModelSpec m = TinyModel(false);
+  const auto weights = RandomWeights(m, 0.02);
+  const std::map<torch::ScalarType, std::pair<std::string, std::string>> cases = {
+      {torch::kFloat32, {"F32", "float32"}},
+      {torch::kBFloat16, {"BF16", "bfloat16"}},
+      {torch::kFloat16, {"F16", "float16"}},
+      {torch::kFloat64, {"F64", "float64"}}};
+  for (const auto& [dtype, names] : cases) {
+    const std::string out = dir.Sub(names.second);
+    ASSERT_TRUE(WriteHfDirectory(out, m, weights, dtype).ok()) << names.second;
+    std::ifstream config_file(out + "/config.json");
+    const nlohmann::json config = nlohmann::json::parse(config_file);
+    EXPECT_EQ(config["torch_dtype"], names.second);
+    auto stored = ReadSafetensors(out + "/model.safetensors");
+    ASSERT_TRUE(stored.ok()) << stored.status();
+    ASSERT_EQ(stored->size(), weights.size());
+    std::map<std::string, torch::Tensor> by_name;
+    for (const auto& nt : weights) by_name[nt.name] = nt.tensor;
+    for (const auto& nt : *stored) {
+      EXPECT_EQ(nt.tensor.scalar_type(), dtype) << names.first << " " << nt.name;
+      // Round to nearest, once: the stored value is the float32 weight converted.
+      EXPECT_TRUE(torch::equal(nt.tensor, by_name[nt.name].to(dtype))) << nt.name;
+    }
+  }
+  // bfloat16 keeps 8 mantissa bits: the N(0, 0.02) weights really were rounded.
+  auto bf16 = ReadSafetensors(dir.Sub("bfloat16") + "/model.safetensors");
+  ASSERT_TRUE(bf16.ok());
+  EXPECT_FALSE(torch::equal(bf16->front().tensor.to(torch::kFloat32), weights.front().tensor));
+}
+
+// A weight float16 cannot hold is refused naming the tensor, and nothing is written.
+TEST(HfTest, WeightBeyondFloat16RangeIsRefused) {
+  TempDir dir;
+  const spec::ModelSpec m = TinyModel(false);
+  auto weights = RandomWeights(m, 0.02);
+  weights[1].tensor[0][0] = 1.0e5;  // float16's largest finite value is 65504
+  absl::Status s = WriteHfDirectory(dir.Sub("f16"), m, weights, torch::kFloat16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("tensor " + weights[1].name + " has a value of magnitude 100000"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.message().find("float16 cannot hold"), std::string::npos) << s;
+  EXPECT_FALSE(fs::exists(dir.Sub("f16")));
+  // bfloat16 has float32's range: the same weight exports.
+  EXPECT_TRUE(WriteHfDirectory(dir.Sub("bf16"), m, weights, torch::kBFloat16).ok());
+  // Integer dtypes are not weight dtypes.
+  EXPECT_NE(WriteHfDirectory(dir.Sub("int"), m, weights, torch::kInt32)
+                .message()
+                .find("is not a weight dtype"),
+            std::string::npos);
 }
 
 TEST(HfTest, ReadsBf16F16AndShardedIndex) {

@@ -191,13 +191,14 @@ TEST_F(RopeScalingTest, Llama3ScalingMatchesTheReferenceThroughEvalTrainAndExpor
     ckpt = std::max(ckpt, e.path().string());
   }
   ASSERT_FALSE(ckpt.empty());
-  Result exported =
-      Train({"export", "--checkpoint", ckpt, "--hf-out", (dir_ / "out").string()}, dir_, "export");
+  Result exported = Train(
+      {"export", "--checkpoint", ckpt, "--hf-out", (dir_ / "out").string(), "--dtype", "fp32"},
+      dir_, "export");
   ASSERT_EQ(exported.code, 0) << exported.err;
   const json out = json::parse(ReadFile(dir_ / "out" / "config.json"));
   EXPECT_EQ(out["rope_scaling"], written["rope_scaling"]);
-  // The export is F32 (the checkpoint fp64): the reference and `eval --init-from` read the same
-  // F32 weights and agree exactly; the checkpoint agrees to F32 rounding.
+  // The export is F32 (--dtype; the job is fp64): the reference and `eval --init-from` read the
+  // same F32 weights and agree exactly; the checkpoint agrees to F32 rounding.
   const double exported_ours = EvalLoss(
       Train({"eval", "-f", job, "--init-from", (dir_ / "out").string()}, dir_, "eval-out"));
   const double trained_ref = ReferenceLoss(dir_ / "out", dir_ / "val.bin", dir_, "ref-out");

@@ -1,0 +1,251 @@
+// `ulysses-train export --dtype`, through the ulysses-train binary on checkpoints that real
+// (tiny, 3-step) bf16 and fp32 training runs wrote:
+//   - every --dtype spelling writes that dtype (safetensors and config.json's torch_dtype);
+//   - without --dtype the export is in the job's spec.model.dtype, the stored weights as trained;
+//   - an fp32 export of a bf16 job is the fp32 masters (optim/master/<name>) bit for bit, and not
+//     the bf16 weights upcast; an fp16 export rounds the masters once;
+//   - a bad --dtype is exit 2 naming the flag, the value and the choices, and writes nothing.
+#include <sys/wait.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/testing/temp_dir.h"
+#include "worker/engine/checkpoint/checkpoint.h"
+#include "worker/engine/hf/hf.h"
+
+namespace ulysses::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using ::ulysses::testing::TempDir;
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+// Runs ulysses-train with `args`, stdout/stderr to files under `dir` (tag.out/.err).
+Result Train(const std::vector<std::string>& args, const fs::path& dir, const std::string& tag) {
+  const char* bin_dir = std::getenv("ULYSSES_BIN_DIR");
+  std::string command = std::string(bin_dir != nullptr ? bin_dir : "build/bin") + "/ulysses-train";
+  for (const std::string& a : args) command += " '" + a + "'";
+  const fs::path out = dir / (tag + ".out"), err = dir / (tag + ".err");
+  const int status = std::system((command + " > " + out.string() + " 2> " + err.string()).c_str());
+  Result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = ReadFile(out);
+  r.err = ReadFile(err);
+  return r;
+}
+
+void WriteTokens(const fs::path& path, int64_t n, uint32_t seed) {
+  std::vector<uint32_t> t(n);
+  uint32_t x = seed;
+  for (int64_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    t[i] = (x >> 16) % 64;
+  }
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(n * 4));
+}
+
+// A committed checkpoint of a 3-step run of a tiny model in `dtype`.
+std::string TrainCheckpoint(const fs::path& dir, const std::string& dtype) {
+  const fs::path job = dir / (dtype + ".yaml");
+  std::ofstream(job) << "apiVersion: ulysses/v1\nkind: TrainJob\nmetadata: {name: export}\n"
+                        "spec:\n  model: {vocab_size: 64, hidden_size: 32, intermediate_size: 64, "
+                        "num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, "
+                        "dtype: "
+                     << dtype << "}\n  data: {train: " << (dir / "train.bin").string()
+                     << ", validation: " << (dir / "val.bin").string()
+                     << "}\n  memory: {attention_block_size: 32}\n"
+                        "  optimizer: {lr: 1.0e-3, warmup_steps: 0}\n"
+                        "  stages: [{seq_len: 64, steps: 3}]\n  seed: 5\n";
+  const fs::path out = dir / ("run-" + dtype);
+  Result r = Train({"train", "-f", job.string(), "--out", out.string()}, dir, "train-" + dtype);
+  EXPECT_EQ(r.code, 0) << r.err;
+  std::string ckpt;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(out / "checkpoints", ec)) {
+    ckpt = std::max(ckpt, e.path().string());
+  }
+  EXPECT_FALSE(ckpt.empty()) << "no checkpoint under " << out;
+  return ckpt;
+}
+
+std::map<std::string, torch::Tensor> ByName(const std::vector<NamedTensor>& tensors,
+                                            const std::string& prefix = "") {
+  std::map<std::string, torch::Tensor> out;
+  for (const NamedTensor& t : tensors) {
+    if (t.name.rfind(prefix, 0) == 0) out[t.name.substr(prefix.size())] = t.tensor;
+  }
+  return out;
+}
+
+class ExportTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir("ulysses-export");
+    WriteTokens(fs::path(dir_->path()) / "train.bin", 2048, 1);
+    WriteTokens(fs::path(dir_->path()) / "val.bin", 256, 2);
+    bf16_ckpt_ = new std::string(TrainCheckpoint(dir_->path(), "bfloat16"));
+    fp32_ckpt_ = new std::string(TrainCheckpoint(dir_->path(), "float32"));
+  }
+  static void TearDownTestSuite() {
+    delete bf16_ckpt_;
+    delete fp32_ckpt_;
+    delete dir_;
+  }
+
+  // Exports `ckpt` into a fresh directory (with `--dtype flag` unless flag is empty); checks the
+  // exit code and returns the export's stdout JSON, with the directory in out["hf_out"].
+  static json Export(const std::string& ckpt, const std::string& flag, const std::string& tag) {
+    const fs::path dir(dir_->path());
+    std::vector<std::string> args = {"export", "--checkpoint", ckpt, "--hf-out",
+                                     (dir / ("hf-" + tag)).string()};
+    if (!flag.empty()) args.insert(args.end(), {"--dtype", flag});
+    Result r = Train(args, dir, "export-" + tag);
+    EXPECT_EQ(r.code, 0) << r.err;
+    json j = json::parse(r.out, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << r.out;
+    return j;
+  }
+
+  static std::vector<NamedTensor> Written(const json& exported) {
+    auto t = ReadSafetensors(exported["hf_out"].get<std::string>() + "/model.safetensors");
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? *t : std::vector<NamedTensor>{};
+  }
+
+  static CheckpointState Checkpoint(const std::string& ckpt) {
+    auto st = LoadCheckpoint(ckpt, "");
+    EXPECT_TRUE(st.ok()) << st.status();
+    return st.ok() ? *st : CheckpointState{};
+  }
+
+  static TempDir* dir_;
+  static std::string* bf16_ckpt_;
+  static std::string* fp32_ckpt_;
+};
+
+TempDir* ExportTest::dir_ = nullptr;
+std::string* ExportTest::bf16_ckpt_ = nullptr;
+std::string* ExportTest::fp32_ckpt_ = nullptr;
+
+TEST_F(ExportTest, EveryDtypeSpellingWritesThatDtype) {
+  const std::vector<std::pair<std::string, torch::ScalarType>> cases = {
+      {"bf16", torch::kBFloat16},   {"bfloat16", torch::kBFloat16}, {"fp16", torch::kFloat16},
+      {"float16", torch::kFloat16}, {"fp32", torch::kFloat32},      {"float32", torch::kFloat32},
+      {"fp64", torch::kFloat64},    {"float64", torch::kFloat64}};
+  const size_t weights = ByName(Checkpoint(*bf16_ckpt_).tensors, "model/").size();
+  ASSERT_GT(weights, 0u);
+  for (const auto& [flag, dtype] : cases) {
+    json exported = Export(*bf16_ckpt_, flag, "flag-" + flag);
+    const std::string name = c10::toString(dtype);
+    EXPECT_EQ(exported["tensors"], weights) << flag;
+    const std::vector<NamedTensor> written = Written(exported);
+    EXPECT_EQ(written.size(), weights) << flag;
+    for (const NamedTensor& t : written) {
+      EXPECT_EQ(t.tensor.scalar_type(), dtype) << flag << " " << t.name;
+    }
+    const json config =
+        json::parse(ReadFile(exported["hf_out"].get<std::string>() + "/config.json"));
+    EXPECT_EQ(config["torch_dtype"], exported["dtype"]) << flag;
+    // The reader takes every spelling back to float32 weights of the same names.
+    auto loaded = LoadHfWeights(exported["hf_out"].get<std::string>());
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(loaded->size(), weights);
+  }
+  EXPECT_EQ(Export(*bf16_ckpt_, "fp16", "name-fp16")["dtype"], "float16");
+  EXPECT_EQ(Export(*bf16_ckpt_, "bf16", "name-bf16")["dtype"], "bfloat16");
+}
+
+TEST_F(ExportTest, DefaultIsTheJobDtypeWithTheWeightsAsTrained) {
+  for (const auto& [ckpt, dtype] : {std::make_pair(*bf16_ckpt_, torch::kBFloat16),
+                                    std::make_pair(*fp32_ckpt_, torch::kFloat32)}) {
+    const std::string tag = dtype == torch::kBFloat16 ? "bf16" : "fp32";
+    json exported = Export(ckpt, "", "default-" + tag);
+    EXPECT_EQ(exported["dtype"], tag == "bf16" ? "bfloat16" : "float32");
+    EXPECT_EQ(exported["from_masters"], 0) << "the job's own dtype is written as trained";
+    auto stored = ByName(Checkpoint(ckpt).tensors, "model/");
+    const std::vector<NamedTensor> written = Written(exported);
+    ASSERT_EQ(written.size(), stored.size());
+    for (const NamedTensor& t : written) {
+      EXPECT_EQ(t.tensor.scalar_type(), dtype) << t.name;
+      ASSERT_TRUE(stored.count(t.name)) << t.name;
+      EXPECT_TRUE(torch::equal(t.tensor, stored[t.name])) << tag << " " << t.name;
+    }
+  }
+  // An fp32 job has no masters (its weights are their own): --dtype fp32 is the default's copy.
+  EXPECT_TRUE(ByName(Checkpoint(*fp32_ckpt_).tensors, "optim/master/").empty());
+}
+
+TEST_F(ExportTest, Float32ExportOfABfloat16JobIsTheMastersBitForBit) {
+  const CheckpointState st = Checkpoint(*bf16_ckpt_);
+  auto weights = ByName(st.tensors, "model/");
+  auto masters = ByName(st.tensors, "optim/master/");
+  ASSERT_EQ(masters.size(), weights.size()) << "after 3 steps every bf16 weight has a master";
+  json exported = Export(*bf16_ckpt_, "fp32", "masters");
+  EXPECT_EQ(exported["from_masters"], weights.size());
+  int64_t differs_from_upcast = 0, elements = 0;
+  for (const NamedTensor& t : Written(exported)) {
+    ASSERT_TRUE(masters.count(t.name)) << t.name;
+    ASSERT_EQ(masters[t.name].scalar_type(), torch::kFloat32);
+    EXPECT_TRUE(torch::equal(t.tensor, masters[t.name])) << t.name;
+    differs_from_upcast += t.tensor.ne(weights[t.name].to(torch::kFloat32)).sum().item<int64_t>();
+    elements += t.tensor.numel();
+  }
+  // The masters carry bits the bf16 weights lost: most elements of the export differ from the
+  // bf16 weights upcast (if the export were the upcast, none would).
+  EXPECT_GT(differs_from_upcast, elements / 2) << differs_from_upcast << " of " << elements;
+  // The bf16 weights are the masters rounded: the export's source is the same training state.
+  for (const auto& [name, w] : weights) {
+    EXPECT_TRUE(torch::equal(w, masters[name].to(torch::kBFloat16))) << name;
+  }
+  // float16 from the masters: rounded once, not bf16-rounded then fp16-rounded.
+  json f16 = Export(*bf16_ckpt_, "fp16", "masters-fp16");
+  for (const NamedTensor& t : Written(f16)) {
+    EXPECT_TRUE(torch::equal(t.tensor, masters[t.name].to(torch::kFloat16))) << t.name;
+  }
+}
+
+TEST_F(ExportTest, BadDtypeIsRefusedNamingFlagValueAndChoicesAndWritesNothing) {
+  const fs::path dir(dir_->path());
+  for (const std::string& bad : {std::string("int8"), std::string("half"), std::string("")}) {
+    const fs::path out = dir / "hf-bad";
+    Result r =
+        Train({"export", "--checkpoint", *bf16_ckpt_, "--hf-out", out.string(), "--dtype=" + bad},
+              dir, "export-bad");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("--dtype: '" + bad + "' is not an export dtype"), std::string::npos)
+        << r.err;
+    for (const char* choice : {"bf16", "fp16", "fp32"}) {
+      EXPECT_NE(r.err.find(choice), std::string::npos) << r.err;
+    }
+    EXPECT_TRUE(r.out.empty()) << r.out;
+    EXPECT_FALSE(fs::exists(out)) << "a refused export writes nothing";
+  }
+  // The checkpoint is untouched: it still loads and exports.
+  EXPECT_EQ(Export(*bf16_ckpt_, "bf16", "after-bad")["dtype"], "bfloat16");
+}
+
+}  // namespace
+}  // namespace ulysses::engine
