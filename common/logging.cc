@@ -1,11 +1,11 @@
 #include "common/logging.h"
 
+#include <sys/time.h>
+#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <mutex>
-#include <sys/time.h>
-#include <unistd.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -34,11 +34,16 @@ LogState& State() {
 
 char LevelLetter(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return 'D';
-    case LogLevel::kInfo: return 'I';
-    case LogLevel::kWarning: return 'W';
-    case LogLevel::kError: return 'E';
-    case LogLevel::kFatal: return 'F';
+    case LogLevel::kDebug:
+      return 'D';
+    case LogLevel::kInfo:
+      return 'I';
+    case LogLevel::kWarning:
+      return 'W';
+    case LogLevel::kError:
+      return 'E';
+    case LogLevel::kFatal:
+      return 'F';
   }
   return '?';
 }
@@ -48,8 +53,8 @@ std::string Timestamp() {
   gettimeofday(&tv, nullptr);
   tm utc;
   gmtime_r(&tv.tv_sec, &utc);
-  return absl::StrFormat("%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900,
-                         utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec,
+  return absl::StrFormat("%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900, utc.tm_mon + 1,
+                         utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec,
                          static_cast<int>(tv.tv_usec / 1000));
 }
 
@@ -92,8 +97,8 @@ void SetLogSink(LogSink sink) {
 namespace internal {
 
 LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(level) {
-  stream_ << Timestamp() << ' ' << LevelLetter(level) << ' ' << getpid() << ' '
-          << Basename(file) << ':' << line << "] ";
+  stream_ << Timestamp() << ' ' << LevelLetter(level) << ' ' << getpid() << ' ' << Basename(file)
+          << ':' << line << "] ";
 }
 
 LogMessage::~LogMessage() {

@@ -13,7 +13,6 @@
 #include <sstream>
 #include <string>
 
-
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -60,10 +59,10 @@ struct Voidify {
 #define ULYSSES_LOG_LEVEL_ERROR ::ulysses::LogLevel::kError
 #define ULYSSES_LOG_LEVEL_FATAL ::ulysses::LogLevel::kFatal
 
-#define ULOG(severity)                                                        \
-  (ULYSSES_LOG_LEVEL_##severity < ::ulysses::GetLogLevel())                   \
-      ? (void)0                                                               \
-      : ::ulysses::internal::Voidify() &                                      \
+#define ULOG(severity)                                                                        \
+  (ULYSSES_LOG_LEVEL_##severity < ::ulysses::GetLogLevel())                                   \
+      ? (void)0                                                                               \
+      : ::ulysses::internal::Voidify() &                                                      \
             ::ulysses::internal::LogMessage(ULYSSES_LOG_LEVEL_##severity, __FILE__, __LINE__) \
                 .stream()
 

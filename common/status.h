@@ -15,10 +15,10 @@
 #define ULYSSES_STATUS_CONCAT_(a, b) ULYSSES_STATUS_CONCAT_INNER_(a, b)
 
 // Evaluates `expr` (an absl::Status); returns it from the enclosing function if not OK.
-#define RETURN_IF_ERROR(expr)                                      \
-  do {                                                             \
-    ::absl::Status ulysses_status_tmp_ = (expr);                   \
-    if (!ulysses_status_tmp_.ok()) return ulysses_status_tmp_;     \
+#define RETURN_IF_ERROR(expr)                                  \
+  do {                                                         \
+    ::absl::Status ulysses_status_tmp_ = (expr);               \
+    if (!ulysses_status_tmp_.ok()) return ulysses_status_tmp_; \
   } while (0)
 
 // `ASSIGN_OR_RETURN(auto x, FnReturningStatusOr());` declares/assigns x from the
@@ -26,8 +26,8 @@
 #define ASSIGN_OR_RETURN(lhs, rexpr) \
   ASSIGN_OR_RETURN_IMPL_(ULYSSES_STATUS_CONCAT_(ulysses_statusor_, __LINE__), lhs, rexpr)
 
-#define ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \
-  auto statusor = (rexpr);                           \
+#define ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr)       \
+  auto statusor = (rexpr);                                 \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
 

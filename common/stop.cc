@@ -1,12 +1,12 @@
 #include "common/stop.h"
 
+#include <unistd.h>
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
-#include <unistd.h>
 
 namespace ulysses {
 namespace {

@@ -44,23 +44,23 @@ struct Metadata {
 
 // Synthetic data, used when no token files are given.
 struct SyntheticDataSpec {
-  std::string generator;              // "random" or "needle" (long-range key->value retrieval).
-  int64_t validation_sequences = 8;   // Sequences in the validation set (per eval window length).
+  std::string generator;             // "random" or "needle" (long-range key->value retrieval).
+  int64_t validation_sequences = 8;  // Sequences in the validation set (per eval window length).
 };
 
 // Training data: flat little-endian uint32 token files, or a synthetic generator.
 struct DataSpec {
-  std::string train;                  // Path to the training token file.
-  std::string validation;             // Path to the validation token file ("" = none).
+  std::string train;                           // Path to the training token file.
+  std::string validation;                      // Path to the validation token file ("" = none).
   std::optional<SyntheticDataSpec> synthetic;  // Set instead of train/validation.
 };
 
 struct ParallelismSpec {
-  int64_t sp_degree = 1;              // Ulysses sequence-parallel group size P (default for stages).
-  int64_t dp_degree = 1;              // Data-parallel replicas (default for stages).
-  int64_t zero_stage = 0;             // 0 (replicated optimizer) .. 3. Only 0 is implemented today.
-  bool offload_optimizer = false;     // Keep optimizer state in host memory.
-  bool offload_activations = false;   // Offload checkpointed activations to host memory.
+  int64_t sp_degree = 1;             // Ulysses sequence-parallel group size P (default for stages).
+  int64_t dp_degree = 1;             // Data-parallel replicas (default for stages).
+  int64_t zero_stage = 0;            // 0 (replicated optimizer) .. 3. Only 0 is implemented today.
+  bool offload_optimizer = false;    // Keep optimizer state in host memory.
+  bool offload_activations = false;  // Offload checkpointed activations to host memory.
 };
 
 struct MemorySpec {
@@ -72,41 +72,41 @@ struct MemorySpec {
 };
 
 struct OptimizerSpec {
-  std::string type = "adamw";         // Only "adamw".
-  double lr = 3.0e-4;                 // Peak learning rate.
-  double beta1 = 0.9;                 // YAML: betas: [beta1, beta2].
+  std::string type = "adamw";  // Only "adamw".
+  double lr = 3.0e-4;          // Peak learning rate.
+  double beta1 = 0.9;          // YAML: betas: [beta1, beta2].
   double beta2 = 0.95;
-  double weight_decay = 0.1;          // Decoupled weight decay.
-  double eps = 1e-8;                  // Adam epsilon.
-  double grad_clip = 1.0;             // Global-norm clip; 0 disables.
-  int64_t warmup_steps = 0;           // Linear warmup steps (per stage unless the stage overrides).
-  std::string schedule = "cosine";    // constant | linear | cosine (decay to min_lr_ratio * lr).
-  double min_lr_ratio = 0.1;          // Floor of the decay, as a fraction of lr.
-  int64_t grad_accum_steps = 1;       // Micro-batches per optimizer step.
+  double weight_decay = 0.1;        // Decoupled weight decay.
+  double eps = 1e-8;                // Adam epsilon.
+  double grad_clip = 1.0;           // Global-norm clip; 0 disables.
+  int64_t warmup_steps = 0;         // Linear warmup steps (per stage unless the stage overrides).
+  std::string schedule = "cosine";  // constant | linear | cosine (decay to min_lr_ratio * lr).
+  double min_lr_ratio = 0.1;        // Floor of the decay, as a fraction of lr.
+  int64_t grad_accum_steps = 1;     // Micro-batches per optimizer step.
 };
 
 // One stage of staged context expansion. Unset optionals inherit from the job.
 struct StageSpec {
-  int64_t seq_len = 0;                     // Global sequence length N (tokens).
-  int64_t steps = 0;                       // Optimizer steps in this stage.
-  std::optional<double> lr;                // Overrides optimizer.lr.
-  std::optional<int64_t> warmup_steps;     // Overrides optimizer.warmup_steps.
-  std::optional<int64_t> sp_degree;        // Overrides parallelism.sp_degree.
-  std::optional<int64_t> dp_degree;        // Overrides parallelism.dp_degree.
+  int64_t seq_len = 0;                  // Global sequence length N (tokens).
+  int64_t steps = 0;                    // Optimizer steps in this stage.
+  std::optional<double> lr;             // Overrides optimizer.lr.
+  std::optional<int64_t> warmup_steps;  // Overrides optimizer.warmup_steps.
+  std::optional<int64_t> sp_degree;     // Overrides parallelism.sp_degree.
+  std::optional<int64_t> dp_degree;     // Overrides parallelism.dp_degree.
 };
 
 struct CheckpointSpec {
-  std::string dir;                    // Directory all ranks can read ("" = <out>/checkpoints).
-  int64_t every_steps = 0;            // Also commit every N steps (0 = stage ends only).
-  int64_t keep_last = 2;              // Committed checkpoints to retain (>= 1).
+  std::string dir;          // Directory all ranks can read ("" = <out>/checkpoints).
+  int64_t every_steps = 0;  // Also commit every N steps (0 = stage ends only).
+  int64_t keep_last = 2;    // Committed checkpoints to retain (>= 1).
 };
 
 // Coordinator-side policy; ignored by ulysses-train.
 struct SchedulingSpec {
-  int64_t priority = 0;               // Higher runs first; FIFO within a priority.
-  int64_t max_failures = 3;           // Failed attempts (not preemptions) before FAILED.
-  int64_t max_preemptions = -1;       // -1 = unlimited.
-  std::string node_label;             // Only place on workers with this node label ("" = any).
+  int64_t priority = 0;          // Higher runs first; FIFO within a priority.
+  int64_t max_failures = 3;      // Failed attempts (not preemptions) before FAILED.
+  int64_t max_preemptions = -1;  // -1 = unlimited.
+  std::string node_label;        // Only place on workers with this node label ("" = any).
 };
 
 struct JobSpec {

@@ -154,8 +154,7 @@ spec:
 )";
 
 TEST_F(UlyssesctlTest, ValidatePrintsDefaultedYamlForEveryShippedSpec) {
-  for (const std::string name :
-       {"tiny-demo", "needle-retrieval", "llama3-1b-1m", "llama3-8b-1m"}) {
+  for (const std::string name : {"tiny-demo", "needle-retrieval", "llama3-1b-1m", "llama3-8b-1m"}) {
     SCOPED_TRACE(name);
     const std::string path = Example(name + ".yaml");
     Result r = Run({"validate", "-f", path});

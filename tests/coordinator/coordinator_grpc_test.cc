@@ -5,8 +5,11 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <grpcpp/generic/generic_stub.h>
@@ -553,6 +556,56 @@ TEST_F(CoordinatorGrpcTest, MetricsPassPromtool) {
   auto after = http.Get("/metrics");
   ASSERT_TRUE(after);
   EXPECT_EQ(after->body.find("job_id=\"" + *id + "\""), std::string::npos);
+}
+
+// docs/METRICS.md is the contract the alert rules and the dashboard are checked
+// against (tests/deploy): its catalogue must be exactly the families this coordinator
+// registers, with the same types (a family is exported even before it has a series).
+TEST_F(CoordinatorGrpcTest, DocumentedCatalogueIsExactlyWhatTheCoordinatorRegisters) {
+  // One RPC so every family that has label-less series has been touched at least once.
+  ASSERT_TRUE(Submit(JobYaml("catalogue", "    - {seq_len: 256, steps: 2}\n")).ok());
+  httplib::Client http("127.0.0.1", server_->metrics_port());
+  auto res = http.Get("/metrics");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  std::map<std::string, std::string> exported;  // family -> type, from "# TYPE name type"
+  std::istringstream scrape(res->body);
+  for (std::string line; std::getline(scrape, line);) {
+    std::istringstream words(line);
+    std::string hash, keyword, name, type;
+    words >> hash >> keyword >> name >> type;
+    if (hash == "#" && keyword == "TYPE") exported[name] = type;
+  }
+  const char* source_dir = std::getenv("ULYSSES_SOURCE_DIR");
+  ASSERT_NE(source_dir, nullptr) << "run through ctest (sets ULYSSES_SOURCE_DIR)";
+  std::ifstream doc(std::string(source_dir) + "/docs/METRICS.md");
+  ASSERT_TRUE(doc.good());
+  std::map<std::string, std::string> documented;  // rows "| `name` | type | ..." of ## Catalogue
+  bool in_catalogue = false;
+  for (std::string line; std::getline(doc, line);) {
+    if (line.rfind("## ", 0) == 0) in_catalogue = line == "## Catalogue";
+    if (!in_catalogue || line.rfind("| `", 0) != 0) continue;
+    const size_t name_end = line.find('`', 3);
+    ASSERT_NE(name_end, std::string::npos) << line;
+    const size_t type_start = line.find('|', name_end) + 1;
+    const size_t type_end = line.find('|', type_start);
+    std::string type = line.substr(type_start, type_end - type_start);
+    type.erase(0, type.find_first_not_of(' '));
+    type.erase(type.find_last_not_of(' ') + 1);
+    documented[line.substr(3, name_end - 3)] = type;
+  }
+  ASSERT_FALSE(documented.empty()) << "no catalogue rows found in docs/METRICS.md";
+  for (const auto& [name, type] : exported) {
+    auto it = documented.find(name);
+    if (it == documented.end()) {
+      ADD_FAILURE() << name << " (" << type << ") is exported but not in docs/METRICS.md";
+    } else {
+      EXPECT_EQ(it->second, type) << name << ": docs/METRICS.md says another type";
+    }
+  }
+  for (const auto& [name, type] : documented) {
+    EXPECT_TRUE(exported.count(name)) << name << " is in docs/METRICS.md but not exported";
+  }
 }
 
 TEST_F(CoordinatorGrpcTest, ListJobsFiltersByStateAndPages) {

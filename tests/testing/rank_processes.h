@@ -56,7 +56,7 @@ ChildEnv ReadChildEnv();
   } while (0)
 
 // Defines a static initializer that, in a child, runs dispatch(env) and exits with its result.
-#define ULYSSES_RANK_CHILD_MAIN(dispatch)                              \
+#define ULYSSES_RANK_CHILD_MAIN(dispatch)                                  \
   static const int ulysses_child_main_ = [] {                              \
     ::ulysses::testing::ChildEnv env = ::ulysses::testing::ReadChildEnv(); \
     if (env.scenario.empty()) return 0;                                    \

@@ -11,11 +11,11 @@
 #include <string>
 #include <thread>
 
+#include "common/metrics/build_info.h"
 #include "common/metrics/metrics_server.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
-#include "tests/common/metrics/catalog_for_test.h"
 #include "tests/common/metrics/subprocess_for_test.h"
 
 namespace ulysses {
@@ -102,8 +102,16 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesOurServer) {
   if (!FileExists(kPrometheus)) {
     GTEST_SKIP() << kPrometheus << " missing (Debian prometheus)";
   }
+  // A counter, a histogram and the build info, with values Prometheus must read back.
+  // (The coordinator's real catalogue: coordinator_grpc_test.)
   Registry registry;
-  RegisterCatalogForTest(&registry);
+  ASSERT_TRUE(RegisterBuildInfo(&registry).ok());
+  auto tokens_family = registry.AddCounter("ulysses_train_tokens_total", "Tokens.", {"job_id"});
+  auto wait = registry.AddHistogram("ulysses_gang_wait_seconds", "Gang wait.", {},
+                                    ExponentialBuckets(0.5, 2, 12));
+  ASSERT_TRUE(tokens_family.ok() && wait.ok());
+  (*tokens_family)->WithLabels({"j1"})->Increment(12345);
+  (*wait)->WithLabels()->Observe(3.5);
   MetricsServerConfig config;
   config.host = "127.0.0.1";
   config.port = 0;

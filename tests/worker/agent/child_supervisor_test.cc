@@ -174,8 +174,7 @@ TEST(ChildSupervisorTest, AbortKillsAChildThatIgnoresSigterm) {
   const int steps_at_sigterm = rec.Count("step");
   // Two more steps: at least one was printed after the signal (one may have been in
   // flight), so SIGTERM alone did not stop it.
-  ASSERT_TRUE(PollUntil([&] { return rec.Count("step") >= steps_at_sigterm + 2; },
-                        seconds(10)))
+  ASSERT_TRUE(PollUntil([&] { return rec.Count("step") >= steps_at_sigterm + 2; }, seconds(10)))
       << "the child stopped stepping after SIGTERM";
   EXPECT_TRUE((*child)->Running());
   // The grace runs out (a later Stop can only shorten it): the SIGKILL tier fires.

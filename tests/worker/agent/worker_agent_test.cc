@@ -417,15 +417,15 @@ TEST_F(WorkerAgentTest, RejectsBadFlagsWithTheFlagName) {
 // same exit 2 of the flag contract, naming the flag.
 TEST_F(WorkerAgentTest, FlagParseErrorsExit2WithTheFlagName) {
   const std::vector<std::string> good = {"--coordinator", "127.0.0.1:1", "--name", "x",
-                                         "--work-dir", work_dir_};
+                                         "--work-dir",    work_dir_};
   struct Case {
     std::vector<std::string> extra;
     bool drop_name;
     std::string flag;
   };
-  for (const Case& c : {Case{{"--grace-period-s", "soon"}, false, "--grace-period-s"},
-                        Case{{"--no-such-flag"}, false, "--no-such-flag"},
-                        Case{{}, true, "--name"}}) {
+  for (const Case& c :
+       {Case{{"--grace-period-s", "soon"}, false, "--grace-period-s"},
+        Case{{"--no-such-flag"}, false, "--no-such-flag"}, Case{{}, true, "--name"}}) {
     SCOPED_TRACE(c.flag);
     std::vector<std::string> flags = good;
     if (c.drop_name) flags.erase(flags.begin() + 2, flags.begin() + 4);

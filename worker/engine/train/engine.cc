@@ -301,22 +301,6 @@ absl::StatusOr<int> FirstStageToRun(const spec::JobSpec& spec, const std::string
   return static_cast<int>(st.stage + (st.stage_complete ? 1 : 0));
 }
 
-int ExitCodeFor(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kOk:
-      return kExitOk;
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kDataLoss:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kAlreadyExists:
-      return kExitBadInput;
-    default:
-      return kExitFailure;
-  }
-}
-
 absl::StatusOr<RankOutcome> RunRank(const RankOptions& options) {
   absl::StatusOr<RankOutcome> result;
   absl::Status s = Guard("ulysses-train rank", [&] {

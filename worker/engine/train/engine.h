@@ -34,13 +34,6 @@
 
 namespace ulysses::engine::train {
 
-// The exit codes are common/contract/exit.h's (named here until engine.cc uses the
-// contract directly).
-using contract::kExitBadInput;
-using contract::kExitFailure;
-using contract::kExitOk;
-using contract::kExitPreempted;
-
 struct RankOptions {
   std::string job_file;                // -f JOB.yaml
   std::vector<std::string> overrides;  // --set spec.path=value

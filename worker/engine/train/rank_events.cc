@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -9,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/contract/rank_event.h"
 #include "worker/engine/checkpoint/checkpoint.h"
 
 namespace ulysses::engine::train {
@@ -17,7 +19,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-void EmitEvent(const json& event) { std::cout << event.dump() << "\n" << std::flush; }
+// Every stdout event goes through the one protocol definition (common/contract/rank_event.h).
+void EmitEvent(const contract::RankEvent& event) { contract::WriteRankEvent(std::cout, event); }
 
 void AppendMetrics(const std::string& out_dir, const json& line) {
   std::error_code ec;
@@ -39,13 +42,21 @@ RankReporter::RankReporter(bool enabled, std::string out_dir)
 
 void RankReporter::Step(const StepReport& r) {
   if (!enabled_) return;
-  EmitEvent(json{{"event", "step"},
-                 {"stage", r.stage},
-                 {"step", r.step_in_stage},
-                 {"steps", r.steps},
-                 {"loss", r.stats.loss},
-                 {"tokens_per_s", r.tokens_per_s},
-                 {"seq_len", r.seq_len}});
+  if (std::isfinite(r.stats.loss)) {
+    contract::StepEvent event;
+    event.stage = r.stage;
+    event.step = r.step_in_stage;
+    event.steps = r.steps;
+    event.loss = r.stats.loss;
+    event.tokens_per_s = r.tokens_per_s;
+    event.seq_len = r.seq_len;
+    EmitEvent(event);
+  } else {
+    // The protocol carries finite losses only; a skipped non-finite step is a log line
+    // (metrics.jsonl records it with "skipped").
+    std::cout << "step " << r.step_in_stage << " of stage " << r.stage
+              << " skipped: non-finite loss" << std::endl;
+  }
   AppendMetrics(out_dir_, json{{"step", r.global_step},
                                {"stage", r.stage},
                                {"step_in_stage", r.step_in_stage},
@@ -65,10 +76,13 @@ void RankReporter::Step(const StepReport& r) {
 
 void RankReporter::Eval(int stage, int64_t seq_len, const EvalResult& r) {
   if (!enabled_) return;
-  json event{{"event", "eval"}, {"stage", stage}, {"seq_len", seq_len}, {"loss", r.loss}};
+  contract::EvalEvent event;
+  event.stage = stage;
+  event.seq_len = seq_len;
+  event.loss = r.loss;
   json metric{{"stage", stage}, {"seq_len", seq_len}, {"loss", r.loss}, {"tokens", r.tokens}};
   if (r.has_accuracy) {
-    event["accuracy"] = r.accuracy;
+    event.accuracy = r.accuracy;
     metric["accuracy"] = r.accuracy;
   }
   EmitEvent(event);
@@ -80,18 +94,20 @@ void RankReporter::Checkpoint(int stage, int64_t step_in_stage, const std::strin
   if (!enabled_) return;
   absl::StatusOr<int64_t> bytes_or = CheckpointBytes(path);
   const int64_t bytes = bytes_or.ok() ? *bytes_or : -1;
-  EmitEvent(json{{"event", "checkpoint"},
-                 {"stage", stage},
-                 {"step", step_in_stage},
-                 {"path", path},
-                 {"bytes", bytes},
-                 {"seconds", seconds}});
+  contract::CheckpointEvent event;
+  event.stage = stage;
+  event.step = step_in_stage;
+  event.path = path;
+  event.bytes = bytes;
+  event.seconds = seconds;
+  EmitEvent(event);
 }
 
 void RankReporter::Done(int stage, bool with_peak_rss) {
   if (!enabled_) return;
-  json event{{"event", "done"}, {"stage", stage}};
-  if (with_peak_rss) event["peak_rss_bytes"] = PeakRssBytes();
+  contract::DoneEvent event;
+  event.stage = stage;
+  if (with_peak_rss) event.peak_rss_bytes = PeakRssBytes();
   EmitEvent(event);
 }
 

@@ -21,7 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/worker/engine/parallel/multiprocess.h"
+#include "tests/testing/rank_processes.h"
+#include "tests/testing/tiny_model.h"
 #include "worker/engine/data/batches.h"
 #include "worker/engine/data/dataset.h"
 #include "worker/engine/data/sharding.h"
@@ -41,12 +42,12 @@ using ::ulysses::testing::ChildEnv;
     GTEST_SKIP() << "no CUDA device (or a CPU-only libtorch): GPU tests need a GPU"; \
   }
 
+// Wider than the CPU tests' shape so the CUDA kernels see real tiles.
 model::LlamaConfig TinyConfig() {
-  model::LlamaConfig c;
+  model::LlamaConfig c = ::ulysses::testing::TinyLlama();
   c.vocab_size = 256;
   c.hidden_size = 128;
   c.intermediate_size = 256;
-  c.num_hidden_layers = 2;
   c.num_attention_heads = 8;
   c.num_key_value_heads = 4;
   return c;
@@ -279,4 +280,4 @@ int Dispatch(const ChildEnv& env) {
 }  // namespace
 }  // namespace ulysses::engine::train
 
-ULYSSES_PARALLEL_CHILD_MAIN(ulysses::engine::train::Dispatch);
+ULYSSES_RANK_CHILD_MAIN(ulysses::engine::train::Dispatch);

@@ -8,6 +8,8 @@
 #include <set>
 #include <string>
 
+#include "tests/testing/tiny_model.h"
+
 namespace ulysses::engine::model {
 namespace {
 
@@ -24,13 +26,7 @@ torch::Tensor NaiveCausal(const torch::Tensor& q, const torch::Tensor& k, const 
 }
 
 LlamaConfig Tiny(bool tied = false) {
-  LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
+  LlamaConfig c = ::ulysses::testing::TinyLlama();
   c.tie_word_embeddings = tied;
   return c;
 }

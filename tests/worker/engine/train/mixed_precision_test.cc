@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/tiny_model.h"
 #include "worker/engine/data/batches.h"
 #include "worker/engine/data/dataset.h"
 #include "worker/engine/parallel/parallelize.h"
@@ -23,13 +24,8 @@ namespace {
 namespace fs = std::filesystem;
 
 model::LlamaConfig TinyConfig() {
-  model::LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 32;
+  model::LlamaConfig c = ::ulysses::testing::TinyLlama();
   c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
   return c;
 }
 

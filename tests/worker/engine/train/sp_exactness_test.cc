@@ -16,6 +16,7 @@
 
 #include "tests/testing/rank_processes.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/tiny_model.h"
 #include "worker/engine/data/sharding.h"
 #include "worker/engine/model/llama.h"
 #include "worker/engine/parallel/communicator.h"
@@ -26,16 +27,7 @@ namespace {
 
 constexpr int64_t kSeq = 32;
 
-model::LlamaConfig Config() {
-  model::LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  return c;
-}
+model::LlamaConfig Config() { return ::ulysses::testing::TinyLlama(); }
 
 int Getenv(const char* name, int def) {
   const char* v = std::getenv(name);
