@@ -362,9 +362,17 @@ absl::Status Coordinator::CommitLocked(Txn& txn) {
   for (JobRt* j : txn.jobs) txn.batch.jobs.push_back(j->rec);
   for (WorkerRt* w : txn.workers) txn.batch.workers.push_back(w->rec);
   absl::Status s = store_->Write(txn.batch);
-  if (!s.ok()) {
+  if (!s.ok() && !store_->writable()) {
     if (serving_.exchange(false)) ULOG(ERROR) << s << "; coordinator is NOT_SERVING";
     return absl::UnavailableError(std::string(s.message()));
+  }
+  if (!s.ok()) {
+    // The store refused this change's data (a bug: validation should have caught it).
+    // Only this request fails: its in-memory changes are undone, nothing is sent.
+    ULOG(ERROR) << s << "; the change was undone (please report this bug)";
+    RestoreLocked(txn);
+    txn = Txn();
+    return absl::InternalError(absl::StrCat(s.message(), "; the change was undone"));
   }
   for (auto& [worker, msg] : txn.outbound) {
     if (worker->sink != nullptr) {
@@ -379,6 +387,67 @@ absl::Status Coordinator::CommitLocked(Txn& txn) {
   for (JobRt* job : txn.ended) JobEnded(*job);
   txn = Txn();
   return absl::OkStatus();
+}
+
+void Coordinator::RestoreLocked(const Txn& txn) {
+  std::set<std::string> job_ids;
+  for (JobRt* j : txn.jobs) job_ids.insert(j->rec.id);
+  for (const EventRecord& e : txn.batch.events) job_ids.insert(e.job_id);
+  for (const CheckpointRecord& c : txn.batch.checkpoints) job_ids.insert(c.job_id);
+  for (const auto& [job, event] : txn.notify) job_ids.insert(job->rec.id);
+  for (JobRt* j : txn.ended) job_ids.insert(j->rec.id);
+  for (const std::string& id : job_ids) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    JobRt& job = *it->second;
+    absl::StatusOr<std::optional<JobRecord>> stored = store_->LoadJob(id);
+    if (!stored.ok()) {
+      ULOG(ERROR) << id << ": cannot reload after a refused write: " << stored.status();
+      continue;
+    }
+    if (!stored->has_value()) {  // Never written (a new job): it does not exist.
+      if (job.watchers.empty() && job.log_followers.empty()) jobs_.erase(it);
+      continue;
+    }
+    if ((*stored)->generation != job.rec.generation) {
+      job.started_ranks.clear();
+      job.done_ranks.clear();
+    }
+    job.rec = std::move(**stored);
+    absl::StatusOr<std::vector<EventRecord>> events =
+        store_->LoadEvents(id, static_cast<int>(config_.event_history));
+    if (events.ok()) {
+      job.events.clear();
+      for (const EventRecord& e : *events) {
+        v1::JobEvent ev;
+        if (ev.ParseFromString(e.payload)) job.events.push_back(std::move(ev));
+      }
+    }
+    v1::LogLine line;
+    line.set_stream(v1::LOG_STREAM_COORDINATOR);
+    line.set_text("the state store refused the last change to this job; it was undone");
+    std::vector<v1::LogLine> batch;
+    AddLogLocked(job, std::move(line), &batch);
+    for (LogSink* s : job.log_followers) s->OnLines(batch);
+  }
+  for (WorkerRt* w : txn.workers) {
+    absl::StatusOr<std::optional<WorkerRecord>> stored = store_->LoadWorker(w->rec.id);
+    if (!stored.ok()) continue;
+    if (stored->has_value()) {
+      w->rec = std::move(**stored);
+    } else if (w->sink == nullptr) {
+      workers_.erase(w->rec.id);  // Never written (a new registration): it does not exist.
+    }
+  }
+  // Assignments made by the undone change point at attempts that no longer exist.
+  for (auto& [id, w] : workers_) {
+    if (!w->assigned || !job_ids.count(w->assigned->job_id())) continue;
+    auto jt = jobs_.find(w->assigned->job_id());
+    const AttemptRecord* a = jt == jobs_.end() ? nullptr : jt->second->rec.current_attempt();
+    if (a != nullptr && !a->ended() && a->generation == w->assigned->generation()) continue;
+    w->assigned.reset();
+    if (w->state == v1::WORKER_STATE_BUSY) w->state = v1::WORKER_STATE_IDLE;
+  }
 }
 
 void Coordinator::JobEnded(JobRt& job) {
