@@ -15,6 +15,7 @@
 #include "common/spec/job_spec_parser.h"
 #include "common/status.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/validation.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace ulysses::coordinator {
@@ -143,6 +144,7 @@ struct Coordinator::Metrics {
   metrics::GaugeFamily* tokens_per_s = nullptr;
   metrics::GaugeFamily* step = nullptr;
   metrics::CounterFamily* tokens = nullptr;
+  metrics::CounterFamily* rejected_reports = nullptr;
 };
 
 Coordinator::Coordinator(CoordinatorConfig config, std::unique_ptr<Store> store,
@@ -191,6 +193,10 @@ Coordinator::Coordinator(CoordinatorConfig config, std::unique_ptr<Store> store,
       "Tokens trained per live job since the coordinator started (reported throughput "
       "integrated between rank-0 progress reports).",
       {"job_id"}));
+  m.rejected_reports = must(registry->AddCounter(
+      "ulysses_rejected_reports_total",
+      "Worker session messages rejected (dropped, answered with an error Ack), by reason.",
+      {"reason"}));
   check(registry->AddCallbackGaugeFamily("ulysses_jobs", "Jobs by state.", {"state"},
                                          [this] { return CountJobsByState(); }));
   check(registry->AddCallbackGauge("ulysses_queue_length",
@@ -1020,17 +1026,7 @@ void Coordinator::UnfollowLogs(const std::string& job_id, LogSink* sink) {
 // WorkerService
 
 absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& request) {
-  if (request.name().empty()) {
-    return absl::InvalidArgumentError("name: empty (give every worker a unique, stable name)");
-  }
-  if (request.name().find(',') != std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("name: \"", request.name(), "\" contains ',' (use [A-Za-z0-9._-])"));
-  }
-  if (request.host().empty()) {
-    return absl::InvalidArgumentError(
-        "host: empty (the address other ranks reach this worker on, e.g. its pod IP)");
-  }
+  RETURN_IF_ERROR(ValidateRegisterRequest(request));
   std::lock_guard<std::mutex> lock(mu_);
   if (!serving_) return absl::UnavailableError("coordinator is not serving (state store error)");
   const std::string id = "w-" + request.name();
@@ -1210,6 +1206,12 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
     msg.mutable_ack()->set_message(std::string(status.message()));
     SendTo(w, std::move(msg), txn);
   };
+  // A rejected message is dropped (nothing about its job changes), answered with an
+  // error Ack and counted.
+  auto reject = [&](const absl::Status& status, const std::string& reason) {
+    if (metrics_->rejected_reports) metrics_->rejected_reports->WithLabels({reason})->Increment();
+    ack(status);
+  };
   auto abort_ref = [&](const v1::WorkRef& ref, const std::string& why) {
     v1::CoordinatorMessage msg;
     *msg.mutable_abort()->mutable_ref() = ref;
@@ -1239,11 +1241,21 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
       }
     }
     if (job == nullptr) {
-      ack(error);
+      reject(error, "stale");
       abort_ref(ref, std::string(error.message()));
     }
     return job;
   };
+
+  // Bounds first (validation.h), against the stages of the job the message names.
+  const v1::WorkRef* named_ref = WorkRefOf(m);
+  auto named = named_ref == nullptr ? jobs_.end() : jobs_.find(named_ref->job_id());
+  absl::Status invalid = ValidateWorkerMessage(
+      m, named == jobs_.end() ? absl::Span<const StageRecord>() : named->second->rec.stages);
+  if (!invalid.ok()) {
+    reject(invalid, InvalidReason(m));
+    return;
+  }
 
   switch (m.kind_case()) {
     case v1::WorkerMessage::kHeartbeat: {
@@ -1324,6 +1336,9 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
       std::vector<v1::LogLine> batch;
       for (const v1::LogLine& l : b.lines()) {
         v1::LogLine line = l;
+        if (line.text().size() > kMaxLogLineBytes) {
+          line.set_text(TruncateText(l.text(), kMaxLogLineBytes));
+        }
         line.set_worker_id(w.rec.id);
         line.set_rank(b.ref().rank());
         line.set_generation(b.ref().generation());
@@ -1339,7 +1354,7 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
       absl::Status error;
       JobRt* job = Fence(c_ref, &error);
       if (job == nullptr) {
-        ack(error);
+        reject(error, "stale");
         return;
       }
       const auto& last = job->rec.last_checkpoint;
@@ -1409,7 +1424,7 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
       absl::Status error;
       JobRt* job = Fence(ref, &error);
       if (job == nullptr) {
-        ack(error);
+        reject(error, "stale");
         return;
       }
       ack(absl::OkStatus());
@@ -1419,7 +1434,10 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
           a->worker_ids[ref.rank()] != w.rec.id) {
         return;
       }
-      std::string detail = x.error_message().empty() ? "" : absl::StrCat(": ", x.error_message());
+      std::string detail =
+          x.error_message().empty()
+              ? ""
+              : absl::StrCat(": ", TruncateText(x.error_message(), kMaxReasonBytes));
       const contract::StopRequest stop = x.aborted()     ? contract::StopRequest::kAbort
                                          : x.preempted() ? contract::StopRequest::kPreempt
                                                          : contract::StopRequest::kNone;
@@ -1449,7 +1467,8 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
     }
     case v1::WorkerMessage::kHello:
     case v1::WorkerMessage::KIND_NOT_SET:
-      ack(absl::InvalidArgumentError("unexpected message kind on an open session"));
+      reject(absl::InvalidArgumentError("unexpected message kind on an open session"),
+             "unexpected_kind");
       return;
   }
 }
