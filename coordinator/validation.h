@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/spec/job_spec.h"
 #include "coordinator/model.h"
 #include "ulysses/v1/job_service.pb.h"
 #include "ulysses/v1/worker_service.pb.h"
@@ -43,7 +44,7 @@ inline constexpr size_t kMaxOverrideBytes = 4096;
 inline constexpr size_t kMaxPageTokenBytes = 32;
 inline constexpr int kMaxStateFilters = 16;  // ListJobsRequest.states.
 inline constexpr size_t kMaxPathBytes = 4096;
-inline constexpr int32_t kMaxRank = 1 << 20;  // The spec's most ranks per stage.
+inline constexpr int32_t kMaxRank = spec::kMaxWorldSize;  // WorkRef.rank < this.
 inline constexpr int32_t kMaxExitCode = 255;
 inline constexpr int32_t kMaxSignal = 64;  // SIGRTMAX on Linux.
 

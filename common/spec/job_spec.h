@@ -35,9 +35,10 @@ inline constexpr char kApiVersion[] = "ulysses/v1";
 inline constexpr char kKind[] = "TrainJob";
 
 // Bounds every reader of a TrainJob applies (ulyssesctl and the coordinator alike):
-// the document's size in bytes, and the number of stages.
+// the document's size in bytes, the number of stages, the ranks (sp x dp) of a stage.
 inline constexpr int64_t kMaxSpecBytes = 256 * 1024;
 inline constexpr int64_t kMaxStages = 64;
+inline constexpr int64_t kMaxWorldSize = 1 << 20;
 
 struct Metadata {
   std::string name;                           // Required. DNS-1123 label: [a-z0-9-], <= 63 chars.

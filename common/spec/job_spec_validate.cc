@@ -19,8 +19,6 @@ using internal::Quote;
 
 constexpr int64_t kNeedleMinVocab = 64;
 constexpr int64_t kNeedleMinSeqLen = 64;
-// The most ranks (sp_degree * dp_degree) a stage may ask for.
-constexpr int64_t kMaxWorldSize = 1 << 20;
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
 class Errors {
