@@ -132,13 +132,25 @@ class LogsReactor final
     if (status.ok()) status = coordinator_->GetJobLogs(request, this);
     if (!status.ok()) EndAfterDrain(ToGrpcStatus(status));
   }
+  // At most 500 lines and 1 MiB of lines per message (a line is at most 16 KiB,
+  // validation.h), far below the 4 MB a gRPC client accepts by default.
   void OnLines(const std::vector<v1::LogLine>& lines) override {
-    constexpr size_t kChunk = 500;
-    for (size_t i = 0; i < lines.size(); i += kChunk) {
-      v1::GetJobLogsResponse response;
-      for (size_t j = i; j < lines.size() && j < i + kChunk; ++j) *response.add_lines() = lines[j];
-      Enqueue(std::move(response));
+    constexpr int kChunkLines = 500;
+    constexpr size_t kChunkBytes = 1 << 20;
+    v1::GetJobLogsResponse response;
+    size_t bytes = 0;
+    for (const v1::LogLine& line : lines) {
+      const size_t size = line.ByteSizeLong();
+      if (response.lines_size() > 0 &&
+          (response.lines_size() >= kChunkLines || bytes + size > kChunkBytes)) {
+        Enqueue(std::move(response));
+        response = v1::GetJobLogsResponse();
+        bytes = 0;
+      }
+      *response.add_lines() = line;
+      bytes += size;
     }
+    if (response.lines_size() > 0) Enqueue(std::move(response));
   }
   void OnJobEnded() override { EndAfterDrain(grpc::Status::OK); }
   void OnDone() override {

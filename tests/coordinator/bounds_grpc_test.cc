@@ -293,14 +293,28 @@ TEST_F(BoundsGrpcTest, LogLineFloodIsTruncatedToSixteenKiB) {
   line->set_text("job RUNNING -> CANCELLED: cancelled by admin");
   ExpectInvalid(*r.worker, spoof, "logs.lines[0].stream: 4 is not a worker's log stream");
 
+  // 600 lines just over the bound: ~10 MB of 16 KiB lines in the buffer, which GetJobLogs
+  // must still stream (in messages under the 4 MB gRPC limit).
+  const std::string over(20 * 1024, 'y');
+  for (int batch = 0; batch < 6; ++batch) {
+    v1::WorkerMessage m;
+    *m.mutable_logs()->mutable_ref() = r.ref;
+    for (int i = 0; i < 100; ++i) m.mutable_logs()->add_lines()->set_text(over);
+    ASSERT_TRUE(r.worker->Send(std::move(m)));
+  }
+
   const std::string truncated = std::string(16384 - 40, 'x') + " [truncated 1032232 bytes]";
+  const std::string truncated_over = std::string(16384 - 40, 'y') + " [truncated 4136 bytes]";
   ASSERT_LE(truncated.size(), 16384u);
   std::vector<v1::LogLine> lines;
   ASSERT_TRUE(PollUntil([&] {
     lines = Logs(r.id);
-    int flood = 0;
-    for (const v1::LogLine& l : lines) flood += l.text() == truncated;
-    return flood == 30;
+    int flood = 0, flood_over = 0;
+    for (const v1::LogLine& l : lines) {
+      flood += l.text() == truncated;
+      flood_over += l.text() == truncated_over;
+    }
+    return flood == 30 && flood_over == 600;
   })) << lines.size()
       << " lines";
   for (const v1::LogLine& l : lines) {
