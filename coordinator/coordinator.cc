@@ -1202,7 +1202,7 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
   auto ack = [&](const absl::Status& status) {
     v1::CoordinatorMessage msg;
     msg.mutable_ack()->set_seq(m.seq());
-    msg.mutable_ack()->set_code(AckCodeFor(status));
+    msg.mutable_ack()->set_result(AckCodeFor(status));
     msg.mutable_ack()->set_message(std::string(status.message()));
     SendTo(w, std::move(msg), txn);
   };

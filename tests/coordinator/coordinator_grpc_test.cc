@@ -81,7 +81,7 @@ TEST_F(CoordinatorGrpcTest, SubmitAssignsRanksAndProgressShowsInGetJob) {
   uint64_t seq = assigned[0].first->Checkpoint(a0.ref(), 4, "/ckpt/s0-4");
   auto ack = assigned[0].first->WaitAck(seq);
   ASSERT_TRUE(ack);
-  EXPECT_EQ(ack->code(), v1::ACK_CODE_OK);
+  EXPECT_EQ(ack->result(), v1::ACK_CODE_OK);
   for (auto& [rank, wa] : assigned) wa.first->Exited(wa.second.ref(), 0);
   ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_SUCCEEDED));
   job = GetJob(*id);
@@ -131,7 +131,7 @@ TEST_F(CoordinatorGrpcTest, HeartbeatLossAbortsSurvivorsAndRestartsWithNewGenera
   uint64_t seq = survivor->Progress(first[0].second.ref(), 2, 1.0);
   auto ack = survivor->WaitAck(seq);
   ASSERT_TRUE(ack);
-  EXPECT_EQ(ack->code(), v1::ACK_CODE_STALE);
+  EXPECT_EQ(ack->result(), v1::ACK_CODE_STALE);
   EXPECT_NE(ack->message().find("stale generation 1"), std::string::npos) << ack->message();
   EXPECT_FALSE(GetJob(*id).stages(0).has_progress());
 }

@@ -149,7 +149,7 @@ TEST(CoordinatorProcessTest, SigkillAndRestartKeepsJobsCountersAndGeneration) {
     uint64_t seq = rank0.Checkpoint(w1ref.rank() == 0 ? w1ref : w2ref, 4, "/ckpt/s0-4");
     auto ack = rank0.WaitAck(seq);
     ASSERT_TRUE(ack);
-    ASSERT_EQ(ack->code(), v1::ACK_CODE_OK) << ack->message();
+    ASSERT_EQ(ack->result(), v1::ACK_CODE_OK) << ack->message();
     v1::Job before = GetJob(stub.get(), id);
     ASSERT_EQ(before.preemptions(), 1);
     ASSERT_EQ(before.generation(), 2);

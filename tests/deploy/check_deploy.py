@@ -29,7 +29,7 @@ DASHBOARD_REQUIRED = {
     "ulysses_train_step", "ulysses_job_restarts_total", "ulysses_preemptions_total",
     "ulysses_recovery_duration_seconds", "ulysses_checkpoint_save_duration_seconds",
     "ulysses_checkpoint_bytes", "ulysses_worker_heartbeat_age_seconds",
-    "ulysses_gang_wait_seconds", "ulysses_alltoall_seconds",
+    "ulysses_gang_wait_seconds",
 }
 
 # PromQL words that are not metric names.

@@ -446,9 +446,9 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
     }
     case v1::CoordinatorMessage::kAck: {
       std::lock_guard<std::mutex> lock(mu_);
-      if (msg.ack().code() != v1::ACK_CODE_OK) {
+      if (msg.ack().result() != v1::ACK_CODE_OK) {
         ULOG(WARNING) << "coordinator rejected report " << msg.ack().seq() << ": "
-                      << v1::AckCode_Name(msg.ack().code()) << " " << msg.ack().message();
+                      << v1::AckCode_Name(msg.ack().result()) << " " << msg.ack().message();
       }
       auto it = inflight_.find(msg.ack().seq());
       if (it != inflight_.end()) {

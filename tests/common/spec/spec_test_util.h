@@ -29,8 +29,14 @@ inline std::string ShippedSpec(const std::string& file) {
 // Every *.yaml under configs/jobs, sorted: read from the directory, so a new
 // example is checked without anyone listing it here.
 inline std::vector<std::string> ShippedSpecs() {
-  const std::string dir = SourceDir() + "/configs/jobs/";
-  return {dir + "tiny-demo.yaml", dir + "llama3-1b-1m.yaml", dir + "llama3-8b-1m.yaml"};
+  std::vector<std::string> paths;
+  for (const auto& entry : std::filesystem::directory_iterator(SourceDir() + "/configs/jobs")) {
+    if (entry.is_regular_file() && entry.path().extension() == ".yaml") {
+      paths.push_back(SourceDir() + "/configs/jobs/" + entry.path().filename().string());
+    }
+  }
+  std::sort(paths.begin(), paths.end());
+  return paths;
 }
 
 inline std::string ReadFile(const std::string& path) {

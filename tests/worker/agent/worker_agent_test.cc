@@ -66,7 +66,7 @@ class PeerCoordinator final : public v1::WorkerService::Service {
           (msg.has_heartbeat() && msg.heartbeat().request_ack())) {
         v1::CoordinatorMessage ack;
         ack.mutable_ack()->set_seq(msg.seq());
-        ack.mutable_ack()->set_code(v1::ACK_CODE_OK);
+        ack.mutable_ack()->set_result(v1::ACK_CODE_OK);
         std::lock_guard<std::mutex> wlock(write_mu_);
         stream->Write(ack);
       }
