@@ -66,7 +66,7 @@ class BoundsGrpcTest : public testing::CoordinatorServerTest {
     SCOPED_TRACE(prefix);
     std::optional<v1::Ack> ack = SendForAck(w, std::move(m));
     ASSERT_TRUE(ack.has_value()) << "no Ack: the message was accepted";
-    EXPECT_EQ(ack->code(), v1::ACK_CODE_INVALID);
+    EXPECT_EQ(ack->result(), v1::ACK_CODE_INVALID);
     EXPECT_THAT(ack->message(), StartsWith(prefix));
   }
 
@@ -236,7 +236,7 @@ TEST_F(BoundsGrpcTest, AbsurdReportsAreRejectedWithTheFieldNamedAndChangeNothing
   uint64_t seq = r.worker->Checkpoint(r.ref, 60, "/ckpt/s0-60");
   auto ack = r.worker->WaitAck(seq, kAckTimeout);
   ASSERT_TRUE(ack.has_value());
-  EXPECT_EQ(ack->code(), v1::ACK_CODE_OK);
+  EXPECT_EQ(ack->result(), v1::ACK_CODE_OK);
   r.worker->Exited(r.ref, 0);
   EXPECT_TRUE(WaitState(r.id, v1::JOB_STATE_SUCCEEDED));
 }
