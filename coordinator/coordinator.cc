@@ -15,6 +15,7 @@
 #include "common/spec/job_spec_parser.h"
 #include "common/status.h"
 #include "coordinator/scheduler.h"
+#include "coordinator/validation.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace ulysses::coordinator {
@@ -143,6 +144,7 @@ struct Coordinator::Metrics {
   metrics::GaugeFamily* tokens_per_s = nullptr;
   metrics::GaugeFamily* step = nullptr;
   metrics::CounterFamily* tokens = nullptr;
+  metrics::CounterFamily* rejected_reports = nullptr;
 };
 
 Coordinator::Coordinator(CoordinatorConfig config, std::unique_ptr<Store> store,
@@ -191,6 +193,10 @@ Coordinator::Coordinator(CoordinatorConfig config, std::unique_ptr<Store> store,
       "Tokens trained per live job since the coordinator started (reported throughput "
       "integrated between rank-0 progress reports).",
       {"job_id"}));
+  m.rejected_reports = must(registry->AddCounter(
+      "ulysses_rejected_reports_total",
+      "Worker session messages rejected (dropped, answered with an error Ack), by reason.",
+      {"reason"}));
   check(registry->AddCallbackGaugeFamily("ulysses_jobs", "Jobs by state.", {"state"},
                                          [this] { return CountJobsByState(); }));
   check(registry->AddCallbackGauge("ulysses_queue_length",
@@ -362,9 +368,17 @@ absl::Status Coordinator::CommitLocked(Txn& txn) {
   for (JobRt* j : txn.jobs) txn.batch.jobs.push_back(j->rec);
   for (WorkerRt* w : txn.workers) txn.batch.workers.push_back(w->rec);
   absl::Status s = store_->Write(txn.batch);
-  if (!s.ok()) {
+  if (!s.ok() && !store_->writable()) {
     if (serving_.exchange(false)) ULOG(ERROR) << s << "; coordinator is NOT_SERVING";
     return absl::UnavailableError(std::string(s.message()));
+  }
+  if (!s.ok()) {
+    // The store refused this change's data (a bug: validation should have caught it).
+    // Only this request fails: its in-memory changes are undone, nothing is sent.
+    ULOG(ERROR) << s << "; the change was undone (please report this bug)";
+    RestoreLocked(txn);
+    txn = Txn();
+    return absl::InternalError(absl::StrCat(s.message(), "; the change was undone"));
   }
   for (auto& [worker, msg] : txn.outbound) {
     if (worker->sink != nullptr) {
@@ -379,6 +393,67 @@ absl::Status Coordinator::CommitLocked(Txn& txn) {
   for (JobRt* job : txn.ended) JobEnded(*job);
   txn = Txn();
   return absl::OkStatus();
+}
+
+void Coordinator::RestoreLocked(const Txn& txn) {
+  std::set<std::string> job_ids;
+  for (JobRt* j : txn.jobs) job_ids.insert(j->rec.id);
+  for (const EventRecord& e : txn.batch.events) job_ids.insert(e.job_id);
+  for (const CheckpointRecord& c : txn.batch.checkpoints) job_ids.insert(c.job_id);
+  for (const auto& [job, event] : txn.notify) job_ids.insert(job->rec.id);
+  for (JobRt* j : txn.ended) job_ids.insert(j->rec.id);
+  for (const std::string& id : job_ids) {
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    JobRt& job = *it->second;
+    absl::StatusOr<std::optional<JobRecord>> stored = store_->LoadJob(id);
+    if (!stored.ok()) {
+      ULOG(ERROR) << id << ": cannot reload after a refused write: " << stored.status();
+      continue;
+    }
+    if (!stored->has_value()) {  // Never written (a new job): it does not exist.
+      if (job.watchers.empty() && job.log_followers.empty()) jobs_.erase(it);
+      continue;
+    }
+    if ((*stored)->generation != job.rec.generation) {
+      job.started_ranks.clear();
+      job.done_ranks.clear();
+    }
+    job.rec = std::move(**stored);
+    absl::StatusOr<std::vector<EventRecord>> events =
+        store_->LoadEvents(id, static_cast<int>(config_.event_history));
+    if (events.ok()) {
+      job.events.clear();
+      for (const EventRecord& e : *events) {
+        v1::JobEvent ev;
+        if (ev.ParseFromString(e.payload)) job.events.push_back(std::move(ev));
+      }
+    }
+    v1::LogLine line;
+    line.set_stream(v1::LOG_STREAM_COORDINATOR);
+    line.set_text("the state store refused the last change to this job; it was undone");
+    std::vector<v1::LogLine> batch;
+    AddLogLocked(job, std::move(line), &batch);
+    for (LogSink* s : job.log_followers) s->OnLines(batch);
+  }
+  for (WorkerRt* w : txn.workers) {
+    absl::StatusOr<std::optional<WorkerRecord>> stored = store_->LoadWorker(w->rec.id);
+    if (!stored.ok()) continue;
+    if (stored->has_value()) {
+      w->rec = std::move(**stored);
+    } else if (w->sink == nullptr) {
+      workers_.erase(w->rec.id);  // Never written (a new registration): it does not exist.
+    }
+  }
+  // Assignments made by the undone change point at attempts that no longer exist.
+  for (auto& [id, w] : workers_) {
+    if (!w->assigned || !job_ids.count(w->assigned->job_id())) continue;
+    auto jt = jobs_.find(w->assigned->job_id());
+    const AttemptRecord* a = jt == jobs_.end() ? nullptr : jt->second->rec.current_attempt();
+    if (a != nullptr && !a->ended() && a->generation == w->assigned->generation()) continue;
+    w->assigned.reset();
+    if (w->state == v1::WORKER_STATE_BUSY) w->state = v1::WORKER_STATE_IDLE;
+  }
 }
 
 void Coordinator::JobEnded(JobRt& job) {
@@ -951,17 +1026,7 @@ void Coordinator::UnfollowLogs(const std::string& job_id, LogSink* sink) {
 // WorkerService
 
 absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& request) {
-  if (request.name().empty()) {
-    return absl::InvalidArgumentError("name: empty (give every worker a unique, stable name)");
-  }
-  if (request.name().find(',') != std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("name: \"", request.name(), "\" contains ',' (use [A-Za-z0-9._-])"));
-  }
-  if (request.host().empty()) {
-    return absl::InvalidArgumentError(
-        "host: empty (the address other ranks reach this worker on, e.g. its pod IP)");
-  }
+  RETURN_IF_ERROR(ValidateRegisterRequest(request));
   std::lock_guard<std::mutex> lock(mu_);
   if (!serving_) return absl::UnavailableError("coordinator is not serving (state store error)");
   const std::string id = "w-" + request.name();
@@ -1141,6 +1206,12 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
     msg.mutable_ack()->set_message(std::string(status.message()));
     SendTo(w, std::move(msg), txn);
   };
+  // A rejected message is dropped (nothing about its job changes), answered with an
+  // error Ack and counted.
+  auto reject = [&](const absl::Status& status, const std::string& reason) {
+    if (metrics_->rejected_reports) metrics_->rejected_reports->WithLabels({reason})->Increment();
+    ack(status);
+  };
   auto abort_ref = [&](const v1::WorkRef& ref, const std::string& why) {
     v1::CoordinatorMessage msg;
     *msg.mutable_abort()->mutable_ref() = ref;
@@ -1170,11 +1241,21 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
       }
     }
     if (job == nullptr) {
-      ack(error);
+      reject(error, "stale");
       abort_ref(ref, std::string(error.message()));
     }
     return job;
   };
+
+  // Bounds first (validation.h), against the stages of the job the message names.
+  const v1::WorkRef* named_ref = WorkRefOf(m);
+  auto named = named_ref == nullptr ? jobs_.end() : jobs_.find(named_ref->job_id());
+  absl::Status invalid = ValidateWorkerMessage(
+      m, named == jobs_.end() ? absl::Span<const StageRecord>() : named->second->rec.stages);
+  if (!invalid.ok()) {
+    reject(invalid, InvalidReason(m));
+    return;
+  }
 
   switch (m.kind_case()) {
     case v1::WorkerMessage::kHeartbeat: {
@@ -1255,6 +1336,9 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
       std::vector<v1::LogLine> batch;
       for (const v1::LogLine& l : b.lines()) {
         v1::LogLine line = l;
+        if (line.text().size() > kMaxLogLineBytes) {
+          line.set_text(TruncateText(l.text(), kMaxLogLineBytes));
+        }
         line.set_worker_id(w.rec.id);
         line.set_rank(b.ref().rank());
         line.set_generation(b.ref().generation());
@@ -1270,7 +1354,7 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
       absl::Status error;
       JobRt* job = Fence(c_ref, &error);
       if (job == nullptr) {
-        ack(error);
+        reject(error, "stale");
         return;
       }
       const auto& last = job->rec.last_checkpoint;
@@ -1340,7 +1424,7 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
       absl::Status error;
       JobRt* job = Fence(ref, &error);
       if (job == nullptr) {
-        ack(error);
+        reject(error, "stale");
         return;
       }
       ack(absl::OkStatus());
@@ -1350,7 +1434,10 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
           a->worker_ids[ref.rank()] != w.rec.id) {
         return;
       }
-      std::string detail = x.error_message().empty() ? "" : absl::StrCat(": ", x.error_message());
+      std::string detail =
+          x.error_message().empty()
+              ? ""
+              : absl::StrCat(": ", TruncateText(x.error_message(), kMaxReasonBytes));
       const contract::StopRequest stop = x.aborted()     ? contract::StopRequest::kAbort
                                          : x.preempted() ? contract::StopRequest::kPreempt
                                                          : contract::StopRequest::kNone;
@@ -1380,7 +1467,8 @@ void Coordinator::HandleWorkMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn
     }
     case v1::WorkerMessage::kHello:
     case v1::WorkerMessage::KIND_NOT_SET:
-      ack(absl::InvalidArgumentError("unexpected message kind on an open session"));
+      reject(absl::InvalidArgumentError("unexpected message kind on an open session"),
+             "unexpected_kind");
       return;
   }
 }

@@ -10,8 +10,10 @@
 //
 // Thread-safety: all public methods are thread-safe (one mutex). Sinks are called
 // with that mutex held and must only enqueue; they must not call back into the
-// Coordinator from Send/OnEvent/OnLines. A failed store write makes the coordinator
-// stop serving (serving() == false, mutating RPCs return UNAVAILABLE).
+// Coordinator from Send/OnEvent/OnLines. A store write that fails for I/O makes the
+// coordinator stop serving (serving() == false, mutating RPCs return UNAVAILABLE); one
+// the store refuses for its data fails only that request (INTERNAL), its in-memory
+// changes undone.
 #ifndef ULYSSES_COORDINATOR_COORDINATOR_H_
 #define ULYSSES_COORDINATOR_COORDINATOR_H_
 
@@ -121,6 +123,10 @@ class Coordinator {
   void TickLocked(Txn& txn);
   void ScheduleLocked(Txn& txn);
   absl::Status CommitLocked(Txn& txn);
+  // After the store refused txn's write: puts the records txn touched back to what the
+  // store holds (a job or worker never written is removed) and drops assignments to
+  // attempts that no longer exist. Nothing of txn was sent.
+  void RestoreLocked(const Txn& txn);
 
   // State machine steps (mu_ held).
   void SetState(JobRt& job, v1::JobState to, const std::string& reason, Txn& txn);

@@ -8,6 +8,7 @@
 
 #include "common/grpc/grpc_util.h"
 #include "common/logging.h"
+#include "coordinator/validation.h"
 
 namespace ulysses::coordinator {
 namespace {
@@ -103,9 +104,10 @@ class WatchReactor final
     : public QueuedWriter<grpc::ServerWriteReactor<v1::JobEvent>, v1::JobEvent>,
       public JobEventSink {
  public:
-  WatchReactor(Coordinator* coordinator, std::string job_id)
-      : coordinator_(coordinator), job_id_(std::move(job_id)) {
-    absl::Status status = coordinator_->WatchJob(job_id_, this);
+  WatchReactor(Coordinator* coordinator, const v1::WatchJobRequest& request)
+      : coordinator_(coordinator), job_id_(request.job_id()) {
+    absl::Status status = ValidateWatchJobRequest(request);
+    if (status.ok()) status = coordinator_->WatchJob(job_id_, this);
     if (!status.ok()) EndAfterDrain(ToGrpcStatus(status));
   }
   void OnEvent(const v1::JobEvent& event) override { Enqueue(event); }
@@ -126,16 +128,29 @@ class LogsReactor final
  public:
   LogsReactor(Coordinator* coordinator, const v1::GetJobLogsRequest& request)
       : coordinator_(coordinator), job_id_(request.job_id()) {
-    absl::Status status = coordinator_->GetJobLogs(request, this);
+    absl::Status status = ValidateGetJobLogsRequest(request);
+    if (status.ok()) status = coordinator_->GetJobLogs(request, this);
     if (!status.ok()) EndAfterDrain(ToGrpcStatus(status));
   }
+  // At most 500 lines and 1 MiB of lines per message (a line is at most 16 KiB,
+  // validation.h), far below the 4 MB a gRPC client accepts by default.
   void OnLines(const std::vector<v1::LogLine>& lines) override {
-    constexpr size_t kChunk = 500;
-    for (size_t i = 0; i < lines.size(); i += kChunk) {
-      v1::GetJobLogsResponse response;
-      for (size_t j = i; j < lines.size() && j < i + kChunk; ++j) *response.add_lines() = lines[j];
-      Enqueue(std::move(response));
+    constexpr int kChunkLines = 500;
+    constexpr size_t kChunkBytes = 1 << 20;
+    v1::GetJobLogsResponse response;
+    size_t bytes = 0;
+    for (const v1::LogLine& line : lines) {
+      const size_t size = line.ByteSizeLong();
+      if (response.lines_size() > 0 &&
+          (response.lines_size() >= kChunkLines || bytes + size > kChunkBytes)) {
+        Enqueue(std::move(response));
+        response = v1::GetJobLogsResponse();
+        bytes = 0;
+      }
+      *response.add_lines() = line;
+      bytes += size;
     }
+    if (response.lines_size() > 0) Enqueue(std::move(response));
   }
   void OnJobEnded() override { EndAfterDrain(grpc::Status::OK); }
   void OnDone() override {
@@ -164,9 +179,13 @@ class SessionReactor final
       return;
     }
     if (!opened_) {
-      if (!in_.has_hello() || in_.hello().worker_id().empty()) {
+      if (!in_.has_hello()) {
         EndAfterDrain(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                    "the first Session message must be hello{worker_id}"));
+        return;
+      }
+      if (absl::Status hello = ValidateSessionHello(in_.hello()); !hello.ok()) {
+        EndAfterDrain(ToGrpcStatus(hello));
         return;
       }
       worker_id_ = in_.hello().worker_id();
@@ -207,6 +226,9 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*
                                                     const v1::SubmitJobRequest* request,
                                                     v1::SubmitJobResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/SubmitJob");
+  if (absl::Status invalid = ValidateSubmitJobRequest(*request); !invalid.ok()) {
+    return FinishUnary(context, invalid);
+  }
   absl::StatusOr<v1::SubmitJobResponse> r = coordinator_->SubmitJob(*request);
   if (r.ok()) *response = std::move(*r);
   return FinishUnary(context, r.status());
@@ -216,6 +238,9 @@ grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* co
                                                  const v1::GetJobRequest* request,
                                                  v1::GetJobResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/GetJob");
+  if (absl::Status invalid = ValidateGetJobRequest(*request); !invalid.ok()) {
+    return FinishUnary(context, invalid);
+  }
   absl::StatusOr<v1::Job> r = coordinator_->GetJob(*request);
   if (r.ok()) *response->mutable_job() = std::move(*r);
   return FinishUnary(context, r.status());
@@ -225,6 +250,9 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* 
                                                    const v1::ListJobsRequest* request,
                                                    v1::ListJobsResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ListJobs");
+  if (absl::Status invalid = ValidateListJobsRequest(*request); !invalid.ok()) {
+    return FinishUnary(context, invalid);
+  }
   absl::StatusOr<v1::ListJobsResponse> r = coordinator_->ListJobs(*request);
   if (r.ok()) *response = std::move(*r);
   return FinishUnary(context, r.status());
@@ -234,6 +262,9 @@ grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext*
                                                     const v1::CancelJobRequest* request,
                                                     v1::CancelJobResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/CancelJob");
+  if (absl::Status invalid = ValidateCancelJobRequest(*request); !invalid.ok()) {
+    return FinishUnary(context, invalid);
+  }
   absl::StatusOr<v1::Job> r = coordinator_->CancelJob(request->job_id(), request->reason());
   if (r.ok()) *response->mutable_job() = std::move(*r);
   return FinishUnary(context, r.status());
@@ -243,6 +274,9 @@ grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext*
                                                     const v1::ResumeJobRequest* request,
                                                     v1::ResumeJobResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ResumeJob");
+  if (absl::Status invalid = ValidateResumeJobRequest(*request); !invalid.ok()) {
+    return FinishUnary(context, invalid);
+  }
   absl::StatusOr<v1::Job> r = coordinator_->ResumeJob(request->job_id());
   if (r.ok()) *response->mutable_job() = std::move(*r);
   return FinishUnary(context, r.status());
@@ -250,7 +284,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext*
 
 grpc::ServerWriteReactor<v1::JobEvent>* JobServiceImpl::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
-  return new WatchReactor(coordinator_, request->job_id());
+  return new WatchReactor(coordinator_, *request);
 }
 
 grpc::ServerWriteReactor<v1::GetJobLogsResponse>* JobServiceImpl::GetJobLogs(

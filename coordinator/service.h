@@ -1,6 +1,7 @@
 // gRPC callback-API services of ulysses-coordinator: JobService (users) and
-// WorkerService (workers), thin translations onto Coordinator. Streams are small
-// reactor classes that also act as the Coordinator's sinks (see coordinator.h).
+// WorkerService (workers), thin translations onto Coordinator. Every JobService
+// request and Session hello is checked against its bounds (validation.h) first. Streams
+// are small reactor classes that also act as the Coordinator's sinks (see coordinator.h).
 //
 // The services hold a non-owning Coordinator pointer: the gRPC server must be shut
 // down (all reactors done) before the Coordinator is destroyed.

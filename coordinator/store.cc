@@ -2,10 +2,13 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <utility>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -13,6 +16,34 @@
 
 namespace ulysses::coordinator {
 namespace {
+
+// The SQLite result code of a failed call travels with its status as this payload, so
+// Write() can tell refused data from an I/O failure after the statement is gone.
+constexpr char kSqliteCodeUrl[] = "type.ulysses/sqlite.result_code";
+
+absl::Status SqliteError(int rc, absl::string_view what, absl::string_view message) {
+  absl::Status status = absl::InternalError(absl::StrCat("sqlite ", what, ": ", message));
+  status.SetPayload(kSqliteCodeUrl, absl::Cord(absl::StrCat(rc)));
+  return status;
+}
+
+// True when SQLite refused the data itself (the primary result code is a constraint,
+// a string or blob too big, a datatype mismatch, a bind index out of range): the write
+// is wrong, not the disk. Every other failure counts as I/O.
+bool IsRefusedData(const absl::Status& status) {
+  auto payload = status.GetPayload(kSqliteCodeUrl);  // absl::optional<absl::Cord>
+  int rc = 0;
+  if (!payload || !absl::SimpleAtoi(std::string(*payload), &rc)) return false;
+  switch (rc & 0xff) {
+    case SQLITE_CONSTRAINT:
+    case SQLITE_TOOBIG:
+    case SQLITE_MISMATCH:
+    case SQLITE_RANGE:
+      return true;
+    default:
+      return false;
+  }
+}
 
 // RAII prepared statement with 1-based positional binds and 0-based column reads.
 class Stmt {
@@ -26,7 +57,7 @@ class Stmt {
 
   absl::Status status() const {
     if (rc_ == SQLITE_OK) return absl::OkStatus();
-    return absl::InternalError(absl::StrCat("sqlite prepare: ", sqlite3_errmsg(db_)));
+    return SqliteError(sqlite3_extended_errcode(db_), "prepare", sqlite3_errmsg(db_));
   }
   Stmt& Bind(int i, int64_t v) {
     sqlite3_bind_int64(stmt_, i, v);
@@ -50,7 +81,7 @@ class Stmt {
     int rc = sqlite3_step(stmt_);
     if (rc == SQLITE_ROW) return true;
     if (rc == SQLITE_DONE) return false;
-    return absl::InternalError(absl::StrCat("sqlite step: ", sqlite3_errmsg(db_)));
+    return SqliteError(sqlite3_extended_errcode(db_), "step", sqlite3_errmsg(db_));
   }
   absl::Status Run() {
     RETURN_IF_ERROR(status());
@@ -139,7 +170,8 @@ absl::Status Store::Exec(const std::string& sql) {
   if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
     std::string msg = err ? err : "unknown";
     sqlite3_free(err);
-    return absl::InternalError(absl::StrCat("sqlite: ", msg, " (in: ", sql.substr(0, 60), ")"));
+    return SqliteError(sqlite3_extended_errcode(db_), "exec",
+                       absl::StrCat(msg, " (in: ", sql.substr(0, 60), ")"));
   }
   return absl::OkStatus();
 }
@@ -273,15 +305,106 @@ absl::Status Store::Write(const Batch& batch) {
   absl::Status s = Exec("BEGIN IMMEDIATE");
   if (s.ok()) {
     s = body();
-    if (s.ok()) {
-      s = Exec("COMMIT");
-    } else {
-      (void)Exec("ROLLBACK");
-    }
+    if (s.ok()) s = Exec("COMMIT");
+    if (!s.ok()) (void)Exec("ROLLBACK");  // Also after a failed COMMIT: nothing stays open.
   }
-  if (!s.ok()) sticky_error_ = Annotate(s, "state store write failed (store now read-only)");
-  return s.ok() ? s : sticky_error_;
+  if (s.ok()) return s;
+  if (IsRefusedData(s)) {
+    return absl::InternalError(
+        absl::StrCat("state store refused the write (nothing was written; the store stays "
+                     "writable): ",
+                     s.message()));
+  }
+  sticky_error_ = absl::UnavailableError(
+      absl::StrCat("state store write failed (store now read-only): ", s.message()));
+  return sticky_error_;
 }
+
+namespace {
+
+// Row readers: one per table, columns in schema order (SELECT *).
+JobRecord ReadJobRow(Stmt& q) {
+  JobRecord j;
+  int c = 0;
+  j.id = q.Text(c++);
+  j.number = q.Int(c++);
+  j.name = q.Text(c++);
+  j.spec_yaml = q.Text(c++);
+  j.state = static_cast<v1::JobState>(q.Int(c++));
+  j.reason = q.Text(c++);
+  j.priority = q.Int(c++);
+  j.created_ms = q.Int(c++);
+  j.started_ms = q.Int(c++);
+  j.finished_ms = q.Int(c++);
+  j.state_entered_ms = q.Int(c++);
+  j.stage_index = static_cast<int>(q.Int(c++));
+  j.generation = q.Int(c++);
+  j.restarts = static_cast<int>(q.Int(c++));
+  j.preemptions = static_cast<int>(q.Int(c++));
+  j.failures = static_cast<int>(q.Int(c++));
+  j.preemptions_budget_used = static_cast<int>(q.Int(c++));
+  j.max_failures = static_cast<int>(q.Int(c++));
+  j.max_preemptions = static_cast<int>(q.Int(c++));
+  j.node_label = q.Text(c++);
+  j.checkpoint_dir = q.Text(c++);
+  j.out_dir = q.Text(c++);
+  j.loss = q.Double(c++);
+  j.not_before_ms = q.Int(c++);
+  return j;
+}
+
+StageRecord ReadStageRow(Stmt& q) {  // Column 0 is job_id.
+  StageRecord s;
+  int c = 1;
+  s.index = static_cast<int>(q.Int(c++));
+  s.state = static_cast<v1::StageState>(q.Int(c++));
+  s.seq_len = q.Int(c++);
+  s.steps = q.Int(c++);
+  s.step = q.Int(c++);
+  s.sp = static_cast<int>(q.Int(c++));
+  s.dp = static_cast<int>(q.Int(c++));
+  s.loss = q.Double(c++);
+  s.tokens_per_s = q.Double(c++);
+  s.eval_loss = q.Double(c++);
+  s.eval_accuracy = q.Double(c++);
+  s.eval_seq_len = q.Int(c++);
+  s.attempts = static_cast<int>(q.Int(c++));
+  s.started_ms = q.Int(c++);
+  s.finished_ms = q.Int(c++);
+  return s;
+}
+
+AttemptRecord ReadAttemptRow(Stmt& q) {  // Column 0 is job_id.
+  AttemptRecord a;
+  int c = 1;
+  a.generation = q.Int(c++);
+  a.stage = static_cast<int>(q.Int(c++));
+  std::string ids = q.Text(c++);
+  if (!ids.empty()) a.worker_ids = absl::StrSplit(ids, ',');
+  a.master_addr = q.Text(c++);
+  a.master_port = static_cast<int>(q.Int(c++));
+  a.started_ms = q.Int(c++);
+  a.ended_ms = q.Int(c++);
+  a.outcome = static_cast<v1::AttemptOutcome>(q.Int(c++));
+  a.exit_code = static_cast<int>(q.Int(c++));
+  a.reason = q.Text(c++);
+  return a;
+}
+
+WorkerRecord ReadWorkerRow(Stmt& q) {
+  WorkerRecord w;
+  w.id = q.Text(0);
+  w.name = q.Text(1);
+  w.node_label = q.Text(2);
+  w.device = q.Text(3);
+  w.host = q.Text(4);
+  w.capacity = static_cast<int>(q.Int(5));
+  w.registered_ms = q.Int(6);
+  w.last_seen_ms = q.Int(7);
+  return w;
+}
+
+}  // namespace
 
 absl::StatusOr<Store::Snapshot> Store::Load() {
   Snapshot snap;
@@ -292,32 +415,7 @@ absl::StatusOr<Store::Snapshot> Store::Load() {
     while (true) {
       ASSIGN_OR_RETURN(bool row, q.Step());
       if (!row) break;
-      JobRecord j;
-      int c = 0;
-      j.id = q.Text(c++);
-      j.number = q.Int(c++);
-      j.name = q.Text(c++);
-      j.spec_yaml = q.Text(c++);
-      j.state = static_cast<v1::JobState>(q.Int(c++));
-      j.reason = q.Text(c++);
-      j.priority = q.Int(c++);
-      j.created_ms = q.Int(c++);
-      j.started_ms = q.Int(c++);
-      j.finished_ms = q.Int(c++);
-      j.state_entered_ms = q.Int(c++);
-      j.stage_index = static_cast<int>(q.Int(c++));
-      j.generation = q.Int(c++);
-      j.restarts = static_cast<int>(q.Int(c++));
-      j.preemptions = static_cast<int>(q.Int(c++));
-      j.failures = static_cast<int>(q.Int(c++));
-      j.preemptions_budget_used = static_cast<int>(q.Int(c++));
-      j.max_failures = static_cast<int>(q.Int(c++));
-      j.max_preemptions = static_cast<int>(q.Int(c++));
-      j.node_label = q.Text(c++);
-      j.checkpoint_dir = q.Text(c++);
-      j.out_dir = q.Text(c++);
-      j.loss = q.Double(c++);
-      j.not_before_ms = q.Int(c++);
+      JobRecord j = ReadJobRow(q);
       snap.max_job_number = std::max(snap.max_job_number, j.number);
       index[j.id] = snap.jobs.size();
       snap.jobs.push_back(std::move(j));
@@ -331,24 +429,7 @@ absl::StatusOr<Store::Snapshot> Store::Load() {
       if (!row) break;
       auto it = index.find(q.Text(0));
       if (it == index.end()) continue;
-      StageRecord s;
-      int c = 1;
-      s.index = static_cast<int>(q.Int(c++));
-      s.state = static_cast<v1::StageState>(q.Int(c++));
-      s.seq_len = q.Int(c++);
-      s.steps = q.Int(c++);
-      s.step = q.Int(c++);
-      s.sp = static_cast<int>(q.Int(c++));
-      s.dp = static_cast<int>(q.Int(c++));
-      s.loss = q.Double(c++);
-      s.tokens_per_s = q.Double(c++);
-      s.eval_loss = q.Double(c++);
-      s.eval_accuracy = q.Double(c++);
-      s.eval_seq_len = q.Int(c++);
-      s.attempts = static_cast<int>(q.Int(c++));
-      s.started_ms = q.Int(c++);
-      s.finished_ms = q.Int(c++);
-      snap.jobs[it->second].stages.push_back(s);
+      snap.jobs[it->second].stages.push_back(ReadStageRow(q));
     }
   }
   {
@@ -359,20 +440,7 @@ absl::StatusOr<Store::Snapshot> Store::Load() {
       if (!row) break;
       auto it = index.find(q.Text(0));
       if (it == index.end()) continue;
-      AttemptRecord a;
-      int c = 1;
-      a.generation = q.Int(c++);
-      a.stage = static_cast<int>(q.Int(c++));
-      std::string ids = q.Text(c++);
-      if (!ids.empty()) a.worker_ids = absl::StrSplit(ids, ',');
-      a.master_addr = q.Text(c++);
-      a.master_port = static_cast<int>(q.Int(c++));
-      a.started_ms = q.Int(c++);
-      a.ended_ms = q.Int(c++);
-      a.outcome = static_cast<v1::AttemptOutcome>(q.Int(c++));
-      a.exit_code = static_cast<int>(q.Int(c++));
-      a.reason = q.Text(c++);
-      snap.jobs[it->second].attempts.push_back(std::move(a));
+      snap.jobs[it->second].attempts.push_back(ReadAttemptRow(q));
     }
   }
   for (JobRecord& j : snap.jobs) {
@@ -385,19 +453,54 @@ absl::StatusOr<Store::Snapshot> Store::Load() {
     while (true) {
       ASSIGN_OR_RETURN(bool row, q.Step());
       if (!row) break;
-      WorkerRecord w;
-      w.id = q.Text(0);
-      w.name = q.Text(1);
-      w.node_label = q.Text(2);
-      w.device = q.Text(3);
-      w.host = q.Text(4);
-      w.capacity = static_cast<int>(q.Int(5));
-      w.registered_ms = q.Int(6);
-      w.last_seen_ms = q.Int(7);
-      snap.workers.push_back(std::move(w));
+      snap.workers.push_back(ReadWorkerRow(q));
     }
   }
   return snap;
+}
+
+absl::StatusOr<std::optional<JobRecord>> Store::LoadJob(const std::string& job_id) {
+  std::optional<JobRecord> job;
+  {
+    Stmt q(db_, "SELECT * FROM jobs WHERE id=?");
+    RETURN_IF_ERROR(q.status());
+    q.Bind(1, job_id);
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (!row) return job;
+    job = ReadJobRow(q);
+  }
+  {
+    Stmt q(db_, "SELECT * FROM stages WHERE job_id=? ORDER BY idx");
+    RETURN_IF_ERROR(q.status());
+    q.Bind(1, job_id);
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, q.Step());
+      if (!row) break;
+      job->stages.push_back(ReadStageRow(q));
+    }
+  }
+  {
+    Stmt q(db_, "SELECT * FROM attempts WHERE job_id=? ORDER BY generation");
+    RETURN_IF_ERROR(q.status());
+    q.Bind(1, job_id);
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, q.Step());
+      if (!row) break;
+      job->attempts.push_back(ReadAttemptRow(q));
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<CheckpointRecord> cks, LoadCheckpoints(job_id));
+  if (!cks.empty()) job->last_checkpoint = cks.back();
+  return job;
+}
+
+absl::StatusOr<std::optional<WorkerRecord>> Store::LoadWorker(const std::string& worker_id) {
+  Stmt q(db_, "SELECT * FROM workers WHERE id=?");
+  RETURN_IF_ERROR(q.status());
+  q.Bind(1, worker_id);
+  ASSIGN_OR_RETURN(bool row, q.Step());
+  if (!row) return std::optional<WorkerRecord>();
+  return std::optional<WorkerRecord>(ReadWorkerRow(q));
 }
 
 absl::StatusOr<std::vector<EventRecord>> Store::LoadEvents(const std::string& job_id, int limit) {

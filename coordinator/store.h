@@ -4,14 +4,22 @@
 // Load() reads everything back after a (re)start; Write() persists a Batch of changed
 // records in ONE transaction, so a state transition is either fully on disk or not at
 // all (a crash mid-write leaves the previous state; reopening the file is recovery).
-// A failed Write() puts the store in a sticky error mode: every later Write() returns
-// the same error (leveldb-style), the caller reports NOT_SERVING.
+//
+// A failed Write() leaves nothing of its batch on disk. What happens next depends on why
+// it failed:
+// - the database refused the batch's data (a constraint such as NOT NULL, a value too
+//   big, a type mismatch): that write fails with INTERNAL (a bug in the caller, which
+//   validates before it writes) and the store stays writable;
+// - anything else (an I/O error, a full disk, corruption, a lock it cannot get): the
+//   store goes into a sticky read-only mode: this and every later Write() return
+//   UNAVAILABLE with the first error (leveldb-style), and the caller reports NOT_SERVING.
 //
 // Not thread-safe: the Coordinator calls it under its mutex.
 #ifndef ULYSSES_COORDINATOR_STORE_H_
 #define ULYSSES_COORDINATOR_STORE_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,11 +59,18 @@ class Store {
     }
   };
   absl::Status Write(const Batch& batch);
+  // False once a Write() failed for a reason other than its data (see above).
+  bool writable() const { return sticky_error_.ok(); }
 
   // Events of one job in sequence order (newest `limit`).
   absl::StatusOr<std::vector<EventRecord>> LoadEvents(const std::string& job_id, int limit);
   // Checkpoints of one job in commit order.
   absl::StatusOr<std::vector<CheckpointRecord>> LoadCheckpoints(const std::string& job_id);
+  // One job as last written (with stages, attempts and last_checkpoint), or nullopt when
+  // it was never written; one worker likewise. The caller uses them to undo in-memory
+  // changes whose Write() failed.
+  absl::StatusOr<std::optional<JobRecord>> LoadJob(const std::string& job_id);
+  absl::StatusOr<std::optional<WorkerRecord>> LoadWorker(const std::string& worker_id);
 
   const std::string& path() const { return path_; }
 

@@ -34,6 +34,12 @@ namespace ulysses::spec {
 inline constexpr char kApiVersion[] = "ulysses/v1";
 inline constexpr char kKind[] = "TrainJob";
 
+// Bounds every reader of a TrainJob applies (ulyssesctl and the coordinator alike):
+// the document's size in bytes, the number of stages, the ranks (sp x dp) of a stage.
+inline constexpr int64_t kMaxSpecBytes = 256 * 1024;
+inline constexpr int64_t kMaxStages = 64;
+inline constexpr int64_t kMaxWorldSize = 1 << 20;
+
 struct Metadata {
   std::string name;                           // Required. DNS-1123 label: [a-z0-9-], <= 63 chars.
   std::map<std::string, std::string> labels;  // Free-form key/value labels.
@@ -104,8 +110,8 @@ struct CheckpointSpec {
 // Coordinator-side policy; ignored by ulysses-train.
 struct SchedulingSpec {
   int64_t priority = 0;          // Higher runs first; FIFO within a priority.
-  int64_t max_failures = 3;      // Failed attempts (not preemptions) before FAILED.
-  int64_t max_preemptions = -1;  // -1 = unlimited.
+  int64_t max_failures = 3;      // Failed attempts (not preemptions) before FAILED. 0..2^31-1.
+  int64_t max_preemptions = -1;  // -1 = unlimited. -1..2^31-1.
   std::string node_label;        // Only place on workers with this node label ("" = any).
 };
 

@@ -547,6 +547,10 @@ void ReadStages(const YAML::Node& node, Reader& r, std::vector<StageSpec>* stage
                             " is not a list (write stages: [{seq_len: 1024, steps: 100}])"));
     return;
   }
+  if (node.size() > static_cast<size_t>(kMaxStages)) {
+    r.errors.push_back(internal::TooManyStages(node.size()));  // Not one error per stage.
+    return;
+  }
   for (size_t i = 0; i < node.size(); ++i) {
     const std::string ip = absl::StrCat(p, "[", i, "]");
     const YAML::Node item = node[i];
@@ -855,6 +859,11 @@ absl::StatusOr<JobSpec> ParseTree(const std::string& text, const ParseOptions& o
 }  // namespace
 
 absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text, const ParseOptions& options) {
+  if (static_cast<int64_t>(yaml_text.size()) > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "(document): ", yaml_text.size(), " bytes is more than ", kMaxSpecBytes,
+        " (a TrainJob is at most 256 KiB; a real one is a few KiB: drop generated content)"));
+  }
   absl::StatusOr<JobSpec> spec;
   try {
     const std::string text(yaml_text);
@@ -875,7 +884,6 @@ absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text, const ParseOpt
 }
 
 absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path, const ParseOptions& options) {
-  constexpr int64_t kMaxBytes = 16 << 20;
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     return absl::InvalidArgumentError(
@@ -885,10 +893,10 @@ absl::StatusOr<JobSpec> LoadJobSpecFile(const std::string& path, const ParseOpti
     return absl::InvalidArgumentError(absl::StrCat(
         internal::OneLine(path), ": is not a regular file (give a TrainJob YAML file)"));
   }
-  if (st.st_size > kMaxBytes) {
+  if (st.st_size > kMaxSpecBytes) {
     return absl::InvalidArgumentError(absl::StrCat(internal::OneLine(path), ": ", st.st_size,
                                                    " bytes is too large for a job spec "
-                                                   "(at most 16 MiB)"));
+                                                   "(at most 256 KiB)"));
   }
   std::ifstream in(path, std::ios::binary);
   std::stringstream buffer;

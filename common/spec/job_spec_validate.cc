@@ -1,6 +1,7 @@
 // ValidateJobSpec: every rule of docs/JOBSPEC.md, all errors collected, each line
 // `<path>: <value> <problem> (<fix>)`.
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -18,8 +19,7 @@ using internal::Quote;
 
 constexpr int64_t kNeedleMinVocab = 64;
 constexpr int64_t kNeedleMinSeqLen = 64;
-// The most ranks (sp_degree * dp_degree) a stage may ask for.
-constexpr int64_t kMaxWorldSize = 1 << 20;
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
 class Errors {
  public:
@@ -244,6 +244,11 @@ void CheckStages(const JobSpec& s, Errors& e) {
     e.Add("spec.stages", "[]", "is empty",
           "add at least one stage, e.g. stages: [{seq_len: 1024, steps: 100}]");
   }
+  if (static_cast<int64_t>(s.stages.size()) > kMaxStages) {
+    // One line, not one per stage: the message must stay readable (and fit an RPC).
+    e.AddLine(internal::TooManyStages(s.stages.size()));
+    return;
+  }
   for (size_t i = 0; i < s.stages.size(); ++i) {
     CheckStage(s, i, e);
   }
@@ -293,13 +298,20 @@ void CheckCheckpointAndScheduling(const JobSpec& s, Errors& e) {
     e.Add("spec.checkpoint.keep_last", absl::StrCat(s.checkpoint.keep_last), "must be >= 1",
           "use e.g. 2");
   }
+  // The coordinator counts both in 32 bits: a larger value is refused, never truncated.
   if (s.scheduling.max_failures < 0) {
     e.Add("spec.scheduling.max_failures", absl::StrCat(s.scheduling.max_failures), "must be >= 0",
           "use e.g. 3, or 0 to fail on the first failure");
+  } else if (s.scheduling.max_failures > kMaxInt32) {
+    e.Add("spec.scheduling.max_failures", absl::StrCat(s.scheduling.max_failures),
+          absl::StrCat("is more than ", kMaxInt32), "use e.g. 3");
   }
   if (s.scheduling.max_preemptions < -1) {
     e.Add("spec.scheduling.max_preemptions", absl::StrCat(s.scheduling.max_preemptions),
           "must be >= -1", "use -1 for unlimited");
+  } else if (s.scheduling.max_preemptions > kMaxInt32) {
+    e.Add("spec.scheduling.max_preemptions", absl::StrCat(s.scheduling.max_preemptions),
+          absl::StrCat("is more than ", kMaxInt32), "use -1 for unlimited");
   }
 }
 

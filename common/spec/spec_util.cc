@@ -130,6 +130,12 @@ std::string JoinChoices(const std::vector<std::string>& choices) {
   return absl::StrCat(absl::StrJoin(head, ", "), " or ", choices.back());
 }
 
+std::string TooManyStages(size_t count) {
+  return absl::StrCat("spec.stages: ", count, " stages is more than ", kMaxStages,
+                      " (split the run into jobs of at most ", kMaxStages,
+                      " stages, each resuming from the last one's checkpoint)");
+}
+
 absl::Status ErrorsToStatus(const std::vector<std::string>& errors) {
   if (errors.empty()) {
     return absl::OkStatus();

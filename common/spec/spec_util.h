@@ -41,6 +41,10 @@ std::string JoinChoices(const std::vector<std::string>& choices);
 // `errors` is empty).
 absl::Status ErrorsToStatus(const std::vector<std::string>& errors);
 
+// The error line for a stages list longer than kMaxStages (the reader and the
+// validator both report it, once, instead of one line per stage).
+std::string TooManyStages(size_t count);
+
 // Data files exist, are whole uint32 tokens and hold stages[0].seq_len + 1 tokens.
 absl::Status CheckDataFiles(const JobSpec& spec);
 

@@ -3,6 +3,11 @@
 #include "coordinator/store.h"
 
 #include <sqlite3.h>
+#include <sys/resource.h>
+
+#include <cmath>
+#include <csignal>
+#include <filesystem>
 
 #include "gtest/gtest.h"
 #include "tests/coordinator/test_util.h"
@@ -100,37 +105,137 @@ TEST(StoreTest, UpsertReplacesTheJobRow) {
   EXPECT_EQ(snap->jobs[0].restarts, 9);
 }
 
-TEST(StoreTest, FailedBatchLeavesNothingAndTurnsSticky) {
+// Fault injection with a real SQLite trigger: an event with sequence -1 aborts the
+// transaction after the job and worker rows of the same batch were written.
+void InstallFailingTrigger(const std::string& dir) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/coordinator.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "CREATE TRIGGER inject AFTER INSERT ON events WHEN NEW.sequence = -1 "
+                         "BEGIN SELECT RAISE(ABORT, 'injected failure'); END",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+}
+
+// A write the database refuses for its data (a constraint) fails alone: nothing of it is
+// written and the store takes the next batch.
+TEST(StoreTest, RefusedBatchLeavesNothingAndTheStoreWritable) {
   TempDir dir;
   auto store = Store::Open(dir.path());
   ASSERT_TRUE(store.ok());
-  // Fault injection with a real SQLite trigger: an event with sequence -1 aborts the
-  // transaction after the job and worker rows of the same batch were written.
-  {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open((dir.path() + "/coordinator.db").c_str(), &db), SQLITE_OK);
-    ASSERT_EQ(sqlite3_exec(db,
-                           "CREATE TRIGGER inject AFTER INSERT ON events WHEN NEW.sequence = -1 "
-                           "BEGIN SELECT RAISE(ABORT, 'injected failure'); END",
-                           nullptr, nullptr, nullptr),
-              SQLITE_OK);
-    sqlite3_close(db);
-  }
+  InstallFailingTrigger(dir.path());
   Store::Batch b;
   b.jobs.push_back(MakeJob("job-000001", 1));
   b.workers.push_back({"w-a", "a", "", "cpu", "h", 1, 0, 0});
   b.events.push_back({"job-000001", -1, 0, "x"});
   absl::Status s = (*store)->Write(b);
-  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
   EXPECT_NE(std::string(s.message()).find("injected failure"), std::string::npos) << s;
+  EXPECT_NE(std::string(s.message()).find("the store stays writable"), std::string::npos) << s;
+  EXPECT_TRUE((*store)->writable());
   auto snap = (*store)->Load();
   ASSERT_TRUE(snap.ok());
   EXPECT_TRUE(snap->jobs.empty());
   EXPECT_TRUE(snap->workers.empty());
-  // Sticky: even a valid batch is refused now.
+
+  // A NaN in a REAL NOT NULL column (SQLite stores NaN as NULL): refused the same way.
+  Store::Batch nan_batch;
+  nan_batch.jobs.push_back(MakeJob("job-000002", 2));
+  nan_batch.jobs[0].stages[0].loss = std::nan("");
+  s = (*store)->Write(nan_batch);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(std::string(s.message()).find("NOT NULL constraint failed: stages.loss"),
+            std::string::npos)
+      << s;
+  EXPECT_TRUE((*store)->writable());
+
+  // The next valid batch is written.
   Store::Batch ok_batch;
-  ok_batch.jobs.push_back(MakeJob("job-000002", 2));
-  EXPECT_FALSE((*store)->Write(ok_batch).ok());
+  ok_batch.jobs.push_back(MakeJob("job-000003", 3));
+  ASSERT_TRUE((*store)->Write(ok_batch).ok());
+  snap = (*store)->Load();
+  ASSERT_TRUE(snap.ok());
+  ASSERT_EQ(snap->jobs.size(), 1u);
+  EXPECT_EQ(snap->jobs[0].id, "job-000003");
+}
+
+// An I/O failure is sticky. The failure is real: a file-size limit (RLIMIT_FSIZE) makes the
+// kernel refuse the WAL append with EFBIG, as a full disk refuses it with ENOSPC.
+TEST(StoreTest, IoFailureLeavesNothingAndTurnsSticky) {
+  TempDir dir;
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  Store::Batch first;
+  first.jobs.push_back(MakeJob("job-000001", 1));
+  ASSERT_TRUE((*store)->Write(first).ok());
+
+  Store::Batch big;
+  big.jobs.push_back(MakeJob("job-000002", 2));
+  big.jobs[0].spec_yaml.assign(4 << 20, 'x');  // Must grow the WAL past its current size.
+  const std::string wal = dir.path() + "/coordinator.db-wal";
+  ASSERT_TRUE(std::filesystem::exists(wal));
+  struct rlimit saved {};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  void (*old_handler)(int) = std::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of a core dump.
+  struct rlimit limited = saved;
+  limited.rlim_cur = static_cast<rlim_t>(std::filesystem::file_size(wal)) + 4096;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limited), 0);
+  absl::Status s = (*store)->Write(big);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &saved), 0);
+  std::signal(SIGXFSZ, old_handler);
+
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(std::string(s.message()).find("store now read-only"), std::string::npos) << s;
+  EXPECT_FALSE((*store)->writable());
+  // Sticky: even a small valid batch is refused now, with the first error.
+  Store::Batch ok_batch;
+  ok_batch.jobs.push_back(MakeJob("job-000003", 3));
+  absl::Status again = (*store)->Write(ok_batch);
+  EXPECT_EQ(again, s);
+  // Nothing of either batch reached the file: a fresh open sees only the first job.
+  store->reset();
+  auto reopened = Store::Open(dir.path());
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  auto snap = (*reopened)->Load();
+  ASSERT_TRUE(snap.ok());
+  ASSERT_EQ(snap->jobs.size(), 1u);
+  EXPECT_EQ(snap->jobs[0].id, "job-000001");
+}
+
+TEST(StoreTest, LoadJobAndLoadWorkerReadOneRecord) {
+  TempDir dir;
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  Store::Batch b;
+  b.jobs.push_back(MakeJob("job-000001", 1));
+  b.jobs.push_back(MakeJob("job-000002", 2));
+  b.workers.push_back({"w-a", "a", "node1", "cpu", "10.0.0.1", 1, 5, 6});
+  b.checkpoints.push_back({"job-000001", 3, 0, 5, "/ckpt/job-000001/s0-5", 100, 0.5, 77});
+  ASSERT_TRUE((*store)->Write(b).ok());
+  auto job = (*store)->LoadJob("job-000001");
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(job->has_value());
+  EXPECT_EQ((*job)->id, "job-000001");
+  EXPECT_EQ((*job)->generation, 3);
+  ASSERT_EQ((*job)->stages.size(), 1u);
+  EXPECT_EQ((*job)->stages[0].step, 7);
+  ASSERT_EQ((*job)->attempts.size(), 1u);
+  EXPECT_EQ((*job)->attempts[0].worker_ids, (std::vector<std::string>{"w-a", "w-b"}));
+  ASSERT_TRUE((*job)->last_checkpoint.has_value());
+  EXPECT_EQ((*job)->last_checkpoint->step, 5);
+  auto other = (*store)->LoadJob("job-000002");
+  ASSERT_TRUE(other.ok() && other->has_value());
+  EXPECT_FALSE((*other)->last_checkpoint.has_value());
+  auto missing = (*store)->LoadJob("job-000009");
+  ASSERT_TRUE(missing.ok());
+  EXPECT_FALSE(missing->has_value());
+  auto worker = (*store)->LoadWorker("w-a");
+  ASSERT_TRUE(worker.ok() && worker->has_value());
+  EXPECT_EQ((*worker)->node_label, "node1");
+  auto no_worker = (*store)->LoadWorker("w-b");
+  ASSERT_TRUE(no_worker.ok());
+  EXPECT_FALSE(no_worker->has_value());
 }
 
 TEST(StoreTest, RefusesANewerSchema) {

@@ -11,10 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/common/spec/spec_test_util.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ulysses::spec {
 namespace {
@@ -459,6 +461,11 @@ std::vector<BadCase> BadCases() {
        "9223372036854771712)"},
       {"max_failures", With("{max_failures: 3}", "{max_failures: -1}"),
        "spec.scheduling.max_failures: -1 must be >= 0"},
+      {"max_failures_int32", With("{max_failures: 3}", "{max_failures: 2147483648}"),
+       "spec.scheduling.max_failures: 2147483648 is more than 2147483647 (use e.g. 3)"},
+      {"max_preemptions_int32", With("{max_failures: 3}", "{max_preemptions: 4294967296}"),
+       "spec.scheduling.max_preemptions: 4294967296 is more than 2147483647 (use -1 for "
+       "unlimited)"},
       {"loss_tile_tokens", With("{tiled_loss: true}", "{tiled_loss: true, loss_tile_tokens: 0}"),
        "spec.memory.loss_tile_tokens: 0 must be > 0"},
       {"attention_block_size", With("{tiled_loss: true}", "{attention_block_size: -4}"),
@@ -714,6 +721,70 @@ TEST(LoadJobSpecFileTest, MissingFileAndDirectory) {
   spec = LoadJobSpecFile("/tmp");
   ASSERT_FALSE(spec.ok());
   EXPECT_THAT(std::string(spec.status().message()), HasSubstr("/tmp: is not a regular file"));
+}
+
+// kMaxStages stages of increasing seq_len at sp 1, as one flow list per line.
+std::string StagesYaml(int count) {
+  std::string stages = "  stages:\n";
+  for (int i = 1; i <= count; ++i) {
+    stages += absl::StrCat("    - {seq_len: ", 1024 * i, ", steps: 1, sp_degree: 1}\n");
+  }
+  return stages;
+}
+
+TEST(JobSpecParserTest, AtMostMaxStagesAndOneLineForTooMany) {
+  const std::string base_stages =
+      "  stages:\n    - {seq_len: 1024, steps: 10}\n    - {seq_len: 2048, steps: 5, "
+      "sp_degree: 4}\n";
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(With(base_stages, StagesYaml(kMaxStages)));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->stages.size(), static_cast<size_t>(kMaxStages));
+  // One stage more is refused with one line (not one per stage), even when every
+  // stage is also wrong on its own.
+  std::string too_many = StagesYaml(kMaxStages + 1);
+  for (size_t pos = 0; (pos = too_many.find("steps: 1,", pos)) != std::string::npos;) {
+    too_many.replace(pos, 9, "steps: 0,");
+  }
+  spec = ParseJobSpec(With(base_stages, too_many));
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(spec.status().message(),
+            "spec.stages: 65 stages is more than 64 (split the run into jobs of at most 64 "
+            "stages, each resuming from the last one's checkpoint)");
+}
+
+TEST(ValidateJobSpecTest, TooManyStagesIsOneLine) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(kBase);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec->stages.resize(111005);  // Built in code, not read: the validator has the same rule.
+  absl::Status status = ValidateJobSpec(*spec);
+  ASSERT_FALSE(status.ok());
+  EXPECT_EQ(status.message(),
+            "spec.stages: 111005 stages is more than 64 (split the run into jobs of at most 64 "
+            "stages, each resuming from the last one's checkpoint)");
+}
+
+TEST(JobSpecParserTest, DocumentLargerThanMaxSpecBytesIsRefusedBeforeParsing) {
+  // Valid YAML padded with a comment up to one byte over the limit.
+  std::string text = kBase;
+  text += "#";
+  text.append(static_cast<size_t>(kMaxSpecBytes) - text.size(), 'x');
+  ASSERT_TRUE(ParseJobSpec(text).ok()) << "exactly kMaxSpecBytes is allowed";
+  text += "x";
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(text);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(spec.status().message(),
+            "(document): 262145 bytes is more than 262144 (a TrainJob is at most 256 KiB; a real "
+            "one is a few KiB: drop generated content)");
+  // ulyssesctl reads files through LoadJobSpecFile: same limit, named by the file.
+  ::ulysses::testing::TempDir dir;
+  const std::string path = dir.path() + "/big.yaml";
+  std::ofstream(path) << text;
+  spec = LoadJobSpecFile(path);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().message(),
+            path + ": 262145 bytes is too large for a job spec (at most 256 KiB)");
 }
 
 TEST(ValidateJobSpecTest, DefaultStructNamesWhatIsMissing) {
