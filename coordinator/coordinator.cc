@@ -482,7 +482,8 @@ void Coordinator::AddEvent(JobRt& job, v1::JobEvent event, bool persist, Txn& tx
   if (!job.watchers.empty()) txn.notify.emplace_back(&job, std::move(event));
 }
 
-void Coordinator::SetState(JobRt& job, v1::JobState to, const std::string& reason, Txn& txn) {
+void Coordinator::SetState(JobRt& job, v1::JobState to, const std::string& reason, Txn& txn,
+                           const std::string& actor) {
   const v1::JobState from = job.rec.state;
   const int64_t now = NowMs();
   const int64_t steady = SteadyMs();
@@ -514,6 +515,7 @@ void Coordinator::SetState(JobRt& job, v1::JobState to, const std::string& reaso
   ev.mutable_state_change()->set_from(from);
   ev.mutable_state_change()->set_to(to);
   ev.mutable_state_change()->set_reason(reason);
+  ev.mutable_state_change()->set_actor(actor);
   AddEvent(job, std::move(ev), /*persist=*/true, txn);
   v1::LogLine line;
   line.set_stream(v1::LOG_STREAM_COORDINATOR);
@@ -811,7 +813,8 @@ void Coordinator::OnWorkerLost(WorkerRt& worker, const std::string& why, Txn& tx
 // ---------------------------------------------------------------------------
 // JobService
 
-absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJobRequest& request) {
+absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJobRequest& request,
+                                                             const auth::Principal& caller) {
   spec::ParseOptions options;
   options.overrides.assign(request.overrides().begin(), request.overrides().end());
   absl::StatusOr<spec::JobSpec> parsed = spec::ParseJobSpec(request.spec_yaml(), options);
@@ -821,6 +824,8 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   const spec::JobSpec& s = *parsed;
   JobRecord rec;
   rec.name = s.metadata.name;
+  rec.owner = caller.user;
+  rec.tenant = caller.tenant;
   rec.spec_yaml = spec::ToYaml(s);
   rec.priority = s.scheduling.priority;
   rec.max_failures = static_cast<int>(s.scheduling.max_failures);
@@ -876,10 +881,11 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   return response;
 }
 
-absl::StatusOr<v1::Job> Coordinator::GetJob(const v1::GetJobRequest& request) {
+absl::StatusOr<v1::Job> Coordinator::GetJob(const v1::GetJobRequest& request,
+                                            const auth::Principal& caller) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find(request.job_id());
-  if (it == jobs_.end()) {
+  if (it == jobs_.end() || !auth::MaySeeTenant(caller, it->second->rec.tenant)) {
     return absl::NotFoundError(absl::StrCat("job \"", request.job_id(), "\" not found"));
   }
   v1::Job job = ToProto(*it->second, true);
@@ -890,7 +896,8 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const v1::GetJobRequest& request) {
   return job;
 }
 
-absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
+absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request,
+                                                           const auth::Principal& caller) {
   int page_size = request.page_size() <= 0 ? 100 : std::min(request.page_size(), 1000);
   int64_t before = INT64_MAX;
   if (!request.page_token().empty() && !absl::SimpleAtoi(request.page_token(), &before)) {
@@ -903,6 +910,7 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   for (auto& [id, j] : jobs_) {
     if (j->rec.number >= before) continue;
     if (!states.empty() && !states.count(j->rec.state)) continue;
+    if (!auth::MaySeeTenant(caller, j->rec.tenant)) continue;
     matching.push_back(j.get());
   }
   std::sort(matching.begin(), matching.end(),
@@ -919,31 +927,35 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   return response;
 }
 
-absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id,
-                                               const std::string& reason) {
+absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id, const std::string& reason,
+                                               const auth::Principal& caller) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!serving_) return absl::UnavailableError("coordinator is not serving (state store error)");
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" not found"));
+  if (it == jobs_.end() || !auth::MaySeeTenant(caller, it->second->rec.tenant))
+    return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" not found"));
   JobRt& job = *it->second;
   if (job.rec.terminal()) {
     return absl::FailedPreconditionError(
         absl::StrCat(job_id, " is already ", StateName(job.rec.state), " (nothing to cancel)"));
   }
-  std::string why = reason.empty() ? "cancelled by user" : reason;
+  std::string why =
+      absl::StrCat("cancelled by ", caller.user, reason.empty() ? "" : absl::StrCat(": ", reason));
   Txn txn;
   EndAttempt(job, v1::ATTEMPT_OUTCOME_ABORTED, 0, why,
              static_cast<int64_t>(config_.cancel_grace_s * 1000), txn);
-  SetState(job, v1::JOB_STATE_CANCELLED, why, txn);
+  SetState(job, v1::JOB_STATE_CANCELLED, why, txn, caller.user);
   RETURN_IF_ERROR(CommitLocked(txn));
   return ToProto(job, true);
 }
 
-absl::StatusOr<v1::Job> Coordinator::ResumeJob(const std::string& job_id) {
+absl::StatusOr<v1::Job> Coordinator::ResumeJob(const std::string& job_id,
+                                               const auth::Principal& caller) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!serving_) return absl::UnavailableError("coordinator is not serving (state store error)");
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" not found"));
+  if (it == jobs_.end() || !auth::MaySeeTenant(caller, it->second->rec.tenant))
+    return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" not found"));
   JobRt& job = *it->second;
   if (job.rec.state != v1::JOB_STATE_FAILED && job.rec.state != v1::JOB_STATE_CANCELLED) {
     return absl::FailedPreconditionError(
@@ -955,7 +967,9 @@ absl::StatusOr<v1::Job> Coordinator::ResumeJob(const std::string& job_id) {
   job.rec.preemptions_budget_used = 0;
   job.rec.finished_ms = 0;
   job.rec.not_before_ms = 0;
-  SetState(job, v1::JOB_STATE_PENDING, absl::StrCat("resumed from ", CheckpointText(job.rec)), txn);
+  SetState(job, v1::JOB_STATE_PENDING,
+           absl::StrCat("resumed by ", caller.user, " from ", CheckpointText(job.rec)), txn,
+           caller.user);
   RETURN_IF_ERROR(CommitLocked(txn));
   ScheduleLocked(txn);
   (void)CommitLocked(txn);
@@ -970,10 +984,12 @@ v1::ListWorkersResponse Coordinator::ListWorkers() {
   return response;
 }
 
-absl::Status Coordinator::WatchJob(const std::string& job_id, JobEventSink* sink) {
+absl::Status Coordinator::WatchJob(const std::string& job_id, const auth::Principal& caller,
+                                   JobEventSink* sink) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" not found"));
+  if (it == jobs_.end() || !auth::MaySeeTenant(caller, it->second->rec.tenant))
+    return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" not found"));
   JobRt& job = *it->second;
   v1::JobEvent snapshot;
   snapshot.set_job_id(job_id);
@@ -995,10 +1011,11 @@ void Coordinator::UnwatchJob(const std::string& job_id, JobEventSink* sink) {
   if (it != jobs_.end()) it->second->watchers.erase(sink);
 }
 
-absl::Status Coordinator::GetJobLogs(const v1::GetJobLogsRequest& request, LogSink* sink) {
+absl::Status Coordinator::GetJobLogs(const v1::GetJobLogsRequest& request,
+                                     const auth::Principal& caller, LogSink* sink) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_.find(request.job_id());
-  if (it == jobs_.end()) {
+  if (it == jobs_.end() || !auth::MaySeeTenant(caller, it->second->rec.tenant)) {
     return absl::NotFoundError(absl::StrCat("job \"", request.job_id(), "\" not found"));
   }
   JobRt& job = *it->second;
@@ -1025,8 +1042,15 @@ void Coordinator::UnfollowLogs(const std::string& job_id, LogSink* sink) {
 // ---------------------------------------------------------------------------
 // WorkerService
 
-absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& request) {
+absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& request,
+                                                           const auth::Principal& caller) {
   RETURN_IF_ERROR(ValidateRegisterRequest(request));
+  if (!auth::MayActAsWorker(caller, request.name())) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "name: \"", request.name(), "\" is not the worker ", caller.Describe(),
+        " may register (a worker registers the name of its certificate's CN or worker token)"));
+  }
+  const std::string identity = caller.WorkerIdentity();
   std::lock_guard<std::mutex> lock(mu_);
   if (!serving_) return absl::UnavailableError("coordinator is not serving (state store error)");
   const std::string id = "w-" + request.name();
@@ -1036,8 +1060,23 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
     slot->rec.id = id;
     slot->rec.name = request.name();
     slot->rec.registered_ms = NowMs();
+    slot->rec.identity = identity;
   }
   WorkerRt& w = *slot;
+  if (w.rec.identity != identity) {
+    const bool live =
+        w.state != v1::WORKER_STATE_LOST &&
+        (w.sink != nullptr || SteadyMs() - w.last_seen_steady <
+                                  static_cast<int64_t>(config_.heartbeat_timeout_s * 1000));
+    if (live) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "name: worker \"", request.name(), "\" is live and held by another identity (",
+          w.rec.identity, "); it can be taken over only once it is LOST"));
+    }
+    ULOG(WARNING) << "worker " << request.name() << " taken over by " << identity << " (was "
+                  << w.rec.identity << ", not live)";
+    w.rec.identity = identity;
+  }
   w.rec.node_label = request.node_label().empty() ? request.name() : request.node_label();
   w.rec.device = request.device();
   w.rec.host = request.host();
@@ -1121,7 +1160,8 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
   return response;
 }
 
-absl::StatusOr<uint64_t> Coordinator::OpenSession(const std::string& worker_id, WorkerSink* sink) {
+absl::StatusOr<uint64_t> Coordinator::OpenSession(const std::string& worker_id,
+                                                  const auth::Principal& caller, WorkerSink* sink) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) {
@@ -1129,6 +1169,11 @@ absl::StatusOr<uint64_t> Coordinator::OpenSession(const std::string& worker_id, 
         absl::StrCat("worker \"", worker_id, "\" is not registered (call Register first)"));
   }
   WorkerRt& w = *it->second;
+  if (w.rec.identity != caller.WorkerIdentity()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("worker \"", worker_id, "\" was registered by another identity (",
+                     w.rec.identity, "); ", caller.Describe(), " cannot open its session"));
+  }
   if (w.state == v1::WORKER_STATE_LOST) {
     return absl::FailedPreconditionError(
         absl::StrCat("worker \"", worker_id, "\" was declared lost; call Register again"));
@@ -1481,6 +1526,8 @@ v1::Job Coordinator::ToProto(const JobRt& job, bool full) const {
   v1::Job p;
   p.set_id(r.id);
   p.set_name(r.name);
+  p.set_owner(r.owner);
+  p.set_tenant(r.tenant);
   p.set_state(r.state);
   p.set_reason(r.reason);
   SetTime(r.created_ms, p.mutable_created_at());

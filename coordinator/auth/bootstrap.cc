@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -75,6 +76,10 @@ absl::StatusOr<TokenEntry> EnsureAdminToken(const std::string& state_dir) {
 absl::StatusOr<std::string> WriteClientConfig(const std::string& state_dir,
                                               const std::string& server, const std::string& ca) {
   const std::string path = absl::StrCat(state_dir, "/", kClientConfigFile);
+  // Absolute paths: the config is used from any working directory.
+  std::error_code ec;
+  const std::string abs_dir = std::filesystem::absolute(state_dir, ec).lexically_normal().string();
+  const std::string abs_ca = ca.empty() ? "" : std::filesystem::absolute(ca, ec).string();
   YAML::Emitter out;
   out << YAML::BeginMap;
   out << YAML::Key << "current-context" << YAML::Value << "local";

@@ -23,7 +23,8 @@ inline constexpr char kBootstrapTenant[] = "default";
 absl::StatusOr<TokenEntry> EnsureAdminToken(const std::string& state_dir);
 
 // Writes <state_dir>/ulyssesctl-config.yaml (0600): context `local` with `server`,
-// `ca` (omitted when empty) and `token_file` = <state_dir>/admin.token.
+// `ca` (omitted when empty) and `token_file` = <state_dir>/admin.token (paths made
+// absolute).
 // Returns the path.
 absl::StatusOr<std::string> WriteClientConfig(const std::string& state_dir,
                                               const std::string& server, const std::string& ca);

@@ -34,6 +34,10 @@ std::string Principal::Describe() const {
   return absl::StrCat(user, " (tenant ", tenant, ", role ", RoleName(role), ")");
 }
 
+bool MaySeeTenant(const Principal& p, const std::string& tenant) {
+  return p.role == Role::kAdmin || p.tenant == tenant;
+}
+
 bool MayActAsWorker(const Principal& p, const std::string& name) {
   if (p.role == Role::kAdmin) return true;
   return p.role == Role::kWorker && p.user == name;

@@ -36,6 +36,10 @@ struct Principal {
   std::string Describe() const;
 };
 
+// Whether `p` may see (and, role permitting, act on) a job of `tenant`: an admin every
+// tenant, anyone else only their own. Other tenants' jobs answer NOT_FOUND.
+bool MaySeeTenant(const Principal& p, const std::string& tenant);
+
 // Whether `p` may register (and open a session for) the worker named `name`:
 // a worker only its own name, an admin any name, nobody else.
 bool MayActAsWorker(const Principal& p, const std::string& name);

@@ -18,6 +18,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ulysses::coordinator::auth {
@@ -223,6 +225,29 @@ absl::Status AppendTokenFile(const std::string& path, const TokenEntry& entry) {
         absl::StrCat("--token-file: cannot write \"", path, "\" (", std::strerror(errno), ")"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<std::string, TokenEntry>> CreateToken(const std::string& user,
+                                                               const std::string& tenant,
+                                                               const std::string& role,
+                                                               const std::string& token_file) {
+  std::vector<std::string> errors;
+  if (absl::Status s = CheckName("--user", user); !s.ok()) errors.emplace_back(s.message());
+  if (absl::Status s = CheckName("--tenant", tenant); !s.ok()) errors.emplace_back(s.message());
+  std::optional<Role> r = ParseRole(role);
+  if (!r) {
+    errors.push_back(absl::StrCat("--role: \"", absl::CHexEscape(role.substr(0, 80)),
+                                  "\" is not a role (use admin, user, viewer or worker)"));
+  }
+  if (!errors.empty()) return absl::InvalidArgumentError(absl::StrJoin(errors, "\n"));
+  absl::StatusOr<std::string> token = NewToken();
+  if (!token.ok()) return token.status();
+  TokenEntry e{user, tenant, *r, Sha256Hex(*token),
+               absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())};
+  if (!token_file.empty()) {
+    if (absl::Status s = AppendTokenFile(token_file, e); !s.ok()) return s;
+  }
+  return std::make_pair(*token, e);
 }
 
 }  // namespace ulysses::coordinator::auth

@@ -14,6 +14,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -59,6 +60,14 @@ absl::StatusOr<std::vector<TokenEntry>> LoadTokenFile(const std::string& path);
 // Adds `entry` to the file at `path` (created with mode 0600 when missing; an existing
 // file must be valid) by rewriting it atomically (temp file + rename, mode 0600).
 absl::Status AppendTokenFile(const std::string& path, const TokenEntry& entry);
+// `ulysses-coordinator token create`: checks user, tenant and role (errors name the flag),
+// makes a new token and, when `token_file` is not empty, appends its hash there.
+// Returns the token (shown once; only its hash is kept) and its entry.
+absl::StatusOr<std::pair<std::string, TokenEntry>> CreateToken(const std::string& user,
+                                                               const std::string& tenant,
+                                                               const std::string& role,
+                                                               const std::string& token_file);
+
 // The YAML text of a token file holding `entries`.
 std::string FormatTokenFile(const std::vector<TokenEntry>& entries);
 
