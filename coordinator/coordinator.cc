@@ -939,8 +939,7 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id, const 
     return absl::FailedPreconditionError(
         absl::StrCat(job_id, " is already ", StateName(job.rec.state), " (nothing to cancel)"));
   }
-  std::string why =
-      absl::StrCat("cancelled by ", caller.user, reason.empty() ? "" : absl::StrCat(": ", reason));
+  std::string why = reason.empty() ? absl::StrCat("cancelled by ", caller.user) : reason;
   Txn txn;
   EndAttempt(job, v1::ATTEMPT_OUTCOME_ABORTED, 0, why,
              static_cast<int64_t>(config_.cancel_grace_s * 1000), txn);
