@@ -4,6 +4,7 @@
 #ifndef ULYSSES_TESTS_COORDINATOR_COORDINATOR_PROCESS_H_
 #define ULYSSES_TESTS_COORDINATOR_COORDINATOR_PROCESS_H_
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,12 +26,18 @@ inline std::string CoordinatorBinary() {
 // A coordinator child process; reads "listening grpc=P metrics=M" from its stdout.
 class CoordinatorProcess {
  public:
-  explicit CoordinatorProcess(const std::vector<std::string>& args) {
+  // `stderr_path`: where the child's stderr (its log) goes ("" = the test's stderr).
+  explicit CoordinatorProcess(const std::vector<std::string>& args,
+                              const std::string& stderr_path = "") {
     int out[2];
     if (pipe(out) != 0) return;
     pid_ = fork();
     if (pid_ == 0) {
       dup2(out[1], STDOUT_FILENO);
+      if (!stderr_path.empty()) {
+        int err = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (err >= 0) dup2(err, STDERR_FILENO);
+      }
       close(out[0]);
       close(out[1]);
       std::vector<char*> argv;
