@@ -1,6 +1,7 @@
 #include "coordinator/config.h"
 
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -10,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/path_policy.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ulysses::coordinator {
@@ -68,6 +70,8 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"abort_grace_s", [&](const YAML::Node& n) { c->abort_grace_s = n.as<double>(); }},
       {"cancel_grace_s", [&](const YAML::Node& n) { c->cancel_grace_s = n.as<double>(); }},
       {"event_history", [&](const YAML::Node& n) { c->event_history = n.as<int64_t>(); }},
+      {"data_roots",
+       [&](const YAML::Node& n) { c->data_roots = n.as<std::vector<std::string>>(); }},
   };
   std::vector<std::string> errors;
   for (const auto& kv : root) {
@@ -160,6 +164,30 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   if (c->reconnect_window_s == 0) c->reconnect_window_s = 2 * c->heartbeat_timeout_s;
   if (c->checkpoint_root.empty()) c->checkpoint_root = c->state_dir + "/checkpoints";
   if (c->out_root.empty()) c->out_root = c->state_dir + "/runs";
+  // Roots are compared with resolved spec paths (path_policy.h): resolve them the same
+  // way. The operator's own paths may be relative to the working directory.
+  auto resolve_root = [&](const std::string& field, std::string* root) {
+    std::error_code ec;
+    std::string absolute = std::filesystem::absolute(*root, ec).lexically_normal().string();
+    if (absolute.size() > 1 && absolute.back() == '/') absolute.pop_back();
+    absl::StatusOr<std::string> resolved = ResolvePath(field, absolute);
+    if (!resolved.ok()) {
+      e.push_back(std::string(resolved.status().message()));
+      return;
+    }
+    *root = *resolved;
+  };
+  resolve_root("checkpoint_root", &c->checkpoint_root);
+  for (size_t i = 0; i < c->data_roots.size(); ++i) {
+    const std::string field = absl::StrCat("data_roots[", i, "]");
+    resolve_root(field, &c->data_roots[i]);
+    std::error_code ec;
+    if (!std::filesystem::is_directory(c->data_roots[i], ec)) {
+      e.push_back(absl::StrCat(field, ": \"", c->data_roots[i],
+                               "\" is not a directory (create it or fix the path)"));
+    }
+  }
+  if (!e.empty()) return absl::InvalidArgumentError(absl::StrJoin(e, "\n"));
   return absl::OkStatus();
 }
 
