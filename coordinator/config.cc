@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -15,6 +16,14 @@
 #include "yaml-cpp/yaml.h"
 
 namespace ulysses::coordinator {
+namespace {
+
+// A nested section's own parse error, reported as it is (not as a type mismatch).
+struct SectionError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace
 
 absl::Status ParseHostPort(const std::string& field, const std::string& value, std::string* host,
                            int* port) {
@@ -72,6 +81,11 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"event_history", [&](const YAML::Node& n) { c->event_history = n.as<int64_t>(); }},
       {"data_roots",
        [&](const YAML::Node& n) { c->data_roots = n.as<std::vector<std::string>>(); }},
+      {"quotas",
+       [&](const YAML::Node& n) {
+         absl::Status s = ParseQuotaPolicy(n, &c->quotas);
+         if (!s.ok()) throw SectionError(std::string(s.message()));
+       }},
   };
   std::vector<std::string> errors;
   for (const auto& kv : root) {
@@ -86,6 +100,8 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
     }
     try {
       it->second(kv.second);
+    } catch (const SectionError& e) {  // Already `<field>: <value> <problem> (<fix>)`.
+      errors.push_back(absl::StrCat("config.", e.what()));
     } catch (const std::exception& e) {
       errors.push_back(absl::StrCat("config.", key, ": ", YAML::Dump(kv.second),
                                     " has the wrong type (", e.what(), ")"));
@@ -156,6 +172,9 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   }
   if (c->abort_grace_s < 0 || c->cancel_grace_s < 0) {
     e.push_back("abort_grace_s/cancel_grace_s: negative (use seconds >= 0)");
+  }
+  if (absl::Status s = ValidateQuotaPolicy(c->quotas); !s.ok()) {
+    e.push_back(std::string(s.message()));
   }
   if (c->event_history < 1) {
     e.push_back(absl::StrCat("event_history: ", c->event_history, " must be >= 1"));

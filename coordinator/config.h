@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "coordinator/quota.h"
 
 namespace ulysses::coordinator {
 
@@ -38,6 +39,7 @@ struct CoordinatorConfig {
   // (path_policy.h). Empty = specs may use synthetic data only. Resolved (absolute,
   // symlinks followed) by ValidateAndFinalize, as is checkpoint_root.
   std::vector<std::string> data_roots;
+  QuotaPolicy quotas;  // Priority cap and per-tenant limits (quota.h).
 };
 
 // Reads a YAML mapping with the keys above into `config` (keys not present keep their
