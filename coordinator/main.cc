@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "common/contract/cli11.h"
@@ -43,6 +44,10 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_file, "YAML config file (flags override it)");
   app.add_option("--checkpoint-root", checkpoint_root,
                  "Shared checkpoint root (default <state-dir>/checkpoints)");
+  std::vector<std::string> data_roots;
+  app.add_option("--data-root", data_roots,
+                 "Directory specs may read data/init_from from (repeatable; default: none, "
+                 "synthetic data only)");
   app.add_option("--heartbeat-timeout-s", heartbeat_timeout_s,
                  "Seconds without a worker message before it is LOST (<= 10)");
   app.add_option("--tls-cert", tls_cert, "Server certificate (PEM); with --tls-key enables TLS");
@@ -106,6 +111,7 @@ int main(int argc, char** argv) {
   if (!tls_client_ca.empty()) config.tls_client_ca = tls_client_ca;
   if (!token_file.empty()) config.token_file = token_file;
   if (insecure) config.insecure = true;
+  if (!data_roots.empty()) config.data_roots = data_roots;
   if (absl::Status s = ulysses::coordinator::ValidateAndFinalize(&config); !s.ok()) {
     std::cerr << "ulysses-coordinator: invalid configuration:\n" << s.message() << "\n";
     return ulysses::contract::kExitBadInput;
