@@ -1,5 +1,7 @@
 #include "coordinator/config.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -135,7 +137,11 @@ absl::Status LoadConfigFile(const std::string& path, CoordinatorConfig* config) 
 }
 
 bool IsLoopbackHost(const std::string& host) {
-  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+  if (host == "localhost") return true;
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
 namespace {
