@@ -22,7 +22,9 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckServingLocked());
   if (WorkerRt* held = state_.FindWorker("w-" + request.name());
-      held != nullptr && held->rec.identity != identity) {
+      held != nullptr && !held->rec.identity.empty() && held->rec.identity != identity) {
+    // (An empty identity is a record from before authentication: the first allowed
+    // identity to register it claims it, so workers survive the upgrade.)
     // Live: a session open, or heard from recently (after a coordinator restart
     // last_seen_steady is set ahead, so the reconnect window counts as live).
     const bool live =
