@@ -1,18 +1,29 @@
 #include "coordinator/config.h"
 
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/path_policy.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ulysses::coordinator {
+namespace {
+
+// A nested section's own parse error, reported as it is (not as a type mismatch).
+struct SectionError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace
 
 absl::Status ParseHostPort(const std::string& field, const std::string& value, std::string* host,
                            int* port) {
@@ -68,6 +79,13 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"abort_grace_s", [&](const YAML::Node& n) { c->abort_grace_s = n.as<double>(); }},
       {"cancel_grace_s", [&](const YAML::Node& n) { c->cancel_grace_s = n.as<double>(); }},
       {"event_history", [&](const YAML::Node& n) { c->event_history = n.as<int64_t>(); }},
+      {"data_roots",
+       [&](const YAML::Node& n) { c->data_roots = n.as<std::vector<std::string>>(); }},
+      {"quotas",
+       [&](const YAML::Node& n) {
+         absl::Status s = ParseQuotaPolicy(n, &c->quotas);
+         if (!s.ok()) throw SectionError(std::string(s.message()));
+       }},
   };
   std::vector<std::string> errors;
   for (const auto& kv : root) {
@@ -82,6 +100,8 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
     }
     try {
       it->second(kv.second);
+    } catch (const SectionError& e) {  // Already `<field>: <value> <problem> (<fix>)`.
+      errors.push_back(absl::StrCat("config.", e.what()));
     } catch (const std::exception& e) {
       errors.push_back(absl::StrCat("config.", key, ": ", YAML::Dump(kv.second),
                                     " has the wrong type (", e.what(), ")"));
@@ -153,6 +173,9 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   if (c->abort_grace_s < 0 || c->cancel_grace_s < 0) {
     e.push_back("abort_grace_s/cancel_grace_s: negative (use seconds >= 0)");
   }
+  if (absl::Status s = ValidateQuotaPolicy(c->quotas); !s.ok()) {
+    e.push_back(std::string(s.message()));
+  }
   if (c->event_history < 1) {
     e.push_back(absl::StrCat("event_history: ", c->event_history, " must be >= 1"));
   }
@@ -160,6 +183,30 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   if (c->reconnect_window_s == 0) c->reconnect_window_s = 2 * c->heartbeat_timeout_s;
   if (c->checkpoint_root.empty()) c->checkpoint_root = c->state_dir + "/checkpoints";
   if (c->out_root.empty()) c->out_root = c->state_dir + "/runs";
+  // Roots are compared with resolved spec paths (path_policy.h): resolve them the same
+  // way. The operator's own paths may be relative to the working directory.
+  auto resolve_root = [&](const std::string& field, std::string* root) {
+    std::error_code ec;
+    std::string absolute = std::filesystem::absolute(*root, ec).lexically_normal().string();
+    if (absolute.size() > 1 && absolute.back() == '/') absolute.pop_back();
+    absl::StatusOr<std::string> resolved = ResolvePath(field, absolute);
+    if (!resolved.ok()) {
+      e.push_back(std::string(resolved.status().message()));
+      return;
+    }
+    *root = *resolved;
+  };
+  resolve_root("checkpoint_root", &c->checkpoint_root);
+  for (size_t i = 0; i < c->data_roots.size(); ++i) {
+    const std::string field = absl::StrCat("data_roots[", i, "]");
+    resolve_root(field, &c->data_roots[i]);
+    std::error_code ec;
+    if (!std::filesystem::is_directory(c->data_roots[i], ec)) {
+      e.push_back(absl::StrCat(field, ": \"", c->data_roots[i],
+                               "\" is not a directory (create it or fix the path)"));
+    }
+  }
+  if (!e.empty()) return absl::InvalidArgumentError(absl::StrJoin(e, "\n"));
   return absl::OkStatus();
 }
 

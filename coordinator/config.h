@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "coordinator/quota.h"
 
 namespace ulysses::coordinator {
 
@@ -33,6 +35,11 @@ struct CoordinatorConfig {
   double abort_grace_s = 5;     // SIGTERM -> SIGKILL grace sent with Abort (broken group).
   double cancel_grace_s = 30;   // Grace for CancelJob (lets ranks checkpoint).
   int64_t event_history = 200;  // Events kept in memory per job for GetJob.
+  // Directories a spec's data.train / data.validation / model.init_from may name
+  // (path_policy.h). Empty = specs may use synthetic data only. Resolved (absolute,
+  // symlinks followed) by ValidateAndFinalize, as is checkpoint_root.
+  std::vector<std::string> data_roots;
+  QuotaPolicy quotas;  // Priority cap and per-tenant limits (quota.h).
 };
 
 // Reads a YAML mapping with the keys above into `config` (keys not present keep their

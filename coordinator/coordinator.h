@@ -1,69 +1,58 @@
-// Coordinator: the job/worker state machine of ulysses-coordinator, independent of
-// gRPC. The service layer (service.h) translates RPCs into calls here and implements
-// the sinks through which the Coordinator pushes messages to open streams.
+// Coordinator: the job/worker state of ulysses-coordinator, independent of gRPC. The
+// service layer (service.h) translates RPCs into calls here and implements the sinks
+// (runtime.h) through which the Coordinator pushes messages to open streams.
+//
+// Structure (docs/ARCHITECTURE.md "Inside the coordinator"): this class owns the mutex,
+// the in-memory State (runtime.h), the Store and the metrics, and does creation,
+// recovery, the ticker and the commit. The rest is one concern per file:
+//   job_machine.h      the job state machine (transitions, restarts, scheduling)
+//   worker_protocol.h  Register and one handler per worker message kind
+//   scheduler.h        pure placement and queue decisions
+//   views.h            records -> v1::Job / v1::Worker
+//   coordinator_metrics.h  the metric families and scrape-time gauges
+//   coordinator_jobs.cc / coordinator_workers.cc  the JobService / WorkerService entry
+//                      points (lock, call the above, commit).
 //
 // Durability: every state transition is written to the Store in one transaction
-// BEFORE its side effects (assignments, aborts) are sent. On Create() the state is
-// reloaded; jobs that were running go to RECOVERING and wait reconnect_window_s for
-// their workers to reconnect (then RUNNING again, same generation) or restart from
-// the last committed checkpoint with a new generation.
+// BEFORE its side effects (assignments, aborts, events, log lines) are sent: they are
+// collected in a Txn and flushed by CommitLocked only after Store::Write succeeded. On
+// Create() the state is reloaded; jobs that were running go to RECOVERING and wait
+// reconnect_window_s for their workers to reconnect (then RUNNING again, same
+// generation) or restart from the last committed checkpoint with a new generation.
 //
-// Thread-safety: all public methods are thread-safe (one mutex). Sinks are called
-// with that mutex held and must only enqueue; they must not call back into the
-// Coordinator from Send/OnEvent/OnLines. A store write that fails for I/O makes the
-// coordinator stop serving (serving() == false, mutating RPCs return UNAVAILABLE); one
-// the store refuses for its data fails only that request (INTERNAL), its in-memory
-// changes undone.
+// Thread-safety: all public methods are thread-safe (one mutex, mu_). The store write
+// (an fsync) happens with mu_ held: the in-memory state is what every request reads,
+// so releasing mu_ before the commit would let another request see, and act on, a
+// transition that may still be undone (RestoreLocked). Sinks are also called with mu_
+// held, right after the commit, so every stream gets events and log lines in sequence
+// order; they must only enqueue and must not call back into the Coordinator. A store
+// write that fails for I/O makes the coordinator stop serving (serving() == false,
+// mutating RPCs return UNAVAILABLE); one the store refuses for its data fails only
+// that request (INTERNAL), its in-memory changes undone.
 #ifndef ULYSSES_COORDINATOR_COORDINATOR_H_
 #define ULYSSES_COORDINATOR_COORDINATOR_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <set>
 #include <string>
 #include <thread>
-#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/metrics/metrics.h"
 #include "coordinator/config.h"
-#include "coordinator/model.h"
+#include "coordinator/coordinator_metrics.h"
+#include "coordinator/job_machine.h"
+#include "coordinator/runtime.h"
 #include "coordinator/store.h"
+#include "coordinator/worker_protocol.h"
 #include "ulysses/v1/job_service.pb.h"
 #include "ulysses/v1/worker_service.pb.h"
 
 namespace ulysses::coordinator {
-
-// An open worker Session stream.
-class WorkerSink {
- public:
-  virtual ~WorkerSink() = default;
-  virtual void Send(const v1::CoordinatorMessage& message) = 0;
-  // Ends the stream with `status` (superseded session, lost worker, shutdown).
-  virtual void Close(const absl::Status& status) = 0;
-};
-
-// An open WatchJob stream.
-class JobEventSink {
- public:
-  virtual ~JobEventSink() = default;
-  virtual void OnEvent(const v1::JobEvent& event) = 0;
-  virtual void OnJobEnded() = 0;  // After the terminal state's event: end the stream.
-};
-
-// An open GetJobLogs --follow stream.
-class LogSink {
- public:
-  virtual ~LogSink() = default;
-  virtual void OnLines(const std::vector<v1::LogLine>& lines) = 0;
-  virtual void OnJobEnded() = 0;  // End the stream.
-};
 
 class Coordinator {
  public:
@@ -82,7 +71,7 @@ class Coordinator {
   bool serving() const { return serving_.load(); }
   const CoordinatorConfig& config() const { return config_; }
 
-  // --- JobService ---
+  // --- JobService (coordinator_jobs.cc) ---
   absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request);
   absl::StatusOr<v1::Job> GetJob(const v1::GetJobRequest& request);
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
@@ -98,7 +87,7 @@ class Coordinator {
   absl::Status GetJobLogs(const v1::GetJobLogsRequest& request, LogSink* sink);
   void UnfollowLogs(const std::string& job_id, LogSink* sink);
 
-  // --- WorkerService ---
+  // --- WorkerService (coordinator_workers.cc) ---
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
   // Binds a session to a registered worker; supersedes (closes) an older session.
   // Returns the session id to pass back with messages.
@@ -111,65 +100,36 @@ class Coordinator {
   void TickForTesting();
 
  private:
-  struct WorkerRt;
-  struct JobRt;
-  struct Txn;
-  struct Metrics;
-
   explicit Coordinator(CoordinatorConfig config, std::unique_ptr<Store> store,
                        metrics::Registry* registry);
   absl::Status Recover();
   void TickerLoop();
-  void TickLocked(Txn& txn);
-  void ScheduleLocked(Txn& txn);
-  absl::Status CommitLocked(Txn& txn);
+  void TickLocked(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes txn to the store; on success flushes its side effects (sends, events, log
+  // lines, ended streams) and clears it.
+  absl::Status CommitLocked(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After the store refused txn's write: puts the records txn touched back to what the
   // store holds (a job or worker never written is removed) and drops assignments to
   // attempts that no longer exist. Nothing of txn was sent.
-  void RestoreLocked(const Txn& txn);
-
-  // State machine steps (mu_ held).
-  void SetState(JobRt& job, v1::JobState to, const std::string& reason, Txn& txn);
-  void Launch(JobRt& job, const std::vector<std::string>& worker_ids, Txn& txn);
-  void EndAttempt(JobRt& job, v1::AttemptOutcome outcome, int exit_code, const std::string& reason,
-                  int64_t grace_ms, Txn& txn);
-  void OnRankFailure(JobRt& job, v1::AttemptOutcome outcome, int exit_code,
-                     const std::string& reason, const std::string& metric_reason, Txn& txn);
-  // exit_code 75, or how else a rank stopped for a preemption ended (`how`).
-  void OnRankPreempted(JobRt& job, int rank, int exit_code, const std::string& how, Txn& txn);
-  void CompleteStage(JobRt& job, Txn& txn);
-  void OnWorkerLost(WorkerRt& worker, const std::string& why, Txn& txn);
-  void AddEvent(JobRt& job, v1::JobEvent event, bool persist, Txn& txn);
-  void AddLogLocked(JobRt& job, v1::LogLine line, std::vector<v1::LogLine>* batch);
-  void SendTo(WorkerRt& worker, v1::CoordinatorMessage message, Txn& txn);
-  void JobEnded(JobRt& job);
-  void HandleWorkMessage(WorkerRt& worker, const v1::WorkerMessage& message, Txn& txn);
-  // Returns the job if `ref` is the current generation of a known job, else sets *error.
-  JobRt* Fence(const v1::WorkRef& ref, absl::Status* error);
-
-  v1::Job ToProto(const JobRt& job, bool full) const;
-  v1::Worker ToProto(const WorkerRt& worker, int64_t now_steady_ms) const;
-  std::vector<metrics::CallbackSample> CountJobsByState();
-  std::vector<metrics::CallbackSample> CountWorkersByState();
-  std::vector<metrics::CallbackSample> HeartbeatAges();
-  double QueueLength();
-  int AllocatePort();
+  void RestoreLocked(const Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the streams of a job that reached a terminal state and forgets its series.
+  void JobEndedLocked(JobRt& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  StateCounts Counts(CountsPart part) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CheckServingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorConfig config_;
-  std::unique_ptr<Store> store_;
-  std::unique_ptr<Metrics> metrics_;
-
-  mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<JobRt>> jobs_;        // By id. Guarded by mu_.
-  std::map<std::string, std::unique_ptr<WorkerRt>> workers_;  // By id. Guarded by mu_.
-  int64_t next_job_number_ = 1;                               // Guarded by mu_.
-  uint64_t next_session_id_ = 1;                              // Guarded by mu_.
-  int next_port_ = 0;                                         // Guarded by mu_.
+  std::unique_ptr<CoordinatorMetrics> metrics_;
   std::atomic<bool> serving_{false};
 
-  std::mutex ticker_mu_;
-  std::condition_variable ticker_cv_;
-  bool stop_ = false;  // Guarded by ticker_mu_.
+  mutable absl::Mutex mu_;
+  std::unique_ptr<Store> store_ ABSL_GUARDED_BY(mu_);  // Not thread-safe itself.
+  State state_ ABSL_GUARDED_BY(mu_);
+  // Operate on state_; every call needs mu_ (they hold references to state_).
+  JobMachine machine_ ABSL_GUARDED_BY(mu_);
+  WorkerProtocol protocol_ ABSL_GUARDED_BY(mu_);
+
+  absl::Mutex ticker_mu_;
+  bool stop_ ABSL_GUARDED_BY(ticker_mu_) = false;
   std::thread ticker_;
 };
 

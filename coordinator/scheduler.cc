@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -60,6 +62,48 @@ Placement PlaceGang(const GangRequest& request, const std::vector<IdleWorker>& i
     }
   }
   out.placed = true;
+  return out;
+}
+
+std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<IdleWorker> idle,
+                                     const std::vector<IdleWorker>& live) {
+  std::sort(queue.begin(), queue.end(), [](const QueuedJob& a, const QueuedJob& b) {
+    return QueueKey{a.priority, a.number} < QueueKey{b.priority, b.number};
+  });
+  std::vector<QueueDecision> out;
+  out.reserve(queue.size());
+  const QueuedJob* blocker = nullptr;
+  for (const QueuedJob& job : queue) {
+    QueueDecision d;
+    d.job_id = job.id;
+    if (blocker != nullptr) {
+      d.kind = QueueDecision::Kind::kBlocked;
+      d.reason = absl::StrCat("queued behind ", blocker->id, " (priority ", blocker->priority, ")");
+    } else if (job.in_backoff) {
+      d.kind = QueueDecision::Kind::kBackoff;
+    } else {
+      Placement p = PlaceGang(job.gang, idle);
+      if (p.placed) {
+        std::set<std::string> used(p.worker_ids.begin(), p.worker_ids.end());
+        idle.erase(std::remove_if(idle.begin(), idle.end(),
+                                  [&](const IdleWorker& w) { return used.count(w.id) > 0; }),
+                   idle.end());
+        d.kind = QueueDecision::Kind::kLaunch;
+        d.worker_ids = std::move(p.worker_ids);
+      } else {
+        d.kind = QueueDecision::Kind::kUnplaced;
+        d.reason = absl::StrCat("stage ", job.stage_index, ": ", p.reason);
+        int eligible = 0;
+        for (const IdleWorker& w : live) {
+          if (job.gang.required_label.empty() || w.node_label == job.gang.required_label) {
+            ++eligible;
+          }
+        }
+        if (eligible >= job.gang.sp * job.gang.dp) blocker = &job;
+      }
+    }
+    out.push_back(std::move(d));
+  }
   return out;
 }
 

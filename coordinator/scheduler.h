@@ -1,6 +1,8 @@
-// Gang placement: picks `world` idle workers for one stage's group, whole or not
-// at all, preferring workers that share a node label (one NVLink domain per SP group).
-// Pure functions over plain values; thread-compatible.
+// Scheduling decisions, pure functions over plain values (thread-compatible):
+// - gang placement: picks `world` idle workers for one stage's group, whole or not at
+//   all, preferring workers that share a node label (one NVLink domain per SP group);
+// - the queue: which queued jobs start now, in priority/FIFO order with head-of-line
+//   blocking.
 #ifndef ULYSSES_COORDINATOR_SCHEDULER_H_
 #define ULYSSES_COORDINATOR_SCHEDULER_H_
 
@@ -41,6 +43,37 @@ struct QueueKey {
     return priority != o.priority ? priority > o.priority : number < o.number;
   }
 };
+
+// One job waiting for placement.
+struct QueuedJob {
+  std::string id;
+  int64_t priority = 0;
+  int64_t number = 0;       // Submission order.
+  int stage_index = 0;      // The stage to place (named in reasons).
+  GangRequest gang;         // Its group.
+  bool in_backoff = false;  // Restart backoff still running (not_before_ms in the future).
+};
+
+struct QueueDecision {
+  enum class Kind {
+    kLaunch,    // Start now on worker_ids.
+    kBackoff,   // Waits for its restart backoff; keeps its reason; blocks no one.
+    kBlocked,   // Could be placed but a job ahead of it waits for workers (head of line).
+    kUnplaced,  // Not enough idle workers.
+  };
+  std::string job_id;
+  Kind kind = Kind::kUnplaced;
+  std::vector<std::string> worker_ids;  // kLaunch: worker_ids[rank].
+  std::string reason;                   // kBlocked / kUnplaced: why it waits.
+};
+
+// Decides the queue, one decision per job in queue order (higher priority first, then
+// FIFO). Jobs are placed from `idle` in that order; the first job that cannot be placed
+// but could be with the workers that exist (`live`: every worker not LOST, idle or not)
+// blocks every job behind it, so a big gang is not starved by small ones. A job that
+// could never be placed with the live workers, or is in backoff, blocks no one.
+std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<IdleWorker> idle,
+                                     const std::vector<IdleWorker>& live);
 
 }  // namespace ulysses::coordinator
 

@@ -71,6 +71,72 @@ TEST(SchedulerTest, QueueOrderIsPriorityThenFifo) {
   EXPECT_EQ(keys[3].priority, -1);
 }
 
+QueuedJob Queued(const std::string& id, int64_t priority, int64_t number, int sp,
+                 const std::string& label = "", bool in_backoff = false) {
+  QueuedJob j;
+  j.id = id;
+  j.priority = priority;
+  j.number = number;
+  j.gang = {sp, 1, label};
+  j.in_backoff = in_backoff;
+  return j;
+}
+
+TEST(PlanQueueTest, LaunchesInPriorityThenFifoOrder) {
+  auto idle = Workers({{"a", "n1"}, {"b", "n1"}, {"c", "n2"}});
+  std::vector<QueueDecision> d = PlanQueue(
+      {Queued("low", 0, 1, 1), Queued("high", 5, 3, 2), Queued("mid", 1, 2, 1)}, idle, idle);
+  ASSERT_EQ(d.size(), 3u);
+  EXPECT_EQ(d[0].job_id, "high");
+  EXPECT_EQ(d[0].kind, QueueDecision::Kind::kLaunch);
+  EXPECT_EQ(d[0].worker_ids.size(), 2u);
+  EXPECT_EQ(d[1].job_id, "mid");
+  EXPECT_EQ(d[1].kind, QueueDecision::Kind::kLaunch);
+  EXPECT_EQ(d[2].job_id, "low");
+  EXPECT_EQ(d[2].kind, QueueDecision::Kind::kUnplaced);
+  EXPECT_EQ(d[2].reason, "stage 0: needs 1 idle worker, 0 available");
+  // Each worker is used once.
+  std::set<std::string> used;
+  for (const auto& x : d) used.insert(x.worker_ids.begin(), x.worker_ids.end());
+  EXPECT_EQ(used.size(), 3u);
+}
+
+TEST(PlanQueueTest, HeadOfLineBlocksSmallerJobsBehindAPlaceableGang) {
+  // 2 idle of 4 live workers: the 4-gang waits and blocks the 1-gang behind it.
+  auto idle = Workers({{"a", "n"}, {"b", "n"}});
+  auto live = Workers({{"a", "n"}, {"b", "n"}, {"c", "n"}, {"d", "n"}});
+  std::vector<QueueDecision> d =
+      PlanQueue({Queued("big", 5, 1, 4), Queued("small", 0, 2, 1)}, idle, live);
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].kind, QueueDecision::Kind::kUnplaced);
+  EXPECT_EQ(d[1].kind, QueueDecision::Kind::kBlocked);
+  EXPECT_EQ(d[1].reason, "queued behind big (priority 5)");
+  EXPECT_TRUE(d[1].worker_ids.empty());
+}
+
+TEST(PlanQueueTest, AGangThatCanNeverBePlacedBlocksNoOne) {
+  // Only 2 live workers with label "n": a 4-gang can never run, so the 1-gang goes.
+  auto idle = Workers({{"a", "n"}, {"b", "n"}});
+  std::vector<QueueDecision> d =
+      PlanQueue({Queued("huge", 5, 1, 4), Queued("small", 0, 2, 1)}, idle, idle);
+  EXPECT_EQ(d[0].kind, QueueDecision::Kind::kUnplaced);
+  EXPECT_EQ(d[1].kind, QueueDecision::Kind::kLaunch);
+  // Likewise a label no live worker has.
+  std::vector<QueueDecision> e =
+      PlanQueue({Queued("gpu", 5, 1, 1, "gpu"), Queued("small", 0, 2, 1)}, idle, idle);
+  EXPECT_EQ(e[0].kind, QueueDecision::Kind::kUnplaced);
+  EXPECT_EQ(e[1].kind, QueueDecision::Kind::kLaunch);
+}
+
+TEST(PlanQueueTest, AJobInBackoffWaitsWithoutBlocking) {
+  auto idle = Workers({{"a", "n"}});
+  std::vector<QueueDecision> d = PlanQueue(
+      {Queued("backoff", 5, 1, 1, "", /*in_backoff=*/true), Queued("next", 0, 2, 1)}, idle, idle);
+  EXPECT_EQ(d[0].kind, QueueDecision::Kind::kBackoff);
+  EXPECT_EQ(d[1].kind, QueueDecision::Kind::kLaunch);
+  EXPECT_EQ(d[1].worker_ids, std::vector<std::string>{"a"});
+}
+
 TEST(ConfigTest, RejectsBadValuesWithActionableMessages) {
   CoordinatorConfig c;
   c.state_dir = "/tmp/x";

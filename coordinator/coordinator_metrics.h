@@ -1,0 +1,70 @@
+// The coordinator's metrics (catalogue: docs/METRICS.md): the families it updates as
+// jobs and workers change, and the scrape-time gauges computed from its state.
+#ifndef ULYSSES_COORDINATOR_COORDINATOR_METRICS_H_
+#define ULYSSES_COORDINATOR_COORDINATOR_METRICS_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/metrics/metrics.h"
+#include "ulysses/v1/types.pb.h"
+
+namespace ulysses::coordinator {
+
+// Counts the scrape-time gauges are computed from, taken under the coordinator's lock.
+struct StateCounts {
+  std::map<v1::JobState, int> jobs_by_state;
+  std::map<v1::WorkerState, int> workers_by_state;
+  int queued_jobs = 0;                                           // PENDING, PREEMPTED, RECOVERING.
+  std::vector<std::pair<std::string, double>> heartbeat_ages_s;  // Per non-lost worker.
+};
+
+// Which part of StateCounts a gauge reads, so a scrape takes only what it needs.
+enum class CountsPart { kJobs, kWorkers, kQueue, kHeartbeats };
+
+class CoordinatorMetrics {
+ public:
+  // Registers every family in `registry`; with a null `registry` the families live in a
+  // private one (a Coordinator without metrics still counts). `counts(part)` is called
+  // at scrape time from the scraping thread (it must be thread-safe and take its own
+  // lock); the returned object must not outlive the Coordinator the callback reads.
+  // Registration errors are logged, and the failing family stays null (not counted).
+  static std::unique_ptr<CoordinatorMetrics> Register(
+      metrics::Registry* registry, std::function<StateCounts(CountsPart)> counts);
+
+  // Removes the per-job series of a job that ended.
+  void ForgetJob(const std::string& job_id);
+
+  metrics::HistogramFamily* gang_wait = nullptr;
+  metrics::CounterFamily* restarts = nullptr;  // {reason}
+  metrics::CounterFamily* preemptions = nullptr;
+  metrics::HistogramFamily* recovery = nullptr;
+  metrics::CounterFamily* stage_transitions = nullptr;
+  metrics::HistogramFamily* checkpoint_seconds = nullptr;
+  metrics::GaugeFamily* checkpoint_bytes = nullptr;    // {job_id}
+  metrics::GaugeFamily* loss = nullptr;                // {job_id}
+  metrics::GaugeFamily* tokens_per_s = nullptr;        // {job_id}
+  metrics::GaugeFamily* step = nullptr;                // {job_id}
+  metrics::CounterFamily* tokens = nullptr;            // {job_id}
+  metrics::CounterFamily* rejected_reports = nullptr;  // {reason}
+
+  // Null-safe helpers.
+  void CountRestart(const std::string& reason);
+  void CountRejected(const std::string& reason);
+
+ private:
+  std::unique_ptr<metrics::Registry> owned_;
+};
+
+// The samples of the ulysses_jobs and ulysses_workers gauges: one per state (lower-case
+// name without prefix), zero for states with no member.
+std::vector<metrics::CallbackSample> JobStateSamples(const std::map<v1::JobState, int>& counts);
+std::vector<metrics::CallbackSample> WorkerStateSamples(
+    const std::map<v1::WorkerState, int>& counts);
+
+}  // namespace ulysses::coordinator
+
+#endif  // ULYSSES_COORDINATOR_COORDINATOR_METRICS_H_

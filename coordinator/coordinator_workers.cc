@@ -1,0 +1,75 @@
+// Coordinator: the WorkerService entry points. Each takes mu_, works through the
+// WorkerProtocol and the JobMachine, and commits.
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/validation.h"
+
+namespace ulysses::coordinator {
+
+absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& request) {
+  RETURN_IF_ERROR(ValidateRegisterRequest(request));  // Before the lock (and again inside).
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckServingLocked());
+  Txn txn;
+  ASSIGN_OR_RETURN(WorkerProtocol::Registered registered, protocol_.Register(request, txn));
+  const std::string id = registered.worker->rec.id;
+  RETURN_IF_ERROR(CommitLocked(txn));
+  v1::RegisterResponse response;
+  response.set_worker_id(id);
+  response.set_heartbeat_interval_ms(static_cast<int64_t>(config_.heartbeat_interval_s * 1000));
+  response.set_heartbeat_timeout_ms(static_cast<int64_t>(config_.heartbeat_timeout_s * 1000));
+  response.set_keep_running(registered.keep_running);
+  return response;
+}
+
+absl::StatusOr<uint64_t> Coordinator::OpenSession(const std::string& worker_id, WorkerSink* sink) {
+  absl::MutexLock lock(&mu_);
+  WorkerRt* w = state_.FindWorker(worker_id);
+  if (w == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("worker \"", worker_id, "\" is not registered (call Register first)"));
+  }
+  if (w->state == v1::WORKER_STATE_LOST) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker \"", worker_id, "\" was declared lost; call Register again"));
+  }
+  if (w->sink != nullptr) w->sink->Close(absl::AbortedError("superseded by a newer session"));
+  w->sink = sink;
+  w->session = state_.next_session_id++;
+  w->last_seen_steady = SteadyMs();
+  w->state = w->assigned ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_IDLE;
+  // Messages committed while no session was open.
+  for (v1::CoordinatorMessage& m : w->pending) sink->Send(m);
+  w->pending.clear();
+  Txn txn;
+  machine_.Schedule(txn);
+  (void)CommitLocked(txn);
+  return w->session;
+}
+
+void Coordinator::CloseSession(const std::string& worker_id, uint64_t session_id) {
+  absl::MutexLock lock(&mu_);
+  WorkerRt* w = state_.FindWorker(worker_id);
+  if (w == nullptr || w->session != session_id) return;
+  w->sink = nullptr;
+  w->session = 0;
+  if (w->state != v1::WORKER_STATE_LOST) w->state = v1::WORKER_STATE_DISCONNECTED;
+}
+
+void Coordinator::OnWorkerMessage(const std::string& worker_id, uint64_t session_id,
+                                  const v1::WorkerMessage& message) {
+  absl::MutexLock lock(&mu_);
+  WorkerRt* w = state_.FindWorker(worker_id);
+  if (w == nullptr || w->session != session_id) return;
+  w->last_seen_steady = SteadyMs();
+  Txn txn;
+  protocol_.OnMessage(*w, message, txn);
+  // A rank that exited, or an idle heartbeat, may free workers for the queue.
+  if (message.has_exited() || (message.has_heartbeat() && !w->assigned)) machine_.Schedule(txn);
+  (void)CommitLocked(txn);
+}
+
+}  // namespace ulysses::coordinator

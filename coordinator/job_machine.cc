@@ -1,0 +1,368 @@
+#include "coordinator/job_machine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/contract/exit.h"
+#include "common/logging.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/views.h"
+#include "google/protobuf/util/time_util.h"
+
+namespace ulysses::coordinator {
+
+using google::protobuf::util::TimeUtil;
+
+void JobMachine::AddEvent(JobRt& job, v1::JobEvent event, bool persist, Txn& txn) {
+  event.set_job_id(job.rec.id);
+  event.set_sequence(job.next_event_seq++);
+  *event.mutable_time() = TimeUtil::MillisecondsToTimestamp(NowMs());
+  if (persist) {
+    EventRecord rec{job.rec.id, event.sequence(), NowMs(), event.SerializeAsString()};
+    txn.batch.events.push_back(std::move(rec));
+  }
+  job.events.push_back(event);
+  while (job.events.size() > static_cast<size_t>(config_.event_history)) job.events.pop_front();
+  if (!job.watchers.empty()) txn.notify.emplace_back(&job, std::move(event));
+}
+
+void JobMachine::AddLog(JobRt& job, v1::LogLine line, Txn& txn) {
+  line.set_sequence(job.next_log_seq++);
+  if (!line.has_time()) *line.mutable_time() = TimeUtil::MillisecondsToTimestamp(NowMs());
+  job.logs.push_back(line);
+  while (job.logs.size() > static_cast<size_t>(config_.log_buffer_lines)) job.logs.pop_front();
+  if (!job.log_followers.empty()) txn.log_lines.emplace_back(&job, std::move(line));
+}
+
+void JobMachine::SendTo(WorkerRt& worker, v1::CoordinatorMessage message, Txn& txn) {
+  txn.outbound.emplace_back(&worker, std::move(message));
+}
+
+void JobMachine::SendAbort(WorkerRt& worker, const v1::WorkRef& ref, const std::string& why,
+                           Txn& txn) {
+  v1::CoordinatorMessage msg;
+  *msg.mutable_abort()->mutable_ref() = ref;
+  msg.mutable_abort()->set_reason(why);
+  msg.mutable_abort()->set_grace_period_ms(abort_grace_ms());
+  SendTo(worker, std::move(msg), txn);
+}
+
+void JobMachine::SetState(JobRt& job, v1::JobState to, const std::string& reason, Txn& txn) {
+  const v1::JobState from = job.rec.state;
+  const int64_t now = NowMs();
+  const int64_t steady = SteadyMs();
+  job.rec.reason = reason;
+  txn.jobs.insert(&job);
+  if (from == to) return;
+  job.rec.state = to;
+  job.rec.state_entered_ms = now;
+  if (to == v1::JOB_STATE_RUNNING && job.rec.started_ms == 0) job.rec.started_ms = now;
+  if (IsTerminal(to)) {
+    job.rec.finished_ms = now;
+    txn.ended.push_back(&job);
+  }
+  if (IsQueued(to) && !IsQueued(from)) job.queued_since_steady = steady;
+  if ((to == v1::JOB_STATE_RECOVERING || to == v1::JOB_STATE_PREEMPTED) &&
+      job.recovering_since_steady == 0) {
+    job.recovering_since_steady = steady;
+  }
+  if (to == v1::JOB_STATE_RUNNING && job.recovering_since_steady != 0) {
+    if (metrics_.recovery) {
+      metrics_.recovery->WithLabels()->Observe((steady - job.recovering_since_steady) / 1000.0);
+    }
+    job.recovering_since_steady = 0;
+  }
+  if (IsTerminal(to)) job.recovering_since_steady = 0;
+  ULOG(INFO) << job.rec.id << ": " << StateName(from) << " -> " << StateName(to) << " (" << reason
+             << ")";
+  v1::JobEvent ev;
+  ev.mutable_state_change()->set_from(from);
+  ev.mutable_state_change()->set_to(to);
+  ev.mutable_state_change()->set_reason(reason);
+  AddEvent(job, std::move(ev), /*persist=*/true, txn);
+  v1::LogLine line;
+  line.set_stream(v1::LOG_STREAM_COORDINATOR);
+  line.set_text(absl::StrCat("job ", StateName(from), " -> ", StateName(to), ": ", reason));
+  AddLog(job, std::move(line), txn);
+}
+
+int JobMachine::AllocatePort() {
+  std::set<int> in_use;
+  for (auto& [id, j] : state_.jobs) {
+    const AttemptRecord* a = j->rec.current_attempt();
+    if (a != nullptr && !a->ended()) in_use.insert(a->master_port);
+  }
+  const int lo = static_cast<int>(config_.rendezvous_port_min);
+  const int span = static_cast<int>(config_.rendezvous_port_max - config_.rendezvous_port_min + 1);
+  int& next = state_.next_port;
+  for (int i = 0; i < span; ++i) {
+    int port = lo + (next + i) % span;
+    if (!in_use.count(port)) {
+      next = (next + i + 1) % span;
+      return port;
+    }
+  }
+  next = (next + 1) % span;
+  return lo + next;
+}
+
+void JobMachine::Schedule(Txn& txn) {
+  const int64_t now = NowMs();
+  std::vector<QueuedJob> queue;
+  for (auto& [id, j] : state_.jobs) {
+    const JobRt& job = *j;
+    if (job.rec.terminal() || job.awaiting_reconnect || !IsQueued(job.rec.state)) continue;
+    const AttemptRecord* a = job.rec.attempts.empty() ? nullptr : &job.rec.attempts.back();
+    if (a != nullptr && a->generation == job.rec.generation && !a->ended()) continue;
+    const StageRecord& stage = job.rec.stages[job.rec.stage_index];
+    queue.push_back({job.rec.id, job.rec.priority, job.rec.number, stage.index,
+                     GangRequest{stage.sp, stage.dp, job.rec.node_label},
+                     job.rec.not_before_ms > now});
+  }
+  if (queue.empty()) return;
+  std::vector<IdleWorker> idle;
+  std::vector<IdleWorker> live;
+  for (auto& [id, w] : state_.workers) {
+    if (w->state != v1::WORKER_STATE_LOST) live.push_back({w->rec.id, w->rec.node_label});
+    if (w->sink != nullptr && w->state == v1::WORKER_STATE_IDLE && !w->assigned && !w->draining) {
+      idle.push_back({w->rec.id, w->rec.node_label});
+    }
+  }
+  for (QueueDecision& d : PlanQueue(std::move(queue), std::move(idle), live)) {
+    JobRt& job = *state_.jobs[d.job_id];
+    std::string reason;
+    switch (d.kind) {
+      case QueueDecision::Kind::kLaunch:
+        Launch(job, d.worker_ids, txn);
+        continue;
+      case QueueDecision::Kind::kBackoff:
+        continue;  // Restart backoff still running; keep its explanation.
+      case QueueDecision::Kind::kBlocked:
+        reason = std::move(d.reason);
+        break;
+      case QueueDecision::Kind::kUnplaced:
+        reason = std::move(d.reason);
+        if (job.rec.state == v1::JOB_STATE_RECOVERING || job.rec.state == v1::JOB_STATE_PREEMPTED) {
+          reason = absl::StrCat("restarting from ", CheckpointText(job.rec), "; ", reason);
+        }
+        break;
+    }
+    if (reason != job.rec.reason) {
+      job.rec.reason = std::move(reason);
+      txn.jobs.insert(&job);
+    }
+  }
+}
+
+void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids, Txn& txn) {
+  JobRecord& rec = job.rec;
+  StageRecord& stage = rec.stages[rec.stage_index];
+  const int64_t now = NowMs();
+  rec.generation++;
+  rec.not_before_ms = 0;
+  stage.attempts++;
+  if (stage.state != v1::STAGE_STATE_RUNNING) {
+    stage.state = v1::STAGE_STATE_RUNNING;
+    if (stage.started_ms == 0) stage.started_ms = now;
+  }
+  AttemptRecord attempt;
+  attempt.generation = rec.generation;
+  attempt.stage = stage.index;
+  attempt.worker_ids = worker_ids;
+  attempt.master_addr = state_.workers[worker_ids[0]]->rec.host;
+  attempt.master_port = AllocatePort();
+  attempt.started_ms = now;
+  rec.attempts.push_back(attempt);
+  job.started_ranks.clear();
+  job.done_ranks.clear();
+  if (metrics_.gang_wait && job.queued_since_steady > 0) {
+    metrics_.gang_wait->WithLabels()->Observe((SteadyMs() - job.queued_since_steady) / 1000.0);
+  }
+  for (size_t r = 0; r < worker_ids.size(); ++r) {
+    WorkerRt& w = *state_.workers[worker_ids[r]];
+    v1::CoordinatorMessage msg;
+    v1::Assignment* a = msg.mutable_assignment();
+    a->mutable_ref()->set_job_id(rec.id);
+    a->mutable_ref()->set_generation(rec.generation);
+    a->mutable_ref()->set_rank(static_cast<int>(r));
+    a->mutable_ref()->set_stage(stage.index);
+    a->set_job_name(rec.name);
+    a->set_spec_yaml(rec.spec_yaml);
+    a->set_world_size(stage.world());
+    a->set_sp(stage.sp);
+    a->set_dp(stage.dp);
+    a->set_master_addr(attempt.master_addr);
+    a->set_master_port(attempt.master_port);
+    a->set_checkpoint_dir(rec.checkpoint_dir);
+    a->set_out_dir(rec.out_dir);
+    a->add_overrides(absl::StrCat("spec.checkpoint.dir=", rec.checkpoint_dir));
+    a->set_seq_len(stage.seq_len);
+    a->set_steps(stage.steps);
+    w.assigned = a->ref();
+    w.state = v1::WORKER_STATE_BUSY;
+    SendTo(w, std::move(msg), txn);
+  }
+  v1::JobEvent ev;
+  *ev.mutable_attempt_started() = AttemptToProto(attempt);
+  AddEvent(job, std::move(ev), true, txn);
+  SetState(job, v1::JOB_STATE_SCHEDULING,
+           absl::StrCat("starting stage ", stage.index, " (generation ", rec.generation, ") on ",
+                        worker_ids.size(), " workers, rendezvous ", attempt.master_addr, ":",
+                        attempt.master_port),
+           txn);
+}
+
+void JobMachine::EndAttempt(JobRt& job, v1::AttemptOutcome outcome, int exit_code,
+                            const std::string& reason, int64_t grace_ms, Txn& txn) {
+  AttemptRecord* attempt = job.rec.current_attempt();
+  if (attempt == nullptr || attempt->ended()) return;
+  attempt->outcome = outcome;
+  attempt->ended_ms = NowMs();
+  attempt->exit_code = exit_code;
+  attempt->reason = reason;
+  job.awaiting_reconnect = false;
+  job.reconnected_ranks.clear();
+  for (const std::string& wid : attempt->worker_ids) {
+    WorkerRt* w = state_.FindWorker(wid);
+    if (w == nullptr || !w->assigned || w->assigned->job_id() != job.rec.id ||
+        w->assigned->generation() != attempt->generation) {
+      continue;
+    }
+    v1::CoordinatorMessage msg;
+    *msg.mutable_abort()->mutable_ref() = *w->assigned;
+    msg.mutable_abort()->set_reason(reason);
+    msg.mutable_abort()->set_grace_period_ms(grace_ms);
+    SendTo(*w, std::move(msg), txn);
+  }
+  v1::JobEvent ev;
+  *ev.mutable_attempt_ended() = AttemptToProto(*attempt);
+  AddEvent(job, std::move(ev), true, txn);
+  txn.jobs.insert(&job);
+}
+
+void JobMachine::RestartGroup(JobRt& job, const std::string& reason,
+                              const std::string& metric_reason, Txn& txn) {
+  EndAttempt(job, v1::ATTEMPT_OUTCOME_ABORTED, 0, reason, abort_grace_ms(), txn);
+  job.rec.restarts++;
+  metrics_.CountRestart(metric_reason);
+  job.rec.not_before_ms = 0;
+  SetState(job, v1::JOB_STATE_RECOVERING,
+           absl::StrCat(reason, "; restarting from ", CheckpointText(job.rec)), txn);
+}
+
+void JobMachine::OnRankFailure(JobRt& job, v1::AttemptOutcome outcome, int exit_code,
+                               const std::string& reason, const std::string& metric_reason,
+                               Txn& txn) {
+  EndAttempt(job, outcome, exit_code, reason, abort_grace_ms(), txn);
+  if (outcome == v1::ATTEMPT_OUTCOME_BAD_INPUT) {
+    SetState(job, v1::JOB_STATE_FAILED, reason, txn);
+    return;
+  }
+  job.rec.failures++;
+  if (job.rec.failures >= job.rec.max_failures) {
+    SetState(job, v1::JOB_STATE_FAILED,
+             absl::StrCat(reason, " (failure ", job.rec.failures, " of max_failures ",
+                          job.rec.max_failures, ")"),
+             txn);
+    return;
+  }
+  job.rec.restarts++;
+  metrics_.CountRestart(metric_reason);
+  double backoff = std::min(config_.restart_backoff_max_s,
+                            config_.restart_backoff_base_s * std::pow(2.0, job.rec.failures - 1));
+  job.rec.not_before_ms = NowMs() + static_cast<int64_t>(backoff * 1000);
+  SetState(
+      job, v1::JOB_STATE_RECOVERING,
+      absl::StrCat(reason, "; restarting from ", CheckpointText(job.rec), " in ", backoff,
+                   "s (failure ", job.rec.failures, " of max_failures ", job.rec.max_failures, ")"),
+      txn);
+}
+
+void JobMachine::OnRankLost(JobRt& job, const std::string& reason, Txn& txn) {
+  if (job.awaiting_reconnect) {
+    RestartGroup(job, reason, "coordinator_restart", txn);
+  } else {
+    OnRankFailure(job, v1::ATTEMPT_OUTCOME_LOST, -1, reason, "worker_lost", txn);
+  }
+}
+
+void JobMachine::OnRankPreempted(JobRt& job, int rank, int exit_code, const std::string& how,
+                                 Txn& txn) {
+  std::string why =
+      exit_code == contract::kExitPreempted
+          ? absl::StrCat("rank ", rank, " preempted (exit ", exit_code, " after a checkpoint)")
+          : absl::StrCat("rank ", rank, " preempted (it ", how, " instead of exiting ",
+                         contract::kExitPreempted, " after a checkpoint)");
+  EndAttempt(job, v1::ATTEMPT_OUTCOME_PREEMPTED, exit_code, why,
+             static_cast<int64_t>(config_.cancel_grace_s * 1000), txn);
+  job.rec.preemptions++;
+  job.rec.preemptions_budget_used++;
+  if (metrics_.preemptions) metrics_.preemptions->WithLabels()->Increment();
+  if (job.rec.max_preemptions >= 0 && job.rec.preemptions_budget_used > job.rec.max_preemptions) {
+    SetState(job, v1::JOB_STATE_FAILED,
+             absl::StrCat(why, "; preempted ", job.rec.preemptions_budget_used,
+                          " times, max_preemptions is ", job.rec.max_preemptions),
+             txn);
+    return;
+  }
+  SetState(job, v1::JOB_STATE_PREEMPTED,
+           absl::StrCat(why, "; requeued, resumes from ", CheckpointText(job.rec)), txn);
+}
+
+void JobMachine::CompleteStage(JobRt& job, Txn& txn) {
+  JobRecord& rec = job.rec;
+  StageRecord& stage = rec.stages[rec.stage_index];
+  EndAttempt(job, v1::ATTEMPT_OUTCOME_SUCCEEDED, 0,
+             absl::StrCat("stage ", stage.index, " finished"), 0, txn);
+  stage.state = v1::STAGE_STATE_COMPLETED;
+  stage.finished_ms = NowMs();
+  stage.step = stage.steps;
+  if (metrics_.stage_transitions) metrics_.stage_transitions->WithLabels()->Increment();
+  rec.stage_index++;
+  if (rec.stage_index >= static_cast<int>(rec.stages.size())) {
+    SetState(job, v1::JOB_STATE_SUCCEEDED,
+             absl::StrCat("all ", rec.stages.size(), " stages finished"), txn);
+    return;
+  }
+  const StageRecord& next = rec.stages[rec.stage_index];
+  SetState(job, v1::JOB_STATE_PENDING,
+           absl::StrCat("stage ", stage.index, " finished; stage ", next.index, " (seq_len ",
+                        next.seq_len, ", ", next.world(), " workers) queued"),
+           txn);
+}
+
+void JobMachine::OnWorkerLost(WorkerRt& worker, const std::string& why, Txn& txn) {
+  ULOG(WARNING) << "worker " << worker.rec.id << " lost: " << why;
+  worker.state = v1::WORKER_STATE_LOST;
+  if (worker.sink != nullptr) {
+    // Not a consequence of the store commit (worker liveness is not persisted), so the
+    // stream is closed now: a commit that fails must not leave it open and unowned.
+    worker.sink->Close(absl::UnavailableError(absl::StrCat("worker declared lost: ", why)));
+    worker.sink = nullptr;
+    worker.session = 0;
+  }
+  worker.pending.clear();
+  if (!worker.assigned) return;
+  v1::WorkRef ref = *worker.assigned;
+  worker.assigned.reset();
+  JobRt* job = state_.FindJob(ref.job_id());
+  if (job == nullptr) return;
+  AttemptRecord* attempt = job->rec.current_attempt();
+  if (attempt == nullptr || attempt->ended() || attempt->generation != ref.generation()) return;
+  OnRankLost(*job, absl::StrCat("worker ", worker.rec.name, " (rank ", ref.rank(), ") lost: ", why),
+             txn);
+}
+
+void JobMachine::CheckReconnectDeadline(JobRt& job, int64_t now_steady_ms, Txn& txn) {
+  if (!job.awaiting_reconnect || now_steady_ms < job.reconnect_deadline_steady) return;
+  RestartGroup(job,
+               absl::StrCat("coordinator restarted and only ", job.reconnected_ranks.size(), " of ",
+                            job.rec.stages[job.rec.stage_index].world(),
+                            " workers reconnected within ", config_.reconnect_window_s, "s"),
+               "coordinator_restart", txn);
+}
+
+}  // namespace ulysses::coordinator

@@ -1,0 +1,81 @@
+// JobMachine: the job state machine of the coordinator. Every transition of a job
+// (queued -> scheduled -> running -> restart/preempt/complete -> terminal) is one of
+// its methods; each changes the records in State and collects what must be written
+// and sent in the Txn. Nothing is sent and nothing is written here: the Coordinator
+// commits the Txn to the store and only then flushes its side effects.
+//
+// Not thread-safe: the Coordinator calls it with its mutex held (the mutex that guards
+// the State passed to the constructor).
+#ifndef ULYSSES_COORDINATOR_JOB_MACHINE_H_
+#define ULYSSES_COORDINATOR_JOB_MACHINE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "coordinator/config.h"
+#include "coordinator/coordinator_metrics.h"
+#include "coordinator/runtime.h"
+
+namespace ulysses::coordinator {
+
+class JobMachine {
+ public:
+  // All three must outlive the JobMachine.
+  JobMachine(const CoordinatorConfig& config, CoordinatorMetrics& metrics, State& state)
+      : config_(config), metrics_(metrics), state_(state) {}
+
+  // Moves `job` to `to` (or only updates its reason when it is already there): one
+  // persisted state_change event and one coordinator log line.
+  void SetState(JobRt& job, v1::JobState to, const std::string& reason, Txn& txn);
+  // Starts the current stage as a new generation on worker_ids[rank].
+  void Launch(JobRt& job, const std::vector<std::string>& worker_ids, Txn& txn);
+  // Ends the current attempt (if live) and aborts its ranks with `grace_ms`.
+  void EndAttempt(JobRt& job, v1::AttemptOutcome outcome, int exit_code, const std::string& reason,
+                  int64_t grace_ms, Txn& txn);
+  // The group broke for a reason that is not the job's fault (a coordinator restart the
+  // workers did not survive): abort the attempt, count a restart with `metric_reason`,
+  // and requeue at once as RECOVERING. Not counted against max_failures, so no backoff:
+  // not_before_ms is reset (a backoff left from an earlier failure does not apply).
+  void RestartGroup(JobRt& job, const std::string& reason, const std::string& metric_reason,
+                    Txn& txn);
+  // A rank failed: FAILED for bad input or when max_failures is reached, else
+  // RECOVERING with exponential backoff (not_before_ms).
+  void OnRankFailure(JobRt& job, v1::AttemptOutcome outcome, int exit_code,
+                     const std::string& reason, const std::string& metric_reason, Txn& txn);
+  // A rank of the current attempt is gone (its worker was lost or came back without
+  // it): RestartGroup while the job waits for reconnects after a coordinator restart,
+  // otherwise a failure (ATTEMPT_OUTCOME_LOST).
+  void OnRankLost(JobRt& job, const std::string& reason, Txn& txn);
+  // exit_code 75, or how else a rank stopped for a preemption ended (`how`).
+  void OnRankPreempted(JobRt& job, int rank, int exit_code, const std::string& how, Txn& txn);
+  // Every rank of the current stage exited 0.
+  void CompleteStage(JobRt& job, Txn& txn);
+  // Heartbeat timeout: LOST, its session closed, its rank (if any) lost.
+  void OnWorkerLost(WorkerRt& worker, const std::string& why, Txn& txn);
+  // After a coordinator restart: restarts the group when its workers did not all
+  // reconnect by the deadline.
+  void CheckReconnectDeadline(JobRt& job, int64_t now_steady_ms, Txn& txn);
+  // Places queued jobs on idle workers (coordinator/scheduler.h) and launches them;
+  // unplaced jobs get the reason as their `reason`.
+  void Schedule(Txn& txn);
+
+  void AddEvent(JobRt& job, v1::JobEvent event, bool persist, Txn& txn);
+  // Appends to the job's log buffer now; followers get the line after the commit.
+  void AddLog(JobRt& job, v1::LogLine line, Txn& txn);
+  void SendTo(WorkerRt& worker, v1::CoordinatorMessage message, Txn& txn);
+  // An Abort for `ref` with the abort grace period.
+  void SendAbort(WorkerRt& worker, const v1::WorkRef& ref, const std::string& why, Txn& txn);
+  int64_t abort_grace_ms() const { return static_cast<int64_t>(config_.abort_grace_s * 1000); }
+
+ private:
+  int AllocatePort();
+
+  const CoordinatorConfig& config_;
+  CoordinatorMetrics& metrics_;
+  State& state_;
+};
+
+}  // namespace ulysses::coordinator
+
+#endif  // ULYSSES_COORDINATOR_JOB_MACHINE_H_

@@ -1,0 +1,151 @@
+// Runtime records of the coordinator: what it knows about each job and worker beyond
+// their durable records (model.h), the stream sinks it pushes to, and the transaction
+// (Txn) in which one request's changes and side effects are collected until the store
+// commit succeeds.
+//
+// Plain data. The Coordinator owns a State under its mutex; every function that takes a
+// State, JobRt, WorkerRt or Txn expects that mutex to be held by its caller.
+#ifndef ULYSSES_COORDINATOR_RUNTIME_H_
+#define ULYSSES_COORDINATOR_RUNTIME_H_
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "coordinator/model.h"
+#include "coordinator/store.h"
+#include "ulysses/v1/job_service.pb.h"
+#include "ulysses/v1/worker_service.pb.h"
+
+namespace ulysses::coordinator {
+
+// An open worker Session stream.
+class WorkerSink {
+ public:
+  virtual ~WorkerSink() = default;
+  virtual void Send(const v1::CoordinatorMessage& message) = 0;
+  // Ends the stream with `status` (superseded session, lost worker, shutdown).
+  virtual void Close(const absl::Status& status) = 0;
+};
+
+// An open WatchJob stream.
+class JobEventSink {
+ public:
+  virtual ~JobEventSink() = default;
+  virtual void OnEvent(const v1::JobEvent& event) = 0;
+  virtual void OnJobEnded() = 0;  // After the terminal state's event: end the stream.
+};
+
+// An open GetJobLogs --follow stream.
+class LogSink {
+ public:
+  virtual ~LogSink() = default;
+  virtual void OnLines(const std::vector<v1::LogLine>& lines) = 0;
+  virtual void OnJobEnded() = 0;  // End the stream.
+};
+
+struct WorkerRt {
+  WorkerRecord rec;
+  v1::WorkerState state = v1::WORKER_STATE_DISCONNECTED;
+  WorkerSink* sink = nullptr;
+  uint64_t session = 0;
+  int64_t last_seen_steady = 0;
+  std::optional<v1::WorkRef> assigned;          // What we believe it runs (until its exit report).
+  std::vector<v1::CoordinatorMessage> pending;  // Queued while no session is open.
+  // The worker announced its own shutdown (SIGTERM: a Kubernetes preemption). It gets no new
+  // work until it registers again, so a requeued job is not placed on a worker about to exit.
+  bool draining = false;
+};
+
+struct JobRt {
+  JobRecord rec;
+  std::set<int> started_ranks;
+  std::set<int> done_ranks;
+  bool awaiting_reconnect = false;  // Recovered after a coordinator restart, ranks not back yet.
+  int64_t reconnect_deadline_steady = 0;
+  std::set<int> reconnected_ranks;
+  std::deque<v1::JobEvent> events;  // The newest config.event_history.
+  int64_t next_event_seq = 1;
+  std::deque<v1::LogLine> logs;  // The newest config.log_buffer_lines.
+  int64_t next_log_seq = 1;
+  std::set<JobEventSink*> watchers;
+  std::set<LogSink*> log_followers;
+  bool progress_dirty = false;  // Progress not yet written (flushed by the ticker).
+  int64_t last_flush_steady = 0;
+  int64_t queued_since_steady = 0;
+  int64_t recovering_since_steady = 0;
+  int64_t last_progress_steady = 0;
+  int64_t last_progress_generation = 0;
+};
+
+// Everything the coordinator holds in memory.
+struct State {
+  std::map<std::string, std::unique_ptr<JobRt>> jobs;        // By id.
+  std::map<std::string, std::unique_ptr<WorkerRt>> workers;  // By id.
+  int64_t next_job_number = 1;
+  uint64_t next_session_id = 1;
+  int next_port = 0;
+
+  JobRt* FindJob(const std::string& id) {
+    auto it = jobs.find(id);
+    return it == jobs.end() ? nullptr : it->second.get();
+  }
+  WorkerRt* FindWorker(const std::string& id) {
+    auto it = workers.find(id);
+    return it == workers.end() ? nullptr : it->second.get();
+  }
+};
+
+// One request's changes: the records to write and the side effects that may happen only
+// once they are durable. Coordinator::CommitLocked writes `batch` (plus `jobs` and
+// `workers`) in one store transaction and then, and only then, flushes the rest.
+struct Txn {
+  std::set<JobRt*> jobs;        // Changed jobs (written whole).
+  std::set<WorkerRt*> workers;  // Changed workers.
+  Store::Batch batch;           // Events and checkpoints to insert.
+  // Side effects, in order, after the commit:
+  std::vector<std::pair<WorkerRt*, v1::CoordinatorMessage>> outbound;  // To worker sessions.
+  std::vector<std::pair<JobRt*, v1::JobEvent>> notify;                 // To WatchJob streams.
+  std::vector<std::pair<JobRt*, v1::LogLine>> log_lines;               // To log followers.
+  std::vector<JobRt*> ended;  // Jobs that reached a terminal state (streams end).
+};
+
+inline int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+inline int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+inline bool IsTerminal(v1::JobState s) {
+  return s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+}
+
+// Waiting for placement.
+inline bool IsQueued(v1::JobState s) {
+  return s == v1::JOB_STATE_PENDING || s == v1::JOB_STATE_PREEMPTED ||
+         s == v1::JOB_STATE_RECOVERING;
+}
+
+// "RUNNING" for JOB_STATE_RUNNING.
+inline std::string StateName(v1::JobState s) {
+  std::string n = v1::JobState_Name(s);
+  return n.rfind("JOB_STATE_", 0) == 0 ? n.substr(10) : n;
+}
+
+}  // namespace ulysses::coordinator
+
+#endif  // ULYSSES_COORDINATOR_RUNTIME_H_

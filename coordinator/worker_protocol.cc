@@ -1,0 +1,402 @@
+#include "coordinator/worker_protocol.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/contract/exit.h"
+#include "common/status.h"
+#include "coordinator/validation.h"
+#include "coordinator/views.h"
+
+namespace ulysses::coordinator {
+namespace {
+
+// How an Ack tells the worker what became of its message.
+v1::AckCode AckCodeFor(const absl::Status& status) {
+  if (status.ok()) return v1::ACK_CODE_OK;
+  if (absl::IsFailedPrecondition(status)) return v1::ACK_CODE_STALE;
+  return v1::ACK_CODE_INVALID;
+}
+
+}  // namespace
+
+absl::StatusOr<WorkerProtocol::Registered> WorkerProtocol::Register(
+    const v1::RegisterRequest& request, Txn& txn) {
+  RETURN_IF_ERROR(ValidateRegisterRequest(request));
+  const std::string id = "w-" + request.name();
+  auto& slot = state_.workers[id];
+  if (!slot) {
+    slot = std::make_unique<WorkerRt>();
+    slot->rec.id = id;
+    slot->rec.name = request.name();
+    slot->rec.registered_ms = NowMs();
+  }
+  WorkerRt& w = *slot;
+  w.rec.node_label = request.node_label().empty() ? request.name() : request.node_label();
+  w.rec.device = request.device();
+  w.rec.host = request.host();
+  w.rec.capacity = std::max(1, request.capacity());
+  w.rec.last_seen_ms = NowMs();
+  w.last_seen_steady = SteadyMs();
+  if (w.state == v1::WORKER_STATE_LOST) w.state = v1::WORKER_STATE_DISCONNECTED;
+  w.draining = false;  // A (re)registering worker process takes new work again.
+  txn.workers.insert(&w);
+  Registered out{&w, false};
+  if (request.has_running()) {
+    const v1::WorkRef& ref = request.running().ref();
+    JobRt* job = state_.FindJob(ref.job_id());
+    AttemptRecord* attempt = job ? job->rec.current_attempt() : nullptr;
+    if (attempt != nullptr && !attempt->ended() && attempt->generation == ref.generation() &&
+        ref.rank() >= 0 && ref.rank() < static_cast<int>(attempt->worker_ids.size()) &&
+        attempt->worker_ids[ref.rank()] == id) {
+      out.keep_running = true;
+      w.assigned = ref;
+      if (job->awaiting_reconnect) {
+        job->reconnected_ranks.insert(ref.rank());
+        if (job->reconnected_ranks.size() == attempt->worker_ids.size()) {
+          job->awaiting_reconnect = false;
+          job->reconnected_ranks.clear();
+          job->started_ranks.clear();
+          for (size_t r = 0; r < attempt->worker_ids.size(); ++r) {
+            job->started_ranks.insert(static_cast<int>(r));
+          }
+          machine_.SetState(
+              *job, v1::JOB_STATE_RUNNING,
+              absl::StrCat("recovered after coordinator restart: all ", attempt->worker_ids.size(),
+                           " ranks reconnected (generation ", attempt->generation, ")"),
+              txn);
+        }
+      }
+    } else {
+      machine_.SendAbort(w, ref,
+                         absl::StrCat("generation ", ref.generation(), " of ", ref.job_id(),
+                                      " is no longer current"),
+                         txn);
+    }
+  } else if (w.assigned) {
+    // The worker came back without the child we assigned: that rank is gone.
+    v1::WorkRef ref = *w.assigned;
+    w.assigned.reset();
+    if (JobRt* job = state_.FindJob(ref.job_id()); job != nullptr) {
+      AttemptRecord* attempt = job->rec.current_attempt();
+      if (attempt != nullptr && !attempt->ended() && attempt->generation == ref.generation()) {
+        machine_.OnRankLost(*job,
+                            absl::StrCat("worker ", w.rec.name, " (rank ", ref.rank(),
+                                         ") restarted without its rank"),
+                            txn);
+      }
+    }
+  }
+  if (w.sink != nullptr) {
+    w.state = w.assigned ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_IDLE;
+  }
+  return out;
+}
+
+void WorkerProtocol::Ack(WorkerRt& w, const v1::WorkerMessage& m, const absl::Status& status,
+                         Txn& txn) {
+  v1::CoordinatorMessage msg;
+  msg.mutable_ack()->set_seq(m.seq());
+  msg.mutable_ack()->set_result(AckCodeFor(status));
+  msg.mutable_ack()->set_message(std::string(status.message()));
+  machine_.SendTo(w, std::move(msg), txn);
+}
+
+void WorkerProtocol::Reject(WorkerRt& w, const v1::WorkerMessage& m, const absl::Status& status,
+                            const std::string& reason, Txn& txn) {
+  metrics_.CountRejected(reason);
+  Ack(w, m, status, txn);
+}
+
+JobRt* WorkerProtocol::Fence(const v1::WorkRef& ref, absl::Status* error) {
+  JobRt* job = state_.FindJob(ref.job_id());
+  if (job == nullptr) {
+    *error = absl::FailedPreconditionError(absl::StrCat("unknown job \"", ref.job_id(), "\""));
+    return nullptr;
+  }
+  if (ref.generation() != job->rec.generation) {
+    *error = absl::FailedPreconditionError(
+        absl::StrCat("stale generation ", ref.generation(), " of ", ref.job_id(),
+                     " (current generation is ", job->rec.generation, ")"));
+    return nullptr;
+  }
+  return job;
+}
+
+JobRt* WorkerProtocol::FenceLive(WorkerRt& w, const v1::WorkerMessage& m, const v1::WorkRef& ref,
+                                 Txn& txn) {
+  absl::Status error;
+  JobRt* job = Fence(ref, &error);
+  if (job != nullptr) {
+    AttemptRecord* a = job->rec.current_attempt();
+    if (a == nullptr || a->ended()) {
+      error = absl::FailedPreconditionError(
+          absl::StrCat("generation ", ref.generation(), " of ", ref.job_id(), " has ended",
+                       a ? absl::StrCat(" (", a->reason, ")") : ""));
+      job = nullptr;
+    } else if (ref.rank() < 0 || ref.rank() >= static_cast<int>(a->worker_ids.size()) ||
+               a->worker_ids[ref.rank()] != w.rec.id) {
+      error = absl::FailedPreconditionError(absl::StrCat("rank ", ref.rank(), " of ", ref.job_id(),
+                                                         " generation ", ref.generation(),
+                                                         " is not assigned to ", w.rec.id));
+      job = nullptr;
+    }
+  }
+  if (job == nullptr) {
+    Reject(w, m, error, "stale", txn);
+    machine_.SendAbort(w, ref, std::string(error.message()), txn);
+  }
+  return job;
+}
+
+void WorkerProtocol::OnMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
+  // Bounds first (validation.h), against the stages of the job the message names.
+  const v1::WorkRef* named_ref = WorkRefOf(m);
+  JobRt* named = named_ref == nullptr ? nullptr : state_.FindJob(named_ref->job_id());
+  absl::Status invalid = ValidateWorkerMessage(
+      m, named == nullptr ? absl::Span<const StageRecord>() : named->rec.stages);
+  if (!invalid.ok()) {
+    Reject(w, m, invalid, InvalidReason(m), txn);
+    return;
+  }
+  switch (m.kind_case()) {
+    case v1::WorkerMessage::kHeartbeat:
+      return OnHeartbeat(w, m, txn);
+    case v1::WorkerMessage::kStarted:
+      return OnStarted(w, m, txn);
+    case v1::WorkerMessage::kProgress:
+      return OnProgress(w, m, txn);
+    case v1::WorkerMessage::kLogs:
+      return OnLogs(w, m, txn);
+    case v1::WorkerMessage::kCheckpoint:
+      return OnCheckpoint(w, m, txn);
+    case v1::WorkerMessage::kEval:
+      return OnEval(w, m, txn);
+    case v1::WorkerMessage::kPreempting:
+      return OnPreempting(w, m, txn);
+    case v1::WorkerMessage::kExited:
+      return OnExited(w, m, txn);
+    case v1::WorkerMessage::kHello:
+    case v1::WorkerMessage::KIND_NOT_SET:
+      Reject(w, m, absl::InvalidArgumentError("unexpected message kind on an open session"),
+             "unexpected_kind", txn);
+      return;
+  }
+}
+
+void WorkerProtocol::OnHeartbeat(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
+  const v1::Heartbeat& hb = m.heartbeat();
+  if (!hb.has_running() && w.assigned) {
+    // Idle while we think it runs something: trust it only for ended attempts.
+    JobRt* job = state_.FindJob(w.assigned->job_id());
+    const AttemptRecord* a = job == nullptr ? nullptr : job->rec.current_attempt();
+    if (a == nullptr || a->ended() || a->generation != w.assigned->generation()) {
+      w.assigned.reset();
+    }
+  } else if (hb.has_running()) {
+    const v1::WorkRef& ref = hb.running().ref();
+    JobRt* job = state_.FindJob(ref.job_id());
+    const AttemptRecord* a = job == nullptr ? nullptr : job->rec.current_attempt();
+    bool live = a != nullptr && !a->ended() && a->generation == ref.generation();
+    if (!live) machine_.SendAbort(w, ref, "generation is no longer current", txn);
+  }
+  if (w.state != v1::WORKER_STATE_LOST) {
+    w.state = w.assigned ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_IDLE;
+  }
+  if (hb.request_ack()) Ack(w, m, absl::OkStatus(), txn);
+}
+
+void WorkerProtocol::MarkStarted(JobRt& job, int rank, Txn& txn) {
+  job.started_ranks.insert(rank);
+  const StageRecord& stage = job.rec.stages[job.rec.stage_index];
+  if (job.rec.state == v1::JOB_STATE_SCHEDULING &&
+      job.started_ranks.size() == static_cast<size_t>(stage.world())) {
+    machine_.SetState(job, v1::JOB_STATE_RUNNING,
+                      absl::StrCat("all ", stage.world(), " ranks of stage ", stage.index,
+                                   " running (generation ", job.rec.generation, ")"),
+                      txn);
+  }
+}
+
+void WorkerProtocol::OnStarted(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
+  const v1::WorkRef& ref = m.started().ref();
+  JobRt* job = FenceLive(w, m, ref, txn);
+  if (job == nullptr) return;
+  MarkStarted(*job, ref.rank(), txn);
+}
+
+void WorkerProtocol::OnProgress(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
+  const v1::WorkRef& ref = m.progress().ref();
+  JobRt* job = FenceLive(w, m, ref, txn);
+  if (job == nullptr) return;
+  job->started_ranks.insert(ref.rank());  // A rank that reports progress has started.
+  StageRecord& stage = job->rec.stages[job->rec.stage_index];
+  const v1::StepProgress& p = m.progress().progress();
+  if (p.step() >= stage.step) {
+    stage.step = p.step();
+    stage.loss = p.loss();
+    stage.tokens_per_s = p.tokens_per_s();
+    job->rec.loss = p.loss();
+    job->progress_dirty = true;
+  }
+  if (ref.rank() == 0) {
+    if (metrics_.loss) metrics_.loss->WithLabels({job->rec.id})->Set(p.loss());
+    if (metrics_.tokens_per_s) {
+      metrics_.tokens_per_s->WithLabels({job->rec.id})->Set(p.tokens_per_s());
+    }
+    if (metrics_.step) metrics_.step->WithLabels({job->rec.id})->Set(p.step());
+    const int64_t now = SteadyMs();
+    if (metrics_.tokens && job->last_progress_steady > 0 &&
+        job->last_progress_generation == ref.generation()) {
+      double dt = std::min(60.0, (now - job->last_progress_steady) / 1000.0);
+      metrics_.tokens->WithLabels({job->rec.id})->Increment(p.tokens_per_s() * dt);
+    }
+    job->last_progress_steady = now;
+    job->last_progress_generation = ref.generation();
+    v1::JobEvent ev;
+    v1::StepProgress* sp = ev.mutable_progress();
+    *sp = p;
+    sp->set_stage(ref.stage());
+    if (sp->steps() <= 0) sp->set_steps(stage.steps);
+    if (sp->seq_len() <= 0) sp->set_seq_len(stage.seq_len);
+    machine_.AddEvent(*job, std::move(ev), /*persist=*/false, txn);
+  }
+  MarkStarted(*job, ref.rank(), txn);
+}
+
+void WorkerProtocol::OnLogs(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
+  const v1::LogBatch& b = m.logs();
+  JobRt* job = state_.FindJob(b.ref().job_id());
+  if (job == nullptr) return;
+  for (const v1::LogLine& l : b.lines()) {
+    v1::LogLine line = l;
+    if (line.text().size() > kMaxLogLineBytes) {
+      line.set_text(TruncateText(l.text(), kMaxLogLineBytes));
+    }
+    line.set_worker_id(w.rec.id);
+    line.set_rank(b.ref().rank());
+    line.set_generation(b.ref().generation());
+    if (line.stream() == v1::LOG_STREAM_UNSPECIFIED) line.set_stream(v1::LOG_STREAM_STDERR);
+    machine_.AddLog(*job, std::move(line), txn);
+  }
+}
+
+void WorkerProtocol::OnCheckpoint(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
+  const v1::WorkRef& ref = m.checkpoint().ref();
+  const v1::Checkpoint& c = m.checkpoint().checkpoint();
+  absl::Status error;
+  JobRt* job = Fence(ref, &error);
+  if (job == nullptr) {
+    Reject(w, m, error, "stale", txn);
+    return;
+  }
+  const auto& last = job->rec.last_checkpoint;
+  if (!last || last->stage != ref.stage() || last->step != c.step()) {
+    CheckpointRecord rec;
+    rec.job_id = job->rec.id;
+    rec.generation = ref.generation();
+    rec.stage = ref.stage();
+    rec.step = c.step();
+    rec.path = c.path();
+    rec.bytes = c.bytes();
+    rec.seconds = c.seconds();
+    rec.committed_ms = NowMs();
+    job->rec.last_checkpoint = rec;
+    txn.batch.checkpoints.push_back(rec);
+    txn.jobs.insert(job);
+    if (metrics_.checkpoint_seconds) {
+      metrics_.checkpoint_seconds->WithLabels()->Observe(c.seconds());
+    }
+    if (metrics_.checkpoint_bytes) {
+      metrics_.checkpoint_bytes->WithLabels({job->rec.id})->Set(static_cast<double>(c.bytes()));
+    }
+    v1::JobEvent ev;
+    *ev.mutable_checkpoint() = CheckpointToProto(rec);
+    machine_.AddEvent(*job, std::move(ev), true, txn);
+  }
+  Ack(w, m, absl::OkStatus(), txn);
+}
+
+void WorkerProtocol::OnEval(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
+  const v1::EvalResult& e = m.eval().result();
+  JobRt* job = FenceLive(w, m, m.eval().ref(), txn);
+  if (job == nullptr) return;
+  int idx = m.eval().ref().stage();
+  if (idx >= 0 && idx < static_cast<int>(job->rec.stages.size())) {
+    StageRecord& stage = job->rec.stages[idx];
+    stage.eval_loss = e.loss();
+    stage.eval_accuracy = e.accuracy();
+    stage.eval_seq_len = e.seq_len();
+  }
+  v1::JobEvent ev;
+  *ev.mutable_eval() = e;
+  ev.mutable_eval()->set_stage(idx);
+  machine_.AddEvent(*job, std::move(ev), true, txn);
+}
+
+void WorkerProtocol::OnPreempting(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
+  w.draining = true;
+  JobRt* job = FenceLive(w, m, m.preempting().ref(), txn);
+  if (job == nullptr) return;
+  if (job->rec.state == v1::JOB_STATE_RUNNING || job->rec.state == v1::JOB_STATE_SCHEDULING) {
+    machine_.SetState(*job, v1::JOB_STATE_CHECKPOINTING,
+                      absl::StrCat("rank ", m.preempting().ref().rank(),
+                                   " got SIGTERM; writing a preemption checkpoint"),
+                      txn);
+  }
+}
+
+void WorkerProtocol::OnExited(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
+  const v1::AttemptExited& x = m.exited();
+  const v1::WorkRef& ref = x.ref();
+  if (w.assigned && w.assigned->job_id() == ref.job_id() &&
+      w.assigned->generation() == ref.generation()) {
+    w.assigned.reset();
+    if (w.state == v1::WORKER_STATE_BUSY) w.state = v1::WORKER_STATE_IDLE;
+  }
+  absl::Status error;
+  JobRt* job = Fence(ref, &error);
+  if (job == nullptr) {
+    Reject(w, m, error, "stale", txn);
+    return;
+  }
+  Ack(w, m, absl::OkStatus(), txn);
+  AttemptRecord* a = job->rec.current_attempt();
+  if (a == nullptr || a->ended()) return;  // Already ended (aborted, cancelled).
+  if (ref.rank() < 0 || ref.rank() >= static_cast<int>(a->worker_ids.size()) ||
+      a->worker_ids[ref.rank()] != w.rec.id) {
+    return;
+  }
+  std::string detail = x.error_message().empty()
+                           ? ""
+                           : absl::StrCat(": ", TruncateText(x.error_message(), kMaxReasonBytes));
+  const contract::StopRequest stop = x.aborted()     ? contract::StopRequest::kAbort
+                                     : x.preempted() ? contract::StopRequest::kPreempt
+                                                     : contract::StopRequest::kNone;
+  const std::string how = x.signal() != 0 ? absl::StrCat("was killed by signal ", x.signal())
+                                          : absl::StrCat("exited ", x.exit_code());
+  switch (contract::OutcomeOf(contract::ProcessExit{x.exit_code(), x.signal()}, stop)) {
+    case contract::RankOutcome::kSucceeded:
+      job->done_ranks.insert(ref.rank());
+      if (job->done_ranks.size() == a->worker_ids.size()) machine_.CompleteStage(*job, txn);
+      break;
+    case contract::RankOutcome::kPreempted:
+      machine_.OnRankPreempted(*job, ref.rank(), x.exit_code(), how, txn);
+      break;
+    case contract::RankOutcome::kBadInput:
+      machine_.OnRankFailure(*job, v1::ATTEMPT_OUTCOME_BAD_INPUT, x.exit_code(),
+                             absl::StrCat("rank ", ref.rank(), " rejected its input (exit ",
+                                          contract::kExitBadInput, ")", detail),
+                             "bad_input", txn);
+      break;
+    case contract::RankOutcome::kFailed:
+    case contract::RankOutcome::kAborted:  // Its worker stopped it; this attempt needs it.
+      machine_.OnRankFailure(*job, v1::ATTEMPT_OUTCOME_FAILED, x.exit_code(),
+                             absl::StrCat("rank ", ref.rank(), " ", how, detail), "rank_failed",
+                             txn);
+      break;
+  }
+}
+
+}  // namespace ulysses::coordinator

@@ -1,0 +1,71 @@
+// WorkerProtocol: what the coordinator does with a worker's Register call and with each
+// kind of message on its Session stream (docs/API.md "Worker protocol"). One handler
+// per WorkerMessage kind; each validates (validation.h), fences the report against the
+// current assignment, and changes State through the JobMachine. Replies (Acks, Aborts)
+// and every other side effect go into the Txn, sent only after the commit.
+//
+// Not thread-safe: the Coordinator calls it with its mutex held.
+#ifndef ULYSSES_COORDINATOR_WORKER_PROTOCOL_H_
+#define ULYSSES_COORDINATOR_WORKER_PROTOCOL_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/config.h"
+#include "coordinator/coordinator_metrics.h"
+#include "coordinator/job_machine.h"
+#include "coordinator/runtime.h"
+
+namespace ulysses::coordinator {
+
+class WorkerProtocol {
+ public:
+  // All four must outlive the WorkerProtocol.
+  WorkerProtocol(const CoordinatorConfig& config, CoordinatorMetrics& metrics, State& state,
+                 JobMachine& machine)
+      : config_(config), metrics_(metrics), state_(state), machine_(machine) {}
+
+  struct Registered {
+    WorkerRt* worker = nullptr;
+    bool keep_running = false;  // It may keep the rank it reported (same generation).
+  };
+  // Creates or refreshes the worker named in `request` (validated here) and reconciles
+  // the rank it reports running with what the coordinator assigned.
+  absl::StatusOr<Registered> Register(const v1::RegisterRequest& request, Txn& txn);
+
+  // One message from `worker`'s open session.
+  void OnMessage(WorkerRt& worker, const v1::WorkerMessage& message, Txn& txn);
+
+ private:
+  void OnHeartbeat(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
+  void OnStarted(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
+  void OnProgress(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
+  void OnLogs(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
+  void OnCheckpoint(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
+  void OnEval(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
+  void OnPreempting(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
+  void OnExited(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
+
+  void Ack(WorkerRt& w, const v1::WorkerMessage& m, const absl::Status& status, Txn& txn);
+  // Drops the message (nothing about its job changes), answers it with an error Ack and
+  // counts it in ulysses_rejected_reports_total{reason}.
+  void Reject(WorkerRt& w, const v1::WorkerMessage& m, const absl::Status& status,
+              const std::string& reason, Txn& txn);
+  // The job if `ref` names the current generation of a known job; else sets *error.
+  JobRt* Fence(const v1::WorkRef& ref, absl::Status* error);
+  // A work report: the current generation, a live attempt, and the rank this worker
+  // holds. Otherwise rejects it ("stale") and aborts the stray child.
+  JobRt* FenceLive(WorkerRt& w, const v1::WorkerMessage& m, const v1::WorkRef& ref, Txn& txn);
+  // `rank` runs; SCHEDULING -> RUNNING once every rank of the stage does.
+  void MarkStarted(JobRt& job, int rank, Txn& txn);
+
+  const CoordinatorConfig& config_;
+  CoordinatorMetrics& metrics_;
+  State& state_;
+  JobMachine& machine_;
+};
+
+}  // namespace ulysses::coordinator
+
+#endif  // ULYSSES_COORDINATOR_WORKER_PROTOCOL_H_

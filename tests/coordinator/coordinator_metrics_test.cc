@@ -1,0 +1,82 @@
+// The coordinator's metric families and scrape-time gauges (coordinator_metrics.h),
+// registered in a real Registry and read back through its text exposition.
+#include "coordinator/coordinator_metrics.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace ulysses::coordinator {
+namespace {
+
+bool Has(const std::string& text, const std::string& line) {
+  return text.find(line + "\n") != std::string::npos;
+}
+
+TEST(CoordinatorMetricsTest, RegistersEveryFamilyAndComputesGaugesAtScrape) {
+  metrics::Registry registry;
+  int scrapes = 0;
+  auto metrics = CoordinatorMetrics::Register(&registry, [&](CountsPart part) {
+    ++scrapes;
+    StateCounts c;
+    c.jobs_by_state[v1::JOB_STATE_RUNNING] = 2;
+    c.jobs_by_state[v1::JOB_STATE_PENDING] = 1;
+    c.workers_by_state[v1::WORKER_STATE_IDLE] = 3;
+    c.queued_jobs = 1;
+    c.heartbeat_ages_s = {{"w-a", 1.5}};
+    (void)part;
+    return c;
+  });
+  ASSERT_NE(metrics, nullptr);
+  for (auto* f : {metrics->restarts, metrics->preemptions, metrics->stage_transitions,
+                  metrics->tokens, metrics->rejected_reports}) {
+    EXPECT_NE(f, nullptr);
+  }
+  for (auto* f : {metrics->checkpoint_bytes, metrics->loss, metrics->tokens_per_s, metrics->step}) {
+    EXPECT_NE(f, nullptr);
+  }
+  for (auto* f : {metrics->gang_wait, metrics->recovery, metrics->checkpoint_seconds}) {
+    EXPECT_NE(f, nullptr);
+  }
+  metrics->CountRestart("worker_lost");
+  metrics->CountRejected("stale");
+  metrics->CountRejected("stale");
+  metrics->loss->WithLabels({"job-000001"})->Set(2.5);
+  const std::string text = registry.Serialize();
+  EXPECT_TRUE(Has(text, "ulysses_job_restarts_total{reason=\"worker_lost\"} 1")) << text;
+  EXPECT_TRUE(Has(text, "ulysses_rejected_reports_total{reason=\"stale\"} 2")) << text;
+  EXPECT_TRUE(Has(text, "ulysses_train_loss{job_id=\"job-000001\"} 2.5")) << text;
+  EXPECT_TRUE(Has(text, "ulysses_jobs{state=\"running\"} 2")) << text;
+  EXPECT_TRUE(Has(text, "ulysses_jobs{state=\"pending\"} 1")) << text;
+  EXPECT_TRUE(Has(text, "ulysses_jobs{state=\"failed\"} 0")) << text;  // Every state shown.
+  EXPECT_TRUE(Has(text, "ulysses_workers{state=\"idle\"} 3")) << text;
+  EXPECT_TRUE(Has(text, "ulysses_workers{state=\"lost\"} 0")) << text;
+  EXPECT_TRUE(Has(text, "ulysses_queue_length 1")) << text;
+  EXPECT_TRUE(Has(text, "ulysses_worker_heartbeat_age_seconds{worker=\"w-a\"} 1.5")) << text;
+  EXPECT_EQ(scrapes, 4);  // One call per scrape-time gauge.
+  EXPECT_NE(text.find("ulysses_build_info"), std::string::npos);
+
+  metrics->ForgetJob("job-000001");
+  EXPECT_EQ(registry.Serialize().find("job-000001"), std::string::npos);
+}
+
+TEST(CoordinatorMetricsTest, WithoutARegistryStillCounts) {
+  auto metrics = CoordinatorMetrics::Register(nullptr, [](CountsPart) { return StateCounts(); });
+  ASSERT_NE(metrics->restarts, nullptr);
+  metrics->CountRestart("worker_lost");
+  EXPECT_EQ(metrics->restarts->WithLabels({"worker_lost"})->Value(), 1);
+}
+
+TEST(CoordinatorMetricsTest, StateSamplesCoverEveryState) {
+  auto jobs = JobStateSamples({{v1::JOB_STATE_CANCELLED, 4}});
+  EXPECT_EQ(jobs.size(), static_cast<size_t>(v1::JOB_STATE_CANCELLED - v1::JOB_STATE_PENDING + 1));
+  EXPECT_EQ(jobs.front().label_values[0], "pending");
+  EXPECT_EQ(jobs.back().label_values[0], "cancelled");
+  EXPECT_EQ(jobs.back().value, 4);
+  auto workers = WorkerStateSamples({});
+  EXPECT_EQ(workers.front().label_values[0], "idle");
+  EXPECT_EQ(workers.back().label_values[0], "lost");
+}
+
+}  // namespace
+}  // namespace ulysses::coordinator

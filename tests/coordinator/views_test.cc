@@ -1,0 +1,115 @@
+// Proto views of the coordinator's records (coordinator/views.h).
+#include "coordinator/views.h"
+
+#include "google/protobuf/util/time_util.h"
+#include "gtest/gtest.h"
+
+namespace ulysses::coordinator {
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+JobRecord TwoStageJob() {
+  JobRecord r;
+  r.id = "job-000007";
+  r.name = "demo";
+  r.state = v1::JOB_STATE_RUNNING;
+  r.reason = "all 2 ranks of stage 0 running";
+  r.created_ms = 1'700'000'000'000;
+  r.priority = 3;
+  r.generation = 2;
+  r.restarts = 1;
+  r.checkpoint_dir = "/ckpt/job-000007";
+  r.spec_yaml = "kind: TrainJob\n";
+  StageRecord s0;
+  s0.index = 0;
+  s0.seq_len = 64;
+  s0.steps = 10;
+  s0.step = 4;
+  s0.loss = 2.5;
+  s0.sp = 2;
+  s0.eval_seq_len = 64;
+  s0.eval_loss = 2.25;
+  s0.eval_accuracy = 0.5;
+  StageRecord s1;
+  s1.index = 1;
+  s1.seq_len = 128;
+  s1.steps = 5;
+  r.stages = {s0, s1};
+  AttemptRecord a;
+  a.generation = 2;
+  a.worker_ids = {"w-a", "w-b"};
+  a.master_port = 29500;
+  r.attempts = {a};
+  CheckpointRecord c;
+  c.job_id = r.id;
+  c.stage = 0;
+  c.step = 4;
+  c.path = "/ckpt/job-000007/step-00000004";
+  c.committed_ms = 1'700'000'001'000;
+  r.last_checkpoint = c;
+  return r;
+}
+
+TEST(ViewsTest, JobShowsStagesProgressEvalAndCheckpoint) {
+  v1::Job p = JobToProto(TwoStageJob(), /*full=*/true);
+  EXPECT_EQ(p.id(), "job-000007");
+  EXPECT_EQ(p.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(p.priority(), 3);
+  EXPECT_EQ(p.generation(), 2);
+  EXPECT_EQ(TimeUtil::TimestampToMilliseconds(p.created_at()), 1'700'000'000'000);
+  EXPECT_EQ(TimeUtil::TimestampToMilliseconds(p.started_at()), 0);  // 0 = unset.
+  ASSERT_EQ(p.stages_size(), 2);
+  EXPECT_EQ(p.stages(0).sp(), 2);
+  ASSERT_TRUE(p.stages(0).has_progress());
+  EXPECT_EQ(p.stages(0).progress().step(), 4);
+  EXPECT_EQ(p.stages(0).progress().steps(), 10);
+  EXPECT_DOUBLE_EQ(p.stages(0).progress().loss(), 2.5);
+  ASSERT_TRUE(p.stages(0).has_eval());
+  EXPECT_DOUBLE_EQ(p.stages(0).eval().accuracy(), 0.5);
+  EXPECT_FALSE(p.stages(1).has_progress());  // No step yet.
+  EXPECT_FALSE(p.stages(1).has_eval());
+  ASSERT_TRUE(p.has_last_checkpoint());
+  EXPECT_EQ(p.last_checkpoint().path(), "/ckpt/job-000007/step-00000004");
+  ASSERT_EQ(p.attempts_size(), 1);
+  EXPECT_EQ(p.attempts(0).worker_ids(1), "w-b");
+  EXPECT_EQ(p.attempts(0).master_port(), 29500);
+  EXPECT_EQ(p.spec_yaml(), "kind: TrainJob\n");
+}
+
+TEST(ViewsTest, ListViewLeavesAttemptsOut) {
+  v1::Job p = JobToProto(TwoStageJob(), /*full=*/false);
+  EXPECT_EQ(p.attempts_size(), 0);
+  EXPECT_EQ(p.stages_size(), 2);
+}
+
+TEST(ViewsTest, WorkerHeartbeatAgeComesFromTheSteadyClock) {
+  WorkerRt w;
+  w.rec.id = "w-a";
+  w.rec.name = "a";
+  w.rec.host = "10.0.0.1";
+  w.state = v1::WORKER_STATE_BUSY;
+  w.last_seen_steady = 5'000;
+  v1::WorkRef ref;
+  ref.set_job_id("job-000001");
+  ref.set_rank(1);
+  w.assigned = ref;
+  v1::Worker p = WorkerToProto(w, /*now_steady_ms=*/7'500, /*now_unix_ms=*/1'700'000'010'000);
+  EXPECT_EQ(p.id(), "w-a");
+  EXPECT_EQ(p.state(), v1::WORKER_STATE_BUSY);
+  EXPECT_DOUBLE_EQ(p.heartbeat_age_seconds(), 2.5);
+  EXPECT_EQ(TimeUtil::TimestampToMilliseconds(p.last_heartbeat_at()), 1'700'000'007'500);
+  EXPECT_EQ(p.running().ref().rank(), 1);
+  // A clock that went backwards never shows a negative age.
+  EXPECT_DOUBLE_EQ(WorkerToProto(w, 4'000, 1'700'000'010'000).heartbeat_age_seconds(), 0);
+}
+
+TEST(ViewsTest, CheckpointTextNamesWhereARestartBegins) {
+  JobRecord r = TwoStageJob();
+  EXPECT_EQ(CheckpointText(r), "checkpoint stage 0 step 4");
+  r.last_checkpoint.reset();
+  EXPECT_EQ(CheckpointText(r), "the start of the stage (no committed checkpoint)");
+}
+
+}  // namespace
+}  // namespace ulysses::coordinator
