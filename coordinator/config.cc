@@ -186,6 +186,10 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   // Roots are compared with resolved spec paths (path_policy.h): resolve them the same
   // way. The operator's own paths may be relative to the working directory.
   auto resolve_root = [&](const std::string& field, std::string* root) {
+    if (root->empty()) {
+      e.push_back(absl::StrCat(field, ": empty (give a directory, or remove the entry)"));
+      return;
+    }
     std::error_code ec;
     std::string absolute = std::filesystem::absolute(*root, ec).lexically_normal().string();
     if (absolute.size() > 1 && absolute.back() == '/') absolute.pop_back();
@@ -197,14 +201,10 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
     *root = *resolved;
   };
   resolve_root("checkpoint_root", &c->checkpoint_root);
+  // A data root need not exist here: the coordinator may not mount the data volume
+  // (then spec paths are confined lexically; mount it read-only to resolve links).
   for (size_t i = 0; i < c->data_roots.size(); ++i) {
-    const std::string field = absl::StrCat("data_roots[", i, "]");
-    resolve_root(field, &c->data_roots[i]);
-    std::error_code ec;
-    if (!std::filesystem::is_directory(c->data_roots[i], ec)) {
-      e.push_back(absl::StrCat(field, ": \"", c->data_roots[i],
-                               "\" is not a directory (create it or fix the path)"));
-    }
+    resolve_root(absl::StrCat("data_roots[", i, "]"), &c->data_roots[i]);
   }
   if (!e.empty()) return absl::InvalidArgumentError(absl::StrJoin(e, "\n"));
   return absl::OkStatus();
