@@ -29,11 +29,6 @@ bool LoadSpecForVerb(CliContext& ctx, const std::string& file,
   return true;
 }
 
-std::string DefaultCoordinator() {
-  const char* env = std::getenv("ULYSSES_COORDINATOR");
-  return env != nullptr && env[0] != '\0' ? env : "127.0.0.1:50051";
-}
-
 void PrintErrorLines(CliContext& ctx, const std::string& prefix, absl::string_view message) {
   for (absl::string_view line : absl::StrSplit(message, '\n')) {
     if (line.empty()) {
@@ -52,15 +47,19 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   CliContext ctx;
   ctx.out = &out;
   ctx.err = &err;
-  ctx.coordinator = DefaultCoordinator();
 
   CLI::App app{"ulyssesctl: validate, plan and run long-context training jobs on Ulysses"};
   app.name("ulyssesctl");
   app.require_subcommand(1);
   app.fallthrough();  // Global options may follow the verb.
   app.add_option("--coordinator", ctx.coordinator,
-                 "Coordinator address host:port (default: $ULYSSES_COORDINATOR, else "
-                 "127.0.0.1:50051)");
+                 "Coordinator address host:port (default: $ULYSSES_COORDINATOR, else the "
+                 "context's server, else 127.0.0.1:50051)");
+  app.add_option("--config", ctx.config,
+                 "Client config file (default: $ULYSSES_CONFIG, else "
+                 "~/.config/ulysses/config.yaml)");
+  app.add_option("--context", ctx.context,
+                 "Config context to use (default: the config's current-context)");
   app.add_option("-o,--output", ctx.output, "Output format: table, json or yaml")
       ->check(CLI::IsMember({"table", "json", "yaml"}));
   app.footer(
@@ -69,6 +68,9 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       "  ulyssesctl plan -f configs/jobs/llama3-8b-1m.yaml\n"
       "  ulyssesctl submit -f job.yaml --coordinator coord:50051\n"
       "  ulyssesctl get -o json\n"
+      "  ulyssesctl config set-context prod --server coord:50051 --ca ca.pem --token-file tok\n"
+      "Credentials: the context's token (or $ULYSSES_TOKEN) is sent on every call; with a\n"
+      "context `ca` the connection is TLS (see `ulyssesctl config --help`).\n"
       "Exit codes: 0 ok; 2 bad input (usage, spec, or a request the coordinator refused as\n"
       "invalid); 1 an unreachable coordinator, a server error, or a watched job that ended\n"
       "FAILED or CANCELLED.");
@@ -82,11 +84,13 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   AddLogsCommand(app, ctx);
   AddCancelCommand(app, ctx);
   AddResumeCommand(app, ctx);
+  AddConfigCommand(app, ctx);
 
   // Name an unknown verb instead of CLI11's "A subcommand is required".
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--coordinator" || arg == "-o" || arg == "--output") {
+    if (arg == "--coordinator" || arg == "-o" || arg == "--output" || arg == "--config" ||
+        arg == "--context") {
       ++i;  // skip the option's value
       continue;
     }

@@ -19,15 +19,14 @@ namespace ulysses::client {
 
 // Global options and the streams every verb writes to.
 struct CliContext {
-  std::string coordinator;  // host:port of ulysses-coordinator.
+  std::string coordinator;  // --coordinator: host:port, overrides the context's server.
+  std::string config;       // --config: the client config file (client/config.h).
+  std::string context;      // --context: the config context to use.
   std::string output;       // "table" | "json" | "yaml" | "" (the verb's default).
   std::ostream* out = nullptr;
   std::ostream* err = nullptr;
   int exit_code = contract::kExitOk;  // Set by the verb that ran.
 };
-
-// Default coordinator address: $ULYSSES_COORDINATOR, else 127.0.0.1:50051.
-std::string DefaultCoordinator();
 
 int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
 

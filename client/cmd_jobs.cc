@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -35,7 +36,7 @@ void PrintStructured(const nlohmann::json& value, const std::string& output, std
 // Prints the error; the exit code says whether the request was refused as bad input (2)
 // or failed otherwise (1: unreachable coordinator, server error).
 int RpcError(const absl::Status& status, const JobClient& client, std::ostream& err) {
-  err << FormatRpcError(status, client.address()) << "\n";
+  err << FormatRpcError(status, client.connection()) << "\n";
   return contract::ExitCodeFor(status);
 }
 
@@ -201,10 +202,27 @@ int CmdResume(JobClient& client, const std::string& id, std::ostream& out, std::
 
 namespace {
 
-JobClient ClientFor(const CliContext& ctx) { return JobClient(ctx.coordinator); }
+// The client of the coordinator the flags, environment and config name; on a bad
+// config or credentials prints why, sets exit 2 and returns nullopt.
+std::optional<JobClient> ClientFor(CliContext& ctx) {
+  ConnectionFlags flags;
+  flags.config = ctx.config;
+  flags.context = ctx.context;
+  flags.coordinator = ctx.coordinator;
+  absl::StatusOr<Connection> connection = ResolveConnection(flags);
+  absl::StatusOr<JobClient> client =
+      connection.ok() ? JobClient::Create(*std::move(connection)) : connection.status();
+  if (!client.ok()) {
+    PrintErrorLines(ctx, "error", client.status().message());
+    ctx.exit_code = contract::kExitBadInput;
+    return std::nullopt;
+  }
+  return *std::move(client);
+}
 
 constexpr char kNeedsCoordinator[] =
-    "Needs the coordinator (--coordinator or $ULYSSES_COORDINATOR).";
+    "Needs the coordinator: the current context of the config (ulyssesctl config --help),\n"
+    "--context, --coordinator or $ULYSSES_COORDINATOR; token from $ULYSSES_TOKEN or the context.";
 
 struct JobArgs {
   std::string file, reason;
@@ -236,8 +254,9 @@ void AddSubmitCommand(CLI::App& app, CliContext& ctx) {
       "  ulyssesctl submit -f job.yaml --set spec.stages[0].steps=5 --coordinator coord:50051\n",
       kNeedsCoordinator));
   cmd->callback([&ctx, args] {
-    JobClient client = ClientFor(ctx);
-    ctx.exit_code = CmdSubmit(client, args->file, args->sets, ctx.output, *ctx.out, *ctx.err);
+    std::optional<JobClient> client = ClientFor(ctx);
+    if (!client) return;
+    ctx.exit_code = CmdSubmit(*client, args->file, args->sets, ctx.output, *ctx.out, *ctx.err);
   });
 }
 
@@ -252,14 +271,15 @@ void AddGetCommand(CLI::App& app, CliContext& ctx) {
                    "  ulyssesctl get workers\n",
                    kNeedsCoordinator));
   cmd->callback([&ctx, args] {
-    JobClient client = ClientFor(ctx);
+    std::optional<JobClient> client = ClientFor(ctx);
+    if (!client) return;
     const auto& w = args->words;
     if (w.empty() || (w.size() == 1 && w[0] == "jobs")) {
-      ctx.exit_code = CmdGetJobs(client, ctx.output, *ctx.out, *ctx.err);
+      ctx.exit_code = CmdGetJobs(*client, ctx.output, *ctx.out, *ctx.err);
     } else if (w.size() == 1 && w[0] == "workers") {
-      ctx.exit_code = CmdGetWorkers(client, ctx.output, *ctx.out, *ctx.err);
+      ctx.exit_code = CmdGetWorkers(*client, ctx.output, *ctx.out, *ctx.err);
     } else if (const std::string id = JobIdFrom(w); !id.empty()) {
-      ctx.exit_code = CmdGetJob(client, id, ctx.output, *ctx.out, *ctx.err);
+      ctx.exit_code = CmdGetJob(*client, id, ctx.output, *ctx.out, *ctx.err);
     } else {
       *ctx.err << "error: get: expected `jobs`, `job ID` or `workers`\n";
       ctx.exit_code = contract::kExitBadInput;
@@ -284,8 +304,9 @@ void AddDescribeCommand(CLI::App& app, CliContext& ctx) {
       ctx.exit_code = contract::kExitBadInput;
       return;
     }
-    JobClient client = ClientFor(ctx);
-    ctx.exit_code = CmdDescribeJob(client, id, ctx.output, *ctx.out, *ctx.err);
+    std::optional<JobClient> client = ClientFor(ctx);
+    if (!client) return;
+    ctx.exit_code = CmdDescribeJob(*client, id, ctx.output, *ctx.out, *ctx.err);
   });
 }
 
@@ -303,9 +324,10 @@ void AddWatchCommand(CLI::App& app, CliContext& ctx) {
       kNeedsCoordinator));
   cmd->callback([&ctx, args] {
     const std::string id = JobIdFrom(args->words);
-    JobClient client = ClientFor(ctx);
+    std::optional<JobClient> client = ClientFor(ctx);
+    if (!client) return;
     ctx.exit_code =
-        CmdWatch(client, id, isatty(STDOUT_FILENO) == 1, ctx.output == "json",
+        CmdWatch(*client, id, isatty(STDOUT_FILENO) == 1, ctx.output == "json",
                  absl::Seconds(args->timeout_s), absl::Seconds(120), *ctx.out, *ctx.err);
   });
 }
@@ -318,9 +340,10 @@ void AddLogsCommand(CLI::App& app, CliContext& ctx) {
   cmd->add_option("--tail", args->tail, "Lines from the end (-1 = all)");
   cmd->footer(absl::StrCat("Examples:\n  ulyssesctl logs job-000001 -f\n", kNeedsCoordinator));
   cmd->callback([&ctx, args] {
-    JobClient client = ClientFor(ctx);
+    std::optional<JobClient> client = ClientFor(ctx);
+    if (!client) return;
     ctx.exit_code =
-        CmdLogs(client, JobIdFrom(args->words), args->tail, args->follow, *ctx.out, *ctx.err);
+        CmdLogs(*client, JobIdFrom(args->words), args->tail, args->follow, *ctx.out, *ctx.err);
   });
 }
 
@@ -331,8 +354,9 @@ void AddCancelCommand(CLI::App& app, CliContext& ctx) {
   cmd->add_option("--reason", args->reason, "Recorded as the job's reason");
   cmd->footer(absl::StrCat("Examples:\n  ulyssesctl cancel job-000001\n", kNeedsCoordinator));
   cmd->callback([&ctx, args] {
-    JobClient client = ClientFor(ctx);
-    ctx.exit_code = CmdCancel(client, JobIdFrom(args->words), args->reason, *ctx.out, *ctx.err);
+    std::optional<JobClient> client = ClientFor(ctx);
+    if (!client) return;
+    ctx.exit_code = CmdCancel(*client, JobIdFrom(args->words), args->reason, *ctx.out, *ctx.err);
   });
 }
 
@@ -343,8 +367,9 @@ void AddResumeCommand(CLI::App& app, CliContext& ctx) {
   cmd->add_option("what", args->words, "Job id")->required();
   cmd->footer(absl::StrCat("Examples:\n  ulyssesctl resume job-000001\n", kNeedsCoordinator));
   cmd->callback([&ctx, args] {
-    JobClient client = ClientFor(ctx);
-    ctx.exit_code = CmdResume(client, JobIdFrom(args->words), *ctx.out, *ctx.err);
+    std::optional<JobClient> client = ClientFor(ctx);
+    if (!client) return;
+    ctx.exit_code = CmdResume(*client, JobIdFrom(args->words), *ctx.out, *ctx.err);
   });
 }
 

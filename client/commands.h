@@ -24,6 +24,7 @@ void AddWatchCommand(CLI::App& app, CliContext& ctx);
 void AddLogsCommand(CLI::App& app, CliContext& ctx);
 void AddCancelCommand(CLI::App& app, CliContext& ctx);
 void AddResumeCommand(CLI::App& app, CliContext& ctx);
+void AddConfigCommand(CLI::App& app, CliContext& ctx);
 
 // Prints every line of a multi-line error to ctx.err as "<prefix>: <line>"
 // (no prefix when the line already starts with it).

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc/channel.h"
 #include "common/grpc/grpc_util.h"
 #include "grpcpp/grpcpp.h"
 
@@ -10,18 +11,16 @@ namespace ulysses::client {
 
 namespace v1 = ::ulysses::v1;
 
-std::string ResolveCoordinator(const std::string& flag_value) {
-  if (!flag_value.empty()) return flag_value;
-  const char* env = std::getenv("ULYSSES_COORDINATOR");
-  if (env != nullptr && *env != '\0') return env;
-  return "127.0.0.1:50051";
+absl::StatusOr<JobClient> JobClient::Create(Connection connection, absl::Duration rpc_timeout) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(connection.channel);
+  if (!channel.ok()) return channel.status();
+  auto stub = v1::JobService::NewStub(*channel);
+  return JobClient(std::move(connection), rpc_timeout, std::move(stub));
 }
 
-JobClient::JobClient(std::string address, absl::Duration rpc_timeout)
-    : address_(std::move(address)), rpc_timeout_(rpc_timeout) {
-  stub_ =
-      v1::JobService::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
-}
+JobClient::JobClient(Connection connection, absl::Duration rpc_timeout,
+                     std::unique_ptr<v1::JobService::Stub> stub)
+    : connection_(std::move(connection)), rpc_timeout_(rpc_timeout), stub_(std::move(stub)) {}
 
 absl::StatusOr<v1::SubmitJobResponse> JobClient::Submit(const std::string& spec_yaml,
                                                         const std::vector<std::string>& sets) {
@@ -150,6 +149,14 @@ std::string FormatRpcError(const absl::Status& status, const std::string& addres
                         ": ", status.message(), ")");
   }
   return absl::StrCat("error: ", code, ": ", status.message());
+}
+
+std::string FormatRpcError(const absl::Status& status, const Connection& connection) {
+  std::string line = FormatRpcError(status, connection.channel.server);
+  if (const std::string hint = AuthHint(status, connection); !hint.empty()) {
+    absl::StrAppend(&line, "\nhint: ", hint);
+  }
+  return line;
 }
 
 }  // namespace ulysses::client

@@ -15,19 +15,19 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/config.h"
 #include "ulysses/v1/job_service.grpc.pb.h"
 
 namespace ulysses::client {
 
-// The coordinator address from --coordinator, else $ULYSSES_COORDINATOR, else
-// "127.0.0.1:50051".
-std::string ResolveCoordinator(const std::string& flag_value);
-
 class JobClient {
  public:
-  explicit JobClient(std::string address, absl::Duration rpc_timeout = absl::Seconds(10));
+  // Opens the channel of `connection` (TLS, token; common/grpc/channel.h).
+  static absl::StatusOr<JobClient> Create(Connection connection,
+                                          absl::Duration rpc_timeout = absl::Seconds(10));
 
-  const std::string& address() const { return address_; }
+  const std::string& address() const { return connection_.channel.server; }
+  const Connection& connection() const { return connection_; }
 
   absl::StatusOr<ulysses::v1::SubmitJobResponse> Submit(const std::string& spec_yaml,
                                                         const std::vector<std::string>& sets);
@@ -48,14 +48,19 @@ class JobClient {
                     const std::function<void(const ulysses::v1::LogLine&)>& on_line);
 
  private:
-  std::string address_;
+  JobClient(Connection connection, absl::Duration rpc_timeout,
+            std::unique_ptr<ulysses::v1::JobService::Stub> stub);
+
+  Connection connection_;
   absl::Duration rpc_timeout_;
   std::unique_ptr<ulysses::v1::JobService::Stub> stub_;
 };
 
 // "error: NOT_FOUND: job job-000009 not found", or for UNAVAILABLE:
-// "error: cannot reach the coordinator at HOST:PORT (UNAVAILABLE: ...)".
+// "error: cannot reach the coordinator at HOST:PORT (UNAVAILABLE: ...)"; for
+// UNAUTHENTICATED a second line says what to do (AuthHint).
 std::string FormatRpcError(const absl::Status& status, const std::string& address);
+std::string FormatRpcError(const absl::Status& status, const Connection& connection);
 
 }  // namespace ulysses::client
 

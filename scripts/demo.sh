@@ -66,10 +66,22 @@ if [[ -z "$PORT" ]]; then
 fi
 export ULYSSES_COORDINATOR="127.0.0.1:$PORT"
 echo "demo: coordinator on $ULYSSES_COORDINATOR (metrics: $(sed -n 's/.*metrics=\([0-9]*\).*/\1/p' "$TMP/coordinator.log" | head -1))"
+# Started without a token file, the coordinator made an admin token and a ulyssesctl
+# config for it in its state dir: the newcomer's path (docs/OPERATIONS.md).
+WORKER_AUTH=()
+if [[ -f "$TMP/state/admin.token" ]]; then
+  WORKER_AUTH+=(--token-file "$TMP/state/admin.token")
+fi
+if [[ -f "$TMP/state/ulyssesctl-config.yaml" ]]; then
+  export ULYSSES_CONFIG="$TMP/state/ulyssesctl-config.yaml"
+  echo "demo: export ULYSSES_CONFIG=$ULYSSES_CONFIG"
+elif [[ -f "$TMP/state/admin.token" ]]; then
+  export ULYSSES_TOKEN="$(cat "$TMP/state/admin.token")"
+fi
 
 for ((i = 0; i < WORKERS; i++)); do
   "$BIN/ulysses-worker" --coordinator "$ULYSSES_COORDINATOR" --name "demo-w$i" --device cpu \
-    --work-dir "$TMP/workers/w$i" --grace-period-s 30 >"$TMP/worker$i.log" 2>&1 &
+    --work-dir "$TMP/workers/w$i" --grace-period-s 30 "${WORKER_AUTH[@]}" >"$TMP/worker$i.log" 2>&1 &
   PIDS+=($!)
 done
 for _ in $(seq 1 150); do

@@ -4,6 +4,8 @@
 Run by ctest (deploy_k8s_test) with Debian's /usr/bin/python3 (python3-yaml).
 ULYSSES_SOURCE_DIR points at the repository root (defaults to ../.. of this file).
 """
+import base64
+import hashlib
 import json
 import os
 import re
@@ -169,7 +171,7 @@ class ManifestTest(unittest.TestCase):
         self.assertEqual(kinds, sorted([
             "Namespace", "ConfigMap", "PersistentVolumeClaim", "PersistentVolumeClaim",
             "Deployment", "Service", "Service", "StatefulSet", "PodDisruptionBudget",
-            "Kustomization"]))
+            "NetworkPolicy", "NetworkPolicy", "Kustomization"]))
         for (kind, name), doc in self.docs.items():
             if kind in ("Namespace", "Kustomization"):
                 continue
@@ -192,12 +194,28 @@ class ManifestTest(unittest.TestCase):
         (c,) = pod["spec"]["containers"]
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         self.assertEqual(ports, {"grpc": 50051, "metrics": 9090})
+        # kubelet's gRPC probes speak no TLS: probe /healthz on the metrics port.
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            self.assertEqual(c[probe]["grpc"]["port"], 50051, probe)
+            self.assertEqual(c[probe]["httpGet"], {"path": "/healthz", "port": "metrics"}, probe)
         self.assertIn("--state-dir=/var/lib/ulysses", c["args"])
         mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
         self.assertEqual(mounts["state"], "/var/lib/ulysses")
         volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        # TLS, client CA and token file come from Secrets mounted read-only, each flag naming
+        # a key of the Secret behind its mount.
+        flags = dict(a.split("=", 1) for a in c["args"] if a.startswith("--"))
+        files = secret_files(c, pod["spec"])
+        for flag, key in (("--tls-cert", ("ulysses-coordinator-tls", "tls.crt")),
+                          ("--tls-key", ("ulysses-coordinator-tls", "tls.key")),
+                          ("--tls-client-ca", ("ulysses-coordinator-tls", "ca.crt")),
+                          ("--token-file", ("ulysses-coordinator-tokens", "tokens.yaml"))):
+            self.assertEqual(files.get(flags.get(flag)), key, flag)
+        for m in c["volumeMounts"]:
+            if "secret" in volumes[m["name"]]:
+                self.assertTrue(m.get("readOnly"), m["name"])
+                self.assertNotIn("subPath", m, "a subPath mount never sees Secret updates")
+                self.assertEqual(volumes[m["name"]]["secret"]["defaultMode"] & 0o007, 0,
+                                 "secrets must not be world-readable")
         state_claim = volumes["state"]["persistentVolumeClaim"]["claimName"]
         self.assertEqual(self.get("PersistentVolumeClaim", state_claim)["spec"]["accessModes"],
                          ["ReadWriteOnce"])
@@ -238,6 +256,15 @@ class ManifestTest(unittest.TestCase):
         self.assertEqual(shared["spec"]["accessModes"], ["ReadWriteMany"])
         coordinator_arg = [a for a in c["args"] if a.startswith("--coordinator=")][0]
         self.assertTrue(coordinator_arg.endswith(":50051"), coordinator_arg)
+        # Mutual TLS: the pod's own certificate from the worker Secret, and the CA.
+        flags = dict(a.split("=", 1) for a in c["args"] if a.startswith("--"))
+        files = secret_files(c, pod)
+        self.assertEqual(files.get(flags.get("--ca")), ("ulysses-worker-tls", "ca.crt"))
+        self.assertEqual(files.get(flags.get("--cert")),
+                         ("ulysses-worker-tls", "$(POD_NAME).pem"))
+        self.assertEqual(files.get(flags.get("--key")),
+                         ("ulysses-worker-tls", "$(POD_NAME).key"))
+        self.assertFalse(any(a.startswith("--insecure") for a in c["args"]))
 
         pdb = self.get("PodDisruptionBudget", "ulysses-worker")
         self.assertEqual(pdb["spec"]["selector"]["matchLabels"], sts["spec"]["selector"]["matchLabels"])
@@ -246,7 +273,144 @@ class ManifestTest(unittest.TestCase):
         self.assertLess(config["cancel_grace_s"], grace)
 
 
+    def test_network_policy(self):
+        dep = self.get("Deployment", "ulysses-coordinator")
+        sts = self.get("StatefulSet", "ulysses-worker")
+        coordinator_labels = dep["spec"]["template"]["metadata"]["labels"]
+        worker_labels = sts["spec"]["template"]["metadata"]["labels"]
+        policy = self.get("NetworkPolicy", "ulysses-coordinator")["spec"]
+        self.assertEqual(policy["policyTypes"], ["Ingress"])
+        self.assertEqual(policy["podSelector"]["matchLabels"].items() - coordinator_labels.items(),
+                         set())
+        allowed = {}  # port -> list of peers
+        for rule in policy["ingress"]:
+            self.assertIn("from", rule, "a rule without `from` admits every source")
+            self.assertIn("ports", rule, "a rule without `ports` opens every port")
+            for port in rule["ports"]:
+                allowed.setdefault(port["port"], []).extend(rule["from"])
+        self.assertEqual(set(allowed), {50051, 9090})
+        grpc_peers = allowed[50051]
+        selectors = [p["podSelector"]["matchLabels"] for p in grpc_peers]
+        self.assertTrue(all("podSelector" in p for p in grpc_peers), grpc_peers)
+        self.assertIn({"ulysses.io/client": "true"}, selectors)
+        self.assertTrue(any(s.items() <= worker_labels.items() for s in selectors))
+        self.assertEqual(len(selectors), 2, "only workers and labelled clients reach gRPC")
+        metrics_peers = allowed[9090]
+        self.assertEqual([p["podSelector"]["matchLabels"] for p in metrics_peers],
+                         [{"app.kubernetes.io/name": "prometheus"}])
+        workers = self.get("NetworkPolicy", "ulysses-worker")["spec"]
+        self.assertEqual(workers["podSelector"]["matchLabels"].items() - worker_labels.items(),
+                         set())
+        for rule in workers["ingress"]:
+            for peer in rule["from"]:
+                self.assertEqual(peer["podSelector"]["matchLabels"].items() - worker_labels.items(),
+                                 set())
+
+
+def secret_files(container, pod_spec):
+    """Path -> (secret name, key) for the files under the container's Secret mounts
+    (keys of the Secret written by scripts/k8s_secrets.sh, see SecretsScriptTest)."""
+    volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    mounts = {}
+    for m in container["volumeMounts"]:
+        secret = volumes[m["name"]].get("secret")
+        if secret:
+            mounts[m["mountPath"].rstrip("/")] = secret["secretName"]
+    files = {}
+    for arg in container["args"]:
+        if "=" not in arg:
+            continue
+        path = arg.split("=", 1)[1]
+        directory, _, key = path.rpartition("/")
+        if directory in mounts:
+            files[path] = (mounts[directory], key)
+    return files
+
+
 KUBECTL = shutil.which("kubectl")
+OPENSSL = shutil.which("openssl")
+SECRETS_SCRIPT = os.path.join(ROOT, "scripts", "k8s_secrets.sh")
+
+
+@unittest.skipUnless(KUBECTL and OPENSSL and os.path.exists(os.path.join(ROOT, "scripts", "dev_certs.sh")),
+                     "needs kubectl, openssl and scripts/dev_certs.sh")
+class SecretsScriptTest(unittest.TestCase):
+    """scripts/k8s_secrets.sh makes exactly the Secrets the manifests mount."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.docs = load_manifests()
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.replicas = cls.docs[("StatefulSet", "ulysses-worker")]["spec"]["replicas"]
+        rc, cls.out = run([SECRETS_SCRIPT, cls.tmp.name, str(cls.replicas)])
+        cls.rc = rc
+        with open(os.path.join(cls.tmp.name, "secrets.yaml"), encoding="utf-8") as f:
+            cls.secrets = {d["metadata"]["name"]: d for d in yaml.safe_load_all(f) if d}
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def data(self, secret, key):
+        return base64.b64decode(self.secrets[secret]["data"][key])
+
+    def openssl(self, *args, stdin=None):
+        proc = subprocess.run([OPENSSL, *args], input=stdin, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=60)
+        return proc.returncode, proc.stdout.decode()
+
+    def test_every_mounted_file_exists(self):
+        self.assertEqual(self.rc, 0, self.out)
+        for kind, name in (("Deployment", "ulysses-coordinator"), ("StatefulSet", "ulysses-worker")):
+            pod = self.docs[(kind, name)]["spec"]["template"]["spec"]
+            (c,) = pod["containers"]
+            files = secret_files(c, pod)
+            self.assertTrue(files, name)
+            for secret, key in files.values():
+                self.assertIn(secret, self.secrets)
+                self.assertEqual(self.secrets[secret]["metadata"]["namespace"], "ulysses")
+                for i in range(self.replicas):
+                    k = key.replace("$(POD_NAME)", f"{name}-{i}")
+                    self.assertIn(k, self.secrets[secret]["data"], f"{secret}/{k}")
+
+    def test_certificates_chain_and_name_the_right_hosts(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            ca = os.path.join(tmp, "ca.pem")
+            with open(ca, "wb") as f:
+                f.write(self.data("ulysses-coordinator-tls", "ca.crt"))
+            rc, out = self.openssl("verify", "-CAfile", ca,
+                                   stdin=self.data("ulysses-coordinator-tls", "tls.crt"))
+            self.assertEqual(rc, 0, out)
+            rc, sans = self.openssl("x509", "-noout", "-ext", "subjectAltName",
+                                    stdin=self.data("ulysses-coordinator-tls", "tls.crt"))
+            (c,) = self.docs[("StatefulSet", "ulysses-worker")]["spec"]["template"]["spec"]["containers"]
+            host = [a for a in c["args"] if a.startswith("--coordinator=")][0].split("=", 1)[1]
+            self.assertIn("DNS:" + host.rsplit(":", 1)[0], sans)  # What the workers dial.
+            self.assertIn("DNS:localhost", sans)  # kubectl port-forward.
+            for i in range(self.replicas):
+                name = f"ulysses-worker-{i}"
+                cert = self.data("ulysses-worker-tls", f"{name}.pem")
+                rc, out = self.openssl("verify", "-CAfile", ca, "-purpose", "sslclient", stdin=cert)
+                self.assertEqual(rc, 0, out)
+                rc, subject = self.openssl("x509", "-noout", "-subject", stdin=cert)
+                self.assertIn(f"CN = {name}", subject)
+
+    def test_token_file_holds_the_admin_token_hash_only(self):
+        with open(os.path.join(self.tmp.name, "admin.token"), encoding="utf-8") as f:
+            token = f.read().strip()
+        self.assertRegex(token, r"^ul_[A-Za-z0-9_-]{43}$")
+        tokens_yaml = self.data("ulysses-coordinator-tokens", "tokens.yaml").decode()
+        self.assertNotIn(token, tokens_yaml)
+        (entry,) = yaml.safe_load(tokens_yaml)["tokens"]
+        self.assertEqual(entry["sha256"], hashlib.sha256(token.encode()).hexdigest())
+        self.assertEqual(entry["role"], "admin")
+        self.assertEqual(os.stat(os.path.join(self.tmp.name, "admin.token")).st_mode & 0o077, 0)
+        config = yaml.safe_load(read_text(os.path.join(self.tmp.name, "ulyssesctl-config.yaml")))
+        (context,) = config["contexts"]
+        self.assertEqual(context["server"], "localhost:50051")
+        self.assertTrue(context["ca"].endswith("/certs/ca.pem"))
+
+
 
 
 @unittest.skipUnless(KUBECTL, "kubectl missing (optional; renders the kustomization offline)")
@@ -257,7 +421,8 @@ class KustomizeTest(unittest.TestCase):
         objects = [d for d in yaml.safe_load_all(out) if d]
         self.assertEqual(sorted(d["kind"] for d in objects), sorted([
             "Namespace", "ConfigMap", "PersistentVolumeClaim", "PersistentVolumeClaim",
-            "Deployment", "Service", "Service", "StatefulSet", "PodDisruptionBudget"]))
+            "Deployment", "Service", "Service", "StatefulSet", "PodDisruptionBudget",
+            "NetworkPolicy", "NetworkPolicy"]))
         for d in objects:
             if d["kind"] != "Namespace":
                 self.assertEqual(d["metadata"]["namespace"], "ulysses", d["metadata"]["name"])

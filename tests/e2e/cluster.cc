@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -134,6 +135,23 @@ void Cluster::StartCoordinator(double heartbeat_timeout_s) {
   if (!line) return;
   const size_t at = line->find("grpc=");
   port_ = std::atoi(line->c_str() + at + 5);
+  // The admin token a coordinator without a token file creates (a coordinator that
+  // does not authenticate creates none, and then nothing is sent).
+  const std::string token = dir_ + "/state/admin.token";
+  token_file_ = fs::exists(token) ? token : "";
+  std::ofstream config(config_path());
+  config << "current-context: e2e\ncontexts:\n  - name: e2e\n    server: " << address() << "\n";
+  if (!token_file_.empty()) config << "    token_file: " << token_file_ << "\n";
+}
+
+ChannelOptions Cluster::Channel() const {
+  ChannelOptions options;
+  options.server = address();
+  if (!token_file_.empty()) {
+    std::ifstream in(token_file_);
+    std::getline(in, options.token);
+  }
+  return options;
 }
 
 void Cluster::KillCoordinator() {
@@ -144,10 +162,21 @@ void Cluster::KillCoordinator() {
 std::string Cluster::address() const { return absl::StrCat("127.0.0.1:", port_); }
 
 void Cluster::StartWorker(const std::string& name, double grace_period_s) {
-  auto process =
-      Process::Start({BinDir() + "/ulysses-worker", "--coordinator", address(), "--name", name,
-                      "--device", "cpu", "--work-dir", dir_ + "/workers/" + name, "--engine-bin",
-                      EngineBin(), "--grace-period-s", absl::StrCat(grace_period_s)});
+  std::vector<std::string> argv = {BinDir() + "/ulysses-worker",
+                                   "--coordinator",
+                                   address(),
+                                   "--name",
+                                   name,
+                                   "--device",
+                                   "cpu",
+                                   "--work-dir",
+                                   dir_ + "/workers/" + name,
+                                   "--engine-bin",
+                                   EngineBin(),
+                                   "--grace-period-s",
+                                   absl::StrCat(grace_period_s)};
+  if (!token_file_.empty()) argv.insert(argv.end(), {"--token-file", token_file_});
+  auto process = Process::Start(argv);
   workers_[name] = std::move(process);
 }
 
@@ -156,7 +185,7 @@ std::string Cluster::NameFromId(const std::string& worker_id) {
 }
 
 CommandResult Cluster::Ctl(std::vector<std::string> args, milliseconds timeout) {
-  args.insert(args.begin(), {BinDir() + "/ulyssesctl", "--coordinator", address()});
+  args.insert(args.begin(), {BinDir() + "/ulyssesctl", "--config", config_path()});
   return RunCommand(args, timeout);
 }
 

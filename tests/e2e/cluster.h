@@ -4,6 +4,10 @@
 // own process group, killed if the test dies) and are stopped in the destructor;
 // the temp dir is removed.
 //
+// Credentials: the coordinator runs without a token file, so it creates
+// <state_dir>/admin.token; workers get it with --token-file and ulyssesctl through a
+// client config (config_path(), context "e2e") that names it.
+//
 // Binaries come from $ULYSSES_BIN_DIR. The engine is $ULYSSES_BIN_DIR/ulysses-train
 // (ULYSSES_E2E_ENGINE_BIN overrides it, for debugging the harness only).
 #ifndef ULYSSES_TESTS_E2E_CLUSTER_H_
@@ -16,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/grpc/channel.h"
 #include "nlohmann/json.hpp"
 #include "worker/agent/child_supervisor.h"
 
@@ -67,6 +72,12 @@ class Cluster {
   void StartCoordinator(double heartbeat_timeout_s = 4);
   void KillCoordinator();
   std::string address() const;
+  // The admin token file the coordinator created ("" until it exists).
+  const std::string& token_file() const { return token_file_; }
+  // The ulyssesctl config Ctl() uses (context "e2e": address, token_file).
+  std::string config_path() const { return dir_ + "/ulyssesctl.yaml"; }
+  // For a test's own gRPC client: the address and the admin credentials.
+  ChannelOptions Channel() const;
 
   void StartWorker(const std::string& name, double grace_period_s = 30);
   Process* worker(const std::string& name) { return workers_.at(name).get(); }
@@ -94,6 +105,7 @@ class Cluster {
  private:
   std::string dir_;
   int port_ = 0;
+  std::string token_file_;
   std::unique_ptr<Process> coordinator_;
   std::map<std::string, std::unique_ptr<Process>> workers_;
   std::string dead_logs_;

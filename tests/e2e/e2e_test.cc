@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc/channel.h"
 #include "common/grpc/grpc_util.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -82,8 +83,9 @@ Resumption ResumptionOf(const json& job, int stage) {
 // A JobService client of the cluster's coordinator, for what ulyssesctl would not send
 // (a spec it rejects locally) and for the exact status code of a refusal.
 std::unique_ptr<v1::JobService::Stub> JobStub(const Cluster& cluster) {
-  return v1::JobService::NewStub(
-      grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(cluster.Channel());
+  EXPECT_TRUE(channel.ok()) << channel.status();
+  return channel.ok() ? v1::JobService::NewStub(*channel) : nullptr;
 }
 
 class E2ETest : public ::testing::Test {
@@ -326,6 +328,7 @@ TEST_F(E2ETest, ABadSpecIsRejectedByTheServerAndLeavesNoTrace) {
   EXPECT_NE(bad.err.find("spec.stages[1].seq_len"), std::string::npos) << bad.err;
   // The server validates on its own: the same document sent straight over gRPC.
   auto stub = JobStub(cluster_);
+  ASSERT_NE(stub, nullptr);
   v1::SubmitJobRequest request;
   request.set_spec_yaml(RunCommand({"/bin/cat", DemoSpec()}, seconds(5)).out);
   ASSERT_FALSE(request.spec_yaml().empty());
@@ -366,6 +369,7 @@ TEST_F(E2ETest, CancelledJobResumesFromItsCheckpointAndOnlyEndedJobsCanBeResumed
       id, [](const json& j) { return StageStep(j, 0) >= 3 || Terminal(j); }, seconds(120));
   ASSERT_EQ(State(job), "RUNNING") << job.dump(2);
   auto stub = JobStub(cluster_);
+  ASSERT_NE(stub, nullptr);
   auto resume = [&stub, &id] {
     v1::ResumeJobRequest request;
     request.set_job_id(id);

@@ -1,6 +1,7 @@
 // ulysses-worker: flags -> WorkerConfig -> WorkerAgent::Run until SIGTERM.
 // Exit codes (common/contract/exit.h): 0 after a clean drain, 2 on bad flags, 1 when
 // the agent fails.
+#include <cstdlib>
 #include <iostream>
 #include <thread>
 
@@ -29,8 +30,23 @@ int main(int argc, char** argv) {
   app.add_option("--advertise-host", config.advertise_host,
                  "Address other ranks reach this worker on")
       ->capture_default_str();
+  app.add_option("--ca", config.ca_file,
+                 "PEM CA of the coordinator's certificate: TLS (plaintext without it, loopback "
+                 "only)");
+  app.add_option("--cert", config.cert_file,
+                 "PEM client certificate for mutual TLS (its CN/SAN is the worker name)");
+  app.add_option("--key", config.key_file, "Private key of --cert");
+  app.add_option("--token", config.token,
+                 "Bearer token (default: $ULYSSES_TOKEN; prefer --token-file: argv is visible)");
+  app.add_option("--token-file", config.token_file, "File holding the bearer token");
+  app.add_flag("--insecure", config.insecure,
+               "Allow plaintext to a non-loopback coordinator (the token travels in clear)");
   if (std::optional<int> exit_code = ulysses::contract::ParseCommandLine(app, argc, argv)) {
     return *exit_code;
+  }
+  if (const char* env = std::getenv("ULYSSES_TOKEN");
+      config.token.empty() && config.token_file.empty() && env != nullptr) {
+    config.token = env;
   }
   config.grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
   if (absl::Status status = config.Validate(); !status.ok()) {

@@ -149,8 +149,40 @@ absl::Status WorkerConfig::Validate() {
     errors.push_back(absl::StrCat("--grace-period-s: ", grace_period.count() / 1000.0,
                                   " is negative (use >= 0; Kubernetes gives 30 by default)"));
   }
+  if (!token.empty() && !token_file.empty()) {
+    errors.push_back(absl::StrCat("--token-file: \"", token_file,
+                                  "\" given with a token (--token or $ULYSSES_TOKEN): keep one"));
+  } else if (!token_file.empty()) {
+    absl::StatusOr<std::string> read = ReadTokenFile(token_file, "--token-file");
+    if (read.ok()) {
+      token = *std::move(read);
+    } else {
+      errors.emplace_back(read.status().message());
+    }
+  }
+  if (errors.empty()) {
+    // The credential files and the loopback rule, checked now rather than at the first call.
+    if (absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(Channel());
+        !channel.ok()) {
+      absl::string_view message = channel.status().message();
+      // MakeChannel names ChannelOptions fields: say the flags instead.
+      const bool server = absl::ConsumePrefix(&message, "server:");
+      errors.push_back(absl::StrCat(server ? "--coordinator:" : "--", message));
+    }
+  }
   if (errors.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(errors, "\n"));
+}
+
+ChannelOptions WorkerConfig::Channel() const {
+  ChannelOptions options;
+  options.server = coordinator;
+  options.ca_file = ca_file;
+  options.cert_file = cert_file;
+  options.key_file = key_file;
+  options.token = token;
+  options.insecure = insecure;
+  return options;
 }
 
 class WorkerAgent::Impl {
@@ -219,10 +251,15 @@ absl::Status WorkerAgent::Impl::Run() {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  stub_ = v1::WorkerService::NewStub(
-      grpc::CreateCustomChannel(config_.coordinator, grpc::InsecureChannelCredentials(), args));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(config_.Channel(), args);
+  if (!channel.ok()) return channel.status();
+  stub_ = v1::WorkerService::NewStub(*channel);
   ULOG(INFO) << "ulysses-worker " << config_.name << " (" << config_.device << ", engine "
-             << config_.engine_bin << ") -> coordinator " << config_.coordinator;
+             << config_.engine_bin << ") -> coordinator " << config_.coordinator << " ("
+             << (config_.ca_file.empty()     ? "plaintext"
+                 : config_.cert_file.empty() ? "TLS"
+                                             : "mutual TLS")
+             << (config_.token.empty() ? ", no token" : ", token") << ")";
   std::thread session_thread([this] { SessionLoop(); });
 
   std::unique_lock<std::mutex> lock(mu_);

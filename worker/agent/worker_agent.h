@@ -24,6 +24,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/grpc/channel.h"
 
 namespace ulysses::agent {
 
@@ -36,15 +37,25 @@ struct WorkerConfig {
   std::string engine_bin;                         // ulysses-train path ("" = next to this binary).
   std::string advertise_host = "127.0.0.1";       // Address other ranks reach this worker on.
   std::chrono::milliseconds grace_period{30000};  // SIGTERM -> SIGKILL on preemption.
-  std::chrono::milliseconds rpc_deadline{5000};   // Deadline of unary RPCs.
+  // Credentials (common/grpc/channel.h): TLS with --ca, mutual TLS with --cert/--key
+  // (the certificate names this worker), a bearer token on every call.
+  std::string ca_file;     // --ca: PEM CA of the coordinator's certificate; "" = plaintext.
+  std::string cert_file;   // --cert: PEM client certificate (CN = the worker name).
+  std::string key_file;    // --key: its private key.
+  std::string token;       // --token / $ULYSSES_TOKEN; filled from token_file by Validate.
+  std::string token_file;  // --token-file: a file holding the token.
+  bool insecure = false;   // --insecure: allow plaintext to a non-loopback coordinator.
+  std::chrono::milliseconds rpc_deadline{5000};    // Deadline of unary RPCs.
   std::chrono::milliseconds session_max{3600000};  // Deadline of one Session stream.
   std::chrono::milliseconds reconnect_min{200};    // Reconnect backoff, doubling...
   std::chrono::milliseconds reconnect_max{5000};   // ... up to this.
   std::chrono::milliseconds report_drain{5000};    // On shutdown: wait for exit acks.
 
-  // Fills defaults (engine_bin) and checks every field; the message names the flag,
-  // the value and the fix.
+  // Fills defaults (engine_bin, token from token_file) and checks every field, the
+  // credential files included; the message names the flag, the value and the fix.
   absl::Status Validate();
+  // The channel to the coordinator these fields describe.
+  ChannelOptions Channel() const;
 };
 
 class WorkerAgent {

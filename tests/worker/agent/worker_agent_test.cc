@@ -19,7 +19,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/security/server_credentials.h"
 #include "gtest/gtest.h"
+#include "tests/testing/openssl_certs.h"
 #include "tests/testing/temp_dir.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
 #include "worker/agent/child_supervisor.h"
@@ -35,9 +37,18 @@ using std::chrono::seconds;
 // A minimal coordinator side of the worker session protocol.
 class PeerCoordinator final : public v1::WorkerService::Service {
  public:
-  grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest* request,
+  // What the server saw of one call's credentials.
+  struct Caller {
+    std::string rpc;            // "Register" | "Session".
+    std::string authorization;  // The `authorization` metadata; "" when absent.
+    std::string transport;      // "insecure" | "ssl".
+    std::string client_cn;      // x509 common name of the client certificate.
+  };
+
+  grpc::Status Register(grpc::ServerContext* ctx, const v1::RegisterRequest* request,
                         v1::RegisterResponse* response) override {
     std::lock_guard<std::mutex> lock(mu_);
+    RecordLocked("Register", ctx);
     registers_.push_back(*request);
     response->set_worker_id("w-" + request->name());
     response->set_heartbeat_interval_ms(100);
@@ -56,6 +67,7 @@ class PeerCoordinator final : public v1::WorkerService::Service {
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
+      RecordLocked("Session", ctx);
       stream_ = stream;
       ++sessions_;
       cv_.notify_all();
@@ -104,14 +116,36 @@ class PeerCoordinator final : public v1::WorkerService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return registers_;
   }
+  std::vector<Caller> Callers() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return callers_;
+  }
 
  private:
+  void RecordLocked(const char* rpc, grpc::ServerContext* ctx) {
+    Caller caller;
+    caller.rpc = rpc;
+    auto it = ctx->client_metadata().find("authorization");
+    if (it != ctx->client_metadata().end()) {
+      caller.authorization.assign(it->second.data(), it->second.size());
+    }
+    auto auth = ctx->auth_context();
+    for (const auto& v : auth->FindPropertyValues("transport_security_type")) {
+      caller.transport.assign(v.data(), v.size());
+    }
+    for (const auto& v : auth->FindPropertyValues("x509_common_name")) {
+      caller.client_cn.assign(v.data(), v.size());
+    }
+    callers_.push_back(std::move(caller));
+  }
+
   std::mutex mu_;
   std::mutex write_mu_;
   std::condition_variable cv_;
   grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream_ = nullptr;
   std::vector<v1::WorkerMessage> messages_;
   std::vector<v1::RegisterRequest> registers_;
+  std::vector<Caller> callers_;
   int sessions_ = 0;
   bool keep_running_ = true;
 };
@@ -121,10 +155,20 @@ struct PeerServer {
   std::unique_ptr<grpc::Server> server;
   int port = 0;
 
-  explicit PeerServer(int want_port = 0) {
+  // `tls`: the test PKI's server certificate; client certificates are required and
+  // verified (as the coordinator does for workers with --tls-client-ca).
+  explicit PeerServer(int want_port = 0, bool tls = false) {
+    std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+    if (tls) {
+      const auto& certs = ::ulysses::testing::OpensslCerts::Get();
+      grpc::SslServerCredentialsOptions ssl(
+          GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+      ssl.pem_root_certs = certs.Read("ca.pem");
+      ssl.pem_key_cert_pairs.push_back({certs.Read("server.key"), certs.Read("server.pem")});
+      creds = grpc::SslServerCredentials(ssl);
+    }
     grpc::ServerBuilder builder;
-    builder.AddListeningPort(absl::StrCat("127.0.0.1:", want_port),
-                             grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort(absl::StrCat("127.0.0.1:", want_port), creds, &port);
     builder.RegisterService(&service);
     server = builder.BuildAndStart();
   }
@@ -145,10 +189,11 @@ class WorkerAgentTest : public ::testing::Test {
   // The worker stops before its work dir is removed.
   void TearDown() override { worker_.reset(); }
 
-  void StartWorker(int port, double grace_s = 10) {
+  void StartWorker(int port, double grace_s = 10, const std::vector<std::string>& extra = {},
+                   const std::string& host = "127.0.0.1") {
     std::vector<std::string> argv = {BinDir() + "/ulysses-worker",
                                      "--coordinator",
-                                     absl::StrCat("127.0.0.1:", port),
+                                     absl::StrCat(host, ":", port),
                                      "--name",
                                      "t0",
                                      "--work-dir",
@@ -157,6 +202,7 @@ class WorkerAgentTest : public ::testing::Test {
                                      FAKE_RANK_PATH,
                                      "--grace-period-s",
                                      absl::StrCat(grace_s)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
     ChildCallbacks cb;
     cb.on_log = [this](const std::string&, const std::string& line) {
       std::lock_guard<std::mutex> lock(log_mu_);
@@ -196,6 +242,16 @@ class WorkerAgentTest : public ::testing::Test {
   std::string WorkerLog() {
     std::lock_guard<std::mutex> lock(log_mu_);
     return worker_log_;
+  }
+  // Polls the worker's output for `text` (after offset `from`) while it runs.
+  bool WaitForLog(const std::string& text, milliseconds timeout, size_t from = 0) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (WorkerLog().find(text, from) != std::string::npos) return true;
+      if (!worker_->Running()) break;
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    return WorkerLog().find(text, from) != std::string::npos;
   }
 
   ::ulysses::testing::TempDir dir_{"ulysses-worker-test"};
@@ -434,6 +490,103 @@ TEST_F(WorkerAgentTest, FlagParseErrorsExit2WithTheFlagName) {
     EXPECT_EQ(exit, "exit code 2") << out;
     EXPECT_NE(out.find(c.flag), std::string::npos) << out;
   }
+}
+
+// The token (--token-file, $ULYSSES_TOKEN) goes on Register and on the Session stream.
+TEST_F(WorkerAgentTest, SendsTheTokenOnRegisterAndSession) {
+  std::ofstream(dir_.Sub("token")) << "ul_worker-token\n";
+  PeerServer peer;
+  StartWorker(peer.port, 10, {"--token-file", dir_.Sub("token")});
+  ASSERT_TRUE(peer.service.WaitForSession(1, seconds(20))) << WorkerLog();
+  std::vector<PeerCoordinator::Caller> callers = peer.service.Callers();
+  ASSERT_GE(callers.size(), 2u);
+  for (const auto& c : callers) {
+    SCOPED_TRACE(c.rpc);
+    EXPECT_EQ(c.authorization, "Bearer ul_worker-token");
+    EXPECT_EQ(c.transport, "insecure");
+  }
+  EXPECT_EQ(callers[0].rpc, "Register");
+  EXPECT_EQ(callers[1].rpc, "Session");
+  worker_.reset();
+
+  setenv("ULYSSES_TOKEN", "ul_from_env", 1);
+  PeerServer env_peer;
+  StartWorker(env_peer.port);
+  unsetenv("ULYSSES_TOKEN");
+  ASSERT_TRUE(env_peer.service.WaitForSession(1, seconds(20))) << WorkerLog();
+  for (const auto& c : env_peer.service.Callers()) EXPECT_EQ(c.authorization, "Bearer ul_from_env");
+}
+
+// --ca/--cert/--key: TLS to the coordinator, presenting the worker's certificate.
+TEST_F(WorkerAgentTest, MutualTlsPresentsTheWorkerCertificate) {
+  const auto& certs = ::ulysses::testing::OpensslCerts::Get();
+  ASSERT_TRUE(certs.ok()) << certs.log();
+  PeerServer peer(0, /*tls=*/true);
+  ASSERT_GT(peer.port, 0);
+  std::ofstream(dir_.Sub("token")) << "ul_w1\n";
+  StartWorker(peer.port, 10,
+              {"--ca", certs.Path("ca.pem"), "--cert", certs.Path("workers/w1.pem"), "--key",
+               certs.Path("workers/w1.key"), "--token-file", dir_.Sub("token")},
+              "localhost");
+  ASSERT_TRUE(peer.service.WaitForSession(1, seconds(20))) << WorkerLog();
+  std::vector<PeerCoordinator::Caller> callers = peer.service.Callers();
+  ASSERT_GE(callers.size(), 2u);
+  for (const auto& c : callers) {
+    SCOPED_TRACE(c.rpc);
+    EXPECT_EQ(c.transport, "ssl");
+    EXPECT_EQ(c.client_cn, "w1");
+    EXPECT_EQ(c.authorization, "Bearer ul_w1");
+  }
+  EXPECT_NE(WorkerLog().find("(mutual TLS, token)"), std::string::npos) << WorkerLog();
+}
+
+// A worker without a client certificate cannot reach a server that requires one.
+TEST_F(WorkerAgentTest, WithoutAClientCertificateTheTlsPeerNeverSeesACall) {
+  const auto& certs = ::ulysses::testing::OpensslCerts::Get();
+  ASSERT_TRUE(certs.ok()) << certs.log();
+  PeerServer peer(0, /*tls=*/true);
+  ASSERT_GT(peer.port, 0);
+  StartWorker(peer.port, 10, {"--ca", certs.Path("ca.pem")});
+  // Two failed attempts (the TLS handshake fails), and no call got through.
+  const std::string failed = "coordinator session ended (UNAVAILABLE";
+  ASSERT_TRUE(WaitForLog(failed, seconds(20))) << WorkerLog();
+  ASSERT_TRUE(WaitForLog(failed, seconds(20), WorkerLog().find(failed) + 1)) << WorkerLog();
+  EXPECT_TRUE(peer.service.Callers().empty());
+  EXPECT_TRUE(peer.service.Registers().empty());
+}
+
+TEST_F(WorkerAgentTest, RejectsBadCredentialFlagsWithTheFlagName) {
+  const std::vector<std::string> good = {"--name",       "x",           "--work-dir", work_dir_,
+                                         "--engine-bin", FAKE_RANK_PATH};
+  std::ofstream(dir_.Sub("token")) << "ul_t\n";
+  struct Case {
+    std::vector<std::string> extra;
+    std::string expected;
+  };
+  const Case cases[] = {
+      {{"--coordinator", "10.1.2.3:50051"},
+       "--coordinator: \"10.1.2.3:50051\" is not a loopback address"},
+      {{"--coordinator", "127.0.0.1:1", "--ca", dir_.Sub("missing.pem")},
+       "--ca: cannot read \"" + dir_.Sub("missing.pem") + "\""},
+      {{"--coordinator", "127.0.0.1:1", "--ca", dir_.Sub("token"), "--cert", dir_.Sub("token")},
+       "give both (mutual TLS) or neither"},
+      {{"--coordinator", "127.0.0.1:1", "--token-file", dir_.Sub("none")},
+       "--token-file: cannot read"},
+      {{"--coordinator", "127.0.0.1:1", "--token-file", dir_.Sub("token"), "--token", "ul_x"},
+       "keep one"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.expected);
+    std::vector<std::string> flags = good;
+    flags.insert(flags.end(), c.extra.begin(), c.extra.end());
+    auto [exit, out] = RunWorkerWithFlags(flags);
+    EXPECT_EQ(exit, "exit code 2") << out;
+    EXPECT_NE(out.find(c.expected), std::string::npos) << out;
+  }
+  // --insecure allows plaintext off loopback: the flags pass and the agent starts.
+  StartWorker(1, 10, {"--insecure"}, "10.1.2.3");
+  EXPECT_TRUE(WaitForLog("-> coordinator 10.1.2.3:1 (plaintext, no token)", seconds(20)))
+      << WorkerLog();
 }
 
 }  // namespace
