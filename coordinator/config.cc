@@ -68,6 +68,11 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"abort_grace_s", [&](const YAML::Node& n) { c->abort_grace_s = n.as<double>(); }},
       {"cancel_grace_s", [&](const YAML::Node& n) { c->cancel_grace_s = n.as<double>(); }},
       {"event_history", [&](const YAML::Node& n) { c->event_history = n.as<int64_t>(); }},
+      {"log_buffer_bytes_per_job",
+       [&](const YAML::Node& n) { c->log_buffer_bytes_per_job = n.as<int64_t>(); }},
+      {"log_buffer_bytes_total",
+       [&](const YAML::Node& n) { c->log_buffer_bytes_total = n.as<int64_t>(); }},
+      {"lost_worker_ttl_s", [&](const YAML::Node& n) { c->lost_worker_ttl_s = n.as<double>(); }},
   };
   std::vector<std::string> errors;
   for (const auto& kv : root) {
@@ -153,8 +158,23 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   if (c->abort_grace_s < 0 || c->cancel_grace_s < 0) {
     e.push_back("abort_grace_s/cancel_grace_s: negative (use seconds >= 0)");
   }
-  if (c->event_history < 1) {
-    e.push_back(absl::StrCat("event_history: ", c->event_history, " must be >= 1"));
+  if (c->event_history < 1 || c->event_history > 10000) {
+    e.push_back(absl::StrCat("event_history: ", c->event_history,
+                             " is out of range (use 1..10000 events kept per job)"));
+  }
+  constexpr int64_t kKiB = 1024, kGiB = 1024 * 1024 * 1024;
+  if (c->log_buffer_bytes_per_job < 64 * kKiB || c->log_buffer_bytes_per_job > kGiB) {
+    e.push_back(absl::StrCat("log_buffer_bytes_per_job: ", c->log_buffer_bytes_per_job,
+                             " is out of range (use 65536..1073741824 bytes)"));
+  } else if (c->log_buffer_bytes_total < c->log_buffer_bytes_per_job ||
+             c->log_buffer_bytes_total > 64 * kGiB) {
+    e.push_back(absl::StrCat("log_buffer_bytes_total: ", c->log_buffer_bytes_total,
+                             " is out of range (use log_buffer_bytes_per_job (",
+                             c->log_buffer_bytes_per_job, ") .. 68719476736 bytes)"));
+  }
+  if (!(c->lost_worker_ttl_s > 0 && c->lost_worker_ttl_s <= 30 * 24 * 3600)) {
+    e.push_back(absl::StrCat("lost_worker_ttl_s: ", c->lost_worker_ttl_s,
+                             " is out of range (use 0 < seconds <= 2592000, e.g. 3600)"));
   }
   if (!e.empty()) return absl::InvalidArgumentError(absl::StrJoin(e, "\n"));
   if (c->reconnect_window_s == 0) c->reconnect_window_s = 2 * c->heartbeat_timeout_s;

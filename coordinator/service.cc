@@ -296,8 +296,9 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContex
                                                       const v1::ListWorkersRequest* request,
                                                       v1::ListWorkersResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ListWorkers");
-  *response = coordinator_->ListWorkers();
-  return FinishUnary(context, absl::OkStatus());
+  absl::StatusOr<v1::ListWorkersResponse> r = coordinator_->ListWorkers(*request);
+  if (r.ok()) *response = std::move(*r);
+  return FinishUnary(context, r.status());
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContext* context,

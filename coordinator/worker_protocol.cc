@@ -40,6 +40,7 @@ absl::StatusOr<WorkerProtocol::Registered> WorkerProtocol::Register(
   w.rec.last_seen_ms = NowMs();
   w.last_seen_steady = SteadyMs();
   if (w.state == v1::WORKER_STATE_LOST) w.state = v1::WORKER_STATE_DISCONNECTED;
+  w.lost_since_steady = 0;
   w.draining = false;  // A (re)registering worker process takes new work again.
   txn.workers.insert(&w);
   Registered out{&w, false};

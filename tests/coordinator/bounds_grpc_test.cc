@@ -267,10 +267,11 @@ TEST_F(BoundsGrpcTest, LogLineFloodIsTruncatedToSixteenKiB) {
   line->set_text("job RUNNING -> CANCELLED: cancelled by admin");
   ExpectInvalid(*r.worker, spoof, "logs.lines[0].stream: 4 is not a worker's log stream");
 
-  // 600 lines just over the bound: ~10 MB of 16 KiB lines in the buffer, which GetJobLogs
-  // must still stream (in messages under the 4 MB gRPC limit).
+  // 400 lines just over the bound: ~7 MB of 16 KiB lines in the buffer (within the default
+  // log_buffer_bytes_per_job of 8 MiB), which GetJobLogs must still stream (in messages
+  // under the 4 MB gRPC limit).
   const std::string over(20 * 1024, 'y');
-  for (int batch = 0; batch < 6; ++batch) {
+  for (int batch = 0; batch < 4; ++batch) {
     v1::WorkerMessage m;
     *m.mutable_logs()->mutable_ref() = r.ref;
     for (int i = 0; i < 100; ++i) m.mutable_logs()->add_lines()->set_text(over);
@@ -288,7 +289,7 @@ TEST_F(BoundsGrpcTest, LogLineFloodIsTruncatedToSixteenKiB) {
       flood += l.text() == truncated;
       flood_over += l.text() == truncated_over;
     }
-    return flood == 30 && flood_over == 600;
+    return flood == 30 && flood_over == 400;
   })) << lines.size()
       << " lines";
   for (const v1::LogLine& l : lines) {

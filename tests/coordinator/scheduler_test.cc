@@ -168,5 +168,29 @@ TEST(ConfigTest, YamlFillsFieldsDerivesDefaultsAndRejectsUnknownKeys) {
             std::string::npos);
 }
 
+TEST(ConfigTest, ResourceBoundsAreValidated) {
+  CoordinatorConfig c;
+  c.state_dir = "/tmp/x";
+  ASSERT_TRUE(ApplyConfigYaml("log_buffer_bytes_per_job: 1000\nlost_worker_ttl_s: -1\n"
+                              "event_history: 20000\n",
+                              &c)
+                  .ok());
+  absl::Status s = ValidateAndFinalize(&c);
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  std::string m(s.message());
+  EXPECT_NE(m.find("log_buffer_bytes_per_job: 1000 is out of range"), std::string::npos) << m;
+  EXPECT_NE(m.find("lost_worker_ttl_s: -1 is out of range"), std::string::npos) << m;
+  EXPECT_NE(m.find("event_history: 20000 is out of range"), std::string::npos) << m;
+  CoordinatorConfig d;
+  d.state_dir = "/tmp/x";
+  d.log_buffer_bytes_total = d.log_buffer_bytes_per_job - 1;
+  absl::Status t = ValidateAndFinalize(&d);
+  EXPECT_NE(std::string(t.message()).find("log_buffer_bytes_total: "), std::string::npos) << t;
+  CoordinatorConfig ok;
+  ok.state_dir = "/tmp/x";
+  EXPECT_TRUE(ValidateAndFinalize(&ok).ok());
+  EXPECT_EQ(ok.lost_worker_ttl_s, 3600);
+}
+
 }  // namespace
 }  // namespace ulysses::coordinator
