@@ -1,18 +1,29 @@
 #include "coordinator/config.h"
 
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "coordinator/path_policy.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ulysses::coordinator {
+namespace {
+
+// A nested section's own parse error, reported as it is (not as a type mismatch).
+struct SectionError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace
 
 absl::Status ParseHostPort(const std::string& field, const std::string& value, std::string* host,
                            int* port) {
@@ -73,6 +84,13 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"log_buffer_bytes_total",
        [&](const YAML::Node& n) { c->log_buffer_bytes_total = n.as<int64_t>(); }},
       {"lost_worker_ttl_s", [&](const YAML::Node& n) { c->lost_worker_ttl_s = n.as<double>(); }},
+      {"data_roots",
+       [&](const YAML::Node& n) { c->data_roots = n.as<std::vector<std::string>>(); }},
+      {"quotas",
+       [&](const YAML::Node& n) {
+         absl::Status s = ParseQuotaPolicy(n, &c->quotas);
+         if (!s.ok()) throw SectionError(std::string(s.message()));
+       }},
   };
   std::vector<std::string> errors;
   for (const auto& kv : root) {
@@ -87,6 +105,8 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
     }
     try {
       it->second(kv.second);
+    } catch (const SectionError& e) {  // Already `<field>: <value> <problem> (<fix>)`.
+      errors.push_back(absl::StrCat("config.", e.what()));
     } catch (const std::exception& e) {
       errors.push_back(absl::StrCat("config.", key, ": ", YAML::Dump(kv.second),
                                     " has the wrong type (", e.what(), ")"));
@@ -158,6 +178,9 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   if (c->abort_grace_s < 0 || c->cancel_grace_s < 0) {
     e.push_back("abort_grace_s/cancel_grace_s: negative (use seconds >= 0)");
   }
+  if (absl::Status s = ValidateQuotaPolicy(c->quotas); !s.ok()) {
+    e.push_back(std::string(s.message()));
+  }
   if (c->event_history < 1 || c->event_history > 10000) {
     e.push_back(absl::StrCat("event_history: ", c->event_history,
                              " is out of range (use 1..10000 events kept per job)"));
@@ -180,6 +203,30 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   if (c->reconnect_window_s == 0) c->reconnect_window_s = 2 * c->heartbeat_timeout_s;
   if (c->checkpoint_root.empty()) c->checkpoint_root = c->state_dir + "/checkpoints";
   if (c->out_root.empty()) c->out_root = c->state_dir + "/runs";
+  // Roots are compared with resolved spec paths (path_policy.h): resolve them the same
+  // way. The operator's own paths may be relative to the working directory.
+  auto resolve_root = [&](const std::string& field, std::string* root) {
+    if (root->empty()) {
+      e.push_back(absl::StrCat(field, ": empty (give a directory, or remove the entry)"));
+      return;
+    }
+    std::error_code ec;
+    std::string absolute = std::filesystem::absolute(*root, ec).lexically_normal().string();
+    if (absolute.size() > 1 && absolute.back() == '/') absolute.pop_back();
+    absl::StatusOr<std::string> resolved = ResolvePath(field, absolute);
+    if (!resolved.ok()) {
+      e.push_back(std::string(resolved.status().message()));
+      return;
+    }
+    *root = *resolved;
+  };
+  resolve_root("checkpoint_root", &c->checkpoint_root);
+  // A data root need not exist here: the coordinator may not mount the data volume
+  // (then spec paths are confined lexically; mount it read-only to resolve links).
+  for (size_t i = 0; i < c->data_roots.size(); ++i) {
+    resolve_root(absl::StrCat("data_roots[", i, "]"), &c->data_roots[i]);
+  }
+  if (!e.empty()) return absl::InvalidArgumentError(absl::StrJoin(e, "\n"));
   return absl::OkStatus();
 }
 

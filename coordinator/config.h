@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "coordinator/quota.h"
 
 namespace ulysses::coordinator {
 
@@ -38,6 +40,11 @@ struct CoordinatorConfig {
   int64_t log_buffer_bytes_per_job = 8 << 20;  // 64 KiB .. 1 GiB.
   int64_t log_buffer_bytes_total = 512 << 20;  // >= log_buffer_bytes_per_job, <= 64 GiB.
   double lost_worker_ttl_s = 3600;  // A worker LOST this long is forgotten (memory and SQLite).
+  // Directories a spec's data.train / data.validation / model.init_from may name
+  // (path_policy.h). Empty = specs may use synthetic data only. Resolved (absolute,
+  // symlinks followed) by ValidateAndFinalize, as is checkpoint_root.
+  std::vector<std::string> data_roots;
+  QuotaPolicy quotas;  // Priority cap and per-tenant limits (quota.h).
 };
 
 // Reads a YAML mapping with the keys above into `config` (keys not present keep their

@@ -12,6 +12,7 @@
 #include "common/spec/job_spec_parser.h"
 #include "common/status.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/path_policy.h"
 #include "coordinator/validation.h"
 #include "coordinator/views.h"
 #include "google/protobuf/util/time_util.h"
@@ -71,6 +72,8 @@ absl::StatusOr<JobRecord> NewJobRecord(const v1::SubmitJobRequest& request,
 absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJobRequest& request) {
   spec::JobSpec s;
   ASSIGN_OR_RETURN(JobRecord rec, NewJobRecord(request, &s));
+  const PathRoots roots{config_.data_roots, config_.checkpoint_root};
+  RETURN_IF_ERROR(CheckSpecPaths(s, roots));
   v1::SubmitJobResponse response;
   response.set_canonical_spec_yaml(rec.spec_yaml);
   absl::MutexLock lock(&mu_);
@@ -109,8 +112,14 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   }
   rec.number = state_.next_job_number;
   rec.id = absl::StrFormat("job-%06d", rec.number);
-  rec.checkpoint_dir =
-      s.checkpoint.dir.empty() ? config_.checkpoint_root + "/" + rec.id : s.checkpoint.dir;
+  {  // One checkpoint directory per job: retention deletes old checkpoints in it.
+    std::vector<std::string> taken, taken_by;
+    for (const auto& [other_id, other] : state_.jobs) {
+      taken.push_back(other->rec.checkpoint_dir);
+      taken_by.push_back(other_id);
+    }
+    ASSIGN_OR_RETURN(rec.checkpoint_dir, JobCheckpointDir(s, rec.id, roots, taken, taken_by));
+  }
   rec.out_dir = config_.out_root + "/" + rec.id;
   rec.state = v1::JOB_STATE_UNSPECIFIED;
   auto rt = std::make_unique<JobRt>();

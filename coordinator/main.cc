@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "common/contract/cli11.h"
@@ -27,6 +28,10 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_file, "YAML config file (flags override it)");
   app.add_option("--checkpoint-root", checkpoint_root,
                  "Shared checkpoint root (default <state-dir>/checkpoints)");
+  std::vector<std::string> data_roots;
+  app.add_option("--data-root", data_roots,
+                 "Directory specs may read data/init_from from (repeatable; default: none, "
+                 "synthetic data only)");
   app.add_option("--heartbeat-timeout-s", heartbeat_timeout_s,
                  "Seconds without a worker message before it is LOST (<= 10)");
   if (std::optional<int> exit_code = ulysses::contract::ParseCommandLine(app, argc, argv)) {
@@ -46,6 +51,7 @@ int main(int argc, char** argv) {
   if (!metrics_listen.empty()) config.metrics_listen = metrics_listen;
   if (!checkpoint_root.empty()) config.checkpoint_root = checkpoint_root;
   if (heartbeat_timeout_s >= 0) config.heartbeat_timeout_s = heartbeat_timeout_s;
+  if (!data_roots.empty()) config.data_roots = data_roots;
   if (absl::Status s = ulysses::coordinator::ValidateAndFinalize(&config); !s.ok()) {
     std::cerr << "ulysses-coordinator: invalid configuration:\n" << s.message() << "\n";
     return ulysses::contract::kExitBadInput;

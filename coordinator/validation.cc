@@ -1,10 +1,7 @@
 #include "coordinator/validation.h"
 
-#include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <limits>
-#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -382,32 +379,6 @@ absl::Status ValidateCheckpointCommitted(const v1::CheckpointCommitted& committe
                            "the size on disk, or -1 when unknown"));
   return CheckNumber("checkpoint.checkpoint.seconds", c.seconds(), 0, kInf,
                      "the save's wall time in seconds");
-}
-
-absl::Status ValidateCheckpointPath(const std::string& path, const std::string& checkpoint_dir) {
-  const std::string fix = absl::StrCat("a committed checkpoint lies in its job's checkpoint dir ",
-                                       Shown(checkpoint_dir), ", e.g. <dir>/step-00000042");
-  const std::filesystem::path p(path);
-  for (const auto& part : p) {
-    if (part == "..") {
-      return Invalid("checkpoint.checkpoint.path", Shown(path), "has a '..' component", fix);
-    }
-  }
-  std::vector<std::filesystem::path> dir_parts;
-  for (const auto& part : std::filesystem::path(checkpoint_dir).lexically_normal()) {
-    if (!part.empty()) dir_parts.push_back(part);  // A trailing '/' gives an empty part.
-  }
-  std::vector<std::filesystem::path> path_parts;
-  for (const auto& part : p.lexically_normal()) {
-    if (!part.empty()) path_parts.push_back(part);
-  }
-  const bool inside = !dir_parts.empty() && path_parts.size() > dir_parts.size() &&
-                      std::equal(dir_parts.begin(), dir_parts.end(), path_parts.begin());
-  if (!inside) {
-    return Invalid("checkpoint.checkpoint.path", Shown(path), "is outside the job's checkpoint dir",
-                   fix);
-  }
-  return absl::OkStatus();
 }
 
 absl::Status ValidateEvalReport(const v1::EvalReport& report,

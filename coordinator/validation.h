@@ -90,12 +90,6 @@ absl::Status ValidatePreemptionNotice(const v1::PreemptionNotice& notice,
 absl::Status ValidateAttemptExited(const v1::AttemptExited& exited,
                                    absl::Span<const StageRecord> stages);
 
-// A committed checkpoint's path lies inside its job's checkpoint dir: judged lexically
-// (the coordinator does not read the workers' file system), it has no ".." component
-// and, once normalized, is `checkpoint_dir` followed by at least one more component.
-// InvalidArgument naming checkpoint.checkpoint.path otherwise.
-absl::Status ValidateCheckpointPath(const std::string& path, const std::string& checkpoint_dir);
-
 // The WorkRef a Session message is about (nullptr for hello, heartbeat and no kind).
 const v1::WorkRef* WorkRefOf(const v1::WorkerMessage& message);
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/contract/exit.h"
 #include "common/status.h"
+#include "coordinator/path_policy.h"
 #include "coordinator/validation.h"
 #include "coordinator/views.h"
 
@@ -313,7 +314,8 @@ void WorkerProtocol::OnCheckpoint(WorkerRt& w, const v1::WorkerMessage& m, Txn& 
   const v1::Checkpoint& c = m.checkpoint().checkpoint();
   JobRt* job = Accept(w, m, ref, Need::kCheckpoint, /*abort=*/false, txn);
   if (job == nullptr) return;
-  if (absl::Status inside = ValidateCheckpointPath(c.path(), job->rec.checkpoint_dir);
+  if (absl::Status inside = CheckCommittedCheckpointPath("checkpoint.checkpoint.path", c.path(),
+                                                         job->rec.checkpoint_dir);
       !inside.ok()) {
     Reject(w, m, inside, "checkpoint_outside_dir", txn);
     return;

@@ -39,6 +39,8 @@ inline constexpr char kKind[] = "TrainJob";
 inline constexpr int64_t kMaxSpecBytes = 256 * 1024;
 inline constexpr int64_t kMaxStages = 64;
 inline constexpr int64_t kMaxWorldSize = 1 << 20;
+// |scheduling.priority| <= this (the coordinator caps non-admin priorities lower).
+inline constexpr int64_t kMaxPriority = 1000000;
 
 struct Metadata {
   std::string name;                           // Required. DNS-1123 label: [a-z0-9-], <= 63 chars.

@@ -306,6 +306,11 @@ void CheckCheckpointAndScheduling(const JobSpec& s, Errors& e) {
     e.Add("spec.scheduling.max_failures", absl::StrCat(s.scheduling.max_failures),
           absl::StrCat("is more than ", kMaxInt32), "use e.g. 3");
   }
+  if (s.scheduling.priority < -kMaxPriority || s.scheduling.priority > kMaxPriority) {
+    e.Add("spec.scheduling.priority", absl::StrCat(s.scheduling.priority),
+          absl::StrCat("is outside -", kMaxPriority, "..", kMaxPriority),
+          "use a small number such as 0 or 10; the coordinator also caps it per role");
+  }
   if (s.scheduling.max_preemptions < -1) {
     e.Add("spec.scheduling.max_preemptions", absl::StrCat(s.scheduling.max_preemptions),
           "must be >= -1", "use -1 for unlimited");

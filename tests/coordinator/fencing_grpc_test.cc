@@ -186,9 +186,12 @@ TEST_F(FencingGrpcTest, ACheckpointOutsideItsJobsDirIsRejected) {
         << ack->message();
   }
   EXPECT_FALSE(GetJob(r.id).has_last_checkpoint());
-  EXPECT_EQ(Rejected("checkpoint_outside_dir"), 7);
-  // "." components are harmless: still inside.
-  auto ack = SendForAck(*r.worker, Checkpoint(ref, 10, dir + "/./step-00000010"));
+  EXPECT_EQ(Rejected("checkpoint_outside_dir"), 7);  // Counted before the "." case below.
+  // "." components are refused too (report the path as written); inside is accepted.
+  auto dot = SendForAck(*r.worker, Checkpoint(ref, 10, dir + "/./step-00000010"));
+  ASSERT_TRUE(dot.has_value());
+  EXPECT_EQ(dot->result(), v1::ACK_CODE_INVALID);
+  auto ack = SendForAck(*r.worker, Checkpoint(ref, 10, dir + "/step-00000010"));
   ASSERT_TRUE(ack.has_value());
   EXPECT_EQ(ack->result(), v1::ACK_CODE_OK) << ack->message();
 }

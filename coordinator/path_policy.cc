@@ -1,0 +1,174 @@
+#include "coordinator/path_policy.h"
+
+#include <limits.h>
+#include <stdlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status.h"
+
+namespace ulysses::coordinator {
+namespace {
+
+constexpr absl::string_view kCoordinatorDirPrefix = "job-";
+
+// realpath(3) of `path`, or "" when it does not exist (or cannot be resolved).
+std::string RealPathOrEmpty(const std::string& path) {
+  std::unique_ptr<char, decltype(&free)> resolved(realpath(path.c_str(), nullptr), &free);
+  return resolved ? std::string(resolved.get()) : std::string();
+}
+
+std::string Quoted(absl::string_view path) { return absl::StrCat("\"", path, "\""); }
+
+absl::Status ConfineData(absl::string_view field, const std::string& value,
+                         const PathRoots& roots) {
+  if (value.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::string resolved, ResolvePath(field, value));
+  for (const std::string& root : roots.data_roots) {
+    if (IsWithin(resolved, root)) return absl::OkStatus();
+  }
+  if (roots.data_roots.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", Quoted(value),
+                     " is a file path, but this coordinator has no data roots (start it with "
+                     "--data-root DIR, or use synthetic data)"));
+  }
+  std::string shown =
+      resolved == value ? "" : absl::StrCat(" (resolves to ", Quoted(resolved), ")");
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": ", Quoted(value), shown, " is outside the coordinator's data roots [",
+                   absl::StrJoin(roots.data_roots, ", "), "] (put the data under one of them)"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolvePath(absl::string_view field, absl::string_view path) {
+  if (path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": empty path (give an absolute path)"));
+  }
+  if (path.find('\0') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": path contains a NUL byte (give a plain absolute path)"));
+  }
+  if (path.front() != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", Quoted(path),
+                     " is relative (give an absolute path; the coordinator and "
+                     "workers do not share a working directory)"));
+  }
+  std::vector<absl::string_view> parts = absl::StrSplit(path.substr(1), '/');
+  if (!parts.empty() && parts.back().empty()) parts.pop_back();  // "/a/b/" -> "/a/b".
+  for (absl::string_view part : parts) {
+    if (part.empty() || part == "." || part == "..") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", Quoted(path), " has a \"", part.empty() ? "//" : part,
+                       "\" component (write the path without \".\", \"..\" or \"//\")"));
+    }
+  }
+  // Resolve the longest prefix that exists; keep the rest as written (it cannot
+  // contain links: it does not exist yet).
+  size_t existing = parts.size();
+  std::string base;
+  for (; existing > 0; --existing) {
+    std::string prefix =
+        absl::StrCat("/", absl::StrJoin(parts.begin(), parts.begin() + existing, "/"));
+    base = RealPathOrEmpty(prefix);
+    if (!base.empty()) break;
+  }
+  if (existing == 0) base = "/";
+  std::string out = base;
+  for (size_t i = existing; i < parts.size(); ++i) {
+    if (out.back() != '/') out += '/';
+    absl::StrAppend(&out, parts[i]);
+  }
+  return out;
+}
+
+bool IsWithin(absl::string_view path, absl::string_view root) {
+  if (root == "/") return absl::StartsWith(path, "/");
+  if (!absl::StartsWith(path, root)) return false;
+  return path.size() == root.size() || path[root.size()] == '/';
+}
+
+bool Overlaps(absl::string_view a, absl::string_view b) { return IsWithin(a, b) || IsWithin(b, a); }
+
+absl::Status CheckSpecPaths(const spec::JobSpec& spec, const PathRoots& roots) {
+  RETURN_IF_ERROR(ConfineData("spec.data.train", spec.data.train, roots));
+  RETURN_IF_ERROR(ConfineData("spec.data.validation", spec.data.validation, roots));
+  RETURN_IF_ERROR(ConfineData("spec.model.init_from", spec.model.init_from, roots));
+  if (spec.checkpoint.dir.empty()) return absl::OkStatus();
+  const std::string& dir = spec.checkpoint.dir;
+  ASSIGN_OR_RETURN(std::string resolved, ResolvePath("spec.checkpoint.dir", dir));
+  if (!IsWithin(resolved, roots.checkpoint_root) || resolved == roots.checkpoint_root) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.checkpoint.dir: ", Quoted(dir),
+                     resolved == dir ? "" : absl::StrCat(" (resolves to ", Quoted(resolved), ")"),
+                     " is not a directory below the coordinator's checkpoint root ",
+                     Quoted(roots.checkpoint_root),
+                     " (leave it unset for <root>/<job id>, or name a directory below the root)"));
+  }
+  absl::string_view below = absl::string_view(resolved).substr(
+      roots.checkpoint_root.size() + (roots.checkpoint_root == "/" ? 0 : 1));
+  absl::string_view first = below.substr(0, below.find('/'));
+  if (absl::StartsWith(first, kCoordinatorDirPrefix)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.checkpoint.dir: ", Quoted(dir), " uses \"", first,
+        "\", a name the coordinator reserves for its per-job directories (pick a name that "
+        "does not start with \"job-\", or leave checkpoint.dir unset)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> JobCheckpointDir(const spec::JobSpec& spec, absl::string_view job_id,
+                                             const PathRoots& roots,
+                                             absl::Span<const std::string> taken,
+                                             absl::Span<const std::string> taken_by) {
+  std::string dir;
+  if (spec.checkpoint.dir.empty()) {
+    dir = absl::StrCat(roots.checkpoint_root, roots.checkpoint_root == "/" ? "" : "/", job_id);
+  } else {
+    ASSIGN_OR_RETURN(dir, ResolvePath("spec.checkpoint.dir", spec.checkpoint.dir));
+  }
+  for (size_t i = 0; i < taken.size(); ++i) {
+    if (taken[i].empty() || !Overlaps(dir, taken[i])) continue;
+    std::string other = i < taken_by.size() ? taken_by[i] : std::string("another job");
+    return absl::FailedPreconditionError(
+        absl::StrCat("spec.checkpoint.dir: ", Quoted(dir), " overlaps ", Quoted(taken[i]),
+                     ", the checkpoint "
+                     "directory of ",
+                     other,
+                     " (each job needs its own directory: its retention deletes "
+                     "old checkpoints there; pick another name or leave checkpoint.dir unset)"));
+  }
+  return dir;
+}
+
+absl::Status CheckCommittedCheckpointPath(absl::string_view field, absl::string_view path,
+                                          absl::string_view job_checkpoint_dir) {
+  if (path.empty() || path.front() != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", Quoted(path), " is not an absolute path (report the committed directory)"));
+  }
+  for (absl::string_view part : absl::StrSplit(path.substr(1), '/')) {
+    if (part == "." || part == "..") {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", Quoted(path), " has a \"", part,
+                                                     "\" component (report the path as written)"));
+    }
+  }
+  absl::string_view trimmed = path;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.remove_suffix(1);
+  if (!IsWithin(trimmed, job_checkpoint_dir) || trimmed == job_checkpoint_dir) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", Quoted(path), " is not inside the job's checkpoint directory ",
+        Quoted(job_checkpoint_dir), " (a rank commits only below its job's directory)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ulysses::coordinator

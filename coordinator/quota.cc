@@ -1,0 +1,140 @@
+#include "coordinator/quota.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "yaml-cpp/yaml.h"
+
+namespace ulysses::coordinator {
+namespace {
+
+constexpr int64_t kMaxQuota = 1000000;
+
+absl::Status ParseTenantQuota(const YAML::Node& node, const std::string& path, TenantQuota* q) {
+  if (!node.IsMap()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": must be a mapping {max_queued_jobs: N, max_workers: N}"));
+  }
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    try {
+      if (key == "max_queued_jobs") {
+        q->max_queued_jobs = kv.second.as<int64_t>();
+      } else if (key == "max_workers") {
+        q->max_workers = kv.second.as<int64_t>();
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ".", key, ": unknown setting (known: max_queued_jobs, max_workers)"));
+      }
+    } catch (const std::exception&) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ".", key, ": ", YAML::Dump(kv.second), " is not an integer"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void CheckTenantQuota(const TenantQuota& q, const std::string& path,
+                      std::vector<std::string>* errors) {
+  if (q.max_queued_jobs < 1 || q.max_queued_jobs > kMaxQuota) {
+    errors->push_back(absl::StrCat(path, ".max_queued_jobs: ", q.max_queued_jobs,
+                                   " is out of range (use 1..", kMaxQuota, ")"));
+  }
+  if (q.max_workers < 0 || q.max_workers > kMaxQuota) {
+    errors->push_back(absl::StrCat(path, ".max_workers: ", q.max_workers,
+                                   " is out of range (use 0 for no limit, or up to ", kMaxQuota,
+                                   ")"));
+  }
+}
+
+}  // namespace
+
+const TenantQuota& QuotaPolicy::For(const std::string& tenant) const {
+  auto it = tenants.find(tenant);
+  return it == tenants.end() ? default_quota : it->second;
+}
+
+absl::Status ParseQuotaPolicy(const YAML::Node& node, QuotaPolicy* policy) {
+  if (node.IsNull()) return absl::OkStatus();
+  if (!node.IsMap()) {
+    return absl::InvalidArgumentError(
+        "quotas: must be a mapping (keys: max_user_priority, default, tenants)");
+  }
+  for (const auto& kv : node) {
+    const std::string key = kv.first.as<std::string>();
+    if (key == "max_user_priority") {
+      try {
+        policy->max_user_priority = kv.second.as<int64_t>();
+      } catch (const std::exception&) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "quotas.max_user_priority: ", YAML::Dump(kv.second), " is not an integer"));
+      }
+    } else if (key == "default") {
+      absl::Status s = ParseTenantQuota(kv.second, "quotas.default", &policy->default_quota);
+      if (!s.ok()) return s;
+    } else if (key == "tenants") {
+      if (!kv.second.IsMap()) {
+        return absl::InvalidArgumentError(
+            "quotas.tenants: must be a mapping of tenant name -> {max_queued_jobs, max_workers}");
+      }
+      for (const auto& t : kv.second) {
+        const std::string tenant = t.first.as<std::string>();
+        TenantQuota q = policy->default_quota;
+        absl::Status s = ParseTenantQuota(t.second, "quotas.tenants." + tenant, &q);
+        if (!s.ok()) return s;
+        policy->tenants[tenant] = q;
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "quotas.", key, ": unknown setting (known: max_user_priority, default, tenants)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateQuotaPolicy(const QuotaPolicy& policy) {
+  std::vector<std::string> errors;
+  if (policy.max_user_priority < 0 || policy.max_user_priority > kMaxQuota) {
+    errors.push_back(absl::StrCat("quotas.max_user_priority: ", policy.max_user_priority,
+                                  " is out of range (use 0..", kMaxQuota, ")"));
+  }
+  CheckTenantQuota(policy.default_quota, "quotas.default", &errors);
+  for (const auto& [tenant, q] : policy.tenants) {
+    CheckTenantQuota(q, "quotas.tenants." + tenant, &errors);
+  }
+  if (!errors.empty()) return absl::InvalidArgumentError(absl::StrJoin(errors, "\n"));
+  return absl::OkStatus();
+}
+
+absl::Status CheckPriority(int64_t priority, bool is_admin, const QuotaPolicy& policy) {
+  if (is_admin || priority <= policy.max_user_priority) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "spec.scheduling.priority: ", priority, " is above ", policy.max_user_priority,
+      ", the highest priority a non-admin may set (lower it, or ask an admin to submit the job)"));
+}
+
+absl::Status CheckQueuedQuota(const std::string& tenant, int64_t queued,
+                              const QuotaPolicy& policy) {
+  const TenantQuota& q = policy.For(tenant);
+  if (queued < q.max_queued_jobs) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("tenant \"", tenant, "\" already has ", queued,
+                   " waiting jobs, its quota (wait for some to "
+                   "start or cancel them; an admin can raise quotas.tenants.",
+                   tenant, ".max_queued_jobs = ", q.max_queued_jobs, ")"));
+}
+
+bool FitsWorkerQuota(const std::string& tenant, int64_t in_use, int64_t needed,
+                     const QuotaPolicy& policy, std::string* reason) {
+  const TenantQuota& q = policy.For(tenant);
+  if (q.max_workers == 0 || in_use + needed <= q.max_workers) return true;
+  if (reason != nullptr) {
+    *reason = absl::StrCat("tenant \"", tenant, "\" holds ", in_use, " of its ", q.max_workers,
+                           " workers; this stage needs ", needed,
+                           " (waits until the tenant's other jobs release workers)");
+  }
+  return false;
+}
+
+}  // namespace ulysses::coordinator

@@ -1,0 +1,59 @@
+// Per-tenant limits of ulysses-coordinator (docs/SECURITY.md, "Quotas"): how far a
+// non-admin may raise a job's priority, how many jobs a tenant may have queued, and
+// how many workers its running jobs may hold at once. The config section:
+//
+//   quotas:
+//     max_user_priority: 100        # priorities above need the admin role
+//     default: {max_queued_jobs: 100, max_workers: 0}   # 0 = no limit
+//     tenants:
+//       research: {max_queued_jobs: 20, max_workers: 16}
+//
+// Pure functions over plain values; thread-compatible.
+#ifndef ULYSSES_COORDINATOR_QUOTA_H_
+#define ULYSSES_COORDINATOR_QUOTA_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace YAML {
+class Node;
+}
+
+namespace ulysses::coordinator {
+
+struct TenantQuota {
+  int64_t max_queued_jobs = 100;  // PENDING/QUEUED/BACKOFF jobs at once (>= 1).
+  int64_t max_workers = 0;        // Workers held by its running jobs (0 = no limit).
+};
+
+struct QuotaPolicy {
+  int64_t max_user_priority = 100;  // Higher spec priorities need the admin role.
+  TenantQuota default_quota;        // For tenants not listed.
+  std::map<std::string, TenantQuota> tenants;
+
+  const TenantQuota& For(const std::string& tenant) const;
+};
+
+// Reads the `quotas` mapping (unknown keys are errors naming them).
+absl::Status ParseQuotaPolicy(const YAML::Node& node, QuotaPolicy* policy);
+// Range checks, one line per problem: `quotas.<path>: <value> <problem> (<fix>)`.
+absl::Status ValidateQuotaPolicy(const QuotaPolicy& policy);
+
+// PERMISSION_DENIED when a non-admin asks for a priority above the cap.
+absl::Status CheckPriority(int64_t priority, bool is_admin, const QuotaPolicy& policy);
+
+// RESOURCE_EXHAUSTED when `tenant` already has `queued` waiting jobs (its quota full).
+absl::Status CheckQueuedQuota(const std::string& tenant, int64_t queued, const QuotaPolicy& policy);
+
+// Whether a gang of `needed` workers for `tenant`, which already holds `in_use`,
+// stays within its max_workers. When not, `*reason` says why (shown as the job's
+// pending reason; the scheduler goes on to the next job, no head-of-line blocking).
+bool FitsWorkerQuota(const std::string& tenant, int64_t in_use, int64_t needed,
+                     const QuotaPolicy& policy, std::string* reason);
+
+}  // namespace ulysses::coordinator
+
+#endif  // ULYSSES_COORDINATOR_QUOTA_H_
