@@ -91,6 +91,11 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"tls_client_ca", [&](const YAML::Node& n) { c->tls_client_ca = n.as<std::string>(); }},
       {"token_file", [&](const YAML::Node& n) { c->token_file = n.as<std::string>(); }},
       {"insecure", [&](const YAML::Node& n) { c->insecure = n.as<bool>(); }},
+      {"log_buffer_bytes_per_job",
+       [&](const YAML::Node& n) { c->log_buffer_bytes_per_job = n.as<int64_t>(); }},
+      {"log_buffer_bytes_total",
+       [&](const YAML::Node& n) { c->log_buffer_bytes_total = n.as<int64_t>(); }},
+      {"lost_worker_ttl_s", [&](const YAML::Node& n) { c->lost_worker_ttl_s = n.as<double>(); }},
       {"data_roots",
        [&](const YAML::Node& n) { c->data_roots = n.as<std::vector<std::string>>(); }},
       {"state_max_bytes", [&](const YAML::Node& n) { c->state_max_bytes = n.as<int64_t>(); }},
@@ -231,8 +236,23 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   if (absl::Status s = ValidateQuotaPolicy(c->quotas); !s.ok()) {
     e.push_back(std::string(s.message()));
   }
-  if (c->event_history < 1) {
-    e.push_back(absl::StrCat("event_history: ", c->event_history, " must be >= 1"));
+  if (c->event_history < 1 || c->event_history > 10000) {
+    e.push_back(absl::StrCat("event_history: ", c->event_history,
+                             " is out of range (use 1..10000 events kept per job)"));
+  }
+  constexpr int64_t kKiB = 1024, kGiB = 1024 * 1024 * 1024;
+  if (c->log_buffer_bytes_per_job < 64 * kKiB || c->log_buffer_bytes_per_job > kGiB) {
+    e.push_back(absl::StrCat("log_buffer_bytes_per_job: ", c->log_buffer_bytes_per_job,
+                             " is out of range (use 65536..1073741824 bytes)"));
+  } else if (c->log_buffer_bytes_total < c->log_buffer_bytes_per_job ||
+             c->log_buffer_bytes_total > 64 * kGiB) {
+    e.push_back(absl::StrCat("log_buffer_bytes_total: ", c->log_buffer_bytes_total,
+                             " is out of range (use log_buffer_bytes_per_job (",
+                             c->log_buffer_bytes_per_job, ") .. 68719476736 bytes)"));
+  }
+  if (!(c->lost_worker_ttl_s > 0 && c->lost_worker_ttl_s <= 30 * 24 * 3600)) {
+    e.push_back(absl::StrCat("lost_worker_ttl_s: ", c->lost_worker_ttl_s,
+                             " is out of range (use 0 < seconds <= 2592000, e.g. 3600)"));
   }
   if (!e.empty()) return absl::InvalidArgumentError(absl::StrJoin(e, "\n"));
   if (c->reconnect_window_s == 0) c->reconnect_window_s = 2 * c->heartbeat_timeout_s;

@@ -34,7 +34,12 @@ struct CoordinatorConfig {
   int64_t rendezvous_port_max = 29999;
   double abort_grace_s = 5;     // SIGTERM -> SIGKILL grace sent with Abort (broken group).
   double cancel_grace_s = 30;   // Grace for CancelJob (lets ranks checkpoint).
-  int64_t event_history = 200;  // Events kept in memory per job for GetJob.
+  int64_t event_history = 200;  // Events kept per job (memory and SQLite), 1..10000.
+  // Log buffers (GetJobLogs), bounded in bytes too: per job (oldest lines dropped first)
+  // and over all jobs (lines dropped from the largest buffers first).
+  int64_t log_buffer_bytes_per_job = 8 << 20;  // 64 KiB .. 1 GiB.
+  int64_t log_buffer_bytes_total = 512 << 20;  // >= log_buffer_bytes_per_job, <= 64 GiB.
+  double lost_worker_ttl_s = 3600;  // A worker LOST this long is forgotten (memory and SQLite).
   // Directories a spec's data.train / data.validation / model.init_from may name
   // (path_policy.h). Empty = specs may use synthetic data only. Resolved (absolute,
   // symlinks followed) by ValidateAndFinalize, as is checkpoint_root.

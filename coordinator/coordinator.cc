@@ -26,8 +26,10 @@ Coordinator::Coordinator(CoordinatorConfig config, std::unique_ptr<Store> store,
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const CoordinatorConfig& config,
                                                                  metrics::Registry* registry) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
-                   Store::Open(config.state_dir, config.state_max_bytes));
+  StoreOptions options;
+  options.events_per_job = config.event_history;
+  options.max_bytes = config.state_max_bytes;
+  ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(config.state_dir, options));
   std::unique_ptr<Coordinator> c(new Coordinator(config, std::move(store), registry));
   RETURN_IF_ERROR(c->Recover());
   return c;
@@ -62,6 +64,7 @@ absl::Status Coordinator::Recover() {
       if (ev.ParseFromString(e.payload)) job.events.push_back(std::move(ev));
       job.next_event_seq = e.sequence + 1;
     }
+    if (!job.rec.request_id.empty()) state_.job_by_request[job.rec.request_id] = job.rec.id;
     state_.jobs[job.rec.id] = std::move(rt);
     AttemptRecord* attempt = job.rec.current_attempt();
     if (job.rec.terminal() || attempt == nullptr || attempt->ended()) {
@@ -142,6 +145,8 @@ void Coordinator::TickForTesting() {
 
 void Coordinator::TickLocked(Txn& txn) {
   const int64_t now = SteadyMs();
+  // First, before any pointer to a worker enters txn.
+  machine_.ExpireLostWorkers(now, txn);
   const int64_t timeout_ms = static_cast<int64_t>(config_.heartbeat_timeout_s * 1000);
   for (auto& [id, w] : state_.workers) {
     if (w->state == v1::WORKER_STATE_LOST) continue;
@@ -251,7 +256,10 @@ void Coordinator::RestoreLocked(const Txn& txn) {
       continue;
     }
     if (!stored->has_value()) {  // Never written (a new job): it does not exist.
-      if (job.watchers.empty() && job.log_followers.empty()) state_.jobs.erase(it);
+      if (job.watchers.empty() && job.log_followers.empty()) {
+        machine_.ForgetLogs(job);
+        state_.jobs.erase(it);
+      }
       continue;
     }
     if ((*stored)->generation != job.rec.generation) {

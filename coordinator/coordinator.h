@@ -86,7 +86,8 @@ class Coordinator {
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason,
                                     const auth::Principal& caller);
   absl::StatusOr<v1::Job> ResumeJob(const std::string& job_id, const auth::Principal& caller);
-  v1::ListWorkersResponse ListWorkers();
+  // Pages ordered by worker id (validated here: page_token).
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkers(const v1::ListWorkersRequest& request);
   // Sends the snapshot event to `sink` and, unless the job already ended (then
   // sink->OnJobEnded() follows at once), registers it for every later event.
   absl::Status WatchJob(const std::string& job_id, const auth::Principal& caller,

@@ -1,6 +1,7 @@
 // Coordinator: the JobService entry points. Each takes mu_, works through the
 // JobMachine and the views, and commits.
 #include <algorithm>
+#include <iterator>
 #include <set>
 #include <utility>
 #include <vector>
@@ -12,11 +13,23 @@
 #include "common/status.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/path_policy.h"
+#include "coordinator/quota.h"
+#include "coordinator/validation.h"
 #include "coordinator/views.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace ulysses::coordinator {
 namespace {
+
+// FNV-1a 64 of `text` in hex: a stable fingerprint (the same in every build and run).
+std::string Fingerprint(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return absl::StrFormat("%016x", h);
+}
 
 absl::Status JobNotFound(const std::string& job_id) {
   return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" not found"));
@@ -71,10 +84,37 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   rec.tenant = caller.tenant;
   const PathRoots roots{config_.data_roots, config_.checkpoint_root};
   RETURN_IF_ERROR(CheckSpecPaths(s, roots));
+  RETURN_IF_ERROR(CheckPriority(s.scheduling.priority, caller.admin(), config_.quotas));
   v1::SubmitJobResponse response;
   response.set_canonical_spec_yaml(rec.spec_yaml);
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckServingLocked());
+  if (!request.request_id().empty() && !request.dry_run()) {
+    // Idempotent: a retry gets the job its first attempt created (durable across restarts:
+    // the store keeps request ids); the same id for a different spec is refused.
+    // Scoped by tenant: another tenant's id neither finds nor reveals this tenant's job.
+    rec.request_id = absl::StrCat(caller.tenant, "/", request.request_id());
+    rec.request_hash = Fingerprint(rec.spec_yaml);
+    auto known = state_.job_by_request.find(rec.request_id);
+    if (known != state_.job_by_request.end()) {
+      JobRt* earlier = state_.FindJob(known->second);
+      if (earlier == nullptr) {
+        return absl::InternalError(absl::StrCat("request_id \"", request.request_id(), "\" names ",
+                                                known->second, ", which no longer exists"));
+      }
+      if (earlier->rec.request_hash != rec.request_hash) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "request_id \"", request.request_id(), "\" was already used for ", earlier->rec.id,
+            " with a different spec (use a new request_id for a new job, or the same spec to "
+            "get ",
+            earlier->rec.id, ")"));
+      }
+      response.set_job_id(earlier->rec.id);
+      response.set_canonical_spec_yaml(earlier->rec.spec_yaml);
+      *response.mutable_job() = JobToProto(earlier->rec, true);
+      return response;
+    }
+  }
   rec.created_ms = NowMs();
   rec.state_entered_ms = rec.created_ms;
   if (request.dry_run()) {
@@ -82,6 +122,11 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
     *response.mutable_job() = JobToProto(rec, true);
     return response;
   }
+  int64_t waiting = 0;  // The tenant's jobs waiting for workers (quotas.max_queued_jobs).
+  for (const auto& [other_id, other] : state_.jobs) {
+    if (other->rec.tenant == caller.tenant && IsQueued(other->rec.state)) ++waiting;
+  }
+  RETURN_IF_ERROR(CheckQueuedQuota(caller.tenant, waiting, config_.quotas));
   rec.number = state_.next_job_number;
   rec.id = absl::StrFormat("job-%06d", rec.number);
   {  // One checkpoint directory per job: retention deletes old checkpoints in it.
@@ -102,10 +147,14 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   Txn txn;
   machine_.SetState(job, v1::JOB_STATE_PENDING, "queued", txn);
   if (absl::Status st = CommitLocked(txn); !st.ok()) {
-    state_.jobs.erase(id);
+    if (JobRt* failed = state_.FindJob(id); failed != nullptr) {  // RestoreLocked may have.
+      machine_.ForgetLogs(*failed);
+      state_.jobs.erase(id);
+    }
     return st;
   }
   state_.next_job_number++;
+  if (!job.rec.request_id.empty()) state_.job_by_request[job.rec.request_id] = id;
   machine_.Schedule(txn);
   (void)CommitLocked(txn);
   response.set_job_id(id);
@@ -120,7 +169,15 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const v1::GetJobRequest& request,
   if (rt == nullptr) return JobNotFound(request.job_id());
   v1::Job job = JobToProto(rt->rec, true);
   if (request.include_events()) {
-    for (const v1::JobEvent& e : rt->events) *job.add_events() = e;
+    // The newest events within kMaxEventsViewBytes, in sequence order.
+    size_t bytes = 0;
+    auto first = rt->events.end();
+    while (first != rt->events.begin()) {
+      bytes += std::prev(first)->ByteSizeLong();
+      if (first != rt->events.end() && bytes > kMaxEventsViewBytes) break;
+      --first;
+    }
+    for (auto it = first; it != rt->events.end(); ++it) *job.add_events() = *it;
   }
   if (!request.include_spec()) job.clear_spec_yaml();
   return job;
@@ -146,13 +203,17 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   std::sort(matching.begin(), matching.end(),
             [](const JobRt* a, const JobRt* b) { return a->rec.number > b->rec.number; });
   v1::ListJobsResponse response;
-  for (size_t i = 0; i < matching.size() && i < static_cast<size_t>(page_size); ++i) {
+  size_t bytes = 0;
+  size_t i = 0;
+  for (; i < matching.size() && i < static_cast<size_t>(page_size); ++i) {
     v1::Job job = JobToProto(matching[i]->rec, false);
     job.clear_spec_yaml();
+    bytes += job.ByteSizeLong();
+    if (i > 0 && bytes > kMaxPageBytes) break;  // The rest on the next page.
     *response.add_jobs() = std::move(job);
   }
-  if (matching.size() > static_cast<size_t>(page_size)) {
-    response.set_next_page_token(absl::StrCat(matching[page_size - 1]->rec.number));
+  if (i < matching.size()) {
+    response.set_next_page_token(absl::StrCat(matching[i - 1]->rec.number));
   }
   return response;
 }
@@ -201,12 +262,28 @@ absl::StatusOr<v1::Job> Coordinator::ResumeJob(const std::string& job_id,
   return JobToProto(job->rec, true);
 }
 
-v1::ListWorkersResponse Coordinator::ListWorkers() {
+absl::StatusOr<v1::ListWorkersResponse> Coordinator::ListWorkers(
+    const v1::ListWorkersRequest& request) {
+  RETURN_IF_ERROR(ValidateListWorkersRequest(request));
+  const size_t page_size = request.page_size() == 0 ? 500 : std::min(request.page_size(), 1000);
   absl::MutexLock lock(&mu_);
   v1::ListWorkersResponse response;
   const int64_t now = SteadyMs();
   const int64_t now_unix = NowMs();
-  for (auto& [id, w] : state_.workers) *response.add_workers() = WorkerToProto(*w, now, now_unix);
+  size_t bytes = 0;
+  // Ids are unique and ordered: the token is the last id of the previous page.
+  auto it = request.page_token().empty() ? state_.workers.begin()
+                                         : state_.workers.upper_bound(request.page_token());
+  for (; it != state_.workers.end() && static_cast<size_t>(response.workers_size()) < page_size;
+       ++it) {
+    v1::Worker w = WorkerToProto(*it->second, now, now_unix);
+    bytes += w.ByteSizeLong();
+    if (response.workers_size() > 0 && bytes > kMaxPageBytes) break;
+    *response.add_workers() = std::move(w);
+  }
+  if (it != state_.workers.end()) {
+    response.set_next_page_token(response.workers(response.workers_size() - 1).id());
+  }
   return response;
 }
 

@@ -29,12 +29,63 @@ void JobMachine::AddEvent(JobRt& job, v1::JobEvent event, bool persist, Txn& txn
   if (!job.watchers.empty()) txn.notify.emplace_back(&job, std::move(event));
 }
 
+void JobMachine::DropOldestLog(JobRt& job) {
+  const int64_t bytes = LogLineBytes(job.logs.front());
+  job.log_bytes -= bytes;
+  state_.log_bytes -= bytes;
+  job.logs.pop_front();
+}
+
+void JobMachine::ForgetLogs(JobRt& job) {
+  state_.log_bytes -= job.log_bytes;
+  job.log_bytes = 0;
+  job.logs.clear();
+}
+
 void JobMachine::AddLog(JobRt& job, v1::LogLine line, Txn& txn) {
   line.set_sequence(job.next_log_seq++);
   if (!line.has_time()) *line.mutable_time() = TimeUtil::MillisecondsToTimestamp(NowMs());
+  const int64_t bytes = LogLineBytes(line);
   job.logs.push_back(line);
-  while (job.logs.size() > static_cast<size_t>(config_.log_buffer_lines)) job.logs.pop_front();
+  job.log_bytes += bytes;
+  state_.log_bytes += bytes;
+  while (job.logs.size() > static_cast<size_t>(config_.log_buffer_lines) ||
+         (job.log_bytes > config_.log_buffer_bytes_per_job && job.logs.size() > 1)) {
+    DropOldestLog(job);
+  }
+  if (state_.log_bytes > config_.log_buffer_bytes_total) {
+    // Down to 90% of the bound at once, from the largest buffers first, so this scan over
+    // the jobs runs rarely.
+    const int64_t target = config_.log_buffer_bytes_total - config_.log_buffer_bytes_total / 10;
+    while (state_.log_bytes > target) {
+      JobRt* largest = nullptr;
+      for (auto& [id, j] : state_.jobs) {
+        if (largest == nullptr || j->log_bytes > largest->log_bytes) largest = j.get();
+      }
+      if (largest == nullptr || largest->logs.empty()) break;
+      const int64_t half = largest->log_bytes / 2;
+      while (state_.log_bytes > target && !largest->logs.empty() && largest->log_bytes > half) {
+        DropOldestLog(*largest);
+      }
+    }
+  }
   if (!job.log_followers.empty()) txn.log_lines.emplace_back(&job, std::move(line));
+}
+
+void JobMachine::ExpireLostWorkers(int64_t now_steady_ms, Txn& txn) {
+  const int64_t ttl_ms = static_cast<int64_t>(config_.lost_worker_ttl_s * 1000);
+  for (auto it = state_.workers.begin(); it != state_.workers.end();) {
+    const WorkerRt& w = *it->second;
+    if (w.state != v1::WORKER_STATE_LOST || w.sink != nullptr || w.assigned ||
+        now_steady_ms - w.lost_since_steady < ttl_ms || txn.workers.count(it->second.get())) {
+      ++it;
+      continue;
+    }
+    ULOG(INFO) << "worker " << w.rec.id << " forgotten: lost for more than "
+               << config_.lost_worker_ttl_s << "s";
+    txn.batch.deleted_workers.push_back(w.rec.id);
+    it = state_.workers.erase(it);
+  }
 }
 
 void JobMachine::SendTo(WorkerRt& worker, v1::CoordinatorMessage message, Txn& txn) {
@@ -122,9 +173,14 @@ void JobMachine::Schedule(Txn& txn) {
     const StageRecord& stage = job.rec.stages[job.rec.stage_index];
     queue.push_back({job.rec.id, job.rec.priority, job.rec.number, stage.index,
                      GangRequest{stage.sp, stage.dp, job.rec.node_label},
-                     job.rec.not_before_ms > now});
+                     job.rec.not_before_ms > now, job.rec.tenant});
   }
   if (queue.empty()) return;
+  std::map<std::string, int64_t> in_use;  // Workers held by each tenant's live attempts.
+  for (auto& [id, j] : state_.jobs) {
+    const AttemptRecord* a = j->rec.current_attempt();
+    if (a != nullptr && !a->ended()) in_use[j->rec.tenant] += a->worker_ids.size();
+  }
   std::vector<IdleWorker> idle;
   std::vector<IdleWorker> live;
   for (auto& [id, w] : state_.workers) {
@@ -133,7 +189,8 @@ void JobMachine::Schedule(Txn& txn) {
       idle.push_back({w->rec.id, w->rec.node_label});
     }
   }
-  for (QueueDecision& d : PlanQueue(std::move(queue), std::move(idle), live)) {
+  for (QueueDecision& d :
+       PlanQueue(std::move(queue), std::move(idle), live, &config_.quotas, std::move(in_use))) {
     JobRt& job = *state_.jobs[d.job_id];
     std::string reason;
     switch (d.kind) {
@@ -339,6 +396,7 @@ void JobMachine::CompleteStage(JobRt& job, Txn& txn) {
 void JobMachine::OnWorkerLost(WorkerRt& worker, const std::string& why, Txn& txn) {
   ULOG(WARNING) << "worker " << worker.rec.id << " lost: " << why;
   worker.state = v1::WORKER_STATE_LOST;
+  worker.lost_since_steady = SteadyMs();
   if (worker.sink != nullptr) {
     // Not a consequence of the store commit (worker liveness is not persisted), so the
     // stream is closed now: a commit that fails must not leave it open and unowned.

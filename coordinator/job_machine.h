@@ -63,8 +63,15 @@ class JobMachine {
   void Schedule(Txn& txn);
 
   void AddEvent(JobRt& job, v1::JobEvent event, bool persist, Txn& txn);
-  // Appends to the job's log buffer now; followers get the line after the commit.
+  // Appends to the job's log buffer now (dropping the oldest lines beyond the per-job
+  // line and byte bounds, and lines of the largest buffers beyond the total byte bound);
+  // followers get the line after the commit.
   void AddLog(JobRt& job, v1::LogLine line, Txn& txn);
+  // Removes a job's log buffer from the total (the job is being dropped).
+  void ForgetLogs(JobRt& job);
+  // Forgets workers LOST for longer than lost_worker_ttl_s (memory, and the store
+  // through txn.batch.deleted_workers).
+  void ExpireLostWorkers(int64_t now_steady_ms, Txn& txn);
   void SendTo(WorkerRt& worker, v1::CoordinatorMessage message, Txn& txn);
   // An Abort for `ref` with the abort grace period.
   void SendAbort(WorkerRt& worker, const v1::WorkRef& ref, const std::string& why, Txn& txn);
@@ -72,6 +79,7 @@ class JobMachine {
 
  private:
   int AllocatePort();
+  void DropOldestLog(JobRt& job);
 
   const CoordinatorConfig& config_;
   CoordinatorMetrics& metrics_;

@@ -87,6 +87,10 @@ struct JobRecord {
   int64_t not_before_ms = 0;  // Restart backoff: not scheduled before this.
   std::vector<StageRecord> stages;
   std::vector<AttemptRecord> attempts;
+  // SubmitJobRequest.request_id ("" = none) and a hash of what was submitted with it, so
+  // a retry returns this job and a different request with the same id is refused.
+  std::string request_id;
+  std::string request_hash;
 
   bool terminal() const {
     return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||

@@ -63,6 +63,7 @@ struct WorkerRt {
   // The worker announced its own shutdown (SIGTERM: a Kubernetes preemption). It gets no new
   // work until it registers again, so a requeued job is not placed on a worker about to exit.
   bool draining = false;
+  int64_t lost_since_steady = 0;  // When it was declared LOST (0 = not lost).
 };
 
 struct JobRt {
@@ -74,7 +75,8 @@ struct JobRt {
   std::set<int> reconnected_ranks;
   std::deque<v1::JobEvent> events;  // The newest config.event_history.
   int64_t next_event_seq = 1;
-  std::deque<v1::LogLine> logs;  // The newest config.log_buffer_lines.
+  std::deque<v1::LogLine> logs;  // The newest lines, within the config's line and byte bounds.
+  int64_t log_bytes = 0;         // Of `logs` (LogLineBytes).
   int64_t next_log_seq = 1;
   std::set<JobEventSink*> watchers;
   std::set<LogSink*> log_followers;
@@ -93,6 +95,8 @@ struct State {
   int64_t next_job_number = 1;
   uint64_t next_session_id = 1;
   int next_port = 0;
+  int64_t log_bytes = 0;                              // Of every job's log buffer.
+  std::map<std::string, std::string> job_by_request;  // SubmitJobRequest.request_id -> job id.
 
   JobRt* FindJob(const std::string& id) {
     auto it = jobs.find(id);
@@ -117,6 +121,12 @@ struct Txn {
   std::vector<std::pair<JobRt*, v1::LogLine>> log_lines;               // To log followers.
   std::vector<JobRt*> ended;  // Jobs that reached a terminal state (streams end).
 };
+
+// What one buffered log line counts against the log byte bounds: its text plus a fixed
+// allowance for the rest of the message.
+inline int64_t LogLineBytes(const v1::LogLine& line) {
+  return static_cast<int64_t>(line.text().size()) + 64;
+}
 
 inline int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(

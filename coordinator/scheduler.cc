@@ -66,7 +66,8 @@ Placement PlaceGang(const GangRequest& request, const std::vector<IdleWorker>& i
 }
 
 std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<IdleWorker> idle,
-                                     const std::vector<IdleWorker>& live) {
+                                     const std::vector<IdleWorker>& live, const QuotaPolicy* quotas,
+                                     std::map<std::string, int64_t> in_use) {
   std::sort(queue.begin(), queue.end(), [](const QueuedJob& a, const QueuedJob& b) {
     return QueueKey{a.priority, a.number} < QueueKey{b.priority, b.number};
   });
@@ -76,7 +77,13 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
   for (const QueuedJob& job : queue) {
     QueueDecision d;
     d.job_id = job.id;
-    if (blocker != nullptr) {
+    const int64_t needed = static_cast<int64_t>(job.gang.sp) * job.gang.dp;
+    std::string over_quota;
+    if (quotas != nullptr &&
+        !FitsWorkerQuota(job.tenant, in_use[job.tenant], needed, *quotas, &over_quota)) {
+      d.kind = QueueDecision::Kind::kUnplaced;
+      d.reason = absl::StrCat("stage ", job.stage_index, ": ", over_quota);
+    } else if (blocker != nullptr) {
       d.kind = QueueDecision::Kind::kBlocked;
       d.reason = absl::StrCat("queued behind ", blocker->id, " (priority ", blocker->priority, ")");
     } else if (job.in_backoff) {
@@ -90,6 +97,7 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
                    idle.end());
         d.kind = QueueDecision::Kind::kLaunch;
         d.worker_ids = std::move(p.worker_ids);
+        in_use[job.tenant] += needed;
       } else {
         d.kind = QueueDecision::Kind::kUnplaced;
         d.reason = absl::StrCat("stage ", job.stage_index, ": ", p.reason);

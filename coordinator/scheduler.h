@@ -7,8 +7,11 @@
 #define ULYSSES_COORDINATOR_SCHEDULER_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
+
+#include "coordinator/quota.h"
 
 namespace ulysses::coordinator {
 
@@ -52,6 +55,7 @@ struct QueuedJob {
   int stage_index = 0;      // The stage to place (named in reasons).
   GangRequest gang;         // Its group.
   bool in_backoff = false;  // Restart backoff still running (not_before_ms in the future).
+  std::string tenant;       // For the tenant's max_workers quota.
 };
 
 struct QueueDecision {
@@ -72,8 +76,14 @@ struct QueueDecision {
 // but could be with the workers that exist (`live`: every worker not LOST, idle or not)
 // blocks every job behind it, so a big gang is not starved by small ones. A job that
 // could never be placed with the live workers, or is in backoff, blocks no one.
+//
+// With `quotas`, a job whose gang would take its tenant past quotas.max_workers
+// (`in_use`: workers each tenant's running attempts hold) waits (kUnplaced, the quota
+// named) and blocks no one: one tenant's quota never holds up another tenant.
 std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<IdleWorker> idle,
-                                     const std::vector<IdleWorker>& live);
+                                     const std::vector<IdleWorker>& live,
+                                     const QuotaPolicy* quotas = nullptr,
+                                     std::map<std::string, int64_t> in_use = {});
 
 }  // namespace ulysses::coordinator
 

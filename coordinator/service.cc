@@ -320,8 +320,9 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContex
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ListWorkers");
   absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kListWorkers);
   if (!caller.ok()) return FinishUnary(context, caller.status());
-  *response = coordinator_->ListWorkers();
-  return FinishUnary(context, absl::OkStatus());
+  absl::StatusOr<v1::ListWorkersResponse> r = coordinator_->ListWorkers(*request);
+  if (r.ok()) *response = std::move(*r);
+  return FinishUnary(context, r.status());
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContext* context,

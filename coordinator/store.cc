@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <iterator>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
@@ -147,9 +149,30 @@ constexpr const char* kSchemaV2[] = {
     "ALTER TABLE workers ADD COLUMN identity TEXT NOT NULL DEFAULT ''",
 };
 
+// Version 3: the request ids of idempotent submissions (one per job at most).
+constexpr const char* kSchemaV3[] = {
+    R"sql(CREATE TABLE IF NOT EXISTS submit_requests (
+      request_id TEXT PRIMARY KEY, job_id TEXT NOT NULL UNIQUE, request_hash TEXT NOT NULL))sql",
+};
+
+bool SameStage(const StageRecord& a, const StageRecord& b) {
+  return a.index == b.index && a.state == b.state && a.seq_len == b.seq_len && a.steps == b.steps &&
+         a.step == b.step && a.sp == b.sp && a.dp == b.dp && a.loss == b.loss &&
+         a.tokens_per_s == b.tokens_per_s && a.eval_loss == b.eval_loss &&
+         a.eval_accuracy == b.eval_accuracy && a.eval_seq_len == b.eval_seq_len &&
+         a.attempts == b.attempts && a.started_ms == b.started_ms && a.finished_ms == b.finished_ms;
+}
+
+bool SameAttempt(const AttemptRecord& a, const AttemptRecord& b) {
+  return a.generation == b.generation && a.stage == b.stage && a.worker_ids == b.worker_ids &&
+         a.master_addr == b.master_addr && a.master_port == b.master_port &&
+         a.started_ms == b.started_ms && a.ended_ms == b.ended_ms && a.outcome == b.outcome &&
+         a.exit_code == b.exit_code && a.reason == b.reason;
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir, int64_t max_bytes) {
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir, StoreOptions options) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
@@ -165,12 +188,12 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir, int64
     return absl::FailedPreconditionError(absl::StrCat("open ", path, ": ", msg));
   }
   sqlite3_busy_timeout(db, 5000);
-  std::unique_ptr<Store> store(new Store(db, path));
+  std::unique_ptr<Store> store(new Store(db, path, options));
   RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL"));
   RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=FULL"));
   RETURN_IF_ERROR(store->Exec("PRAGMA foreign_keys=ON"));
   RETURN_IF_ERROR(store->Migrate());
-  if (max_bytes > 0) {
+  if (options.max_bytes > 0) {
     int64_t page_size = 4096;
     {
       Stmt q(db, "PRAGMA page_size");
@@ -178,8 +201,8 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir, int64
       ASSIGN_OR_RETURN(bool row, q.Step());
       if (row) page_size = std::max<int64_t>(512, q.Int(0));
     }
-    RETURN_IF_ERROR(store->Exec(
-        absl::StrCat("PRAGMA max_page_count=", std::max<int64_t>(1, max_bytes / page_size))));
+    RETURN_IF_ERROR(store->Exec(absl::StrCat("PRAGMA max_page_count=",
+                                             std::max<int64_t>(1, options.max_bytes / page_size))));
   }
   return store;
 }
@@ -229,6 +252,7 @@ absl::Status Store::Migrate() {
   std::vector<const char*> steps;
   if (version < 1) steps.insert(steps.end(), std::begin(kSchemaV1), std::end(kSchemaV1));
   if (version < 2) steps.insert(steps.end(), std::begin(kSchemaV2), std::end(kSchemaV2));
+  if (version < 3) steps.insert(steps.end(), std::begin(kSchemaV3), std::end(kSchemaV3));
   for (const char* sql : steps) {
     if (absl::Status s = Exec(sql); !s.ok()) {
       (void)Exec("ROLLBACK");
@@ -272,7 +296,19 @@ absl::Status Store::WriteJob(const JobRecord& j) {
   q.Bind(i++, j.owner);
   q.Bind(i++, j.tenant);
   RETURN_IF_ERROR(q.Run());
-  for (const StageRecord& s : j.stages) {
+  if (!j.request_id.empty()) {
+    Stmt r(db_, "INSERT OR IGNORE INTO submit_requests VALUES(?,?,?)");
+    RETURN_IF_ERROR(r.status());
+    r.Bind(1, j.request_id).Bind(2, j.id).Bind(3, j.request_hash);
+    RETURN_IF_ERROR(r.Run());
+  }
+  auto last = written_.find(j.id);
+  const Written* before = last == written_.end() ? nullptr : &last->second;
+  for (size_t idx = 0; idx < j.stages.size(); ++idx) {
+    const StageRecord& s = j.stages[idx];
+    if (before != nullptr && idx < before->stages.size() && SameStage(before->stages[idx], s)) {
+      continue;
+    }
     Stmt st(db_, "INSERT OR REPLACE INTO stages VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
     RETURN_IF_ERROR(st.status());
     int k = 1;
@@ -294,7 +330,12 @@ absl::Status Store::WriteJob(const JobRecord& j) {
     st.Bind(k++, s.finished_ms);
     RETURN_IF_ERROR(st.Run());
   }
-  for (const AttemptRecord& a : j.attempts) {
+  for (size_t idx = 0; idx < j.attempts.size(); ++idx) {
+    const AttemptRecord& a = j.attempts[idx];
+    if (before != nullptr && idx < before->attempts.size() &&
+        SameAttempt(before->attempts[idx], a)) {
+      continue;
+    }
     Stmt st(db_, "INSERT OR REPLACE INTO attempts VALUES(?,?,?,?,?,?,?,?,?,?,?)");
     RETURN_IF_ERROR(st.status());
     int k = 1;
@@ -314,11 +355,25 @@ absl::Status Store::WriteJob(const JobRecord& j) {
   return absl::OkStatus();
 }
 
+void Store::Remember(const JobRecord& job) {
+  if (job.terminal()) {
+    written_.erase(job.id);  // Rarely written again; a resume writes it whole once.
+  } else {
+    written_[job.id] = Written{job.stages, job.attempts};
+  }
+}
+
 absl::Status Store::Write(const Batch& batch) {
   if (!sticky_error_.ok()) return sticky_error_;
   if (batch.empty()) return absl::OkStatus();
   auto body = [&]() -> absl::Status {
     for (const JobRecord& j : batch.jobs) RETURN_IF_ERROR(WriteJob(j));
+    for (const std::string& id : batch.deleted_workers) {
+      Stmt q(db_, "DELETE FROM workers WHERE id=?");
+      RETURN_IF_ERROR(q.status());
+      q.Bind(1, id);
+      RETURN_IF_ERROR(q.Run());
+    }
     for (const WorkerRecord& w : batch.workers) {
       Stmt q(db_, "INSERT OR REPLACE INTO workers VALUES(?,?,?,?,?,?,?,?,?)");
       RETURN_IF_ERROR(q.status());
@@ -339,6 +394,18 @@ absl::Status Store::Write(const Batch& batch) {
       q.Bind(1, e.job_id).Bind(2, e.sequence).Bind(3, e.time_ms).BindBlob(4, e.payload);
       RETURN_IF_ERROR(q.Run());
     }
+    if (options_.events_per_job > 0) {
+      std::map<std::string, int64_t> newest;  // job id -> highest sequence written now.
+      for (const EventRecord& e : batch.events) {
+        newest[e.job_id] = std::max(newest[e.job_id], e.sequence);
+      }
+      for (const auto& [job_id, sequence] : newest) {
+        Stmt q(db_, "DELETE FROM events WHERE job_id=? AND sequence<=?");
+        RETURN_IF_ERROR(q.status());
+        q.Bind(1, job_id).Bind(2, sequence - options_.events_per_job);
+        RETURN_IF_ERROR(q.Run());
+      }
+    }
     return absl::OkStatus();
   };
   absl::Status s = Exec("BEGIN IMMEDIATE");
@@ -347,7 +414,12 @@ absl::Status Store::Write(const Batch& batch) {
     if (s.ok()) s = Exec("COMMIT");
     if (!s.ok()) (void)Exec("ROLLBACK");  // Also after a failed COMMIT: nothing stays open.
   }
-  if (s.ok()) return s;
+  if (s.ok()) {
+    for (const JobRecord& j : batch.jobs) Remember(j);
+    return s;
+  }
+  // Rolled back: what the rows hold is no longer known here; write those jobs whole next.
+  for (const JobRecord& j : batch.jobs) written_.erase(j.id);
   if (IsRefusedData(s)) {
     return absl::InternalError(
         absl::StrCat("state store refused the write (nothing was written; the store stays "
@@ -485,9 +557,22 @@ absl::StatusOr<Store::Snapshot> Store::Load() {
       snap.jobs[it->second].attempts.push_back(ReadAttemptRow(q));
     }
   }
+  {
+    Stmt q(db_, "SELECT job_id, request_id, request_hash FROM submit_requests");
+    RETURN_IF_ERROR(q.status());
+    while (true) {
+      ASSIGN_OR_RETURN(bool row, q.Step());
+      if (!row) break;
+      auto it = index.find(q.Text(0));
+      if (it == index.end()) continue;
+      snap.jobs[it->second].request_id = q.Text(1);
+      snap.jobs[it->second].request_hash = q.Text(2);
+    }
+  }
   for (JobRecord& j : snap.jobs) {
     ASSIGN_OR_RETURN(std::vector<CheckpointRecord> cks, LoadCheckpoints(j.id));
     if (!cks.empty()) j.last_checkpoint = cks.back();
+    Remember(j);
   }
   {
     Stmt q(db_, "SELECT * FROM workers ORDER BY name");
@@ -531,8 +616,19 @@ absl::StatusOr<std::optional<JobRecord>> Store::LoadJob(const std::string& job_i
       job->attempts.push_back(ReadAttemptRow(q));
     }
   }
+  {
+    Stmt q(db_, "SELECT request_id, request_hash FROM submit_requests WHERE job_id=?");
+    RETURN_IF_ERROR(q.status());
+    q.Bind(1, job_id);
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (row) {
+      job->request_id = q.Text(0);
+      job->request_hash = q.Text(1);
+    }
+  }
   ASSIGN_OR_RETURN(std::vector<CheckpointRecord> cks, LoadCheckpoints(job_id));
   if (!cks.empty()) job->last_checkpoint = cks.back();
+  Remember(*job);
   return job;
 }
 

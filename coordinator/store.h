@@ -20,6 +20,7 @@
 #define ULYSSES_COORDINATOR_STORE_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,16 +34,25 @@ struct sqlite3;
 
 namespace ulysses::coordinator {
 
-// 1: initial; 2: jobs.owner, jobs.tenant, workers.identity (issue 9, auth).
-inline constexpr int kSchemaVersion = 2;
+// 1: initial; 2: jobs.owner, jobs.tenant, workers.identity (auth); 3: submit_requests
+// (idempotent SubmitJob). Older files are migrated on open.
+inline constexpr int kSchemaVersion = 3;
+
+struct StoreOptions {
+  // Persisted events kept per job: after each write the oldest beyond this many are
+  // deleted (0 = keep all).
+  int64_t events_per_job = 0;
+  // > 0 caps the database file (SQLite max_page_count): beyond it writes fail as on a
+  // full disk.
+  int64_t max_bytes = 0;
+};
 
 class Store {
  public:
   // Creates <dir> if needed, opens/creates the database, migrates the schema.
   // FailedPrecondition when the file has a newer schema version than this binary.
-  // `max_bytes` > 0 caps the database file (SQLite max_page_count): beyond it writes
-  // fail as on a full disk.
-  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& dir, int64_t max_bytes = 0);
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& dir,
+                                                     StoreOptions options = {});
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
@@ -55,12 +65,17 @@ class Store {
   absl::StatusOr<Snapshot> Load();
 
   struct Batch {
-    std::vector<JobRecord> jobs;                // Upserted with all their stages and attempts.
+    // Upserted. Only the stage and attempt rows that changed since this Store last
+    // wrote or loaded them are written (a transition of a 64-stage job writes one stage
+    // row, not 64).
+    std::vector<JobRecord> jobs;
     std::vector<WorkerRecord> workers;          // Upserted.
+    std::vector<std::string> deleted_workers;   // Worker ids removed (LOST past their TTL).
     std::vector<CheckpointRecord> checkpoints;  // Inserted.
-    std::vector<EventRecord> events;            // Inserted.
+    std::vector<EventRecord> events;            // Inserted; older ones pruned per options.
     bool empty() const {
-      return jobs.empty() && workers.empty() && checkpoints.empty() && events.empty();
+      return jobs.empty() && workers.empty() && deleted_workers.empty() && checkpoints.empty() &&
+             events.empty();
     }
   };
   absl::Status Write(const Batch& batch);
@@ -85,14 +100,26 @@ class Store {
   const std::string& path() const { return path_; }
 
  private:
-  Store(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  Store(sqlite3* db, std::string path, StoreOptions options)
+      : db_(db), path_(std::move(path)), options_(options) {}
   absl::Status Exec(const std::string& sql);
   absl::Status Migrate();
+  // Writes the job row and the stage/attempt rows that differ from written_.
   absl::Status WriteJob(const JobRecord& job);
+  // After a commit or a load: `job`'s rows as the file now holds them.
+  void Remember(const JobRecord& job);
+  struct Written {
+    std::vector<StageRecord> stages;
+    std::vector<AttemptRecord> attempts;
+  };
 
   sqlite3* db_;
   std::string path_;
+  StoreOptions options_;
   absl::Status sticky_error_;
+  // The stage and attempt rows as last written or loaded, per job id (live jobs only;
+  // a job missing here is written whole).
+  std::map<std::string, Written> written_;
 };
 
 }  // namespace ulysses::coordinator

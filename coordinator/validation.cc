@@ -168,7 +168,25 @@ absl::Status ValidateSubmitJobRequest(const v1::SubmitJobRequest& request) {
     RETURN_IF_ERROR(
         CheckNoControl(field, request.overrides(i), "write spec.path=value on one line"));
   }
+  constexpr char kRequestIdFix[] =
+      "use at most 128 of [A-Za-z0-9._-], e.g. a UUID, fresh per submission and reused on retry";
+  RETURN_IF_ERROR(
+      CheckLength("request_id", request.request_id(), kMaxRequestIdBytes, kRequestIdFix));
+  if (!OnlyAlnumAnd(request.request_id(), "._-")) {
+    return Invalid("request_id", Shown(request.request_id()),
+                   "has characters other than [A-Za-z0-9._-]", kRequestIdFix);
+  }
   return absl::OkStatus();
+}
+
+absl::Status ValidateListWorkersRequest(const v1::ListWorkersRequest& request) {
+  if (request.page_size() < 0) {
+    return Invalid("page_size", absl::StrCat(request.page_size()), "is negative",
+                   "use 0 for the default or a positive page size");
+  }
+  constexpr char kFix[] = "pass next_page_token from the previous ListWorkers response, or omit it";
+  RETURN_IF_ERROR(CheckLength("page_token", request.page_token(), kMaxWorkerPageTokenBytes, kFix));
+  return CheckNoControl("page_token", request.page_token(), kFix);
 }
 
 absl::Status ValidateGetJobRequest(const v1::GetJobRequest& request) {

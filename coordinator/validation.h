@@ -44,6 +44,8 @@ inline constexpr size_t kMaxOverrideBytes = 4096;
 inline constexpr size_t kMaxPageTokenBytes = 32;
 inline constexpr int kMaxStateFilters = 16;  // ListJobsRequest.states.
 inline constexpr size_t kMaxPathBytes = 4096;
+inline constexpr size_t kMaxRequestIdBytes = 128;         // SubmitJobRequest.request_id.
+inline constexpr size_t kMaxWorkerPageTokenBytes = 256;   // A worker id.
 inline constexpr int32_t kMaxRank = spec::kMaxWorldSize;  // WorkRef.rank < this.
 inline constexpr int32_t kMaxExitCode = 255;
 inline constexpr int32_t kMaxSignal = 64;  // SIGRTMAX on Linux.
@@ -58,6 +60,7 @@ absl::Status ValidateCancelJobRequest(const v1::CancelJobRequest& request);
 absl::Status ValidateResumeJobRequest(const v1::ResumeJobRequest& request);
 absl::Status ValidateWatchJobRequest(const v1::WatchJobRequest& request);
 absl::Status ValidateGetJobLogsRequest(const v1::GetJobLogsRequest& request);
+absl::Status ValidateListWorkersRequest(const v1::ListWorkersRequest& request);
 
 // --- WorkerService.
 absl::Status ValidateRegisterRequest(const v1::RegisterRequest& request);

@@ -1,6 +1,7 @@
 #include "coordinator/views.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/time_util.h"
@@ -95,7 +96,16 @@ v1::Job JobToProto(const JobRecord& r, bool full) {
   if (r.last_checkpoint) *p.mutable_last_checkpoint() = CheckpointToProto(*r.last_checkpoint);
   p.set_loss(r.loss);
   if (full) {
-    for (const AttemptRecord& a : r.attempts) *p.add_attempts() = AttemptToProto(a);
+    // Newest first until the budget is spent, then back in generation order.
+    std::vector<v1::Attempt> newest;
+    size_t bytes = 0;
+    for (auto it = r.attempts.rbegin(); it != r.attempts.rend(); ++it) {
+      v1::Attempt a = AttemptToProto(*it);
+      bytes += a.ByteSizeLong();
+      if (!newest.empty() && bytes > kMaxAttemptsViewBytes) break;
+      newest.push_back(std::move(a));
+    }
+    for (auto it = newest.rbegin(); it != newest.rend(); ++it) *p.add_attempts() = std::move(*it);
   }
   p.set_generation(r.generation);
   p.set_spec_yaml(r.spec_yaml);

@@ -11,9 +11,18 @@
 
 namespace ulysses::coordinator {
 
+// Response size bounds (the gRPC message limit is 4 MiB): a Job shows its newest
+// attempts within kMaxAttemptsViewBytes (always the newest one), GetJob its newest
+// events within kMaxEventsViewBytes, and a ListJobs/ListWorkers page holds items while it
+// stays within kMaxPageBytes (always at least one).
+inline constexpr size_t kMaxAttemptsViewBytes = 1 << 20;
+inline constexpr size_t kMaxEventsViewBytes = 1 << 20;
+inline constexpr size_t kMaxPageBytes = 3 << 20;
+
 v1::Checkpoint CheckpointToProto(const CheckpointRecord& checkpoint);
 v1::Attempt AttemptToProto(const AttemptRecord& attempt);
-// `full`: with every attempt (GetJob, WatchJob); ListJobs leaves them out.
+// `full`: with the attempts (GetJob, WatchJob: the newest within kMaxAttemptsViewBytes);
+// ListJobs leaves them out.
 v1::Job JobToProto(const JobRecord& job, bool full);
 // The heartbeat time is derived from the steady clock (`now_steady_ms`, the clock of
 // last_seen_steady) and shown in Unix time relative to `now_unix_ms`.

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/contract/exit.h"
 #include "common/status.h"
+#include "coordinator/path_policy.h"
 #include "coordinator/validation.h"
 #include "coordinator/views.h"
 
@@ -40,6 +41,7 @@ absl::StatusOr<WorkerProtocol::Registered> WorkerProtocol::Register(
   w.rec.last_seen_ms = NowMs();
   w.last_seen_steady = SteadyMs();
   if (w.state == v1::WORKER_STATE_LOST) w.state = v1::WORKER_STATE_DISCONNECTED;
+  w.lost_since_steady = 0;
   w.draining = false;  // A (re)registering worker process takes new work again.
   txn.workers.insert(&w);
   Registered out{&w, false};
@@ -109,45 +111,70 @@ void WorkerProtocol::Reject(WorkerRt& w, const v1::WorkerMessage& m, const absl:
   Ack(w, m, status, txn);
 }
 
-JobRt* WorkerProtocol::Fence(const v1::WorkRef& ref, absl::Status* error) {
+WorkerProtocol::Fenced WorkerProtocol::FenceReport(const WorkerRt& w, const v1::WorkRef& ref,
+                                                   Need need) {
+  Fenced out;
+  auto reject = [&](const std::string& reason, std::string message) {
+    out.job = nullptr;
+    out.attempt = nullptr;
+    out.reason = reason;
+    out.error = absl::FailedPreconditionError(std::move(message));
+    return out;
+  };
   JobRt* job = state_.FindJob(ref.job_id());
-  if (job == nullptr) {
-    *error = absl::FailedPreconditionError(absl::StrCat("unknown job \"", ref.job_id(), "\""));
-    return nullptr;
-  }
-  if (ref.generation() != job->rec.generation) {
-    *error = absl::FailedPreconditionError(
-        absl::StrCat("stale generation ", ref.generation(), " of ", ref.job_id(),
-                     " (current generation is ", job->rec.generation, ")"));
-    return nullptr;
-  }
-  return job;
-}
-
-JobRt* WorkerProtocol::FenceLive(WorkerRt& w, const v1::WorkerMessage& m, const v1::WorkRef& ref,
-                                 Txn& txn) {
-  absl::Status error;
-  JobRt* job = Fence(ref, &error);
+  AttemptRecord* held = nullptr;  // The attempt of ref.generation, if `w` held ref.rank in it.
   if (job != nullptr) {
-    AttemptRecord* a = job->rec.current_attempt();
-    if (a == nullptr || a->ended()) {
-      error = absl::FailedPreconditionError(
-          absl::StrCat("generation ", ref.generation(), " of ", ref.job_id(), " has ended",
-                       a ? absl::StrCat(" (", a->reason, ")") : ""));
-      job = nullptr;
-    } else if (ref.rank() < 0 || ref.rank() >= static_cast<int>(a->worker_ids.size()) ||
-               a->worker_ids[ref.rank()] != w.rec.id) {
-      error = absl::FailedPreconditionError(absl::StrCat("rank ", ref.rank(), " of ", ref.job_id(),
-                                                         " generation ", ref.generation(),
-                                                         " is not assigned to ", w.rec.id));
-      job = nullptr;
+    for (auto it = job->rec.attempts.rbegin(); it != job->rec.attempts.rend(); ++it) {
+      if (it->generation != ref.generation()) continue;
+      if (ref.rank() >= 0 && ref.rank() < static_cast<int>(it->worker_ids.size()) &&
+          it->worker_ids[ref.rank()] == w.rec.id && it->stage == ref.stage()) {
+        held = &*it;
+      }
+      break;
     }
   }
-  if (job == nullptr) {
-    Reject(w, m, error, "stale", txn);
-    machine_.SendAbort(w, ref, std::string(error.message()), txn);
+  if (held == nullptr) {
+    return reject("not_assigned",
+                  absl::StrCat("rank ", ref.rank(), " of stage ", ref.stage(), " of ", ref.job_id(),
+                               " generation ", ref.generation(), " is not assigned to ", w.rec.id));
   }
-  return job;
+  out.job = job;
+  out.attempt = held;
+  if (need == Need::kHeld) return out;
+  if (ref.generation() != job->rec.generation) {
+    return reject("stale_generation",
+                  absl::StrCat("stale generation ", ref.generation(), " of ", ref.job_id(),
+                               " (current generation is ", job->rec.generation, ")"));
+  }
+  if (need == Need::kExit) return out;
+  const v1::JobState state = job->rec.state;
+  if (need == Need::kCheckpoint) {
+    if (held->outcome == v1::ATTEMPT_OUTCOME_SUCCEEDED) {
+      return reject("job_not_running", absl::StrCat("generation ", ref.generation(), " of ",
+                                                    ref.job_id(), " has already succeeded"));
+    }
+    return out;
+  }
+  const bool running_state = state == v1::JOB_STATE_SCHEDULING || state == v1::JOB_STATE_RUNNING ||
+                             state == v1::JOB_STATE_CHECKPOINTING ||
+                             (state == v1::JOB_STATE_RECOVERING && job->awaiting_reconnect);
+  if (held->ended() || !running_state) {
+    return reject("job_not_running",
+                  absl::StrCat("generation ", ref.generation(), " of ", ref.job_id(), " has ended",
+                               held->ended() ? absl::StrCat(" (", held->reason, ")")
+                                             : absl::StrCat(" (job is ", StateName(state), ")")));
+  }
+  return out;
+}
+
+JobRt* WorkerProtocol::Accept(WorkerRt& w, const v1::WorkerMessage& m, const v1::WorkRef& ref,
+                              Need need, bool abort, Txn& txn) {
+  Fenced f = FenceReport(w, ref, need);
+  if (f.job == nullptr) {
+    Reject(w, m, f.error, f.reason, txn);
+    if (abort) machine_.SendAbort(w, ref, std::string(f.error.message()), txn);
+  }
+  return f.job;
 }
 
 void WorkerProtocol::OnMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
@@ -221,14 +248,14 @@ void WorkerProtocol::MarkStarted(JobRt& job, int rank, Txn& txn) {
 
 void WorkerProtocol::OnStarted(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
   const v1::WorkRef& ref = m.started().ref();
-  JobRt* job = FenceLive(w, m, ref, txn);
+  JobRt* job = Accept(w, m, ref, Need::kLiveAttempt, /*abort=*/true, txn);
   if (job == nullptr) return;
   MarkStarted(*job, ref.rank(), txn);
 }
 
 void WorkerProtocol::OnProgress(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
   const v1::WorkRef& ref = m.progress().ref();
-  JobRt* job = FenceLive(w, m, ref, txn);
+  JobRt* job = Accept(w, m, ref, Need::kLiveAttempt, /*abort=*/true, txn);
   if (job == nullptr) return;
   job->started_ranks.insert(ref.rank());  // A rank that reports progress has started.
   StageRecord& stage = job->rec.stages[job->rec.stage_index];
@@ -267,7 +294,7 @@ void WorkerProtocol::OnProgress(WorkerRt& w, const v1::WorkerMessage& m, Txn& tx
 
 void WorkerProtocol::OnLogs(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
   const v1::LogBatch& b = m.logs();
-  JobRt* job = state_.FindJob(b.ref().job_id());
+  JobRt* job = Accept(w, m, b.ref(), Need::kHeld, /*abort=*/false, txn);
   if (job == nullptr) return;
   for (const v1::LogLine& l : b.lines()) {
     v1::LogLine line = l;
@@ -285,10 +312,12 @@ void WorkerProtocol::OnLogs(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
 void WorkerProtocol::OnCheckpoint(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
   const v1::WorkRef& ref = m.checkpoint().ref();
   const v1::Checkpoint& c = m.checkpoint().checkpoint();
-  absl::Status error;
-  JobRt* job = Fence(ref, &error);
-  if (job == nullptr) {
-    Reject(w, m, error, "stale", txn);
+  JobRt* job = Accept(w, m, ref, Need::kCheckpoint, /*abort=*/false, txn);
+  if (job == nullptr) return;
+  if (absl::Status inside = CheckCommittedCheckpointPath("checkpoint.checkpoint.path", c.path(),
+                                                         job->rec.checkpoint_dir);
+      !inside.ok()) {
+    Reject(w, m, inside, "checkpoint_outside_dir", txn);
     return;
   }
   const auto& last = job->rec.last_checkpoint;
@@ -320,7 +349,7 @@ void WorkerProtocol::OnCheckpoint(WorkerRt& w, const v1::WorkerMessage& m, Txn& 
 
 void WorkerProtocol::OnEval(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
   const v1::EvalResult& e = m.eval().result();
-  JobRt* job = FenceLive(w, m, m.eval().ref(), txn);
+  JobRt* job = Accept(w, m, m.eval().ref(), Need::kLiveAttempt, /*abort=*/true, txn);
   if (job == nullptr) return;
   int idx = m.eval().ref().stage();
   if (idx >= 0 && idx < static_cast<int>(job->rec.stages.size())) {
@@ -337,7 +366,7 @@ void WorkerProtocol::OnEval(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
 
 void WorkerProtocol::OnPreempting(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
   w.draining = true;
-  JobRt* job = FenceLive(w, m, m.preempting().ref(), txn);
+  JobRt* job = Accept(w, m, m.preempting().ref(), Need::kLiveAttempt, /*abort=*/true, txn);
   if (job == nullptr) return;
   if (job->rec.state == v1::JOB_STATE_RUNNING || job->rec.state == v1::JOB_STATE_SCHEDULING) {
     machine_.SetState(*job, v1::JOB_STATE_CHECKPOINTING,
@@ -355,19 +384,15 @@ void WorkerProtocol::OnExited(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn)
     w.assigned.reset();
     if (w.state == v1::WORKER_STATE_BUSY) w.state = v1::WORKER_STATE_IDLE;
   }
-  absl::Status error;
-  JobRt* job = Fence(ref, &error);
-  if (job == nullptr) {
-    Reject(w, m, error, "stale", txn);
+  Fenced f = FenceReport(w, ref, Need::kExit);
+  if (f.job == nullptr) {
+    Reject(w, m, f.error, f.reason, txn);
     return;
   }
+  JobRt* job = f.job;
+  AttemptRecord* a = f.attempt;
   Ack(w, m, absl::OkStatus(), txn);
-  AttemptRecord* a = job->rec.current_attempt();
-  if (a == nullptr || a->ended()) return;  // Already ended (aborted, cancelled).
-  if (ref.rank() < 0 || ref.rank() >= static_cast<int>(a->worker_ids.size()) ||
-      a->worker_ids[ref.rank()] != w.rec.id) {
-    return;
-  }
+  if (a->ended()) return;  // Already ended (aborted, cancelled): nothing more to decide.
   std::string detail = x.error_message().empty()
                            ? ""
                            : absl::StrCat(": ", TruncateText(x.error_message(), kMaxReasonBytes));

@@ -52,11 +52,28 @@ class WorkerProtocol {
   // counts it in ulysses_rejected_reports_total{reason}.
   void Reject(WorkerRt& w, const v1::WorkerMessage& m, const absl::Status& status,
               const std::string& reason, Txn& txn);
-  // The job if `ref` names the current generation of a known job; else sets *error.
-  JobRt* Fence(const v1::WorkRef& ref, absl::Status* error);
-  // A work report: the current generation, a live attempt, and the rank this worker
-  // holds. Otherwise rejects it ("stale") and aborts the stray child.
-  JobRt* FenceLive(WorkerRt& w, const v1::WorkerMessage& m, const v1::WorkRef& ref, Txn& txn);
+  // What a work report needs to be accepted (docs/API.md "Fencing"). In every case the
+  // worker must hold `ref.rank` in the attempt of `ref.generation` (else "not_assigned").
+  enum class Need {
+    kLiveAttempt,  // started, progress, eval, preempting: the current generation, its
+                   // attempt live (else "stale_generation" / "job_not_running").
+    kCheckpoint,   // the current generation's attempt, live or stopped but not succeeded
+                   // (a checkpoint written in the grace of a cancel or preemption counts).
+    kExit,         // the current generation (its attempt may have ended already).
+    kHeld,         // logs: any generation in which the worker held that rank (the last
+                   // lines of a failed rank arrive after its exit).
+  };
+  struct Fenced {
+    JobRt* job = nullptr;  // Null when rejected.
+    AttemptRecord* attempt = nullptr;
+    absl::Status error;  // FAILED_PRECONDITION naming what did not match.
+    std::string reason;  // The ulysses_rejected_reports_total label.
+  };
+  Fenced FenceReport(const WorkerRt& w, const v1::WorkRef& ref, Need need);
+  // FenceReport, and on a rejection: Reject it and, when `abort` (the worker reports
+  // running that ref), send an Abort for the stray child.
+  JobRt* Accept(WorkerRt& w, const v1::WorkerMessage& m, const v1::WorkRef& ref, Need need,
+                bool abort, Txn& txn);
   // `rank` runs; SCHEDULING -> RUNNING once every rank of the stage does.
   void MarkStarted(JobRt& job, int rank, Txn& txn);
 

@@ -38,6 +38,7 @@ class BoundsGrpcTest : public testing::CoordinatorServerTest {
     FakeWorker* worker = nullptr;
     std::string id;
     v1::WorkRef ref;
+    std::string checkpoint_dir;  // From the assignment.
   };
   Running StartJob() {
     Running r;
@@ -49,16 +50,10 @@ class BoundsGrpcTest : public testing::CoordinatorServerTest {
     EXPECT_TRUE(a.has_value());
     if (!a) return r;
     r.ref = a->ref();
+    r.checkpoint_dir = a->checkpoint_dir();
     r.worker->Started(r.ref);
     EXPECT_TRUE(WaitState(r.id, v1::JOB_STATE_RUNNING));
     return r;
-  }
-
-  // Sends `m` and returns the coordinator's Ack for it (nullopt: none came).
-  std::optional<v1::Ack> SendForAck(FakeWorker& w, v1::WorkerMessage m) {
-    uint64_t seq = 0;
-    EXPECT_TRUE(w.Send(std::move(m), &seq));
-    return w.WaitAck(seq, kAckTimeout);
   }
 
   // Expects `m` to be rejected with ACK_CODE_INVALID and a message starting `prefix`.
@@ -80,13 +75,6 @@ class BoundsGrpcTest : public testing::CoordinatorServerTest {
     p->set_loss(loss);
     p->set_tokens_per_s(tokens_per_s);
     return m;
-  }
-
-  std::string Metrics() {
-    httplib::Client http("127.0.0.1", server_->metrics_port());
-    auto res = http.Get("/metrics");
-    EXPECT_TRUE(res && res->status == 200);
-    return res ? res->body : "";
   }
 
   // The stages row of `job_id` as written to SQLite: {step, loss}; nullopt without a row.
@@ -114,20 +102,6 @@ class BoundsGrpcTest : public testing::CoordinatorServerTest {
     grpc::ClientContext ctx;
     SetDeadlineAfter(&ctx, absl::Seconds(10));
     return FromGrpcStatus(jobs_->CancelJob(&ctx, req, &resp));
-  }
-
-  std::vector<v1::LogLine> Logs(const std::string& id) {
-    v1::GetJobLogsRequest req;
-    req.set_job_id(id);
-    req.set_tail_lines(-1);
-    grpc::ClientContext ctx;
-    SetDeadlineAfter(&ctx, absl::Seconds(10));
-    auto reader = jobs_->GetJobLogs(&ctx, req);
-    std::vector<v1::LogLine> lines;
-    v1::GetJobLogsResponse resp;
-    while (reader->Read(&resp)) lines.insert(lines.end(), resp.lines().begin(), resp.lines().end());
-    EXPECT_TRUE(reader->Finish().ok());
-    return lines;
   }
 
   int64_t StateDirBytes() {
@@ -233,7 +207,7 @@ TEST_F(BoundsGrpcTest, AbsurdReportsAreRejectedWithTheFieldNamedAndChangeNothing
   EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_RUNNING);
   EXPECT_TRUE(Serving());
   // The honest path still works after the rejections.
-  uint64_t seq = r.worker->Checkpoint(r.ref, 60, "/ckpt/s0-60");
+  uint64_t seq = r.worker->Checkpoint(r.ref, 60, r.checkpoint_dir + "/step-00000060");
   auto ack = r.worker->WaitAck(seq, kAckTimeout);
   ASSERT_TRUE(ack.has_value());
   EXPECT_EQ(ack->result(), v1::ACK_CODE_OK);
@@ -293,10 +267,11 @@ TEST_F(BoundsGrpcTest, LogLineFloodIsTruncatedToSixteenKiB) {
   line->set_text("job RUNNING -> CANCELLED: cancelled by admin");
   ExpectInvalid(*r.worker, spoof, "logs.lines[0].stream: 4 is not a worker's log stream");
 
-  // 600 lines just over the bound: ~10 MB of 16 KiB lines in the buffer, which GetJobLogs
-  // must still stream (in messages under the 4 MB gRPC limit).
+  // 400 lines just over the bound: ~7 MB of 16 KiB lines in the buffer (within the default
+  // log_buffer_bytes_per_job of 8 MiB), which GetJobLogs must still stream (in messages
+  // under the 4 MB gRPC limit).
   const std::string over(20 * 1024, 'y');
-  for (int batch = 0; batch < 6; ++batch) {
+  for (int batch = 0; batch < 4; ++batch) {
     v1::WorkerMessage m;
     *m.mutable_logs()->mutable_ref() = r.ref;
     for (int i = 0; i < 100; ++i) m.mutable_logs()->add_lines()->set_text(over);
@@ -314,7 +289,7 @@ TEST_F(BoundsGrpcTest, LogLineFloodIsTruncatedToSixteenKiB) {
       flood += l.text() == truncated;
       flood_over += l.text() == truncated_over;
     }
-    return flood == 30 && flood_over == 600;
+    return flood == 30 && flood_over == 400;
   })) << lines.size()
       << " lines";
   for (const v1::LogLine& l : lines) {

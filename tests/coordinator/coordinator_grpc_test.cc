@@ -78,7 +78,8 @@ TEST_F(CoordinatorGrpcTest, SubmitAssignsRanksAndProgressShowsInGetJob) {
   EXPECT_DOUBLE_EQ(job.stages(0).progress().tokens_per_s(), 1234);
   EXPECT_DOUBLE_EQ(job.loss(), 2.5);
 
-  uint64_t seq = assigned[0].first->Checkpoint(a0.ref(), 4, "/ckpt/s0-4");
+  const std::string step4 = a0.checkpoint_dir() + "/step-00000004";
+  uint64_t seq = assigned[0].first->Checkpoint(a0.ref(), 4, step4);
   auto ack = assigned[0].first->WaitAck(seq);
   ASSERT_TRUE(ack);
   EXPECT_EQ(ack->result(), v1::ACK_CODE_OK);
@@ -86,7 +87,7 @@ TEST_F(CoordinatorGrpcTest, SubmitAssignsRanksAndProgressShowsInGetJob) {
   ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_SUCCEEDED));
   job = GetJob(*id);
   EXPECT_EQ(job.last_checkpoint().step(), 4);
-  EXPECT_EQ(job.last_checkpoint().path(), "/ckpt/s0-4");
+  EXPECT_EQ(job.last_checkpoint().path(), step4);
   EXPECT_EQ(job.stages(0).state(), v1::STAGE_STATE_COMPLETED);
   EXPECT_EQ(job.restarts(), 0);
   EXPECT_TRUE(job.has_finished_at());
@@ -150,7 +151,8 @@ TEST_F(CoordinatorGrpcTest, Exit75CountsAsPreemptionNotFailure) {
   *notice.mutable_preempting()->mutable_ref() = first[0].second.ref();
   first[0].first->Send(notice);
   ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_CHECKPOINTING));
-  first[0].first->Checkpoint(first[0].second.ref(), 2, "/ckpt/s0-2");
+  first[0].first->Checkpoint(first[0].second.ref(), 2,
+                             first[0].second.checkpoint_dir() + "/step-00000002");
   first[0].first->Exited(first[0].second.ref(), 75);
   auto abort = first[1].first->WaitAbort();
   ASSERT_TRUE(abort);

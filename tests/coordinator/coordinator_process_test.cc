@@ -60,6 +60,7 @@ TEST(CoordinatorProcessTest, SigkillAndRestartKeepsJobsCountersAndGeneration) {
   const std::string tokens = TokensFile(dir);
   std::string id;
   v1::WorkRef w1ref, w2ref;  // What each worker runs in the last generation.
+  std::string checkpoint_dir;
   {
     CoordinatorProcess coord(SecureArgs(dir.path(), tokens));
     ASSERT_TRUE(coord.ReadPorts());
@@ -87,6 +88,7 @@ TEST(CoordinatorProcessTest, SigkillAndRestartKeepsJobsCountersAndGeneration) {
       ASSERT_EQ(a1->ref().generation(), gen);
       w1ref = a1->ref();
       w2ref = a2->ref();
+      checkpoint_dir = a1->checkpoint_dir();
       w1.Started(a1->ref());
       w2.Started(a2->ref());
       ASSERT_TRUE(
@@ -97,7 +99,8 @@ TEST(CoordinatorProcessTest, SigkillAndRestartKeepsJobsCountersAndGeneration) {
       }
     }
     FakeWorker& rank0 = w1ref.rank() == 0 ? w1 : w2;
-    uint64_t seq = rank0.Checkpoint(w1ref.rank() == 0 ? w1ref : w2ref, 4, "/ckpt/s0-4");
+    uint64_t seq =
+        rank0.Checkpoint(w1ref.rank() == 0 ? w1ref : w2ref, 4, checkpoint_dir + "/step-00000004");
     auto ack = rank0.WaitAck(seq);
     ASSERT_TRUE(ack);
     ASSERT_EQ(ack->result(), v1::ACK_CODE_OK) << ack->message();
@@ -120,7 +123,7 @@ TEST(CoordinatorProcessTest, SigkillAndRestartKeepsJobsCountersAndGeneration) {
   EXPECT_EQ(after.preemptions(), 1);
   EXPECT_EQ(after.generation(), 2);
   EXPECT_EQ(after.last_checkpoint().step(), 4);
-  EXPECT_EQ(after.last_checkpoint().path(), "/ckpt/s0-4");
+  EXPECT_EQ(after.last_checkpoint().path(), checkpoint_dir + "/step-00000004");
   ASSERT_EQ(after.attempts_size(), 2);
   EXPECT_EQ(after.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_PREEMPTED);
   // The workers reconnect and report what they still run: same generation, RUNNING.

@@ -13,6 +13,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "common/grpc/grpc_util.h"
 #include "coordinator/server.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
 #include "tests/coordinator/auth_channel.h"
 #include "tests/coordinator/fake_worker.h"
 #include "tests/coordinator/test_util.h"
@@ -92,6 +94,37 @@ class CoordinatorServerTest : public ::testing::Test {
     grpc::Status s = jobs_->GetJob(&ctx, req, &resp);
     EXPECT_TRUE(s.ok()) << s.error_message();
     return resp.job();
+  }
+
+  // Every buffered log line of job `id` (GetJobLogs, tail_lines -1).
+  std::vector<v1::LogLine> Logs(const std::string& id) {
+    v1::GetJobLogsRequest req;
+    req.set_job_id(id);
+    req.set_tail_lines(-1);
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    auto reader = jobs_->GetJobLogs(&ctx, req);
+    std::vector<v1::LogLine> lines;
+    v1::GetJobLogsResponse resp;
+    while (reader->Read(&resp)) lines.insert(lines.end(), resp.lines().begin(), resp.lines().end());
+    EXPECT_TRUE(reader->Finish().ok());
+    return lines;
+  }
+
+  // The /metrics body of the coordinator's metrics server.
+  std::string Metrics() {
+    httplib::Client http("127.0.0.1", server_->metrics_port());
+    auto res = http.Get("/metrics");
+    EXPECT_TRUE(res && res->status == 200);
+    return res ? res->body : "";
+  }
+
+  // Sends `m` from `w` and returns the coordinator's Ack for it (nullopt: none came).
+  std::optional<v1::Ack> SendForAck(FakeWorker& w, v1::WorkerMessage m,
+                                    std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+    uint64_t seq = 0;
+    EXPECT_TRUE(w.Send(std::move(m), &seq));
+    return w.WaitAck(seq, timeout);
   }
 
   bool WaitState(const std::string& id, v1::JobState state,

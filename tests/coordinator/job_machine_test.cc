@@ -227,5 +227,70 @@ TEST_F(JobMachineTest, PreemptionRequeuesUntilTheBudgetIsSpent) {
   EXPECT_EQ(job_->rec.preemptions, 2);
 }
 
+TEST_F(JobMachineTest, LogBuffersAreBoundedInBytesPerJobAndInTotal) {
+  config_.log_buffer_bytes_per_job = 64 << 10;
+  config_.log_buffer_bytes_total = 100 << 10;
+  auto add = [&](JobRt& job, int n, const std::string& tag) {
+    Txn txn;
+    for (int i = 0; i < n; ++i) {
+      v1::LogLine line;
+      line.set_text(tag + std::to_string(i) + std::string(1000, 'x'));
+      machine_.AddLog(job, std::move(line), txn);
+    }
+  };
+  auto sum = [](const JobRt& job) {
+    int64_t bytes = 0;
+    for (const v1::LogLine& l : job.logs) bytes += LogLineBytes(l);
+    return bytes;
+  };
+  add(*job_, 200, "a");  // ~210 KB offered.
+  EXPECT_LE(job_->log_bytes, 64 << 10);
+  EXPECT_GT(job_->log_bytes, 60 << 10);
+  EXPECT_EQ(job_->log_bytes, sum(*job_));
+  EXPECT_EQ(job_->logs.back().text().substr(0, 4), "a199");  // The newest stay.
+  EXPECT_EQ(job_->logs.back().sequence(), 200);
+
+  auto other = std::make_unique<JobRt>();
+  other->rec.id = "job-000002";
+  JobRt& second = *other;
+  state_.jobs[second.rec.id] = std::move(other);
+  add(second, 60, "b");  // ~64 KB more: over the 100 KiB total.
+  EXPECT_LE(state_.log_bytes, 100 << 10);
+  EXPECT_EQ(state_.log_bytes, job_->log_bytes + second.log_bytes);
+  EXPECT_EQ(job_->log_bytes, sum(*job_));
+  EXPECT_EQ(second.log_bytes, sum(second));
+  // The larger buffer gave up lines first; the newest line of each is kept.
+  EXPECT_EQ(second.logs.back().text().substr(0, 3), "b59");
+  EXPECT_EQ(job_->logs.back().text().substr(0, 4), "a199");
+  machine_.ForgetLogs(second);
+  EXPECT_EQ(state_.log_bytes, job_->log_bytes);
+}
+
+TEST_F(JobMachineTest, LostWorkersAreForgottenAfterTheirTtl) {
+  config_.lost_worker_ttl_s = 60;
+  Txn txn;
+  machine_.OnWorkerLost(*state_.workers["w-a"], "no heartbeat for 10.0s", txn);
+  const int64_t lost_at = state_.workers["w-a"]->lost_since_steady;
+  ASSERT_GT(lost_at, 0);
+  Txn early;
+  machine_.ExpireLostWorkers(lost_at + 59'999, early);
+  EXPECT_TRUE(state_.workers.count("w-a"));
+  EXPECT_TRUE(early.batch.deleted_workers.empty());
+  Txn late;
+  machine_.ExpireLostWorkers(lost_at + 60'000, late);
+  EXPECT_FALSE(state_.workers.count("w-a"));
+  EXPECT_EQ(late.batch.deleted_workers, std::vector<std::string>{"w-a"});
+  EXPECT_TRUE(state_.workers.count("w-b"));  // Not lost: kept.
+  // A worker that registered again is not lost any more.
+  machine_.OnWorkerLost(*state_.workers["w-b"], "no heartbeat", txn);
+  v1::RegisterRequest r;
+  r.set_name("b");
+  r.set_host("b.local");
+  ASSERT_TRUE(protocol_.Register(r, txn).ok());
+  Txn later;
+  machine_.ExpireLostWorkers(SteadyMs() + 3'600'000, later);
+  EXPECT_TRUE(state_.workers.count("w-b"));
+}
+
 }  // namespace
 }  // namespace ulysses::coordinator

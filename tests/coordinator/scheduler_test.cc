@@ -114,6 +114,26 @@ TEST(PlanQueueTest, HeadOfLineBlocksSmallerJobsBehindAPlaceableGang) {
   EXPECT_TRUE(d[1].worker_ids.empty());
 }
 
+TEST(PlanQueueTest, ATenantOverItsWorkerQuotaWaitsAndBlocksNoOtherTenant) {
+  auto idle = Workers({{"a", "n"}, {"b", "n"}, {"c", "n"}, {"d", "n"}});
+  QuotaPolicy quotas;
+  quotas.tenants["small"].max_workers = 3;
+  std::vector<QueuedJob> queue = {Queued("s1", 9, 1, 2), Queued("s2", 9, 2, 2),
+                                  Queued("other", 0, 3, 2)};
+  queue[0].tenant = "small";
+  queue[1].tenant = "small";
+  queue[2].tenant = "big";
+  // "small" already holds 1 worker elsewhere: s1 (2) fits (3), s2 would make 5.
+  std::vector<QueueDecision> d = PlanQueue(queue, idle, idle, &quotas, {{"small", 1}});
+  ASSERT_EQ(d.size(), 3u);
+  EXPECT_EQ(d[0].kind, QueueDecision::Kind::kLaunch);
+  EXPECT_EQ(d[1].job_id, "s2");
+  EXPECT_EQ(d[1].kind, QueueDecision::Kind::kUnplaced);
+  EXPECT_NE(d[1].reason.find("holds 3 of its 3 workers"), std::string::npos) << d[1].reason;
+  EXPECT_EQ(d[2].job_id, "other");
+  EXPECT_EQ(d[2].kind, QueueDecision::Kind::kLaunch);  // Not blocked by s2.
+}
+
 TEST(PlanQueueTest, AGangThatCanNeverBePlacedBlocksNoOne) {
   // Only 2 live workers with label "n": a 4-gang can never run, so the 1-gang goes.
   auto idle = Workers({{"a", "n"}, {"b", "n"}});
@@ -166,6 +186,30 @@ TEST(ConfigTest, YamlFillsFieldsDerivesDefaultsAndRejectsUnknownKeys) {
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(std::string(unknown.message()).find("config.heartbeat_timout_s: unknown setting"),
             std::string::npos);
+}
+
+TEST(ConfigTest, ResourceBoundsAreValidated) {
+  CoordinatorConfig c;
+  c.state_dir = "/tmp/x";
+  ASSERT_TRUE(ApplyConfigYaml("log_buffer_bytes_per_job: 1000\nlost_worker_ttl_s: -1\n"
+                              "event_history: 20000\n",
+                              &c)
+                  .ok());
+  absl::Status s = ValidateAndFinalize(&c);
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  std::string m(s.message());
+  EXPECT_NE(m.find("log_buffer_bytes_per_job: 1000 is out of range"), std::string::npos) << m;
+  EXPECT_NE(m.find("lost_worker_ttl_s: -1 is out of range"), std::string::npos) << m;
+  EXPECT_NE(m.find("event_history: 20000 is out of range"), std::string::npos) << m;
+  CoordinatorConfig d;
+  d.state_dir = "/tmp/x";
+  d.log_buffer_bytes_total = d.log_buffer_bytes_per_job - 1;
+  absl::Status t = ValidateAndFinalize(&d);
+  EXPECT_NE(std::string(t.message()).find("log_buffer_bytes_total: "), std::string::npos) << t;
+  CoordinatorConfig ok;
+  ok.state_dir = "/tmp/x";
+  EXPECT_TRUE(ValidateAndFinalize(&ok).ok());
+  EXPECT_EQ(ok.lost_worker_ttl_s, 3600);
 }
 
 }  // namespace

@@ -306,5 +306,200 @@ TEST(StoreTest, OwnerTenantAndIdentityPersistAndSchema1IsMigrated) {
   EXPECT_EQ((*worker)->identity, "worker:a");
 }
 
+// Counts the stage and attempt rows written from now on (SQLite triggers on the real file).
+class RowWriteCounter {
+ public:
+  explicit RowWriteCounter(const std::string& dir) {
+    EXPECT_EQ(sqlite3_open((dir + "/coordinator.db").c_str(), &db_), SQLITE_OK);
+    Exec("CREATE TABLE IF NOT EXISTS row_writes (tbl TEXT)");
+    Exec(
+        "CREATE TRIGGER IF NOT EXISTS count_stages AFTER INSERT ON stages "
+        "BEGIN INSERT INTO row_writes VALUES('stages'); END");
+    Exec(
+        "CREATE TRIGGER IF NOT EXISTS count_attempts AFTER INSERT ON attempts "
+        "BEGIN INSERT INTO row_writes VALUES('attempts'); END");
+  }
+  ~RowWriteCounter() { sqlite3_close(db_); }
+  int64_t Count(const std::string& table) {
+    sqlite3_stmt* q = nullptr;
+    EXPECT_EQ(
+        sqlite3_prepare_v2(db_, "SELECT COUNT(*) FROM row_writes WHERE tbl=?", -1, &q, nullptr),
+        SQLITE_OK);
+    sqlite3_bind_text(q, 1, table.c_str(), -1, SQLITE_TRANSIENT);
+    int64_t n = sqlite3_step(q) == SQLITE_ROW ? sqlite3_column_int64(q, 0) : -1;
+    sqlite3_finalize(q);
+    return n;
+  }
+  void Exec(const std::string& sql) {
+    EXPECT_EQ(sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << sql;
+  }
+
+ private:
+  sqlite3* db_ = nullptr;
+};
+
+JobRecord SixtyFourStageJob() {
+  JobRecord j = MakeJob("job-000001", 1);
+  j.stages.clear();
+  for (int i = 0; i < 64; ++i) {
+    StageRecord s;
+    s.index = i;
+    s.steps = 10;
+    j.stages.push_back(s);
+  }
+  return j;
+}
+
+TEST(StoreTest, ATransitionWritesOnlyTheStageAndAttemptRowsThatChanged) {
+  TempDir dir;
+  JobRecord job = SixtyFourStageJob();
+  {
+    auto store = Store::Open(dir.path());
+    ASSERT_TRUE(store.ok());
+    RowWriteCounter rows(dir.path());
+    Store::Batch first;
+    first.jobs.push_back(job);
+    ASSERT_TRUE((*store)->Write(first).ok());
+    EXPECT_EQ(rows.Count("stages"), 64);  // New: all of them.
+    EXPECT_EQ(rows.Count("attempts"), 1);
+    job.stages[3].step = 5;  // One step of one stage.
+    job.attempts.push_back(job.attempts.back());
+    job.attempts.back().generation = 4;
+    Store::Batch second;
+    second.jobs.push_back(job);
+    ASSERT_TRUE((*store)->Write(second).ok());
+    EXPECT_EQ(rows.Count("stages"), 65);
+    EXPECT_EQ(rows.Count("attempts"), 2);
+  }
+  // After a restart the rows loaded count as written.
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  RowWriteCounter rows(dir.path());
+  ASSERT_TRUE((*store)->Load().ok());
+  const int64_t before = rows.Count("stages");
+  job.stages[4].state = v1::STAGE_STATE_RUNNING;
+  Store::Batch third;
+  third.jobs.push_back(job);
+  ASSERT_TRUE((*store)->Write(third).ok());
+  EXPECT_EQ(rows.Count("stages"), before + 1);
+  auto loaded = (*store)->LoadJob(job.id);
+  ASSERT_TRUE(loaded.ok() && loaded->has_value());
+  EXPECT_EQ((*loaded)->stages[3].step, 5);
+  EXPECT_EQ((*loaded)->stages[4].state, v1::STAGE_STATE_RUNNING);
+  EXPECT_EQ((*loaded)->attempts.size(), 2u);
+}
+
+TEST(StoreTest, AfterARefusedWriteTheJobIsWrittenWholeAgain) {
+  TempDir dir;
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  JobRecord job = SixtyFourStageJob();
+  Store::Batch b;
+  b.jobs.push_back(job);
+  ASSERT_TRUE((*store)->Write(b).ok());
+  RowWriteCounter rows(dir.path());
+  // The second stage change is refused (rolled back) ...
+  rows.Exec(
+      "CREATE TRIGGER refuse AFTER INSERT ON stages WHEN NEW.step = 9 "
+      "BEGIN SELECT RAISE(ABORT, 'refused'); END");
+  job.stages[1].step = 1;
+  job.stages[2].step = 9;
+  Store::Batch refused;
+  refused.jobs.push_back(job);
+  ASSERT_FALSE((*store)->Write(refused).ok());
+  ASSERT_TRUE((*store)->writable());
+  rows.Exec("DROP TRIGGER refuse");
+  // ... so stage 1's row is not on disk: the next write must not skip it.
+  job.stages[2].step = 8;
+  Store::Batch next;
+  next.jobs.push_back(job);
+  ASSERT_TRUE((*store)->Write(next).ok());
+  auto loaded = (*store)->LoadJob(job.id);
+  ASSERT_TRUE(loaded.ok() && loaded->has_value());
+  EXPECT_EQ((*loaded)->stages[1].step, 1);
+  EXPECT_EQ((*loaded)->stages[2].step, 8);
+}
+
+TEST(StoreTest, KeepsTheNewestEventsPerJob) {
+  TempDir dir;
+  StoreOptions options;
+  options.events_per_job = 3;
+  auto store = Store::Open(dir.path(), options);
+  ASSERT_TRUE(store.ok());
+  for (int64_t seq = 1; seq <= 10; ++seq) {
+    Store::Batch b;
+    b.events.push_back({"job-000001", seq, seq, "e" + std::to_string(seq)});
+    if (seq <= 2) b.events.push_back({"job-000002", seq, seq, "other"});
+    ASSERT_TRUE((*store)->Write(b).ok());
+  }
+  auto events = (*store)->LoadEvents("job-000001", 100);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 3u);
+  EXPECT_EQ((*events)[0].sequence, 8);
+  EXPECT_EQ((*events)[2].payload, "e10");
+  auto other = (*store)->LoadEvents("job-000002", 100);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->size(), 2u);  // Pruned per job, not globally.
+}
+
+TEST(StoreTest, DeletesWorkersAndKeepsRequestIds) {
+  TempDir dir;
+  {
+    auto store = Store::Open(dir.path());
+    ASSERT_TRUE(store.ok());
+    Store::Batch b;
+    b.workers.push_back({"w-a", "a", "node1", "cpu", "10.0.0.1", 1, 5, 6});
+    b.workers.push_back({"w-b", "b", "node1", "cpu", "10.0.0.2", 1, 5, 6});
+    JobRecord j = MakeJob("job-000001", 1);
+    j.request_id = "req-1";
+    j.request_hash = "abc";
+    b.jobs.push_back(j);
+    ASSERT_TRUE((*store)->Write(b).ok());
+    Store::Batch del;
+    del.deleted_workers.push_back("w-a");
+    ASSERT_TRUE((*store)->Write(del).ok());
+  }
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok());
+  auto snap = (*store)->Load();
+  ASSERT_TRUE(snap.ok());
+  ASSERT_EQ(snap->workers.size(), 1u);
+  EXPECT_EQ(snap->workers[0].id, "w-b");
+  ASSERT_EQ(snap->jobs.size(), 1u);
+  EXPECT_EQ(snap->jobs[0].request_id, "req-1");
+  EXPECT_EQ(snap->jobs[0].request_hash, "abc");
+}
+
+TEST(StoreTest, MigratesAVersionTwoFile) {
+  TempDir dir;
+  {
+    auto store = Store::Open(dir.path());
+    ASSERT_TRUE(store.ok());
+    Store::Batch b;
+    b.jobs.push_back(MakeJob("job-000001", 1));
+    ASSERT_TRUE((*store)->Write(b).ok());
+  }
+  // Make it a version-2 file: no submit_requests table.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir.path() + "/coordinator.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "DROP TABLE submit_requests; UPDATE meta SET value='2' WHERE "
+                         "key='schema_version'",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok()) << store.status();
+  JobRecord j = MakeJob("job-000002", 2);
+  j.request_id = "req-2";
+  Store::Batch b;
+  b.jobs.push_back(j);
+  ASSERT_TRUE((*store)->Write(b).ok());
+  auto snap = (*store)->Load();
+  ASSERT_TRUE(snap.ok());
+  ASSERT_EQ(snap->jobs.size(), 2u);
+  EXPECT_EQ(snap->jobs[1].request_id, "req-2");
+}
+
 }  // namespace
 }  // namespace ulysses::coordinator

@@ -111,5 +111,25 @@ TEST(ViewsTest, CheckpointTextNamesWhereARestartBegins) {
   EXPECT_EQ(CheckpointText(r), "the start of the stage (no committed checkpoint)");
 }
 
+TEST(ViewsTest, AttemptsAreBoundedInBytesKeepingTheNewest) {
+  JobRecord r = TwoStageJob();
+  r.attempts.clear();
+  for (int g = 1; g <= 400; ++g) {
+    AttemptRecord a;
+    a.generation = g;
+    for (int w = 0; w < 32; ++w) a.worker_ids.push_back("w-" + std::string(200, 'a' + w % 26));
+    r.attempts.push_back(a);
+  }
+  v1::Job p = JobToProto(r, true);
+  size_t bytes = 0;
+  for (const v1::Attempt& a : p.attempts()) bytes += a.ByteSizeLong();
+  EXPECT_LE(bytes, kMaxAttemptsViewBytes);
+  ASSERT_GT(p.attempts_size(), 1);
+  EXPECT_LT(p.attempts_size(), 400);
+  EXPECT_EQ(p.attempts(p.attempts_size() - 1).generation(), 400);  // Newest last, in order.
+  EXPECT_EQ(p.attempts(0).generation(), 400 - p.attempts_size() + 1);
+  EXPECT_LT(p.ByteSizeLong(), 4u << 20);
+}
+
 }  // namespace
 }  // namespace ulysses::coordinator

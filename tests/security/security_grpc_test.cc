@@ -113,6 +113,18 @@ class SecurityGrpcTest : public CoordinatorServerTest {
     return stream->Finish();
   }
 
+  absl::StatusOr<std::string> SubmitYamlAs(const std::string& token, const std::string& yaml,
+                                           const std::string& request_id = "") {
+    auto stub = v1::JobService::NewStub(Channel(WithToken(token)));
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(yaml);
+    req.set_request_id(request_id);
+    v1::SubmitJobResponse resp;
+    grpc::Status s = Run([&](grpc::ClientContext* c) { return stub->SubmitJob(c, req, &resp); });
+    if (!s.ok()) return FromGrpcStatus(s);
+    return resp.job_id();
+  }
+
   absl::StatusOr<std::string> SubmitAs(const std::string& token, const std::string& name) {
     auto stub = v1::JobService::NewStub(Channel(WithToken(token)));
     v1::SubmitJobRequest req;
@@ -308,6 +320,53 @@ TEST_F(SecurityGrpcTest, ALiveWorkersNameCannotBeTakenOverAndItsJobRunsOn) {
   EXPECT_EQ(job.attempts(0).worker_ids(0), "w-w1");
   // The same identity may re-register (a worker process restart keeps its name).
   EXPECT_TRUE(w1.Register(a->ref()).ok());
+}
+
+TEST_F(SecurityGrpcTest, PriorityAboveTheUserCapNeedsAnAdmin) {
+  const std::string stages = "    - {seq_len: 64, steps: 2}\n";
+  auto huge =
+      SubmitYamlAs(TestTokens::kAlice, JobYaml("huge", stages, "{priority: 9223372036854775807}"));
+  EXPECT_TRUE(absl::IsInvalidArgument(huge.status())) << huge.status();
+  EXPECT_TRUE(absl::StrContains(huge.status().message(), "spec.scheduling.priority"));
+  auto high = SubmitYamlAs(TestTokens::kAlice, JobYaml("high", stages, "{priority: 500}"));
+  EXPECT_TRUE(absl::IsPermissionDenied(high.status())) << high.status();
+  EXPECT_TRUE(absl::StrContains(high.status().message(), "ask an admin"));
+  EXPECT_TRUE(SubmitYamlAs(TestTokens::kAlice, JobYaml("ok", stages, "{priority: 100}")).ok());
+  EXPECT_TRUE(SubmitYamlAs(TestTokens::kAdmin, JobYaml("urgent", stages, "{priority: 500}")).ok());
+  v1::ListJobsResponse listed;
+  ASSERT_TRUE(Run([&](grpc::ClientContext* c) {
+                return jobs_->ListJobs(c, v1::ListJobsRequest(), &listed);
+              }).ok());
+  EXPECT_EQ(listed.jobs_size(), 2);  // The refused ones left no trace.
+}
+
+TEST_F(SecurityGrpcTest, RequestIdsAreScopedByTenant) {
+  const std::string yaml = JobYaml("same", "    - {seq_len: 64, steps: 2}\n");
+  auto alices = SubmitYamlAs(TestTokens::kAlice, yaml, "r-1");
+  ASSERT_TRUE(alices.ok()) << alices.status();
+  auto again = SubmitYamlAs(TestTokens::kAlice, yaml, "r-1");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *alices);  // A retry gets the same job.
+  auto bobs = SubmitYamlAs(TestTokens::kBob, yaml, "r-1");
+  ASSERT_TRUE(bobs.ok()) << bobs.status();
+  EXPECT_NE(*bobs, *alices);  // Another tenant's id neither finds nor reveals alice's job.
+}
+
+class QuotaGrpcTest : public SecurityGrpcTest {
+ protected:
+  void SetUp() override {
+    config_.quotas.tenants["research"].max_queued_jobs = 2;
+    SecurityGrpcTest::SetUp();
+  }
+};
+
+TEST_F(QuotaGrpcTest, ATenantsWaitingJobsAreCappedOthersAreNot) {
+  EXPECT_TRUE(SubmitAs(TestTokens::kAlice, "one").ok());
+  EXPECT_TRUE(SubmitAs(TestTokens::kAlice, "two").ok());
+  auto third = SubmitAs(TestTokens::kAlice, "three");
+  EXPECT_TRUE(absl::IsResourceExhausted(third.status())) << third.status();
+  EXPECT_TRUE(absl::StrContains(third.status().message(), "quotas.tenants.research"));
+  EXPECT_TRUE(SubmitAs(TestTokens::kBob, "bobs").ok());  // Another tenant: default quota.
 }
 
 }  // namespace
