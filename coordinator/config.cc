@@ -81,6 +81,7 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"event_history", [&](const YAML::Node& n) { c->event_history = n.as<int64_t>(); }},
       {"data_roots",
        [&](const YAML::Node& n) { c->data_roots = n.as<std::vector<std::string>>(); }},
+      {"state_max_bytes", [&](const YAML::Node& n) { c->state_max_bytes = n.as<int64_t>(); }},
       {"quotas",
        [&](const YAML::Node& n) {
          absl::Status s = ParseQuotaPolicy(n, &c->quotas);
@@ -172,6 +173,10 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   }
   if (c->abort_grace_s < 0 || c->cancel_grace_s < 0) {
     e.push_back("abort_grace_s/cancel_grace_s: negative (use seconds >= 0)");
+  }
+  if (c->state_max_bytes != 0 && c->state_max_bytes < (1 << 20)) {
+    e.push_back(absl::StrCat("state_max_bytes: ", c->state_max_bytes,
+                             " is too small (use 0 for no cap, or at least 1048576)"));
   }
   if (absl::Status s = ValidateQuotaPolicy(c->quotas); !s.ok()) {
     e.push_back(std::string(s.message()));

@@ -39,7 +39,8 @@ struct CoordinatorConfig {
   // (path_policy.h). Empty = specs may use synthetic data only. Resolved (absolute,
   // symlinks followed) by ValidateAndFinalize, as is checkpoint_root.
   std::vector<std::string> data_roots;
-  QuotaPolicy quotas;  // Priority cap and per-tenant limits (quota.h).
+  QuotaPolicy quotas;           // Priority cap and per-tenant limits (quota.h).
+  int64_t state_max_bytes = 0;  // Cap of coordinator.db (0 = the disk is the limit).
 };
 
 // Reads a YAML mapping with the keys above into `config` (keys not present keep their

@@ -26,7 +26,8 @@ Coordinator::Coordinator(CoordinatorConfig config, std::unique_ptr<Store> store,
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const CoordinatorConfig& config,
                                                                  metrics::Registry* registry) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(config.state_dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
+                   Store::Open(config.state_dir, config.state_max_bytes));
   std::unique_ptr<Coordinator> c(new Coordinator(config, std::move(store), registry));
   RETURN_IF_ERROR(c->Recover());
   return c;
@@ -133,6 +134,7 @@ void Coordinator::TickerLoop() {
 
 void Coordinator::TickForTesting() {
   absl::MutexLock lock(&mu_);
+  if (!serving_) ProbeStoreLocked();
   Txn txn;
   TickLocked(txn);
   (void)CommitLocked(txn);
@@ -160,6 +162,22 @@ void Coordinator::TickLocked(Txn& txn) {
   machine_.Schedule(txn);
 }
 
+void Coordinator::ProbeStoreLocked() {
+  if (store_->writable()) return;  // Not a store failure (still recovering at start).
+  absl::Status probe = store_->Probe();
+  if (!probe.ok()) return;  // Still failing: stay NOT_SERVING, try again next tick.
+  metrics_->SetStoreWritable(true);
+  serving_ = true;
+  ULOG(INFO) << "state store " << store_->path() << " accepts writes again; serving";
+}
+
+std::string Coordinator::health_reason() const {
+  absl::MutexLock lock(&mu_);
+  if (serving_) return "";
+  const absl::Status& reason = store_->read_only_reason();
+  return reason.ok() ? std::string("starting") : std::string(reason.message());
+}
+
 absl::Status Coordinator::CheckServingLocked() const {
   if (!serving_) return absl::UnavailableError("coordinator is not serving (state store error)");
   return absl::OkStatus();
@@ -170,10 +188,19 @@ absl::Status Coordinator::CommitLocked(Txn& txn) {
   for (WorkerRt* w : txn.workers) txn.batch.workers.push_back(w->rec);
   absl::Status s = store_->Write(txn.batch);
   if (!s.ok() && !store_->writable()) {
-    if (serving_.exchange(false)) ULOG(ERROR) << s << "; coordinator is NOT_SERVING";
+    // Nothing of txn is durable or was sent: undo its in-memory changes, so that memory
+    // equals the store when writes work again (ProbeStoreLocked, every tick).
+    if (serving_.exchange(false)) {
+      ULOG(ERROR) << s << "; coordinator is NOT_SERVING until a probe write succeeds";
+      metrics_->CountStoreWriteError("io");
+    }
+    metrics_->SetStoreWritable(false);
+    RestoreLocked(txn);
+    txn = Txn();
     return absl::UnavailableError(std::string(s.message()));
   }
   if (!s.ok()) {
+    metrics_->CountStoreWriteError("refused");
     // The store refused this change's data (a bug: validation should have caught it).
     // Only this request fails: its in-memory changes are undone, nothing is sent.
     ULOG(ERROR) << s << "; the change was undone (please report this bug)";

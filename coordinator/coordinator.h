@@ -69,6 +69,8 @@ class Coordinator {
   // Stops the ticker and closes every stream. Idempotent.
   void Shutdown();
   bool serving() const { return serving_.load(); }
+  // Why the coordinator is not serving ("" while it is): the state store's error.
+  std::string health_reason() const;
   const CoordinatorConfig& config() const { return config_; }
 
   // --- JobService (coordinator_jobs.cc) ---
@@ -116,6 +118,8 @@ class Coordinator {
   void JobEndedLocked(JobRt& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   StateCounts Counts(CountsPart part) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CheckServingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // While NOT_SERVING after a store I/O error: one probe write; serving again on success.
+  void ProbeStoreLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const CoordinatorConfig config_;
   std::unique_ptr<CoordinatorMetrics> metrics_;

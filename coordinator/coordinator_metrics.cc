@@ -74,6 +74,17 @@ std::unique_ptr<CoordinatorMetrics> CoordinatorMetrics::Register(
   m->checkpoint_bytes =
       must(registry->AddGauge("ulysses_checkpoint_bytes",
                               "Size of the last committed checkpoint per live job.", {"job_id"}));
+  m->store_writable = must(registry->AddGauge(
+      "ulysses_store_writable",
+      "1 while the coordinator's state store accepts writes, 0 while it is read-only after an "
+      "I/O error (the coordinator is NOT_SERVING until a probe write succeeds).",
+      {}));
+  m->store_write_errors = must(registry->AddCounter(
+      "ulysses_store_write_errors_total",
+      "State store writes that failed: kind=io (read-only until a probe write succeeds) or "
+      "kind=refused (the data was refused; only that request failed).",
+      {"kind"}));
+  m->SetStoreWritable(true);
   m->loss = must(registry->AddGauge("ulysses_train_loss",
                                     "Last reported training loss per live job.", {"job_id"}));
   m->tokens_per_s = must(registry->AddGauge("ulysses_train_tokens_per_second",
@@ -128,6 +139,14 @@ void CoordinatorMetrics::CountRestart(const std::string& reason) {
 
 void CoordinatorMetrics::CountRejected(const std::string& reason) {
   if (rejected_reports) rejected_reports->WithLabels({reason})->Increment();
+}
+
+void CoordinatorMetrics::SetStoreWritable(bool writable) {
+  if (store_writable != nullptr) store_writable->WithLabels({})->Set(writable ? 1 : 0);
+}
+
+void CoordinatorMetrics::CountStoreWriteError(const std::string& kind) {
+  if (store_write_errors != nullptr) store_write_errors->WithLabels({kind})->Increment();
 }
 
 }  // namespace ulysses::coordinator

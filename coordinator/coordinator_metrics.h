@@ -44,16 +44,20 @@ class CoordinatorMetrics {
   metrics::HistogramFamily* recovery = nullptr;
   metrics::CounterFamily* stage_transitions = nullptr;
   metrics::HistogramFamily* checkpoint_seconds = nullptr;
-  metrics::GaugeFamily* checkpoint_bytes = nullptr;    // {job_id}
-  metrics::GaugeFamily* loss = nullptr;                // {job_id}
-  metrics::GaugeFamily* tokens_per_s = nullptr;        // {job_id}
-  metrics::GaugeFamily* step = nullptr;                // {job_id}
-  metrics::CounterFamily* tokens = nullptr;            // {job_id}
-  metrics::CounterFamily* rejected_reports = nullptr;  // {reason}
+  metrics::GaugeFamily* checkpoint_bytes = nullptr;      // {job_id}
+  metrics::GaugeFamily* loss = nullptr;                  // {job_id}
+  metrics::GaugeFamily* tokens_per_s = nullptr;          // {job_id}
+  metrics::GaugeFamily* step = nullptr;                  // {job_id}
+  metrics::CounterFamily* tokens = nullptr;              // {job_id}
+  metrics::CounterFamily* rejected_reports = nullptr;    // {reason}
+  metrics::GaugeFamily* store_writable = nullptr;        // 1 writable, 0 read-only.
+  metrics::CounterFamily* store_write_errors = nullptr;  // {kind: io | refused}
 
   // Null-safe helpers.
   void CountRestart(const std::string& reason);
   void CountRejected(const std::string& reason);
+  void SetStoreWritable(bool writable);
+  void CountStoreWriteError(const std::string& kind);
 
  private:
   std::unique_ptr<metrics::Registry> owned_;

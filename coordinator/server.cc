@@ -50,7 +50,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     s->metrics_server_ = std::make_unique<metrics::MetricsServer>(
         &s->registry_, mc, [coordinator]() -> absl::Status {
           return coordinator->serving() ? absl::OkStatus()
-                                        : absl::UnavailableError("state store failed");
+                                        : absl::UnavailableError(coordinator->health_reason());
         });
     RETURN_IF_ERROR(s->metrics_server_->Start());
   }

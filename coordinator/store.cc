@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/status.h"
 
 namespace ulysses::coordinator {
@@ -139,7 +141,7 @@ constexpr const char* kSchemaV1[] = {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir) {
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir, int64_t max_bytes) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
@@ -160,7 +162,31 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir) {
   RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=FULL"));
   RETURN_IF_ERROR(store->Exec("PRAGMA foreign_keys=ON"));
   RETURN_IF_ERROR(store->Migrate());
+  if (max_bytes > 0) {
+    int64_t page_size = 4096;
+    {
+      Stmt q(db, "PRAGMA page_size");
+      RETURN_IF_ERROR(q.status());
+      ASSIGN_OR_RETURN(bool row, q.Step());
+      if (row) page_size = std::max<int64_t>(512, q.Int(0));
+    }
+    RETURN_IF_ERROR(store->Exec(
+        absl::StrCat("PRAGMA max_page_count=", std::max<int64_t>(1, max_bytes / page_size))));
+  }
   return store;
+}
+
+absl::Status Store::Probe() {
+  if (sticky_error_.ok()) return absl::OkStatus();
+  absl::Status s = Exec("BEGIN IMMEDIATE");
+  if (s.ok()) {
+    s = Exec(absl::StrCat("INSERT OR REPLACE INTO meta(key, value) VALUES('last_probe_ms', '",
+                          absl::ToUnixMillis(absl::Now()), "')"));
+    if (s.ok()) s = Exec("COMMIT");
+    if (!s.ok()) (void)Exec("ROLLBACK");
+  }
+  if (s.ok()) sticky_error_ = absl::OkStatus();
+  return s;
 }
 
 Store::~Store() { sqlite3_close(db_); }

@@ -11,13 +11,15 @@
 //   big, a type mismatch): that write fails with INTERNAL (a bug in the caller, which
 //   validates before it writes) and the store stays writable;
 // - anything else (an I/O error, a full disk, corruption, a lock it cannot get): the
-//   store goes into a sticky read-only mode: this and every later Write() return
-//   UNAVAILABLE with the first error (leveldb-style), and the caller reports NOT_SERVING.
+//   store goes into read-only mode: this and every later Write() return UNAVAILABLE
+//   with the first error (leveldb-style), and the caller reports NOT_SERVING, until a
+//   Probe() write succeeds again (space freed, the disk back): then it is writable.
 //
 // Not thread-safe: the Coordinator calls it under its mutex.
 #ifndef ULYSSES_COORDINATOR_STORE_H_
 #define ULYSSES_COORDINATOR_STORE_H_
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,7 +39,9 @@ class Store {
  public:
   // Creates <dir> if needed, opens/creates the database, migrates the schema.
   // FailedPrecondition when the file has a newer schema version than this binary.
-  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& dir);
+  // `max_bytes` > 0 caps the database file (SQLite max_page_count): beyond it writes
+  // fail as on a full disk.
+  static absl::StatusOr<std::unique_ptr<Store>> Open(const std::string& dir, int64_t max_bytes = 0);
   ~Store();
   Store(const Store&) = delete;
   Store& operator=(const Store&) = delete;
@@ -61,6 +65,11 @@ class Store {
   absl::Status Write(const Batch& batch);
   // False once a Write() failed for a reason other than its data (see above).
   bool writable() const { return sticky_error_.ok(); }
+  // Why the store is read-only (OK while writable).
+  const absl::Status& read_only_reason() const { return sticky_error_; }
+  // While read-only: tries one small write transaction; when it commits, the store is
+  // writable again (OK). Otherwise returns that write's error and stays read-only.
+  absl::Status Probe();
 
   // Events of one job in sequence order (newest `limit`).
   absl::StatusOr<std::vector<EventRecord>> LoadEvents(const std::string& job_id, int limit);

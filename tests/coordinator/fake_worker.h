@@ -81,14 +81,16 @@ class FakeWorker {
   }
 
   // Simulates a crash/network cut: cancels the stream without a goodbye.
-  void Disconnect() {
+  // Ends the session; returns how the stream ended (CANCELLED when it was still open).
+  grpc::Status Disconnect() {
     StopHeartbeats();
-    if (!stream_) return;
-    ctx_->TryCancel();
+    if (!stream_) return grpc::Status::OK;
+    if (!closed()) ctx_->TryCancel();
     if (reader_.joinable()) reader_.join();
-    stream_->Finish();
+    grpc::Status status = stream_->Finish();
     stream_.reset();
     ctx_.reset();
+    return status;
   }
 
   bool Send(v1::WorkerMessage msg, uint64_t* seq_out = nullptr) {
