@@ -39,6 +39,11 @@
 
 namespace {
 
+// The coordinator's first-start admin token (<state_dir>/admin.token, docs/SECURITY.md),
+// sent on every call: admins may register any worker name.
+std::string g_token;  // NOLINT: set once in main before any call.
+void Authorize(grpc::ClientContext* ctx) { ctx->AddMetadata("authorization", "Bearer " + g_token); }
+
 using Clock = std::chrono::steady_clock;
 using ulysses::SetDeadlineAfter;
 namespace v1 = ulysses::v1;
@@ -77,6 +82,7 @@ class SimWorker final : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Co
   SimWorker(v1::WorkerService::Stub* stub, const std::string& worker_id, Latencies* heartbeat)
       : heartbeat_(heartbeat) {
     SetDeadlineAfter(&ctx_, absl::Hours(1));
+    Authorize(&ctx_);
     stub->async()->Session(&ctx_, this);
     out_.set_seq(next_seq_++);
     out_.mutable_hello()->set_worker_id(worker_id);
@@ -257,6 +263,10 @@ int main(int argc, char** argv) {
     fprintf(stderr, "coordinator did not start\n");
     return 1;
   }
+  {
+    std::ifstream token_in(state_dir + "/admin.token");
+    std::getline(token_in, g_token);
+  }
   const std::string target = absl::StrCat("127.0.0.1:", port);
   std::vector<std::shared_ptr<grpc::Channel>> chans;
   for (int i = 0; i < channels; ++i) {
@@ -284,6 +294,7 @@ int main(int argc, char** argv) {
           req.set_host(absl::StrCat("10.", i / 65536, ".", (i / 256) % 256, ".", i % 256));
           v1::RegisterResponse resp;
           grpc::ClientContext ctx;
+          Authorize(&ctx);
           SetDeadlineAfter(&ctx, absl::Seconds(30));
           auto t0 = Clock::now();
           grpc::Status s = wstubs[i % channels]->Register(&ctx, req, &resp);
@@ -336,6 +347,7 @@ int main(int argc, char** argv) {
         req.set_spec_yaml(JobYaml(i++));
         v1::SubmitJobResponse resp;
         grpc::ClientContext ctx;
+        Authorize(&ctx);
         SetDeadlineAfter(&ctx, absl::Seconds(10));
         auto t0 = Clock::now();
         if (jobs->SubmitJob(&ctx, req, &resp).ok()) {
@@ -349,6 +361,7 @@ int main(int argc, char** argv) {
         req.set_job_id(last_id);
         v1::GetJobResponse resp;
         grpc::ClientContext ctx;
+        Authorize(&ctx);
         SetDeadlineAfter(&ctx, absl::Seconds(10));
         auto t0 = Clock::now();
         jobs->GetJob(&ctx, req, &resp);
@@ -357,6 +370,7 @@ int main(int argc, char** argv) {
       if (i % 10 == 0) {
         v1::ListWorkersResponse resp;
         grpc::ClientContext ctx;
+        Authorize(&ctx);
         SetDeadlineAfter(&ctx, absl::Seconds(10));
         auto t0 = Clock::now();
         jobs->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp);

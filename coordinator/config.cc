@@ -1,5 +1,11 @@
 #include "coordinator/config.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +15,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -79,6 +86,11 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"abort_grace_s", [&](const YAML::Node& n) { c->abort_grace_s = n.as<double>(); }},
       {"cancel_grace_s", [&](const YAML::Node& n) { c->cancel_grace_s = n.as<double>(); }},
       {"event_history", [&](const YAML::Node& n) { c->event_history = n.as<int64_t>(); }},
+      {"tls_cert", [&](const YAML::Node& n) { c->tls_cert = n.as<std::string>(); }},
+      {"tls_key", [&](const YAML::Node& n) { c->tls_key = n.as<std::string>(); }},
+      {"tls_client_ca", [&](const YAML::Node& n) { c->tls_client_ca = n.as<std::string>(); }},
+      {"token_file", [&](const YAML::Node& n) { c->token_file = n.as<std::string>(); }},
+      {"insecure", [&](const YAML::Node& n) { c->insecure = n.as<bool>(); }},
       {"data_roots",
        [&](const YAML::Node& n) { c->data_roots = n.as<std::vector<std::string>>(); }},
       {"state_max_bytes", [&](const YAML::Node& n) { c->state_max_bytes = n.as<int64_t>(); }},
@@ -125,13 +137,51 @@ absl::Status LoadConfigFile(const std::string& path, CoordinatorConfig* config) 
   return absl::OkStatus();
 }
 
+bool IsLoopbackHost(const std::string& host) {
+  if (host == "localhost") return true;
+  in_addr v4;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+
+namespace {
+
+// A file setting must name a readable file.
+void CheckReadable(const std::string& field, const std::string& path, std::vector<std::string>* e) {
+  if (path.empty()) return;
+  if (access(path.c_str(), R_OK) != 0) {
+    e->push_back(absl::StrCat(field, ": \"", path, "\" cannot be read (", std::strerror(errno),
+                              "; check the path)"));
+  }
+}
+
+}  // namespace
+
 absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   std::vector<std::string> e;
   std::string host;
   int port = 0;
   if (absl::Status s = ParseHostPort("listen", c->listen, &host, &port); !s.ok()) {
     e.push_back(std::string(s.message()));
+  } else if (!c->tls() && !c->insecure && !IsLoopbackHost(host)) {
+    e.push_back(absl::StrCat("listen: \"", c->listen,
+                             "\" is not a loopback address and TLS is off (set tls_cert and "
+                             "tls_key, or pass --insecure to accept plaintext; tokens are sent "
+                             "in the clear then)"));
   }
+  if (c->tls_cert.empty() != c->tls_key.empty()) {
+    e.push_back(absl::StrCat("tls_cert/tls_key: \"", c->tls_cert, "\"/\"", c->tls_key,
+                             "\" (set both for TLS, or neither)"));
+  }
+  if (!c->tls_client_ca.empty() && c->tls_cert.empty()) {
+    e.push_back(absl::StrCat("tls_client_ca: \"", c->tls_client_ca,
+                             "\" needs TLS (set tls_cert and tls_key too)"));
+  }
+  CheckReadable("tls_cert", c->tls_cert, &e);
+  CheckReadable("tls_key", c->tls_key, &e);
+  CheckReadable("tls_client_ca", c->tls_client_ca, &e);
+  CheckReadable("token_file", c->token_file, &e);
   if (!c->metrics_listen.empty()) {
     if (absl::Status s = ParseHostPort("metrics_listen", c->metrics_listen, &host, &port);
         !s.ok()) {

@@ -17,7 +17,7 @@
 namespace ulysses::coordinator {
 
 struct CoordinatorConfig {
-  std::string listen = "0.0.0.0:50051";         // gRPC HOST:PORT (port 0 = pick one).
+  std::string listen = "127.0.0.1:50051";       // gRPC HOST:PORT (port 0 = pick one).
   std::string state_dir;                        // Required. SQLite lives here.
   std::string metrics_listen = "0.0.0.0:9091";  // Prometheus HOST:PORT ("" = off).
   double heartbeat_timeout_s = 10;              // No message for this long -> worker LOST (<= 10).
@@ -41,7 +41,20 @@ struct CoordinatorConfig {
   std::vector<std::string> data_roots;
   QuotaPolicy quotas;           // Priority cap and per-tenant limits (quota.h).
   int64_t state_max_bytes = 0;  // Cap of coordinator.db (0 = the disk is the limit).
+
+  // Security (docs/SECURITY.md). TLS needs both tls_cert and tls_key (PEM files).
+  std::string tls_cert;       // Server certificate chain.
+  std::string tls_key;        // Its private key.
+  std::string tls_client_ca;  // CA of worker client certificates (mTLS; needs tls_cert).
+  std::string token_file;     // Bearer tokens (auth/tokens.h). "" = <state_dir>/admin.token
+                              // is created and used (one admin token).
+  bool insecure = false;      // Allow plaintext on a non-loopback listen address.
+
+  bool tls() const { return !tls_cert.empty(); }
 };
+
+// True for 127.0.0.0/8, ::1 and localhost.
+bool IsLoopbackHost(const std::string& host);
 
 // Reads a YAML mapping with the keys above into `config` (keys not present keep their
 // current value). Unknown keys are errors.

@@ -43,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/metrics/metrics.h"
+#include "coordinator/auth/principal.h"
 #include "coordinator/config.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/job_machine.h"
@@ -74,26 +75,43 @@ class Coordinator {
   const CoordinatorConfig& config() const { return config_; }
 
   // --- JobService (coordinator_jobs.cc) ---
-  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request);
-  absl::StatusOr<v1::Job> GetJob(const v1::GetJobRequest& request);
-  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
-  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
-  absl::StatusOr<v1::Job> ResumeJob(const std::string& job_id);
+  // `caller` is authenticated and allowed the RPC (auth::Authenticator::Authorize). A
+  // job records its submitter's user and tenant; a job of another tenant is NOT_FOUND
+  // for anyone but an admin (auth::MaySeeTenant). Cancel/resume events name the caller.
+  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request,
+                                                  const auth::Principal& caller);
+  absl::StatusOr<v1::Job> GetJob(const v1::GetJobRequest& request, const auth::Principal& caller);
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request,
+                                                const auth::Principal& caller);
+  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason,
+                                    const auth::Principal& caller);
+  absl::StatusOr<v1::Job> ResumeJob(const std::string& job_id, const auth::Principal& caller);
   v1::ListWorkersResponse ListWorkers();
   // Sends the snapshot event to `sink` and, unless the job already ended (then
   // sink->OnJobEnded() follows at once), registers it for every later event.
-  absl::Status WatchJob(const std::string& job_id, JobEventSink* sink);
+  absl::Status WatchJob(const std::string& job_id, const auth::Principal& caller,
+                        JobEventSink* sink);
   void UnwatchJob(const std::string& job_id, JobEventSink* sink);
   // Sends the tail to `sink`; with follow and a live job registers it for new lines,
   // otherwise calls sink->OnJobEnded() at once.
-  absl::Status GetJobLogs(const v1::GetJobLogsRequest& request, LogSink* sink);
+  absl::Status GetJobLogs(const v1::GetJobLogsRequest& request, const auth::Principal& caller,
+                          LogSink* sink);
   void UnfollowLogs(const std::string& job_id, LogSink* sink);
 
   // --- WorkerService (coordinator_workers.cc) ---
-  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  // `caller` may register only the name it may act as (auth::MayActAsWorker). The
+  // worker record keeps the identity that registered it (persisted): while the worker
+  // is live (a session open, or heard from within heartbeat_timeout_s; after a
+  // coordinator restart, within reconnect_window_s) another identity gets
+  // PERMISSION_DENIED; the same identity may always re-register (that is how workers
+  // come back after a coordinator restart).
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
+                                                const auth::Principal& caller);
   // Binds a session to a registered worker; supersedes (closes) an older session.
+  // Only the identity that registered the worker may open one (PERMISSION_DENIED).
   // Returns the session id to pass back with messages.
-  absl::StatusOr<uint64_t> OpenSession(const std::string& worker_id, WorkerSink* sink);
+  absl::StatusOr<uint64_t> OpenSession(const std::string& worker_id, const auth::Principal& caller,
+                                       WorkerSink* sink);
   void OnWorkerMessage(const std::string& worker_id, uint64_t session_id,
                        const v1::WorkerMessage& message);
   void CloseSession(const std::string& worker_id, uint64_t session_id);

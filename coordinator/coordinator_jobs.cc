@@ -22,6 +22,12 @@ absl::Status JobNotFound(const std::string& job_id) {
   return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" not found"));
 }
 
+// `job` if `caller` may see it, else null: another tenant's job is NOT_FOUND, exactly
+// like a job that does not exist.
+JobRt* Visible(JobRt* job, const auth::Principal& caller) {
+  return job != nullptr && auth::MaySeeTenant(caller, job->rec.tenant) ? job : nullptr;
+}
+
 // The record of a new job from its (parsed, canonical) spec: no id yet, not queued.
 absl::StatusOr<JobRecord> NewJobRecord(const v1::SubmitJobRequest& request,
                                        spec::JobSpec* parsed_out) {
@@ -57,9 +63,12 @@ absl::StatusOr<JobRecord> NewJobRecord(const v1::SubmitJobRequest& request,
 
 }  // namespace
 
-absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJobRequest& request) {
+absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJobRequest& request,
+                                                             const auth::Principal& caller) {
   spec::JobSpec s;
   ASSIGN_OR_RETURN(JobRecord rec, NewJobRecord(request, &s));
+  rec.owner = caller.user;
+  rec.tenant = caller.tenant;
   const PathRoots roots{config_.data_roots, config_.checkpoint_root};
   RETURN_IF_ERROR(CheckSpecPaths(s, roots));
   v1::SubmitJobResponse response;
@@ -104,9 +113,10 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   return response;
 }
 
-absl::StatusOr<v1::Job> Coordinator::GetJob(const v1::GetJobRequest& request) {
+absl::StatusOr<v1::Job> Coordinator::GetJob(const v1::GetJobRequest& request,
+                                            const auth::Principal& caller) {
   absl::MutexLock lock(&mu_);
-  JobRt* rt = state_.FindJob(request.job_id());
+  JobRt* rt = Visible(state_.FindJob(request.job_id()), caller);
   if (rt == nullptr) return JobNotFound(request.job_id());
   v1::Job job = JobToProto(rt->rec, true);
   if (request.include_events()) {
@@ -116,7 +126,8 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const v1::GetJobRequest& request) {
   return job;
 }
 
-absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {
+absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request,
+                                                           const auth::Principal& caller) {
   int page_size = request.page_size() <= 0 ? 100 : std::min(request.page_size(), 1000);
   int64_t before = INT64_MAX;
   if (!request.page_token().empty() && !absl::SimpleAtoi(request.page_token(), &before)) {
@@ -129,6 +140,7 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   for (auto& [id, j] : state_.jobs) {
     if (j->rec.number >= before) continue;
     if (!states.empty() && !states.count(j->rec.state)) continue;
+    if (!auth::MaySeeTenant(caller, j->rec.tenant)) continue;
     matching.push_back(j.get());
   }
   std::sort(matching.begin(), matching.end(),
@@ -145,29 +157,30 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   return response;
 }
 
-absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id,
-                                               const std::string& reason) {
+absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id, const std::string& reason,
+                                               const auth::Principal& caller) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckServingLocked());
-  JobRt* job = state_.FindJob(job_id);
+  JobRt* job = Visible(state_.FindJob(job_id), caller);
   if (job == nullptr) return JobNotFound(job_id);
   if (job->rec.terminal()) {
     return absl::FailedPreconditionError(
         absl::StrCat(job_id, " is already ", StateName(job->rec.state), " (nothing to cancel)"));
   }
-  std::string why = reason.empty() ? "cancelled by user" : reason;
+  std::string why = reason.empty() ? absl::StrCat("cancelled by ", caller.user) : reason;
   Txn txn;
   machine_.EndAttempt(*job, v1::ATTEMPT_OUTCOME_ABORTED, 0, why,
                       static_cast<int64_t>(config_.cancel_grace_s * 1000), txn);
-  machine_.SetState(*job, v1::JOB_STATE_CANCELLED, why, txn);
+  machine_.SetState(*job, v1::JOB_STATE_CANCELLED, why, txn, caller.user);
   RETURN_IF_ERROR(CommitLocked(txn));
   return JobToProto(job->rec, true);
 }
 
-absl::StatusOr<v1::Job> Coordinator::ResumeJob(const std::string& job_id) {
+absl::StatusOr<v1::Job> Coordinator::ResumeJob(const std::string& job_id,
+                                               const auth::Principal& caller) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckServingLocked());
-  JobRt* job = state_.FindJob(job_id);
+  JobRt* job = Visible(state_.FindJob(job_id), caller);
   if (job == nullptr) return JobNotFound(job_id);
   if (job->rec.state != v1::JOB_STATE_FAILED && job->rec.state != v1::JOB_STATE_CANCELLED) {
     return absl::FailedPreconditionError(
@@ -180,7 +193,8 @@ absl::StatusOr<v1::Job> Coordinator::ResumeJob(const std::string& job_id) {
   job->rec.finished_ms = 0;
   job->rec.not_before_ms = 0;
   machine_.SetState(*job, v1::JOB_STATE_PENDING,
-                    absl::StrCat("resumed from ", CheckpointText(job->rec)), txn);
+                    absl::StrCat("resumed by ", caller.user, " from ", CheckpointText(job->rec)),
+                    txn, caller.user);
   RETURN_IF_ERROR(CommitLocked(txn));
   machine_.Schedule(txn);
   (void)CommitLocked(txn);
@@ -196,9 +210,10 @@ v1::ListWorkersResponse Coordinator::ListWorkers() {
   return response;
 }
 
-absl::Status Coordinator::WatchJob(const std::string& job_id, JobEventSink* sink) {
+absl::Status Coordinator::WatchJob(const std::string& job_id, const auth::Principal& caller,
+                                   JobEventSink* sink) {
   absl::MutexLock lock(&mu_);
-  JobRt* job = state_.FindJob(job_id);
+  JobRt* job = Visible(state_.FindJob(job_id), caller);
   if (job == nullptr) return JobNotFound(job_id);
   v1::JobEvent snapshot;
   snapshot.set_job_id(job_id);
@@ -219,9 +234,10 @@ void Coordinator::UnwatchJob(const std::string& job_id, JobEventSink* sink) {
   if (JobRt* job = state_.FindJob(job_id); job != nullptr) job->watchers.erase(sink);
 }
 
-absl::Status Coordinator::GetJobLogs(const v1::GetJobLogsRequest& request, LogSink* sink) {
+absl::Status Coordinator::GetJobLogs(const v1::GetJobLogsRequest& request,
+                                     const auth::Principal& caller, LogSink* sink) {
   absl::MutexLock lock(&mu_);
-  JobRt* job = state_.FindJob(request.job_id());
+  JobRt* job = Visible(state_.FindJob(request.job_id()), caller);
   if (job == nullptr) return JobNotFound(request.job_id());
   size_t n = request.tail_lines() < 0    ? job->logs.size()
              : request.tail_lines() == 0 ? 100

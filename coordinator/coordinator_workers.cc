@@ -3,18 +3,45 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/validation.h"
 
 namespace ulysses::coordinator {
 
-absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& request) {
+absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& request,
+                                                           const auth::Principal& caller) {
   RETURN_IF_ERROR(ValidateRegisterRequest(request));  // Before the lock (and again inside).
+  if (!auth::MayActAsWorker(caller, request.name())) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "name: \"", request.name(), "\" is not the worker ", caller.Describe(),
+        " may register (a worker registers the name of its certificate's CN or worker token)"));
+  }
+  const std::string identity = caller.WorkerIdentity();
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckServingLocked());
+  if (WorkerRt* held = state_.FindWorker("w-" + request.name());
+      held != nullptr && !held->rec.identity.empty() && held->rec.identity != identity) {
+    // (An empty identity is a record from before authentication: the first allowed
+    // identity to register it claims it, so workers survive the upgrade.)
+    // Live: a session open, or heard from recently (after a coordinator restart
+    // last_seen_steady is set ahead, so the reconnect window counts as live).
+    const bool live =
+        held->state != v1::WORKER_STATE_LOST &&
+        (held->sink != nullptr || SteadyMs() - held->last_seen_steady <
+                                      static_cast<int64_t>(config_.heartbeat_timeout_s * 1000));
+    if (live) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "name: worker \"", request.name(), "\" is live and held by another identity (",
+          held->rec.identity, "); it can be taken over only once it is LOST"));
+    }
+    ULOG(WARNING) << "worker " << request.name() << " taken over by " << identity << " (was "
+                  << held->rec.identity << ", not live)";
+  }
   Txn txn;
   ASSIGN_OR_RETURN(WorkerProtocol::Registered registered, protocol_.Register(request, txn));
+  registered.worker->rec.identity = identity;  // Persisted with the worker by the commit.
   const std::string id = registered.worker->rec.id;
   RETURN_IF_ERROR(CommitLocked(txn));
   v1::RegisterResponse response;
@@ -25,12 +52,18 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
   return response;
 }
 
-absl::StatusOr<uint64_t> Coordinator::OpenSession(const std::string& worker_id, WorkerSink* sink) {
+absl::StatusOr<uint64_t> Coordinator::OpenSession(const std::string& worker_id,
+                                                  const auth::Principal& caller, WorkerSink* sink) {
   absl::MutexLock lock(&mu_);
   WorkerRt* w = state_.FindWorker(worker_id);
   if (w == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("worker \"", worker_id, "\" is not registered (call Register first)"));
+  }
+  if (w->rec.identity != caller.WorkerIdentity()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("worker \"", worker_id, "\" was registered by another identity (",
+                     w->rec.identity, "); ", caller.Describe(), " cannot open its session"));
   }
   if (w->state == v1::WORKER_STATE_LOST) {
     return absl::FailedPreconditionError(

@@ -50,7 +50,8 @@ void JobMachine::SendAbort(WorkerRt& worker, const v1::WorkRef& ref, const std::
   SendTo(worker, std::move(msg), txn);
 }
 
-void JobMachine::SetState(JobRt& job, v1::JobState to, const std::string& reason, Txn& txn) {
+void JobMachine::SetState(JobRt& job, v1::JobState to, const std::string& reason, Txn& txn,
+                          const std::string& actor) {
   const v1::JobState from = job.rec.state;
   const int64_t now = NowMs();
   const int64_t steady = SteadyMs();
@@ -82,6 +83,7 @@ void JobMachine::SetState(JobRt& job, v1::JobState to, const std::string& reason
   ev.mutable_state_change()->set_from(from);
   ev.mutable_state_change()->set_to(to);
   ev.mutable_state_change()->set_reason(reason);
+  ev.mutable_state_change()->set_actor(actor);
   AddEvent(job, std::move(ev), /*persist=*/true, txn);
   v1::LogLine line;
   line.set_stream(v1::LOG_STREAM_COORDINATOR);

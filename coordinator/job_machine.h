@@ -26,8 +26,10 @@ class JobMachine {
       : config_(config), metrics_(metrics), state_(state) {}
 
   // Moves `job` to `to` (or only updates its reason when it is already there): one
-  // persisted state_change event and one coordinator log line.
-  void SetState(JobRt& job, v1::JobState to, const std::string& reason, Txn& txn);
+  // persisted state_change event and one coordinator log line. `actor`: the user who
+  // caused the change (CancelJob, ResumeJob); "" = the coordinator itself.
+  void SetState(JobRt& job, v1::JobState to, const std::string& reason, Txn& txn,
+                const std::string& actor = "");
   // Starts the current stage as a new generation on worker_ids[rank].
   void Launch(JobRt& job, const std::vector<std::string>& worker_ids, Txn& txn);
   // Ends the current attempt (if live) and aborts its ranks with `grace_ms`.

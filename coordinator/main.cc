@@ -1,8 +1,14 @@
-// ulysses-coordinator: the control-plane daemon. See docs/COORDINATOR.md.
+// ulysses-coordinator: the control-plane daemon. See docs/COORDINATOR.md and
+// docs/SECURITY.md.
 //   ulysses-coordinator --listen HOST:PORT --state-dir DIR --metrics-listen HOST:PORT
-//                       [--config FILE]
-// Flags override the config file. Exit codes (common/contract/exit.h): 0 after
-// SIGTERM/SIGINT, 2 on bad flags/config, 1 when the daemon cannot start.
+//                       [--config FILE] [--tls-cert F --tls-key F [--tls-client-ca F]]
+//                       [--token-file F] [--insecure]
+//   ulysses-coordinator token create --user U --tenant T --role R [--token-file F]
+// Flags override the config file. SIGHUP reloads the token file. Exit codes
+// (common/contract/exit.h): 0 after SIGTERM/SIGINT, 2 on bad flags/config, 1 when the
+// daemon cannot start.
+#include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -13,15 +19,25 @@
 #include "common/contract/exit.h"
 #include "common/logging.h"
 #include "common/stop.h"
+#include "coordinator/auth/tokens.h"
 #include "coordinator/config.h"
 #include "coordinator/server.h"
+
+namespace {
+
+std::atomic<bool> g_reload{false};  // Lock-free: safe to set from a signal handler.
+void OnSighup(int) { g_reload.store(true); }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using ulysses::coordinator::CoordinatorConfig;
   CLI::App app{"ulysses-coordinator: schedules Ulysses training jobs onto workers"};
   std::string listen, state_dir, metrics_listen, config_file, checkpoint_root;
+  std::string tls_cert, tls_key, tls_client_ca, token_file;
+  bool insecure = false;
   double heartbeat_timeout_s = -1;
-  app.add_option("--listen", listen, "gRPC HOST:PORT (default 0.0.0.0:50051)");
+  app.add_option("--listen", listen, "gRPC HOST:PORT (default 127.0.0.1:50051)");
   app.add_option("--state-dir", state_dir, "Directory for the SQLite state (required)");
   app.add_option("--metrics-listen", metrics_listen,
                  "Prometheus /metrics HOST:PORT (default 0.0.0.0:9091)");
@@ -34,8 +50,47 @@ int main(int argc, char** argv) {
                  "synthetic data only)");
   app.add_option("--heartbeat-timeout-s", heartbeat_timeout_s,
                  "Seconds without a worker message before it is LOST (<= 10)");
+  app.add_option("--tls-cert", tls_cert, "Server certificate (PEM); with --tls-key enables TLS");
+  app.add_option("--tls-key", tls_key, "Server private key (PEM)");
+  app.add_option("--tls-client-ca", tls_client_ca,
+                 "CA of worker client certificates (mutual TLS for workers)");
+  app.add_option("--token-file", token_file,
+                 "YAML bearer-token file (default: create <state-dir>/admin.token); SIGHUP "
+                 "reloads it");
+  app.add_flag("--insecure", insecure,
+               "Allow plaintext gRPC on a non-loopback address (tokens travel in the clear)");
+
+  CLI::App* token_cmd = app.add_subcommand("token", "Manage bearer tokens");
+  CLI::App* create = token_cmd->add_subcommand(
+      "create", "Print a new token once and add its sha256 to --token-file");
+  std::string t_user, t_tenant, t_role, t_file;
+  create->add_option("--user", t_user, "User (or worker name for role worker)")->required();
+  create->add_option("--tenant", t_tenant, "Tenant whose jobs the token sees")->required();
+  create->add_option("--role", t_role, "admin | user | viewer | worker")->required();
+  create->add_option("--token-file", t_file,
+                     "Token file to append the hash to (omitted: the entry is printed to "
+                     "stderr for you to add)");
+  token_cmd->require_subcommand(1);
   if (std::optional<int> exit_code = ulysses::contract::ParseCommandLine(app, argc, argv)) {
     return *exit_code;
+  }
+
+  if (create->parsed()) {
+    auto made = ulysses::coordinator::auth::CreateToken(t_user, t_tenant, t_role, t_file);
+    if (!made.ok()) {
+      std::cerr << "ulysses-coordinator token create: " << made.status().message() << "\n";
+      return ulysses::contract::kExitBadInput;
+    }
+    std::cout << made->first << std::endl;
+    if (t_file.empty()) {
+      std::cerr << "add to your token file (only this hash is stored; the token above is shown "
+                   "once):\n"
+                << ulysses::coordinator::auth::FormatTokenFile({made->second});
+    } else {
+      std::cerr << "added " << t_user << " (tenant " << t_tenant << ", role " << t_role << ") to "
+                << t_file << "; send SIGHUP to the coordinator to load it\n";
+    }
+    return ulysses::contract::kExitOk;
   }
 
   CoordinatorConfig config;
@@ -51,6 +106,11 @@ int main(int argc, char** argv) {
   if (!metrics_listen.empty()) config.metrics_listen = metrics_listen;
   if (!checkpoint_root.empty()) config.checkpoint_root = checkpoint_root;
   if (heartbeat_timeout_s >= 0) config.heartbeat_timeout_s = heartbeat_timeout_s;
+  if (!tls_cert.empty()) config.tls_cert = tls_cert;
+  if (!tls_key.empty()) config.tls_key = tls_key;
+  if (!tls_client_ca.empty()) config.tls_client_ca = tls_client_ca;
+  if (!token_file.empty()) config.token_file = token_file;
+  if (insecure) config.insecure = true;
   if (!data_roots.empty()) config.data_roots = data_roots;
   if (absl::Status s = ulysses::coordinator::ValidateAndFinalize(&config); !s.ok()) {
     std::cerr << "ulysses-coordinator: invalid configuration:\n" << s.message() << "\n";
@@ -58,6 +118,7 @@ int main(int argc, char** argv) {
   }
 
   ulysses::InstallStopSignalHandlers();
+  std::signal(SIGHUP, OnSighup);
   auto server = ulysses::coordinator::CoordinatorServer::Start(config);
   if (!server.ok()) {
     std::cerr << "ulysses-coordinator: " << server.status().message() << "\n";
@@ -66,7 +127,10 @@ int main(int argc, char** argv) {
   // Ready line for scripts and tests: the bound ports.
   std::cout << "ulysses-coordinator listening grpc=" << (*server)->port()
             << " metrics=" << (*server)->metrics_port() << std::endl;
-  while (!ulysses::WaitForStop(std::chrono::seconds(1))) (*server)->UpdateHealth();
+  while (!ulysses::WaitForStop(std::chrono::milliseconds(200))) {
+    (*server)->UpdateHealth();
+    if (g_reload.exchange(false)) (void)(*server)->ReloadTokens();  // Logs the outcome.
+  }
   ULOG(INFO) << "stop requested (signal " << ulysses::StopSignal() << "); shutting down";
   (*server)->Shutdown();
   return ulysses::contract::kExitOk;

@@ -61,6 +61,8 @@ struct JobRecord {
   std::string id;
   int64_t number = 0;  // Submission order (FIFO within a priority).
   std::string name;
+  std::string owner;      // User who submitted it (auth::Principal::user).
+  std::string tenant;     // Its tenant: only that tenant (and admins) see the job.
   std::string spec_yaml;  // Canonical.
   v1::JobState state = v1::JOB_STATE_PENDING;
   std::string reason;
@@ -105,6 +107,7 @@ struct WorkerRecord {
   int capacity = 1;
   int64_t registered_ms = 0;
   int64_t last_seen_ms = 0;
+  std::string identity;  // Who registered it (auth::Principal::WorkerIdentity()).
 };
 
 // One row of the events table (a serialized v1::JobEvent).

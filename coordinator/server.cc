@@ -3,14 +3,70 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
 
+#include <grpcpp/security/server_credentials.h>
+
 #include <chrono>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/metrics/build_info.h"
 #include "common/status.h"
+#include "coordinator/auth/bootstrap.h"
 
 namespace ulysses::coordinator {
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& field, const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  if (in) ss << in.rdbuf();
+  if (!in || ss.str().find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": \"", path, "\" is not a readable PEM file (see scripts/dev_certs.sh)"));
+  }
+  return ss.str();
+}
+
+// TLS (with client certificates requested and verified when tls_client_ca is set) or
+// plaintext; ValidateAndFinalize already refused plaintext off loopback without
+// --insecure.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
+    const CoordinatorConfig& config) {
+  if (!config.tls()) {
+    if (config.insecure) {
+      ULOG(WARNING) << "--insecure: serving PLAINTEXT gRPC on " << config.listen
+                    << "; bearer tokens cross the network in the clear (set tls_cert/tls_key)";
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  grpc::SslServerCredentialsOptions options(config.tls_client_ca.empty()
+                                                ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                                : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.private_key, ReadPem("tls_key", config.tls_key));
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadPem("tls_cert", config.tls_cert));
+  options.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!config.tls_client_ca.empty()) {
+    ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem("tls_client_ca", config.tls_client_ca));
+  }
+  return grpc::SslServerCredentials(options);
+}
+
+// The address a local client dials: the listen host (a wildcard becomes loopback)
+// and the bound port.
+std::string LocalDialAddress(const CoordinatorConfig& config, int port) {
+  std::string host;
+  int unused = 0;
+  (void)ParseHostPort("listen", config.listen, &host, &unused);
+  if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
+  if (host == "::") host = "::1";
+  if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
+  return absl::StrCat(host, ":", port);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const CoordinatorConfig& config) {
@@ -21,13 +77,22 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       metrics::ExponentialBuckets(0.0005, 2, 14));
   RETURN_IF_ERROR(rpc_seconds.status());
 
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MakeCredentials(config));
   ASSIGN_OR_RETURN(s->coordinator_, Coordinator::Create(config, &s->registry_));
-  s->job_service_ = std::make_unique<JobServiceImpl>(s->coordinator_.get(), *rpc_seconds);
-  s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get(), *rpc_seconds);
+  std::vector<auth::TokenEntry> fixed;
+  if (config.token_file.empty()) {
+    ASSIGN_OR_RETURN(auth::TokenEntry admin, auth::EnsureAdminToken(config.state_dir));
+    fixed.push_back(std::move(admin));
+  }
+  ASSIGN_OR_RETURN(s->authenticator_, auth::Authenticator::Create(config.token_file, fixed));
+  s->job_service_ = std::make_unique<JobServiceImpl>(s->coordinator_.get(), s->authenticator_.get(),
+                                                     *rpc_seconds);
+  s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get(),
+                                                           s->authenticator_.get(), *rpc_seconds);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(config.listen, credentials, &s->port_);
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->worker_service_.get());
   // Workers hold one long-lived stream each; keep idle ones alive through NATs.
@@ -54,8 +119,22 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
         });
     RETURN_IF_ERROR(s->metrics_server_->Start());
   }
-  ULOG(INFO) << "ulysses-coordinator serving gRPC on port " << s->port_ << ", metrics on "
+  ULOG(INFO) << "ulysses-coordinator serving gRPC on port " << s->port_ << " ("
+             << (config.tls() ? (config.tls_client_ca.empty() ? "TLS" : "TLS, worker client certs")
+                              : "plaintext")
+             << "), metrics on "
              << (s->metrics_server_ ? s->metrics_server_->address() : std::string("(off)"));
+  if (config.token_file.empty()) {
+    ASSIGN_OR_RETURN(s->client_config_path_,
+                     auth::WriteClientConfig(config.state_dir, LocalDialAddress(config, s->port_),
+                                             config.tls() ? config.tls_client_ca : ""));
+    ULOG(INFO) << "no token_file: admin token in " << config.state_dir << "/"
+               << auth::kAdminTokenFile << "; ulyssesctl config in " << s->client_config_path_
+               << " (export ULYSSES_CONFIG=" << s->client_config_path_ << ")";
+  } else {
+    ULOG(INFO) << "tokens: " << s->authenticator_->token_count() << " from " << config.token_file
+               << " (SIGHUP reloads it)";
+  }
   return s;
 }
 
@@ -63,6 +142,18 @@ void CoordinatorServer::UpdateHealth() {
   if (server_ == nullptr || server_->GetHealthCheckService() == nullptr) return;
   bool serving = coordinator_ != nullptr && coordinator_->serving();
   server_->GetHealthCheckService()->SetServingStatus(serving);
+}
+
+absl::Status CoordinatorServer::ReloadTokens() {
+  if (authenticator_ == nullptr) return absl::OkStatus();
+  absl::Status s = authenticator_->Reload();
+  if (s.ok()) {
+    ULOG(INFO) << "tokens reloaded: " << authenticator_->token_count() << " in force";
+  } else {
+    ULOG(ERROR) << "token reload failed, the previous " << authenticator_->token_count()
+                << " tokens stay in force: " << s.message();
+  }
+  return s;
 }
 
 int CoordinatorServer::metrics_port() const {

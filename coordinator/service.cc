@@ -104,10 +104,12 @@ class WatchReactor final
     : public QueuedWriter<grpc::ServerWriteReactor<v1::JobEvent>, v1::JobEvent>,
       public JobEventSink {
  public:
-  WatchReactor(Coordinator* coordinator, const v1::WatchJobRequest& request)
+  WatchReactor(Coordinator* coordinator, const absl::StatusOr<auth::Principal>& caller,
+               const v1::WatchJobRequest& request)
       : coordinator_(coordinator), job_id_(request.job_id()) {
-    absl::Status status = ValidateWatchJobRequest(request);
-    if (status.ok()) status = coordinator_->WatchJob(job_id_, this);
+    absl::Status status = caller.status();
+    if (status.ok()) status = ValidateWatchJobRequest(request);
+    if (status.ok()) status = coordinator_->WatchJob(job_id_, *caller, this);
     if (!status.ok()) EndAfterDrain(ToGrpcStatus(status));
   }
   void OnEvent(const v1::JobEvent& event) override { Enqueue(event); }
@@ -126,10 +128,12 @@ class LogsReactor final
     : public QueuedWriter<grpc::ServerWriteReactor<v1::GetJobLogsResponse>, v1::GetJobLogsResponse>,
       public LogSink {
  public:
-  LogsReactor(Coordinator* coordinator, const v1::GetJobLogsRequest& request)
+  LogsReactor(Coordinator* coordinator, const absl::StatusOr<auth::Principal>& caller,
+              const v1::GetJobLogsRequest& request)
       : coordinator_(coordinator), job_id_(request.job_id()) {
-    absl::Status status = ValidateGetJobLogsRequest(request);
-    if (status.ok()) status = coordinator_->GetJobLogs(request, this);
+    absl::Status status = caller.status();
+    if (status.ok()) status = ValidateGetJobLogsRequest(request);
+    if (status.ok()) status = coordinator_->GetJobLogs(request, *caller, this);
     if (!status.ok()) EndAfterDrain(ToGrpcStatus(status));
   }
   // At most 500 lines and 1 MiB of lines per message (a line is at most 16 KiB,
@@ -168,8 +172,13 @@ class SessionReactor final
                           v1::CoordinatorMessage>,
       public WorkerSink {
  public:
-  SessionReactor(Coordinator* coordinator, metrics::HistogramFamily* rpc_seconds)
-      : coordinator_(coordinator), rpc_seconds_(rpc_seconds) {
+  SessionReactor(Coordinator* coordinator, absl::StatusOr<auth::Principal> caller,
+                 metrics::HistogramFamily* rpc_seconds)
+      : coordinator_(coordinator), caller_(std::move(caller)), rpc_seconds_(rpc_seconds) {
+    if (!caller_.ok()) {
+      EndAfterDrain(ToGrpcStatus(caller_.status()));
+      return;
+    }
     StartRead(&in_);
   }
 
@@ -189,7 +198,7 @@ class SessionReactor final
         return;
       }
       worker_id_ = in_.hello().worker_id();
-      absl::StatusOr<uint64_t> session = coordinator_->OpenSession(worker_id_, this);
+      absl::StatusOr<uint64_t> session = coordinator_->OpenSession(worker_id_, *caller_, this);
       if (!session.ok()) {
         EndAfterDrain(ToGrpcStatus(session.status()));
         return;
@@ -213,6 +222,7 @@ class SessionReactor final
 
  private:
   Coordinator* coordinator_;
+  const absl::StatusOr<auth::Principal> caller_;
   metrics::HistogramFamily* rpc_seconds_;
   v1::WorkerMessage in_;
   bool opened_ = false;  // Only touched from OnReadDone/OnDone (serialised by gRPC).
@@ -226,10 +236,12 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*
                                                     const v1::SubmitJobRequest* request,
                                                     v1::SubmitJobResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/SubmitJob");
+  absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kSubmitJob);
+  if (!caller.ok()) return FinishUnary(context, caller.status());
   if (absl::Status invalid = ValidateSubmitJobRequest(*request); !invalid.ok()) {
     return FinishUnary(context, invalid);
   }
-  absl::StatusOr<v1::SubmitJobResponse> r = coordinator_->SubmitJob(*request);
+  absl::StatusOr<v1::SubmitJobResponse> r = coordinator_->SubmitJob(*request, *caller);
   if (r.ok()) *response = std::move(*r);
   return FinishUnary(context, r.status());
 }
@@ -238,10 +250,12 @@ grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* co
                                                  const v1::GetJobRequest* request,
                                                  v1::GetJobResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/GetJob");
+  absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kGetJob);
+  if (!caller.ok()) return FinishUnary(context, caller.status());
   if (absl::Status invalid = ValidateGetJobRequest(*request); !invalid.ok()) {
     return FinishUnary(context, invalid);
   }
-  absl::StatusOr<v1::Job> r = coordinator_->GetJob(*request);
+  absl::StatusOr<v1::Job> r = coordinator_->GetJob(*request, *caller);
   if (r.ok()) *response->mutable_job() = std::move(*r);
   return FinishUnary(context, r.status());
 }
@@ -250,10 +264,12 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* 
                                                    const v1::ListJobsRequest* request,
                                                    v1::ListJobsResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ListJobs");
+  absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kListJobs);
+  if (!caller.ok()) return FinishUnary(context, caller.status());
   if (absl::Status invalid = ValidateListJobsRequest(*request); !invalid.ok()) {
     return FinishUnary(context, invalid);
   }
-  absl::StatusOr<v1::ListJobsResponse> r = coordinator_->ListJobs(*request);
+  absl::StatusOr<v1::ListJobsResponse> r = coordinator_->ListJobs(*request, *caller);
   if (r.ok()) *response = std::move(*r);
   return FinishUnary(context, r.status());
 }
@@ -262,10 +278,13 @@ grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext*
                                                     const v1::CancelJobRequest* request,
                                                     v1::CancelJobResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/CancelJob");
+  absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kCancelJob);
+  if (!caller.ok()) return FinishUnary(context, caller.status());
   if (absl::Status invalid = ValidateCancelJobRequest(*request); !invalid.ok()) {
     return FinishUnary(context, invalid);
   }
-  absl::StatusOr<v1::Job> r = coordinator_->CancelJob(request->job_id(), request->reason());
+  absl::StatusOr<v1::Job> r =
+      coordinator_->CancelJob(request->job_id(), request->reason(), *caller);
   if (r.ok()) *response->mutable_job() = std::move(*r);
   return FinishUnary(context, r.status());
 }
@@ -274,28 +293,33 @@ grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext*
                                                     const v1::ResumeJobRequest* request,
                                                     v1::ResumeJobResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ResumeJob");
+  absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kResumeJob);
+  if (!caller.ok()) return FinishUnary(context, caller.status());
   if (absl::Status invalid = ValidateResumeJobRequest(*request); !invalid.ok()) {
     return FinishUnary(context, invalid);
   }
-  absl::StatusOr<v1::Job> r = coordinator_->ResumeJob(request->job_id());
+  absl::StatusOr<v1::Job> r = coordinator_->ResumeJob(request->job_id(), *caller);
   if (r.ok()) *response->mutable_job() = std::move(*r);
   return FinishUnary(context, r.status());
 }
 
 grpc::ServerWriteReactor<v1::JobEvent>* JobServiceImpl::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
-  return new WatchReactor(coordinator_, *request);
+  return new WatchReactor(coordinator_, auth_->Authorize(*context, auth::Rpc::kWatchJob), *request);
 }
 
 grpc::ServerWriteReactor<v1::GetJobLogsResponse>* JobServiceImpl::GetJobLogs(
     grpc::CallbackServerContext* context, const v1::GetJobLogsRequest* request) {
-  return new LogsReactor(coordinator_, *request);
+  return new LogsReactor(coordinator_, auth_->Authorize(*context, auth::Rpc::kGetJobLogs),
+                         *request);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContext* context,
                                                       const v1::ListWorkersRequest* request,
                                                       v1::ListWorkersResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ListWorkers");
+  absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kListWorkers);
+  if (!caller.ok()) return FinishUnary(context, caller.status());
   *response = coordinator_->ListWorkers();
   return FinishUnary(context, absl::OkStatus());
 }
@@ -304,14 +328,17 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContex
                                                       const v1::RegisterRequest* request,
                                                       v1::RegisterResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.WorkerService/Register");
-  absl::StatusOr<v1::RegisterResponse> r = coordinator_->Register(*request);
+  absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kRegister);
+  if (!caller.ok()) return FinishUnary(context, caller.status());
+  absl::StatusOr<v1::RegisterResponse> r = coordinator_->Register(*request, *caller);
   if (r.ok()) *response = std::move(*r);
   return FinishUnary(context, r.status());
 }
 
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* WorkerServiceImpl::Session(
     grpc::CallbackServerContext* context) {
-  return new SessionReactor(coordinator_, rpc_seconds_);
+  return new SessionReactor(coordinator_, auth_->Authorize(*context, auth::Rpc::kSession),
+                            rpc_seconds_);
 }
 
 }  // namespace ulysses::coordinator

@@ -1,6 +1,13 @@
 // gRPC callback-API services of ulysses-coordinator: JobService (users) and
-// WorkerService (workers), thin translations onto Coordinator. Every JobService
-// request and Session hello is checked against its bounds (validation.h) first. Streams
+// WorkerService (workers), thin translations onto Coordinator. Every handler first
+// authenticates and authorizes its caller (auth::Authenticator::Authorize: token or
+// worker certificate, then the role -> RPC table) and passes the Principal on, so the
+// Coordinator scopes jobs to the caller's tenant and worker names to their identity.
+// This is an explicit call at the top of each handler rather than a server interceptor:
+// the handlers need the Principal itself, which an interceptor could not hand them
+// without a side channel, and a missing check shows in review (tests/security calls
+// every RPC without a token). Every JobService request and Session hello is then
+// checked against its bounds (validation.h). Streams
 // are small reactor classes that also act as the Coordinator's sinks (see coordinator.h).
 //
 // The services hold a non-owning Coordinator pointer: the gRPC server must be shut
@@ -9,6 +16,7 @@
 #define ULYSSES_COORDINATOR_SERVICE_H_
 
 #include "common/metrics/metrics.h"
+#include "coordinator/auth/authenticator.h"
 #include "coordinator/coordinator.h"
 #include "ulysses/v1/job_service.grpc.pb.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
@@ -18,8 +26,9 @@ namespace ulysses::coordinator {
 class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
   // `rpc_seconds` (ulysses_rpc_duration_seconds{method}) may be null.
-  JobServiceImpl(Coordinator* coordinator, metrics::HistogramFamily* rpc_seconds)
-      : coordinator_(coordinator), rpc_seconds_(rpc_seconds) {}
+  JobServiceImpl(Coordinator* coordinator, const auth::Authenticator* auth,
+                 metrics::HistogramFamily* rpc_seconds)
+      : coordinator_(coordinator), auth_(auth), rpc_seconds_(rpc_seconds) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const v1::SubmitJobRequest* request,
@@ -46,13 +55,15 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
 
  private:
   Coordinator* coordinator_;
+  const auth::Authenticator* auth_;
   metrics::HistogramFamily* rpc_seconds_;
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
  public:
-  WorkerServiceImpl(Coordinator* coordinator, metrics::HistogramFamily* rpc_seconds)
-      : coordinator_(coordinator), rpc_seconds_(rpc_seconds) {}
+  WorkerServiceImpl(Coordinator* coordinator, const auth::Authenticator* auth,
+                    metrics::HistogramFamily* rpc_seconds)
+      : coordinator_(coordinator), auth_(auth), rpc_seconds_(rpc_seconds) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const v1::RegisterRequest* request,
@@ -62,6 +73,7 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
 
  private:
   Coordinator* coordinator_;
+  const auth::Authenticator* auth_;
   metrics::HistogramFamily* rpc_seconds_;
 };
 

@@ -139,6 +139,14 @@ constexpr const char* kSchemaV1[] = {
       payload BLOB NOT NULL, PRIMARY KEY (job_id, sequence)))sql",
 };
 
+// Version 2 (appended columns, so SELECT * keeps the v1 columns first). Jobs from before
+// version 2 have no owner and tenant: only admins see them.
+constexpr const char* kSchemaV2[] = {
+    "ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE jobs ADD COLUMN tenant TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE workers ADD COLUMN identity TEXT NOT NULL DEFAULT ''",
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir, int64_t max_bytes) {
@@ -218,7 +226,10 @@ absl::Status Store::Migrate() {
   }
   if (version == kSchemaVersion) return absl::OkStatus();
   RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
-  for (const char* sql : kSchemaV1) {
+  std::vector<const char*> steps;
+  if (version < 1) steps.insert(steps.end(), std::begin(kSchemaV1), std::end(kSchemaV1));
+  if (version < 2) steps.insert(steps.end(), std::begin(kSchemaV2), std::end(kSchemaV2));
+  for (const char* sql : steps) {
     if (absl::Status s = Exec(sql); !s.ok()) {
       (void)Exec("ROLLBACK");
       return s;
@@ -231,7 +242,7 @@ absl::Status Store::Migrate() {
 
 absl::Status Store::WriteJob(const JobRecord& j) {
   Stmt q(db_,
-         "INSERT OR REPLACE INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+         "INSERT OR REPLACE INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
   RETURN_IF_ERROR(q.status());
   int i = 1;
   q.Bind(i++, j.id);
@@ -258,6 +269,8 @@ absl::Status Store::WriteJob(const JobRecord& j) {
   q.Bind(i++, j.out_dir);
   q.Bind(i++, j.loss);
   q.Bind(i++, j.not_before_ms);
+  q.Bind(i++, j.owner);
+  q.Bind(i++, j.tenant);
   RETURN_IF_ERROR(q.Run());
   for (const StageRecord& s : j.stages) {
     Stmt st(db_, "INSERT OR REPLACE INTO stages VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
@@ -307,10 +320,10 @@ absl::Status Store::Write(const Batch& batch) {
   auto body = [&]() -> absl::Status {
     for (const JobRecord& j : batch.jobs) RETURN_IF_ERROR(WriteJob(j));
     for (const WorkerRecord& w : batch.workers) {
-      Stmt q(db_, "INSERT OR REPLACE INTO workers VALUES(?,?,?,?,?,?,?,?)");
+      Stmt q(db_, "INSERT OR REPLACE INTO workers VALUES(?,?,?,?,?,?,?,?,?)");
       RETURN_IF_ERROR(q.status());
       q.Bind(1, w.id).Bind(2, w.name).Bind(3, w.node_label).Bind(4, w.device).Bind(5, w.host);
-      q.Bind(6, w.capacity).Bind(7, w.registered_ms).Bind(8, w.last_seen_ms);
+      q.Bind(6, w.capacity).Bind(7, w.registered_ms).Bind(8, w.last_seen_ms).Bind(9, w.identity);
       RETURN_IF_ERROR(q.Run());
     }
     for (const CheckpointRecord& c : batch.checkpoints) {
@@ -376,6 +389,8 @@ JobRecord ReadJobRow(Stmt& q) {
   j.out_dir = q.Text(c++);
   j.loss = q.Double(c++);
   j.not_before_ms = q.Int(c++);
+  j.owner = q.Text(c++);
+  j.tenant = q.Text(c++);
   return j;
 }
 
@@ -427,6 +442,7 @@ WorkerRecord ReadWorkerRow(Stmt& q) {
   w.capacity = static_cast<int>(q.Int(5));
   w.registered_ms = q.Int(6);
   w.last_seen_ms = q.Int(7);
+  w.identity = q.Text(8);
   return w;
 }
 

@@ -33,7 +33,8 @@ struct sqlite3;
 
 namespace ulysses::coordinator {
 
-inline constexpr int kSchemaVersion = 1;
+// 1: initial; 2: jobs.owner, jobs.tenant, workers.identity (issue 9, auth).
+inline constexpr int kSchemaVersion = 2;
 
 class Store {
  public:

@@ -51,6 +51,8 @@ v1::Job JobToProto(const JobRecord& r, bool full) {
   v1::Job p;
   p.set_id(r.id);
   p.set_name(r.name);
+  p.set_owner(r.owner);
+  p.set_tenant(r.tenant);
   p.set_state(r.state);
   p.set_reason(r.reason);
   SetTime(r.created_ms, p.mutable_created_at());

@@ -1,7 +1,7 @@
-// Runs the real ulysses-coordinator binary: SIGKILL it mid-job, restart it on the same
-// state dir, and check that nothing was lost and that reconnecting workers keep their
-// generation; also the flag contract (bad config -> exit 2, flags override the config
-// file) and SIGTERM shutdown.
+// Runs the real ulysses-coordinator binary (TLS, worker client certificates, token
+// file): SIGKILL it mid-job, restart it on the same state dir, and check that nothing
+// was lost and that reconnecting workers keep their generation; also the flag contract
+// (bad config -> exit 2, flags override the config file) and SIGTERM shutdown.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc/grpc_util.h"
 #include "gtest/gtest.h"
+#include "tests/coordinator/auth_channel.h"
+#include "tests/coordinator/coordinator_process.h"
 #include "tests/coordinator/fake_worker.h"
 #include "tests/coordinator/test_util.h"
 #include "ulysses/v1/job_service.grpc.pb.h"
@@ -22,77 +24,23 @@
 namespace ulysses::coordinator {
 namespace {
 
+using testing::CoordinatorBinary;
+using testing::CoordinatorProcess;
 using testing::FakeWorker;
 using testing::JobYaml;
+using testing::MakeTestChannel;
 using testing::PollUntil;
+using testing::SecureArgs;
 using testing::TempDir;
+using testing::TestTokens;
+using testing::WithToken;
+using testing::WithWorkerCert;
 
-std::string Binary() {
-  const char* dir = std::getenv("ULYSSES_BIN_DIR");
-  return std::string(dir ? dir : "build/bin") + "/ulysses-coordinator";
-}
-
-// A coordinator child process; reads "listening grpc=P metrics=M" from its stdout.
-class CoordinatorProcess {
- public:
-  explicit CoordinatorProcess(const std::vector<std::string>& args) {
-    int out[2];
-    if (pipe(out) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(out[1], STDOUT_FILENO);
-      close(out[0]);
-      close(out[1]);
-      std::vector<char*> argv;
-      std::string bin = Binary();
-      argv.push_back(bin.data());
-      std::vector<std::string> copy = args;
-      for (auto& a : copy) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(bin.c_str(), argv.data());
-      _exit(127);
-    }
-    close(out[1]);
-    out_ = fdopen(out[0], "r");
-  }
-  ~CoordinatorProcess() {
-    if (pid_ > 0 && !reaped_) {
-      kill(pid_, SIGKILL);
-      Wait();
-    }
-    if (out_) fclose(out_);
-  }
-  // Blocks until the ready line (bounded by the child's lifetime: EOF when it dies).
-  bool ReadPorts() {
-    char line[512];
-    while (out_ && fgets(line, sizeof(line), out_)) {
-      if (sscanf(line, "ulysses-coordinator listening grpc=%d metrics=%d", &port_,
-                 &metrics_port_) == 2) {
-        return true;
-      }
-    }
-    return false;
-  }
-  int Wait() {
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    reaped_ = true;
-    return status;
-  }
-  void Signal(int sig) { kill(pid_, sig); }
-  int port() const { return port_; }
-
- private:
-  pid_t pid_ = -1;
-  FILE* out_ = nullptr;
-  int port_ = 0;
-  int metrics_port_ = 0;
-  bool reaped_ = false;
-};
-
-std::vector<std::string> Args(const std::string& state_dir) {
-  return {"--listen",         "127.0.0.1:0", "--state-dir",           state_dir,
-          "--metrics-listen", "127.0.0.1:0", "--heartbeat-timeout-s", "3"};
+// The test token file, outside the state dir.
+std::string TokensFile(const TempDir& dir) {
+  const std::string path = dir.Sub("tokens.yaml");
+  testing::WriteTestTokenFile(path);
+  return path;
 }
 
 v1::Job GetJob(v1::JobService::Stub* stub, const std::string& id) {
@@ -105,17 +53,20 @@ v1::Job GetJob(v1::JobService::Stub* stub, const std::string& id) {
   return resp.job();
 }
 
+// Each worker presents its own client certificate (and re-registers with it after the
+// restart); the user side holds the admin token.
 TEST(CoordinatorProcessTest, SigkillAndRestartKeepsJobsCountersAndGeneration) {
   TempDir dir;
+  const std::string tokens = TokensFile(dir);
   std::string id;
   v1::WorkRef w1ref, w2ref;  // What each worker runs in the last generation.
   {
-    CoordinatorProcess coord(Args(dir.path()));
+    CoordinatorProcess coord(SecureArgs(dir.path(), tokens));
     ASSERT_TRUE(coord.ReadPorts());
-    auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", coord.port()),
-                                       grpc::InsecureChannelCredentials());
+    auto channel = MakeTestChannel(coord.port(), WithToken(TestTokens::kAdmin));
     auto stub = v1::JobService::NewStub(channel);
-    FakeWorker w1(channel, "w1", "", "10.0.0.1"), w2(channel, "w2", "", "10.0.0.2");
+    FakeWorker w1(MakeTestChannel(coord.port(), WithWorkerCert("w1")), "w1", "", "10.0.0.1");
+    FakeWorker w2(MakeTestChannel(coord.port(), WithWorkerCert("w2")), "w2", "", "10.0.0.2");
     for (FakeWorker* w : {&w1, &w2}) {
       ASSERT_TRUE(w->Register().ok());
       w->Connect();
@@ -160,10 +111,9 @@ TEST(CoordinatorProcessTest, SigkillAndRestartKeepsJobsCountersAndGeneration) {
     w2.Disconnect();
   }
   // Restart on the same state dir.
-  CoordinatorProcess coord(Args(dir.path()));
+  CoordinatorProcess coord(SecureArgs(dir.path(), tokens));
   ASSERT_TRUE(coord.ReadPorts());
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", coord.port()),
-                                     grpc::InsecureChannelCredentials());
+  auto channel = MakeTestChannel(coord.port(), WithToken(TestTokens::kAdmin));
   auto stub = v1::JobService::NewStub(channel);
   v1::Job after = GetJob(stub.get(), id);
   EXPECT_EQ(after.state(), v1::JOB_STATE_RECOVERING);
@@ -174,7 +124,8 @@ TEST(CoordinatorProcessTest, SigkillAndRestartKeepsJobsCountersAndGeneration) {
   ASSERT_EQ(after.attempts_size(), 2);
   EXPECT_EQ(after.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_PREEMPTED);
   // The workers reconnect and report what they still run: same generation, RUNNING.
-  FakeWorker w1(channel, "w1", "", "10.0.0.1"), w2(channel, "w2", "", "10.0.0.2");
+  FakeWorker w1(MakeTestChannel(coord.port(), WithWorkerCert("w1")), "w1", "", "10.0.0.1");
+  FakeWorker w2(MakeTestChannel(coord.port(), WithWorkerCert("w2")), "w2", "", "10.0.0.2");
   const v1::WorkRef mine1 = w1ref, mine2 = w2ref;
   bool keep1 = false, keep2 = false;
   ASSERT_TRUE(w1.Register(mine1, &keep1).ok());
@@ -201,14 +152,14 @@ TEST(CoordinatorProcessTest, SigkillAndRestartKeepsJobsCountersAndGeneration) {
 
 TEST(CoordinatorProcessTest, RestartWithoutWorkersRestartsFromCheckpointWithNewGeneration) {
   TempDir dir;
+  const std::string tokens = TokensFile(dir);
   std::string id;
   {
-    CoordinatorProcess coord(Args(dir.path()));
+    CoordinatorProcess coord(SecureArgs(dir.path(), tokens));
     ASSERT_TRUE(coord.ReadPorts());
-    auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", coord.port()),
-                                       grpc::InsecureChannelCredentials());
+    auto channel = MakeTestChannel(coord.port(), WithToken(TestTokens::kAdmin));
     auto stub = v1::JobService::NewStub(channel);
-    FakeWorker w1(channel, "w1");
+    FakeWorker w1(MakeTestChannel(coord.port(), WithWorkerCert("w1")), "w1");
     ASSERT_TRUE(w1.Register().ok());
     w1.Connect();
     v1::SubmitJobRequest req;
@@ -225,14 +176,13 @@ TEST(CoordinatorProcessTest, RestartWithoutWorkersRestartsFromCheckpointWithNewG
     coord.Signal(SIGKILL);
     coord.Wait();
   }
-  CoordinatorProcess coord(Args(dir.path()));
+  CoordinatorProcess coord(SecureArgs(dir.path(), tokens));
   ASSERT_TRUE(coord.ReadPorts());
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", coord.port()),
-                                     grpc::InsecureChannelCredentials());
+  auto channel = MakeTestChannel(coord.port(), WithToken(TestTokens::kAdmin));
   auto stub = v1::JobService::NewStub(channel);
   // A fresh worker (the old one never comes back) picks the job up after the
   // reconnect window (2 x heartbeat timeout = 6 s) with generation 2.
-  FakeWorker w2(channel, "w2");
+  FakeWorker w2(MakeTestChannel(coord.port(), WithWorkerCert("w2")), "w2");
   ASSERT_TRUE(w2.Register().ok());
   w2.Connect();
   w2.StartHeartbeats(std::chrono::milliseconds(200));
@@ -251,8 +201,8 @@ TEST(CoordinatorProcessTest, BadConfigExits2WithTheField) {
   FILE* f = fopen(cfg.c_str(), "w");
   fputs("heartbeat_timeout_s: 60\n", f);
   fclose(f);
-  std::string cmd = Binary() + " --state-dir " + dir.path() + " --config " + cfg + " 2>" +
-                    dir.path() + "/err.txt";
+  std::string cmd = CoordinatorBinary() + " --state-dir " + dir.path() + " --config " + cfg +
+                    " 2>" + dir.path() + "/err.txt";
   int rc = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(rc));
   EXPECT_EQ(WEXITSTATUS(rc), 2);
@@ -272,7 +222,7 @@ TEST(CoordinatorProcessTest, BadFlagsExit2) {
         std::string("--state-dir ") + dir.path() + " --heartbeat-timeout-s ten"}) {
     SCOPED_TRACE(flags);
     const std::string err_file = dir.path() + "/err.txt";
-    const std::string cmd = Binary() + " " + flags + " 2>" + err_file;
+    const std::string cmd = CoordinatorBinary() + " " + flags + " 2>" + err_file;
     const int rc = std::system(cmd.c_str());
     ASSERT_TRUE(WIFEXITED(rc));
     EXPECT_EQ(WEXITSTATUS(rc), 2);

@@ -1,6 +1,8 @@
 // CoordinatorServerTest: the fixture of the coordinator's gRPC tests. An in-process
-// CoordinatorServer on 127.0.0.1:0 (real gRPC, real SQLite in a temp dir, real metrics
-// HTTP server), FakeWorker protocol peers and a JobService client.
+// CoordinatorServer on 127.0.0.1:0 (real gRPC over TLS with worker client certificates
+// and the test token file, real SQLite in a temp dir, real metrics HTTP server),
+// FakeWorker protocol peers (each presenting its own client certificate) and a
+// JobService client holding the admin token (auth_channel.h).
 #ifndef ULYSSES_TESTS_COORDINATOR_GRPC_FIXTURE_H_
 #define ULYSSES_TESTS_COORDINATOR_GRPC_FIXTURE_H_
 
@@ -20,6 +22,7 @@
 #include "common/grpc/grpc_util.h"
 #include "coordinator/server.h"
 #include "gtest/gtest.h"
+#include "tests/coordinator/auth_channel.h"
 #include "tests/coordinator/fake_worker.h"
 #include "tests/coordinator/test_util.h"
 #include "ulysses/v1/job_service.grpc.pb.h"
@@ -37,12 +40,12 @@ class CoordinatorServerTest : public ::testing::Test {
     config_.heartbeat_interval_s = 0.2;
     config_.restart_backoff_base_s = 0.05;
     config_.restart_backoff_max_s = 0.2;
+    UseTestSecurity(&config_, tokens_dir_.Sub("tokens.yaml"));
     ASSERT_TRUE(ValidateAndFinalize(&config_).ok());
     auto server = CoordinatorServer::Start(config_);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
-                                   grpc::InsecureChannelCredentials());
+    channel_ = Channel(WithToken(TestTokens::kAdmin));
     jobs_ = v1::JobService::NewStub(channel_);
   }
   void TearDown() override {
@@ -50,10 +53,16 @@ class CoordinatorServerTest : public ::testing::Test {
     if (server_) server_->Shutdown();
   }
 
+  // A channel to the server (TLS) with `options`' token and worker certificate.
+  std::shared_ptr<grpc::Channel> Channel(const TestChannelOptions& options) {
+    return MakeTestChannel(server_->port(), options);
+  }
+
+  // A FakeWorker presenting the client certificate of `name`.
   FakeWorker& AddWorker(const std::string& name, const std::string& label = "",
                         const std::string& host = "") {
     workers_.push_back(std::make_unique<FakeWorker>(
-        channel_, name, label,
+        Channel(WithWorkerCert(name)), name, label,
         host.empty() ? "10.0.0." + std::to_string(workers_.size() + 1) : host));
     FakeWorker& w = *workers_.back();
     EXPECT_TRUE(w.Register().ok());
@@ -130,6 +139,7 @@ class CoordinatorServerTest : public ::testing::Test {
   bool Serving() { return HealthCheckBytes() == std::string("\x08\x01", 2); }
 
   TempDir dir_;
+  TempDir tokens_dir_{"ulysses-tokens"};
   CoordinatorConfig config_;
   std::unique_ptr<CoordinatorServer> server_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -21,6 +21,8 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::PollUntil;
+using testing::TestTokens;
+using testing::WithToken;
 
 constexpr int64_t kCapBytes = 2 << 20;
 
@@ -118,8 +120,7 @@ TEST_F(StoreRecoveryTest, FullDiskStopsWritesLosesNothingAndRecoversWhenSpaceIsF
   auto restarted = CoordinatorServer::Start(config_);
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   server_ = std::move(*restarted);
-  channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
-                                 grpc::InsecureChannelCredentials());
+  channel_ = Channel(WithToken(TestTokens::kAdmin));
   jobs_ = v1::JobService::NewStub(channel_);
   v1::ListJobsRequest req;
   req.set_page_size(1000);

@@ -253,5 +253,58 @@ TEST(StoreTest, RefusesANewerSchema) {
   EXPECT_NE(std::string(store.status().message()).find("schema version 99"), std::string::npos);
 }
 
+// Owner, tenant and worker identity (schema 2) round-trip, and a schema-1 file (made by
+// dropping those columns) is migrated in place: its rows keep their data with empty
+// owner/tenant/identity, and the new columns are writable.
+TEST(StoreTest, OwnerTenantAndIdentityPersistAndSchema1IsMigrated) {
+  TempDir dir;
+  {
+    auto store = Store::Open(dir.path());
+    ASSERT_TRUE(store.ok());
+    Store::Batch b;
+    b.jobs.push_back(MakeJob("job-000001", 1));
+    WorkerRecord w;
+    w.id = "w-a";
+    w.name = "a";
+    w.host = "h";
+    b.workers.push_back(w);
+    ASSERT_TRUE((*store)->Write(b).ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir.path() + "/coordinator.db").c_str(), &db), SQLITE_OK);
+  for (const char* sql :
+       {"ALTER TABLE jobs DROP COLUMN owner", "ALTER TABLE jobs DROP COLUMN tenant",
+        "ALTER TABLE workers DROP COLUMN identity",
+        "UPDATE meta SET value='1' WHERE key='schema_version'"}) {
+    ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql;
+  }
+  sqlite3_close(db);
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto snap = (*store)->Load();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  ASSERT_EQ(snap->jobs.size(), 1u);
+  EXPECT_EQ(snap->jobs[0].generation, 3);  // Old data intact.
+  EXPECT_EQ(snap->jobs[0].tenant, "");
+  ASSERT_EQ(snap->workers.size(), 1u);
+  EXPECT_EQ(snap->workers[0].identity, "");
+  Store::Batch b;
+  JobRecord j = snap->jobs[0];
+  j.owner = "alice";
+  j.tenant = "research";
+  b.jobs.push_back(j);
+  WorkerRecord w = snap->workers[0];
+  w.identity = "worker:a";
+  b.workers.push_back(w);
+  ASSERT_TRUE((*store)->Write(b).ok());
+  auto job = (*store)->LoadJob("job-000001");
+  ASSERT_TRUE(job.ok() && job->has_value());
+  EXPECT_EQ((*job)->owner, "alice");
+  EXPECT_EQ((*job)->tenant, "research");
+  auto worker = (*store)->LoadWorker("w-a");
+  ASSERT_TRUE(worker.ok() && worker->has_value());
+  EXPECT_EQ((*worker)->identity, "worker:a");
+}
+
 }  // namespace
 }  // namespace ulysses::coordinator

@@ -1,0 +1,109 @@
+// CoordinatorConfig: the security settings (TLS files, client CA, token file, --insecure)
+// and the loopback rule for plaintext, each problem named with its field and fix.
+#include <fstream>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "coordinator/config.h"
+#include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
+
+namespace ulysses::coordinator {
+namespace {
+
+using ::ulysses::testing::TempDir;
+
+CoordinatorConfig Base(const TempDir& dir) {
+  CoordinatorConfig c;
+  c.state_dir = dir.path();
+  return c;
+}
+
+TEST(ConfigTest, DefaultListenIsLoopback) {
+  TempDir dir;
+  CoordinatorConfig c = Base(dir);
+  EXPECT_EQ(c.listen, "127.0.0.1:50051");
+  EXPECT_TRUE(ValidateAndFinalize(&c).ok());
+}
+
+TEST(ConfigTest, LoopbackHosts) {
+  for (const char* h : {"127.0.0.1", "127.1.2.3", "::1", "localhost"}) {
+    EXPECT_TRUE(IsLoopbackHost(h)) << h;
+  }
+  for (const char* h :
+       {"0.0.0.0", "::", "10.0.0.1", "128.0.0.1", "localhost.evil.com", "127.evil.com", ""}) {
+    EXPECT_FALSE(IsLoopbackHost(h)) << h;
+  }
+}
+
+TEST(ConfigTest, PlaintextOffLoopbackNeedsInsecureOrTls) {
+  TempDir dir;
+  const std::string pem = dir.Sub("x.pem");
+  std::ofstream(pem) << "-----BEGIN CERTIFICATE-----\n";
+  CoordinatorConfig c = Base(dir);
+  c.listen = "0.0.0.0:50051";
+  absl::Status s = ValidateAndFinalize(&c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::StrContains(s.message(),
+                                "listen: \"0.0.0.0:50051\" is not a loopback address "
+                                "and TLS is off"))
+      << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "--insecure")) << s;
+  c = Base(dir);
+  c.listen = "[::]:50051";
+  c.insecure = true;
+  EXPECT_TRUE(ValidateAndFinalize(&c).ok());
+  c = Base(dir);
+  c.listen = "0.0.0.0:50051";
+  c.tls_cert = pem;
+  c.tls_key = pem;
+  EXPECT_TRUE(ValidateAndFinalize(&c).ok());
+}
+
+TEST(ConfigTest, TlsFilesComeInPairsExistAndTheClientCaNeedsTls) {
+  TempDir dir;
+  const std::string pem = dir.Sub("x.pem");
+  std::ofstream(pem) << "-----BEGIN CERTIFICATE-----\n";
+  CoordinatorConfig c = Base(dir);
+  c.tls_cert = pem;
+  absl::Status s = ValidateAndFinalize(&c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::StrContains(s.message(), "tls_cert/tls_key:")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "set both for TLS, or neither")) << s;
+
+  c = Base(dir);
+  c.tls_client_ca = pem;
+  s = ValidateAndFinalize(&c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::StrContains(s.message(), "tls_client_ca: \"" + pem + "\" needs TLS")) << s;
+
+  c = Base(dir);
+  c.tls_cert = dir.Sub("missing.pem");
+  c.tls_key = pem;
+  c.token_file = dir.Sub("missing.yaml");
+  s = ValidateAndFinalize(&c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(
+      absl::StrContains(s.message(), "tls_cert: \"" + dir.Sub("missing.pem") + "\" cannot be read"))
+      << s;
+  EXPECT_TRUE(absl::StrContains(s.message(),
+                                "token_file: \"" + dir.Sub("missing.yaml") + "\" cannot be read"))
+      << s;
+}
+
+TEST(ConfigTest, SecurityKeysLoadFromYaml) {
+  CoordinatorConfig c;
+  ASSERT_TRUE(ApplyConfigYaml("tls_cert: /a.pem\ntls_key: /a.key\ntls_client_ca: /ca.pem\n"
+                              "token_file: /t.yaml\ninsecure: true\n",
+                              &c)
+                  .ok());
+  EXPECT_EQ(c.tls_cert, "/a.pem");
+  EXPECT_EQ(c.tls_key, "/a.key");
+  EXPECT_EQ(c.tls_client_ca, "/ca.pem");
+  EXPECT_EQ(c.token_file, "/t.yaml");
+  EXPECT_TRUE(c.insecure);
+  EXPECT_FALSE(ApplyConfigYaml("insecure: maybe\n", &c).ok());
+}
+
+}  // namespace
+}  // namespace ulysses::coordinator

@@ -1,0 +1,314 @@
+// Security of the coordinator's gRPC API, attacked through the real API (in-process
+// server with TLS, worker client certificates and a token file; grpc_fixture.h):
+// authentication on every RPC (the health service open), the role table, tenant
+// isolation, who cancelled/resumed, and worker identities (mutual TLS, worker tokens,
+// no takeover of a live worker's name).
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "tests/coordinator/grpc_fixture.h"
+
+namespace ulysses::coordinator::testing {
+namespace {
+
+class SecurityGrpcTest : public CoordinatorServerTest {
+ protected:
+  using Call = std::function<grpc::Status(grpc::ClientContext*)>;
+
+  static grpc::Status Run(const Call& call) {
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    return call(&ctx);
+  }
+
+  // Every JobService RPC on `job_id` (and ListJobs/ListWorkers/SubmitJob) as `channel`'s
+  // caller, with the RPC name: the streams are read to their end.
+  std::vector<std::pair<std::string, Call>> JobRpcs(std::shared_ptr<grpc::Channel> channel,
+                                                    const std::string& job_id) {
+    std::shared_ptr<v1::JobService::Stub> stub = v1::JobService::NewStub(channel);
+    std::vector<std::pair<std::string, Call>> rpcs;
+    rpcs.push_back({"SubmitJob", [stub](grpc::ClientContext* ctx) {
+                      v1::SubmitJobRequest req;
+                      req.set_spec_yaml(JobYaml("sneaky", "    - {seq_len: 64, steps: 2}\n"));
+                      v1::SubmitJobResponse resp;
+                      return stub->SubmitJob(ctx, req, &resp);
+                    }});
+    rpcs.push_back({"GetJob", [stub, job_id](grpc::ClientContext* ctx) {
+                      v1::GetJobRequest req;
+                      req.set_job_id(job_id);
+                      v1::GetJobResponse resp;
+                      return stub->GetJob(ctx, req, &resp);
+                    }});
+    rpcs.push_back({"ListJobs", [stub](grpc::ClientContext* ctx) {
+                      v1::ListJobsResponse resp;
+                      return stub->ListJobs(ctx, v1::ListJobsRequest(), &resp);
+                    }});
+    rpcs.push_back({"CancelJob", [stub, job_id](grpc::ClientContext* ctx) {
+                      v1::CancelJobRequest req;
+                      req.set_job_id(job_id);
+                      v1::CancelJobResponse resp;
+                      return stub->CancelJob(ctx, req, &resp);
+                    }});
+    rpcs.push_back({"ResumeJob", [stub, job_id](grpc::ClientContext* ctx) {
+                      v1::ResumeJobRequest req;
+                      req.set_job_id(job_id);
+                      v1::ResumeJobResponse resp;
+                      return stub->ResumeJob(ctx, req, &resp);
+                    }});
+    rpcs.push_back({"WatchJob", [stub, job_id](grpc::ClientContext* ctx) {
+                      v1::WatchJobRequest req;
+                      req.set_job_id(job_id);
+                      auto reader = stub->WatchJob(ctx, req);
+                      v1::JobEvent e;
+                      while (reader->Read(&e)) {
+                      }
+                      return reader->Finish();
+                    }});
+    rpcs.push_back({"GetJobLogs", [stub, job_id](grpc::ClientContext* ctx) {
+                      v1::GetJobLogsRequest req;
+                      req.set_job_id(job_id);
+                      auto reader = stub->GetJobLogs(ctx, req);
+                      v1::GetJobLogsResponse r;
+                      while (reader->Read(&r)) {
+                      }
+                      return reader->Finish();
+                    }});
+    rpcs.push_back({"ListWorkers", [stub](grpc::ClientContext* ctx) {
+                      v1::ListWorkersResponse resp;
+                      return stub->ListWorkers(ctx, v1::ListWorkersRequest(), &resp);
+                    }});
+    return rpcs;
+  }
+
+  static grpc::Status Register(std::shared_ptr<grpc::Channel> channel, const std::string& name) {
+    auto stub = v1::WorkerService::NewStub(channel);
+    v1::RegisterRequest req;
+    req.set_name(name);
+    req.set_host("10.9.9.9");
+    req.set_capacity(1);
+    v1::RegisterResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    return stub->Register(&ctx, req, &resp);
+  }
+
+  // Opens a Session with hello{worker_id} and returns how the coordinator ended it
+  // (the coordinator closes refused sessions at once).
+  static grpc::Status OpenSession(std::shared_ptr<grpc::Channel> channel,
+                                  const std::string& worker_id) {
+    auto stub = v1::WorkerService::NewStub(channel);
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    auto stream = stub->Session(&ctx);
+    v1::WorkerMessage hello;
+    hello.mutable_hello()->set_worker_id(worker_id);
+    stream->Write(hello);
+    v1::CoordinatorMessage m;
+    while (stream->Read(&m)) {
+    }
+    return stream->Finish();
+  }
+
+  absl::StatusOr<std::string> SubmitAs(const std::string& token, const std::string& name) {
+    auto stub = v1::JobService::NewStub(Channel(WithToken(token)));
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(JobYaml(name, "    - {seq_len: 64, steps: 4}\n"));
+    v1::SubmitJobResponse resp;
+    grpc::Status s = Run([&](grpc::ClientContext* c) { return stub->SubmitJob(c, req, &resp); });
+    if (!s.ok()) return FromGrpcStatus(s);
+    return resp.job_id();
+  }
+};
+
+TEST_F(SecurityGrpcTest, EveryRpcWithoutATokenIsUnauthenticatedAndHealthStaysOpen) {
+  absl::StatusOr<std::string> id = SubmitAs(TestTokens::kAlice, "mine");
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto anonymous = Channel(TestChannelOptions());
+  for (const auto& [name, call] : JobRpcs(anonymous, *id)) {
+    grpc::Status s = Run(call);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << name;
+    EXPECT_TRUE(absl::StrContains(s.error_message(), "no token: set ULYSSES_TOKEN")) << name;
+  }
+  EXPECT_EQ(Register(anonymous, "w1").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(OpenSession(anonymous, "w-w1").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // Nothing changed: still one job, PENDING, no workers.
+  EXPECT_EQ(GetJob(*id).state(), v1::JOB_STATE_PENDING);
+  grpc::ClientContext ctx;
+  v1::ListJobsResponse jobs;
+  ASSERT_TRUE(jobs_->ListJobs(&ctx, v1::ListJobsRequest(), &jobs).ok());
+  EXPECT_EQ(jobs.jobs_size(), 1);
+  // The health service needs no token.
+  channel_ = anonymous;
+  EXPECT_TRUE(Serving());
+}
+
+TEST_F(SecurityGrpcTest, UnknownOrMalformedTokensAreUnauthenticated) {
+  for (const std::string& token :
+       {std::string("ul_not-a-token"), std::string(TestTokens::kAlice) + "x",
+        auth::Sha256Hex(TestTokens::kAlice)}) {
+    auto rpcs = JobRpcs(Channel(WithToken(token)), "job-000001");
+    for (const auto& [name, call] : rpcs) {
+      grpc::Status s = Run(call);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << name << " " << token;
+      EXPECT_TRUE(absl::StrContains(s.error_message(), "unknown or revoked token")) << name;
+    }
+  }
+  // Not "Bearer <token>" at all.
+  auto stub = v1::JobService::NewStub(Channel(TestChannelOptions()));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", std::string("Basic ") + TestTokens::kAlice);
+  v1::ListJobsResponse resp;
+  EXPECT_EQ(stub->ListJobs(&ctx, v1::ListJobsRequest(), &resp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST_F(SecurityGrpcTest, ViewerReadsItsTenantButCannotSubmitCancelOrResume) {
+  absl::StatusOr<std::string> id = SubmitAs(TestTokens::kAlice, "alices");
+  ASSERT_TRUE(id.ok()) << id.status();
+  for (const auto& [name, call] : JobRpcs(Channel(WithToken(TestTokens::kViewer)), *id)) {
+    if (name == "WatchJob") continue;  // Of a live job: runs until its deadline.
+    grpc::Status s = Run(call);
+    if (name == "SubmitJob" || name == "CancelJob" || name == "ResumeJob") {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << name;
+      EXPECT_TRUE(absl::StrContains(s.error_message(), "role viewer")) << s.error_message();
+    } else {
+      EXPECT_TRUE(s.ok()) << name << ": " << s.error_message();
+    }
+  }
+  EXPECT_EQ(GetJob(*id).state(), v1::JOB_STATE_PENDING);
+  // A viewer is no worker either.
+  EXPECT_EQ(Register(Channel(WithToken(TestTokens::kViewer)), "vera").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+}
+
+TEST_F(SecurityGrpcTest, AnotherTenantsJobIsNotFoundForEveryRpcAndUnchanged) {
+  absl::StatusOr<std::string> id = SubmitAs(TestTokens::kAlice, "secret");
+  ASSERT_TRUE(id.ok()) << id.status();
+  v1::Job job = GetJob(*id);  // As admin.
+  EXPECT_EQ(job.owner(), "alice");
+  EXPECT_EQ(job.tenant(), "research");
+  auto bob = Channel(WithToken(TestTokens::kBob));
+  for (const auto& [name, call] : JobRpcs(bob, *id)) {
+    if (name == "SubmitJob" || name == "ListWorkers") continue;
+    grpc::Status s = Run(call);
+    if (name == "ListJobs") {
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      continue;
+    }
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << name << ": " << s.error_message();
+  }
+  auto bob_stub = v1::JobService::NewStub(bob);
+  v1::ListJobsResponse listed;
+  ASSERT_TRUE(Run([&](grpc::ClientContext* c) {
+                return bob_stub->ListJobs(c, v1::ListJobsRequest(), &listed);
+              }).ok());
+  EXPECT_EQ(listed.jobs_size(), 0);
+  // Bob's own job is his; alice does not see it, the admin sees both.
+  absl::StatusOr<std::string> bobs = SubmitAs(TestTokens::kBob, "bobs");
+  ASSERT_TRUE(bobs.ok());
+  ASSERT_TRUE(Run([&](grpc::ClientContext* c) {
+                return bob_stub->ListJobs(c, v1::ListJobsRequest(), &listed);
+              }).ok());
+  ASSERT_EQ(listed.jobs_size(), 1);
+  EXPECT_EQ(listed.jobs(0).id(), *bobs);
+  auto alice_stub = v1::JobService::NewStub(Channel(WithToken(TestTokens::kAlice)));
+  ASSERT_TRUE(Run([&](grpc::ClientContext* c) {
+                return alice_stub->ListJobs(c, v1::ListJobsRequest(), &listed);
+              }).ok());
+  ASSERT_EQ(listed.jobs_size(), 1);
+  EXPECT_EQ(listed.jobs(0).id(), *id);
+  ASSERT_TRUE(Run([&](grpc::ClientContext* c) {
+                return jobs_->ListJobs(c, v1::ListJobsRequest(), &listed);
+              }).ok());
+  EXPECT_EQ(listed.jobs_size(), 2);
+  EXPECT_EQ(GetJob(*id).state(), v1::JOB_STATE_PENDING);  // Bob's cancel did nothing.
+}
+
+TEST_F(SecurityGrpcTest, EventsRecordWhoCancelledAndResumed) {
+  absl::StatusOr<std::string> id = SubmitAs(TestTokens::kAlice, "tracked");
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto alice = v1::JobService::NewStub(Channel(WithToken(TestTokens::kAlice)));
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(*id);
+  cancel.set_reason("wrong data");
+  v1::CancelJobResponse cancelled;
+  ASSERT_TRUE(
+      Run([&](grpc::ClientContext* c) { return alice->CancelJob(c, cancel, &cancelled); }).ok());
+  v1::ResumeJobRequest resume;
+  resume.set_job_id(*id);
+  v1::ResumeJobResponse resumed;
+  ASSERT_TRUE(
+      Run([&](grpc::ClientContext* c) { return jobs_->ResumeJob(c, resume, &resumed); }).ok());
+  std::string cancelled_by, resumed_by;
+  const v1::Job job = GetJob(*id);
+  for (const v1::JobEvent& e : job.events()) {
+    if (!e.has_state_change()) continue;
+    if (e.state_change().to() == v1::JOB_STATE_CANCELLED) cancelled_by = e.state_change().actor();
+    if (e.state_change().from() == v1::JOB_STATE_CANCELLED) resumed_by = e.state_change().actor();
+  }
+  EXPECT_EQ(cancelled_by, "alice");
+  EXPECT_EQ(resumed_by, "root");  // The admin of the test token file.
+}
+
+TEST_F(SecurityGrpcTest, WithoutAClientCertificateAUserTokenCannotRegisterAWorker) {
+  EXPECT_EQ(Register(Channel(WithToken(TestTokens::kAlice)), "w1").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(Register(Channel(TestChannelOptions()), "w1").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  grpc::ClientContext ctx;
+  v1::ListWorkersResponse workers;
+  ASSERT_TRUE(jobs_->ListWorkers(&ctx, v1::ListWorkersRequest(), &workers).ok());
+  EXPECT_EQ(workers.workers_size(), 0);
+}
+
+TEST_F(SecurityGrpcTest, ACertificateForW1CannotRegisterOrDriveW2) {
+  auto w1_channel = Channel(WithWorkerCert("w1"));
+  grpc::Status s = Register(w1_channel, "w2");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "\"w2\" is not the worker"))
+      << s.error_message();
+  EXPECT_TRUE(Register(w1_channel, "w1").ok());
+  // w2 registers with its own certificate; w1's certificate cannot open w2's session.
+  FakeWorker& w2 = AddWorker("w2");
+  EXPECT_EQ(OpenSession(w1_channel, w2.worker_id()).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  // The worker token of w9 registers w9 only.
+  auto w9_token = Channel(WithToken(TestTokens::kWorkerW9));
+  EXPECT_EQ(Register(w9_token, "w1").error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(Register(w9_token, "w9").ok());
+}
+
+TEST_F(SecurityGrpcTest, ALiveWorkersNameCannotBeTakenOverAndItsJobRunsOn) {
+  FakeWorker& w1 = AddWorker("w1");
+  absl::StatusOr<std::string> id = Submit(JobYaml("victim", "    - {seq_len: 64, steps: 4}\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto a = w1.WaitAssignment();
+  ASSERT_TRUE(a.has_value());
+  w1.Started(a->ref());
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
+  // An admin token may register any name, but not one a live worker of another
+  // identity holds; three tries, as in the attack.
+  auto admin = Channel(WithToken(TestTokens::kAdmin));
+  for (int i = 0; i < 3; ++i) {
+    grpc::Status s = Register(admin, "w1");
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_TRUE(absl::StrContains(s.error_message(), "held by another identity"))
+        << s.error_message();
+  }
+  EXPECT_EQ(OpenSession(admin, w1.worker_id()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_FALSE(w1.closed());  // The real session was not superseded.
+  v1::Job job = GetJob(*id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.failures(), 0);
+  ASSERT_EQ(job.attempts_size(), 1);
+  EXPECT_EQ(job.attempts(0).worker_ids(0), "w-w1");
+  // The same identity may re-register (a worker process restart keeps its name).
+  EXPECT_TRUE(w1.Register(a->ref()).ok());
+}
+
+}  // namespace
+}  // namespace ulysses::coordinator::testing
