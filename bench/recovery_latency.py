@@ -61,6 +61,13 @@ def main():
         port = wait_for(lambda: re.search(r"listening grpc=(\d+)", read(coord_log)), 30,
                         "coordinator start").group(1)
         env = dict(os.environ, ULYSSES_COORDINATOR="127.0.0.1:" + port)
+        # The admin token a coordinator without a token file creates: ulyssesctl and the
+        # workers send it (docs/OPERATIONS.md).
+        token_file = os.path.join(tmp, "state", "admin.token")
+        auth = []
+        if os.path.exists(token_file):
+            env["ULYSSES_TOKEN"] = read(token_file).strip()
+            auth = ["--token-file", token_file]
         os.environ.update(env)
         workers = {}
         for i in range(a.workers):
@@ -68,7 +75,7 @@ def main():
             workers[name] = start(
                 [os.path.join(a.bin, "ulysses-worker"), "--coordinator", env["ULYSSES_COORDINATOR"],
                  "--name", name, "--device", "cpu", "--work-dir", os.path.join(tmp, name),
-                 "--grace-period-s", "30"], name + ".log")
+                 "--grace-period-s", "30", *auth], name + ".log")
         ctl = lambda *args: subprocess.run([os.path.join(a.bin, "ulyssesctl"), *args],
                                            capture_output=True, text=True)
         wait_for(lambda: ctl("get", "workers", "-o", "json").stdout.count('"IDLE"') >= a.workers,

@@ -212,7 +212,7 @@ absl::StatusOr<ClientConfig> ParseClientConfig(const std::string& yaml, const st
   }
   if (problems.empty()) {
     if (absl::Status status = config.Validate(); !status.ok()) {
-      return error(std::string(status.message()));
+      return error(std::string{status.message()});
     }
     return config;
   }

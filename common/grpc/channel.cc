@@ -44,7 +44,8 @@ class BearerInterceptor final : public grpc::experimental::Interceptor {
 class BearerInterceptorFactory final
     : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
-  explicit BearerInterceptorFactory(std::string token) : header_(absl::StrCat("Bearer ", token)) {}
+  explicit BearerInterceptorFactory(absl::string_view token)
+      : header_(absl::StrCat("Bearer ", token)) {}
   grpc::experimental::Interceptor* CreateClientInterceptor(
       grpc::experimental::ClientRpcInfo* /*info*/) override {
     return new BearerInterceptor(header_);  // gRPC owns and deletes it.
