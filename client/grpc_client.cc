@@ -1,8 +1,11 @@
 #include "client/grpc_client.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/grpc/channel.h"
 #include "common/grpc/grpc_util.h"
 #include "grpcpp/grpcpp.h"
@@ -22,17 +25,40 @@ JobClient::JobClient(Connection connection, absl::Duration rpc_timeout,
                      std::unique_ptr<v1::JobService::Stub> stub)
     : connection_(std::move(connection)), rpc_timeout_(rpc_timeout), stub_(std::move(stub)) {}
 
+std::string NewRequestId() {
+  std::random_device device;
+  std::string id = "ulyssesctl-";
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::Hex(device(), absl::kZeroPad8));
+  return id;
+}
+
 absl::StatusOr<v1::SubmitJobResponse> JobClient::Submit(const std::string& spec_yaml,
-                                                        const std::vector<std::string>& sets) {
-  grpc::ClientContext ctx;
-  SetDeadlineAfter(&ctx, rpc_timeout_);
+                                                        const std::vector<std::string>& sets,
+                                                        std::string request_id) {
   v1::SubmitJobRequest request;
   request.set_spec_yaml(spec_yaml);
   for (const auto& s : sets) request.add_overrides(s);
-  v1::SubmitJobResponse response;
-  absl::Status status = FromGrpcStatus(stub_->SubmitJob(&ctx, request, &response));
-  if (!status.ok()) return status;
-  return response;
+  request.set_request_id(request_id.empty() ? NewRequestId() : std::move(request_id));
+  absl::Duration backoff = submit_retry_.initial_backoff;
+  absl::Status status;
+  for (last_submit_calls_ = 1;; ++last_submit_calls_) {
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, rpc_timeout_);
+    v1::SubmitJobResponse response;
+    status = FromGrpcStatus(stub_->SubmitJob(&ctx, request, &response));
+    if (status.ok()) return response;
+    const bool retryable = status.code() == absl::StatusCode::kUnavailable ||
+                           status.code() == absl::StatusCode::kDeadlineExceeded;
+    if (!retryable || last_submit_calls_ >= submit_retry_.attempts) break;
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, submit_retry_.max_backoff);
+  }
+  if (last_submit_calls_ > 1) {
+    return absl::Status(status.code(),
+                        absl::StrCat(status.message(), " (", last_submit_calls_,
+                                     " attempts with request_id ", request.request_id(), ")"));
+  }
+  return status;
 }
 
 absl::StatusOr<v1::Job> JobClient::GetJob(const std::string& id, bool include_events,

@@ -29,8 +29,22 @@ class JobClient {
   const std::string& address() const { return connection_.channel.server; }
   const Connection& connection() const { return connection_; }
 
+  // SubmitJob with `request_id` (NewRequestId() when empty): an UNAVAILABLE or
+  // DEADLINE_EXCEEDED answer is retried with the same id, up to `submit_attempts` calls
+  // in all with doubling backoff. Safe because the coordinator answers a repeated id with
+  // the job it already created (SubmitJobRequest.request_id) instead of a second one.
   absl::StatusOr<ulysses::v1::SubmitJobResponse> Submit(const std::string& spec_yaml,
-                                                        const std::vector<std::string>& sets);
+                                                        const std::vector<std::string>& sets,
+                                                        std::string request_id = "");
+  // Retry policy of Submit (tests shorten the backoff).
+  struct SubmitRetry {
+    int attempts = 4;
+    absl::Duration initial_backoff = absl::Milliseconds(500);
+    absl::Duration max_backoff = absl::Seconds(4);
+  };
+  void set_submit_retry(const SubmitRetry& retry) { submit_retry_ = retry; }
+  // Calls the last Submit made (1 when the first one answered).
+  int last_submit_calls() const { return last_submit_calls_; }
   absl::StatusOr<ulysses::v1::Job> GetJob(const std::string& id, bool include_events,
                                           bool include_spec);
   // Every job (all pages), newest first.
@@ -53,8 +67,13 @@ class JobClient {
 
   Connection connection_;
   absl::Duration rpc_timeout_;
+  SubmitRetry submit_retry_;
+  int last_submit_calls_ = 0;
   std::unique_ptr<ulysses::v1::JobService::Stub> stub_;
 };
+
+// A fresh idempotency key for SubmitJob: "ulyssesctl-" + 32 random hex digits.
+std::string NewRequestId();
 
 // "error: NOT_FOUND: job job-000009 not found", or for UNAVAILABLE:
 // "error: cannot reach the coordinator at HOST:PORT (UNAVAILABLE: ...)"; for

@@ -55,6 +55,18 @@ class CoordinatorServerTest : public ::testing::Test {
     if (server_) server_->Shutdown();
   }
 
+  // Stops the coordinator and starts a new one on the same state dir (a restart), and
+  // reconnects the admin JobService client. Workers must reconnect themselves.
+  void RestartServer() {
+    server_->Shutdown();
+    server_.reset();
+    auto server = CoordinatorServer::Start(config_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    channel_ = Channel(WithToken(TestTokens::kAdmin));
+    jobs_ = v1::JobService::NewStub(channel_);
+  }
+
   // A channel to the server (TLS) with `options`' token and worker certificate.
   std::shared_ptr<grpc::Channel> Channel(const TestChannelOptions& options) {
     return MakeTestChannel(server_->port(), options);

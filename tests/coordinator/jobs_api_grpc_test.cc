@@ -40,16 +40,6 @@ class JobsApiGrpcTest : public testing::CoordinatorServerTest {
   }
 
   // Stops the in-process coordinator and starts a new one on the same state dir.
-  void Restart() {
-    server_->Shutdown();
-    server_.reset();
-    auto server = CoordinatorServer::Start(config_);
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = std::move(*server);
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
-                                   grpc::InsecureChannelCredentials());
-    jobs_ = v1::JobService::NewStub(channel_);
-  }
 };
 
 TEST_F(JobsApiGrpcTest, SubmitWithARequestIdIsIdempotentAcrossRestarts) {
@@ -73,7 +63,7 @@ TEST_F(JobsApiGrpcTest, SubmitWithARequestIdIsIdempotentAcrossRestarts) {
   ASSERT_TRUE(Submit(yaml).ok());
   EXPECT_EQ(CountJobs(), 4);
 
-  Restart();
+  RestartServer();
   auto after = SubmitWithId(yaml, "req-7f3a");
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->job_id(), first->job_id());

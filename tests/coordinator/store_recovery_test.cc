@@ -115,13 +115,7 @@ TEST_F(StoreRecoveryTest, FullDiskStopsWritesLosesNothingAndRecoversWhenSpaceIsF
   // whose write failed was never created.
   std::vector<std::string> expected = accepted;
   expected.push_back(*after);
-  server_->Shutdown();
-  server_.reset();
-  auto restarted = CoordinatorServer::Start(config_);
-  ASSERT_TRUE(restarted.ok()) << restarted.status();
-  server_ = std::move(*restarted);
-  channel_ = Channel(WithToken(TestTokens::kAdmin));
-  jobs_ = v1::JobService::NewStub(channel_);
+  RestartServer();
   v1::ListJobsRequest req;
   req.set_page_size(1000);
   v1::ListJobsResponse resp;
