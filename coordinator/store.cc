@@ -211,8 +211,16 @@ absl::Status Store::Probe() {
   if (sticky_error_.ok()) return absl::OkStatus();
   absl::Status s = Exec("BEGIN IMMEDIATE");
   if (s.ok()) {
-    s = Exec(absl::StrCat("INSERT OR REPLACE INTO meta(key, value) VALUES('last_probe_ms', '",
-                          absl::ToUnixMillis(absl::Now()), "')"));
+    // Headroom, not just any write: a tiny write can fit in a page that has room while
+    // the change that failed cannot. Take (and give back) as much as the largest record
+    // (a job of kProbeHeadroomBytes of spec) within the probe's transaction.
+    s = Exec(absl::StrCat("INSERT OR REPLACE INTO meta(key, value) VALUES('probe', zeroblob(",
+                          kProbeHeadroomBytes, "))"));
+    if (s.ok()) s = Exec("DELETE FROM meta WHERE key='probe'");
+    if (s.ok()) {
+      s = Exec(absl::StrCat("INSERT OR REPLACE INTO meta(key, value) VALUES('last_probe_ms', '",
+                            absl::ToUnixMillis(absl::Now()), "')"));
+    }
     if (s.ok()) s = Exec("COMMIT");
     if (!s.ok()) (void)Exec("ROLLBACK");
   }

@@ -83,9 +83,11 @@ class Store {
   bool writable() const { return sticky_error_.ok(); }
   // Why the store is read-only (OK while writable).
   const absl::Status& read_only_reason() const { return sticky_error_; }
-  // While read-only: tries one small write transaction; when it commits, the store is
-  // writable again (OK). Otherwise returns that write's error and stays read-only.
+  // While read-only: tries one write transaction that takes (and frees again)
+  // kProbeHeadroomBytes; when it commits, the store is writable again (OK). Otherwise
+  // returns that write's error and stays read-only.
   absl::Status Probe();
+  static constexpr int64_t kProbeHeadroomBytes = 512 * 1024;  // 2x the largest spec.
 
   // Events of one job in sequence order (newest `limit`).
   absl::StatusOr<std::vector<EventRecord>> LoadEvents(const std::string& job_id, int limit);
