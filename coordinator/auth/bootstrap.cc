@@ -12,32 +12,10 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/private_file.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ulysses::coordinator::auth {
-namespace {
-
-// Writes `text` to `path` atomically with mode 0600.
-absl::Status WritePrivate(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot write \"", tmp, "\" (", std::strerror(errno), ")"));
-  }
-  fchmod(fd, 0600);
-  bool ok =
-      write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && fsync(fd) == 0;
-  ok = (close(fd) == 0) && ok;
-  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
-    unlink(tmp.c_str());
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot write \"", path, "\" (", std::strerror(errno), ")"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<TokenEntry> EnsureAdminToken(const std::string& state_dir) {
   const std::string path = absl::StrCat(state_dir, "/", kAdminTokenFile);
@@ -63,7 +41,7 @@ absl::StatusOr<TokenEntry> EnsureAdminToken(const std::string& state_dir) {
     absl::StatusOr<std::string> fresh = NewToken();
     if (!fresh.ok()) return fresh.status();
     token = *fresh;
-    if (absl::Status s = WritePrivate(path, token + "\n"); !s.ok()) return s;
+    if (absl::Status s = WritePrivateFile(path, token + "\n"); !s.ok()) return s;
   }
   TokenEntry e;
   e.user = kBootstrapUser;
@@ -89,7 +67,7 @@ absl::StatusOr<std::string> WriteClientConfig(const std::string& state_dir,
   if (!ca.empty()) out << YAML::Key << "ca" << YAML::Value << ca;
   out << YAML::Key << "token_file" << YAML::Value << absl::StrCat(state_dir, "/", kAdminTokenFile);
   out << YAML::EndMap << YAML::EndSeq << YAML::EndMap;
-  if (absl::Status s = WritePrivate(path, std::string(out.c_str()) + "\n"); !s.ok()) return s;
+  if (absl::Status s = WritePrivateFile(path, std::string(out.c_str()) + "\n"); !s.ok()) return s;
   return path;
 }
 

@@ -20,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/private_file.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ulysses::coordinator::auth {
@@ -209,20 +210,8 @@ absl::Status AppendTokenFile(const std::string& path, const TokenEntry& entry) {
   if (absl::StatusOr<std::vector<TokenEntry>> check = ParseTokenFile(text, path); !check.ok()) {
     return check.status();
   }
-  const std::string tmp = path + ".tmp";
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--token-file: cannot write \"", tmp, "\" (", std::strerror(errno), ")"));
-  }
-  fchmod(fd, 0600);
-  bool ok =
-      write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && fsync(fd) == 0;
-  ok = (close(fd) == 0) && ok;
-  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
-    unlink(tmp.c_str());
-    return absl::FailedPreconditionError(
-        absl::StrCat("--token-file: cannot write \"", path, "\" (", std::strerror(errno), ")"));
+  if (absl::Status s = WritePrivateFile(path, text); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("--token-file: ", s.message()));
   }
   return absl::OkStatus();
 }
