@@ -1,0 +1,69 @@
+#include "common/spec/memory_model.h"
+
+#include <gtest/gtest.h>
+
+namespace ulysses::spec {
+namespace {
+
+ParameterCounts Counts(double total, double largest) {
+  ParameterCounts c;
+  c.total = total;
+  c.largest_unit = largest;
+  return c;
+}
+
+TEST(MemoryModelTest, CountsTheTinyShapeByHand) {
+  ModelShape s;
+  s.vocab_size = 100;
+  s.hidden_size = 8;
+  s.intermediate_size = 16;
+  s.num_hidden_layers = 2;
+  s.num_attention_heads = 2;
+  s.num_key_value_heads = 1;
+  const ParameterCounts c = CountParameters(s);
+  // q 8*8, k and v 8*4 each, o 8*8, gate/up/down 3*8*16, norms 2*8.
+  EXPECT_DOUBLE_EQ(c.per_layer, 64 + 32 + 32 + 64 + 384 + 16);
+  EXPECT_DOUBLE_EQ(c.embedding, 800);
+  EXPECT_DOUBLE_EQ(c.total, 2 * 800 + 2 * c.per_layer + 8);
+  EXPECT_DOUBLE_EQ(c.largest_unit, 800);
+}
+
+TEST(MemoryModelTest, StagesShardOptimizerThenGradientsThenParameters) {
+  ModelStateInputs in;
+  in.params = Counts(1000, 100);
+  in.dtype = "float32";
+  in.world = 4;
+  in.zero_stage = 0;
+  ModelStateBytes z0 = ModelStatePerRank(in);
+  EXPECT_DOUBLE_EQ(z0.DeviceTotal(), 1000 * (4 + 4 + 8));
+  in.zero_stage = 1;
+  EXPECT_DOUBLE_EQ(ModelStatePerRank(in).DeviceTotal(), 1000 * (4 + 4) + 1000 * 8 / 4.0);
+  in.zero_stage = 2;
+  EXPECT_DOUBLE_EQ(ModelStatePerRank(in).DeviceTotal(), 1000 * 4 + 1000 * 12 / 4.0 + 100 * 4);
+  in.zero_stage = 3;
+  EXPECT_DOUBLE_EQ(ModelStatePerRank(in).DeviceTotal(), 1000 * 16 / 4.0 + 2 * 100 * 8);
+}
+
+TEST(MemoryModelTest, Bf16KeepsFp32GradientsMasterAndMoments) {
+  ModelStateInputs in;
+  in.params = Counts(10, 1);
+  in.dtype = "bfloat16";
+  const ModelStateBytes b = ModelStatePerRank(in);
+  EXPECT_DOUBLE_EQ(b.parameters, 20);
+  EXPECT_DOUBLE_EQ(b.gradients, 40);
+  EXPECT_DOUBLE_EQ(b.optimizer, 120);
+}
+
+TEST(MemoryModelTest, OffloadMovesOptimizerToHost) {
+  ModelStateInputs in;
+  in.params = Counts(1000, 100);
+  in.zero_stage = 1;
+  in.world = 2;
+  in.offload_optimizer = true;
+  const ModelStateBytes b = ModelStatePerRank(in);
+  EXPECT_DOUBLE_EQ(b.optimizer, 0);
+  EXPECT_DOUBLE_EQ(b.host_optimizer, 1000 * 8 / 2.0);
+}
+
+}  // namespace
+}  // namespace ulysses::spec
