@@ -56,11 +56,20 @@ struct SyntheticDataSpec {
   int64_t validation_sequences = 8;  // Sequences in the validation set (per eval window length).
 };
 
-// Training data: flat little-endian uint32 token files, or a synthetic generator.
+// Training data: flat little-endian uint32 token files, indexed document datasets
+// (docs/DATA.md), or a synthetic generator.
 struct DataSpec {
-  std::string train;                           // Path to the training token file.
-  std::string validation;                      // Path to the validation token file ("" = none).
+  std::string train;                           // Training token file (flat) or prefix (indexed).
+  std::string validation;                      // Validation file / prefix ("" = none).
   std::optional<SyntheticDataSpec> synthetic;  // Set instead of train/validation.
+  std::string format = "flat";                 // flat (uint32 file) | indexed (PREFIX.idx/.bin).
+  bool packing = true;  // indexed: pack whole documents per sequence (false: one per sequence).
+};
+
+// Bounded evaluation, per job (spec.eval) and per stage (spec.stages[i].eval overrides).
+struct EvalSpec {
+  int64_t max_sequences = 0;  // Validation sequences evaluated (0 = all of the validation set).
+  int64_t every_steps = 0;    // Also evaluate every N steps of a stage (0 = at stage ends only).
 };
 
 struct ParallelismSpec {
@@ -91,6 +100,7 @@ struct OptimizerSpec {
   std::string schedule = "cosine";  // constant | linear | cosine (decay to min_lr_ratio * lr).
   double min_lr_ratio = 0.1;        // Floor of the decay, as a fraction of lr.
   int64_t grad_accum_steps = 1;     // Micro-batches per optimizer step.
+  int64_t micro_batch_size = 1;     // Sequences per micro-batch (per DP replica).
 };
 
 // One stage of staged context expansion. Unset optionals inherit from the job.
@@ -101,6 +111,7 @@ struct StageSpec {
   std::optional<int64_t> warmup_steps;  // Overrides optimizer.warmup_steps.
   std::optional<int64_t> sp_degree;     // Overrides parallelism.sp_degree.
   std::optional<int64_t> dp_degree;     // Overrides parallelism.dp_degree.
+  std::optional<EvalSpec> eval;         // Overrides spec.eval for this stage.
 };
 
 struct CheckpointSpec {
@@ -129,6 +140,7 @@ struct JobSpec {
   std::vector<StageSpec> stages;
   CheckpointSpec checkpoint;
   SchedulingSpec scheduling;
+  EvalSpec eval;
   uint64_t seed = 1234;
 
   // Effective per-stage values (stage override, else the job default).
@@ -139,6 +151,7 @@ struct JobSpec {
   int64_t StageWarmup(size_t i) const {
     return stages[i].warmup_steps.value_or(optimizer.warmup_steps);
   }
+  const EvalSpec& StageEval(size_t i) const { return stages[i].eval ? *stages[i].eval : eval; }
 };
 
 }  // namespace ulysses::spec

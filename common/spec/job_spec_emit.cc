@@ -62,6 +62,13 @@ void EmitData(YAML::Emitter& out, const DataSpec& d) {
     out << YAML::Key << "validation_sequences" << YAML::Value << d.synthetic->validation_sequences;
     out << YAML::EndMap;
   }
+  // Emitted only when set, so the hash of a spec without them is unchanged.
+  if (d.format != "flat") {
+    out << YAML::Key << "format" << YAML::Value << d.format;
+  }
+  if (!d.packing) {
+    out << YAML::Key << "packing" << YAML::Value << d.packing;
+  }
   out << YAML::EndMap;
 }
 
@@ -97,6 +104,9 @@ void EmitOptimizer(YAML::Emitter& out, const OptimizerSpec& o) {
   out << YAML::Key << "schedule" << YAML::Value << o.schedule;
   out << YAML::Key << "min_lr_ratio" << YAML::Value << FormatDouble(o.min_lr_ratio);
   out << YAML::Key << "grad_accum_steps" << YAML::Value << o.grad_accum_steps;
+  if (o.micro_batch_size != 1) {  // only when set: the hash of older specs is unchanged
+    out << YAML::Key << "micro_batch_size" << YAML::Value << o.micro_batch_size;
+  }
   out << YAML::EndMap;
 }
 
@@ -117,6 +127,12 @@ void EmitStages(YAML::Emitter& out, const std::vector<StageSpec>& stages) {
     }
     if (st.dp_degree) {
       out << YAML::Key << "dp_degree" << YAML::Value << *st.dp_degree;
+    }
+    if (st.eval) {
+      out << YAML::Key << "eval" << YAML::Value << YAML::Flow << YAML::BeginMap;
+      out << YAML::Key << "max_sequences" << YAML::Value << st.eval->max_sequences;
+      out << YAML::Key << "every_steps" << YAML::Value << st.eval->every_steps;
+      out << YAML::EndMap;
     }
     out << YAML::EndMap;
   }
@@ -167,6 +183,12 @@ std::string ToYaml(const JobSpec& s) {
   EmitOptimizer(out, s.optimizer);
   EmitStages(out, s.stages);
   EmitCheckpointAndScheduling(out, s);
+  if (s.eval.max_sequences != 0 || s.eval.every_steps != 0) {
+    out << YAML::Key << "eval" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "max_sequences" << YAML::Value << s.eval.max_sequences;
+    out << YAML::Key << "every_steps" << YAML::Value << s.eval.every_steps;
+    out << YAML::EndMap;
+  }
   out << YAML::Key << "seed" << YAML::Value << s.seed;
   out << YAML::EndMap << YAML::EndMap;
   return std::string(out.c_str()) + "\n";

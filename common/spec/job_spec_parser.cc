@@ -81,6 +81,8 @@ const std::vector<SchemaEntry>& Schema() {
         {"spec.data.synthetic", Kind::kMap},
         {"spec.data.synthetic.generator", Kind::kScalar},
         {"spec.data.synthetic.validation_sequences", Kind::kScalar},
+        {"spec.data.format", Kind::kScalar},
+        {"spec.data.packing", Kind::kScalar},
         {"spec.parallelism", Kind::kMap},
         {"spec.parallelism.sp_degree", Kind::kScalar},
         {"spec.parallelism.dp_degree", Kind::kScalar},
@@ -105,6 +107,7 @@ const std::vector<SchemaEntry>& Schema() {
         {"spec.optimizer.schedule", Kind::kScalar},
         {"spec.optimizer.min_lr_ratio", Kind::kScalar},
         {"spec.optimizer.grad_accum_steps", Kind::kScalar},
+        {"spec.optimizer.micro_batch_size", Kind::kScalar},
         {"spec.stages", Kind::kList},
         {"spec.stages[]", Kind::kMap},
         {"spec.stages[].seq_len", Kind::kScalar},
@@ -113,6 +116,12 @@ const std::vector<SchemaEntry>& Schema() {
         {"spec.stages[].warmup_steps", Kind::kScalar},
         {"spec.stages[].sp_degree", Kind::kScalar},
         {"spec.stages[].dp_degree", Kind::kScalar},
+        {"spec.stages[].eval", Kind::kMap},
+        {"spec.stages[].eval.max_sequences", Kind::kScalar},
+        {"spec.stages[].eval.every_steps", Kind::kScalar},
+        {"spec.eval", Kind::kMap},
+        {"spec.eval.max_sequences", Kind::kScalar},
+        {"spec.eval.every_steps", Kind::kScalar},
         {"spec.checkpoint", Kind::kMap},
         {"spec.checkpoint.dir", Kind::kScalar},
         {"spec.checkpoint.every_steps", Kind::kScalar},
@@ -455,6 +464,8 @@ void ReadData(const YAML::Node& node, Reader& r, DataSpec* data) {
   }
   r.String(m, "train", p, &data->train);
   r.String(m, "validation", p, &data->validation);
+  r.String(m, "format", p, &data->format);
+  r.Bool(m, "packing", p, &data->packing);
   auto synthetic = m.find("synthetic");
   if (synthetic == m.end() || synthetic->second.IsNull()) {
     return;
@@ -535,6 +546,22 @@ void ReadOptimizer(const YAML::Node& node, Reader& r, OptimizerSpec* opt) {
   r.String(m, "schedule", p, &opt->schedule);
   r.Double(m, "min_lr_ratio", p, &opt->min_lr_ratio);
   r.Int(m, "grad_accum_steps", p, &opt->grad_accum_steps);
+  r.Int(m, "micro_batch_size", p, &opt->micro_batch_size);
+}
+
+// spec.eval or spec.stages[i].eval (schema path `schema`).
+void ReadEvalMap(const YAML::Node& node, Reader& r, const std::string& p, const std::string& schema,
+                 EvalSpec* eval) {
+  Entries m;
+  if (!r.Entries(node, p, schema, &m)) {
+    return;
+  }
+  r.Int(m, "max_sequences", p, &eval->max_sequences);
+  r.Int(m, "every_steps", p, &eval->every_steps);
+}
+
+void ReadEval(const YAML::Node& node, Reader& r, EvalSpec* eval) {
+  ReadEvalMap(node, r, "spec.eval", "spec.eval", eval);
 }
 
 void ReadStages(const YAML::Node& node, Reader& r, std::vector<StageSpec>* stages) {
@@ -574,6 +601,11 @@ void ReadStages(const YAML::Node& node, Reader& r, std::vector<StageSpec>* stage
       }
       if (r.Int(m, "dp_degree", ip, &v)) {
         stage.dp_degree = v;
+      }
+      if (auto ev = m.find("eval"); ev != m.end() && !ev->second.IsNull()) {
+        EvalSpec eval;
+        ReadEvalMap(ev->second, r, ip + ".eval", "spec.stages[].eval", &eval);
+        stage.eval = eval;
       }
     }
     stages->push_back(stage);
@@ -624,6 +656,7 @@ void ReadSpec(const YAML::Node& node, Reader& r, JobSpec* spec) {
   section("stages", ReadStages, &spec->stages);
   section("checkpoint", ReadCheckpoint, &spec->checkpoint);
   section("scheduling", ReadScheduling, &spec->scheduling);
+  section("eval", ReadEval, &spec->eval);
   auto seed = m.find("seed");
   if (seed != m.end() && !seed->second.IsNull()) {
     if (!seed->second.IsScalar() || !ParseUint64(seed->second.Scalar(), &spec->seed)) {

@@ -185,6 +185,21 @@ void CheckOptimizer(const JobSpec& s, Errors& e) {
     e.Add("spec.optimizer.grad_accum_steps", absl::StrCat(o.grad_accum_steps), "must be >= 1",
           "use 1 for no accumulation");
   }
+  if (o.micro_batch_size < 1 || o.micro_batch_size > 4096) {
+    e.Add("spec.optimizer.micro_batch_size", absl::StrCat(o.micro_batch_size), "is outside 1..4096",
+          "use 1, or a few sequences per micro-batch");
+  }
+}
+
+void CheckEval(const std::string& p, const EvalSpec& ev, Errors& e) {
+  if (ev.max_sequences < 0) {
+    e.Add(p + ".max_sequences", absl::StrCat(ev.max_sequences), "must be >= 0",
+          "use 0 for the whole validation set, or a bound such as 64");
+  }
+  if (ev.every_steps < 0) {
+    e.Add(p + ".every_steps", absl::StrCat(ev.every_steps), "must be >= 0",
+          "use 0 to evaluate at stage ends only");
+  }
 }
 
 // Nearest multiples of the sequence unit around `seq_len`: the unit keeps N/P a
@@ -256,6 +271,17 @@ void CheckStages(const JobSpec& s, Errors& e) {
 
 void CheckData(const JobSpec& s, Errors& e) {
   const DataSpec& d = s.data;
+  CheckChoice(e, "spec.data.format", d.format, {"flat", "indexed"}, "format");
+  if (d.synthetic && (d.format != "flat" || !d.packing)) {
+    e.Add("spec.data.format", Quote(d.format),
+          "format/packing are given together with "
+          "data.synthetic",
+          "they apply to token files only; remove them");
+  }
+  if (!d.packing && d.format != "indexed") {
+    e.Add("spec.data.packing", "false", "needs format: indexed (a flat file has no documents)",
+          "set data.format: indexed with a packed dataset, or remove packing");
+  }
   if (d.synthetic) {
     if (!d.train.empty()) {
       e.Add("spec.data.train", Quote(d.train), "is given together with data.synthetic",
@@ -332,6 +358,12 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   CheckOptimizer(spec, e);
   CheckStages(spec, e);
   CheckCheckpointAndScheduling(spec, e);
+  CheckEval("spec.eval", spec.eval, e);
+  for (size_t i = 0; i < spec.stages.size(); ++i) {
+    if (spec.stages[i].eval) {
+      CheckEval(absl::StrCat("spec.stages[", i, "].eval"), *spec.stages[i].eval, e);
+    }
+  }
   return internal::ErrorsToStatus(e.lines());
 }
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -184,11 +185,25 @@ void CheckOneFile(const std::string& field, const std::string& path, int64_t nee
 absl::Status CheckDataFiles(const JobSpec& spec) {
   std::vector<std::string> errors;
   const int64_t need = spec.stages.empty() ? 1 : spec.stages[0].seq_len + 1;
-  if (!spec.data.train.empty()) {
-    CheckOneFile("spec.data.train", spec.data.train, need, &errors);
-  }
-  if (!spec.data.validation.empty()) {
-    CheckOneFile("spec.data.validation", spec.data.validation, need, &errors);
+  for (const auto& [field, path] : {std::make_pair("spec.data.train", spec.data.train),
+                                    std::make_pair("spec.data.validation", spec.data.validation)}) {
+    if (path.empty()) continue;
+    if (spec.data.format != "indexed") {
+      CheckOneFile(field, path, need, &errors);
+      continue;
+    }
+    // An indexed dataset prefix (docs/DATA.md): its index and tokens must exist; the engine
+    // validates their contents when it opens them.
+    for (const char* ext : {".idx", ".bin"}) {
+      struct stat st;
+      if (::stat((path + ext).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+        errors.push_back(absl::StrCat(field, ": ", Quote(path),
+                                      " is an indexed dataset prefix, but ", Quote(path + ext),
+                                      " is not a readable file (build it with `ulysses-train data "
+                                      "pack --out ",
+                                      path, "`)"));
+      }
+    }
   }
   return ErrorsToStatus(errors);
 }

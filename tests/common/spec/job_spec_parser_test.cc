@@ -470,6 +470,17 @@ std::vector<BadCase> BadCases() {
        "spec.memory.loss_tile_tokens: 0 must be > 0"},
       {"attention_block_size", With("{tiled_loss: true}", "{attention_block_size: -4}"),
        "spec.memory.attention_block_size: -4 must be > 0"},
+      {"data_format", With("{synthetic: {generator: random}}", "{train: t, format: megatron}"),
+       "spec.data.format: 'megatron' is not a supported format (use flat or indexed)"},
+      {"packing_flat", With("{synthetic: {generator: random}}", "{train: t, packing: false}"),
+       "spec.data.packing: false needs format: indexed"},
+      {"micro_batch_size", With("warmup_steps: 2}", "warmup_steps: 2, micro_batch_size: 0}"),
+       "spec.optimizer.micro_batch_size: 0 is outside 1..4096"},
+      {"eval_max_sequences", With("  seed: 7\n", "  eval: {max_sequences: -1}\n  seed: 7\n"),
+       "spec.eval.max_sequences: -1 must be >= 0"},
+      {"stage_eval_every_steps",
+       With("{seq_len: 1024, steps: 10}", "{seq_len: 1024, steps: 10, eval: {every_steps: -2}}"),
+       "spec.stages[0].eval.every_steps: -2 must be >= 0"},
   };
 }
 
@@ -487,6 +498,38 @@ TEST(JobSpecParserTest, BadSpecsGiveExactMessages) {
       EXPECT_THAT(std::string(line), HasSubstr(": ")) << "every line names a path";
     }
   }
+}
+
+TEST(JobSpecParserTest, DataEvalAndBatchFieldsParseAndRoundTrip) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(With(
+      {{"{synthetic: {generator: random}}",
+        "{train: data/t, validation: data/v, "
+        "format: indexed, packing: false}"},
+       {"warmup_steps: 2}", "warmup_steps: 2, micro_batch_size: 4}"},
+       {"  seed: 7\n", "  eval: {max_sequences: 16, every_steps: 5}\n  seed: 7\n"},
+       {"{seq_len: 1024, steps: 10}", "{seq_len: 1024, steps: 10, eval: {max_sequences: 2}}"}}));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->data.format, "indexed");
+  EXPECT_FALSE(spec->data.packing);
+  EXPECT_EQ(spec->optimizer.micro_batch_size, 4);
+  EXPECT_EQ(spec->eval.max_sequences, 16);
+  EXPECT_EQ(spec->StageEval(0).max_sequences, 2);
+  EXPECT_EQ(spec->StageEval(0).every_steps, 0);
+  EXPECT_EQ(spec->StageEval(1).max_sequences, 16);
+  EXPECT_EQ(spec->StageEval(1).every_steps, 5);
+  const std::string yaml = ToYaml(*spec);
+  absl::StatusOr<JobSpec> again = ParseJobSpec(yaml);
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << yaml;
+  EXPECT_EQ(ToYaml(*again), yaml);
+  EXPECT_EQ(again->StageEval(0).max_sequences, 2);
+  EXPECT_EQ(again->optimizer.micro_batch_size, 4);
+  EXPECT_FALSE(again->data.packing);
+  // The data layout is part of the training hash (a resume must read the same sequences).
+  JobSpec packed = *spec;
+  packed.data.packing = true;
+  EXPECT_NE(SpecHash(packed), SpecHash(*spec));
+  packed.optimizer.micro_batch_size = 1;
+  EXPECT_NE(SpecHash(packed), SpecHash(*spec));
 }
 
 TEST(JobSpecParserTest, SeqLenOnlyNeedsToDivideBySp) {

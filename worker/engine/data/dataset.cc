@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "worker/engine/data/packing.h"
 
 namespace ulysses::engine {
 namespace {
@@ -114,10 +115,7 @@ class FileTokenDataset final : public TokenDataset {
     }
     int64_t window;
     if (split_ == Split::kTrain) {
-      const int64_t epoch = index / count;
-      window = PermuteIndex(index % count, count,
-                            StreamSeed(seed_, 0x66696c65ULL, static_cast<uint64_t>(epoch),
-                                       static_cast<uint64_t>(seq_len)));
+      window = EpochWindow(index, count, seed_, static_cast<uint64_t>(seq_len));
     } else {
       if (index >= count) {
         return absl::OutOfRangeError(absl::StrCat("validation index ", index, " >= ", count,
@@ -277,6 +275,12 @@ class NeedleDataset final : public TokenDataset {
 
 }  // namespace
 
+int64_t EpochWindow(int64_t index, int64_t n, uint64_t seed, uint64_t salt) {
+  const int64_t epoch = index / n;
+  return PermuteIndex(index % n, n,
+                      StreamSeed(seed, 0x66696c65ULL, static_cast<uint64_t>(epoch), salt));
+}
+
 NeedleLayout NeedleLayout::For(int64_t vocab_size) {
   NeedleLayout l;
   const int64_t free = vocab_size - NeedleVocab::kFirstFree;
@@ -375,6 +379,9 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> OpenDataset(const spec::JobSpec& s
         split == Split::kTrain
             ? "spec.data.train is empty; set a token file or spec.data.synthetic"
             : "spec.data.validation is empty; set a validation token file to evaluate");
+  }
+  if (spec.data.format == "indexed") {
+    return OpenPackedDataset(path, split, vocab_size, spec.seed, spec.data.packing);
   }
   return OpenTokenFile(path, split, vocab_size, spec.seed);
 }

@@ -44,6 +44,9 @@ enum class Split { kTrain, kValidation };
 struct Sample {
   torch::Tensor tokens;       // [s + 1] int64: inputs are tokens[0:s], targets tokens[1:s+1].
   torch::Tensor target_mask;  // [s] bool: which positions are scored; undefined = all.
+  // Packed documents (indexed datasets, docs/DATA.md); both undefined for one document:
+  torch::Tensor position_ids;  // [s] int64 RoPE position of each input (restarts per document).
+  torch::Tensor doc_ids;       // [s] int64 document of each input, non-decreasing.
 };
 
 class TokenDataset {
@@ -93,9 +96,15 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> OpenSynthetic(const std::string& g
                                                             int64_t validation_sequences);
 
 // Opens spec.data for `split`: the synthetic generator when spec.data.synthetic is set,
-// else spec.data.train / spec.data.validation. vocab_size bounds token ids.
+// else spec.data.train / spec.data.validation: a flat token file (format: flat) or an indexed
+// dataset prefix packed per spec.data.packing (format: indexed, packing.h). vocab_size bounds
+// token ids.
 absl::StatusOr<std::unique_ptr<TokenDataset>> OpenDataset(const spec::JobSpec& spec, Split split,
                                                           int64_t vocab_size);
+
+// The train order shared by file datasets: sequence `index` of a dataset of n >= 1 sequences reads
+// sequence EpochWindow(...) of epoch index / n, a seeded permutation of [0, n) per (epoch, salt).
+int64_t EpochWindow(int64_t index, int64_t n, uint64_t seed, uint64_t salt);
 
 // Fraction of scored positions (target_mask, or all when undefined) where
 // predictions[i] == tokens[i+1]. predictions: [s] int64 (argmax of logits).

@@ -18,7 +18,9 @@ absl::StatusOr<LocalShard> ShardSamples(const std::vector<Sample>& samples, int6
         absl::StrCat("sequence length ", s, " is not divisible by sp_degree ", sp_size,
                      "; use a seq_len that is a multiple of ", sp_size));
   }
-  std::vector<torch::Tensor> inputs, labels;
+  std::vector<torch::Tensor> inputs, labels, positions, docs;
+  bool packed = false;
+  for (const Sample& sample : samples) packed = packed || sample.doc_ids.defined();
   for (size_t i = 0; i < samples.size(); ++i) {
     const Sample& sample = samples[i];
     if (sample.tokens.dim() != 1 || sample.tokens.size(0) != s + 1) {
@@ -38,6 +40,19 @@ absl::StatusOr<LocalShard> ShardSamples(const std::vector<Sample>& samples, int6
       label.masked_fill_(sample.target_mask.to(torch::kBool).logical_not(), kIgnoreIndex);
     }
     labels.push_back(label);
+    for (const torch::Tensor* t : {&sample.position_ids, &sample.doc_ids}) {
+      if (t->defined() && (t->dim() != 1 || t->numel() != s)) {
+        return absl::InvalidArgumentError(absl::StrCat("ShardSamples: sample ", i,
+                                                       " position_ids/doc_ids have ", t->numel(),
+                                                       " entries, expected ", s));
+      }
+    }
+    positions.push_back(sample.position_ids.defined() ? sample.position_ids.to(torch::kInt64)
+                                                      : torch::arange(s, torch::kInt64));
+    if (packed) {
+      docs.push_back(sample.doc_ids.defined() ? sample.doc_ids.to(torch::kInt64)
+                                              : torch::zeros({s}, torch::kInt64));
+    }
   }
   const int64_t local = s / sp_size;
   const int64_t begin = sp_rank * local;
@@ -45,7 +60,8 @@ absl::StatusOr<LocalShard> ShardSamples(const std::vector<Sample>& samples, int6
   // [b, s] -> [b, s/p]: this rank's contiguous slice of the sequence axis.
   shard.input_ids = torch::stack(inputs).slice(1, begin, begin + local).contiguous();
   shard.labels = torch::stack(labels).slice(1, begin, begin + local).contiguous();
-  shard.position_ids = torch::arange(begin, begin + local, torch::kInt64);
+  shard.position_ids = torch::stack(positions).slice(1, begin, begin + local).contiguous();
+  if (packed) shard.doc_ids = torch::stack(docs);  // [b, s]: the whole layout on every rank
   return shard;
 }
 

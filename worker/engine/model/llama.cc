@@ -139,9 +139,9 @@ std::pair<torch::Tensor, torch::Tensor> RopeCosSin(const torch::Tensor& position
                                                    torch::Device device) {
   // Computed in fp64 from global positions, so every shard sees identical values.
   torch::Tensor inv_freq = RopeInverseFrequencies(config);              // [d/2]
-  torch::Tensor pos = position_ids.to(torch::kCPU).to(torch::kDouble);  // [s/p]
-  torch::Tensor freqs = pos.unsqueeze(1) * inv_freq.unsqueeze(0);       // [s/p, d/2]
-  torch::Tensor emb = torch::cat({freqs, freqs}, 1);                    // [s/p, d]
+  torch::Tensor pos = position_ids.to(torch::kCPU).to(torch::kDouble);  // [s/p] or [b, s/p]
+  torch::Tensor freqs = pos.unsqueeze(-1) * inv_freq;                   // [.., s/p, d/2]
+  torch::Tensor emb = torch::cat({freqs, freqs}, -1);                   // [.., s/p, d]
   return {emb.cos().to(device, dtype), emb.sin().to(device, dtype)};
 }
 
@@ -151,9 +151,9 @@ torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos,
   torch::Tensor x1 = x.narrow(-1, 0, half);
   torch::Tensor x2 = x.narrow(-1, half, half);
   torch::Tensor rotated = torch::cat({-x2, x1}, -1);  // rotate_half
-  // [s/p, d] -> [1, s/p, 1, d]
-  torch::Tensor c = cos.unsqueeze(0).unsqueeze(2);
-  torch::Tensor s = sin.unsqueeze(0).unsqueeze(2);
+  // [s/p, d] -> [1, s/p, 1, d]; per-row tables [b, s/p, d] -> [b, s/p, 1, d]
+  torch::Tensor c = cos.dim() == 2 ? cos.unsqueeze(0).unsqueeze(2) : cos.unsqueeze(2);
+  torch::Tensor s = sin.dim() == 2 ? sin.unsqueeze(0).unsqueeze(2) : sin.unsqueeze(2);
   return x * c + rotated * s;
 }
 
@@ -194,7 +194,8 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c) : config_(c) {
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                          const torch::Tensor& sin, const AttentionFn& attention) {
+                                          const torch::Tensor& sin, const AttentionFn& attention,
+                                          const torch::Tensor& doc_ids) {
   const int64_t b = x.size(0), s = x.size(1), d = config_.head_dim();
   const int64_t hq = config_.num_attention_heads, hkv = config_.num_key_value_heads;
   // [b, s/p, H] -> [b, s/p, hq, d] / [b, s/p, hkv, d]
@@ -203,7 +204,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
   torch::Tensor v = v_proj(x).view({b, s, hkv, d});
   q = ApplyRope(q, cos, sin);
   k = ApplyRope(k, cos, sin);
-  torch::Tensor o = attention(q, k, v);  // [b, s/p, hq, d]
+  torch::Tensor o = attention(q, k, v, doc_ids);  // [b, s/p, hq, d]
   // [b, s/p, hq, d] -> [b, s/p, hq*d]
   return o_proj(o.reshape({b, s, hq * d}));
 }
@@ -245,9 +246,9 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, const MemoryO
 }
 
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                             const torch::Tensor& sin,
-                                             const AttentionFn& attention) {
-  torch::Tensor h = x + self_attn(input_layernorm(x), cos, sin, attention);
+                                             const torch::Tensor& sin, const AttentionFn& attention,
+                                             const torch::Tensor& doc_ids) {
+  torch::Tensor h = x + self_attn(input_layernorm(x), cos, sin, attention, doc_ids);
   return h + mlp(post_attention_layernorm(h));
 }
 
@@ -261,18 +262,19 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, const MemoryOptions& memory
 
 torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids,
                                       const torch::Tensor& position_ids,
-                                      const AttentionFn& attention) {
+                                      const AttentionFn& attention, const torch::Tensor& doc_ids) {
   torch::Tensor h = embed_tokens(input_ids);  // [b, s/p] -> [b, s/p, H]
   auto [cos, sin] = RopeCosSin(position_ids, config_, h.scalar_type(), h.device());
   for (size_t i = 0; i < layers->size(); ++i) {
     auto layer = layers->ptr<LlamaDecoderLayerImpl>(i);
     if (memory_.activation_checkpointing) {
-      torch::Tensor c = cos, s = sin;
+      torch::Tensor c = cos, s = sin, docs = doc_ids;
       AttentionFn attn = attention;
-      h = Checkpoint(
-          [layer, c, s, attn](const torch::Tensor& x) { return layer->forward(x, c, s, attn); }, h);
+      h = Checkpoint([layer, c, s, attn,
+                      docs](const torch::Tensor& x) { return layer->forward(x, c, s, attn, docs); },
+                     h);
     } else {
-      h = layer->forward(h, cos, sin, attention);
+      h = layer->forward(h, cos, sin, attention, doc_ids);
     }
   }
   return norm(h);
@@ -310,15 +312,17 @@ torch::Tensor LlamaForCausalLMImpl::HeadWeight() const {
 
 torch::Tensor LlamaForCausalLMImpl::Hidden(const torch::Tensor& input_ids,
                                            const torch::Tensor& position_ids,
-                                           const AttentionFn& attention) {
-  return model(input_ids, position_ids, attention);
+                                           const AttentionFn& attention,
+                                           const torch::Tensor& doc_ids) {
+  return model(input_ids, position_ids, attention, doc_ids);
 }
 
 LossOutput LlamaForCausalLMImpl::Loss(const torch::Tensor& input_ids,
                                       const torch::Tensor& position_ids,
                                       const torch::Tensor& labels, const AttentionFn& attention,
-                                      const torch::Tensor& accuracy_mask) {
-  torch::Tensor h = Hidden(input_ids, position_ids, attention);  // [b, s/p, H]
+                                      const torch::Tensor& accuracy_mask,
+                                      const torch::Tensor& doc_ids) {
+  torch::Tensor h = Hidden(input_ids, position_ids, attention, doc_ids);  // [b, s/p, H]
   const int64_t hidden = h.size(-1);
   torch::Tensor flat_h = h.reshape({-1, hidden});                // [b*s/p, H]
   torch::Tensor flat_y = labels.reshape({-1}).to(torch::kLong);  // [b*s/p]

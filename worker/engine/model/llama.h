@@ -48,10 +48,12 @@ struct MemoryOptions {
   int64_t loss_tile_tokens = 4096;        // Tokens per loss tile.
 };
 
-// q [b, s/p, hq, d], k/v [b, s/p, hkv, d] (RoPE applied at global positions)
-// -> [b, s/p, hq, d]: causal attention over the FULL sequence.
-using AttentionFn = std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k,
-                                                const torch::Tensor& v)>;
+// q [b, s/p, hq, d], k/v [b, s/p, hkv, d] (RoPE applied at global positions), doc_ids [b, s]
+// (document of every token of the FULL sequence; undefined = one document per row)
+// -> [b, s/p, hq, d]: causal attention over the FULL sequence, never across documents.
+using AttentionFn =
+    std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v, const torch::Tensor& doc_ids)>;
 
 // Result of LossSum: loss_sum is a differentiable scalar (sum of per-token CE
 // over valid labels); tokens = number of valid labels. Accuracy fields are
@@ -69,12 +71,13 @@ inline constexpr int64_t kIgnoreIndex = -100;
 // config.rope_scaling (llama3: see spec::RopeScaling). Throws c10::Error on a rope
 // type it does not implement (a validated config has none).
 torch::Tensor RopeInverseFrequencies(const LlamaConfig& config);
-// cos/sin tables [s/p, d] for the given global positions (HF rotate_half layout), from
+// cos/sin tables [s/p, d] for position_ids [s/p] (or [b, s/p, d] for per-row position_ids
+// [b, s/p], e.g. packed documents restarting at 0) in the HF rotate_half layout, from
 // RopeInverseFrequencies(config).
 std::pair<torch::Tensor, torch::Tensor> RopeCosSin(const torch::Tensor& position_ids,
                                                    const LlamaConfig& config, torch::Dtype dtype,
                                                    torch::Device device);
-// x [b, s/p, h, d]; cos/sin [s/p, d].
+// x [b, s/p, h, d]; cos/sin [s/p, d] or [b, s/p, d].
 torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
 // Runs fn(x) without saving activations and recomputes it in backward.
@@ -106,7 +109,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   explicit LlamaAttentionImpl(const LlamaConfig& config);
   // x [b, s/p, H] -> [b, s/p, H]
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const AttentionFn& attention);
+                        const AttentionFn& attention, const torch::Tensor& doc_ids);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
@@ -132,7 +135,7 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
   LlamaDecoderLayerImpl(const LlamaConfig& config, const MemoryOptions& memory);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const AttentionFn& attention);
+                        const AttentionFn& attention, const torch::Tensor& doc_ids);
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -142,9 +145,10 @@ TORCH_MODULE(LlamaDecoderLayer);
 class LlamaModelImpl : public torch::nn::Module {
  public:
   LlamaModelImpl(const LlamaConfig& config, const MemoryOptions& memory);
-  // input_ids [b, s/p] int64, position_ids [s/p] int64 (global) -> [b, s/p, H] (final-normed).
+  // input_ids [b, s/p] int64, position_ids [s/p] or [b, s/p] int64 (RoPE positions of the local
+  // shard), doc_ids [b, s] (global document layout, optional) -> [b, s/p, H] (final-normed).
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
-                        const AttentionFn& attention);
+                        const AttentionFn& attention, const torch::Tensor& doc_ids = {});
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
@@ -166,12 +170,13 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
 
   // Final hidden states [b, s/p, H] of the local shard.
   torch::Tensor Hidden(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
-                       const AttentionFn& attention);
+                       const AttentionFn& attention, const torch::Tensor& doc_ids = {});
   // Loss of the local shard: labels [b, s/p] (kIgnoreIndex = no target).
   // accuracy_mask [b, s/p] bool (optional): count argmax hits at these positions.
+  // doc_ids [b, s] (optional): packed documents; attention stays inside each document.
   LossOutput Loss(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
                   const torch::Tensor& labels, const AttentionFn& attention,
-                  const torch::Tensor& accuracy_mask = {});
+                  const torch::Tensor& accuracy_mask = {}, const torch::Tensor& doc_ids = {});
 
   // The LM head weight [V, H] (embed_tokens.weight when tied).
   torch::Tensor HeadWeight() const;

@@ -31,10 +31,31 @@ torch::Tensor HeadsFirst(const torch::Tensor& x) { return x.permute({0, 2, 1, 3}
 // [b, hkv, s, d] -> [b, s, hkv, d]
 torch::Tensor SequenceFirst(const torch::Tensor& x) { return x.permute({0, 2, 1, 3}).contiguous(); }
 
+// Document layout helpers. docs [b, s] int64 on the CPU, non-decreasing along s (packed
+// documents are contiguous), so a key tile [j0, j1) and a query tile [i0, i1) share no document
+// in any batch row when every row's last key document is below its first query document.
+bool TilesDisjoint(const torch::Tensor& docs, int64_t i0, int64_t j1) {
+  auto a = docs.accessor<int64_t, 2>();
+  for (int64_t r = 0; r < docs.size(0); ++r) {
+    if (a[r][j1 - 1] >= a[r][i0]) return false;
+  }
+  return true;
+}
+// Positions [begin, end) lie in one document in every batch row (no document mask needed).
+bool TileInOneDocument(const torch::Tensor& docs, int64_t begin, int64_t end) {
+  auto a = docs.accessor<int64_t, 2>();
+  for (int64_t r = 0; r < docs.size(0); ++r) {
+    if (a[r][begin] != a[r][end - 1]) return false;
+  }
+  return true;
+}
+
 // Scores of query tile [i0, i0+bq) against key tile [j0, j0+bk), causally masked where the tile
 // crosses the diagonal. qt [b, hkv, g, bq, d], kt [b, hkv, bk, d] -> [b, hkv, g, bq, bk].
+// docs (optional): [b, s] int64 document ids, non-decreasing along s; where the tile spans more
+// than one document, scores between different documents are masked too.
 torch::Tensor TileScores(const torch::Tensor& qt, const torch::Tensor& kt, double scale, int64_t i0,
-                         int64_t j0) {
+                         int64_t j0, const torch::Tensor& docs = {}) {
   // kt [b, hkv, bk, d] -> [b, hkv, 1, d, bk]; broadcast over g.
   torch::Tensor s = torch::matmul(qt, kt.unsqueeze(2).transpose(-1, -2)).mul_(scale);
   const int64_t bq = qt.size(3), bk = kt.size(2);
@@ -43,13 +64,23 @@ torch::Tensor TileScores(const torch::Tensor& qt, const torch::Tensor& kt, doubl
     auto cols = torch::arange(j0, j0 + bk, torch::kLong).unsqueeze(0);  // [1, bk]
     s.masked_fill_(cols > rows, -std::numeric_limits<double>::infinity());
   }
+  if (docs.defined() && !TileInOneDocument(docs, j0, i0 + bq)) {
+    const int64_t b = docs.size(0);
+    // [b, bq, 1] != [b, 1, bk] -> [b, bq, bk] -> [b, 1, 1, bq, bk] (broadcast over hkv, g)
+    torch::Tensor other =
+        docs.slice(1, i0, i0 + bq).unsqueeze(2).ne(docs.slice(1, j0, j0 + bk).unsqueeze(1));
+    s.masked_fill_(other.view({b, 1, 1, bq, bk}).to(s.device()),
+                   -std::numeric_limits<double>::infinity());
+  }
   return s;
 }
 
 struct BlockwiseCausalAttention : public torch::autograd::Function<BlockwiseCausalAttention> {
   // q [b, s, hq, d], k/v [b, s, hkv, d] -> out [b, s, hq, d]; saves q, k, v, out, lse.
+  // docs: [b, s] int64 CPU document ids (undefined = one document per row). Key tiles holding no
+  // document of the query tile are skipped entirely; mixed tiles are masked (TileScores).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, int64_t block) {
+                               const torch::Tensor& v, int64_t block, const torch::Tensor& docs) {
     const int64_t hkv = k.size(2), s = q.size(1), d = q.size(3);
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     torch::Tensor qg = GroupQueries(q, hkv);                                // [b, hkv, g, s, d]
@@ -63,11 +94,27 @@ struct BlockwiseCausalAttention : public torch::autograd::Function<BlockwiseCaus
       torch::Tensor m, l, acc;  // running max [.., bq, 1], sum [.., bq, 1], output [.., bq, d]
       for (int64_t j0 = 0; j0 < i1; j0 += block) {  // key tiles in order: the first has key 0
         const int64_t j1 = std::min(s, j0 + block);
+        if (docs.defined() && TilesDisjoint(docs, i0, j1)) continue;         // another document
         torch::Tensor kt = kh.index({Slice(), Slice(), Slice(j0, j1)});      // [b, hkv, bk, d]
         torch::Tensor vt = vh.index({Slice(), Slice(), Slice(j0, j1)});      // [b, hkv, bk, d]
-        torch::Tensor sc = TileScores(qt, kt, scale, i0, j0);                // [b, hkv, g, bq, bk]
+        torch::Tensor sc = TileScores(qt, kt, scale, i0, j0, docs);          // [b, hkv, g, bq, bk]
         torch::Tensor tile_max = std::get<0>(sc.max(-1, /*keepdim=*/true));  // [.., bq, 1]
-        if (!m.defined()) {
+        if (docs.defined()) {
+          // A row may see no key of this tile (-inf max): exponentiate against a finite max so
+          // it contributes exp(-inf) = 0. Every row sees itself, so l > 0 at the end.
+          if (!m.defined()) {
+            m = torch::full_like(tile_max, -std::numeric_limits<double>::infinity());
+            l = torch::zeros_like(tile_max);
+            acc = torch::zeros(qt.sizes(), qt.options());
+          }
+          torch::Tensor m_new = torch::maximum(m, tile_max);
+          torch::Tensor m_safe = m_new.masked_fill(m_new.isinf(), 0.0);
+          torch::Tensor alpha = (m - m_safe).exp_();
+          torch::Tensor p = (sc - m_safe).exp_();
+          l = l * alpha + p.sum(-1, true);
+          acc = acc * alpha + torch::matmul(p, vt.unsqueeze(2));
+          m = m_new;
+        } else if (!m.defined()) {
           m = tile_max;  // finite: key 0 is visible to every query
           torch::Tensor p = (sc - m).exp_();
           l = p.sum(-1, true);
@@ -87,6 +134,8 @@ struct BlockwiseCausalAttention : public torch::autograd::Function<BlockwiseCaus
     torch::Tensor result = UngroupQueries(out);  // [b, s, hq, d]
     ctx->save_for_backward({q, k, v, result, lse});
     ctx->saved_data["block"] = block;
+    ctx->saved_data["has_docs"] = docs.defined();
+    if (docs.defined()) ctx->saved_data["docs"] = docs;
     return result;
   }
 
@@ -95,6 +144,8 @@ struct BlockwiseCausalAttention : public torch::autograd::Function<BlockwiseCaus
     const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3];
     const torch::Tensor& lse = saved[4];  // [b, hkv, g, s]
     const int64_t block = ctx->saved_data["block"].toInt();
+    const torch::Tensor docs =
+        ctx->saved_data["has_docs"].toBool() ? ctx->saved_data["docs"].toTensor() : torch::Tensor();
     const int64_t hkv = k.size(2), s = q.size(1), d = q.size(3);
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     torch::Tensor qg = GroupQueries(q, hkv);                       // [b, hkv, g, s, d]
@@ -113,10 +164,12 @@ struct BlockwiseCausalAttention : public torch::autograd::Function<BlockwiseCaus
       torch::Tensor dk_acc = torch::zeros_like(kt), dv_acc = torch::zeros_like(vt);
       for (int64_t i0 = (j0 / block) * block; i0 < s; i0 += block) {  // query tiles at/after j0
         const int64_t i1 = std::min(s, i0 + block);
+        // Later query tiles hold later documents only: none of them sees this key tile either.
+        if (docs.defined() && TilesDisjoint(docs, i0, j1)) break;
         auto rows = Slice(i0, i1);
         torch::Tensor qt = qg.index({Slice(), Slice(), Slice(), rows});    // [b, hkv, g, bq, d]
         torch::Tensor dot = dog.index({Slice(), Slice(), Slice(), rows});  // [b, hkv, g, bq, d]
-        torch::Tensor sc = TileScores(qt, kt, scale, i0, j0);              // [b, hkv, g, bq, bk]
+        torch::Tensor sc = TileScores(qt, kt, scale, i0, j0, docs);        // [b, hkv, g, bq, bk]
         // P = exp(S - lse): [b, hkv, g, bq, bk]
         torch::Tensor p = (sc - lse.index({Slice(), Slice(), Slice(), rows}).unsqueeze(-1)).exp_();
         // dV += sum_g P^T dO: [.., g, bk, bq] x [.., g, bq, d] -> [.., g, bk, d] -> [b, hkv, bk, d]
@@ -134,7 +187,8 @@ struct BlockwiseCausalAttention : public torch::autograd::Function<BlockwiseCaus
       dk.index_put_({Slice(), Slice(), Slice(j0, j1)}, dk_acc);
       dv.index_put_({Slice(), Slice(), Slice(j0, j1)}, dv_acc);
     }
-    return {UngroupQueries(dq), SequenceFirst(dk), SequenceFirst(dv), torch::Tensor()};
+    return {UngroupQueries(dq), SequenceFirst(dk), SequenceFirst(dv), torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -150,6 +204,18 @@ void CheckShapes(const torch::Tensor& q, const torch::Tensor& k, const torch::Te
               q.size(2), " must be a multiple of kv heads ", k.size(2));
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(),
               "CausalAttention: q, k, v dtypes differ");
+}
+
+// doc_ids [b, s] integer, non-decreasing along s -> contiguous int64 on the CPU.
+torch::Tensor CheckDocIds(const torch::Tensor& doc_ids, int64_t b, int64_t s) {
+  TORCH_CHECK(doc_ids.dim() == 2 && doc_ids.size(0) == b && doc_ids.size(1) == s,
+              "CausalAttention: doc_ids ", doc_ids.sizes(), " must be [b, s] = [", b, ", ", s,
+              "] (the document of every token of the full sequence)");
+  torch::Tensor docs = doc_ids.to(torch::kCPU, torch::kLong).contiguous();
+  TORCH_CHECK(s < 2 || docs.slice(1, 1).ge(docs.slice(1, 0, s - 1)).all().item<bool>(),
+              "CausalAttention: doc_ids must be non-decreasing along the sequence (documents are "
+              "contiguous)");
+  return docs;
 }
 
 #if ULYSSES_TORCH_HAS_SDPA
@@ -192,6 +258,27 @@ SdpaInputs ToSdpaLayout(const torch::Tensor& q, const torch::Tensor& k, const to
   return in;
 }
 
+// Document (block-diagonal causal) attention through SDPA: an explicit [b, 1, s, s] bool mask
+// (true = attend), kv heads repeated. O(s^2) mask bits per sequence: a varlen kernel would avoid
+// it (docs/DATA.md).
+torch::Tensor SdpaDocuments(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                            const torch::Tensor& docs) {
+  const int64_t g = q.size(2) / k.size(2), s = q.size(1);
+  torch::Tensor d = docs.to(q.device());
+  // [b, s, 1] == [b, 1, s] -> [b, s, s], and causal -> [b, 1, s, s]
+  torch::Tensor allowed =
+      d.unsqueeze(2)
+          .eq(d.unsqueeze(1))
+          .logical_and(torch::ones({s, s}, d.options().dtype(torch::kBool)).tril())
+          .unsqueeze(1);
+  torch::Tensor qh = q.transpose(1, 2);                                         // [b, hq, s, d]
+  torch::Tensor kh = (g == 1 ? k : k.repeat_interleave(g, 2)).transpose(1, 2);  // [b, hq, s, d]
+  torch::Tensor vh = (g == 1 ? v : v.repeat_interleave(g, 2)).transpose(1, 2);  // [b, hq, s, d]
+  torch::Tensor o = at::scaled_dot_product_attention(qh, kh, vh, allowed, /*dropout_p=*/0.0,
+                                                     /*is_causal=*/false);
+  return o.transpose(1, 2).contiguous();  // [b, h, s, d] -> [b, s, h, d]
+}
+
 torch::Tensor SdpaCausal(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
   SdpaInputs in = ToSdpaLayout(q, k, v);
 #if ULYSSES_TORCH_HAS_SDPA_GQA
@@ -230,23 +317,28 @@ std::string SdpaBackendFor(const torch::Tensor& q, const torch::Tensor& k, const
 }
 
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                              const torch::Tensor& v, const AttentionOptions& opts) {
+                              const torch::Tensor& v, const AttentionOptions& opts,
+                              const torch::Tensor& doc_ids) {
   CheckShapes(q, k, v);
   TORCH_CHECK(opts.block_size > 0, "AttentionOptions.block_size: ", opts.block_size,
               " must be > 0");
+  torch::Tensor docs;
+  if (doc_ids.defined()) {
+    docs = CheckDocIds(doc_ids, q.size(0), q.size(1));
+  }
 #if ULYSSES_TORCH_HAS_SDPA
-  if (q.is_cuda()) return SdpaCausal(q, k, v);
+  if (q.is_cuda()) return docs.defined() ? SdpaDocuments(q, k, v, docs) : SdpaCausal(q, k, v);
 #endif
   if (q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16) {
     return BlockwiseCausalAttention::apply(q.to(torch::kFloat), k.to(torch::kFloat),
-                                           v.to(torch::kFloat), opts.block_size)
+                                           v.to(torch::kFloat), opts.block_size, docs)
         .to(q.scalar_type());
   }
-  return BlockwiseCausalAttention::apply(q, k, v, opts.block_size);
+  return BlockwiseCausalAttention::apply(q, k, v, opts.block_size, docs);
 }
 
 torch::Tensor NaiveCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                   const torch::Tensor& v) {
+                                   const torch::Tensor& v, const torch::Tensor& doc_ids) {
   CheckShapes(q, k, v);
   const int64_t g = q.size(2) / k.size(2), s = q.size(1);
   // [b, s, h, d] -> [b, h, s, d], kv repeated to hq heads.
@@ -254,7 +346,12 @@ torch::Tensor NaiveCausalAttention(const torch::Tensor& q, const torch::Tensor& 
   auto kh = k.repeat_interleave(g, 2).transpose(1, 2);
   auto vh = v.repeat_interleave(g, 2).transpose(1, 2);
   auto scores = torch::matmul(qh, kh.transpose(-1, -2)) / std::sqrt(static_cast<double>(q.size(3)));
-  auto mask = torch::ones({s, s}, torch::kBool).triu(1);  // [s, s]: key after query
+  torch::Tensor mask = torch::ones({s, s}, torch::kBool).triu(1);  // [s, s]: key after query
+  if (doc_ids.defined()) {
+    torch::Tensor d = doc_ids.to(torch::kLong);
+    // [s, s] | ([b, s, 1] != [b, 1, s]) -> [b, 1, s, s] (broadcast over heads)
+    mask = mask.logical_or(d.unsqueeze(2).ne(d.unsqueeze(1))).unsqueeze(1).to(q.device());
+  }
   scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
   return torch::matmul(scores.softmax(-1), vh).transpose(1, 2);  // [b, h, s, d] -> [b, s, h, d]
 }

@@ -25,8 +25,14 @@ struct AttentionOptions {
   int64_t block_size = 512;
 };
 
+// doc_ids (optional): [b, s] integer document id of every token, non-decreasing along s (packed
+// documents are contiguous). With it, a query attends only to earlier keys of its own document:
+// the CPU kernel skips key tiles that hold none of the query tile's documents (forward and
+// backward) and masks the mixed tiles; CUDA passes SDPA a [b, 1, s, s] block-diagonal causal
+// mask (O(s^2) bits).
 torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                              const torch::Tensor& v, const AttentionOptions& opts);
+                              const torch::Tensor& v, const AttentionOptions& opts,
+                              const torch::Tensor& doc_ids = {});
 
 // The SDPA backend libtorch's dispatcher picks for these q, k, v (causal, no mask): "flash",
 // "efficient", "cudnn", "math", ...; "blockwise" where CausalAttention does not use SDPA (CPU
@@ -35,7 +41,7 @@ std::string SdpaBackendFor(const torch::Tensor& q, const torch::Tensor& k, const
 
 // The naive reference: full [s, s] scores, masked softmax (tests and benchmarks only).
 torch::Tensor NaiveCausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                   const torch::Tensor& v);
+                                   const torch::Tensor& v, const torch::Tensor& doc_ids = {});
 
 }  // namespace ulysses::engine
 

@@ -43,8 +43,9 @@ absl::StatusOr<ParallelRuntime> Parallelize(const ParallelConfig& config) {
 }
 
 AttentionCallback UlyssesAttentionFn(Communicator* sp, const AttentionOptions& options) {
-  return [sp, options](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-    return UlyssesAttention(q, k, v, sp, options);
+  return [sp, options](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       const torch::Tensor& doc_ids) {
+    return UlyssesAttention(q, k, v, sp, options, doc_ids);
   };
 }
 

@@ -50,8 +50,10 @@ struct ParallelRuntime {
 // rendezvouses. Blocks until every rank joined or the timeout passed.
 absl::StatusOr<ParallelRuntime> Parallelize(const ParallelConfig& config);
 
-using AttentionCallback = std::function<torch::Tensor(
-    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v)>;
+// doc_ids: [b, s] document ids of the full sequence, or undefined (one document per row).
+using AttentionCallback =
+    std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k,
+                                const torch::Tensor& v, const torch::Tensor& doc_ids)>;
 
 // Ulysses attention over `sp` (plain causal attention at sp size 1). `sp` is borrowed.
 AttentionCallback UlyssesAttentionFn(Communicator* sp, const AttentionOptions& options);

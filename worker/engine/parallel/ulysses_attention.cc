@@ -9,14 +9,14 @@ namespace ulysses::engine {
 
 torch::Tensor UlyssesAttention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, Communicator* sp,
-                               const AttentionOptions& opts) {
+                               const AttentionOptions& opts, const torch::Tensor& doc_ids) {
   TORCH_CHECK(sp != nullptr, "UlyssesAttention: sp communicator is null");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
               "UlyssesAttention: q, k, v must be [b, s/p, h, d]");
   const int64_t p = sp->size(), hq = q.size(2), hkv = k.size(2);
   absl::Status heads = CheckUlyssesHeads(hq, hkv, p);
   TORCH_CHECK(heads.ok(), std::string(heads.message()));
-  if (p == 1) return CausalAttention(q, k, v, opts);
+  if (p == 1) return CausalAttention(q, k, v, opts, doc_ids);
 
   // GQA with fewer kv heads than ranks: [b, s/p, hkv, d] -> [b, s/p, p, d], so rank r receives
   // kv head r / (p/hkv), the one its query heads r*hq/p .. use.
@@ -48,8 +48,10 @@ torch::Tensor UlyssesAttention(const torch::Tensor& q, const torch::Tensor& k,
     k_full = SeqAllToAll(kx.contiguous(), sp, 2, 1);  // [b, s/p, hk, d] -> [b, s, hk/p, d]
     v_full = SeqAllToAll(vx.contiguous(), sp, 2, 1);  // [b, s/p, hk, d] -> [b, s, hk/p, d]
   }
-  torch::Tensor out = CausalAttention(q_full, k_full, v_full, opts);  // [b, s, hq/p, d]
-  return SeqAllToAll(out.contiguous(), sp, 1, 2);                     // -> [b, s/p, hq, d]
+  // Every rank holds the whole sequence for its heads now; doc_ids [b, s] is the GLOBAL layout
+  // (each rank of the SP group reads the same sample, so it has it without a collective).
+  torch::Tensor out = CausalAttention(q_full, k_full, v_full, opts, doc_ids);  // [b, s, hq/p, d]
+  return SeqAllToAll(out.contiguous(), sp, 1, 2);                              // -> [b, s/p, hq, d]
 }
 
 }  // namespace ulysses::engine

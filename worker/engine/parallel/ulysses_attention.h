@@ -31,9 +31,11 @@ namespace ulysses::engine {
 // numbers and the fix otherwise.
 using spec::CheckUlyssesHeads;
 
+// doc_ids (optional): [b, s] document id of every token of the FULL sequence (identical on every
+// rank of `sp`); attention then never crosses a document (CausalAttention).
 torch::Tensor UlyssesAttention(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, Communicator* sp,
-                               const AttentionOptions& opts);
+                               const AttentionOptions& opts, const torch::Tensor& doc_ids = {});
 
 }  // namespace ulysses::engine
 

@@ -1,5 +1,6 @@
 #include "worker/engine/train/cli.h"
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -18,6 +19,7 @@
 #include "common/spec/job_spec_parser.h"
 #include "common/status.h"
 #include "common/stop.h"
+#include "worker/engine/data/indexed.h"
 #include "worker/engine/parallel/rendezvous_port.h"
 #include "worker/engine/train/engine.h"
 #include "worker/engine/train/launcher.h"
@@ -34,7 +36,10 @@ constexpr char kUsage[] =
     "  ulysses-train export --checkpoint DIR --hf-out DIR [--dtype bf16|fp16|fp32|fp64]\n"
     "  ulysses-train rank   -f JOB.yaml --out DIR --stage I --rank R --world-size W"
     " --master-addr HOST --master-port PORT [--device cpu|cuda:N] [--backend auto|gloo|nccl]"
-    " [--set ...]\n";
+    " [--set ...]\n"
+    "  ulysses-train data pack --out PREFIX (--jsonl FILE | --from-flat FILE (--doc-len N | --eos "
+    "ID))"
+    " [--vocab-size V]\n";
 
 struct Flags {
   std::map<std::string, std::string> values;
@@ -306,6 +311,47 @@ int ExportCommand(int argc, char** argv) {
   return contract::kExitOk;
 }
 
+// `ulysses-train data pack`: builds an indexed dataset (worker/engine/data/indexed.h).
+int DataCommand(int argc, char** argv) {
+  if (argc < 3 || std::string(argv[2]) != "pack") {
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat("data: the only verb is `pack`\n", kUsage)));
+  }
+  OR_FAIL(f, ParseFlags(argc, argv, 3,
+                        {"--out", "--jsonl", "--from-flat", "--doc-len", "--eos", "--vocab-size"}));
+  OR_FAIL(out, Required(f, "--out"));
+  OR_FAIL(vocab, IntFlag(f, "--vocab-size", 0));
+  if (f.Has("--jsonl") == f.Has("--from-flat")) {
+    return Fail(absl::InvalidArgumentError(
+        "data pack: give exactly one input, --jsonl FILE or --from-flat FILE"));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<PackStats> stats;
+  if (f.Has("--jsonl")) {
+    if (f.Has("--doc-len") || f.Has("--eos")) {
+      return Fail(absl::InvalidArgumentError(
+          "data pack --jsonl: --doc-len/--eos apply to --from-flat only (JSONL lines are the "
+          "documents)"));
+    }
+    stats = PackJsonl(f.Get("--jsonl"), out, vocab);
+  } else {
+    OR_FAIL(doc_len, IntFlag(f, "--doc-len", 0));
+    OR_FAIL(eos, IntFlag(f, "--eos", -1));
+    stats = PackFlat(f.Get("--from-flat"), out, doc_len, eos, vocab);
+  }
+  if (!stats.ok()) return Fail(stats.status());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << nlohmann::json{{"prefix", out},
+                              {"documents", stats->documents},
+                              {"tokens", stats->tokens},
+                              {"mask", stats->has_mask},
+                              {"seconds", seconds}}
+                   .dump()
+            << std::endl;
+  return contract::kExitOk;
+}
+
 }  // namespace
 
 int UlyssesTrainMain(int argc, char** argv) {
@@ -318,6 +364,7 @@ int UlyssesTrainMain(int argc, char** argv) {
   if (cmd == "train") return TrainCommand(argc, argv);
   if (cmd == "eval") return EvalCommand(argc, argv);
   if (cmd == "export") return ExportCommand(argc, argv);
+  if (cmd == "data") return DataCommand(argc, argv);
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     std::cout << kUsage;
     return contract::kExitOk;

@@ -172,16 +172,38 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   layout.dp_rank = rs.rt.groups.dp_rank;
   layout.dp = dp;
   layout.grad_accum = std::max<int64_t>(1, spec.optimizer.grad_accum_steps);
+  layout.micro_batch = std::max<int64_t>(1, spec.optimizer.micro_batch_size);
+  // The stage's data cursor (batches.h): from the checkpoint when it recorded one (the layout may
+  // have changed since), else derived from the step.
+  int64_t cursor = start_step * layout.GlobalBatch();
+  if (plan.state && plan.state->stage == o.stage && plan.state->extra.contains("data_cursor")) {
+    const json& c = plan.state->extra["data_cursor"];
+    if (!c.is_number_integer() || c.get<int64_t>() < 0) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", plan.path, " extra.data_cursor: ",
+                                              c.dump(), " is not a sequence count >= 0"));
+    }
+    cursor = c.get<int64_t>();
+  }
+  const spec::EvalSpec& eval = spec.StageEval(o.stage);
+  ASSIGN_OR_RETURN(auto val, OpenDataset(spec, Split::kValidation, config.vocab_size));
+  ASSIGN_OR_RETURN(int64_t n_val,
+                   ValidationSequences(spec, *val, stage.seq_len, eval.max_sequences));
+  auto evaluate = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(EvalResult ev, Evaluate(rs.model, rs.attention, rs.rt, *val, n_val,
+                                             stage.seq_len, spec.data.synthetic.has_value()));
+    report.Eval(o.stage, stage.seq_len, ev);
+    return absl::OkStatus();
+  };
   const int64_t steps = stage.steps;
   const double peak = spec.StageLr(o.stage);
   const int64_t warmup = spec.StageWarmup(o.stage);
   Communicator& world = *rs.rt.groups.world;
   auto commit = [&](int64_t step_in_stage, bool complete) -> absl::Status {
     CommitPoint point{o.stage, step_in_stage, global_step, complete};
-    ASSIGN_OR_RETURN(
-        CommitResult c,
-        CommitTraining(spec, root, point, rs.model, adam,
-                       CheckpointExtra(spec, config, rs.rt, trainer.loss_scaler()), world));
+    json extra = CheckpointExtra(spec, config, rs.rt, trainer.loss_scaler());
+    extra["data_cursor"] = cursor;
+    ASSIGN_OR_RETURN(CommitResult c,
+                     CommitTraining(spec, root, point, rs.model, adam, extra, world));
     report.Checkpoint(o.stage, step_in_stage, c.path, c.seconds);
     return absl::OkStatus();
   };
@@ -189,11 +211,13 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   int64_t skipped_in_a_row = 0;
   for (int64_t step = start_step; step < steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(std::vector<LocalShard> batches, StepMicroBatches(*train_data, layout, step));
+    ASSIGN_OR_RETURN(std::vector<LocalShard> batches,
+                     StepMicroBatches(*train_data, layout, cursor));
     const double lr = ScheduledLr(spec.optimizer.schedule, peak, spec.optimizer.min_lr_ratio,
                                   warmup, steps, step);
     ASSIGN_OR_RETURN(StepStats stats, trainer.Step(batches, lr, step));
     ++global_step;
+    cursor += layout.GlobalBatch();
     skipped_in_a_row = stats.skipped ? skipped_in_a_row + 1 : 0;
     StepReport r;
     r.stage = o.stage;
@@ -207,7 +231,7 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
     r.stats = stats;
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.tokens_per_s =
-        static_cast<double>(stage.seq_len * layout.grad_accum * dp) / std::max(r.seconds, 1e-9);
+        static_cast<double>(stage.seq_len * layout.GlobalBatch()) / std::max(r.seconds, 1e-9);
     report.Step(r);
     if (skipped_in_a_row >= kMaxConsecutiveSkippedSteps) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -229,13 +253,12 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
       return RankOutcome{true};
     }
     if (periodic && !last) RETURN_IF_ERROR(commit(step + 1, false));
+    if (eval.every_steps > 0 && (step + 1) % eval.every_steps == 0 && !last) {
+      RETURN_IF_ERROR(evaluate());
+    }
   }
 
-  ASSIGN_OR_RETURN(auto val, OpenDataset(spec, Split::kValidation, config.vocab_size));
-  ASSIGN_OR_RETURN(int64_t n_val, ValidationSequences(spec, *val, stage.seq_len));
-  ASSIGN_OR_RETURN(EvalResult ev, Evaluate(rs.model, rs.attention, rs.rt, *val, n_val,
-                                           stage.seq_len, spec.data.synthetic.has_value()));
-  report.Eval(o.stage, stage.seq_len, ev);
+  RETURN_IF_ERROR(evaluate());  // the stage's evaluation, bounded by eval.max_sequences
   RETURN_IF_ERROR(commit(steps, true));
   report.Done(o.stage, /*with_peak_rss=*/true);
   return RankOutcome{};
@@ -281,7 +304,9 @@ absl::StatusOr<EvalResult> RunEvalRankImpl(const EvalOptions& o) {
     RETURN_IF_ERROR(LoadInitFrom(rs.model, spec.model.init_from));
   }
   ASSIGN_OR_RETURN(auto val, OpenDataset(spec, Split::kValidation, config.vocab_size));
-  ASSIGN_OR_RETURN(int64_t n_val, ValidationSequences(spec, *val, seq_len));
+  ASSIGN_OR_RETURN(int64_t n_val,
+                   ValidationSequences(spec, *val, seq_len,
+                                       spec.StageEval(spec.stages.size() - 1).max_sequences));
   return Evaluate(rs.model, rs.attention, rs.rt, *val, n_val, seq_len,
                   spec.data.synthetic.has_value());
 }

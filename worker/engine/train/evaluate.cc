@@ -12,8 +12,9 @@
 namespace ulysses::engine::train {
 
 absl::StatusOr<int64_t> ValidationSequences(const spec::JobSpec& spec, const TokenDataset& val,
-                                            int64_t seq_len) {
+                                            int64_t seq_len, int64_t max_sequences) {
   int64_t n = val.NumSequences(seq_len);
+  if (max_sequences > 0 && n > max_sequences) n = max_sequences;
   if (n < 0) n = spec.data.synthetic ? spec.data.synthetic->validation_sequences : 0;
   if (n <= 0) {
     return absl::InvalidArgumentError(
@@ -36,7 +37,7 @@ absl::StatusOr<EvalResult> Evaluate(model::LlamaForCausalLM& model,
     RETURN_IF_ERROR(Guard("eval forward", [&] {
       torch::Tensor ids = shard.input_ids.to(rt.device), labels = shard.labels.to(rt.device);
       model::LossOutput out = model->Loss(ids, shard.position_ids.to(rt.device), labels, attention,
-                                          labels.ne(model::kIgnoreIndex));
+                                          labels.ne(model::kIgnoreIndex), shard.doc_ids);
       loss_sum += out.loss_sum.item<double>();
       tokens += out.tokens;
       correct += out.correct;

@@ -26,9 +26,10 @@ struct EvalResult {
 };
 
 // Number of validation sequences of seq_len the spec evaluates (the file's windows, or the
-// synthetic generator's validation_sequences); INVALID_ARGUMENT naming the fix when none.
+// synthetic generator's validation_sequences), at most max_sequences when > 0 (spec eval:
+// the first max_sequences of the validation order); INVALID_ARGUMENT naming the fix when none.
 absl::StatusOr<int64_t> ValidationSequences(const spec::JobSpec& spec, const TokenDataset& val,
-                                            int64_t seq_len);
+                                            int64_t seq_len, int64_t max_sequences = 0);
 
 absl::StatusOr<EvalResult> Evaluate(model::LlamaForCausalLM& model,
                                     const AttentionCallback& attention, const ParallelRuntime& rt,

@@ -54,7 +54,7 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<LocalShard>& micro_bat
     RETURN_IF_ERROR(Guard(absl::StrCat("step ", step, " micro ", micro), [&] {
       model::LossOutput out =
           model_->Loss(shard.input_ids.to(device_), shard.position_ids.to(device_),
-                       shard.labels.to(device_), attention_);
+                       shard.labels.to(device_), attention_, /*accuracy_mask=*/{}, shard.doc_ids);
       if (scale != 1.0) {
         (out.loss_sum * scale).backward();
       } else {

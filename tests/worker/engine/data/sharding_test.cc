@@ -58,8 +58,9 @@ TEST(ShardSamplesTest, ConcatenatedShardsReproduceFullSequence) {
       ASSERT_TRUE(shard.ok()) << shard.status();
       EXPECT_EQ(shard->input_ids.sizes(), (std::vector<int64_t>{b, s / p}));
       EXPECT_EQ(shard->labels.sizes(), (std::vector<int64_t>{b, s / p}));
-      EXPECT_EQ(shard->position_ids.sizes(), (std::vector<int64_t>{s / p}));
-      EXPECT_EQ(shard->position_ids[0].item<int64_t>(), r * s / p);
+      EXPECT_EQ(shard->position_ids.sizes(), (std::vector<int64_t>{b, s / p}));
+      EXPECT_EQ(shard->position_ids[0][0].item<int64_t>(), r * s / p);
+      EXPECT_FALSE(shard->doc_ids.defined());  // one document per row: no layout to carry
       ins.push_back(shard->input_ids);
       labs.push_back(shard->labels);
       pos.push_back(shard->position_ids);
@@ -71,7 +72,9 @@ TEST(ShardSamplesTest, ConcatenatedShardsReproduceFullSequence) {
     }
     EXPECT_TRUE(torch::equal(torch::cat(ins, 1), full_in)) << "p=" << p;
     EXPECT_TRUE(torch::equal(torch::cat(labs, 1), full_lab)) << "p=" << p;
-    EXPECT_TRUE(torch::equal(torch::cat(pos), torch::arange(s, torch::kInt64))) << "p=" << p;
+    EXPECT_TRUE(torch::equal(torch::cat(pos, 1),
+                             torch::arange(s, torch::kInt64).unsqueeze(0).expand({b, s})))
+        << "p=" << p;
     // Exactly one masked label per row, none lost at shard boundaries.
     EXPECT_EQ(torch::cat(labs, 1).eq(kIgnoreIndex).sum().item<int64_t>(), b);
     if (p > 1) {

@@ -14,7 +14,8 @@ namespace ulysses::engine::model {
 namespace {
 
 // q [b, s, hq, d], k/v [b, s, hkv, d] -> [b, s, hq, d]; plain masked softmax.
-torch::Tensor NaiveCausal(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+torch::Tensor NaiveCausal(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          const torch::Tensor& /*doc_ids*/) {
   const int64_t hq = q.size(2), hkv = k.size(2), s = q.size(1), d = q.size(3);
   torch::Tensor kk = k.repeat_interleave(hq / hkv, 2).transpose(1, 2);  // [b, hq, s, d]
   torch::Tensor vv = v.repeat_interleave(hq / hkv, 2).transpose(1, 2);

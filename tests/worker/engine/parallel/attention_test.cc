@@ -6,9 +6,11 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "tests/testing/rank_processes.h"
 
@@ -76,6 +78,101 @@ INSTANTIATE_TEST_SUITE_P(
         std::make_tuple(torch::kFloat, 37, 8, 2, 16), std::make_tuple(torch::kFloat, 150, 8, 2, 64),
         std::make_tuple(torch::kFloat, 300, 4, 4, 128),
         std::make_tuple(torch::kFloat, 77, 8, 2, 512)));
+
+// Document ids [b, s] from per-row document lengths (each row sums to s).
+torch::Tensor DocIds(const std::vector<std::vector<int64_t>>& rows) {
+  std::vector<torch::Tensor> out;
+  for (const auto& lengths : rows) {
+    std::vector<int64_t> ids;
+    for (size_t d = 0; d < lengths.size(); ++d) ids.insert(ids.end(), lengths[d], d);
+    out.push_back(torch::tensor(ids, torch::kLong));
+  }
+  return torch::stack(out);
+}
+
+// block, per-row document lengths of a [2, 70] batch.
+class DocumentAttentionVsNaive
+    : public ::testing::TestWithParam<std::tuple<int64_t, std::vector<std::vector<int64_t>>>> {};
+
+TEST_P(DocumentAttentionVsNaive, ForwardAndGradientsMatchTheMaskedReference) {
+  auto [block, rows] = GetParam();
+  torch::manual_seed(77 + block);
+  const int64_t b = 2, s = 70, hq = 4, hkv = 2, d = 8;
+  auto opt = torch::TensorOptions().dtype(torch::kDouble);
+  auto q = torch::randn({b, s, hq, d}, opt), k = torch::randn({b, s, hkv, d}, opt),
+       v = torch::randn({b, s, hkv, d}, opt), w = torch::randn({b, s, hq, d}, opt);
+  torch::Tensor docs = DocIds(rows);
+  AttentionOptions ao;
+  ao.block_size = block;
+  Grads got = RunAndGrad(
+      [&](auto& a, auto& bb, auto& c) { return CausalAttention(a, bb, c, ao, docs); }, q, k, v, w);
+  Grads want = RunAndGrad(
+      [&](auto& a, auto& bb, auto& c) { return NaiveCausalAttention(a, bb, c, docs); }, q, k, v, w);
+  EXPECT_LT(MaxDiff(got.out, want.out), 1e-10);
+  EXPECT_LT(MaxDiff(got.dq, want.dq), 1e-10);
+  EXPECT_LT(MaxDiff(got.dk, want.dk), 1e-10);
+  EXPECT_LT(MaxDiff(got.dv, want.dv), 1e-10);
+  // The document mask matters: plain causal attention differs.
+  EXPECT_GT(MaxDiff(want.out, NaiveCausalAttention(q, k, v)), 1e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, DocumentAttentionVsNaive,
+    ::testing::Values(
+        std::make_tuple(16, std::vector<std::vector<int64_t>>{{10, 30, 30}, {70}}),
+        std::make_tuple(8, std::vector<std::vector<int64_t>>{{1, 1, 20, 48}, {35, 35}}),
+        std::make_tuple(32, std::vector<std::vector<int64_t>>{{32, 32, 6}, {5, 5, 5, 55}}),
+        std::make_tuple(512, std::vector<std::vector<int64_t>>{{17, 53}, {69, 1}})));
+
+TEST(DocumentAttentionTest, PackedDocumentsEqualEachDocumentAlone) {
+  torch::manual_seed(5);
+  const std::vector<int64_t> lengths = {13, 40, 11};
+  const int64_t s = 64, hq = 4, hkv = 4, d = 8;
+  auto opt = torch::TensorOptions().dtype(torch::kDouble);
+  auto q = torch::randn({1, s, hq, d}, opt), k = torch::randn({1, s, hkv, d}, opt),
+       v = torch::randn({1, s, hkv, d}, opt);
+  AttentionOptions ao;
+  ao.block_size = 16;
+  torch::Tensor packed = CausalAttention(q, k, v, ao, DocIds({lengths}));
+  int64_t at = 0;
+  for (int64_t n : lengths) {
+    torch::Tensor alone = CausalAttention(q.narrow(1, at, n), k.narrow(1, at, n),
+                                          v.narrow(1, at, n), ao);  // [1, n, hq, d]
+    EXPECT_LT(MaxDiff(packed.narrow(1, at, n), alone), 1e-12) << "document at " << at;
+    at += n;
+  }
+}
+
+// Skipping is observable: NaN values in document 0 never reach document 1 when its tiles are
+// skipped (a masked tile would still multiply 0 * NaN = NaN), forward and backward.
+TEST(DocumentAttentionTest, SkipsTilesOfOtherDocumentsForwardAndBackward) {
+  torch::manual_seed(6);
+  const int64_t s = 128, h = 2, d = 8;
+  auto opt = torch::TensorOptions().dtype(torch::kDouble);
+  auto q = torch::randn({1, s, h, d}, opt), k = torch::randn({1, s, h, d}, opt),
+       v = torch::randn({1, s, h, d}, opt);
+  v.narrow(1, 0, 64).fill_(std::numeric_limits<double>::quiet_NaN());  // document 0
+  AttentionOptions ao;
+  ao.block_size = 32;  // documents [0, 64) and [64, 128) cover whole tiles
+  auto q1 = q.clone().requires_grad_(true), k1 = k.clone().requires_grad_(true),
+       v1 = v.clone().requires_grad_(true);
+  torch::Tensor out = CausalAttention(q1, k1, v1, ao, DocIds({{64, 64}}));
+  EXPECT_TRUE(out.narrow(1, 64, 64).isfinite().all().item<bool>());
+  EXPECT_FALSE(out.narrow(1, 0, 64).isfinite().all().item<bool>());
+  out.narrow(1, 64, 64).sum().backward();
+  EXPECT_TRUE(q1.grad().isfinite().all().item<bool>());
+  EXPECT_TRUE(k1.grad().isfinite().all().item<bool>());
+  // Without documents the NaN reaches every later query.
+  EXPECT_FALSE(CausalAttention(q, k, v, ao).narrow(1, 64, 64).isfinite().all().item<bool>());
+}
+
+TEST(DocumentAttentionTest, RejectsDecreasingOrMisshapenDocIds) {
+  auto q = torch::randn({1, 4, 2, 8});
+  EXPECT_THROW(CausalAttention(q, q, q, AttentionOptions{}, torch::tensor({{0, 1, 0, 1}})),
+               c10::Error);
+  EXPECT_THROW(CausalAttention(q, q, q, AttentionOptions{}, torch::tensor({{0, 1, 1}})),
+               c10::Error);
+}
 
 TEST(CausalAttentionTest, RejectsHeadsThatDoNotGroup) {
   auto q = torch::randn({1, 4, 6, 8}), k = torch::randn({1, 4, 4, 8});

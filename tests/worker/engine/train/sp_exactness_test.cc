@@ -68,8 +68,8 @@ int ChildMain(const ::ulysses::testing::ChildEnv& env) {
   AttentionOptions opts;
   opts.block_size = 4;
   model::AttentionFn attn = [sp, opts](const torch::Tensor& q, const torch::Tensor& k,
-                                       const torch::Tensor& v) {
-    return UlyssesAttention(q, k, v, sp, opts);
+                                       const torch::Tensor& v, const torch::Tensor& doc_ids) {
+    return UlyssesAttention(q, k, v, sp, opts, doc_ids);
   };
   model::LossOutput out = m->Loss(shard->input_ids, shard->position_ids, shard->labels, attn);
   out.loss_sum.backward();
