@@ -52,12 +52,13 @@ struct CoordinatorConfig {
   int64_t state_max_bytes = 0;  // Cap of coordinator.db (0 = the disk is the limit).
 
   // Security (docs/SECURITY.md). TLS needs both tls_cert and tls_key (PEM files).
-  std::string tls_cert;       // Server certificate chain.
-  std::string tls_key;        // Its private key.
-  std::string tls_client_ca;  // CA of worker client certificates (mTLS; needs tls_cert).
-  std::string token_file;     // Bearer tokens (auth/tokens.h). "" = <state_dir>/admin.token
-                              // is created and used (one admin token).
-  bool insecure = false;      // Allow plaintext on a non-loopback listen address.
+  std::string tls_cert;                // Server certificate chain.
+  std::string tls_key;                 // Its private key.
+  std::string tls_client_ca;           // CA of worker client certificates (mTLS; needs tls_cert).
+  int64_t tls_reload_interval_s = 60;  // The three files are re-read this often (1..86400).
+  std::string token_file;  // Bearer tokens (auth/tokens.h). "" = <state_dir>/admin.token
+                           // is created and used (one admin token).
+  bool insecure = false;   // Allow plaintext on a non-loopback listen address.
 
   bool tls() const { return !tls_cert.empty(); }
 };
