@@ -77,10 +77,13 @@ torch::Tensor TileScores(const torch::Tensor& qt, const torch::Tensor& kt, doubl
 
 struct BlockwiseCausalAttention : public torch::autograd::Function<BlockwiseCausalAttention> {
   // q [b, s, hq, d], k/v [b, s, hkv, d] -> out [b, s, hq, d]; saves q, k, v, out, lse.
-  // docs: [b, s] int64 CPU document ids (undefined = one document per row). Key tiles holding no
-  // document of the query tile are skipped entirely; mixed tiles are masked (TileScores).
+  // docs_in: [b, s] int64 CPU document ids, or an EMPTY tensor for one document per row
+  // (autograd::Function::apply cannot take an undefined tensor). Key tiles holding no document of
+  // the query tile are skipped entirely; mixed tiles are masked (TileScores).
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, int64_t block, const torch::Tensor& docs) {
+                               const torch::Tensor& v, int64_t block,
+                               const torch::Tensor& docs_in) {
+    const torch::Tensor docs = docs_in.numel() > 0 ? docs_in : torch::Tensor();
     const int64_t hkv = k.size(2), s = q.size(1), d = q.size(3);
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     torch::Tensor qg = GroupQueries(q, hkv);                                // [b, hkv, g, s, d]
@@ -322,12 +325,12 @@ torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
   CheckShapes(q, k, v);
   TORCH_CHECK(opts.block_size > 0, "AttentionOptions.block_size: ", opts.block_size,
               " must be > 0");
-  torch::Tensor docs;
+  torch::Tensor docs = torch::empty({0}, torch::kLong);  // empty: one document per row
   if (doc_ids.defined()) {
     docs = CheckDocIds(doc_ids, q.size(0), q.size(1));
   }
 #if ULYSSES_TORCH_HAS_SDPA
-  if (q.is_cuda()) return docs.defined() ? SdpaDocuments(q, k, v, docs) : SdpaCausal(q, k, v);
+  if (q.is_cuda()) return doc_ids.defined() ? SdpaDocuments(q, k, v, docs) : SdpaCausal(q, k, v);
 #endif
   if (q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16) {
     return BlockwiseCausalAttention::apply(q.to(torch::kFloat), k.to(torch::kFloat),
