@@ -88,6 +88,43 @@ class GlooCommunicator final : public Communicator {
     return absl::OkStatus();
   }
 
+  // Gloo in libtorch 1.13 has no reduce_scatter: an all-to-all of the chunks (the same bytes a
+  // ring reduce-scatter sends) and a local sum in rank order.
+  absl::Status ReduceScatterSum(torch::Tensor& out, const torch::Tensor& in) override {
+    RETURN_IF_ERROR(health_.CheckUsable("reduce_scatter"));
+    RETURN_IF_ERROR(CheckScatterGather("ReduceScatterSum", out, in, in.numel(), out.numel()));
+    if (size() == 1) {
+      out.copy_(in.view(out.sizes()));
+      return absl::OkStatus();
+    }
+    const int64_t c = out.numel();
+    torch::Tensor flat = in.reshape({-1});  // [size*c]
+    torch::Tensor received = torch::empty_like(flat);
+    std::vector<int64_t> counts;  // equal splits
+    RETURN_IF_ERROR(
+        Run("reduce_scatter", [&] { return pg_->alltoall_base(received, flat, counts, counts); }));
+    // [size*c] -> [size, c]: row j came from rank j.
+    out.copy_(received.view({size(), c}).sum(0).view(out.sizes()));
+    return absl::OkStatus();
+  }
+
+  absl::Status AllGather(torch::Tensor& out, const torch::Tensor& in) override {
+    RETURN_IF_ERROR(health_.CheckUsable("allgather"));
+    RETURN_IF_ERROR(CheckScatterGather("AllGather", in, out, out.numel(), in.numel()));
+    if (size() == 1) {
+      out.copy_(in.view(out.sizes()));
+      return absl::OkStatus();
+    }
+    const int64_t c = in.numel();
+    torch::Tensor flat_out = out.view({-1});  // [size*c]
+    std::vector<std::vector<torch::Tensor>> outputs(1);
+    for (int j = 0; j < size(); ++j) outputs[0].push_back(flat_out.narrow(0, j * c, c));
+    std::vector<torch::Tensor> inputs = {in.reshape({-1})};
+    c10d::AllgatherOptions opts;
+    opts.timeout = timeout_;
+    return Run("allgather", [&] { return pg_->allgather(outputs, inputs, opts); });
+  }
+
   absl::Status AllReduceMax(torch::Tensor& t) override {
     RETURN_IF_ERROR(health_.CheckUsable("allreduce_max"));
     if (size() == 1) return absl::OkStatus();
@@ -140,6 +177,21 @@ class GlooCommunicator final : public Communicator {
       health_.MarkBroken();
       return StatusFromException(e.what(), absl::StrCat(op, " on group '", name_, "'"));
     }
+  }
+
+  // `small` [c] and `big` [size*c]: contiguous, same dtype and device.
+  absl::Status CheckScatterGather(const char* op, const torch::Tensor& small,
+                                  const torch::Tensor& big, int64_t big_numel,
+                                  int64_t small_numel) {
+    if (!small.is_contiguous() || !big.is_contiguous() ||
+        small.scalar_type() != big.scalar_type() || small.device() != big.device() ||
+        big_numel != small_numel * size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, "(", name_, "): tensors must be contiguous with one dtype and device, and the large ",
+          "one hold group size (", size(), ") x the small one's elements (", big_numel, " vs ",
+          small_numel, ")"));
+    }
+    return absl::OkStatus();
   }
 
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
