@@ -7,7 +7,11 @@
 // (heartbeat = session round trip heartbeat -> ack), coordinator CPU (from
 // /proc/<pid>/stat over the measurement window) and RSS.
 //
-//   build/bin/coordinator_load --workers 2000 --seconds 30 --core 0
+//   build/bin/coordinator_load --workers 2000 --seconds 30 --core 0 [--tls]
+//
+// --tls: the coordinator serves TLS with certificates from scripts/dev_certs.sh (run from
+// the repository root), and every channel verifies it against the dev CA (as deployed);
+// without it the channels are loopback plaintext.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -211,7 +215,9 @@ int main(int argc, char** argv) {
   int channels = 16;
   int core = 0;
   std::string bin;
+  bool tls = false;
   app.add_option("--workers", workers, "Simulated workers");
+  app.add_flag("--tls", tls, "Serve and connect over TLS (dev certs; run from the repo root)");
   app.add_option("--seconds", seconds, "Measurement window");
   app.add_option("--warmup", warmup, "Seconds of load before measuring");
   app.add_option("--heartbeat-s", heartbeat_s, "Heartbeat period per worker");
@@ -231,6 +237,19 @@ int main(int argc, char** argv) {
       (std::filesystem::temp_directory_path() / ("ulysses-load-" + std::to_string(getpid())))
           .string();
   std::filesystem::create_directories(state_dir);
+  const std::string certs = state_dir + "/certs";
+  std::string ca_pem;
+  if (tls) {
+    const std::string cmd = "bash scripts/dev_certs.sh '" + certs + "' >/dev/null";
+    if (std::system(cmd.c_str()) != 0) {
+      fprintf(stderr, "--tls: \"%s\" failed (run from the repository root)\n", cmd.c_str());
+      return 1;
+    }
+    std::ifstream in(certs + "/ca.pem");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    ca_pem = ss.str();
+  }
   int out_pipe[2];
   if (pipe(out_pipe) != 0) return 1;
   pid_t pid = fork();
@@ -244,6 +263,12 @@ int main(int argc, char** argv) {
          {bin, std::string("--listen"), std::string("127.0.0.1:0"), std::string("--state-dir"),
           state_dir, std::string("--metrics-listen"), std::string("127.0.0.1:0")}) {
       args.push_back(a);
+    }
+    if (tls) {
+      for (std::string a : {std::string("--tls-cert"), certs + "/server.pem",
+                            std::string("--tls-key"), certs + "/server.key"}) {
+        args.push_back(a);
+      }
     }
     std::vector<char*> argv2;
     for (auto& a : args) argv2.push_back(a.data());
@@ -273,7 +298,13 @@ int main(int argc, char** argv) {
     grpc::ChannelArguments args;
     args.SetInt("ulysses.load.channel", i);  // Distinct args -> distinct TCP connections.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    chans.push_back(grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+    std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+    if (tls) {
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = ca_pem;
+      creds = grpc::SslCredentials(ssl);
+    }
+    chans.push_back(grpc::CreateCustomChannel(target, creds, args));
   }
   std::vector<std::unique_ptr<v1::WorkerService::Stub>> wstubs;
   for (auto& c : chans) wstubs.push_back(v1::WorkerService::NewStub(c));

@@ -1,6 +1,5 @@
 #include "client/config.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/private_file.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ulysses::client {
@@ -265,27 +265,11 @@ absl::Status SaveClientConfig(const std::string& path, const ClientConfig& confi
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": cannot create its directory: ", ec.message(), " (pick another --config)"));
   }
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": cannot write: ", std::strerror(errno), " (pick another --config)"));
-  }
-  const std::string text = ClientConfigToYaml(config);
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
-  }
-  const bool ok = done == text.size() && ::fsync(fd) == 0;
-  ::close(fd);
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return absl::InternalError(
-        absl::StrCat(path, ": cannot write: ", std::strerror(err), " (the old file is unchanged)"));
+  absl::Status written = WritePrivateFile(path, ClientConfigToYaml(config));
+  if (!written.ok()) {
+    return absl::Status(written.code(), absl::StrCat(written.message(),
+                                                     " (pick another --config; the old file, "
+                                                     "if any, is unchanged)"));
   }
   return absl::OkStatus();
 }

@@ -40,6 +40,10 @@ struct CoordinatorConfig {
   int64_t log_buffer_bytes_per_job = 8 << 20;  // 64 KiB .. 1 GiB.
   int64_t log_buffer_bytes_total = 512 << 20;  // >= log_buffer_bytes_per_job, <= 64 GiB.
   double lost_worker_ttl_s = 3600;  // A worker LOST this long is forgotten (memory and SQLite).
+  // Open WatchJob / GetJobLogs-follow streams (stream_limits.h): per caller identity and
+  // in all, 1..100000 each, max_streams >= max_streams_per_identity.
+  int64_t max_streams_per_identity = 64;
+  int64_t max_streams = 4096;
   // Directories a spec's data.train / data.validation / model.init_from may name
   // (path_policy.h). Empty = specs may use synthetic data only. Resolved (absolute,
   // symlinks followed) by ValidateAndFinalize, as is checkpoint_root.
@@ -48,12 +52,13 @@ struct CoordinatorConfig {
   int64_t state_max_bytes = 0;  // Cap of coordinator.db (0 = the disk is the limit).
 
   // Security (docs/SECURITY.md). TLS needs both tls_cert and tls_key (PEM files).
-  std::string tls_cert;       // Server certificate chain.
-  std::string tls_key;        // Its private key.
-  std::string tls_client_ca;  // CA of worker client certificates (mTLS; needs tls_cert).
-  std::string token_file;     // Bearer tokens (auth/tokens.h). "" = <state_dir>/admin.token
-                              // is created and used (one admin token).
-  bool insecure = false;      // Allow plaintext on a non-loopback listen address.
+  std::string tls_cert;                // Server certificate chain.
+  std::string tls_key;                 // Its private key.
+  std::string tls_client_ca;           // CA of worker client certificates (mTLS; needs tls_cert).
+  int64_t tls_reload_interval_s = 60;  // The three files are re-read this often (1..86400).
+  std::string token_file;  // Bearer tokens (auth/tokens.h). "" = <state_dir>/admin.token
+                           // is created and used (one admin token).
+  bool insecure = false;   // Allow plaintext on a non-loopback listen address.
 
   bool tls() const { return !tls_cert.empty(); }
 };

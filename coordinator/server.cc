@@ -4,6 +4,8 @@
 #include <grpcpp/server_builder.h>
 
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 
 #include <chrono>
 #include <fstream>
@@ -41,17 +43,27 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
     }
     return grpc::InsecureServerCredentials();
   }
-  grpc::SslServerCredentialsOptions options(config.tls_client_ca.empty()
-                                                ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-                                                : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  ASSIGN_OR_RETURN(pair.private_key, ReadPem("tls_key", config.tls_key));
-  ASSIGN_OR_RETURN(pair.cert_chain, ReadPem("tls_cert", config.tls_cert));
-  options.pem_key_cert_pairs.push_back(std::move(pair));
+  // Read once here so a bad file fails the start with its field named; from then on
+  // gRPC's file watcher re-reads the files every tls_reload_interval_s, so a rotated
+  // certificate (cert-manager renewing the Secret) is served without a restart. A
+  // rotation caught half-written (key and cert not matching) keeps the old pair.
+  RETURN_IF_ERROR(ReadPem("tls_key", config.tls_key).status());
+  RETURN_IF_ERROR(ReadPem("tls_cert", config.tls_cert).status());
   if (!config.tls_client_ca.empty()) {
-    ASSIGN_OR_RETURN(options.pem_root_certs, ReadPem("tls_client_ca", config.tls_client_ca));
+    RETURN_IF_ERROR(ReadPem("tls_client_ca", config.tls_client_ca).status());
   }
-  return grpc::SslServerCredentials(options);
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      config.tls_key, config.tls_cert, config.tls_client_ca,
+      static_cast<unsigned int>(config.tls_reload_interval_s));
+  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  options.watch_identity_key_cert_pairs();
+  if (config.tls_client_ca.empty()) {
+    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  } else {
+    options.watch_root_certs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
+  }
+  return grpc::experimental::TlsServerCredentials(options);
 }
 
 // The address a local client dials: the listen host (a wildcard becomes loopback)
@@ -85,8 +97,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     fixed.push_back(std::move(admin));
   }
   ASSIGN_OR_RETURN(s->authenticator_, auth::Authenticator::Create(config.token_file, fixed));
-  s->job_service_ = std::make_unique<JobServiceImpl>(s->coordinator_.get(), s->authenticator_.get(),
-                                                     *rpc_seconds);
+  s->job_service_ = std::make_unique<JobServiceImpl>(
+      s->coordinator_.get(), s->authenticator_.get(), *rpc_seconds,
+      StreamLimitsConfig{config.max_streams_per_identity, config.max_streams});
   s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get(),
                                                            s->authenticator_.get(), *rpc_seconds);
 

@@ -64,8 +64,8 @@ absl::StatusOr<std::string> WriteClientConfig(const std::string& state_dir,
   out << YAML::Key << "contexts" << YAML::Value << YAML::BeginSeq << YAML::BeginMap;
   out << YAML::Key << "name" << YAML::Value << "local";
   out << YAML::Key << "server" << YAML::Value << server;
-  if (!ca.empty()) out << YAML::Key << "ca" << YAML::Value << ca;
-  out << YAML::Key << "token_file" << YAML::Value << absl::StrCat(state_dir, "/", kAdminTokenFile);
+  if (!abs_ca.empty()) out << YAML::Key << "ca" << YAML::Value << abs_ca;
+  out << YAML::Key << "token_file" << YAML::Value << absl::StrCat(abs_dir, "/", kAdminTokenFile);
   out << YAML::EndMap << YAML::EndSeq << YAML::EndMap;
   if (absl::Status s = WritePrivateFile(path, std::string(out.c_str()) + "\n"); !s.ok()) return s;
   return path;

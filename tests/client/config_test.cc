@@ -16,7 +16,7 @@
 #include "client/grpc_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/openssl_certs.h"
+#include "tests/testing/certs.h"
 #include "tests/testing/recording_server.h"
 #include "tests/testing/temp_dir.h"
 
@@ -276,15 +276,14 @@ class CliCredentialsTest : public ::testing::Test {
 
 TEST_F(CliCredentialsTest, SendsTheContextTokenOverTls) {
   ScopedEnv clean = Clean(dir_.path());
-  const testing::OpensslCerts& certs = testing::OpensslCerts::Get();
-  ASSERT_TRUE(certs.ok()) << certs.log();
+  const testing::DevCerts& certs = testing::TestCerts({"w1", "w2"});
   testing::RecordingServer server(/*tls=*/true);
   ASSERT_GT(server.port(), 0);
   Write(dir_, "tok", "ul_ctx_token\n");
   const std::string config = dir_.Sub("cfg.yaml");
-  Result set = Cli({"--config", config, "config", "set-context", "tls", "--server",
-                    server.address("localhost"), "--ca", certs.Path("ca.pem"), "--token-file",
-                    dir_.Sub("tok")});
+  Result set =
+      Cli({"--config", config, "config", "set-context", "tls", "--server",
+           server.address("localhost"), "--ca", certs.ca, "--token-file", dir_.Sub("tok")});
   ASSERT_EQ(set.code, 0) << set.err;
   EXPECT_THAT(set.out, HasSubstr("Context \"tls\" created"));
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "sqlite3.h"
+#include "tests/testing/certs.h"
 
 namespace ulysses::e2e {
 
@@ -126,27 +127,28 @@ Cluster::~Cluster() {
 
 void Cluster::StartCoordinator(double heartbeat_timeout_s) {
   if (coordinator_) dead_logs_ += "=== coordinator (previous)\n" + coordinator_->Output();
+  const testing::DevCerts& certs = testing::TestCerts();
   coordinator_ = Process::Start({BinDir() + "/ulysses-coordinator", "--listen",
                                  absl::StrCat("127.0.0.1:", port_), "--state-dir", dir_ + "/state",
                                  "--metrics-listen", "127.0.0.1:0", "--heartbeat-timeout-s",
-                                 absl::StrCat(heartbeat_timeout_s)});
+                                 absl::StrCat(heartbeat_timeout_s), "--tls-cert", certs.server_cert,
+                                 "--tls-key", certs.server_key, "--tls-client-ca", certs.ca});
   if (!coordinator_) return;
   auto line = coordinator_->WaitForLine("listening grpc=", seconds(30));
   if (!line) return;
   const size_t at = line->find("grpc=");
   port_ = std::atoi(line->c_str() + at + 5);
-  // The admin token a coordinator without a token file creates (a coordinator that
-  // does not authenticate creates none, and then nothing is sent).
-  const std::string token = dir_ + "/state/admin.token";
-  token_file_ = fs::exists(token) ? token : "";
+  // The admin token a coordinator without a token file creates.
+  token_file_ = dir_ + "/state/admin.token";
   std::ofstream config(config_path());
-  config << "current-context: e2e\ncontexts:\n  - name: e2e\n    server: " << address() << "\n";
-  if (!token_file_.empty()) config << "    token_file: " << token_file_ << "\n";
+  config << "current-context: e2e\ncontexts:\n  - name: e2e\n    server: " << address()
+         << "\n    ca: " << certs.ca << "\n    token_file: " << token_file_ << "\n";
 }
 
 ChannelOptions Cluster::Channel() const {
   ChannelOptions options;
   options.server = address();
+  options.ca_file = testing::TestCerts().ca;
   if (!token_file_.empty()) {
     std::ifstream in(token_file_);
     std::getline(in, options.token);
@@ -175,7 +177,10 @@ void Cluster::StartWorker(const std::string& name, double grace_period_s) {
                                    EngineBin(),
                                    "--grace-period-s",
                                    absl::StrCat(grace_period_s)};
-  if (!token_file_.empty()) argv.insert(argv.end(), {"--token-file", token_file_});
+  // Mutual TLS: the certificate named after the worker is its identity (no token).
+  const testing::DevCerts& certs = testing::TestCerts({name});
+  argv.insert(argv.end(),
+              {"--ca", certs.ca, "--cert", certs.WorkerCert(name), "--key", certs.WorkerKey(name)});
   auto process = Process::Start(argv);
   workers_[name] = std::move(process);
 }

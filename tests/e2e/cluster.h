@@ -4,9 +4,12 @@
 // own process group, killed if the test dies) and are stopped in the destructor;
 // the temp dir is removed.
 //
-// Credentials: the coordinator runs without a token file, so it creates
-// <state_dir>/admin.token; workers get it with --token-file and ulyssesctl through a
-// client config (config_path(), context "e2e") that names it.
+// Credentials, as in production: the coordinator serves TLS with a server certificate
+// from scripts/dev_certs.sh (tests/testing/certs.h) and verifies worker client
+// certificates against the same CA; each worker presents its own certificate (mutual
+// TLS: its identity). The coordinator runs without a token file, so it creates
+// <state_dir>/admin.token; ulyssesctl uses it through a client config (config_path(),
+// context "e2e": address, CA, token_file).
 //
 // Binaries come from $ULYSSES_BIN_DIR. The engine is $ULYSSES_BIN_DIR/ulysses-train
 // (ULYSSES_E2E_ENGINE_BIN overrides it, for debugging the harness only).
@@ -74,9 +77,9 @@ class Cluster {
   std::string address() const;
   // The admin token file the coordinator created ("" until it exists).
   const std::string& token_file() const { return token_file_; }
-  // The ulyssesctl config Ctl() uses (context "e2e": address, token_file).
+  // The ulyssesctl config Ctl() uses (context "e2e": address, ca, token_file).
   std::string config_path() const { return dir_ + "/ulyssesctl.yaml"; }
-  // For a test's own gRPC client: the address and the admin credentials.
+  // For a test's own gRPC client: the address, the CA and the admin token.
   ChannelOptions Channel() const;
 
   void StartWorker(const std::string& name, double grace_period_s = 30);

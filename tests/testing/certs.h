@@ -77,6 +77,30 @@ inline const DevCerts& TestCerts(const std::vector<std::string>& workers = {}) {
   return certs;
 }
 
+// The CA certificate of a second, independent dev CA that signed nothing the
+// binary's TestCerts use (for "wrong CA" cases).
+inline std::string OtherCaFile() {
+  static std::mutex mu;
+  static TempDir* dir = nullptr;  // Lives until exit.
+  std::lock_guard<std::mutex> lock(mu);
+  if (dir == nullptr) {
+    const char* source_dir = std::getenv("ULYSSES_SOURCE_DIR");
+    if (source_dir == nullptr) {
+      std::fprintf(stderr, "OtherCaFile: $ULYSSES_SOURCE_DIR is unset (run through ctest)\n");
+      std::abort();
+    }
+    static TempDir owned("ulysses-other-ca");
+    const std::string cmd = std::string("bash '") + source_dir + "/scripts/dev_certs.sh' '" +
+                            owned.path() + "' >/dev/null";
+    if (std::system(cmd.c_str()) != 0) {
+      std::fprintf(stderr, "OtherCaFile: \"%s\" failed\n", cmd.c_str());
+      std::abort();
+    }
+    dir = &owned;
+  }
+  return dir->path() + "/ca.pem";
+}
+
 }  // namespace ulysses::testing
 
 #endif  // ULYSSES_TESTS_TESTING_CERTS_H_

@@ -14,7 +14,7 @@
 #include <mutex>
 #include <string>
 
-#include "tests/testing/openssl_certs.h"
+#include "tests/testing/certs.h"
 #include "ulysses/v1/job_service.grpc.pb.h"
 
 namespace ulysses::testing {
@@ -28,17 +28,17 @@ class RecordingServer final : public ulysses::v1::JobService::Service {
     std::string client_cn;      // x509 common name of the client certificate; "" if none.
   };
 
-  // Starts on 127.0.0.1:0: plaintext, or TLS with OpensslCerts' server certificate
+  // Starts on 127.0.0.1:0: plaintext, or TLS with TestCerts' server certificate
   // (client certificates signed by its CA requested and verified when presented).
   // port() is 0 when it could not start.
   explicit RecordingServer(bool tls) {
     std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
     if (tls) {
-      const OpensslCerts& certs = OpensslCerts::Get();
-      if (!certs.ok()) return;
+      const DevCerts& certs = TestCerts({"w1", "w2"});
       grpc::SslServerCredentialsOptions ssl(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
-      ssl.pem_root_certs = certs.Read("ca.pem");
-      ssl.pem_key_cert_pairs.push_back({certs.Read("server.key"), certs.Read("server.pem")});
+      ssl.pem_root_certs = ReadFileOrEmpty(certs.ca);
+      ssl.pem_key_cert_pairs.push_back(
+          {ReadFileOrEmpty(certs.server_key), ReadFileOrEmpty(certs.server_cert)});
       creds = grpc::SslServerCredentials(ssl);
     }
     grpc::ServerBuilder builder;

@@ -13,7 +13,7 @@
 #include "common/grpc/grpc_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/testing/openssl_certs.h"
+#include "tests/testing/certs.h"
 #include "tests/testing/recording_server.h"
 #include "tests/testing/temp_dir.h"
 #include "ulysses/v1/job_service.grpc.pb.h"
@@ -24,7 +24,7 @@ namespace {
 using ::testing::HasSubstr;
 namespace v1 = ::ulysses::v1;
 
-const testing::OpensslCerts& Certs() { return testing::OpensslCerts::Get(); }
+const testing::DevCerts& Certs() { return testing::TestCerts({"w1", "w2"}); }
 
 ChannelOptions Opts(std::string server, std::string ca = "", std::string cert = "",
                     std::string key = "", std::string token = "", bool insecure = false) {
@@ -41,9 +41,7 @@ ChannelOptions Opts(std::string server, std::string ca = "", std::string cert = 
 class ChannelTest : public ::testing::Test {
  protected:
   void StartServer(bool tls) {
-    if (tls) {
-      ASSERT_TRUE(Certs().ok()) << Certs().log();
-    }
+    if (tls) Certs();  // Made before the server reads them.
     server_ = std::make_unique<testing::RecordingServer>(tls);
     ASSERT_GT(server_->port(), 0);
   }
@@ -61,7 +59,7 @@ class ChannelTest : public ::testing::Test {
     v1::ListWorkersResponse response;
     return FromGrpcStatus(stub->ListWorkers(&ctx, v1::ListWorkersRequest(), &response));
   }
-  const testing::OpensslCerts& certs() { return Certs(); }
+  const testing::DevCerts& certs() { return Certs(); }
 
   std::unique_ptr<testing::RecordingServer> server_;
 };
@@ -95,7 +93,7 @@ TEST_F(ChannelTest, TlsVerifiesTheServerAndSendsTheToken) {
   StartServer(/*tls=*/true);
   for (const std::string host : {"127.0.0.1", "localhost"}) {
     SCOPED_TRACE(host);
-    absl::Status status = Call(Opts(Address(host), certs().Path("ca.pem"), "", "", "t0k"));
+    absl::Status status = Call(Opts(Address(host), certs().ca, "", "", "t0k"));
     ASSERT_TRUE(status.ok()) << status;
   }
   testing::RecordingServer::Seen seen = Seen();
@@ -107,8 +105,8 @@ TEST_F(ChannelTest, TlsVerifiesTheServerAndSendsTheToken) {
 
 TEST_F(ChannelTest, MutualTlsPresentsTheClientCertificate) {
   StartServer(/*tls=*/true);
-  absl::Status status = Call(Opts(Address(), certs().Path("ca.pem"), certs().Path("workers/w1.pem"),
-                                  certs().Path("workers/w1.key")));
+  absl::Status status =
+      Call(Opts(Address(), certs().ca, certs().WorkerCert("w1"), certs().WorkerKey("w1")));
   ASSERT_TRUE(status.ok()) << status;
   EXPECT_EQ(Seen().client_cn, "w1");
   EXPECT_EQ(Seen().transport, "ssl");
@@ -116,7 +114,7 @@ TEST_F(ChannelTest, MutualTlsPresentsTheClientCertificate) {
 
 TEST_F(ChannelTest, TlsRefusesAServerSignedByAnotherCa) {
   StartServer(/*tls=*/true);
-  absl::Status status = Call(Opts(Address(), certs().Path("other-ca.pem"), "", "", "t0k"));
+  absl::Status status = Call(Opts(Address(), testing::OtherCaFile(), "", "", "t0k"));
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_EQ(Seen().calls, 0);  // The token never reached the server.
 }
@@ -135,7 +133,7 @@ TEST_F(ChannelTest, RefusesPlaintextOffLoopbackUnlessInsecure) {
   EXPECT_THAT(refused.status().message(), HasSubstr("--ca"));
   EXPECT_THAT(refused.status().message(), HasSubstr("--insecure"));
   EXPECT_TRUE(MakeChannel(Opts("10.1.2.3:50051", "", "", "", "t0k", true)).ok());
-  EXPECT_TRUE(MakeChannel(Opts("coord.example:50051", certs().Path("ca.pem"))).ok());
+  EXPECT_TRUE(MakeChannel(Opts("coord.example:50051", certs().ca)).ok());
 }
 
 TEST(IsLoopbackTargetTest, KnowsLoopbackFromTheRest) {
@@ -159,17 +157,14 @@ TEST_F(ChannelTest, BadFilesAndFlagsNameTheFieldAndTheFix) {
     ChannelOptions options;
     std::string expected;
   };
-  const std::string ca = certs().Path("ca.pem");
+  const std::string ca = certs().ca;
   const Case cases[] = {
       {Opts("127.0.0.1:1", dir.Sub("missing.pem")),
        "ca: cannot read \"" + dir.Sub("missing.pem") + "\""},
       {Opts("127.0.0.1:1", dir.Sub("not-pem")), "is not PEM"},
-      {Opts("127.0.0.1:1", ca, certs().Path("workers/w1.pem")),
-       "give both (mutual TLS) or neither"},
-      {Opts("127.0.0.1:1", ca, certs().Path("workers/w1.pem"), dir.Sub("nokey")),
-       "key: cannot read"},
-      {Opts("127.0.0.1:1", "", certs().Path("workers/w1.pem"), certs().Path("workers/w1.key")),
-       "without a CA"},
+      {Opts("127.0.0.1:1", ca, certs().WorkerCert("w1")), "give both (mutual TLS) or neither"},
+      {Opts("127.0.0.1:1", ca, certs().WorkerCert("w1"), dir.Sub("nokey")), "key: cannot read"},
+      {Opts("127.0.0.1:1", "", certs().WorkerCert("w1"), certs().WorkerKey("w1")), "without a CA"},
       {Opts(""), "server: \"\" is empty"},
       {Opts("127.0.0.1:1", "", "", "", "two words"), "token: the token contains a space"},
       {Opts("127.0.0.1:1", "", "", "", std::string(5000, 'a')), "token: a token of 5000 bytes"},

@@ -3,6 +3,7 @@
 // credentials. The gRPC side (metadata, client certificates) is tested end to end in
 // tests/security.
 #include <sys/stat.h>
+#include <filesystem>
 
 #include <fstream>
 #include <set>
@@ -251,6 +252,23 @@ TEST(BootstrapTest, ClientConfigNamesServerCaAndTokenFile) {
   absl::StatusOr<std::string> plain = WriteClientConfig(dir.path(), "127.0.0.1:1234", "");
   ASSERT_TRUE(plain.ok());
   EXPECT_FALSE(absl::StrContains(ReadFileOrEmpty(*plain), "ca:"));
+}
+
+TEST(BootstrapTest, ClientConfigPathsAreAbsoluteWhenGivenRelative) {
+  // The coordinator may be started with a relative --state-dir and --tls-client-ca; the
+  // config it writes is read from any working directory, so both paths must be absolute.
+  TempDir dir;
+  const std::string cwd = std::filesystem::current_path().string();
+  std::filesystem::current_path(dir.path());
+  std::filesystem::create_directory("state");
+  absl::StatusOr<std::string> path = WriteClientConfig("state", "127.0.0.1:1", "certs/ca.pem");
+  const std::string text = path.ok() ? ReadFileOrEmpty(*path) : "";
+  std::filesystem::current_path(cwd);
+  ASSERT_TRUE(path.ok()) << path.status();
+  const std::string abs_dir = std::filesystem::canonical(dir.path()).string();
+  EXPECT_TRUE(absl::StrContains(text, "ca: " + abs_dir + "/certs/ca.pem")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "token_file: " + abs_dir + "/state/" + kAdminTokenFile))
+      << text;
 }
 
 TEST(DevCertsTest, ScriptMakesACaServerAndWorkerCertsWithPrivateKeys) {

@@ -21,7 +21,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/security/server_credentials.h"
 #include "gtest/gtest.h"
-#include "tests/testing/openssl_certs.h"
+#include "tests/testing/certs.h"
 #include "tests/testing/temp_dir.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
 #include "worker/agent/child_supervisor.h"
@@ -160,11 +160,12 @@ struct PeerServer {
   explicit PeerServer(int want_port = 0, bool tls = false) {
     std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
     if (tls) {
-      const auto& certs = ::ulysses::testing::OpensslCerts::Get();
+      const auto& certs = ::ulysses::testing::TestCerts({"w1", "w2"});
       grpc::SslServerCredentialsOptions ssl(
           GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-      ssl.pem_root_certs = certs.Read("ca.pem");
-      ssl.pem_key_cert_pairs.push_back({certs.Read("server.key"), certs.Read("server.pem")});
+      ssl.pem_root_certs = ::ulysses::testing::ReadFileOrEmpty(certs.ca);
+      ssl.pem_key_cert_pairs.push_back({::ulysses::testing::ReadFileOrEmpty(certs.server_key),
+                                        ::ulysses::testing::ReadFileOrEmpty(certs.server_cert)});
       creds = grpc::SslServerCredentials(ssl);
     }
     grpc::ServerBuilder builder;
@@ -519,14 +520,13 @@ TEST_F(WorkerAgentTest, SendsTheTokenOnRegisterAndSession) {
 
 // --ca/--cert/--key: TLS to the coordinator, presenting the worker's certificate.
 TEST_F(WorkerAgentTest, MutualTlsPresentsTheWorkerCertificate) {
-  const auto& certs = ::ulysses::testing::OpensslCerts::Get();
-  ASSERT_TRUE(certs.ok()) << certs.log();
+  const auto& certs = ::ulysses::testing::TestCerts({"w1", "w2"});
   PeerServer peer(0, /*tls=*/true);
   ASSERT_GT(peer.port, 0);
   std::ofstream(dir_.Sub("token")) << "ul_w1\n";
   StartWorker(peer.port, 10,
-              {"--ca", certs.Path("ca.pem"), "--cert", certs.Path("workers/w1.pem"), "--key",
-               certs.Path("workers/w1.key"), "--token-file", dir_.Sub("token")},
+              {"--ca", certs.ca, "--cert", certs.WorkerCert("w1"), "--key", certs.WorkerKey("w1"),
+               "--token-file", dir_.Sub("token")},
               "localhost");
   ASSERT_TRUE(peer.service.WaitForSession(1, seconds(20))) << WorkerLog();
   std::vector<PeerCoordinator::Caller> callers = peer.service.Callers();
@@ -542,11 +542,10 @@ TEST_F(WorkerAgentTest, MutualTlsPresentsTheWorkerCertificate) {
 
 // A worker without a client certificate cannot reach a server that requires one.
 TEST_F(WorkerAgentTest, WithoutAClientCertificateTheTlsPeerNeverSeesACall) {
-  const auto& certs = ::ulysses::testing::OpensslCerts::Get();
-  ASSERT_TRUE(certs.ok()) << certs.log();
+  const auto& certs = ::ulysses::testing::TestCerts({"w1", "w2"});
   PeerServer peer(0, /*tls=*/true);
   ASSERT_GT(peer.port, 0);
-  StartWorker(peer.port, 10, {"--ca", certs.Path("ca.pem")});
+  StartWorker(peer.port, 10, {"--ca", certs.ca});
   // Two failed attempts (the TLS handshake fails), and no call got through.
   const std::string failed = "coordinator session ended (UNAVAILABLE";
   ASSERT_TRUE(WaitForLog(failed, seconds(20))) << WorkerLog();
