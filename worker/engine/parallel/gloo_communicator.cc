@@ -33,6 +33,12 @@ absl::Status StatusFromException(const std::string& what, const std::string& op)
   return absl::UnavailableError(full);
 }
 
+// Gloo in libtorch 1.13 has no bfloat16: collectives that only MOVE data (all-to-all,
+// all-gather) carry bfloat16 tensors as their 16-bit patterns, bit-exactly.
+torch::Tensor AsMovable(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kBFloat16 ? t.view(torch::kShort) : t;
+}
+
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, std::string name,
@@ -57,9 +63,10 @@ class GlooCommunicator final : public Communicator {
       return absl::OkStatus();
     }
     std::vector<int64_t> counts;  // empty = equal splits
-    torch::Tensor in_mut = in;
+    torch::Tensor in_mut = AsMovable(in);
+    torch::Tensor out_mut = AsMovable(out);
     absl::Status st =
-        Run("alltoall", [&] { return pg_->alltoall_base(out, in_mut, counts, counts); });
+        Run("alltoall", [&] { return pg_->alltoall_base(out_mut, in_mut, counts, counts); });
     if (st.ok()) bytes_sent_ += static_cast<int64_t>(in.nbytes()) * (size() - 1) / size();
     return st;
   }
@@ -116,10 +123,10 @@ class GlooCommunicator final : public Communicator {
       return absl::OkStatus();
     }
     const int64_t c = in.numel();
-    torch::Tensor flat_out = out.view({-1});  // [size*c]
+    torch::Tensor flat_out = AsMovable(out.view({-1}));  // [size*c]
     std::vector<std::vector<torch::Tensor>> outputs(1);
     for (int j = 0; j < size(); ++j) outputs[0].push_back(flat_out.narrow(0, j * c, c));
-    std::vector<torch::Tensor> inputs = {in.reshape({-1})};
+    std::vector<torch::Tensor> inputs = {AsMovable(in.reshape({-1}))};
     c10d::AllgatherOptions opts;
     opts.timeout = timeout_;
     return Run("allgather", [&] { return pg_->allgather(outputs, inputs, opts); });

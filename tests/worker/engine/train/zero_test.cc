@@ -22,6 +22,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -341,7 +343,8 @@ TEST(ZeroTest, Zero3Sp4CheckpointResumesAtZero0Sp1AndBackAndExports) {
   for (int i = 0; i < 2; ++i) {
     EXPECT_NEAR(z3_second.loss[i], straight.loss[2 + i], 1e-9 * straight.loss[2 + i]);
   }
-  // HF export of the ZeRO-3 checkpoint: the reassembled trained weights.
+  // HF export of the ZeRO-3 checkpoint: the reassembled trained weights (a misplaced piece is off
+  // by the weights' scale, 1e-2).
   ::ulysses::testing::TempDir hf("ulysses-zero-hf");
   ExportOptions eo;
   eo.checkpoint = z3.checkpoint;
@@ -354,7 +357,9 @@ TEST(ZeroTest, Zero3Sp4CheckpointResumesAtZero0Sp1AndBackAndExports) {
   ASSERT_TRUE(LoadInitFrom(loaded, eo.hf_out).ok());
   for (auto& [name, p] : Params(loaded)) {
     SCOPED_TRACE(name);
-    EXPECT_TRUE(torch::equal(p, z3.tensors.at(kModelPrefix + name)));
+    // The HF round trip (export, then init_from) reads through fp32: equal to fp32 precision.
+    const torch::Tensor& saved = z3.tensors.at(kModelPrefix + name);
+    EXPECT_LE((p - saved).abs().max().item<double>(), 1e-6 * saved.abs().max().item<double>());
   }
 }
 
