@@ -34,9 +34,9 @@ absl::Status StatusFromException(const std::string& what, const std::string& op)
 }
 
 // Gloo in libtorch 1.13 has no bfloat16: collectives that only MOVE data (all-to-all,
-// all-gather) carry bfloat16 tensors as their 16-bit patterns, bit-exactly.
+// all-gather) carry bfloat16 tensors as float16-typed 16-bit patterns (no arithmetic: exact).
 torch::Tensor AsMovable(const torch::Tensor& t) {
-  return t.scalar_type() == torch::kBFloat16 ? t.view(torch::kShort) : t;
+  return t.scalar_type() == torch::kBFloat16 ? t.view(torch::kHalf) : t;
 }
 
 class GlooCommunicator final : public Communicator {
