@@ -371,7 +371,10 @@ TEST(ZeroTest, Bf16Zero3TrainsLikeBf16Zero0) {
   ASSERT_EQ(base.loss.size(), 5u);
   ASSERT_EQ(z3.loss.size(), 5u);
   for (int i = 0; i < 5; ++i) EXPECT_NEAR(z3.loss[i], base.loss[i], 1e-2 * base.loss[i]) << i;
-  EXPECT_LT(z3.loss[4], z3.loss[0]);  // it learns
+  // Random tokens cannot be learned; the fp64 run pins what the bf16 losses should be.
+  const Result fp64 = Train({.world = 4, .sp = 2, .zero = 0, .steps = 5, .checkpointing = true});
+  ASSERT_EQ(fp64.loss.size(), 5u);
+  for (int i = 0; i < 5; ++i) EXPECT_NEAR(z3.loss[i], fp64.loss[i], 1e-2 * fp64.loss[i]) << i;
 }
 
 TEST(ZeroTest, OffloadOnCpuTakesTheSamePathWithTheSameNumbers) {
