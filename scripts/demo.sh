@@ -49,8 +49,15 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 echo "demo: work dir $TMP"
+# TLS as in production: a dev CA, the coordinator's certificate and one client certificate per
+# worker (mutual TLS: a worker may register only the name its certificate names).
+NAMES=()
+for ((i = 0; i < WORKERS; i++)); do NAMES+=("demo-w$i"); done
+"$ROOT/scripts/dev_certs.sh" "$TMP/certs" "${NAMES[@]}" >/dev/null
 "$BIN/ulysses-coordinator" --listen 127.0.0.1:0 --state-dir "$TMP/state" \
-  --metrics-listen 127.0.0.1:0 >"$TMP/coordinator.log" 2>&1 &
+  --metrics-listen 127.0.0.1:0 --tls-cert "$TMP/certs/server.pem" \
+  --tls-key "$TMP/certs/server.key" --tls-client-ca "$TMP/certs/ca.pem" \
+  >"$TMP/coordinator.log" 2>&1 &
 PIDS+=($!)
 PORT=""
 for _ in $(seq 1 150); do
@@ -66,22 +73,21 @@ if [[ -z "$PORT" ]]; then
 fi
 export ULYSSES_COORDINATOR="127.0.0.1:$PORT"
 echo "demo: coordinator on $ULYSSES_COORDINATOR (metrics: $(sed -n 's/.*metrics=\([0-9]*\).*/\1/p' "$TMP/coordinator.log" | head -1))"
-# Started without a token file, the coordinator made an admin token and a ulyssesctl
-# config for it in its state dir: the newcomer's path (docs/OPERATIONS.md).
-WORKER_AUTH=()
-if [[ -f "$TMP/state/admin.token" ]]; then
-  WORKER_AUTH+=(--token-file "$TMP/state/admin.token")
+# Started without a token file, the coordinator made an admin token and a ulyssesctl config
+# for it (server, CA, token file) in its state dir: the newcomer's path (docs/OPERATIONS.md).
+export ULYSSES_CONFIG="$TMP/state/ulyssesctl-config.yaml"
+if [[ ! -f "$ULYSSES_CONFIG" ]]; then
+  echo "demo: the coordinator wrote no $ULYSSES_CONFIG:" >&2
+  cat "$TMP/coordinator.log" >&2
+  exit 1
 fi
-if [[ -f "$TMP/state/ulyssesctl-config.yaml" ]]; then
-  export ULYSSES_CONFIG="$TMP/state/ulyssesctl-config.yaml"
-  echo "demo: export ULYSSES_CONFIG=$ULYSSES_CONFIG"
-elif [[ -f "$TMP/state/admin.token" ]]; then
-  export ULYSSES_TOKEN="$(cat "$TMP/state/admin.token")"
-fi
+echo "demo: TLS + tokens on; export ULYSSES_CONFIG=$ULYSSES_CONFIG"
 
 for ((i = 0; i < WORKERS; i++)); do
   "$BIN/ulysses-worker" --coordinator "$ULYSSES_COORDINATOR" --name "demo-w$i" --device cpu \
-    --work-dir "$TMP/workers/w$i" --grace-period-s 30 "${WORKER_AUTH[@]}" >"$TMP/worker$i.log" 2>&1 &
+    --work-dir "$TMP/workers/w$i" --grace-period-s 30 --ca "$TMP/certs/ca.pem" \
+    --cert "$TMP/certs/workers/demo-w$i.pem" --key "$TMP/certs/workers/demo-w$i.key" \
+    >"$TMP/worker$i.log" 2>&1 &
   PIDS+=($!)
 done
 for _ in $(seq 1 150); do
