@@ -292,9 +292,9 @@ absl::Status ZeroSharding::LoadOptimizerState(const std::map<std::string, torch:
       auto it = whole.find(prefix + e.name);
       if (it == whole.end()) continue;
       if (it->second.numel() != e.numel) {
-        return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", it->first, " has shape ",
-                                                       c10::str(it->second.sizes()),
-                                                       ", parameter has ", c10::str(c10::IntArrayRef(e.shape))));
+        return absl::InvalidArgumentError(
+            absl::StrCat("checkpoint: ", it->first, " has shape ", c10::str(it->second.sizes()),
+                         ", parameter has ", c10::str(c10::IntArrayRef(e.shape))));
       }
       chunks[it->first] = Slice(e, it->second);
     }
