@@ -30,6 +30,11 @@ constexpr double kGpuReserveBytes = 3 * kGiB;
 // CPU process baseline per rank: libtorch, Gloo and the binary before any tensor of the
 // job (measured: bench/plan_vs_rss.sh, docs/BENCHMARKS.md "Planner vs measured RSS").
 constexpr double kCpuBaselineBytes = 180 * kMiB;
+// glibc malloc's resident-but-free heap on top of the live activation bytes on cpu: peak RSS
+// of the tiny preset at sp 4 was 580 MB by default and 430 MB with MALLOC_MMAP_THRESHOLD_=131072
+// (large blocks returned on free) at 8K, where the formula gives 464 MB of live bytes; a factor
+// of 1.4 on activations fits 512/2K/8K (docs/BENCHMARKS.md "Planner vs measured RSS").
+constexpr double kCpuActivationOverhead = 1.4;
 
 double HostMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
@@ -203,6 +208,7 @@ absl::StatusOr<DeviceSpec> ResolveDevice(const std::string& type, const std::str
                                                    absl::StrJoin(DeviceTypes(), ", "), ")"));
   }
   d.reserve_bytes = d.host_is_device ? kCpuBaselineBytes : kGpuReserveBytes;
+  d.activation_overhead = d.host_is_device ? kCpuActivationOverhead : 1.0;
   if (!memory.empty()) {
     absl::StatusOr<double> bytes = ParseByteSize(memory, "--gpu-memory");
     if (!bytes.ok()) return bytes.status();
@@ -264,8 +270,9 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s, const DeviceSpec* device)
       p.optimizer_bytes = state.optimizer;
       p.gathered_bytes = state.gathered;
       const ActivationBytes act = Activations(s, p, host_is_device);
-      p.saved_activation_bytes = act.saved;
-      p.working_bytes = act.working;
+      const double overhead = device != nullptr ? device->activation_overhead : 1.0;
+      p.saved_activation_bytes = act.saved * overhead;
+      p.working_bytes = act.working * overhead;
       p.host_bytes = state.host_optimizer + act.host;
       if (device != nullptr) {
         const double tokens =
