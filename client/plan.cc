@@ -32,7 +32,7 @@ constexpr double kGpuReserveBytes = 3 * kGiB;
 constexpr double kCpuBaselineBytes = 180 * kMiB;
 // glibc malloc's resident-but-free heap on top of the live activation bytes on cpu: peak RSS
 // of the tiny preset at sp 4 was 580 MB by default and 430 MB with MALLOC_MMAP_THRESHOLD_=131072
-// (large blocks returned on free) at 8K, where the formula gives 464 MB of live bytes; a factor
+// (large blocks returned on free) at 8K, where the formula gives 472 MB of live bytes; a factor
 // of 1.4 on activations fits 512/2K/8K (docs/BENCHMARKS.md "Planner vs measured RSS").
 constexpr double kCpuActivationOverhead = 1.4;
 
