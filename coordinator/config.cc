@@ -96,6 +96,9 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"log_buffer_bytes_total",
        [&](const YAML::Node& n) { c->log_buffer_bytes_total = n.as<int64_t>(); }},
       {"lost_worker_ttl_s", [&](const YAML::Node& n) { c->lost_worker_ttl_s = n.as<double>(); }},
+      {"max_streams_per_identity",
+       [&](const YAML::Node& n) { c->max_streams_per_identity = n.as<int64_t>(); }},
+      {"max_streams", [&](const YAML::Node& n) { c->max_streams = n.as<int64_t>(); }},
       {"data_roots",
        [&](const YAML::Node& n) { c->data_roots = n.as<std::vector<std::string>>(); }},
       {"state_max_bytes", [&](const YAML::Node& n) { c->state_max_bytes = n.as<int64_t>(); }},
@@ -253,6 +256,14 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   if (!(c->lost_worker_ttl_s > 0 && c->lost_worker_ttl_s <= 30 * 24 * 3600)) {
     e.push_back(absl::StrCat("lost_worker_ttl_s: ", c->lost_worker_ttl_s,
                              " is out of range (use 0 < seconds <= 2592000, e.g. 3600)"));
+  }
+  if (c->max_streams_per_identity < 1 || c->max_streams_per_identity > 100000) {
+    e.push_back(absl::StrCat("max_streams_per_identity: ", c->max_streams_per_identity,
+                             " is out of range (use 1..100000 open streams, e.g. 64)"));
+  } else if (c->max_streams < c->max_streams_per_identity || c->max_streams > 100000) {
+    e.push_back(absl::StrCat("max_streams: ", c->max_streams,
+                             " is out of range (use max_streams_per_identity (",
+                             c->max_streams_per_identity, ") .. 100000, e.g. 4096)"));
   }
   if (!e.empty()) return absl::InvalidArgumentError(absl::StrJoin(e, "\n"));
   if (c->reconnect_window_s == 0) c->reconnect_window_s = 2 * c->heartbeat_timeout_s;

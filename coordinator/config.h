@@ -40,6 +40,10 @@ struct CoordinatorConfig {
   int64_t log_buffer_bytes_per_job = 8 << 20;  // 64 KiB .. 1 GiB.
   int64_t log_buffer_bytes_total = 512 << 20;  // >= log_buffer_bytes_per_job, <= 64 GiB.
   double lost_worker_ttl_s = 3600;  // A worker LOST this long is forgotten (memory and SQLite).
+  // Open WatchJob / GetJobLogs-follow streams (stream_limits.h): per caller identity and
+  // in all, 1..100000 each, max_streams >= max_streams_per_identity.
+  int64_t max_streams_per_identity = 64;
+  int64_t max_streams = 4096;
   // Directories a spec's data.train / data.validation / model.init_from may name
   // (path_policy.h). Empty = specs may use synthetic data only. Resolved (absolute,
   // symlinks followed) by ValidateAndFinalize, as is checkpoint_root.

@@ -8,6 +8,7 @@
 
 #include "common/grpc/grpc_util.h"
 #include "common/logging.h"
+#include "common/status.h"
 #include "coordinator/validation.h"
 
 namespace ulysses::coordinator {
@@ -100,15 +101,37 @@ class QueuedWriter : public Base {
   grpc::Status final_status_;
 };
 
+// A stream's slot in StreamLimits, held from the reactor's start until it is deleted.
+class StreamSlot {
+ public:
+  // Takes a slot for `caller` (when it authenticated); the Status says whether it got one.
+  absl::Status Take(StreamLimits* limits, const absl::StatusOr<auth::Principal>& caller) {
+    if (!caller.ok()) return caller.status();
+    std::string identity = StreamLimits::IdentityOf(*caller);
+    RETURN_IF_ERROR(limits->Acquire(identity));
+    limits_ = limits;
+    identity_ = std::move(identity);
+    return absl::OkStatus();
+  }
+  ~StreamSlot() {
+    if (limits_ != nullptr) limits_->Release(identity_);
+  }
+
+ private:
+  StreamLimits* limits_ = nullptr;
+  std::string identity_;
+};
+
 class WatchReactor final
     : public QueuedWriter<grpc::ServerWriteReactor<v1::JobEvent>, v1::JobEvent>,
       public JobEventSink {
  public:
-  WatchReactor(Coordinator* coordinator, const absl::StatusOr<auth::Principal>& caller,
-               const v1::WatchJobRequest& request)
+  WatchReactor(Coordinator* coordinator, StreamLimits* limits,
+               const absl::StatusOr<auth::Principal>& caller, const v1::WatchJobRequest& request)
       : coordinator_(coordinator), job_id_(request.job_id()) {
     absl::Status status = caller.status();
     if (status.ok()) status = ValidateWatchJobRequest(request);
+    if (status.ok()) status = slot_.Take(limits, caller);
     if (status.ok()) status = coordinator_->WatchJob(job_id_, *caller, this);
     if (!status.ok()) EndAfterDrain(ToGrpcStatus(status));
   }
@@ -122,17 +145,20 @@ class WatchReactor final
  private:
   Coordinator* coordinator_;
   std::string job_id_;
+  StreamSlot slot_;
 };
 
 class LogsReactor final
     : public QueuedWriter<grpc::ServerWriteReactor<v1::GetJobLogsResponse>, v1::GetJobLogsResponse>,
       public LogSink {
  public:
-  LogsReactor(Coordinator* coordinator, const absl::StatusOr<auth::Principal>& caller,
-              const v1::GetJobLogsRequest& request)
+  LogsReactor(Coordinator* coordinator, StreamLimits* limits,
+              const absl::StatusOr<auth::Principal>& caller, const v1::GetJobLogsRequest& request)
       : coordinator_(coordinator), job_id_(request.job_id()) {
     absl::Status status = caller.status();
     if (status.ok()) status = ValidateGetJobLogsRequest(request);
+    // Only a follow stays open; a plain tail is a bounded reply.
+    if (status.ok() && request.follow()) status = slot_.Take(limits, caller);
     if (status.ok()) status = coordinator_->GetJobLogs(request, *caller, this);
     if (!status.ok()) EndAfterDrain(ToGrpcStatus(status));
   }
@@ -165,6 +191,7 @@ class LogsReactor final
  private:
   Coordinator* coordinator_;
   std::string job_id_;
+  StreamSlot slot_;
 };
 
 class SessionReactor final
@@ -305,13 +332,14 @@ grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext*
 
 grpc::ServerWriteReactor<v1::JobEvent>* JobServiceImpl::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
-  return new WatchReactor(coordinator_, auth_->Authorize(*context, auth::Rpc::kWatchJob), *request);
+  return new WatchReactor(coordinator_, &streams_, auth_->Authorize(*context, auth::Rpc::kWatchJob),
+                          *request);
 }
 
 grpc::ServerWriteReactor<v1::GetJobLogsResponse>* JobServiceImpl::GetJobLogs(
     grpc::CallbackServerContext* context, const v1::GetJobLogsRequest* request) {
-  return new LogsReactor(coordinator_, auth_->Authorize(*context, auth::Rpc::kGetJobLogs),
-                         *request);
+  return new LogsReactor(coordinator_, &streams_,
+                         auth_->Authorize(*context, auth::Rpc::kGetJobLogs), *request);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContext* context,

@@ -18,6 +18,7 @@
 #include "common/metrics/metrics.h"
 #include "coordinator/auth/authenticator.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/stream_limits.h"
 #include "ulysses/v1/job_service.grpc.pb.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
 
@@ -25,10 +26,14 @@ namespace ulysses::coordinator {
 
 class JobServiceImpl final : public v1::JobService::CallbackService {
  public:
-  // `rpc_seconds` (ulysses_rpc_duration_seconds{method}) may be null.
+  // `rpc_seconds` (ulysses_rpc_duration_seconds{method}) may be null. Open WatchJob and
+  // GetJobLogs-follow streams are capped by `stream_limits` (per identity, total).
   JobServiceImpl(Coordinator* coordinator, const auth::Authenticator* auth,
-                 metrics::HistogramFamily* rpc_seconds)
-      : coordinator_(coordinator), auth_(auth), rpc_seconds_(rpc_seconds) {}
+                 metrics::HistogramFamily* rpc_seconds, const StreamLimitsConfig& stream_limits)
+      : coordinator_(coordinator),
+        auth_(auth),
+        rpc_seconds_(rpc_seconds),
+        streams_(stream_limits.per_identity, stream_limits.total) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const v1::SubmitJobRequest* request,
@@ -57,6 +62,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   Coordinator* coordinator_;
   const auth::Authenticator* auth_;
   metrics::HistogramFamily* rpc_seconds_;
+  StreamLimits streams_;
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {

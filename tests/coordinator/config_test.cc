@@ -105,5 +105,28 @@ TEST(ConfigTest, SecurityKeysLoadFromYaml) {
   EXPECT_FALSE(ApplyConfigYaml("insecure: maybe\n", &c).ok());
 }
 
+TEST(ConfigTest, StreamCapsAreBoundedAndTheTotalCoversOneIdentity) {
+  TempDir dir;
+  CoordinatorConfig c = Base(dir);
+  ASSERT_TRUE(ApplyConfigYaml("max_streams_per_identity: 8\nmax_streams: 100\n", &c).ok());
+  EXPECT_TRUE(ValidateAndFinalize(&c).ok());
+  EXPECT_EQ(c.max_streams_per_identity, 8);
+  EXPECT_EQ(c.max_streams, 100);
+
+  CoordinatorConfig zero = Base(dir);
+  zero.max_streams_per_identity = 0;
+  absl::Status s = ValidateAndFinalize(&zero);
+  EXPECT_TRUE(absl::StrContains(s.message(), "max_streams_per_identity: 0 is out of range")) << s;
+
+  CoordinatorConfig below = Base(dir);
+  below.max_streams_per_identity = 64;
+  below.max_streams = 10;
+  s = ValidateAndFinalize(&below);
+  EXPECT_TRUE(absl::StrContains(s.message(),
+                                "max_streams: 10 is out of range (use "
+                                "max_streams_per_identity (64) .. 100000"))
+      << s;
+}
+
 }  // namespace
 }  // namespace ulysses::coordinator

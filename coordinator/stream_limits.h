@@ -1,0 +1,49 @@
+// StreamLimits: caps the long-lived JobService streams (WatchJob, and GetJobLogs with
+// follow) that stay open on the coordinator, per caller identity and in total, so one
+// client (or one leaked script) cannot pin thousands of reactors and their queues.
+// A stream holds its slot from its start until its reactor is done. Thread-safe.
+#ifndef ULYSSES_COORDINATOR_STREAM_LIMITS_H_
+#define ULYSSES_COORDINATOR_STREAM_LIMITS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/auth/principal.h"
+
+namespace ulysses::coordinator {
+
+struct StreamLimitsConfig {
+  int64_t per_identity = 64;
+  int64_t total = 4096;
+};
+
+class StreamLimits {
+ public:
+  // `per_identity` and `total` >= 1 (CoordinatorConfig validates them).
+  StreamLimits(int64_t per_identity, int64_t total) : per_identity_(per_identity), total_(total) {}
+
+  // The key streams are counted under: the token's user and tenant, or the certificate's CN.
+  static std::string IdentityOf(const auth::Principal& caller);
+
+  // Takes a slot for `identity`; RESOURCE_EXHAUSTED (naming the limit and the fix) when
+  // the identity or the coordinator is at its cap. Each OK must be paired with Release.
+  absl::Status Acquire(const std::string& identity);
+  void Release(const std::string& identity);
+
+  int64_t open() const;
+
+ private:
+  const int64_t per_identity_;
+  const int64_t total_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, int64_t> by_identity_ ABSL_GUARDED_BY(mu_);
+  int64_t open_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace ulysses::coordinator
+
+#endif  // ULYSSES_COORDINATOR_STREAM_LIMITS_H_

@@ -1,0 +1,204 @@
+// Long-lived JobService streams and log buffers stay bounded (issue 9): WatchJob and
+// GetJobLogs-follow streams are capped per caller identity and in total (StreamLimits),
+// freed when the client goes away; a job's log buffer keeps at most
+// log_buffer_bytes_per_job, dropping its oldest lines. Real gRPC over TLS against an
+// in-process coordinator (grpc_fixture.h).
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc/grpc_util.h"
+#include "coordinator/stream_limits.h"
+#include "gtest/gtest.h"
+#include "tests/coordinator/fake_worker.h"
+#include "tests/coordinator/grpc_fixture.h"
+#include "tests/coordinator/test_util.h"
+
+namespace ulysses::coordinator {
+namespace {
+
+using testing::JobYaml;
+using testing::PollUntil;
+using testing::TestTokens;
+using testing::WithToken;
+
+TEST(StreamLimitsTest, CapsPerIdentityAndInTotalAndReleasesSlots) {
+  StreamLimits limits(/*per_identity=*/2, /*total=*/3);
+  EXPECT_TRUE(limits.Acquire("a").ok());
+  EXPECT_TRUE(limits.Acquire("a").ok());
+  absl::Status third = limits.Acquire("a");
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(third.message(), "2 of max_streams_per_identity 2")) << third;
+  EXPECT_TRUE(limits.Acquire("b").ok());
+  absl::Status total = limits.Acquire("c");
+  EXPECT_EQ(total.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(total.message(), "its max_streams 3")) << total;
+  EXPECT_EQ(limits.open(), 3);
+  limits.Release("a");
+  EXPECT_TRUE(limits.Acquire("c").ok());
+  limits.Release("unknown");  // Ignored: never acquired.
+  EXPECT_EQ(limits.open(), 3);
+}
+
+// A client's open WatchJob stream.
+struct OpenStream {
+  std::unique_ptr<grpc::ClientContext> ctx = std::make_unique<grpc::ClientContext>();
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> watch;
+};
+
+class StreamsGrpcTest : public testing::CoordinatorServerTest {
+ protected:
+  void SetUp() override {
+    config_.max_streams_per_identity = 2;
+    config_.max_streams = 3;
+    config_.log_buffer_bytes_per_job = 64 * 1024;
+    CoordinatorServerTest::SetUp();
+  }
+
+  std::unique_ptr<v1::JobService::Stub> StubFor(const std::string& token) {
+    return v1::JobService::NewStub(Channel(WithToken(token)));
+  }
+
+  std::string SubmitAs(v1::JobService::Stub* stub, const std::string& name) {
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(JobYaml(name, "    - {seq_len: 256, steps: 10}\n"));
+    v1::SubmitJobResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    grpc::Status s = stub->SubmitJob(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.job_id();
+  }
+
+  // Opens a watch of `job_id` and returns it with OK once the snapshot arrived (the
+  // stream holds its slot), or the stream's final status when the server refused it.
+  std::pair<OpenStream, grpc::Status> Watch(v1::JobService::Stub* stub, const std::string& job_id) {
+    OpenStream s;
+    v1::WatchJobRequest req;
+    req.set_job_id(job_id);
+    s.watch = stub->WatchJob(s.ctx.get(), req);
+    v1::JobEvent first;
+    if (s.watch->Read(&first)) return {std::move(s), grpc::Status::OK};
+    grpc::Status end = s.watch->Finish();
+    return {std::move(s), end};
+  }
+
+  static void Close(OpenStream* s) {
+    s->ctx->TryCancel();
+    if (s->watch) {
+      v1::JobEvent e;
+      while (s->watch->Read(&e)) {
+      }
+      (void)s->watch->Finish();
+    }
+  }
+};
+
+TEST_F(StreamsGrpcTest, WatchAndFollowStreamsAreCappedPerIdentityAndInTotal) {
+  auto alice = StubFor(TestTokens::kAlice);
+  auto bob = StubFor(TestTokens::kBob);
+  // PENDING jobs (no workers): their watches stay open.
+  const std::string alice_job = SubmitAs(alice.get(), "alice-job");
+  const std::string bob_job = SubmitAs(bob.get(), "bob-job");
+
+  auto [w1, s1] = Watch(alice.get(), alice_job);
+  ASSERT_TRUE(s1.ok()) << s1.error_message();
+  auto [w2, s2] = Watch(alice.get(), alice_job);
+  ASSERT_TRUE(s2.ok()) << s2.error_message();
+  auto [w3, s3] = Watch(alice.get(), alice_job);
+  EXPECT_EQ(s3.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StrContains(s3.error_message(),
+                                "token:research/alice: 2 of max_streams_per_identity 2"))
+      << s3.error_message();
+
+  // A follow counts as a stream too; a plain tail does not.
+  {
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    v1::GetJobLogsRequest req;
+    req.set_job_id(alice_job);
+    req.set_follow(true);
+    auto reader = alice->GetJobLogs(&ctx, req);
+    v1::GetJobLogsResponse r;
+    while (reader->Read(&r)) {
+    }
+    grpc::Status end = reader->Finish();
+    EXPECT_EQ(end.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << end.error_message();
+    grpc::ClientContext tail_ctx;
+    SetDeadlineAfter(&tail_ctx, absl::Seconds(10));
+    req.set_follow(false);
+    auto tail = alice->GetJobLogs(&tail_ctx, req);
+    while (tail->Read(&r)) {
+    }
+    EXPECT_TRUE(tail->Finish().ok());
+  }
+
+  // Another identity has its own allowance, until the coordinator's total is reached.
+  auto [b1, sb1] = Watch(bob.get(), bob_job);
+  ASSERT_TRUE(sb1.ok()) << sb1.error_message();
+  auto [b2, sb2] = Watch(bob.get(), bob_job);
+  EXPECT_EQ(sb2.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(absl::StrContains(sb2.error_message(), "its max_streams 3")) << sb2.error_message();
+
+  // A client that goes away frees its slot (once the server saw the cancel).
+  Close(&w1);
+  OpenStream again;
+  ASSERT_TRUE(PollUntil([&] {
+    auto [s, status] = Watch(alice.get(), alice_job);
+    if (!status.ok()) return false;
+    again = std::move(s);
+    return true;
+  }));
+  Close(&again);
+  Close(&w2);
+  Close(&b1);
+  EXPECT_TRUE(Serving());
+}
+
+TEST_F(StreamsGrpcTest, LogBufferKeepsAtMostItsBytesNewestFirst) {
+  testing::FakeWorker& w = AddWorker("w1");
+  auto id = Submit(JobYaml("logs", "    - {seq_len: 256, steps: 60}\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto a = w.WaitAssignment();
+  ASSERT_TRUE(a.has_value());
+  w.Started(a->ref());
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
+  // 200 KiB of 2 KiB lines into a 64 KiB buffer.
+  constexpr int kLines = 100;
+  for (int batch = 0; batch < 10; ++batch) {
+    v1::WorkerMessage m;
+    *m.mutable_logs()->mutable_ref() = a->ref();
+    for (int i = 0; i < kLines / 10; ++i) {
+      const int n = batch * (kLines / 10) + i;
+      m.mutable_logs()->add_lines()->set_text(
+          absl::StrCat("line ", n, " ", std::string(2048, 'z')));
+    }
+    ASSERT_TRUE(w.Send(std::move(m)));
+  }
+  const std::string last_prefix = absl::StrCat("line ", kLines - 1, " ");
+  std::vector<v1::LogLine> lines;
+  ASSERT_TRUE(PollUntil([&] {
+    lines = Logs(*id);
+    return !lines.empty() && absl::StartsWith(lines.back().text(), last_prefix);
+  })) << lines.size()
+      << " lines";
+  size_t bytes = 0;
+  int worker_lines = 0;
+  for (const v1::LogLine& l : lines) {
+    bytes += l.text().size();
+    worker_lines += absl::StartsWith(l.text(), "line ");
+  }
+  EXPECT_LE(bytes, 64u * 1024) << "the buffer holds more than log_buffer_bytes_per_job";
+  EXPECT_GT(worker_lines, 10) << "the bound dropped far more than needed";
+  EXPECT_LT(worker_lines, kLines);
+  // The oldest went first: what is left is the newest run of lines, in order.
+  EXPECT_FALSE(absl::StartsWith(lines.front().text(), "line 0 "));
+  EXPECT_EQ(GetJob(*id).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(Serving());
+}
+
+}  // namespace
+}  // namespace ulysses::coordinator
