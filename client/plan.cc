@@ -264,6 +264,7 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s, const DeviceSpec* device)
       in.zero_stage = s.parallelism.zero_stage;
       in.world = p.world;
       in.offload_optimizer = s.parallelism.offload_optimizer && !host_is_device;
+      in.activation_checkpointing = s.memory.activation_checkpointing;
       const spec::ModelStateBytes state = spec::ModelStatePerRank(in);
       p.parameter_bytes = state.parameters;
       p.gradient_bytes = state.gradients;
