@@ -231,6 +231,8 @@ struct JobArgs {
   bool follow = false;
   int tail = 100;
   double timeout_s = 7 * 24 * 3600;
+  std::string device_type, gpu_memory;  // submit: memory check (CheckDeviceFit)
+  bool force = false;
 };
 
 // "job ID" or "ID" -> ID; "" when missing.
@@ -248,12 +250,26 @@ void AddSubmitCommand(CLI::App& app, CliContext& ctx) {
   cmd->add_option("-f,--file", args->file, "TrainJob YAML file")->required();
   cmd->add_option("--set", args->sets, "Override a field: spec.path=value (repeatable)")
       ->allow_extra_args(false);
+  AddDeviceFlags(cmd, &args->device_type, &args->gpu_memory);
+  cmd->add_flag("--force", args->force,
+                "Submit even when a stage does not fit the device memory (a warning instead)");
   cmd->footer(absl::StrCat(
       "Prints the job id.\nExamples:\n"
       "  ulyssesctl submit -f configs/jobs/tiny-demo.yaml\n"
-      "  ulyssesctl submit -f job.yaml --set spec.stages[0].steps=5 --coordinator coord:50051\n",
+      "  ulyssesctl submit -f job.yaml --set spec.stages[0].steps=5 --coordinator coord:50051\n"
+      "  ulyssesctl submit -f job.yaml --device-type h100   # refuse stages that do not fit\n",
       kNeedsCoordinator));
   cmd->callback([&ctx, args] {
+    if (!args->device_type.empty() || !args->gpu_memory.empty()) {
+      // The memory check runs before any coordinator call (ulyssesctl plan shows the numbers).
+      spec::ParseOptions options;
+      options.overrides = args->sets;
+      absl::StatusOr<spec::JobSpec> job = spec::LoadJobSpecFile(args->file, options);
+      if (job.ok() && !CheckDeviceFit(ctx, args->file, *job, args->device_type, args->gpu_memory,
+                                      args->force)) {
+        return;
+      }
+    }
     std::optional<JobClient> client = ClientFor(ctx);
     if (!client) return;
     ctx.exit_code = CmdSubmit(*client, args->file, args->sets, ctx.output, *ctx.out, *ctx.err);

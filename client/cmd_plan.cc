@@ -1,9 +1,12 @@
-// ulyssesctl plan -f FILE [--set ...]: the offline per-stage plan (client/plan.h).
+// ulyssesctl plan -f FILE [--set ...] [--device-type T] [--gpu-memory SIZE] [--mfu F]:
+// the offline per-stage plan (client/plan.h) with a fit verdict per stage.
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/commands.h"
 #include "client/output.h"
 #include "client/plan.h"
@@ -15,43 +18,143 @@ namespace {
 struct PlanOptions {
   std::string file;
   std::vector<std::string> overrides;
+  std::string device_type = "h100";
+  std::string gpu_memory;
+  double mfu = 0.4;
 };
 
-Table PlanTable(const std::vector<StagePlan>& plans) {
+std::string Bytes(double v) { return v > 0 ? FormatBytes(v) : std::string("0"); }
+
+std::string Seconds(double s) {
+  if (s <= 0) return "?";
+  return s < 1 ? absl::StrFormat("%.0f ms", s * 1e3) : absl::StrFormat("%.1f s", s);
+}
+
+Table LayoutTable(const std::vector<StagePlan>& plans) {
   Table table({"stage", "seq_len", "steps", "sp", "dp", "world", "tokens/rank", "kv_heads",
-               "a2a/layer", "a2a_bytes", "activations", "model_state"});
-  auto bytes = [](double v) { return v > 0 ? FormatBytes(v) : std::string("?"); };
+               "a2a/layer", "a2a_bytes", "compute/step", "a2a/step", "step_time"});
   for (size_t i = 0; i < plans.size(); ++i) {
     const StagePlan& p = plans[i];
     table.AddRow({absl::StrCat(i), absl::StrCat(p.seq_len), absl::StrCat(p.steps),
                   absl::StrCat(p.sp), absl::StrCat(p.dp), absl::StrCat(p.world),
                   absl::StrCat(p.tokens_per_rank), absl::StrCat(p.kv_heads_exchanged),
                   p.sp == 1 ? "0" : (p.a2a_elements > 0 ? FormatCount(p.a2a_elements) : "?"),
-                  p.sp == 1 ? "0" : bytes(p.a2a_bytes), bytes(p.activation_bytes),
-                  bytes(p.model_state_bytes)});
+                  p.sp == 1 ? "0" : Bytes(p.a2a_bytes), Seconds(p.compute_seconds),
+                  p.sp == 1 ? "0" : Seconds(p.a2a_seconds), Seconds(p.step_seconds())});
   }
   return table;
 }
 
-// Machine-readable plan: exact numbers, descriptive keys (0 = unknown shape).
-nlohmann::ordered_json PlanJson(const std::vector<StagePlan>& plans) {
+void AddMemoryRow(Table& table, const std::string& name, const StagePlan& p) {
+  table.AddRow({name, Bytes(p.parameter_bytes), Bytes(p.gradient_bytes), Bytes(p.optimizer_bytes),
+                Bytes(p.gathered_bytes), Bytes(p.saved_activation_bytes), Bytes(p.working_bytes),
+                Bytes(p.runtime_bytes), Bytes(p.total_bytes()), Bytes(p.device_bytes),
+                Bytes(p.host_bytes), p.fits ? "FITS" : "DOES NOT FIT"});
+}
+
+Table MemoryHeader() {
+  return Table({"stage", "params", "grads", "optimizer", "gathered", "act_saved", "act_peak",
+                "runtime", "total", "device", "host", "verdict"});
+}
+
+nlohmann::ordered_json StageJson(size_t i, const StagePlan& p) {
+  return {{"stage", i},
+          {"seq_len", p.seq_len},
+          {"steps", p.steps},
+          {"sp_degree", p.sp},
+          {"dp_degree", p.dp},
+          {"world_size", p.world},
+          {"tokens_per_rank", p.tokens_per_rank},
+          {"kv_heads_exchanged", p.kv_heads_exchanged},
+          {"a2a_elements_per_layer_per_rank", static_cast<int64_t>(p.a2a_elements)},
+          {"a2a_bytes_per_layer_per_rank", static_cast<int64_t>(p.a2a_bytes)},
+          {"parameter_bytes_per_rank", static_cast<int64_t>(p.parameter_bytes)},
+          {"gradient_bytes_per_rank", static_cast<int64_t>(p.gradient_bytes)},
+          {"optimizer_bytes_per_rank", static_cast<int64_t>(p.optimizer_bytes)},
+          {"gathered_bytes_per_rank", static_cast<int64_t>(p.gathered_bytes)},
+          {"model_state_bytes_per_rank", static_cast<int64_t>(p.model_state_bytes())},
+          {"saved_activation_bytes_per_rank", static_cast<int64_t>(p.saved_activation_bytes)},
+          {"working_activation_bytes_per_rank", static_cast<int64_t>(p.working_bytes)},
+          {"activation_bytes_per_rank", static_cast<int64_t>(p.activation_bytes())},
+          {"runtime_bytes_per_rank", static_cast<int64_t>(p.runtime_bytes)},
+          {"total_bytes_per_rank", static_cast<int64_t>(p.total_bytes())},
+          {"device_bytes_per_rank", static_cast<int64_t>(p.device_bytes)},
+          {"host_bytes_per_rank", static_cast<int64_t>(p.host_bytes)},
+          {"fits", p.fits},
+          {"flops_per_rank_per_step", p.flops_per_rank},
+          {"compute_seconds_per_step", p.compute_seconds},
+          {"a2a_seconds_per_step", p.a2a_seconds},
+          {"step_seconds", p.step_seconds()}};
+}
+
+// Rows with the verdict and, for a stage that does not fit, the fix and its re-plan.
+nlohmann::ordered_json PlanJson(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
+                                const DeviceSpec& device) {
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (size_t i = 0; i < plans.size(); ++i) {
-    const StagePlan& p = plans[i];
-    rows.push_back({{"stage", i},
-                    {"seq_len", p.seq_len},
-                    {"steps", p.steps},
-                    {"sp_degree", p.sp},
-                    {"dp_degree", p.dp},
-                    {"world_size", p.world},
-                    {"tokens_per_rank", p.tokens_per_rank},
-                    {"kv_heads_exchanged", p.kv_heads_exchanged},
-                    {"a2a_elements_per_layer_per_rank", static_cast<int64_t>(p.a2a_elements)},
-                    {"a2a_bytes_per_layer_per_rank", static_cast<int64_t>(p.a2a_bytes)},
-                    {"activation_bytes_per_rank", static_cast<int64_t>(p.activation_bytes)},
-                    {"model_state_bytes_per_rank", static_cast<int64_t>(p.model_state_bytes)}});
+    nlohmann::ordered_json row = StageJson(i, plans[i]);
+    row["device_type"] = device.type;
+    row["mfu_assumed"] = device.mfu;
+    if (!plans[i].fits) {
+      const FitFix fix = FindFix(job, i, device);
+      row["fix"] = fix.found ? nlohmann::ordered_json(fix.changes) : nlohmann::ordered_json();
+      if (fix.found) row["fixed"] = StageJson(i, fix.plan);
+    }
+    rows.push_back(std::move(row));
   }
   return rows;
+}
+
+void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
+                const DeviceSpec& device, std::ostream& out) {
+  const spec::ModelSpec& m = job.model;
+  out << "job " << job.metadata.name << ": " << FormatCount(ParameterCount(m)) << " parameters, "
+      << m.num_hidden_layers << " layers, " << m.num_attention_heads << "q/"
+      << m.num_key_value_heads << "kv heads of dim " << m.head_dim() << ", " << m.dtype
+      << "; zero_stage " << job.parallelism.zero_stage
+      << (job.parallelism.offload_optimizer ? ", offload_optimizer" : "")
+      << (job.parallelism.offload_activations ? ", offload_activations" : "")
+      << (job.memory.activation_checkpointing ? ", activation_checkpointing" : "")
+      << (job.memory.tiled_mlp ? ", tiled_mlp" : "")
+      << (job.memory.tiled_loss
+              ? absl::StrCat(", tiled_loss (", job.memory.loss_tile_tokens, "-token tiles)")
+              : "")
+      << "\n";
+  out << "device " << device.type << ": "
+      << (device.memory_is_host_total ? absl::StrCat(FormatBytes(device.memory_bytes),
+                                                     " of host memory shared by a stage's ranks")
+                                      : absl::StrCat(FormatBytes(device.memory_bytes), " per rank"))
+      << ", runtime reserve " << FormatBytes(device.reserve_bytes) << ", assumed MFU " << device.mfu
+      << " of " << FormatCount(device.peak_flops_bf16) << "FLOP/s (bf16), "
+      << "all-to-all " << FormatBytes(device.a2a_bytes_per_s) << "/s"
+      << (device.host_is_device ? " (offload options are no-ops: the host is the device)" : "")
+      << "\n";
+  LayoutTable(plans).Print(out);
+  out << "\nmemory per rank:\n";
+  Table memory = MemoryHeader();
+  for (size_t i = 0; i < plans.size(); ++i) AddMemoryRow(memory, absl::StrCat(i), plans[i]);
+  memory.Print(out);
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (plans[i].fits) continue;
+    const FitFix fix = FindFix(job, i, device);
+    if (!fix.found) {
+      out << "stage " << i << " DOES NOT FIT in " << FormatBytes(plans[i].device_bytes)
+          << " and no change of memory options, zero_stage or sp_degree makes it fit: "
+             "use a device with more memory\n";
+      continue;
+    }
+    out << "stage " << i << " DOES NOT FIT: cheapest change that fits: --set "
+        << absl::StrJoin(fix.changes, " --set ") << "\n";
+    Table fixed = MemoryHeader();
+    AddMemoryRow(fixed, absl::StrCat(i, " fixed"), fix.plan);
+    fixed.Print(out);
+  }
+  out << "\ntokens/rank = N/P; kv_heads = kv heads after replication for the exchange (Hkv');\n"
+         "a2a/layer = forward all-to-all elements per layer per rank, (2*Hq + 2*Hkv')*D*N/P;\n"
+         "step_time = model FLOPs (6*params*tokens + attention, recompute included) / (peak * "
+         "MFU) + all-to-all bytes / bandwidth;\n"
+         "act_saved = held from forward to backward, act_peak = one layer's backward or the "
+         "loss; host = offloaded; formulas in docs/JOBSPEC.md, Plan\n";
 }
 
 void RunPlan(CliContext& ctx, const PlanOptions& opts) {
@@ -60,27 +163,28 @@ void RunPlan(CliContext& ctx, const PlanOptions& opts) {
   OutputFormat format;
   spec::JobSpec job;
   if (!LoadSpecForVerb(ctx, opts.file, parse_options, OutputFormat::kTable, &format, &job)) return;
-  const std::vector<StagePlan> plans = PlanJob(job);
+  absl::StatusOr<DeviceSpec> device = ResolveDevice(opts.device_type, opts.gpu_memory);
+  if (!device.ok()) {
+    PrintErrorLines(ctx, "", device.status().message());
+    ctx.exit_code = contract::kExitBadInput;
+    return;
+  }
+  if (!(opts.mfu > 0 && opts.mfu <= 1)) {
+    *ctx.err << "--mfu: " << opts.mfu << " is outside (0, 1] (use e.g. 0.4)\n";
+    ctx.exit_code = contract::kExitBadInput;
+    return;
+  }
+  device->mfu = opts.mfu;
+  const std::vector<StagePlan> plans = PlanJob(job, &*device);
   switch (format) {
-    case OutputFormat::kTable: {
-      const spec::ModelSpec& m = job.model;
-      *ctx.out << "job " << job.metadata.name << ": " << FormatCount(ParameterCount(m))
-               << " parameters, " << m.num_hidden_layers << " layers, " << m.num_attention_heads
-               << "q/" << m.num_key_value_heads << "kv heads of dim " << m.head_dim() << ", "
-               << m.dtype << "\n";
-      PlanTable(plans).Print(*ctx.out);
-      *ctx.out
-          << "tokens/rank = N/P; kv_heads = kv heads after replication for the exchange (Hkv');\n"
-             "a2a/layer = forward all-to-all elements per layer per rank, "
-             "(2*Hq + 2*Hkv')*D*N/P (0 at SP 1: nothing to exchange);\n"
-             "activations, model_state = rough per-rank estimates (docs/JOBSPEC.md, Plan)\n";
+    case OutputFormat::kTable:
+      PrintTable(job, plans, *device, *ctx.out);
       break;
-    }
     case OutputFormat::kJson:
-      *ctx.out << PlanJson(plans).dump(2) << "\n";
+      *ctx.out << PlanJson(job, plans, *device).dump(2) << "\n";
       break;
     case OutputFormat::kYaml:
-      *ctx.out << JsonToYaml(PlanJson(plans));
+      *ctx.out << JsonToYaml(PlanJson(job, plans, *device));
       break;
   }
   ctx.exit_code = contract::kExitOk;
@@ -88,18 +192,52 @@ void RunPlan(CliContext& ctx, const PlanOptions& opts) {
 
 }  // namespace
 
+void AddDeviceFlags(CLI::App* cmd, std::string* device_type, std::string* gpu_memory) {
+  cmd->add_option("--device-type", *device_type,
+                  "h100 (80 GiB) | h200 (141 GB) | a100-80g (80 GiB) | cpu (this host's memory "
+                  "shared by the ranks)");
+  cmd->add_option("--gpu-memory", *gpu_memory,
+                  "Memory of one device, e.g. 80GiB, 141GB, 512MiB (overrides --device-type's)");
+}
+
+bool CheckDeviceFit(CliContext& ctx, const std::string& file, const spec::JobSpec& job,
+                    const std::string& device_type, const std::string& gpu_memory, bool force) {
+  if (device_type.empty() && gpu_memory.empty()) return true;
+  absl::StatusOr<DeviceSpec> device =
+      ResolveDevice(device_type.empty() ? "h100" : device_type, gpu_memory);
+  if (!device.ok()) {
+    PrintErrorLines(ctx, "", device.status().message());
+    ctx.exit_code = contract::kExitBadInput;
+    return false;
+  }
+  const absl::Status fits = CheckFits(job, *device);
+  if (fits.ok()) return true;
+  if (force) {
+    PrintErrorLines(ctx, absl::StrCat(file, ": warning (--force)"), fits.message());
+    return true;
+  }
+  PrintErrorLines(ctx, file, fits.message());
+  ctx.exit_code = contract::kExitBadInput;
+  return false;
+}
+
 void AddPlanCommand(CLI::App& app, CliContext& ctx) {
   auto opts = std::make_shared<PlanOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "plan", "Show the per-stage plan: ranks, tokens per rank, all-to-all volume, memory");
+      "plan", "Show the per-stage plan: ranks, all-to-all volume, memory per rank, fit, step time");
   cmd->add_option("-f,--file", opts->file, "TrainJob YAML file")->required();
   cmd->add_option("--set", opts->overrides, "Override a field: spec.path=value (repeatable)")
       ->allow_extra_args(false);
+  AddDeviceFlags(cmd, &opts->device_type, &opts->gpu_memory);
+  cmd->add_option("--mfu", opts->mfu, "Assumed model FLOPs utilisation for the step time")
+      ->default_val(0.4);
   cmd->footer(
       "Examples:\n"
       "  ulyssesctl plan -f configs/jobs/llama3-8b-1m.yaml\n"
-      "  ulyssesctl plan -f job.yaml --set spec.stages[3].sp_degree=16 -o json\n"
-      "Works offline: nothing is sent to the coordinator.");
+      "  ulyssesctl plan -f job.yaml --device-type h200 -o json\n"
+      "  ulyssesctl plan -f job.yaml --gpu-memory 40GiB --set spec.stages[3].sp_degree=16\n"
+      "Works offline: nothing is sent to the coordinator. The device defaults to h100.\n"
+      "A stage that does not fit gets the cheapest change that makes it fit.");
   cmd->callback([&ctx, opts] { RunPlan(ctx, *opts); });
 }
 

@@ -1,6 +1,7 @@
 // ulyssesctl validate -f FILE [--set spec.path=value ...] [--check-files]
 // Prints the defaulted spec (yaml by default, json, or a per-stage table), or
-// every error as "FILE: <path>: <value> <problem> (<fix>)" on stderr (exit 1).
+// every error as "FILE: <path>: <value> <problem> (<fix>)" on stderr (exit 2); with
+// --device-type/--gpu-memory also refuses a stage that does not fit (unless --force).
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,8 @@ struct ValidateOptions {
   std::string file;
   std::vector<std::string> overrides;
   bool check_files = false;
+  std::string device_type, gpu_memory;
+  bool force = false;
 };
 
 void PrintSummary(const spec::JobSpec& s, std::ostream& out) {
@@ -45,6 +48,7 @@ void RunValidate(CliContext& ctx, const ValidateOptions& opts) {
   OutputFormat format;
   spec::JobSpec job;
   if (!LoadSpecForVerb(ctx, opts.file, parse_options, OutputFormat::kYaml, &format, &job)) return;
+  if (!CheckDeviceFit(ctx, opts.file, job, opts.device_type, opts.gpu_memory, opts.force)) return;
   switch (format) {
     case OutputFormat::kYaml:
       *ctx.out << spec::ToYaml(job);
@@ -71,14 +75,20 @@ void AddValidateCommand(CLI::App& app, CliContext& ctx) {
       ->allow_extra_args(false);
   cmd->add_flag("--check-files", opts->check_files,
                 "Also check that the data files exist and hold one first-stage sequence");
+  AddDeviceFlags(cmd, &opts->device_type, &opts->gpu_memory);
+  cmd->add_flag("--force", opts->force,
+                "Accept a stage that does not fit the device memory (a warning instead)");
   cmd->footer(
       "Examples:\n"
       "  ulyssesctl validate -f configs/jobs/tiny-demo.yaml\n"
       "  ulyssesctl validate -f job.yaml --set spec.stages[1].steps=5 -o json\n"
       "  ulyssesctl validate -f job.yaml --check-files -o table\n"
+      "  ulyssesctl validate -f job.yaml --device-type h100   # also check every stage fits\n"
       "Prints the defaulted spec and exits 0, or prints each error as\n"
       "  FILE: <field path>: <value> <problem> (<fix>)\n"
-      "on stderr and exits 1.");
+      "on stderr and exits 2. With --device-type or --gpu-memory, a stage whose planned\n"
+      "memory per rank (ulyssesctl plan) exceeds the device is an error naming the stage,\n"
+      "the bytes and the cheapest fix, unless --force.");
   cmd->callback([&ctx, opts] { RunValidate(ctx, *opts); });
 }
 

@@ -37,6 +37,17 @@ bool LoadSpecForVerb(CliContext& ctx, const std::string& file,
                      const spec::ParseOptions& parse_options, OutputFormat fallback,
                      OutputFormat* format, spec::JobSpec* job);
 
+// --device-type and --gpu-memory (plan, validate, submit; client/cmd_plan.cc).
+void AddDeviceFlags(CLI::App* cmd, std::string* device_type, std::string* gpu_memory);
+
+// The memory check of validate and submit: with neither flag given nothing is checked;
+// --gpu-memory alone checks against a GPU of that size (h100's reserve). A stage that does
+// not fit (client/plan.h CheckFits) is refused with its bytes and fix unless `force`
+// (then it is a warning). On refusal prints the lines, sets contract::kExitBadInput and
+// returns false.
+bool CheckDeviceFit(CliContext& ctx, const std::string& file, const spec::JobSpec& job,
+                    const std::string& device_type, const std::string& gpu_memory, bool force);
+
 }  // namespace ulysses::client
 
 #endif  // ULYSSES_CLIENT_COMMANDS_H_

@@ -1,75 +1,238 @@
 #include "client/plan.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <thread>
+#include <tuple>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/output.h"
+#include "common/spec/memory_model.h"
+#include "common/spec/model_shape.h"
 
 namespace ulysses::client {
-
-int64_t DtypeBytes(const std::string& dtype) {
-  if (dtype == "float64") {
-    return 8;
-  }
-  if (dtype == "bfloat16" || dtype == "float16") {
-    return 2;
-  }
-  return 4;
-}
-
-double ParameterCount(const spec::ModelSpec& m) {
-  const double h = static_cast<double>(m.hidden_size);
-  const double d = static_cast<double>(m.head_dim());
-  const double hq = static_cast<double>(m.num_attention_heads);
-  const double hkv = static_cast<double>(m.num_key_value_heads);
-  const double inter = static_cast<double>(m.intermediate_size);
-  const double vocab = static_cast<double>(m.vocab_size);
-  // q, k, v, o projections; gate, up, down; two RMSNorm weights.
-  const double per_layer = h * hq * d + 2 * h * hkv * d + hq * d * h + 3 * h * inter + 2 * h;
-  const double embeddings = vocab * h * (m.tie_word_embeddings ? 1 : 2);
-  return embeddings + static_cast<double>(m.num_hidden_layers) * per_layer + h;
-}
-
 namespace {
 
-// Rough peak activation bytes per rank for one micro-batch of N tokens on P ranks.
-double ActivationBytes(const spec::JobSpec& s, const StagePlan& p) {
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// GPU runtime reserve: CUDA context and kernels (~0.5 GiB), NCCL buffers (~1 GiB) and the
+// caching allocator's fragmentation slack (~1.5 GiB). Not measured here: a stated margin.
+constexpr double kGpuReserveBytes = 3 * kGiB;
+// CPU process baseline per rank: libtorch, Gloo and the binary before any tensor of the
+// job (measured: bench/plan_vs_rss.sh, docs/BENCHMARKS.md "Planner vs measured RSS").
+constexpr double kCpuBaselineBytes = 180 * kMiB;
+// glibc malloc's resident-but-free heap on top of the live activation bytes on cpu: peak RSS
+// of the tiny preset at sp 4 was 580 MB by default and 430 MB with MALLOC_MMAP_THRESHOLD_=131072
+// (large blocks returned on free) at 8K, where the formula gives 472 MB of live bytes; a factor
+// of 1.4 on activations fits 512/2K/8K (docs/BENCHMARKS.md "Planner vs measured RSS").
+constexpr double kCpuActivationOverhead = 1.4;
+
+double HostMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+}
+
+double PeakFlops(const DeviceSpec& d, const std::string& dtype) {
+  if (dtype == "bfloat16" || dtype == "float16") return d.peak_flops_bf16;
+  if (dtype == "float64") return d.peak_flops_fp64;
+  return d.peak_flops_fp32;
+}
+
+spec::ModelShape Shape(const spec::ModelSpec& m) { return static_cast<const spec::ModelShape&>(m); }
+
+// Activation bytes per rank for one micro-batch (docs/JOBSPEC.md, "Plan"; derived from
+// worker/engine/model/llama.cc and parallel/attention.cc: what autograd saves per layer).
+struct ActivationBytes {
+  double saved = 0;    // Held from forward to backward on the device.
+  double working = 0;  // Peak transient on top of it.
+  double host = 0;     // Offloaded to host memory.
+};
+
+ActivationBytes Activations(const spec::JobSpec& s, const StagePlan& p, bool host_is_device) {
   const spec::ModelSpec& m = s.model;
-  const double b = static_cast<double>(DtypeBytes(m.dtype));
+  const double b = static_cast<double>(spec::DtypeBytes(m.dtype));
+  const double u = std::max(b, 4.0);  // RMSNorm and logits upcast to fp32 (fp64 stays)
   const double n = static_cast<double>(p.tokens_per_rank);
-  const double big_n = static_cast<double>(p.seq_len);
   const double h = static_cast<double>(m.hidden_size);
   const double inter = static_cast<double>(m.intermediate_size);
   const double layers = static_cast<double>(m.num_hidden_layers);
   const double d = static_cast<double>(m.head_dim());
-  const double local_q = static_cast<double>(m.num_attention_heads) / p.sp;
-  const double local_kv = static_cast<double>(p.kv_heads_exchanged) / p.sp;
-  // Saved between forward and backward: one hidden state per layer with checkpointing
-  // (none on the device when offloaded), else every layer's intermediates (~8H + 3I).
-  double saved = 0;
-  if (s.memory.activation_checkpointing) {
-    saved = s.parallelism.offload_activations ? 0 : layers * n * h * b;
+  const double hq = static_cast<double>(m.num_attention_heads);
+  const double hkv = static_cast<double>(m.num_key_value_heads);
+  const double hx = static_cast<double>(p.kv_heads_exchanged);
+  const double vocab = static_cast<double>(m.vocab_size);
+  const bool ckpt = s.memory.activation_checkpointing;
+  const bool tiled_mlp = s.memory.tiled_mlp;
+  const double mlp_tile = std::min(n, h);  // the engine's MLP tile: H tokens
+  // One layer's saved tensors per token (elements x bytes): two RMSNorms (fp32 input
+  // copy + normalized), q and k before RoPE and rotated, the attention inputs after the
+  // exchange (n*(Hq + 2Hkv')*D), its output and log-sum-exp, o_proj's input (a second
+  // copy after the return exchange when P > 1), and the MLP's gate, silu, up and product
+  // (a tile input only with tiled_mlp).
+  const double per_token_layer = 2 * h * (u + b) + 2 * h * b + 2 * hkv * d * b +
+                                 (hq + 2 * hx) * d * b + (p.sp > 1 ? 2 : 1) * h * b + hq * b +
+                                 (tiled_mlp ? 0 : 4 * inter * b);
+  const double layer_saved = n * per_token_layer;
+  const double final_norm = n * h * (u + b);
+  ActivationBytes a;
+  // Checkpointing keeps each layer's input; offload_activations moves them to the host
+  // (on a GPU) and keeps two layers' inputs on the device for the transfer.
+  const double ckpt_inputs = layers * n * h * b;
+  if (ckpt) {
+    if (s.parallelism.offload_activations && !host_is_device) {
+      a.saved = final_norm + 2 * n * h * b;
+      a.host = ckpt_inputs;
+    } else {
+      a.saved = final_norm + ckpt_inputs;
+    }
   } else {
-    saved = layers * n * (8 * h + 3 * inter) * b;
+    a.saved = final_norm + layers * layer_saved;
   }
-  // One layer's working set during (re)computation, doubled for its gradients:
-  // attention over the full sequence for the local heads, and the MLP over a tile
-  // (about H tokens with tiled_mlp, as in ALST) or the whole shard.
-  const double attention = 2 * big_n * (2 * local_q + 2 * local_kv) * d * b;
-  const double mlp_tokens = s.memory.tiled_mlp ? std::min(n, h) : n;
-  const double mlp = 2 * mlp_tokens * (3 * inter + h) * b;
-  // Logits and their gradient in fp32, per tile with tiled_loss.
-  const double loss_tokens =
+  // Backward of one layer: its recomputed forward (checkpointing), gradients in flight
+  // (4 n*H), the attention backward's copies (5 n*H + 4 n*Hkv'*D), the all-to-all send and
+  // receive buffers (P > 1), and the MLP's gradients (3 n*I) or one tile recomputed with
+  // its gradients (7 t*I).
+  const double a2a = p.sp > 1 ? 2 * n * (hq + 2 * hx) * d * b : 0;
+  const double mlp = tiled_mlp ? 7 * mlp_tile * inter * b : 3 * n * inter * b;
+  const double layer_working =
+      (ckpt ? layer_saved : 0) + n * b * (4 * h + 5 * h + 4 * hx * d) + a2a + mlp;
+  // The loss: with tiled_loss, one tile's fp32 logits, softmax and the bf16 gradient plus
+  // the full lm_head gradient and the hidden gradient; without, the whole [n, V] logits
+  // in the dtype, fp32 and log-softmax and its gradient.
+  const double tile =
       s.memory.tiled_loss ? std::min(n, static_cast<double>(s.memory.loss_tile_tokens)) : n;
-  const double logits = 2 * loss_tokens * static_cast<double>(m.vocab_size) * 4;
-  return saved + attention + mlp + logits;
+  const double loss_working = s.memory.tiled_loss
+                                  ? tile * vocab * (2 * u + b) + vocab * h * b + n * h * b
+                                  : n * vocab * (b + 3 * u) + n * h * b;
+  a.working = std::max(layer_working, loss_working);
+  return a;
+}
+
+// Model FLOPs per token (6 per parameter per token plus causal attention, docs/ENGINE.md's
+// MFU formula), with what the memory options recompute.
+double FlopsPerToken(const spec::JobSpec& s, const spec::ParameterCounts& c, double seq_len) {
+  const spec::ModelSpec& m = s.model;
+  const double h = static_cast<double>(m.hidden_size);
+  const double layers = static_cast<double>(m.num_hidden_layers);
+  const double vocab = static_cast<double>(m.vocab_size);
+  const double inter = static_cast<double>(m.intermediate_size);
+  const double layer_params = layers * c.per_layer;
+  const double attention = 6 * layers * h * seq_len;  // QK^T and AV, causal half, fwd + bwd
+  double flops = 6 * (layer_params + vocab * h) + attention;
+  if (s.memory.activation_checkpointing) {
+    flops += 2 * layer_params + attention / 3;  // one more forward of every layer
+  } else if (s.memory.tiled_mlp) {
+    flops += 2 * layers * 3 * h * inter;  // the MLP forward again per tile
+  }
+  if (s.memory.tiled_loss) flops += 2 * vocab * h;  // logits recomputed in backward
+  return flops;
 }
 
 }  // namespace
 
-std::vector<StagePlan> PlanJob(const spec::JobSpec& s) {
+absl::StatusOr<double> ParseByteSize(const std::string& text, const std::string& field) {
+  const std::string fix = "use a size such as 80GiB, 141GB or 512MiB";
+  auto bad = [&](const std::string& problem) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": '", text, "' ", problem, " (", fix, ")"));
+  };
+  std::string t(absl::StripAsciiWhitespace(text));
+  if (t.empty()) return bad("is empty");
+  size_t i = 0;
+  while (i < t.size() && (std::isdigit(static_cast<unsigned char>(t[i])) || t[i] == '.')) ++i;
+  if (i == 0) return bad("does not start with a number");
+  const std::string number = t.substr(0, i);
+  char* end = nullptr;
+  const double value = std::strtod(number.c_str(), &end);
+  if (end != number.c_str() + number.size() || !std::isfinite(value)) {
+    return bad("is not a number");
+  }
+  const std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(t.substr(i)));
+  double scale = 0;
+  const std::pair<const char*, double> units[] = {
+      {"", 1},     {"b", 1},    {"kib", 1024.0}, {"mib", kMiB}, {"gib", kGiB}, {"tib", kGiB * 1024},
+      {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9},     {"tb", 1e12}};
+  for (const auto& [name, factor] : units) {
+    if (unit == name) scale = factor;
+  }
+  if (scale == 0) return bad(absl::StrCat("has an unknown unit '", unit, "'"));
+  const double bytes = value * scale;
+  if (bytes < kMiB) return bad("is below 1 MiB");
+  if (bytes > 1e15) return bad("is above 1 PB");
+  return bytes;
+}
+
+std::vector<std::string> DeviceTypes() { return {"h100", "h200", "a100-80g", "cpu"}; }
+
+absl::StatusOr<DeviceSpec> ResolveDevice(const std::string& type, const std::string& memory) {
+  DeviceSpec d;
+  d.type = type;
+  if (type == "h100" || type == "h200") {
+    // H100 SXM 80 GB and H200 141 GB share the Hopper peaks (dense, no sparsity).
+    d.memory_bytes = type == "h100" ? 80 * kGiB : 141e9;
+    d.peak_flops_bf16 = 989e12;
+    d.peak_flops_fp32 = 494.5e12;  // TF32
+    d.peak_flops_fp64 = 67e12;
+    d.a2a_bytes_per_s = 150e9;  // NVLink 4 within a node, effective all-to-all
+  } else if (type == "a100-80g") {
+    d.memory_bytes = 80 * kGiB;
+    d.peak_flops_bf16 = 312e12;
+    d.peak_flops_fp32 = 156e12;  // TF32
+    d.peak_flops_fp64 = 19.5e12;
+    d.a2a_bytes_per_s = 100e9;  // NVLink 3
+  } else if (type == "cpu") {
+    // Every rank is a process on this host: they share its memory and cores. Peak: 32 fp32
+    // FLOPs per cycle per core (two AVX2 FMA units) at an assumed 2.5 GHz.
+    d.host_is_device = true;
+    d.host_memory_bytes = HostMemoryBytes();
+    d.memory_bytes = d.host_memory_bytes;
+    d.memory_is_host_total = true;
+    const double cores = std::max(1u, std::thread::hardware_concurrency());
+    d.peak_flops_fp32 = cores * 32 * 2.5e9;
+    d.peak_flops_bf16 = d.peak_flops_fp32;
+    d.peak_flops_fp64 = d.peak_flops_fp32 / 2;
+    d.a2a_bytes_per_s = 2e9;  // Gloo over loopback
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("--device-type: '", type,
+                                                   "' is not a known device (use one of ",
+                                                   absl::StrJoin(DeviceTypes(), ", "), ")"));
+  }
+  d.reserve_bytes = d.host_is_device ? kCpuBaselineBytes : kGpuReserveBytes;
+  d.activation_overhead = d.host_is_device ? kCpuActivationOverhead : 1.0;
+  if (!memory.empty()) {
+    absl::StatusOr<double> bytes = ParseByteSize(memory, "--gpu-memory");
+    if (!bytes.ok()) return bytes.status();
+    d.memory_bytes = *bytes;
+    d.memory_is_host_total = false;
+  }
+  if (d.memory_bytes <= d.reserve_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpu-memory: ", FormatBytes(d.memory_bytes), " is not more than the ", d.type,
+        " runtime reserve of ", FormatBytes(d.reserve_bytes), " (give the device's memory)"));
+  }
+  return d;
+}
+
+double ParameterCount(const spec::ModelSpec& m) { return spec::CountParameters(Shape(m)).total; }
+
+std::vector<StagePlan> PlanJob(const spec::JobSpec& s, const DeviceSpec* device) {
   const spec::ModelSpec& m = s.model;
   const bool shape_known = m.hidden_size > 0 && m.num_attention_heads > 0 &&
                            m.num_key_value_heads > 0 && m.vocab_size > 0;
-  const double params = shape_known ? ParameterCount(m) : 0;
-  const double b = static_cast<double>(DtypeBytes(m.dtype));
+  const spec::ParameterCounts counts =
+      shape_known ? spec::CountParameters(Shape(m)) : spec::ParameterCounts{};
+  const double b = static_cast<double>(spec::DtypeBytes(m.dtype));
+  const bool host_is_device = device != nullptr && device->host_is_device;
   std::vector<StagePlan> plans;
   for (size_t i = 0; i < s.stages.size(); ++i) {
     StagePlan p;
@@ -80,6 +243,12 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s) {
     p.world = p.sp * p.dp;
     p.tokens_per_rank = p.seq_len / p.sp;
     p.kv_heads_exchanged = spec::UlyssesKvHeadsExchanged(m.num_key_value_heads, p.sp);
+    if (device != nullptr) {
+      p.runtime_bytes = device->reserve_bytes;
+      p.device_bytes = device->memory_is_host_total
+                           ? device->memory_bytes / static_cast<double>(p.world)
+                           : device->memory_bytes;
+    }
     if (shape_known) {
       // q, k, v in (scatter heads) and the attention output back: (2 Hq + 2 Hkv') D N/P.
       // SP 1 holds the whole sequence and exchanges nothing.
@@ -89,13 +258,192 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s) {
               : static_cast<double>(2 * m.num_attention_heads + 2 * p.kv_heads_exchanged) *
                     static_cast<double>(m.head_dim()) * static_cast<double>(p.tokens_per_rank);
       p.a2a_bytes = p.a2a_elements * b;
-      p.activation_bytes = ActivationBytes(s, p);
-      const double adam = s.parallelism.offload_optimizer ? 0 : 8;  // fp32 m and v
-      p.model_state_bytes = params * (2 * b + adam);
+      spec::ModelStateInputs in;
+      in.params = counts;
+      in.dtype = m.dtype;
+      in.zero_stage = s.parallelism.zero_stage;
+      in.world = p.world;
+      in.offload_optimizer = s.parallelism.offload_optimizer && !host_is_device;
+      in.activation_checkpointing = s.memory.activation_checkpointing;
+      const spec::ModelStateBytes state = spec::ModelStatePerRank(in);
+      p.parameter_bytes = state.parameters;
+      p.gradient_bytes = state.gradients;
+      p.optimizer_bytes = state.optimizer;
+      p.gathered_bytes = state.gathered;
+      const ActivationBytes act = Activations(s, p, host_is_device);
+      const double overhead = device != nullptr ? device->activation_overhead : 1.0;
+      p.saved_activation_bytes = act.saved * overhead;
+      p.working_bytes = act.working * overhead;
+      p.host_bytes = state.host_optimizer + act.host;
+      if (device != nullptr) {
+        const double tokens =
+            static_cast<double>(p.seq_len) * static_cast<double>(s.optimizer.grad_accum_steps);
+        p.flops_per_rank = FlopsPerToken(s, counts, static_cast<double>(p.seq_len)) * tokens /
+                           static_cast<double>(p.sp);
+        // On cpu the ranks share the host's cores.
+        const double peak = PeakFlops(*device, m.dtype) /
+                            (device->host_is_device ? static_cast<double>(p.world) : 1.0);
+        p.compute_seconds = p.flops_per_rank / (peak * device->mfu);
+        // Forward and backward (and the recomputed forward) exchange a2a_bytes per layer,
+        // of which (P-1)/P leaves the rank.
+        const double passes = s.memory.activation_checkpointing ? 3 : 2;
+        const double sent = p.a2a_bytes * static_cast<double>(p.sp - 1) /
+                            static_cast<double>(p.sp) * static_cast<double>(m.num_hidden_layers) *
+                            passes * static_cast<double>(s.optimizer.grad_accum_steps);
+        p.a2a_seconds = sent / device->a2a_bytes_per_s;
+      }
     }
+    p.fits = device == nullptr || p.total_bytes() <= p.device_bytes;
     plans.push_back(p);
   }
   return plans;
+}
+
+namespace {
+
+// One way to change a spec, with its place in the cost order.
+struct Edit {
+  int cost = 0;  // position in the cost order (lower is cheaper)
+  std::string text;
+  std::function<void(spec::JobSpec&)> apply;
+};
+
+// The edits that could lower stage `i`'s memory, cheapest first; edits of one kind
+// (zero stages, sp values, loss tiles) share a `group` so a combination takes at most one.
+struct EditGroup {
+  std::vector<Edit> options;
+};
+
+std::vector<EditGroup> CandidateEdits(const spec::JobSpec& s, size_t i, const DeviceSpec& dev) {
+  std::vector<EditGroup> groups;
+  int cost = 0;
+  if (!s.memory.activation_checkpointing) {
+    groups.push_back({{{cost, "spec.memory.activation_checkpointing=true",
+                        [](spec::JobSpec& j) { j.memory.activation_checkpointing = true; }}}});
+  }
+  ++cost;
+  if (!s.memory.tiled_mlp) {
+    groups.push_back({{{cost, "spec.memory.tiled_mlp=true",
+                        [](spec::JobSpec& j) { j.memory.tiled_mlp = true; }}}});
+  }
+  ++cost;
+  {
+    EditGroup loss;
+    if (!s.memory.tiled_loss) {
+      const int64_t tile = std::min<int64_t>(s.memory.loss_tile_tokens, 4096);
+      loss.options.push_back(
+          {cost, absl::StrCat("spec.memory.tiled_loss=true"), [tile](spec::JobSpec& j) {
+             j.memory.tiled_loss = true;
+             j.memory.loss_tile_tokens = tile;
+           }});
+    } else {
+      for (int64_t tile = s.memory.loss_tile_tokens / 2; tile >= 1024; tile /= 2) {
+        loss.options.push_back({cost, absl::StrCat("spec.memory.loss_tile_tokens=", tile),
+                                [tile](spec::JobSpec& j) { j.memory.loss_tile_tokens = tile; }});
+      }
+    }
+    if (!loss.options.empty()) groups.push_back(loss);
+  }
+  ++cost;
+  {
+    EditGroup zero;
+    for (int64_t z = s.parallelism.zero_stage + 1; z <= 3; ++z) {
+      zero.options.push_back({cost, absl::StrCat("spec.parallelism.zero_stage=", z),
+                              [z](spec::JobSpec& j) { j.parallelism.zero_stage = z; }});
+    }
+    if (!zero.options.empty()) groups.push_back(zero);
+  }
+  ++cost;
+  // Offload only moves bytes off a GPU; on cpu the host is the device.
+  if (!dev.host_is_device && !s.parallelism.offload_optimizer) {
+    groups.push_back({{{cost, "spec.parallelism.offload_optimizer=true",
+                        [](spec::JobSpec& j) { j.parallelism.offload_optimizer = true; }}}});
+  }
+  ++cost;
+  if (!dev.host_is_device && !s.parallelism.offload_activations) {
+    groups.push_back({{{cost, "spec.parallelism.offload_activations=true",
+                        [](spec::JobSpec& j) { j.parallelism.offload_activations = true; }}}});
+  }
+  ++cost;
+  {
+    EditGroup sp;
+    const int64_t hq = s.model.num_attention_heads, hkv = s.model.num_key_value_heads;
+    for (int64_t p = s.StageSp(i) + 1; p <= hq; ++p) {
+      if (!spec::CheckUlyssesHeads(hq, hkv, p).ok()) continue;
+      sp.options.push_back({cost, absl::StrCat("spec.stages[", i, "].sp_degree=", p),
+                            [i, p](spec::JobSpec& j) { j.stages[i].sp_degree = p; }});
+    }
+    if (!sp.options.empty()) groups.push_back(sp);
+  }
+  return groups;
+}
+
+}  // namespace
+
+FitFix FindFix(const spec::JobSpec& s, size_t stage, const DeviceSpec& device) {
+  FitFix best;
+  const std::vector<EditGroup> groups = CandidateEdits(s, stage, device);
+  // Key of a combination: (number of edits, cost of its most expensive edit, sum of costs,
+  // option index within groups: smaller zero stage / sp first). Enumerate every
+  // combination of at most one option per group.
+  std::tuple<size_t, int, int, int> best_key{SIZE_MAX, 0, 0, 0};
+  std::vector<int> pick(groups.size(), -1);  // -1: group not used
+  while (true) {
+    std::vector<const Edit*> edits;
+    int max_cost = -1, sum_cost = 0, option_sum = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (pick[g] < 0) continue;
+      const Edit& e = groups[g].options[pick[g]];
+      edits.push_back(&e);
+      max_cost = std::max(max_cost, e.cost);
+      sum_cost += e.cost;
+      option_sum += pick[g];
+    }
+    const std::tuple<size_t, int, int, int> key{edits.size(), max_cost, sum_cost, option_sum};
+    if (!edits.empty() && key < best_key) {
+      spec::JobSpec trial = s;
+      for (const Edit* e : edits) e->apply(trial);
+      const StagePlan plan = PlanJob(trial, &device)[stage];
+      if (plan.fits) {
+        best_key = key;
+        best.found = true;
+        best.changes.clear();
+        for (const Edit* e : edits) best.changes.push_back(e->text);
+        best.fixed = trial;
+        best.plan = plan;
+      }
+    }
+    // Next combination (odometer over -1..options-1 per group).
+    size_t g = 0;
+    for (; g < groups.size(); ++g) {
+      if (++pick[g] < static_cast<int>(groups[g].options.size())) break;
+      pick[g] = -1;
+    }
+    if (g == groups.size()) break;
+  }
+  return best;
+}
+
+absl::Status CheckFits(const spec::JobSpec& s, const DeviceSpec& device) {
+  const std::vector<StagePlan> plans = PlanJob(s, &device);
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const StagePlan& p = plans[i];
+    if (p.fits) continue;
+    const FitFix fix = FindFix(s, i, device);
+    lines.push_back(absl::StrCat(
+        "spec.stages[", i, "]: seq_len ", p.seq_len, " at sp ", p.sp, " needs ",
+        FormatBytes(p.total_bytes()), " per rank (model state ", FormatBytes(p.model_state_bytes()),
+        ", activations ", FormatBytes(p.activation_bytes()), ", runtime ",
+        FormatBytes(p.runtime_bytes), "), more than the ", FormatBytes(p.device_bytes), " of one ",
+        device.type, " rank (",
+        fix.found ? absl::StrCat("fix: --set ", absl::StrJoin(fix.changes, " --set "), " needs ",
+                                 FormatBytes(fix.plan.total_bytes()))
+                  : "no change of memory options or sp_degree makes it fit: use more memory",
+        "; or --force to skip this check)"));
+  }
+  if (lines.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrJoin(lines, "\n"));
 }
 
 }  // namespace ulysses::client

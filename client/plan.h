@@ -1,15 +1,54 @@
-// Offline per-stage resource plan of a TrainJob: tokens per rank, Ulysses
-// all-to-all volume and a rough per-rank memory estimate (formulas in
-// docs/JOBSPEC.md, "Plan"). Pure arithmetic on a validated JobSpec.
+// Offline per-stage resource plan of a TrainJob (`ulyssesctl plan`): tokens per
+// rank, Ulysses all-to-all volume, per-rank memory (model state from
+// common/spec/memory_model.h under the job's ZeRO stage and offload, activations,
+// a runtime reserve) against a device's memory, a FITS / DOES NOT FIT verdict
+// with the cheapest change that makes a stage fit, and a step-time estimate.
+// Formulas and assumptions: docs/JOBSPEC.md, "Plan". Pure arithmetic on a
+// validated JobSpec; thread-safe.
 #ifndef ULYSSES_CLIENT_PLAN_H_
 #define ULYSSES_CLIENT_PLAN_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "common/spec/job_spec.h"
 
 namespace ulysses::client {
+
+// "80GiB", "141GB", "512MiB", "1.5 TiB", "2048" (bytes): binary (KiB MiB GiB TiB)
+// and decimal (KB MB GB TB) units, case-insensitive, optional space. Errors name
+// `field`, the text and the accepted forms.
+absl::StatusOr<double> ParseByteSize(const std::string& text, const std::string& field);
+
+// What the plan is checked against. Numbers per rank (one rank = one device).
+struct DeviceSpec {
+  std::string type;             // h100 | h200 | a100-80g | cpu
+  double memory_bytes = 0;      // Memory of one device (cpu: host memory / ranks).
+  double reserve_bytes = 0;     // Held by the runtime, not the job: CUDA context, NCCL and
+                                // allocator slack on a GPU; the process baseline on cpu.
+  double peak_flops_bf16 = 0;   // Dense peak for bf16/fp16 matmuls.
+  double peak_flops_fp32 = 0;   // Dense peak for fp32 (TF32 on GPUs).
+  double peak_flops_fp64 = 0;   // Dense peak for fp64.
+  double mfu = 0.4;             // Assumed model FLOPs utilisation.
+  double a2a_bytes_per_s = 0;   // Assumed all-to-all bandwidth per rank.
+  bool host_is_device = false;  // cpu: offload moves nothing off the device.
+  // Activation bytes are multiplied by this: glibc malloc keeps freed heap chunks of the
+  // cpu run's short-lived tensors resident (measured, docs/BENCHMARKS.md); 1 on GPUs,
+  // whose caching-allocator slack is in reserve_bytes.
+  double activation_overhead = 1.0;
+  // True when memory_bytes came from the host (cpu without --gpu-memory): then it is
+  // the host's memory shared by every rank of a stage (all ranks run on this host).
+  bool memory_is_host_total = false;
+  double host_memory_bytes = 0;
+};
+
+// The device table: `type` one of h100, h200, a100-80g, cpu (else an error naming
+// the choices). `memory` overrides the device's memory when not empty (ParseByteSize);
+// for cpu the default is this host's physical memory shared by the stage's ranks.
+absl::StatusOr<DeviceSpec> ResolveDevice(const std::string& type, const std::string& memory);
+std::vector<std::string> DeviceTypes();
 
 struct StagePlan {
   int64_t seq_len = 0;  // N
@@ -20,16 +59,54 @@ struct StagePlan {
   int64_t tokens_per_rank = 0;     // N / P
   int64_t kv_heads_exchanged = 0;  // spec::UlyssesKvHeadsExchanged: Hkv, or P when replicated
   // The remaining fields are 0 when the shape is unknown (init_from without shape fields).
-  double a2a_elements = 0;       // Forward all-to-all elements per layer per rank.
-  double a2a_bytes = 0;          // a2a_elements * dtype size.
-  double activation_bytes = 0;   // Rough peak activation memory per rank.
-  double model_state_bytes = 0;  // Weights + grads + AdamW state per rank (ZeRO 0).
+  double a2a_elements = 0;  // Forward all-to-all elements per layer per rank.
+  double a2a_bytes = 0;     // a2a_elements * dtype size.
+  // Per-rank device bytes (model state: spec::ModelStatePerRank).
+  double parameter_bytes = 0;
+  double gradient_bytes = 0;
+  double optimizer_bytes = 0;         // 0 when offloaded to the host (GPU devices).
+  double gathered_bytes = 0;          // ZeRO 2/3 transient full-layer buffers.
+  double saved_activation_bytes = 0;  // Held between forward and backward (0 when offloaded).
+  double working_bytes = 0;           // Peak transient: one layer's backward or the loss.
+  double runtime_bytes = 0;           // DeviceSpec::reserve_bytes.
+  double host_bytes = 0;              // Moved to host memory by offload (GPU devices).
+  double model_state_bytes() const {
+    return parameter_bytes + gradient_bytes + optimizer_bytes + gathered_bytes;
+  }
+  double activation_bytes() const { return saved_activation_bytes + working_bytes; }
+  double total_bytes() const { return model_state_bytes() + activation_bytes() + runtime_bytes; }
+  // Against the device (0 when no device was given).
+  double device_bytes = 0;  // Memory per rank the stage is checked against.
+  bool fits = true;
+  // Step time: model FLOPs per rank per optimizer step (recomputation included),
+  // compute seconds at peak * mfu, all-to-all seconds at the stated bandwidth.
+  double flops_per_rank = 0;
+  double compute_seconds = 0;
+  double a2a_seconds = 0;
+  double step_seconds() const { return compute_seconds + a2a_seconds; }
 };
 
-// Parameters of the model (embeddings, decoder layers, final norm, lm_head).
+// Parameters of the model (delegates to spec::CountParameters).
 double ParameterCount(const spec::ModelSpec& model);
-int64_t DtypeBytes(const std::string& dtype);
-std::vector<StagePlan> PlanJob(const spec::JobSpec& spec);
+
+// Plans every stage; with a device, sets device_bytes, fits and the step time.
+std::vector<StagePlan> PlanJob(const spec::JobSpec& spec, const DeviceSpec* device = nullptr);
+
+// The cheapest change to a stage that does not fit: edits of the spec in order of
+// cost (activation_checkpointing, tiled_mlp, tiled_loss or smaller loss tiles,
+// zero_stage, offload_optimizer, offload_activations, a larger sp_degree allowed by
+// the head rule); fewest edits first, then the cheapest most expensive edit.
+struct FitFix {
+  bool found = false;
+  std::vector<std::string> changes;  // e.g. "spec.parallelism.zero_stage=3"
+  spec::JobSpec fixed;               // The spec with the changes.
+  StagePlan plan;                    // The stage re-planned with them.
+};
+FitFix FindFix(const spec::JobSpec& spec, size_t stage, const DeviceSpec& device);
+
+// OK, or FailedPrecondition with one line per stage that does not fit:
+// "spec.stages[i]: needs X per rank, device has Y (h100, usable after reserve); fix: --set ..."
+absl::Status CheckFits(const spec::JobSpec& spec, const DeviceSpec& device);
 
 }  // namespace ulysses::client
 

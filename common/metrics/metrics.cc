@@ -210,7 +210,12 @@ Family<T>::Family(std::string name, std::string help, MetricType type,
       help_(std::move(help)),
       type_(type),
       label_names_(std::move(label_names)),
-      make_child_(std::move(make_child)) {}
+      make_child_(std::move(make_child)) {
+  // A label-less family has exactly one series: export it from the start (0, empty
+  // buckets), as Prometheus client libraries do, so rate(), increase() and absent()
+  // see it on a healthy process before the first event.
+  if (label_names_.empty()) children_.emplace(std::vector<std::string>{}, make_child_());
+}
 
 template <typename T>
 std::shared_ptr<T> Family<T>::WithLabels(const std::vector<std::string>& label_values) {

@@ -111,7 +111,8 @@ class FamilyBase {
 }  // namespace internal
 
 // A metric family: one name, one help text, fixed label names, one child per
-// distinct tuple of label values. T is Counter, Gauge or Histogram.
+// distinct tuple of label values. T is Counter, Gauge or Histogram. A family without
+// labels has its one child from registration (exported as 0 / empty buckets).
 template <typename T>
 class Family final : public internal::FamilyBase {
  public:

@@ -134,10 +134,23 @@ void CheckParallelism(const JobSpec& s, Errors& e) {
   CheckSpAgainstHeads(s, "spec.parallelism.sp_degree", p.sp_degree, e);
   if (p.zero_stage < 0 || p.zero_stage > 3) {
     e.Add("spec.parallelism.zero_stage", absl::StrCat(p.zero_stage), "is out of range 0..3",
-          "use 0; only ZeRO stage 0 is implemented");
-  } else if (p.zero_stage != 0) {
-    e.Add("spec.parallelism.zero_stage", absl::StrCat(p.zero_stage), "is not implemented yet",
-          "use 0; only ZeRO stage 0 (replicated optimizer state) is implemented");
+          "use 0 (replicated), 1 (optimizer state sharded), 2 (+ gradients) or 3 (+ parameters)");
+  } else if (p.zero_stage == 3 && !s.memory.activation_checkpointing) {
+    e.Add("spec.parallelism.zero_stage", "3",
+          "needs memory.activation_checkpointing (ZeRO-3 re-gathers each layer's weights in "
+          "backward by recomputing the layer)",
+          "set memory.activation_checkpointing: true, or use zero_stage 2");
+  }
+  if (p.offload_optimizer && p.zero_stage < 1) {
+    e.Add("spec.parallelism.offload_optimizer", "true",
+          "needs zero_stage >= 1 (the host-side update runs on the ZeRO optimizer shards)",
+          "set parallelism.zero_stage: 1 (or higher), or offload_optimizer: false");
+  }
+  if (p.offload_activations && !s.memory.activation_checkpointing) {
+    e.Add("spec.parallelism.offload_activations", "true",
+          "needs memory.activation_checkpointing (what is offloaded is each checkpointed layer's "
+          "saved input)",
+          "set memory.activation_checkpointing: true, or offload_activations: false");
   }
 }
 

@@ -18,6 +18,7 @@ ParameterCounts CountParameters(const ModelShape& m) {
   const double embeddings = c.embedding * (m.tie_word_embeddings ? 1 : 2);
   c.total = embeddings + static_cast<double>(m.num_hidden_layers) * c.per_layer + h;
   c.largest_unit = std::max(c.per_layer, c.embedding);
+  c.outer = embeddings + h;
   return c;
 }
 
@@ -33,7 +34,7 @@ int64_t DtypeBytes(const std::string& dtype) {
 
 ModelStateBytes ModelStatePerRank(const ModelStateInputs& in) {
   const double p = in.params.total;
-  const double l = in.params.largest_unit;
+  const double unit = in.params.outer + in.params.per_layer;  // O + Y
   const double w = static_cast<double>(std::max<int64_t>(1, in.world));
   const double b = static_cast<double>(DtypeBytes(in.dtype));
   const bool low_precision = b == 2;
@@ -43,15 +44,18 @@ ModelStateBytes ModelStatePerRank(const ModelStateInputs& in) {
   out.parameters = in.zero_stage >= 3 ? p * b / w : p * b;
   out.gradients = in.zero_stage >= 2 ? p * g / w : p * g;
   const double optimizer = in.zero_stage >= 1 ? p * o / w : p * o;
+  // Stages 1-2 keep the owned parameter chunk as a copy next to the full parameters.
+  if (in.zero_stage == 1 || in.zero_stage == 2) out.parameters += p * b / w;
   if (in.offload_optimizer) {
-    out.host_optimizer = optimizer;
+    // AdamW updates a host copy of the chunk, with its state, and copies the chunk back.
+    out.host_optimizer = optimizer + (in.zero_stage >= 1 ? p * b / w : 0);
   } else {
     out.optimizer = optimizer;
   }
   if (in.zero_stage == 2) {
-    out.gathered = l * g;
+    out.gathered = (in.activation_checkpointing ? unit : p) * g;
   } else if (in.zero_stage >= 3) {
-    out.gathered = 2 * l * (b + g);
+    out.gathered = unit * (b + g);
   }
   return out;
 }

@@ -7,17 +7,19 @@
 //   parameter  b bytes (the model dtype: 8 fp64, 4 fp32, 2 bf16/fp16)
 //   gradient   g = 4 for bf16/fp16 parameters (fp32 gradients), else b
 //   optimizer  exp_avg + exp_avg_sq (2 * g) plus an fp32 master copy (4) for bf16/fp16
-// ZeRO shards over all W = sp * dp ranks of a stage (every rank of a Ulysses
-// group holds the same weights):
-//   stage 0: P*b + P*g + P*o              (all replicated)
-//   stage 1: P*b + P*g + P*o/W            (optimizer state sharded)
-//   stage 2: P*b + P*g/W + P*o/W + L*g    (gradients reduce-scattered; one layer's
-//                                          full gradients live while it is reduced)
-//   stage 3: P*b/W + P*g/W + P*o/W + 2*L*(b+g)  (parameters sharded; the layer in
-//                                          use and the next are gathered, with grads)
-// where P = parameter count and L = parameters of the largest unit gathered at
-// once (a decoder layer, or the embedding / lm_head matrix when bigger).
-// offload_optimizer moves the optimizer term to host memory (device term 0).
+// ZeRO (worker/engine/train/zero.h) shards over all W = sp * dp ranks of a stage (every rank of
+// a Ulysses group holds the same weights). What the engine holds per rank:
+//   stage 0: P*b + P*g + P*o                     (all replicated)
+//   stage 1: P*b + P*b/W + P*g + P*o/W           (optimizer state sharded; the owned parameter
+//                                                 chunk is a separate copy AdamW updates)
+//   stage 2: P*b + P*b/W + P*g/W + P*o/W + T2*g  (gradients reduce-scattered into chunks)
+//   stage 3: P*b/W + P*g/W + P*o/W + (O+Y)*(b+g) (parameters sharded)
+// where P = parameter count, Y = one decoder layer, O = the outer parameters (embeddings, final
+// norm, lm_head; gathered for the whole step at stage 3, with their full gradients), and the
+// transient full gradients of stage 2 are T2 = O + Y with activation checkpointing (each layer
+// reduces right after its recomputed backward) and P without (reduced after backward).
+// offload_optimizer (stages 1-3) moves the optimizer term to host memory (device term 0) with a
+// host copy of the parameter chunk that AdamW updates: host_optimizer = P*o/W + P*b/W.
 #ifndef ULYSSES_COMMON_SPEC_MEMORY_MODEL_H_
 #define ULYSSES_COMMON_SPEC_MEMORY_MODEL_H_
 
@@ -33,7 +35,8 @@ struct ParameterCounts {
   double total = 0;         // P
   double per_layer = 0;     // One decoder layer.
   double embedding = 0;     // embed_tokens (and lm_head, each, when untied).
-  double largest_unit = 0;  // L: max(per_layer, embedding).
+  double largest_unit = 0;  // max(per_layer, embedding).
+  double outer = 0;         // O: embeddings + final norm + lm_head (untied).
 };
 ParameterCounts CountParameters(const ModelShape& shape);
 
@@ -46,6 +49,8 @@ struct ModelStateInputs {
   int64_t zero_stage = 0;  // 0..3
   int64_t world = 1;       // sp * dp ranks the state is sharded over (stages 1-3)
   bool offload_optimizer = false;
+  // memory.activation_checkpointing: at stage 2 full gradients then live one layer at a time.
+  bool activation_checkpointing = false;
 };
 
 // Per-rank bytes. `device_*` are what the accelerator holds; host_optimizer is
@@ -55,7 +60,7 @@ struct ModelStateBytes {
   double gradients = 0;
   double optimizer = 0;       // On the device (0 when offloaded).
   double host_optimizer = 0;  // In host memory when offload_optimizer.
-  double gathered = 0;        // ZeRO 2/3 transient full-layer buffers (see above).
+  double gathered = 0;        // ZeRO 2/3 transient full buffers during a step (see above).
   double DeviceTotal() const { return parameters + gradients + optimizer + gathered; }
 };
 ModelStateBytes ModelStatePerRank(const ModelStateInputs& in);

@@ -363,30 +363,99 @@ TEST_F(UlyssesctlTest, CoordinatorComesFromFlagThenEnvironment) {
   EXPECT_THAT(flag.err, HasSubstr("coordinator at 127.0.0.1:3 "));
 }
 
-TEST_F(UlyssesctlTest, PlanShowsTokensAndAllToAllVolume) {
-  Result table = Run({"plan", "-f", Example("llama3-8b-1m.yaml")});
+// The Llama-3.1-8B shape without ZeRO or offload: 32K at SP 8 fits an H100, 1M at SP 32
+// does not (18 bytes per parameter replicated).
+constexpr char kBigSpec[] = R"(apiVersion: ulysses/v1
+kind: TrainJob
+metadata: {name: big}
+spec:
+  model: {preset: llama3-8b, dtype: bfloat16}
+  data: {synthetic: {generator: random}}
+  memory: {activation_checkpointing: true, tiled_mlp: true, tiled_loss: true}
+  stages:
+    - {seq_len: 32768, steps: 10, sp_degree: 8}
+    - {seq_len: 1048576, steps: 10, sp_degree: 32}
+)";
+
+TEST_F(UlyssesctlTest, PlanShowsTokensAllToAllVolumeAndVerdict) {
+  const std::string big = Write("big.yaml", kBigSpec);
+  Result table = Run({"plan", "-f", big});
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_THAT(table.out, HasSubstr("TOKENS/RANK"));
   EXPECT_THAT(table.out, HasSubstr("8.0G parameters"));
-  Result r = Run({"plan", "-f", Example("llama3-8b-1m.yaml"), "-o", "json"});
+  EXPECT_THAT(table.out, HasSubstr("device h100: 80.0 GiB per rank"));
+  EXPECT_THAT(table.out, HasSubstr("DOES NOT FIT"));
+  EXPECT_THAT(table.out, HasSubstr("stage 0 DOES NOT FIT: cheapest change that fits: --set "));
+  Result r = Run({"plan", "-f", big, "-o", "json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
-  ASSERT_EQ(j.size(), 4u);
+  ASSERT_EQ(j.size(), 2u);
   // Stage 0: N = 32768, P = 8: 4096 tokens per rank, 8 kv heads sharded 1 per rank.
   EXPECT_EQ(j[0]["tokens_per_rank"], 4096);
   EXPECT_EQ(j[0]["kv_heads_exchanged"], 8);
   EXPECT_EQ(j[0]["a2a_elements_per_layer_per_rank"], (2 * 32 + 2 * 8) * 128 * 4096);
-  // Stage 3: N = 1M, P = 32: kv heads replicated to 32.
-  EXPECT_EQ(j[3]["world_size"], 32);
-  EXPECT_EQ(j[3]["tokens_per_rank"], 32768);
-  EXPECT_EQ(j[3]["kv_heads_exchanged"], 32);
-  EXPECT_EQ(j[3]["a2a_elements_per_layer_per_rank"], int64_t{(2 * 32 + 2 * 32) * 128} * 32768);
-  EXPECT_EQ(j[3]["a2a_bytes_per_layer_per_rank"], int64_t{(2 * 32 + 2 * 32) * 128} * 32768 * 2);
-  EXPECT_GT(j[3]["activation_bytes_per_rank"].get<int64_t>(),
+  // Stage 1: N = 1M, P = 32: kv heads replicated to 32.
+  EXPECT_EQ(j[1]["world_size"], 32);
+  EXPECT_EQ(j[1]["tokens_per_rank"], 32768);
+  EXPECT_EQ(j[1]["kv_heads_exchanged"], 32);
+  EXPECT_EQ(j[1]["a2a_elements_per_layer_per_rank"], int64_t{(2 * 32 + 2 * 32) * 128} * 32768);
+  EXPECT_EQ(j[1]["a2a_bytes_per_layer_per_rank"], int64_t{(2 * 32 + 2 * 32) * 128} * 32768 * 2);
+  EXPECT_GT(j[1]["activation_bytes_per_rank"].get<int64_t>(),
             j[0]["activation_bytes_per_rank"].get<int64_t>());
+  // ZeRO 0 keeps 18 bytes per parameter on every rank: more than 80 GiB.
+  EXPECT_EQ(j[0]["fits"], false);
+  EXPECT_GT(j[0]["model_state_bytes_per_rank"].get<int64_t>(), int64_t{80} << 30);
+  ASSERT_TRUE(j[0]["fix"].is_array());
+  EXPECT_EQ(j[0]["fixed"]["fits"], true);
+  EXPECT_GT(j[0]["step_seconds"].get<double>(), 0);
+  // A bigger device changes the verdict's reference.
+  Result h200 = Run({"plan", "-f", big, "--device-type", "h200", "-o", "json"});
+  ASSERT_EQ(h200.exit_code, 0) << h200.err;
+  EXPECT_EQ(nlohmann::json::parse(h200.out)[0]["device_bytes_per_rank"], int64_t{141000000000});
   Result bad = Run({"plan", "-f", Write("bad.yaml", kBadSpec)});
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr("is not divisible by sp_degree 8 (try 98304 or 106496)"));
+  Result bad_size = Run({"plan", "-f", big, "--gpu-memory", "80GB!"});
+  EXPECT_EQ(bad_size.exit_code, 2);
+  EXPECT_THAT(bad_size.err, HasSubstr("--gpu-memory: '80GB!' has an unknown unit 'gb!'"));
+  Result bad_device = Run({"plan", "-f", big, "--device-type", "v100"});
+  EXPECT_EQ(bad_device.exit_code, 2);
+  EXPECT_THAT(bad_device.err, HasSubstr("--device-type: 'v100' is not a known device"));
+}
+
+TEST_F(UlyssesctlTest, ValidateRefusesAStageThatDoesNotFitUnlessForced) {
+  const std::string big = Write("big.yaml", kBigSpec);
+  // No device flag: no memory check.
+  Result plain = Run({"validate", "-f", big});
+  EXPECT_EQ(plain.exit_code, 0) << plain.err;
+  Result refused = Run({"validate", "-f", big, "--device-type", "h100"});
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_EQ(refused.out, "");
+  EXPECT_THAT(refused.err, HasSubstr(big + ": spec.stages[0]: seq_len 32768 at sp 8 needs "));
+  EXPECT_THAT(refused.err, HasSubstr("of one h100 rank (fix: --set "));
+  EXPECT_THAT(refused.err, HasSubstr("spec.stages[1]: seq_len 1048576 at sp 32 needs "));
+  // --gpu-memory alone checks too, against that size.
+  Result sized = Run({"validate", "-f", big, "--gpu-memory", "200GiB"});
+  EXPECT_EQ(sized.exit_code, 0) << sized.err;
+  Result forced = Run({"validate", "-f", big, "--device-type", "h100", "--force"});
+  EXPECT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_THAT(forced.out, HasSubstr("apiVersion: ulysses/v1"));
+  EXPECT_THAT(forced.err, HasSubstr(big + ": warning (--force): spec.stages[0]: "));
+}
+
+TEST_F(UlyssesctlTest, SubmitRefusesAStageThatDoesNotFitBeforeCallingTheCoordinator) {
+  const std::string big = Write("big.yaml", kBigSpec);
+  // Nothing listens on 127.0.0.1:1: reaching the coordinator would fail with exit 1.
+  Result refused =
+      Run({"submit", "-f", big, "--device-type", "h100", "--coordinator", "127.0.0.1:1"});
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_THAT(refused.err, HasSubstr("spec.stages[0]: seq_len 32768 at sp 8 needs "));
+  EXPECT_THAT(refused.err, Not(HasSubstr("cannot reach the coordinator")));
+  Result forced = Run(
+      {"submit", "-f", big, "--device-type", "h100", "--force", "--coordinator", "127.0.0.1:1"});
+  EXPECT_EQ(forced.exit_code, 1);
+  EXPECT_THAT(forced.err, HasSubstr("warning (--force)"));
+  EXPECT_THAT(forced.err, HasSubstr("cannot reach the coordinator at 127.0.0.1:1"));
 }
 
 }  // namespace

@@ -278,6 +278,19 @@ TEST(BuildInfoTest, RegistersVersionAndSha) {
                                        "\",git_sha=\"" + BuildGitSha() + "\"} 1\n"));
 }
 
+TEST(RegistryTest, LabelLessFamiliesAreExportedBeforeTheFirstEvent) {
+  Registry registry;
+  ASSERT_TRUE(registry.AddCounter("x_preemptions_total", "Preemptions.").ok());
+  ASSERT_TRUE(registry.AddHistogram("x_wait_seconds", "Waits.", {}, {1, 2}).ok());
+  ASSERT_TRUE(registry.AddCounter("x_restarts_total", "By reason.", {"reason"}).ok());
+  const std::string body = registry.Serialize();
+  EXPECT_THAT(body, HasSubstr("\nx_preemptions_total 0\n"));
+  EXPECT_THAT(body, HasSubstr("x_wait_seconds_bucket{le=\"+Inf\"} 0\n"));
+  EXPECT_THAT(body, HasSubstr("x_wait_seconds_count 0\n"));
+  // A labelled family has no series until a label tuple is used.
+  EXPECT_THAT(body, ::testing::Not(HasSubstr("x_restarts_total{")));
+}
+
 }  // namespace
 }  // namespace metrics
 }  // namespace ulysses

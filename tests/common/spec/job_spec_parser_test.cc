@@ -394,13 +394,21 @@ std::vector<BadCase> BadCases() {
        "float64)"},
       {"unknown_preset", With("{preset: tiny}", "{preset: llama9}"),
        "spec.model.preset: 'llama9' is not a known preset (use tiny, llama3-1b or llama3-8b"},
-      {"zero_stage_not_implemented",
-       With("{sp_degree: 2, dp_degree: 1}", "{sp_degree: 2, zero_stage: 2}"),
-       "spec.parallelism.zero_stage: 2 is not implemented yet (use 0;"},
+      {"zero3_without_checkpointing",
+       With("{sp_degree: 2, dp_degree: 1}", "{sp_degree: 2, zero_stage: 3}"),
+       "spec.parallelism.zero_stage: 3 needs memory.activation_checkpointing (ZeRO-3 re-gathers "
+       "each layer's weights in backward by recomputing the layer) (set "
+       "memory.activation_checkpointing: true, or use zero_stage 2)"},
+      {"offload_optimizer_without_zero",
+       With("{sp_degree: 2, dp_degree: 1}", "{sp_degree: 2, offload_optimizer: true}"),
+       "spec.parallelism.offload_optimizer: true needs zero_stage >= 1"},
+      {"offload_activations_without_checkpointing",
+       With("{sp_degree: 2, dp_degree: 1}", "{sp_degree: 2, offload_activations: true}"),
+       "spec.parallelism.offload_activations: true needs memory.activation_checkpointing"},
       {"zero_stage_out_of_range",
        With("{sp_degree: 2, dp_degree: 1}", "{sp_degree: 2, zero_stage: 7}"),
-       "spec.parallelism.zero_stage: 7 is out of range 0..3 (use 0; only ZeRO stage 0 is "
-       "implemented)"},
+       "spec.parallelism.zero_stage: 7 is out of range 0..3 (use 0 (replicated), 1 (optimizer "
+       "state sharded), 2 (+ gradients) or 3 (+ parameters))"},
       {"lr_zero", With("lr: 1.0e-3", "lr: 0"), "spec.optimizer.lr: 0.0 must be > 0"},
       {"stage_lr_negative",
        With("{seq_len: 1024, steps: 10}", "{seq_len: 1024, steps: 10, lr: -1}"),

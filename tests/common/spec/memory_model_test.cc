@@ -5,10 +5,13 @@
 namespace ulysses::spec {
 namespace {
 
-ParameterCounts Counts(double total, double largest) {
+// `unit`: the outer parameters plus one layer (split evenly; the formula uses their sum).
+ParameterCounts Counts(double total, double unit) {
   ParameterCounts c;
   c.total = total;
-  c.largest_unit = largest;
+  c.largest_unit = unit / 2;
+  c.outer = unit / 2;
+  c.per_layer = unit / 2;
   return c;
 }
 
@@ -26,6 +29,7 @@ TEST(MemoryModelTest, CountsTheTinyShapeByHand) {
   EXPECT_DOUBLE_EQ(c.embedding, 800);
   EXPECT_DOUBLE_EQ(c.total, 2 * 800 + 2 * c.per_layer + 8);
   EXPECT_DOUBLE_EQ(c.largest_unit, 800);
+  EXPECT_DOUBLE_EQ(c.outer, 2 * 800 + 8);
 }
 
 TEST(MemoryModelTest, StagesShardOptimizerThenGradientsThenParameters) {
@@ -36,12 +40,17 @@ TEST(MemoryModelTest, StagesShardOptimizerThenGradientsThenParameters) {
   in.zero_stage = 0;
   ModelStateBytes z0 = ModelStatePerRank(in);
   EXPECT_DOUBLE_EQ(z0.DeviceTotal(), 1000 * (4 + 4 + 8));
-  in.zero_stage = 1;
-  EXPECT_DOUBLE_EQ(ModelStatePerRank(in).DeviceTotal(), 1000 * (4 + 4) + 1000 * 8 / 4.0);
-  in.zero_stage = 2;
-  EXPECT_DOUBLE_EQ(ModelStatePerRank(in).DeviceTotal(), 1000 * 4 + 1000 * 12 / 4.0 + 100 * 4);
+  in.zero_stage = 1;  // + the owned parameter chunk copy
+  EXPECT_DOUBLE_EQ(ModelStatePerRank(in).DeviceTotal(),
+                   1000 * (4 + 4) + 1000 * 4 / 4.0 + 1000 * 8 / 4.0);
+  in.zero_stage = 2;  // without activation checkpointing all gradients live until reduced
+  EXPECT_DOUBLE_EQ(ModelStatePerRank(in).DeviceTotal(),
+                   1000 * 4 + 1000 * 4 / 4.0 + 1000 * 12 / 4.0 + 1000 * 4);
+  in.activation_checkpointing = true;  // one layer's (and the outer ones') at a time
+  EXPECT_DOUBLE_EQ(ModelStatePerRank(in).DeviceTotal(),
+                   1000 * 4 + 1000 * 4 / 4.0 + 1000 * 12 / 4.0 + 100 * 4);
   in.zero_stage = 3;
-  EXPECT_DOUBLE_EQ(ModelStatePerRank(in).DeviceTotal(), 1000 * 16 / 4.0 + 2 * 100 * 8);
+  EXPECT_DOUBLE_EQ(ModelStatePerRank(in).DeviceTotal(), 1000 * 16 / 4.0 + 100 * 8);
 }
 
 TEST(MemoryModelTest, Bf16KeepsFp32GradientsMasterAndMoments) {
@@ -62,7 +71,7 @@ TEST(MemoryModelTest, OffloadMovesOptimizerToHost) {
   in.offload_optimizer = true;
   const ModelStateBytes b = ModelStatePerRank(in);
   EXPECT_DOUBLE_EQ(b.optimizer, 0);
-  EXPECT_DOUBLE_EQ(b.host_optimizer, 1000 * 8 / 2.0);
+  EXPECT_DOUBLE_EQ(b.host_optimizer, 1000 * 8 / 2.0 + 1000 * 4 / 2.0);
 }
 
 }  // namespace

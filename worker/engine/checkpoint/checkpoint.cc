@@ -32,6 +32,8 @@ namespace fs = std::filesystem;
 //                                        offset (absolute), bytes, crc32}]}
 constexpr char kMagic[8] = {'U', 'L', 'Y', 'S', 'C', 'K', 'P', 'T'};
 constexpr uint32_t kVersion = 1;
+// Manifest version of a checkpoint holding pieces (NamedTensor::full_shape); readers take both.
+constexpr int kPieceManifestVersion = 2;
 constexpr int64_t kPrefixBytes = 32;
 constexpr int64_t kAlign = 64;
 
@@ -168,7 +170,20 @@ struct TableEntry {
   int64_t offset = 0;
   int64_t bytes = 0;
   uint32_t crc32 = 0;
+  std::optional<std::vector<int64_t>> full_shape;  // set for a piece
+  int64_t elem_offset = 0;                         // a piece's first flat element
 };
+
+// Key of a tensor or piece in a checkpoint: the name, plus "@offset" for a piece.
+std::string PieceKey(const std::string& name, bool piece, int64_t offset) {
+  return piece ? absl::StrCat(name, "@", offset) : name;
+}
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
 
 absl::Status WriteShard(const std::string& path, const std::vector<const NamedTensor*>& tensors,
                         int rank, int world) {
@@ -185,6 +200,10 @@ absl::Status WriteShard(const std::string& path, const std::vector<const NamedTe
                                 {"shape", cpu.back().sizes().vec()},
                                 {"bytes", bytes},
                                 {"crc32", Crc32(cpu.back().data_ptr(), bytes)}});
+    if (nt->full_shape) {
+      table["tensors"].back()["full_shape"] = *nt->full_shape;
+      table["tensors"].back()["elem_offset"] = nt->offset;
+    }
   }
   // Offsets depend on the table length, which depends on the offsets' digits: fix the
   // table size by padding offsets with a first pass at a generous data offset.
@@ -292,6 +311,10 @@ absl::StatusOr<ShardInfo> ReadShardTable(const std::string& path, File& f) {
       e.offset = t.at("offset").get<int64_t>();
       e.bytes = t.at("bytes").get<int64_t>();
       e.crc32 = t.at("crc32").get<uint32_t>();
+      if (t.contains("full_shape")) {
+        e.full_shape = t.at("full_shape").get<std::vector<int64_t>>();
+        e.elem_offset = t.at("elem_offset").get<int64_t>();
+      }
       if (e.offset + e.bytes > info.file_bytes) {
         return absl::DataLossError(absl::StrCat(
             "checkpoint shard ", path, " is truncated: tensor ", e.name, " needs bytes [", e.offset,
@@ -324,10 +347,11 @@ absl::StatusOr<nlohmann::json> ReadManifest(const std::string& step_dir) {
       manifest.value("format", "") != "ulysses-checkpoint") {
     return absl::DataLossError(absl::StrCat("checkpoint manifest ", path, " is malformed"));
   }
-  if (manifest.value("version", 0) != static_cast<int>(kVersion)) {
+  const int version = manifest.value("version", 0);
+  if (version != static_cast<int>(kVersion) && version != kPieceManifestVersion) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoint manifest ", path, " has version ",
-                                                      manifest.value("version", 0),
-                                                      "; this build reads version ", kVersion));
+                                                      version, "; this build reads versions ",
+                                                      kVersion, " and ", kPieceManifestVersion));
   }
   return manifest;
 }
@@ -357,7 +381,49 @@ std::vector<std::tuple<int64_t, std::string, bool>> ListStepDirs(const std::stri
   return dirs;
 }
 
-absl::Status CommitManifest(const std::string& dir, const CheckpointState& state, int world) {
+// kOwned: every tensor of every shard is listed; the pieces of each name must tile it exactly.
+absl::Status ListOwnedTensors(const std::string& dir,
+                              const std::map<std::string, std::pair<int, TableEntry>>& by_key,
+                              nlohmann::json& tensors, bool& has_pieces) {
+  std::map<std::string, std::vector<const std::pair<int, TableEntry>*>> by_name;
+  for (const auto& [key, entry] : by_key) by_name[entry.second.name].push_back(&entry);
+  for (auto& [name, entries] : by_name) {
+    std::sort(entries.begin(), entries.end(), [](const auto* a, const auto* b) {
+      return a->second.elem_offset < b->second.elem_offset;
+    });
+    const TableEntry& first = entries.front()->second;
+    int64_t next = 0;
+    for (const auto* entry : entries) {
+      const TableEntry& e = entry->second;
+      const bool piece = e.full_shape.has_value();
+      if (piece != first.full_shape.has_value() || (piece && *e.full_shape != *first.full_shape) ||
+          (!piece && entries.size() > 1) || e.dtype != first.dtype ||
+          (piece && e.elem_offset != next)) {
+        return absl::DataLossError(absl::StrCat(
+            "checkpoint ", dir, ": the shards' pieces of tensor ", name,
+            " do not tile it (overlap, gap, or mismatched shape/dtype at element ", next, ")"));
+      }
+      if (piece) next += Numel(e.shape);
+      nlohmann::json j = {{"name", e.name},   {"shard", entry->first}, {"dtype", e.dtype},
+                          {"shape", e.shape}, {"bytes", e.bytes},      {"crc32", e.crc32}};
+      if (piece) {
+        j["full_shape"] = *e.full_shape;
+        j["elem_offset"] = e.elem_offset;
+        has_pieces = true;
+      }
+      tensors.push_back(std::move(j));
+    }
+    if (first.full_shape && next != Numel(*first.full_shape)) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", dir, ": the pieces of tensor ", name,
+                                              " cover ", next, " of its ", Numel(*first.full_shape),
+                                              " elements"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CommitManifest(const std::string& dir, const CheckpointState& state, int world,
+                            SaveMode mode) {
   nlohmann::json shards = nlohmann::json::array();
   nlohmann::json tensors = nlohmann::json::array();
   std::map<std::string, std::pair<int, TableEntry>> by_name;
@@ -372,9 +438,16 @@ absl::Status CommitManifest(const std::string& dir, const CheckpointState& state
     ASSIGN_OR_RETURN(ShardInfo info, ReadShardTable(path, f));
     shards.push_back({{"file", ShardName(r, world)}, {"bytes", info.file_bytes}});
     total += info.file_bytes;
-    for (auto& e : info.entries) by_name[e.name] = {r, e};
+    for (auto& e : info.entries) {
+      by_name[PieceKey(e.name, e.full_shape.has_value(), e.elem_offset)] = {r, e};
+    }
+  }
+  bool has_pieces = false;
+  if (mode == SaveMode::kOwned) {
+    RETURN_IF_ERROR(ListOwnedTensors(dir, by_name, tensors, has_pieces));
   }
   for (const NamedTensor& nt : state.tensors) {
+    if (mode == SaveMode::kOwned) break;
     auto it = by_name.find(nt.name);
     if (it == by_name.end()) {
       return absl::DataLossError(
@@ -388,18 +461,19 @@ absl::Status CommitManifest(const std::string& dir, const CheckpointState& state
                        {"bytes", e.bytes},
                        {"crc32", e.crc32}});
   }
-  nlohmann::json manifest = {{"format", "ulysses-checkpoint"},
-                             {"version", kVersion},
-                             {"stage", state.stage},
-                             {"step_in_stage", state.step_in_stage},
-                             {"global_step", state.global_step},
-                             {"stage_complete", state.stage_complete},
-                             {"spec_hash", state.spec_hash},
-                             {"world", world},
-                             {"total_bytes", total},
-                             {"shards", shards},
-                             {"tensors", tensors},
-                             {"extra", state.extra}};
+  nlohmann::json manifest = {
+      {"format", "ulysses-checkpoint"},
+      {"version", has_pieces ? kPieceManifestVersion : static_cast<int>(kVersion)},
+      {"stage", state.stage},
+      {"step_in_stage", state.step_in_stage},
+      {"global_step", state.global_step},
+      {"stage_complete", state.stage_complete},
+      {"spec_hash", state.spec_hash},
+      {"world", world},
+      {"total_bytes", total},
+      {"shards", shards},
+      {"tensors", tensors},
+      {"extra", state.extra}};
   return WriteFileAtomic((fs::path(dir) / kManifestName).string(), manifest.dump(1));
 }
 
@@ -449,7 +523,8 @@ std::string StepDirName(int64_t global_step) { return absl::StrFormat("step-%08d
 
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const CheckpointState& state,
                                            int rank, int world, int64_t keep_last,
-                                           const std::function<absl::Status()>& barrier) {
+                                           const std::function<absl::Status()>& barrier,
+                                           SaveMode mode) {
   if (world < 1 || rank < 0 || rank >= world) {
     return absl::InvalidArgumentError(
         absl::StrCat("SaveCheckpoint: rank ", rank, " not in [0, ", world, ")"));
@@ -476,12 +551,20 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Checkp
     std::set<std::string> names;
     std::vector<const NamedTensor*> mine;
     for (size_t i = 0; i < state.tensors.size(); ++i) {
-      if (!names.insert(state.tensors[i].name).second) {
+      const NamedTensor& nt = state.tensors[i];
+      if (!names.insert(PieceKey(nt.name, nt.full_shape.has_value(), nt.offset)).second) {
         status = absl::InvalidArgumentError(
             absl::StrCat("duplicate checkpoint tensor name ", state.tensors[i].name));
         break;
       }
-      if (static_cast<int>(i % world) == rank) mine.push_back(&state.tensors[i]);
+      if (nt.full_shape && (nt.tensor.dim() != 1 || nt.offset < 0 ||
+                            nt.offset + nt.tensor.numel() > Numel(*nt.full_shape))) {
+        status = absl::InvalidArgumentError(
+            absl::StrCat("checkpoint piece ", nt.name, " at element ", nt.offset,
+                         " is not a 1-D range inside ", "its full shape"));
+        break;
+      }
+      if (mode == SaveMode::kOwned || static_cast<int>(i % world) == rank) mine.push_back(&nt);
     }
     const std::string shard = (fs::path(dir) / ShardName(rank, world)).string();
     if (status.ok()) {
@@ -496,7 +579,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Checkp
   // can kill the job with every shard on disk and no manifest.
   if (rank == 0 && status.ok()) {
     HangAtFailpoint("checkpoint.before_manifest", state.global_step);
-    status = CommitManifest(dir, state, world);
+    status = CommitManifest(dir, state, world, mode);
   }
   RETURN_IF_ERROR(Annotate(barrier(), "checkpoint barrier (after manifest)"));
   if (!status.ok()) return status;
@@ -577,12 +660,15 @@ absl::StatusOr<CheckpointState> LoadCheckpoint(const std::string& step_dir,
         return absl::DataLossError(absl::StrCat(
             "checkpoint shard ", path, ": crc32 mismatch in tensor ", e.name, " (corrupted data)"));
       }
-      loaded[e.name] = t;
+      loaded[PieceKey(e.name, e.full_shape.has_value(), e.elem_offset)] = t;
     }
   }
+  // Pieces are reassembled into whole tensors (in the order of their first piece).
+  std::map<std::string, size_t> assembled;
   for (const auto& entry : manifest["tensors"]) {
     const std::string name = entry.value("name", "");
-    auto it = loaded.find(name);
+    const bool piece = entry.contains("full_shape");
+    auto it = loaded.find(PieceKey(name, piece, entry.value("elem_offset", int64_t{0})));
     if (it == loaded.end()) {
       return absl::DataLossError(absl::StrCat("checkpoint ", step_dir, ": tensor ", name,
                                               " listed in the manifest is in no shard"));
@@ -591,7 +677,31 @@ absl::StatusOr<CheckpointState> LoadCheckpoint(const std::string& step_dir,
       return absl::DataLossError(absl::StrCat("checkpoint ", step_dir, ": tensor ", name,
                                               " differs from the manifest's checksum"));
     }
-    state.tensors.push_back({name, it->second});
+    if (!piece) {
+      state.tensors.push_back({name, it->second});
+      continue;
+    }
+    std::vector<int64_t> full_shape;
+    try {
+      full_shape = entry.at("full_shape").get<std::vector<int64_t>>();
+    } catch (const nlohmann::json::exception& e) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", step_dir, ": piece of ", name,
+                                              " has a malformed full_shape: ", e.what()));
+    }
+    const int64_t offset = entry.value("elem_offset", int64_t{-1});
+    auto [slot, fresh] = assembled.try_emplace(name, state.tensors.size());
+    if (fresh) {
+      state.tensors.push_back(
+          {name, torch::zeros(full_shape, torch::TensorOptions().dtype(it->second.dtype()))});
+    }
+    torch::Tensor& whole = state.tensors[slot->second].tensor;
+    if (whole.sizes().vec() != full_shape || whole.scalar_type() != it->second.scalar_type() ||
+        offset < 0 || offset + it->second.numel() > whole.numel()) {
+      return absl::DataLossError(absl::StrCat("checkpoint ", step_dir, ": piece of ", name,
+                                              " at element ", offset,
+                                              " does not fit the tensor's other pieces"));
+    }
+    whole.view({-1}).narrow(0, offset, it->second.numel()).copy_(it->second.reshape({-1}));
   }
   return state;
 }

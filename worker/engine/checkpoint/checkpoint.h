@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,17 @@ namespace ulysses::engine {
 struct NamedTensor {
   std::string name;
   torch::Tensor tensor;
+  // A PIECE of a larger tensor (ZeRO: each rank saves only the chunk it owns): when full_shape is
+  // set, `tensor` holds the flat elements [offset, offset + tensor.numel()) of the tensor `name`
+  // of shape *full_shape. Saved pieces of one name must tile it exactly (checked at commit);
+  // LoadCheckpoint reassembles them, so loaded states only hold whole tensors.
+  std::optional<std::vector<int64_t>> full_shape;
+  int64_t offset = 0;
+};
+
+enum class SaveMode {
+  kReplicated,  // every rank passes the same state; rank r writes tensors with index % world == r
+  kOwned,       // every rank passes (and writes) only what it owns: pieces and whole tensors
 };
 
 struct CheckpointState {
@@ -51,14 +63,16 @@ inline constexpr char kManifestName[] = "manifest.json";
 // "step-00000042".
 std::string StepDirName(int64_t global_step);
 
-// Collective: every rank calls with the same state (same tensor names/shapes) and
-// a `barrier` that returns when all `world` ranks have called it (3 calls per save).
+// Collective: every rank calls with the same state (same tensor names/shapes; kOwned: the same
+// metadata, each with the tensors it owns) and a `barrier` that returns when all `world` ranks
+// have called it (3 calls per save).
 // Returns the step dir. On rank 0, after committing, keeps the newest `keep_last`
 // (>= 1) committed checkpoints and removes uncommitted step dirs older than the
 // newest committed one. Every rank returns an error if the manifest was not written.
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const CheckpointState& state,
                                            int rank, int world, int64_t keep_last,
-                                           const std::function<absl::Status()>& barrier);
+                                           const std::function<absl::Status()>& barrier,
+                                           SaveMode mode = SaveMode::kReplicated);
 
 // The committed step dir with the highest global step under root; NotFound if none.
 absl::StatusOr<std::string> LatestCommittedCheckpoint(const std::string& root);

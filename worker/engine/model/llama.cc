@@ -18,30 +18,53 @@ using torch::autograd::variable_list;
 // Holds the recompute closure of a Checkpoint call until backward.
 struct CheckpointClosure : torch::CustomClassHolder {
   std::function<torch::Tensor(const torch::Tensor&)> fn;
+  CheckpointOptions options;
 };
+
+void Call(const std::function<void()>& f) {
+  if (f) f();
+}
 
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x,
                                c10::intrusive_ptr<CheckpointClosure> closure) {
-    ctx->save_for_backward({x});
+    if (closure->options.offload_input) {
+      // The input leaves the device until backward (ctx keeps only the host copy).
+      ctx->saved_data["host_input"] = OffloadToHost(x);
+      ctx->saved_data["device"] = x.device();
+    } else {
+      ctx->save_for_backward({x});
+    }
     ctx->saved_data["closure"] = c10::IValue::make_capsule(closure);
     torch::NoGradGuard no_grad;
-    return closure->fn(x);
+    Call(closure->options.before_run);
+    torch::Tensor y = closure->fn(x);
+    Call(closure->options.after_run);
+    return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    auto saved = ctx->get_saved_variables();
     auto closure = c10::static_intrusive_pointer_cast<CheckpointClosure>(
         ctx->saved_data["closure"].toCapsule());
-    torch::Tensor x = saved[0].detach().requires_grad_(true);
+    torch::Tensor saved_x;
+    if (closure->options.offload_input) {
+      saved_x = ReloadToDevice(ctx->saved_data["host_input"].toTensor(),
+                               ctx->saved_data["device"].toDevice());
+    } else {
+      saved_x = ctx->get_saved_variables()[0];
+    }
+    torch::Tensor x = saved_x.detach().requires_grad_(true);
     torch::Tensor y;
+    Call(closure->options.before_run);
     {
       torch::AutoGradMode enable(true);
       y = closure->fn(x);
     }
     // Reentrant backward: parameter grads accumulate into their .grad.
     torch::autograd::backward({y}, {grad_outputs[0]});
+    Call(closure->options.after_backward);
+    Call(closure->options.after_run);
     return {x.grad(), torch::Tensor()};
   }
 };
@@ -158,11 +181,29 @@ torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos,
 }
 
 torch::Tensor Checkpoint(std::function<torch::Tensor(const torch::Tensor&)> fn,
-                         const torch::Tensor& x) {
-  if (!torch::GradMode::is_enabled()) return fn(x);
+                         const torch::Tensor& x, const CheckpointOptions& options) {
+  if (!torch::GradMode::is_enabled()) {
+    Call(options.before_run);
+    torch::Tensor y = fn(x);
+    Call(options.after_run);
+    return y;
+  }
   auto closure = c10::make_intrusive<CheckpointClosure>();
   closure->fn = std::move(fn);
+  closure->options = options;
   return CheckpointFunction::apply(x, closure);
+}
+
+torch::Tensor OffloadToHost(const torch::Tensor& x) {
+  const bool device = !x.is_cpu();
+  torch::Tensor host = torch::empty(
+      x.sizes(), x.options().device(torch::kCPU).pinned_memory(device).requires_grad(false));
+  host.copy_(x.detach(), /*non_blocking=*/device);
+  return host;
+}
+
+torch::Tensor ReloadToDevice(const torch::Tensor& host, torch::Device device) {
+  return host.to(device, /*non_blocking=*/host.is_pinned());
 }
 
 torch::Tensor TiledCrossEntropySum(const torch::Tensor& hidden, const torch::Tensor& weight,
@@ -267,12 +308,20 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids,
   auto [cos, sin] = RopeCosSin(position_ids, config_, h.scalar_type(), h.device());
   for (size_t i = 0; i < layers->size(); ++i) {
     auto layer = layers->ptr<LlamaDecoderLayerImpl>(i);
-    if (memory_.activation_checkpointing) {
+    if (memory_.activation_checkpointing || !hooks_.empty()) {
       torch::Tensor c = cos, s = sin, docs = doc_ids;
       AttentionFn attn = attention;
+      CheckpointOptions opts;
+      opts.offload_input = memory_.offload_activations;
+      const int64_t index = static_cast<int64_t>(i);
+      if (hooks_.before_use) opts.before_run = [f = hooks_.before_use, index] { f(index); };
+      if (hooks_.after_use) opts.after_run = [f = hooks_.after_use, index] { f(index); };
+      if (hooks_.after_backward) {
+        opts.after_backward = [f = hooks_.after_backward, index] { f(index); };
+      }
       h = Checkpoint([layer, c, s, attn,
                       docs](const torch::Tensor& x) { return layer->forward(x, c, s, attn, docs); },
-                     h);
+                     h, opts);
     } else {
       h = layer->forward(h, cos, sin, attention, doc_ids);
     }

@@ -46,6 +46,28 @@ struct MemoryOptions {
   int64_t mlp_tile_tokens = 0;            // Tokens per MLP tile (0 = hidden_size).
   bool tiled_loss = false;                // Logits + CE in tiles, recomputed in backward.
   int64_t loss_tile_tokens = 4096;        // Tokens per loss tile.
+  // With activation_checkpointing: each layer's saved input lives in host memory (pinned on
+  // CUDA, copied without blocking) from forward to backward. On CPU the copy is an identical
+  // host tensor: same code path, same numbers.
+  bool offload_activations = false;
+};
+
+// Called around every use of one decoder layer (ZeRO-2/3, worker/engine/train/zero.h): the layer
+// then always runs through Checkpoint (its input is saved, the layer recomputed in backward).
+// Hooks report failure by throwing c10::Error (they run inside autograd).
+struct LayerHooks {
+  std::function<void(int64_t layer)> before_use;      // forward and recompute: weights needed
+  std::function<void(int64_t layer)> after_use;       // the layer's weights may be freed
+  std::function<void(int64_t layer)> after_backward;  // the layer's parameter grads are final
+  bool empty() const { return !before_use && !after_use && !after_backward; }
+};
+
+// Options of one Checkpoint call (all optional).
+struct CheckpointOptions {
+  std::function<void()> before_run;      // before forward and before the recompute
+  std::function<void()> after_run;       // after forward, and after the backward
+  std::function<void()> after_backward;  // after the recomputed backward, before after_run
+  bool offload_input = false;            // keep the saved input in host memory until backward
 };
 
 // q [b, s/p, hq, d], k/v [b, s/p, hkv, d] (RoPE applied at global positions), doc_ids [b, s]
@@ -85,7 +107,12 @@ torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos, const 
 // (reentrant backward), like PyTorch's reentrant checkpoint. fn must be
 // deterministic; collectives inside fn run again, in the same order, on every rank.
 torch::Tensor Checkpoint(std::function<torch::Tensor(const torch::Tensor&)> fn,
-                         const torch::Tensor& x);
+                         const torch::Tensor& x, const CheckpointOptions& options = {});
+
+// The host copy activation offload keeps: pinned and filled without blocking for a CUDA tensor,
+// a plain copy for a CPU one; ToDevice moves it back (non-blocking from pinned memory).
+torch::Tensor OffloadToHost(const torch::Tensor& x);
+torch::Tensor ReloadToDevice(const torch::Tensor& host, torch::Device device);
 
 // Sum of token cross-entropy of hidden [n, H] against weight [V, H] and labels [n]
 // (kIgnoreIndex skipped), computed tile_tokens rows at a time; backward recomputes
@@ -152,8 +179,11 @@ class LlamaModelImpl : public torch::nn::Module {
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
+  // ZeRO per-layer gather/release (empty = none).
+  void SetLayerHooks(LayerHooks hooks) { hooks_ = std::move(hooks); }
 
  private:
+  LayerHooks hooks_;
   LlamaConfig config_;
   MemoryOptions memory_;
 };

@@ -59,6 +59,12 @@ class Communicator {  // one process group; thread-compatible
   // In place; tensors may differ in shape and dtype (reduced as one flat buffer per dtype).
   virtual absl::Status AllReduceSum(std::vector<torch::Tensor>& tensors) = 0;
   virtual absl::Status AllReduceMax(torch::Tensor& t) = 0;  // in place (stop flags)
+  // in [size*c] -> out [c]: out = the sum over ranks of chunk rank() of their `in` (ZeRO gradient
+  // shards). Contiguous, same dtype/device; in.numel() == size * out.numel().
+  virtual absl::Status ReduceScatterSum(torch::Tensor& out, const torch::Tensor& in) = 0;
+  // in [c] -> out [size*c]: chunk j of `out` is rank j's `in` (ZeRO parameter gathers).
+  // Contiguous, same dtype/device; out.numel() == size * in.numel().
+  virtual absl::Status AllGather(torch::Tensor& out, const torch::Tensor& in) = 0;
   virtual absl::Status Broadcast(torch::Tensor& t, int root) = 0;
   virtual absl::Status Barrier() = 0;
   // Makes future collectives fail fast with ABORTED; pending ones are cancelled where the backend

@@ -33,6 +33,12 @@ absl::Status StatusFromException(const std::string& what, const std::string& op)
   return absl::UnavailableError(full);
 }
 
+// Gloo in libtorch 1.13 has no bfloat16: collectives that only MOVE data (all-to-all,
+// all-gather) carry bfloat16 tensors as float16-typed 16-bit patterns (no arithmetic: exact).
+torch::Tensor AsMovable(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kBFloat16 ? t.view(torch::kHalf) : t;
+}
+
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, std::string name,
@@ -57,9 +63,10 @@ class GlooCommunicator final : public Communicator {
       return absl::OkStatus();
     }
     std::vector<int64_t> counts;  // empty = equal splits
-    torch::Tensor in_mut = in;
+    torch::Tensor in_mut = AsMovable(in);
+    torch::Tensor out_mut = AsMovable(out);
     absl::Status st =
-        Run("alltoall", [&] { return pg_->alltoall_base(out, in_mut, counts, counts); });
+        Run("alltoall", [&] { return pg_->alltoall_base(out_mut, in_mut, counts, counts); });
     if (st.ok()) bytes_sent_ += static_cast<int64_t>(in.nbytes()) * (size() - 1) / size();
     return st;
   }
@@ -86,6 +93,43 @@ class GlooCommunicator final : public Communicator {
       }
     }
     return absl::OkStatus();
+  }
+
+  // Gloo in libtorch 1.13 has no reduce_scatter: an all-to-all of the chunks (the same bytes a
+  // ring reduce-scatter sends) and a local sum in rank order.
+  absl::Status ReduceScatterSum(torch::Tensor& out, const torch::Tensor& in) override {
+    RETURN_IF_ERROR(health_.CheckUsable("reduce_scatter"));
+    RETURN_IF_ERROR(CheckScatterGather("ReduceScatterSum", out, in, in.numel(), out.numel()));
+    if (size() == 1) {
+      out.copy_(in.view(out.sizes()));
+      return absl::OkStatus();
+    }
+    const int64_t c = out.numel();
+    torch::Tensor flat = in.reshape({-1});  // [size*c]
+    torch::Tensor received = torch::empty_like(flat);
+    std::vector<int64_t> counts;  // equal splits
+    RETURN_IF_ERROR(
+        Run("reduce_scatter", [&] { return pg_->alltoall_base(received, flat, counts, counts); }));
+    // [size*c] -> [size, c]: row j came from rank j.
+    out.copy_(received.view({size(), c}).sum(0).view(out.sizes()));
+    return absl::OkStatus();
+  }
+
+  absl::Status AllGather(torch::Tensor& out, const torch::Tensor& in) override {
+    RETURN_IF_ERROR(health_.CheckUsable("allgather"));
+    RETURN_IF_ERROR(CheckScatterGather("AllGather", in, out, out.numel(), in.numel()));
+    if (size() == 1) {
+      out.copy_(in.view(out.sizes()));
+      return absl::OkStatus();
+    }
+    const int64_t c = in.numel();
+    torch::Tensor flat_out = AsMovable(out.view({-1}));  // [size*c]
+    std::vector<std::vector<torch::Tensor>> outputs(1);
+    for (int j = 0; j < size(); ++j) outputs[0].push_back(flat_out.narrow(0, j * c, c));
+    std::vector<torch::Tensor> inputs = {AsMovable(in.reshape({-1}))};
+    c10d::AllgatherOptions opts;
+    opts.timeout = timeout_;
+    return Run("allgather", [&] { return pg_->allgather(outputs, inputs, opts); });
   }
 
   absl::Status AllReduceMax(torch::Tensor& t) override {
@@ -140,6 +184,21 @@ class GlooCommunicator final : public Communicator {
       health_.MarkBroken();
       return StatusFromException(e.what(), absl::StrCat(op, " on group '", name_, "'"));
     }
+  }
+
+  // `small` [c] and `big` [size*c]: contiguous, same dtype and device.
+  absl::Status CheckScatterGather(const char* op, const torch::Tensor& small,
+                                  const torch::Tensor& big, int64_t big_numel,
+                                  int64_t small_numel) {
+    if (!small.is_contiguous() || !big.is_contiguous() ||
+        small.scalar_type() != big.scalar_type() || small.device() != big.device() ||
+        big_numel != small_numel * size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, "(", name_, "): tensors must be contiguous with one dtype and device, and the large ",
+          "one hold group size (", size(), ") x the small one's elements (", big_numel, " vs ",
+          small_numel, ")"));
+    }
+    return absl::OkStatus();
   }
 
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;

@@ -43,6 +43,24 @@ class HostStagingCommunicator final : public Communicator {
     return absl::OkStatus();
   }
 
+  absl::Status ReduceScatterSum(torch::Tensor& out, const torch::Tensor& in) override {
+    if (out.is_cpu() && in.is_cpu()) return inner_->ReduceScatterSum(out, in);
+    torch::Tensor host_in = ToHost(in).contiguous();
+    torch::Tensor host_out = torch::empty(out.sizes(), host_in.options());
+    RETURN_IF_ERROR(inner_->ReduceScatterSum(host_out, host_in));
+    out.copy_(host_out);
+    return absl::OkStatus();
+  }
+
+  absl::Status AllGather(torch::Tensor& out, const torch::Tensor& in) override {
+    if (out.is_cpu() && in.is_cpu()) return inner_->AllGather(out, in);
+    torch::Tensor host_in = ToHost(in).contiguous();
+    torch::Tensor host_out = torch::empty(out.sizes(), host_in.options());
+    RETURN_IF_ERROR(inner_->AllGather(host_out, host_in));
+    out.copy_(host_out);
+    return absl::OkStatus();
+  }
+
   absl::Status AllReduceMax(torch::Tensor& t) override {
     if (t.is_cpu()) return inner_->AllReduceMax(t);
     torch::Tensor host = ToHost(t);

@@ -158,6 +158,34 @@ class NcclCommunicator final : public Communicator {
     return Finish(ncclGroupEnd(), "allreduce");
   }
 
+  absl::Status ReduceScatterSum(torch::Tensor& out, const torch::Tensor& in) override {
+    RETURN_IF_ERROR(health_.CheckUsable("reduce_scatter"));
+    if (!in.is_contiguous() || !out.is_contiguous() || in.scalar_type() != out.scalar_type() ||
+        in.numel() != out.numel() * size_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ReduceScatterSum(", name_, "): tensors must be contiguous, one dtype, in = ", size_,
+          " x out elements"));
+    }
+    ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(in.scalar_type()));
+    return Finish(ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), type, ncclSum,
+                                    comm_, stream_),
+                  "reduce_scatter");
+  }
+
+  absl::Status AllGather(torch::Tensor& out, const torch::Tensor& in) override {
+    RETURN_IF_ERROR(health_.CheckUsable("allgather"));
+    if (!in.is_contiguous() || !out.is_contiguous() || in.scalar_type() != out.scalar_type() ||
+        out.numel() != in.numel() * size_) {
+      return absl::InvalidArgumentError(absl::StrCat("AllGather(", name_,
+                                                     "): tensors must be contiguous, one dtype, "
+                                                     "out = ",
+                                                     size_, " x in elements"));
+    }
+    ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(in.scalar_type()));
+    return Finish(ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), type, comm_, stream_),
+                  "allgather");
+  }
+
   absl::Status AllReduceMax(torch::Tensor& t) override {
     RETURN_IF_ERROR(health_.CheckUsable("allreduce_max"));
     if (!t.is_contiguous()) return absl::InvalidArgumentError("AllReduceMax: not contiguous");

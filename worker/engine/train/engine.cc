@@ -155,15 +155,26 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   AdamW adam(AdamWConfigFromSpec(spec.optimizer));
   int64_t global_step = 0, start_step = 0;
   if (plan.state) {
-    RETURN_IF_ERROR(RestoreTraining(*plan.state, plan.path, rs.model, adam));
+    RETURN_IF_ERROR(RestoreModel(*plan.state, plan.path, rs.model));
     global_step = plan.state->global_step;
     if (plan.state->stage == o.stage) start_step = plan.state->step_in_stage;
   } else if (!spec.model.init_from.empty()) {
     RETURN_IF_ERROR(LoadInitFrom(rs.model, spec.model.init_from));
   }
+  // ZeRO (zero.h): shard the now-loaded weights over every rank of the stage.
+  std::unique_ptr<ZeroSharding> zero;
+  if (spec.parallelism.zero_stage > 0) {
+    ZeroOptions zo;
+    zo.stage = static_cast<int>(spec.parallelism.zero_stage);
+    zo.offload_optimizer = spec.parallelism.offload_optimizer;
+    zo.activation_checkpointing = spec.memory.activation_checkpointing;
+    ASSIGN_OR_RETURN(
+        zero, ZeroSharding::Create(rs.model, rs.rt.groups.world.get(), &adam, zo, rs.rt.device));
+  }
+  if (plan.state) RETURN_IF_ERROR(RestoreOptimizer(*plan.state, rs.model, adam, zero.get()));
 
   Trainer trainer(rs.model, rs.attention, rs.rt.groups.world.get(), &adam, spec.optimizer.grad_clip,
-                  rs.rt.device);
+                  rs.rt.device, zero.get());
   if (plan.state) RETURN_IF_ERROR(RestoreLossScale(plan.state->extra, trainer.loss_scaler()));
   BatchLayout layout;
   layout.seq_len = stage.seq_len;
@@ -189,8 +200,10 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   ASSIGN_OR_RETURN(int64_t n_val,
                    ValidationSequences(spec, *val, stage.seq_len, eval.max_sequences));
   auto evaluate = [&]() -> absl::Status {
+    if (zero) RETURN_IF_ERROR(zero->GatherOuter());  // ZeRO-3: layers are gathered by their hooks
     ASSIGN_OR_RETURN(EvalResult ev, Evaluate(rs.model, rs.attention, rs.rt, *val, n_val,
                                              stage.seq_len, spec.data.synthetic.has_value()));
+    if (zero) zero->ReleaseOuter();
     report.Eval(o.stage, stage.seq_len, ev);
     return absl::OkStatus();
   };
@@ -203,7 +216,7 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
     json extra = CheckpointExtra(spec, config, rs.rt, trainer.loss_scaler());
     extra["data_cursor"] = cursor;
     ASSIGN_OR_RETURN(CommitResult c,
-                     CommitTraining(spec, root, point, rs.model, adam, extra, world));
+                     CommitTraining(spec, root, point, rs.model, adam, extra, world, zero.get()));
     report.Checkpoint(o.stage, step_in_stage, c.path, c.seconds);
     return absl::OkStatus();
   };

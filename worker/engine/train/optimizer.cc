@@ -22,6 +22,11 @@ bool IsLowPrecision(const torch::Tensor& t) {
   return t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16;
 }
 
+bool AdamW::Decays(const std::string& name, const torch::Tensor& target) const {
+  auto it = decays_.find(name);
+  return it != decays_.end() ? it->second : DecaysWeight(name, target);
+}
+
 void AdamW::Step(const NamedParams& params, const std::vector<torch::Tensor>& grads, double lr) {
   torch::NoGradGuard no_grad;
   ++step_count_;
@@ -52,7 +57,7 @@ void AdamW::Step(const NamedParams& params, const std::vector<torch::Tensor>& gr
       torch::Tensor& m = exp_avg_[name];
       torch::Tensor& v = exp_avg_sq_[name];
       torch::Tensor g = grads[i].to(m.scalar_type());
-      if (DecaysWeight(name, w) && config_.weight_decay != 0) {
+      if (Decays(name, w) && config_.weight_decay != 0) {
         w.mul_(1.0 - lr * config_.weight_decay);
       }
       m.mul_(config_.beta1).add_(g, 1.0 - config_.beta1);
@@ -79,7 +84,7 @@ bool AdamW::FusedStep(const NamedParams& params, const std::vector<torch::Tensor
     if (!targets[i].defined()) continue;
     const torch::Tensor& t = targets[i];
     if (!t.is_cuda() || t.scalar_type() != torch::kFloat) return false;
-    const int group = DecaysWeight(params[i].first, t) && config_.weight_decay != 0 ? 1 : 0;
+    const int group = Decays(params[i].first, t) && config_.weight_decay != 0 ? 1 : 0;
     w[group].push_back(t);
     g[group].push_back(grads[i].to(torch::kFloat));
     m[group].push_back(exp_avg_[params[i].first]);

@@ -55,6 +55,9 @@ class AdamW {
   void Step(const NamedParams& params, double lr);
 
   int64_t step_count() const { return step_count_; }
+  // Fixes whether `name` gets weight decay, instead of DecaysWeight() on the tensor it updates
+  // (ZeRO updates flat chunks, whose dim no longer tells matrices from norm weights).
+  void SetDecays(const std::string& name, bool decays) { decays_[name] = decays; }
   // The fp32 master of a low-precision parameter (undefined before its first step, and for
   // fp32/fp64 parameters, which are their own master).
   torch::Tensor Master(const std::string& name) const;
@@ -74,7 +77,10 @@ class AdamW {
 
   AdamWConfig config_;
   int64_t step_count_ = 0;
+  bool Decays(const std::string& name, const torch::Tensor& target) const;
+
   std::map<std::string, torch::Tensor> exp_avg_, exp_avg_sq_, master_;
+  std::map<std::string, bool> decays_;
 };
 
 // True for bfloat16/float16 tensors (those that get an fp32 master and fp32 gradients).

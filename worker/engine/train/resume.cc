@@ -47,7 +47,8 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& root, const std::string
 absl::StatusOr<CommitResult> CommitTraining(const spec::JobSpec& spec, const std::string& root,
                                             const CommitPoint& point,
                                             model::LlamaForCausalLM& model, const AdamW& optimizer,
-                                            nlohmann::json extra, Communicator& world) {
+                                            nlohmann::json extra, Communicator& world,
+                                            const ZeroSharding* zero) {
   auto t0 = std::chrono::steady_clock::now();
   CheckpointState state;
   state.stage = point.stage;
@@ -55,30 +56,53 @@ absl::StatusOr<CommitResult> CommitTraining(const spec::JobSpec& spec, const std
   state.global_step = point.global_step;
   state.stage_complete = point.stage_complete;
   state.spec_hash = spec::SpecHash(spec);
-  for (auto& [name, t] : Params(model)) {
-    state.tensors.push_back({kModelPrefix + name, t.detach().cpu()});
+  if (zero != nullptr) {
+    state.tensors = zero->OwnedCheckpointTensors();
+  } else {
+    for (auto& [name, t] : Params(model)) {
+      state.tensors.push_back({kModelPrefix + name, t.detach().cpu()});
+    }
+    for (auto& [name, t] : optimizer.StateTensors()) state.tensors.push_back({name, t.cpu()});
   }
-  for (auto& [name, t] : optimizer.StateTensors()) state.tensors.push_back({name, t.cpu()});
   extra["adam_steps"] = optimizer.step_count();
   state.extra = std::move(extra);
   Communicator* w = &world;
   ASSIGN_OR_RETURN(std::string path,
-                   SaveCheckpoint(root, state, world.rank(), world.size(),
-                                  spec.checkpoint.keep_last, [w] { return w->Barrier(); }));
+                   SaveCheckpoint(
+                       root, state, world.rank(), world.size(), spec.checkpoint.keep_last,
+                       [w] { return w->Barrier(); },
+                       zero != nullptr ? SaveMode::kOwned : SaveMode::kReplicated));
   CommitResult r;
   r.path = std::move(path);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
 
-absl::Status RestoreTraining(const CheckpointState& state, const std::string& path,
-                             model::LlamaForCausalLM& model, AdamW& optimizer) {
-  std::map<std::string, torch::Tensor> named = ModelTensors(state);
-  RETURN_IF_ERROR(LoadParams(model, named, absl::StrCat("checkpoint ", path)));
+absl::Status RestoreModel(const CheckpointState& state, const std::string& path,
+                          model::LlamaForCausalLM& model) {
+  return LoadParams(model, ModelTensors(state), absl::StrCat("checkpoint ", path));
+}
+
+absl::Status RestoreOptimizer(const CheckpointState& state, model::LlamaForCausalLM& model,
+                              AdamW& optimizer, ZeroSharding* zero) {
+  std::map<std::string, torch::Tensor> named;
   for (const auto& t : state.tensors) named[t.name] = t.tensor;
   int64_t adam_steps = 0;
-  if (state.extra.contains("adam_steps")) adam_steps = state.extra["adam_steps"].get<int64_t>();
+  if (state.extra.contains("adam_steps")) {
+    if (!state.extra["adam_steps"].is_number_integer() ||
+        state.extra["adam_steps"].get<int64_t>() < 0) {
+      return absl::DataLossError("checkpoint extra.adam_steps: not a non-negative integer");
+    }
+    adam_steps = state.extra["adam_steps"].get<int64_t>();
+  }
+  if (zero != nullptr) return zero->LoadOptimizerState(named, adam_steps);
   return optimizer.LoadState(Params(model), named, adam_steps);
+}
+
+absl::Status RestoreTraining(const CheckpointState& state, const std::string& path,
+                             model::LlamaForCausalLM& model, AdamW& optimizer) {
+  RETURN_IF_ERROR(RestoreModel(state, path, model));
+  return RestoreOptimizer(state, model, optimizer, nullptr);
 }
 
 }  // namespace ulysses::engine::train

@@ -5,9 +5,11 @@
 // previous stage's final checkpoint, or nothing (the stage is already complete). A checkpoint of a
 // different spec hash, or a gap (stage k+2 after an incomplete stage k), is FAILED_PRECONDITION.
 //
-// CommitTraining() is collective over the world: every rank passes its full (replicated) model and
-// optimizer state; checkpoint.h shards and commits them (manifest last). RestoreTraining() loads
-// model weights and AdamW moments from any committed checkpoint, whatever layout wrote it.
+// CommitTraining() is collective over the world: without ZeRO every rank passes its full
+// (replicated) model and optimizer state and checkpoint.h splits the writing; with ZeRO each rank
+// writes only the chunks it owns (SaveMode::kOwned pieces). RestoreTraining() loads model weights
+// and AdamW state from any committed checkpoint, whatever layout and ZeRO stage wrote it (pieces
+// come back as whole tensors; a ZeroSharding then keeps its chunks).
 #ifndef ULYSSES_WORKER_ENGINE_TRAIN_RESUME_H_
 #define ULYSSES_WORKER_ENGINE_TRAIN_RESUME_H_
 
@@ -22,6 +24,7 @@
 #include "worker/engine/model/llama.h"
 #include "worker/engine/parallel/communicator.h"
 #include "worker/engine/train/optimizer.h"
+#include "worker/engine/train/zero.h"
 
 namespace ulysses::engine::train {
 
@@ -55,11 +58,18 @@ struct CommitResult {
 absl::StatusOr<CommitResult> CommitTraining(const spec::JobSpec& spec, const std::string& root,
                                             const CommitPoint& point,
                                             model::LlamaForCausalLM& model, const AdamW& optimizer,
-                                            nlohmann::json extra, Communicator& world);
+                                            nlohmann::json extra, Communicator& world,
+                                            const ZeroSharding* zero = nullptr);
 
 // Restores model weights and optimizer state from a loaded checkpoint.
 absl::Status RestoreTraining(const CheckpointState& state, const std::string& path,
                              model::LlamaForCausalLM& model, AdamW& optimizer);
+// The two halves, for ZeRO: the whole weights into the (full) model before the ZeroSharding is
+// created, then the optimizer state (into `zero`'s chunks when set).
+absl::Status RestoreModel(const CheckpointState& state, const std::string& path,
+                          model::LlamaForCausalLM& model);
+absl::Status RestoreOptimizer(const CheckpointState& state, model::LlamaForCausalLM& model,
+                              AdamW& optimizer, ZeroSharding* zero);
 
 }  // namespace ulysses::engine::train
 

@@ -11,21 +11,34 @@
 namespace ulysses::engine::train {
 
 Trainer::Trainer(model::LlamaForCausalLM model, AttentionCallback attention, Communicator* world,
-                 AdamW* optimizer, double grad_clip, torch::Device device)
+                 AdamW* optimizer, double grad_clip, torch::Device device, ZeroSharding* zero)
     : model_(std::move(model)),
       attention_(std::move(attention)),
       world_(world),
       optimizer_(optimizer),
       grad_clip_(grad_clip),
       device_(device),
+      zero_(zero),
       params_(Params(model_)) {
+  // ZeRO >= 2 keeps gradient chunks (zero.h) instead of full fp32 accumulators.
+  const bool full_accumulators = zero_ == nullptr || zero_->stage() < 2;
   grad32_.resize(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     const torch::Tensor& p = params_[i].second;
-    if (IsLowPrecision(p)) grad32_[i] = torch::zeros(p.sizes(), p.options().dtype(torch::kFloat));
+    if (IsLowPrecision(p) && full_accumulators) {
+      grad32_[i] = torch::zeros(p.sizes(), p.options().dtype(torch::kFloat));
+    }
     if (p.scalar_type() == torch::kHalf) scaler_.enabled = true;
   }
   if (scaler_.enabled) scaler_.scale = LossScaler::kInitialScale;
+}
+
+int64_t Trainer::accumulator_bytes() const {
+  int64_t bytes = 0;
+  for (const torch::Tensor& g : grad32_) {
+    if (g.defined()) bytes += g.numel() * static_cast<int64_t>(g.element_size());
+  }
+  return bytes;
 }
 
 void LossScaler::Update(bool overflow) {
@@ -49,6 +62,7 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<LocalShard>& micro_bat
   const double scale = scaler_.enabled ? scaler_.scale : 1.0;
   double local_loss = 0;
   int64_t local_tokens = 0;
+  if (zero_ != nullptr) RETURN_IF_ERROR(zero_->GatherOuter());  // stage 3; others: no-op
   for (size_t micro = 0; micro < micro_batches.size(); ++micro) {
     const LocalShard& shard = micro_batches[micro];
     RETURN_IF_ERROR(Guard(absl::StrCat("step ", step, " micro ", micro), [&] {
@@ -80,7 +94,10 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<LocalShard>& micro_bat
       }
       return absl::OkStatus();
     }));
+    if (zero_ != nullptr) RETURN_IF_ERROR(zero_->ReduceRemainingGrads());  // stage >= 2
   }
+  if (zero_ != nullptr && zero_->stage() >= 2)
+    return ShardedUpdate(local_loss, local_tokens, lr, scale, step);
   // Sum grads + (loss, tokens) over the world, then divide the grads by max(tokens, 1) * scale.
   std::vector<torch::Tensor> grads;
   grads.reserve(params_.size() + 1);
@@ -109,7 +126,33 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<LocalShard>& micro_bat
     }
     out.grad_norm = ClipGradNorm(grads, grad_clip_);
     out.skipped = !std::isfinite(out.loss) || !std::isfinite(out.grad_norm);
-    if (!out.skipped) optimizer_->Step(params_, grads, lr);
+    if (!out.skipped && zero_ != nullptr) {
+      RETURN_IF_ERROR(zero_->UpdateFromFullGrads(grads, lr));  // stage 1
+    } else if (!out.skipped) {
+      optimizer_->Step(params_, grads, lr);
+    }
+    scaler_.Update(out.skipped);
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<StepStats> Trainer::ShardedUpdate(double local_loss, int64_t local_tokens, double lr,
+                                                 double scale, int64_t step) {
+  std::vector<torch::Tensor> stats_v = {
+      torch::tensor({local_loss, static_cast<double>(local_tokens)}, torch::kDouble).to(device_)};
+  RETURN_IF_ERROR(world_->AllReduceSum(stats_v));
+  torch::Tensor stats = stats_v[0].cpu();
+  StepStats out;
+  out.loss_scale = scale;
+  out.tokens = stats[1].item<double>();
+  out.loss = stats[0].item<double>() / std::max(1.0, out.tokens);
+  RETURN_IF_ERROR(Guard(absl::StrCat("step ", step, " optimizer"), [&] {
+    ASSIGN_OR_RETURN(out.grad_norm,
+                     zero_->FinishGrads(std::max(1.0, out.tokens) * scale, grad_clip_));
+    out.skipped = !std::isfinite(out.loss) || !std::isfinite(out.grad_norm);
+    RETURN_IF_ERROR(zero_->Update(lr, /*apply=*/!out.skipped));
+    zero_->ReleaseOuter();
     scaler_.Update(out.skipped);
     return absl::OkStatus();
   }));

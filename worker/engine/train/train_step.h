@@ -19,6 +19,11 @@
 // optimizer state changes (the step is skipped and reported as such); the loop fails the stage
 // after a run of them (kMaxConsecutiveSkippedSteps).
 //
+// ZeRO (zero.h): with a ZeroSharding, stage 1 all-reduces the gradients as above and updates only
+// the owned chunks; stages 2-3 reduce-scatter gradient chunks instead (per layer in backward, or
+// after each micro-batch) and the norm, clipping and update run on chunks; stage 3 gathers the
+// outer parameters for the step. The per-step loss, norm and updates equal stage 0's.
+//
 // The Trainer borrows the model, the attention callback's communicator, the world communicator
 // and the optimizer; none may be destroyed while it is used. Not thread-safe. Errors: libtorch
 // exceptions become INTERNAL (RESOURCE_EXHAUSTED for out-of-memory) naming the step and
@@ -39,6 +44,7 @@
 #include "worker/engine/parallel/parallelize.h"
 #include "worker/engine/train/model_io.h"
 #include "worker/engine/train/optimizer.h"
+#include "worker/engine/train/zero.h"
 
 namespace ulysses::engine::train {
 
@@ -69,7 +75,7 @@ inline constexpr int64_t kMaxConsecutiveSkippedSteps = 32;
 class Trainer {
  public:
   Trainer(model::LlamaForCausalLM model, AttentionCallback attention, Communicator* world,
-          AdamW* optimizer, double grad_clip, torch::Device device);
+          AdamW* optimizer, double grad_clip, torch::Device device, ZeroSharding* zero = nullptr);
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
@@ -80,14 +86,21 @@ class Trainer {
 
   const NamedParams& params() const { return params_; }
   LossScaler& loss_scaler() { return scaler_; }
+  // Bytes of the fp32 gradient accumulators (bench/zero_memory).
+  int64_t accumulator_bytes() const;
 
  private:
+  // ZeRO >= 2: reduce (loss, tokens), finish the gradient chunks, update them.
+  absl::StatusOr<StepStats> ShardedUpdate(double local_loss, int64_t local_tokens, double lr,
+                                          double scale, int64_t step);
+
   model::LlamaForCausalLM model_;
   AttentionCallback attention_;
   Communicator* world_;
   AdamW* optimizer_;
   double grad_clip_;
   torch::Device device_;
+  ZeroSharding* zero_;
   NamedParams params_;
   // fp32 gradient accumulators of low-precision params (undefined for fp32/fp64 params).
   std::vector<torch::Tensor> grad32_;

@@ -1,0 +1,314 @@
+#include "worker/engine/train/zero.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "worker/engine/train/model_io.h"
+
+namespace ulysses::engine::train {
+namespace {
+
+constexpr char kLayerPrefix[] = "model.layers.";
+
+// Unit of a parameter: 1 + layer index for "model.layers.<i>.*", 0 for the outer parameters.
+size_t UnitOf(const std::string& name) {
+  if (!absl::StartsWith(name, kLayerPrefix)) return 0;
+  std::string rest = name.substr(sizeof(kLayerPrefix) - 1);
+  int64_t layer = 0;
+  if (!absl::SimpleAtoi(rest.substr(0, rest.find('.')), &layer) || layer < 0) return 0;
+  return static_cast<size_t>(layer) + 1;
+}
+
+int64_t Bytes(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+void ThrowIfError(const absl::Status& s) { TORCH_CHECK(s.ok(), s.ToString()); }
+
+}  // namespace
+
+ZeroSharding::ZeroSharding(model::LlamaForCausalLM model, Communicator* world, AdamW* optimizer,
+                           const ZeroOptions& options, torch::Device device)
+    : model_(std::move(model)),
+      world_(world),
+      optimizer_(optimizer),
+      options_(options),
+      device_(device),
+      rank_(world->rank()),
+      size_(world->size()) {}
+
+ZeroSharding::~ZeroSharding() {
+  if (model_) model_->model->SetLayerHooks({});
+}
+
+absl::StatusOr<std::unique_ptr<ZeroSharding>> ZeroSharding::Create(model::LlamaForCausalLM model,
+                                                                   Communicator* world,
+                                                                   AdamW* optimizer,
+                                                                   const ZeroOptions& options,
+                                                                   torch::Device device) {
+  if (options.stage < 1 || options.stage > 3) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.parallelism.zero_stage: ", options.stage,
+                                                   " has no sharding (use 1, 2 or 3)"));
+  }
+  if (options.stage == 3 && !options.activation_checkpointing) {
+    return absl::FailedPreconditionError(
+        "spec.parallelism.zero_stage: 3 needs spec.memory.activation_checkpointing: true (layers "
+        "are re-gathered in backward by recomputing them)");
+  }
+  std::unique_ptr<ZeroSharding> z(new ZeroSharding(model, world, optimizer, options, device));
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : Params(model)) {
+    Entry e;
+    e.name = name;
+    e.param = p;
+    e.shape = p.sizes().vec();
+    e.numel = p.numel();
+    e.chunk = std::max<int64_t>(1, (e.numel + z->size_ - 1) / z->size_);
+    e.unit = UnitOf(name);
+    e.shard = z->Slice(e, p);
+    if (options.stage >= 2) {
+      e.grad = torch::zeros(
+          {e.chunk}, e.shard.options().dtype(IsLowPrecision(p) ? torch::kFloat : p.scalar_type()));
+    }
+    // Offloaded: AdamW updates a host copy (a distinct tensor even when the device is the CPU).
+    e.target = options.offload_optimizer ? e.shard.to(torch::kCPU).clone() : e.shard;
+    optimizer->SetDecays(name, DecaysWeight(name, p));
+    if (e.unit >= z->units_.size()) z->units_.resize(e.unit + 1);
+    z->units_[e.unit].push_back(z->entries_.size());
+    z->entries_.push_back(std::move(e));
+  }
+  for (const Entry& e : z->entries_) z->targets_.emplace_back(e.name, e.target);
+  ZeroSharding* self = z.get();
+  model::LayerHooks hooks;
+  if (options.stage == 3) {
+    for (size_t u = 0; u < z->units_.size(); ++u) z->ReleaseUnit(u);
+    hooks.before_use = [self](int64_t layer) { ThrowIfError(self->GatherUnit(layer + 1)); };
+    hooks.after_use = [self](int64_t layer) { self->ReleaseUnit(layer + 1); };
+  }
+  if (options.stage >= 2 && options.activation_checkpointing) {
+    z->per_layer_grads_ = true;
+    hooks.after_backward = [self](int64_t layer) {
+      ThrowIfError(self->ReduceUnitGrads(layer + 1));
+    };
+  }
+  model->model->SetLayerHooks(std::move(hooks));
+  return z;
+}
+
+int64_t ZeroSharding::OwnedLength(const Entry& e) const {
+  return std::clamp<int64_t>(e.numel - rank_ * e.chunk, 0, e.chunk);
+}
+
+torch::Tensor ZeroSharding::Slice(const Entry& e, const torch::Tensor& whole) const {
+  torch::Tensor flat = whole.detach().reshape({-1});  // [n]
+  // [n] -> [W*c] (zero padding) -> this rank's [c]
+  return torch::constant_pad_nd(flat, {0, size_ * e.chunk - e.numel})
+      .narrow(0, rank_ * e.chunk, e.chunk)
+      .to(device_)
+      .clone();
+}
+
+absl::Status ZeroSharding::GatherUnit(size_t unit) {
+  if (unit >= units_.size() || units_[unit].empty()) return absl::OkStatus();
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> parts;
+  int64_t total = 0;
+  for (size_t i : units_[unit]) {
+    parts.push_back(entries_[i].shard);
+    total += entries_[i].chunk;
+  }
+  torch::Tensor flat = torch::cat(parts);  // [C]
+  torch::Tensor out = torch::empty({size_ * total}, flat.options());
+  RETURN_IF_ERROR(world_->AllGather(out, flat));
+  torch::Tensor rows = out.view({size_, total});  // [W*C] -> [W, C]: row j = rank j's chunks
+  int64_t offset = 0;
+  for (size_t i : units_[unit]) {
+    Entry& e = entries_[i];
+    // [W, c] -> [W*c] -> [n] -> parameter shape
+    torch::Tensor full =
+        rows.narrow(1, offset, e.chunk).reshape({-1}).narrow(0, 0, e.numel).view(e.shape);
+    offset += e.chunk;
+    if (options_.stage == 3) {
+      e.param.set_data(full);
+    } else {
+      e.param.copy_(full);
+    }
+  }
+  if (observer_) observer_();
+  return absl::OkStatus();
+}
+
+void ZeroSharding::ReleaseUnit(size_t unit) {
+  if (options_.stage != 3 || unit >= units_.size()) return;
+  for (size_t i : units_[unit]) {
+    Entry& e = entries_[i];
+    e.param.set_data(torch::empty({0}, e.param.options()));
+  }
+}
+
+absl::Status ZeroSharding::ReduceUnitGrads(size_t unit) {
+  if (options_.stage < 2 || unit >= units_.size() || units_[unit].empty()) {
+    return absl::OkStatus();
+  }
+  if (observer_) observer_();
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> columns;
+  int64_t total = 0;
+  for (size_t i : units_[unit]) {
+    Entry& e = entries_[i];
+    torch::Tensor g = e.param.grad();
+    torch::Tensor flat = g.defined() ? g.detach().reshape({-1}).to(e.grad.scalar_type())
+                                     : torch::zeros({e.numel}, e.grad.options());
+    // [n] -> [W*c] (zero padding) -> [W, c]: row j goes to rank j
+    columns.push_back(
+        torch::constant_pad_nd(flat, {0, size_ * e.chunk - e.numel}).view({size_, e.chunk}));
+    e.param.mutable_grad() = torch::Tensor();
+    total += e.chunk;
+  }
+  torch::Tensor in = torch::cat(columns, 1).reshape({-1});  // [W, C] -> [W*C]
+  torch::Tensor out = torch::empty({total}, in.options());
+  RETURN_IF_ERROR(world_->ReduceScatterSum(out, in));
+  int64_t offset = 0;
+  for (size_t i : units_[unit]) {
+    Entry& e = entries_[i];
+    e.grad.add_(out.narrow(0, offset, e.chunk));
+    offset += e.chunk;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroSharding::GatherOuter() {
+  if (options_.stage != 3) return absl::OkStatus();
+  return GatherUnit(0);
+}
+
+void ZeroSharding::ReleaseOuter() { ReleaseUnit(0); }
+
+absl::Status ZeroSharding::ReduceRemainingGrads() {
+  if (options_.stage < 2) return absl::OkStatus();
+  for (size_t u = 0; u < units_.size(); ++u) {
+    if (u == 0 || !per_layer_grads_) RETURN_IF_ERROR(ReduceUnitGrads(u));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> ZeroSharding::FinishGrads(double divisor, double clip) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> squares;
+  for (Entry& e : entries_) {
+    e.grad.div_(divisor);
+    squares.push_back(e.grad.pow(2).sum(torch::kDouble));
+  }
+  std::vector<torch::Tensor> total = {torch::stack(squares).sum().reshape({1})};
+  RETURN_IF_ERROR(world_->AllReduceSum(total));
+  const double norm = std::sqrt(total[0].item<double>());
+  if (clip > 0 && std::isfinite(norm) && norm > clip) {
+    const double scale = clip / (norm + 1e-6);  // as ClipGradNorm
+    for (Entry& e : entries_) e.grad.mul_(scale);
+  }
+  return norm;
+}
+
+absl::Status ZeroSharding::StepShards(const std::vector<torch::Tensor>& chunk_grads, double lr) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads(entries_.size());
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    // Offloaded: the gradient chunk goes to the host, where AdamW and its state live.
+    grads[i] = options_.offload_optimizer ? chunk_grads[i].to(torch::kCPU) : chunk_grads[i];
+  }
+  optimizer_->Step(targets_, grads, lr);
+  if (options_.offload_optimizer) {
+    for (Entry& e : entries_) e.shard.copy_(e.target);  // updated chunk back to the device
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroSharding::Update(double lr, bool apply) {
+  if (options_.stage < 2) {
+    return absl::FailedPreconditionError("ZeroSharding::Update is for stages 2 and 3");
+  }
+  if (apply) {
+    std::vector<torch::Tensor> grads;
+    for (const Entry& e : entries_) grads.push_back(e.grad);
+    RETURN_IF_ERROR(StepShards(grads, lr));
+  }
+  for (Entry& e : entries_) e.grad.zero_();
+  if (apply && options_.stage == 2) {
+    for (size_t u = 0; u < units_.size(); ++u) RETURN_IF_ERROR(GatherUnit(u));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroSharding::UpdateFromFullGrads(const std::vector<torch::Tensor>& grads, double lr) {
+  if (options_.stage != 1 || grads.size() != entries_.size()) {
+    return absl::FailedPreconditionError(
+        "ZeroSharding::UpdateFromFullGrads is for stage 1, with one gradient per parameter");
+  }
+  std::vector<torch::Tensor> chunks;
+  for (size_t i = 0; i < entries_.size(); ++i) chunks.push_back(Slice(entries_[i], grads[i]));
+  RETURN_IF_ERROR(StepShards(chunks, lr));
+  for (size_t u = 0; u < units_.size(); ++u) RETURN_IF_ERROR(GatherUnit(u));
+  return absl::OkStatus();
+}
+
+std::vector<NamedTensor> ZeroSharding::OwnedCheckpointTensors() const {
+  std::vector<NamedTensor> out;
+  std::map<std::string, const Entry*> by_name;
+  auto piece = [&](const std::string& name, const Entry& e, const torch::Tensor& chunk) {
+    const int64_t len = OwnedLength(e);
+    if (len == 0) return;
+    NamedTensor nt;
+    nt.name = name;
+    nt.tensor = chunk.detach().narrow(0, 0, len).cpu();
+    nt.full_shape = e.shape;
+    nt.offset = rank_ * e.chunk;
+    out.push_back(std::move(nt));
+  };
+  for (const Entry& e : entries_) {
+    by_name[e.name] = &e;
+    piece(kModelPrefix + e.name, e, e.shard);
+  }
+  for (const auto& [name, t] : optimizer_->StateTensors()) {
+    for (const char* prefix : {"optim/exp_avg/", "optim/exp_avg_sq/", kMasterPrefix}) {
+      if (!absl::StartsWith(name, prefix)) continue;
+      auto it = by_name.find(name.substr(std::string(prefix).size()));
+      if (it != by_name.end()) piece(name, *it->second, t);
+      break;
+    }
+  }
+  return out;
+}
+
+absl::Status ZeroSharding::LoadOptimizerState(const std::map<std::string, torch::Tensor>& whole,
+                                              int64_t adam_steps) {
+  std::map<std::string, torch::Tensor> chunks;
+  for (const Entry& e : entries_) {
+    for (const char* prefix : {"optim/exp_avg/", "optim/exp_avg_sq/", kMasterPrefix}) {
+      auto it = whole.find(prefix + e.name);
+      if (it == whole.end()) continue;
+      if (it->second.numel() != e.numel) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("checkpoint: ", it->first, " has shape ", c10::str(it->second.sizes()),
+                         ", parameter has ", c10::str(c10::IntArrayRef(e.shape))));
+      }
+      chunks[it->first] = Slice(e, it->second);
+    }
+  }
+  return optimizer_->LoadState(targets_, chunks, adam_steps);
+}
+
+ModelStateResidency ZeroSharding::Residency() const {
+  ModelStateResidency r;
+  for (const Entry& e : entries_) {
+    r.parameters += Bytes(e.shard) + (e.target.is_same(e.shard) ? 0 : Bytes(e.target));
+    r.gradients += Bytes(e.grad);
+  }
+  return r;
+}
+
+}  // namespace ulysses::engine::train
