@@ -122,7 +122,7 @@ int ChildMain(const ::ulysses::testing::ChildEnv& env) {
   layout.grad_accum = kGlobalBatch / dp;
   nlohmann::json out = nlohmann::json::array();
   for (int step = first_step; step < first_step + steps; ++step) {
-    auto batches = StepMicroBatches(**data, layout, step);
+    auto batches = StepMicroBatches(**data, layout, step * layout.GlobalBatch());  // the cursor
     CHILD_CHECK(env, batches.ok(), batches.status());
     auto stats = trainer.Step(*batches, /*lr=*/2e-3, step);
     CHILD_CHECK(env, stats.ok(), stats.status());
