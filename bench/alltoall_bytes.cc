@@ -7,8 +7,6 @@
 //
 //   alltoall_bytes [--P 4] [--N 4096] [--hq 8] [--hkv 8] [--d 64]
 // Prints one table row (rank 0). Spawns P copies of itself (env ULYSSES_BENCH_RANK...).
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,11 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "bench/spawn_ranks.h"
 #include "worker/engine/parallel/communicator.h"
 #include "worker/engine/parallel/rendezvous_port.h"
 #include "worker/engine/parallel/ulysses_attention.h"
-
-extern char** environ;
 
 namespace {
 
@@ -100,25 +97,5 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int port = FreePort();
-  std::vector<pid_t> pids;
-  for (int r = 0; r < p; ++r) {
-    std::vector<std::string> env;
-    for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
-    env.push_back("ULYSSES_BENCH_RANK=" + std::to_string(r));
-    env.push_back("ULYSSES_BENCH_PORT=" + std::to_string(port));
-    env.push_back("OMP_NUM_THREADS=1");
-    std::vector<char*> envp;
-    for (auto& s : env) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    pid_t pid;
-    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) != 0) return 1;
-    pids.push_back(pid);
-  }
-  int rc = 0;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) rc = 1;
-  }
-  return rc;
+  return ulysses::bench::SpawnSelfAsRanks(p, port, argv);
 }

@@ -9,8 +9,6 @@
 //
 //   zero_memory [--world 4] [--stage 3] [--steps 2] [--seq 64] [--dtype float32]
 // Prints one table row (rank 0). Spawns `world` copies of itself (env ULYSSES_BENCH_RANK...).
-#include <spawn.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -20,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/spawn_ranks.h"
 #include "common/spec/memory_model.h"
 #include "worker/engine/data/batches.h"
 #include "worker/engine/data/dataset.h"
@@ -29,8 +28,6 @@
 #include "worker/engine/train/model_io.h"
 #include "worker/engine/train/train_step.h"
 #include "worker/engine/train/zero.h"
-
-extern char** environ;
 
 namespace {
 
@@ -164,25 +161,5 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<int> port = PickRendezvousPort();
   if (!port.ok()) return 1;
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    std::vector<std::string> env;
-    for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
-    env.push_back("ULYSSES_BENCH_RANK=" + std::to_string(r));
-    env.push_back("ULYSSES_BENCH_PORT=" + std::to_string(*port));
-    env.push_back("OMP_NUM_THREADS=1");
-    std::vector<char*> envp;
-    for (auto& s : env) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    pid_t pid;
-    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) != 0) return 1;
-    pids.push_back(pid);
-  }
-  int rc = 0;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) rc = 1;
-  }
-  return rc;
+  return ulysses::bench::SpawnSelfAsRanks(world, *port, argv);
 }
