@@ -391,6 +391,11 @@ absl::Status ValidateEvalReport(const v1::EvalReport& report,
       CheckInt("eval.result.seq_len", e.seq_len(), 1, kNoMax, "the sequence length evaluated at"));
   RETURN_IF_ERROR(CheckNumber("eval.result.loss", e.loss(), 0, kInf,
                               "the mean validation token loss; a non-finite loss is never stored"));
+  const int64_t max_step = ref.stage() >= 0 && ref.stage() < static_cast<int>(stages.size())
+                               ? stages[ref.stage()].steps
+                               : kNoMax;
+  RETURN_IF_ERROR(CheckInt("eval.result.step", e.step(), 0, max_step,
+                           "the steps of the stage done when the evaluation ran (0 when unknown)"));
   return CheckNumber("eval.result.accuracy", e.accuracy(), 0, 1,
                      "a fraction of correct answers, or 0 when not measured");
 }

@@ -49,6 +49,7 @@ ordered_json ToJson(const RankEvent& event) {
                            {"seq_len", e.seq_len},
                            {"loss", e.loss}};
             if (e.accuracy.has_value()) j["accuracy"] = *e.accuracy;
+            if (e.step.has_value()) j["step"] = *e.step;
             return j;
           },
           [](const DoneEvent& e) {
@@ -217,6 +218,7 @@ absl::StatusOr<RankEvent> ReadEval(FieldReader& r) {
   if (auto s = r.Int("seq_len", 1, kNoMax, &e.seq_len); !s.ok()) return s;
   if (auto s = r.Number("loss", 0, kInf, &e.loss); !s.ok()) return s;
   if (auto s = r.OptionalNumber("accuracy", 0, 1, &e.accuracy); !s.ok()) return s;
+  if (auto s = r.OptionalInt("step", 0, kNoMax, &e.step); !s.ok()) return s;
   return e;
 }
 
@@ -287,7 +289,7 @@ bool operator==(const CheckpointEvent& a, const CheckpointEvent& b) {
 }
 bool operator==(const EvalEvent& a, const EvalEvent& b) {
   return a.stage == b.stage && a.seq_len == b.seq_len && a.loss == b.loss &&
-         a.accuracy == b.accuracy;
+         a.accuracy == b.accuracy && a.step == b.step;
 }
 bool operator==(const DoneEvent& a, const DoneEvent& b) {
   return a.stage == b.stage && a.peak_rss_bytes == b.peak_rss_bytes;

@@ -8,7 +8,7 @@
 //
 //   {"event":"step","stage":S,"step":N,"steps":T,"loss":L,"tokens_per_s":X,"seq_len":Q}
 //   {"event":"checkpoint","stage":S,"step":N,"path":"...","bytes":B,"seconds":D}
-//   {"event":"eval","stage":S,"seq_len":Q,"loss":L[,"accuracy":A]}
+//   {"event":"eval","stage":S,"seq_len":Q,"loss":L[,"accuracy":A][,"step":N]}
 //   {"event":"done","stage":S[,"peak_rss_bytes":R]}
 //
 // Rank 0 prints step, checkpoint and eval events; every rank may print done. Any other
@@ -59,6 +59,8 @@ struct EvalEvent {
   int64_t seq_len = 0;             // >= 1: sequence length evaluated at.
   double loss = 0;                 // finite, >= 0: mean validation token loss.
   std::optional<double> accuracy;  // optional, 0..1: retrieval accuracy (needle data).
+  std::optional<int64_t> step;     // optional, >= 0: steps of the stage done when it ran
+                                   // (periodic evals: eval.every_steps; the stage end: steps).
 };
 
 // This rank is done with the stage (also printed when the stage had finished before).

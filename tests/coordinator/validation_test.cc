@@ -166,6 +166,15 @@ TEST(ValidationTest, EvalCheckpointExitedAndStartedBounds) {
   e.mutable_result()->set_loss(kNan);
   EXPECT_THAT(Message(ValidateEvalReport(e, stages)),
               StartsWith("eval.result.loss: nan is not a finite number >= 0"));
+  e.mutable_result()->set_loss(1.5);
+  e.mutable_result()->set_step(60);  // the stage end of stage 0 (60 steps)
+  EXPECT_EQ(Message(ValidateEvalReport(e, stages)), "");
+  e.mutable_result()->set_step(61);
+  EXPECT_THAT(Message(ValidateEvalReport(e, stages)),
+              StartsWith("eval.result.step: 61 is out of range [0, 60]"));
+  e.mutable_result()->set_step(-1);
+  EXPECT_THAT(Message(ValidateEvalReport(e, stages)),
+              StartsWith("eval.result.step: -1 is out of range [0, 60]"));
 
   v1::CheckpointCommitted c;
   *c.mutable_ref() = Ref(1);

@@ -83,6 +83,7 @@ v1::EvalResult ToProto(const contract::EvalEvent& e) {
   r.set_seq_len(e.seq_len);
   r.set_loss(e.loss);
   r.set_accuracy(e.accuracy.value_or(0.0));
+  r.set_step(e.step.value_or(0));
   return r;
 }
 

@@ -37,6 +37,8 @@ TEST(RankEventTest, SerializesEachKindAsDocumented) {
             R"({"event":"eval","stage":2,"seq_len":4096,"loss":2.0,"accuracy":0.75})");
   EXPECT_EQ(SerializeRankEvent(EvalEvent{2, 4096, 2.0, std::nullopt}),
             R"({"event":"eval","stage":2,"seq_len":4096,"loss":2.0})");
+  EXPECT_EQ(SerializeRankEvent(EvalEvent{2, 4096, 2.0, std::nullopt, 30}),
+            R"({"event":"eval","stage":2,"seq_len":4096,"loss":2.0,"step":30})");
   EXPECT_EQ(SerializeRankEvent(DoneEvent{2, 1 << 20}),
             R"({"event":"done","stage":2,"peak_rss_bytes":1048576})");
   EXPECT_EQ(SerializeRankEvent(DoneEvent{2, std::nullopt}), R"({"event":"done","stage":2})");
@@ -50,6 +52,7 @@ TEST(RankEventTest, RoundTripsEveryKind) {
       CheckpointEvent{1, 8, "/ck/step-8", int64_t{1} << 40, 12.5},
       EvalEvent{0, 64, 4.5, std::nullopt},
       EvalEvent{0, 64, 4.5, 1.0},
+      EvalEvent{0, 64, 4.5, std::nullopt, 6},
       DoneEvent{7, std::nullopt},
       DoneEvent{7, 0},
   };
@@ -170,6 +173,9 @@ TEST(RankEventTest, RejectsOutOfRangeValues) {
             std::string::npos);
   EXPECT_EQ(MustReject(R"({"event":"eval","stage":0,"seq_len":8,"loss":1,"accuracy":1.5})"),
             "eval.accuracy: 1.5 is out of range (a finite number in [0, 1])");
+  EXPECT_NE(MustReject(R"({"event":"eval","stage":0,"seq_len":8,"loss":1,"step":-1})")
+                .find("eval.step: -1 is out of range"),
+            std::string::npos);
   const std::string ckpt_head = R"({"event":"checkpoint","stage":0,"step":3,)";
   EXPECT_NE(MustReject(ckpt_head + R"("path":"/ck","bytes":-2,"seconds":0})")
                 .find("checkpoint.bytes: -2 is out of range (an integer >= -1)"),

@@ -60,6 +60,7 @@ void RankReporter::Step(const StepReport& r) {
   AppendMetrics(out_dir_, json{{"step", r.global_step},
                                {"stage", r.stage},
                                {"step_in_stage", r.step_in_stage},
+                               {"data_cursor", r.data_cursor},
                                {"seq_len", r.seq_len},
                                {"sp_degree", r.sp},
                                {"dp_degree", r.dp},
@@ -74,13 +75,18 @@ void RankReporter::Step(const StepReport& r) {
                                {"peak_rss_bytes", PeakRssBytes()}});
 }
 
-void RankReporter::Eval(int stage, int64_t seq_len, const EvalResult& r) {
+void RankReporter::Eval(int stage, int64_t step, int64_t seq_len, const EvalResult& r) {
   if (!enabled_) return;
   contract::EvalEvent event;
   event.stage = stage;
   event.seq_len = seq_len;
   event.loss = r.loss;
-  json metric{{"stage", stage}, {"seq_len", seq_len}, {"loss", r.loss}, {"tokens", r.tokens}};
+  event.step = step;
+  json metric{{"stage", stage},
+              {"step_in_stage", step},
+              {"seq_len", seq_len},
+              {"loss", r.loss},
+              {"tokens", r.tokens}};
   if (r.has_accuracy) {
     event.accuracy = r.accuracy;
     metric["accuracy"] = r.accuracy;

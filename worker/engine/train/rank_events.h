@@ -25,6 +25,7 @@ struct StepReport {
   double lr = 0;
   double seconds = 0;
   double tokens_per_s = 0;
+  int64_t data_cursor = 0;  // First sequence of the stage's data stream this step read.
   StepStats stats;
 };
 
@@ -34,7 +35,8 @@ class RankReporter {
   RankReporter(bool enabled, std::string out_dir);
 
   void Step(const StepReport& r);
-  void Eval(int stage, int64_t seq_len, const EvalResult& r);
+  // `step`: steps of the stage done when the evaluation ran.
+  void Eval(int stage, int64_t step, int64_t seq_len, const EvalResult& r);
   void Checkpoint(int stage, int64_t step_in_stage, const std::string& path, double seconds);
   void Done(int stage, bool with_peak_rss);
 
