@@ -198,11 +198,18 @@ std::string SpecHash(const JobSpec& s) {
   // The preset name is left out: the expanded shape fields already say what it meant.
   ModelSpec model = s.model;
   model.preset.clear();
+  // How a step's batch is cut (micro_batch_size x grad_accum_steps x dp, like sp) is layout,
+  // not training: a checkpoint resumes under another cut, and the data cursor it stores keeps
+  // the sequence stream exact (docs/DATA.md). Hashed as 1 and 1, so the hash of a spec written
+  // before this rule with grad_accum_steps 1 is unchanged.
+  OptimizerSpec optimizer = s.optimizer;
+  optimizer.grad_accum_steps = 1;
+  optimizer.micro_batch_size = 1;
   YAML::Emitter out;
   out << YAML::BeginMap;
   EmitModel(out, model);
   EmitData(out, s.data);
-  EmitOptimizer(out, s.optimizer);
+  EmitOptimizer(out, optimizer);
   out << YAML::Key << "seed" << YAML::Value << s.seed;
   out << YAML::EndMap;
   char hex[17];

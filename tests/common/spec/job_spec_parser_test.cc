@@ -536,8 +536,10 @@ TEST(JobSpecParserTest, DataEvalAndBatchFieldsParseAndRoundTrip) {
   JobSpec packed = *spec;
   packed.data.packing = true;
   EXPECT_NE(SpecHash(packed), SpecHash(*spec));
+  // The batch cut is layout: the data cursor keeps the stream exact under another one.
+  packed.data.packing = false;
   packed.optimizer.micro_batch_size = 1;
-  EXPECT_NE(SpecHash(packed), SpecHash(*spec));
+  EXPECT_EQ(SpecHash(packed), SpecHash(*spec));
 }
 
 TEST(JobSpecParserTest, SeqLenOnlyNeedsToDivideBySp) {
@@ -707,6 +709,10 @@ TEST(JobSpecParserTest, SpecHashIsStableAndCoversTrainingFieldsOnly) {
   EXPECT_FALSE(changed([](JobSpec& s) { s.scheduling.priority = 5; }));
   EXPECT_FALSE(changed([](JobSpec& s) { s.metadata.name = "other"; }));
   EXPECT_FALSE(changed([](JobSpec& s) { s.parallelism.sp_degree = 8; }));
+  // Layout: how a step's global batch is cut (resumes across it, docs/DATA.md).
+  EXPECT_FALSE(changed([](JobSpec& s) { s.parallelism.dp_degree = 4; }));
+  EXPECT_FALSE(changed([](JobSpec& s) { s.optimizer.grad_accum_steps = 4; }));
+  EXPECT_FALSE(changed([](JobSpec& s) { s.optimizer.micro_batch_size = 2; }));
 }
 
 class CheckFilesTest : public ::testing::Test {

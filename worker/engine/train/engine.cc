@@ -199,12 +199,12 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   ASSIGN_OR_RETURN(auto val, OpenDataset(spec, Split::kValidation, config.vocab_size));
   ASSIGN_OR_RETURN(int64_t n_val,
                    ValidationSequences(spec, *val, stage.seq_len, eval.max_sequences));
-  auto evaluate = [&]() -> absl::Status {
+  auto evaluate = [&](int64_t step_in_stage) -> absl::Status {
     if (zero) RETURN_IF_ERROR(zero->GatherOuter());  // ZeRO-3: layers are gathered by their hooks
     ASSIGN_OR_RETURN(EvalResult ev, Evaluate(rs.model, rs.attention, rs.rt, *val, n_val,
                                              stage.seq_len, spec.data.synthetic.has_value()));
     if (zero) zero->ReleaseOuter();
-    report.Eval(o.stage, stage.seq_len, ev);
+    report.Eval(o.stage, step_in_stage, stage.seq_len, ev);
     return absl::OkStatus();
   };
   const int64_t steps = stage.steps;
@@ -230,6 +230,7 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
                                   warmup, steps, step);
     ASSIGN_OR_RETURN(StepStats stats, trainer.Step(batches, lr, step));
     ++global_step;
+    const int64_t step_cursor = cursor;
     cursor += layout.GlobalBatch();
     skipped_in_a_row = stats.skipped ? skipped_in_a_row + 1 : 0;
     StepReport r;
@@ -241,6 +242,7 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
     r.sp = sp;
     r.dp = dp;
     r.lr = lr;
+    r.data_cursor = step_cursor;
     r.stats = stats;
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.tokens_per_s =
@@ -267,11 +269,11 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
     }
     if (periodic && !last) RETURN_IF_ERROR(commit(step + 1, false));
     if (eval.every_steps > 0 && (step + 1) % eval.every_steps == 0 && !last) {
-      RETURN_IF_ERROR(evaluate());
+      RETURN_IF_ERROR(evaluate(step + 1));
     }
   }
 
-  RETURN_IF_ERROR(evaluate());  // the stage's evaluation, bounded by eval.max_sequences
+  RETURN_IF_ERROR(evaluate(steps));  // the stage's evaluation, bounded by eval.max_sequences
   RETURN_IF_ERROR(commit(steps, true));
   report.Done(o.stage, /*with_peak_rss=*/true);
   return RankOutcome{};

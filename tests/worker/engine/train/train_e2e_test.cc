@@ -13,7 +13,8 @@
 //   - export -> scripts/reference_llama.py loss == ulysses-train eval --init-from.
 //   - bad input: clear message, exit 2, nothing overwritten.
 //   - a packed, masked long-document job (data pack -> format: indexed) trains with micro-batches,
-//     accumulation and bounded eval, and resumes after kill -9 reading the same sequences.
+//     accumulation and bounded eval, and resumes after kill -9 reading the same sequences, also
+//     on another layout (sp/dp/micro-batching): the checkpoint's data cursor says where to go on.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -34,6 +35,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/testing/documents.h"
 #include "worker/engine/checkpoint/checkpoint.h"
 
 extern char** environ;
@@ -179,19 +181,31 @@ class TrainE2eTest : public ::testing::Test {
     return a;
   }
 
-  // step_in_stage -> loss text (the last line written for that step), from metrics.jsonl,
-  // ignoring its first `skip_lines` lines.
-  std::map<int64_t, double> Losses(const std::string& out, size_t skip_lines = 0) {
-    std::map<int64_t, double> m;
+  // step_in_stage -> the last metrics.jsonl line written for that step, ignoring the file's
+  // first `skip_lines` lines (and a line cut by kill -9).
+  std::map<int64_t, json> StepLines(const std::string& out, size_t skip_lines) {
+    std::map<int64_t, json> m;
     std::ifstream f(dir_ / out / "metrics.jsonl");
     std::string line;
     for (size_t i = 0; i < skip_lines && std::getline(f, line); ++i) {
     }
     while (std::getline(f, line)) {
       json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded() || j.contains("eval")) continue;  // a line cut by kill -9
-      m[j["step_in_stage"].get<int64_t>()] = j["loss"].get<double>();
+      if (j.is_discarded() || j.contains("eval")) continue;
+      m[j["step_in_stage"].get<int64_t>()] = j;
     }
+    return m;
+  }
+  // step_in_stage -> loss.
+  std::map<int64_t, double> Losses(const std::string& out, size_t skip_lines = 0) {
+    std::map<int64_t, double> m;
+    for (auto& [step, j] : StepLines(out, skip_lines)) m[step] = j["loss"].get<double>();
+    return m;
+  }
+  // step_in_stage -> data_cursor (the first sequence of the stage's stream the step read).
+  std::map<int64_t, int64_t> Cursors(const std::string& out, size_t skip_lines = 0) {
+    std::map<int64_t, int64_t> m;
+    for (auto& [step, j] : StepLines(out, skip_lines)) m[step] = j["data_cursor"].get<int64_t>();
     return m;
   }
 
@@ -235,6 +249,40 @@ class TrainE2eTest : public ::testing::Test {
   json EvalJson(const Result& r) {
     EXPECT_EQ(r.code, 0) << r.err;
     return json::parse(r.out.substr(0, r.out.find('\n')));
+  }
+
+  // Packs the 60 documents of tests/testing/documents.h (vocab 64) with `data pack` into dir_/ds
+  // and points job_ at a job on it: sp 2, micro-batch 2 x grad_accum 2, 8 steps of 128 tokens,
+  // checkpoints every 2 steps, eval of 3 sequences every 3.
+  void WritePackedJob() {
+    ASSERT_TRUE(ulysses::testing::WriteMaskedDocumentsJsonl((dir_ / "docs.jsonl").string()));
+    const std::string prefix = (dir_ / "ds").string();
+    Result pack = RunCmd({"data", "pack", "--jsonl", (dir_ / "docs.jsonl").string(), "--out",
+                          prefix, "--vocab-size", "64"},
+                         dir_, "pack");
+    ASSERT_EQ(pack.code, 0) << pack.err;
+    json packed = json::parse(pack.out.substr(0, pack.out.find('\n')));
+    EXPECT_EQ(packed["documents"], 60);
+    EXPECT_EQ(packed["mask"], true);
+    job_ = (dir_ / "packed.yaml").string();
+    std::ofstream(job_) << "apiVersion: ulysses/v1\n"
+                           "kind: TrainJob\n"
+                           "metadata: {name: packed}\n"
+                           "spec:\n"
+                           "  model: {vocab_size: 64, hidden_size: 64, intermediate_size: 96,\n"
+                           "          num_hidden_layers: 2, num_attention_heads: 4,\n"
+                           "          num_key_value_heads: 2}\n"
+                           "  data: {train: "
+                        << prefix << ", validation: " << prefix
+                        << ", format: indexed}\n"
+                           "  parallelism: {sp_degree: 2}\n"
+                           "  memory: {attention_block_size: 32}\n"
+                           "  optimizer: {lr: 3.0e-3, warmup_steps: 2, micro_batch_size: 2,\n"
+                           "              grad_accum_steps: 2}\n"
+                           "  stages: [{seq_len: 128, steps: 8}]\n"
+                           "  checkpoint: {every_steps: 2, keep_last: 2}\n"
+                           "  eval: {max_sequences: 3, every_steps: 3}\n"
+                           "  seed: 7\n";
   }
 
   fs::path dir_;
@@ -362,54 +410,15 @@ TEST_F(TrainE2eTest, KillNineAndSigtermResume) {
 // trains; kill -9 mid-stage and a restart reads exactly the sequences an uninterrupted run reads
 // (bit-identical per-step losses).
 TEST_F(TrainE2eTest, PackedMaskedDocumentsTrainAndResumeExactly) {
-  {
-    std::ofstream docs(dir_ / "docs.jsonl");
-    uint32_t x = 3;
-    for (int d = 0; d < 60; ++d) {
-      const int n = 8 + (d * 37) % 300;  // 8..307 tokens: many shorter, some longer than 128
-      std::string ids, mask;
-      for (int i = 0; i < n; ++i) {
-        x = x * 1664525u + 1013904223u;
-        const uint32_t t = i == 0 ? 1 : ((x >> 24) % 4 == 0 ? (x >> 16) % 64 : (i * 5 + d) % 64);
-        ids += (i ? "," : "") + std::to_string(t);
-        mask += (i ? "," : "") + std::string(d % 2 == 0 && i < n / 3 ? "0" : "1");
-      }
-      docs << "{\"ids\": [" << ids << "], \"mask\": [" << mask << "]}\n";
-    }
-  }
+  WritePackedJob();
+  ASSERT_FALSE(HasFatalFailure());
   const std::string prefix = (dir_ / "ds").string();
-  Result pack = RunCmd({"data", "pack", "--jsonl", (dir_ / "docs.jsonl").string(), "--out", prefix,
-                        "--vocab-size", "64"},
-                       dir_, "pack");
-  ASSERT_EQ(pack.code, 0) << pack.err;
-  json packed = json::parse(pack.out.substr(0, pack.out.find('\n')));
-  EXPECT_EQ(packed["documents"], 60);
-  EXPECT_EQ(packed["mask"], true);
   // Packing again onto the same prefix is refused: nothing is overwritten.
   Result again = RunCmd(
       {"data", "pack", "--jsonl", (dir_ / "docs.jsonl").string(), "--out", prefix}, dir_, "pack2");
   EXPECT_EQ(again.code, 2) << again.err;
   EXPECT_NE(again.err.find("already exists"), std::string::npos) << again.err;
 
-  job_ = (dir_ / "packed.yaml").string();
-  std::ofstream(job_) << "apiVersion: ulysses/v1\n"
-                         "kind: TrainJob\n"
-                         "metadata: {name: packed}\n"
-                         "spec:\n"
-                         "  model: {vocab_size: 64, hidden_size: 64, intermediate_size: 96,\n"
-                         "          num_hidden_layers: 2, num_attention_heads: 4,\n"
-                         "          num_key_value_heads: 2}\n"
-                         "  data: {train: "
-                      << prefix << ", validation: " << prefix
-                      << ", format: indexed}\n"
-                         "  parallelism: {sp_degree: 2}\n"
-                         "  memory: {attention_block_size: 32}\n"
-                         "  optimizer: {lr: 3.0e-3, warmup_steps: 2, micro_batch_size: 2,\n"
-                         "              grad_accum_steps: 2}\n"
-                         "  stages: [{seq_len: 128, steps: 8}]\n"
-                         "  checkpoint: {every_steps: 2, keep_last: 2}\n"
-                         "  eval: {max_sequences: 3, every_steps: 3}\n"
-                         "  seed: 7\n";
   Result ref = RunCmd(TrainArgs("ref", {}), dir_, "ref");
   ASSERT_EQ(ref.code, 0) << ref.err;
   auto lref = Losses("ref");
@@ -428,6 +437,7 @@ TEST_F(TrainE2eTest, PackedMaskedDocumentsTrainAndResumeExactly) {
       continue;
     }
     ++evals;
+    EXPECT_EQ(j["eval"]["step_in_stage"], evals < 3 ? 3 * evals : 8) << line;
     EXPECT_LE(j["eval"]["tokens"].get<int64_t>(), 3 * 127);
     EXPECT_GT(j["eval"]["tokens"].get<int64_t>(), 0);
   }
@@ -444,6 +454,63 @@ TEST_F(TrainE2eTest, PackedMaskedDocumentsTrainAndResumeExactly) {
   auto lk = Losses("killed");
   ASSERT_EQ(lk.size(), 8u);
   for (auto& [step, loss] : lref) EXPECT_EQ(lk[step], loss) << "step " << step;
+}
+
+// The data cursor survives layout changes. The packed job (sp 2, micro-batch 2 x grad_accum 2:
+// 4 sequences a step) is killed after its step-4 checkpoint, then resumed
+//   - at sp 1 x dp 2 with grad_accum 1 (the same 4 sequences a step, cut differently): the
+//     losses follow the uninterrupted sp 2 run (fp32, 1e-4 rel), which they cannot if a step
+//     read other sequences;
+//   - at sp 1 x dp 2 with micro-batch 4 (8 sequences a step): the first resumed step reads on
+//     from the checkpoint's cursor (sequence 4k after k steps of 4), not from k x 8.
+TEST_F(TrainE2eTest, PackedJobResumesOnAnotherLayoutReadingOnFromTheSameSequence) {
+  WritePackedJob();
+  ASSERT_FALSE(HasFatalFailure());
+  Result ref = RunCmd(TrainArgs("ref", {}), dir_, "ref");
+  ASSERT_EQ(ref.code, 0) << ref.err;
+  auto lref = Losses("ref");
+  ASSERT_EQ(lref.size(), 8u);
+  for (auto& [step, cursor] : Cursors("ref")) EXPECT_EQ(cursor, 4 * (step - 1)) << step;
+
+  const std::vector<std::string> dp2 = {"spec.parallelism.sp_degree=1",
+                                        "spec.parallelism.dp_degree=2"};
+  auto kill_after_checkpoint = [&](const std::string& out) {
+    std::vector<std::string> argv = {Bin()};
+    for (auto& a : TrainArgs(out, {})) argv.push_back(a);
+    Proc p = Start(argv, out, dir_);
+    WaitForLines(out, 6, p);  // 5 steps + the eval at 3: the step-4 checkpoint is committed
+    kill(-p.pid, SIGKILL);
+    Wait(p);
+    return MetricLines(out);
+  };
+  const size_t before_same = kill_after_checkpoint("same");
+  ASSERT_FALSE(HasFatalFailure());
+  std::vector<std::string> same = dp2;
+  same.push_back("spec.optimizer.grad_accum_steps=1");
+  Result r = RunCmd(TrainArgs("same", same), dir_, "same-resumed");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto resumed = Losses("same", before_same);
+  ASSERT_FALSE(resumed.empty());
+  EXPECT_GE(resumed.begin()->first, 5);  // resumed from a checkpoint at step >= 4
+  EXPECT_EQ(resumed.rbegin()->first, 8);
+  for (auto& [step, loss] : resumed) {
+    EXPECT_NEAR(loss, lref[step], 1e-4 * lref[step]) << "step " << step;
+  }
+
+  const size_t before_grown = kill_after_checkpoint("grown");
+  ASSERT_FALSE(HasFatalFailure());
+  std::vector<std::string> grown = dp2;
+  grown.push_back("spec.optimizer.micro_batch_size=4");
+  grown.push_back("spec.optimizer.grad_accum_steps=1");
+  Result g = RunCmd(TrainArgs("grown", grown), dir_, "grown-resumed");
+  ASSERT_EQ(g.code, 0) << g.err;
+  auto cursors = Cursors("grown", before_grown);
+  ASSERT_FALSE(cursors.empty());
+  const int64_t first = cursors.begin()->first;
+  EXPECT_GE(first, 5);
+  for (auto& [step, cursor] : cursors) {
+    EXPECT_EQ(cursor, 4 * (first - 1) + 8 * (step - first)) << "step " << step;
+  }
 }
 
 // SIGKILL in the middle of a checkpoint save. The checkpoint.before_manifest failpoint
