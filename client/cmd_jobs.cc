@@ -114,7 +114,7 @@ int CmdGetJob(JobClient& client, const std::string& id, const std::string& outpu
 
 int CmdDescribeJob(JobClient& client, const std::string& id, const std::string& output,
                    std::ostream& out, std::ostream& err) {
-  auto job = client.GetJob(id, /*include_events=*/true, /*include_spec=*/false);
+  auto job = client.GetJob(id, /*include_events=*/true, /*include_spec=*/true);
   if (!job.ok()) return RpcError(job.status(), client, err);
   if (WantJson(output)) {
     PrintStructured(JobDetailJson(*job), output, out);

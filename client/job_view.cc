@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <ctime>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/spec/job_spec_parser.h"
 
 namespace ulysses::client {
 namespace {
@@ -96,6 +98,7 @@ json JobEventJson(const v1::JobEvent& e) {
     case v1::JobEvent::kEval:
       j["type"] = "eval";
       j["stage"] = e.eval().stage();
+      j["step"] = e.eval().step();
       j["seq_len"] = e.eval().seq_len();
       j["loss"] = e.eval().loss();
       j["accuracy"] = e.eval().accuracy();
@@ -129,8 +132,9 @@ std::string EventText(const v1::JobEvent& e) {
       return absl::StrCat("checkpoint stage ", e.checkpoint().stage(), " step ",
                           e.checkpoint().step(), " ", e.checkpoint().path());
     case v1::JobEvent::kEval:
-      return absl::StrFormat("eval stage %d seq %d loss %.4f accuracy %.3f", e.eval().stage(),
-                             e.eval().seq_len(), e.eval().loss(), e.eval().accuracy());
+      return absl::StrFormat("eval stage %d step %d seq %d loss %.4f accuracy %.3f",
+                             e.eval().stage(), e.eval().step(), e.eval().seq_len(), e.eval().loss(),
+                             e.eval().accuracy());
     case v1::JobEvent::kAttemptStarted:
       return absl::StrCat("attempt gen ", e.attempt_started().generation(), " stage ",
                           e.attempt_started().stage(), " started on ",
@@ -196,6 +200,50 @@ json JobSummaryJson(const v1::Job& job) {
   return j;
 }
 
+namespace {
+
+// The job's spec, from the canonical YAML GetJob returns with include_spec (nullopt when the
+// coordinator sent none or it does not parse: the view then leaves the training fields out).
+std::optional<spec::JobSpec> JobSpecOf(const v1::Job& job) {
+  if (job.spec_yaml().empty()) return std::nullopt;
+  absl::StatusOr<spec::JobSpec> s = spec::ParseJobSpec(job.spec_yaml());
+  if (!s.ok()) return std::nullopt;
+  return *std::move(s);
+}
+
+json EvalJson(const spec::EvalSpec& e) {
+  return json{{"max_sequences", e.max_sequences}, {"every_steps", e.every_steps}};
+}
+
+// "every 200 steps and at the stage end, 64 sequences" / "at the stage end, all sequences".
+std::string EvalText(const spec::EvalSpec& e) {
+  return absl::StrCat(
+      e.every_steps > 0 ? absl::StrCat("every ", e.every_steps, " steps and ") : "",
+      "at the stage end, ",
+      e.max_sequences > 0 ? absl::StrCat("at most ", e.max_sequences) : std::string("all"),
+      " validation sequences");
+}
+
+std::string DataText(const spec::DataSpec& d) {
+  if (d.synthetic) {
+    return absl::StrCat("synthetic ", d.synthetic->generator, " (",
+                        d.synthetic->validation_sequences, " validation sequences)");
+  }
+  std::string text = absl::StrCat(d.format, " ", d.train);
+  if (!d.validation.empty()) absl::StrAppend(&text, " (validation ", d.validation, ")");
+  if (d.format == "indexed") {
+    absl::StrAppend(&text, d.packing ? ", documents packed" : ", one document per sequence");
+  }
+  return text;
+}
+
+// Sequences per optimizer step of stage i: micro_batch_size x grad_accum_steps x dp.
+int64_t GlobalBatch(const spec::JobSpec& s, size_t i) {
+  return s.optimizer.micro_batch_size * s.optimizer.grad_accum_steps * s.StageDp(i);
+}
+
+}  // namespace
+
 json JobDetailJson(const v1::Job& job) {
   json j = JobSummaryJson(job);
   j["checkpoint_dir"] = job.checkpoint_dir();
@@ -219,6 +267,24 @@ json JobDetailJson(const v1::Job& job) {
                           {"attempts", s.attempts()},
                           {"started_at", TimeJson(s.started_at())},
                           {"finished_at", TimeJson(s.finished_at())}});
+  }
+  if (std::optional<spec::JobSpec> sp = JobSpecOf(job)) {
+    json data{{"format", sp->data.format},
+              {"train", sp->data.train},
+              {"validation", sp->data.validation},
+              {"packing", sp->data.packing}};
+    if (sp->data.synthetic) {
+      data["synthetic"] = json{{"generator", sp->data.synthetic->generator},
+                               {"validation_sequences", sp->data.synthetic->validation_sequences}};
+    }
+    j["data"] = data;
+    j["batch"] = json{{"micro_batch_size", sp->optimizer.micro_batch_size},
+                      {"grad_accum_steps", sp->optimizer.grad_accum_steps}};
+    j["eval"] = EvalJson(sp->eval);
+    for (size_t i = 0; i < sp->stages.size() && i < stages.size(); ++i) {
+      stages[i]["global_batch"] = GlobalBatch(*sp, i);
+      stages[i]["eval_spec"] = EvalJson(sp->StageEval(i));
+    }
   }
   j["stages"] = stages;
   json attempts = json::array();
@@ -321,12 +387,27 @@ void PrintJobDescription(const v1::Job& job, std::ostream& out) {
     out << "Last ckpt:    stage " << job.last_checkpoint().stage() << " step "
         << job.last_checkpoint().step() << "  " << job.last_checkpoint().path() << "\n";
   }
+  const std::optional<spec::JobSpec> sp = JobSpecOf(job);
+  if (sp) {
+    out << "Data:         " << DataText(sp->data) << "\n";
+    out << "Batch:        micro_batch_size " << sp->optimizer.micro_batch_size
+        << " x grad_accum_steps " << sp->optimizer.grad_accum_steps
+        << " x dp sequences per step (BATCH below)\n";
+    out << "Eval:         " << EvalText(sp->eval) << "\n";
+    for (size_t i = 0; i < sp->stages.size(); ++i) {
+      if (sp->stages[i].eval)
+        out << "  stage " << i << ":     " << EvalText(*sp->stages[i].eval) << "\n";
+    }
+  }
   out << "\nStages:\n";
-  std::vector<std::vector<std::string>> rows = {
-      {"  #", "STATE", "SEQ_LEN", "SP", "DP", "STEP", "LOSS", "EVAL_LOSS", "ACCURACY", "ATTEMPTS"}};
+  std::vector<std::vector<std::string>> rows = {{"  #", "STATE", "SEQ_LEN", "SP", "DP", "BATCH",
+                                                 "STEP", "LOSS", "EVAL_LOSS", "ACCURACY",
+                                                 "ATTEMPTS"}};
   for (const auto& s : job.stages()) {
+    const size_t i = static_cast<size_t>(std::max(0, s.index()));
     rows.push_back({absl::StrCat("  ", s.index()), StageStateName(s.state()),
                     absl::StrCat(s.seq_len()), absl::StrCat(s.sp()), absl::StrCat(s.dp()),
+                    sp && i < sp->stages.size() ? absl::StrCat(GlobalBatch(*sp, i)) : "-",
                     absl::StrCat(s.progress().step(), "/", s.steps()),
                     s.has_progress() ? absl::StrFormat("%.4f", s.progress().loss()) : "-",
                     s.has_eval() ? absl::StrFormat("%.4f", s.eval().loss()) : "-",

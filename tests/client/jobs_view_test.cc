@@ -102,6 +102,51 @@ TEST(JobViewTest, DescriptionAndTablesNameTheJob) {
   EXPECT_NE(table.str().find("4/10"), std::string::npos) << table.str();
 }
 
+// describe shows what the job trains on from the spec GetJob returns (include_spec): data,
+// batch (micro-batch x accumulation x dp per stage) and evaluation bounds, per stage too.
+TEST(JobViewTest, DescribeShowsDataBatchAndEvalFromTheSpec) {
+  v1::Job job = SampleJob();
+  job.set_spec_yaml(
+      "apiVersion: ulysses/v1\nkind: TrainJob\nmetadata: {name: sft}\nspec:\n"
+      "  model: {preset: tiny}\n"
+      "  data: {train: /data/sft, validation: /data/sft-val, format: indexed}\n"
+      "  optimizer: {micro_batch_size: 2, grad_accum_steps: 4}\n"
+      "  eval: {max_sequences: 64, every_steps: 200}\n"
+      "  stages:\n"
+      "    - {seq_len: 1024, steps: 10}\n"
+      "    - {seq_len: 2048, steps: 10, dp_degree: 2}\n"
+      "    - {seq_len: 4096, steps: 10, eval: {max_sequences: 8, every_steps: 0}}\n");
+  nlohmann::json j = JobDetailJson(job);
+  EXPECT_EQ(j["data"]["format"], "indexed");
+  EXPECT_EQ(j["data"]["train"], "/data/sft");
+  EXPECT_EQ(j["data"]["packing"], true);
+  EXPECT_EQ(j["batch"]["micro_batch_size"], 2);
+  EXPECT_EQ(j["batch"]["grad_accum_steps"], 4);
+  EXPECT_EQ(j["eval"]["every_steps"], 200);
+  EXPECT_EQ(j["stages"][0]["global_batch"], 8);
+  EXPECT_EQ(j["stages"][1]["global_batch"], 16);
+  EXPECT_EQ(j["stages"][2]["eval_spec"]["max_sequences"], 8);
+  EXPECT_EQ(j["stages"][2]["eval_spec"]["every_steps"], 0);
+  std::ostringstream out;
+  PrintJobDescription(job, out);
+  const std::string text = out.str();
+  EXPECT_NE(text.find("Data:         indexed /data/sft (validation /data/sft-val), documents "
+                      "packed"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("micro_batch_size 2 x grad_accum_steps 4"), std::string::npos) << text;
+  EXPECT_NE(text.find("Eval:         every 200 steps and at the stage end, at most 64 validation"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("stage 2:     at the stage end, at most 8 validation"), std::string::npos)
+      << text;
+  // Without a spec (an older coordinator) the description still prints, without those lines.
+  std::ostringstream plain;
+  PrintJobDescription(SampleJob(), plain);
+  EXPECT_EQ(plain.str().find("Data:"), std::string::npos);
+  EXPECT_FALSE(JobDetailJson(SampleJob()).contains("data"));
+}
+
 TEST(JobViewTest, PlainWatchViewPrintsOneLinePerProgressAndTheEnd) {
   std::ostringstream out;
   WatchView view(out, /*tty=*/false);
