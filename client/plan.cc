@@ -62,7 +62,8 @@ ActivationBytes Activations(const spec::JobSpec& s, const StagePlan& p, bool hos
   const spec::ModelSpec& m = s.model;
   const double b = static_cast<double>(spec::DtypeBytes(m.dtype));
   const double u = std::max(b, 4.0);  // RMSNorm and logits upcast to fp32 (fp64 stays)
-  const double n = static_cast<double>(p.tokens_per_rank);
+  // Tokens a rank holds per micro-batch: micro_batch_size rows of N/P.
+  const double n = static_cast<double>(p.tokens_per_rank) * static_cast<double>(p.micro_batch);
   const double h = static_cast<double>(m.hidden_size);
   const double inter = static_cast<double>(m.intermediate_size);
   const double layers = static_cast<double>(m.num_hidden_layers);
@@ -242,6 +243,7 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s, const DeviceSpec* device)
     p.dp = std::max<int64_t>(1, s.StageDp(i));
     p.world = p.sp * p.dp;
     p.tokens_per_rank = p.seq_len / p.sp;
+    p.micro_batch = std::max<int64_t>(1, s.optimizer.micro_batch_size);
     p.kv_heads_exchanged = spec::UlyssesKvHeadsExchanged(m.num_key_value_heads, p.sp);
     if (device != nullptr) {
       p.runtime_bytes = device->reserve_bytes;
@@ -256,7 +258,8 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s, const DeviceSpec* device)
           p.sp == 1
               ? 0
               : static_cast<double>(2 * m.num_attention_heads + 2 * p.kv_heads_exchanged) *
-                    static_cast<double>(m.head_dim()) * static_cast<double>(p.tokens_per_rank);
+                    static_cast<double>(m.head_dim()) * static_cast<double>(p.tokens_per_rank) *
+                    static_cast<double>(p.micro_batch);
       p.a2a_bytes = p.a2a_elements * b;
       spec::ModelStateInputs in;
       in.params = counts;
@@ -276,8 +279,9 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s, const DeviceSpec* device)
       p.working_bytes = act.working * overhead;
       p.host_bytes = state.host_optimizer + act.host;
       if (device != nullptr) {
-        const double tokens =
-            static_cast<double>(p.seq_len) * static_cast<double>(s.optimizer.grad_accum_steps);
+        const double tokens = static_cast<double>(p.seq_len) *
+                              static_cast<double>(s.optimizer.grad_accum_steps) *
+                              static_cast<double>(p.micro_batch);
         p.flops_per_rank = FlopsPerToken(s, counts, static_cast<double>(p.seq_len)) * tokens /
                            static_cast<double>(p.sp);
         // On cpu the ranks share the host's cores.
@@ -317,6 +321,19 @@ struct EditGroup {
 std::vector<EditGroup> CandidateEdits(const spec::JobSpec& s, size_t i, const DeviceSpec& dev) {
   std::vector<EditGroup> groups;
   int cost = 0;
+  // Micro-batches of one sequence, accumulated: the same global batch and the same math
+  // (docs/DATA.md), activations for one sequence at a time.
+  if (s.optimizer.micro_batch_size > 1) {
+    const int64_t accum = s.optimizer.grad_accum_steps * s.optimizer.micro_batch_size;
+    groups.push_back({{{cost,
+                        absl::StrCat("spec.optimizer.micro_batch_size=1 --set "
+                                     "spec.optimizer.grad_accum_steps=",
+                                     accum),
+                        [accum](spec::JobSpec& j) {
+                          j.optimizer.micro_batch_size = 1;
+                          j.optimizer.grad_accum_steps = accum;
+                        }}}});
+  }
   if (!s.memory.activation_checkpointing) {
     groups.push_back({{{cost, "spec.memory.activation_checkpointing=true",
                         [](spec::JobSpec& j) { j.memory.activation_checkpointing = true; }}}});

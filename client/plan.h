@@ -57,9 +57,10 @@ struct StagePlan {
   int64_t dp = 1;
   int64_t world = 1;               // P * dp
   int64_t tokens_per_rank = 0;     // N / P
+  int64_t micro_batch = 1;         // optimizer.micro_batch_size: sequences a rank holds at once
   int64_t kv_heads_exchanged = 0;  // spec::UlyssesKvHeadsExchanged: Hkv, or P when replicated
   // The remaining fields are 0 when the shape is unknown (init_from without shape fields).
-  double a2a_elements = 0;  // Forward all-to-all elements per layer per rank.
+  double a2a_elements = 0;  // Forward all-to-all elements per layer per rank per micro-batch.
   double a2a_bytes = 0;     // a2a_elements * dtype size.
   // Per-rank device bytes (model state: spec::ModelStatePerRank).
   double parameter_bytes = 0;

@@ -224,6 +224,45 @@ TEST(PlanTest, StageThatDoesNotFitGetsTheCheapestFix) {
   EXPECT_TRUE(CheckFits(fix.fixed, h100).ok());
 }
 
+// optimizer.micro_batch_size b: a rank holds b sequences' activations at once, exchanges b times
+// the all-to-all volume and computes b times the FLOPs per step; the model state is unchanged.
+// A stage that fits only one sequence at a time gets the fix that keeps the global batch:
+// micro-batches of 1, accumulated b times as often.
+TEST(PlanTest, MicroBatchScalesActivationsAndWorkAndItsFixKeepsTheGlobalBatch) {
+  spec::JobSpec s = SmallJob(64, 2);
+  const DeviceSpec h100 = Device("h100");
+  const StagePlan one = PlanJob(s, &h100)[0];
+  s.optimizer.micro_batch_size = 4;
+  const StagePlan four = PlanJob(s, &h100)[0];
+  EXPECT_EQ(four.micro_batch, 4);
+  EXPECT_DOUBLE_EQ(four.saved_activation_bytes, 4 * one.saved_activation_bytes);
+  EXPECT_DOUBLE_EQ(four.a2a_elements, 4 * one.a2a_elements);
+  EXPECT_DOUBLE_EQ(four.flops_per_rank, 4 * one.flops_per_rank);
+  EXPECT_DOUBLE_EQ(four.a2a_seconds, 4 * one.a2a_seconds);
+  EXPECT_DOUBLE_EQ(four.model_state_bytes(), one.model_state_bytes());
+  EXPECT_GT(four.working_bytes, one.working_bytes);
+
+  // Llama-3.1-8B at 1M tokens on 8 H100 with every memory technique fits one sequence per rank
+  // (the shipped recipe's options); 4 sequences at once do not.
+  spec::JobSpec big = Job("llama3-8b", 1 << 20, 8);
+  big.model.dtype = "bfloat16";
+  big.parallelism.zero_stage = 3;
+  big.memory.activation_checkpointing = true;
+  big.memory.tiled_mlp = true;
+  big.memory.tiled_loss = true;
+  big.parallelism.offload_optimizer = true;
+  big.parallelism.offload_activations = true;
+  ASSERT_TRUE(PlanJob(big, &h100)[0].fits);
+  big.optimizer.micro_batch_size = 4;
+  big.optimizer.grad_accum_steps = 2;
+  ASSERT_FALSE(PlanJob(big, &h100)[0].fits);
+  const FitFix fix = FindFix(big, 0, h100);
+  ASSERT_TRUE(fix.found);
+  EXPECT_THAT(fix.changes, ::testing::ElementsAre("spec.optimizer.micro_batch_size=1 --set "
+                                                  "spec.optimizer.grad_accum_steps=8"));
+  EXPECT_EQ(fix.fixed.optimizer.micro_batch_size * fix.fixed.optimizer.grad_accum_steps, 8);
+}
+
 TEST(PlanTest, NothingFitsATinyDevice) {
   spec::JobSpec s = Job("llama3-8b", 1 << 20, 8);
   const DeviceSpec small = Device("h100", "4GiB");
