@@ -116,6 +116,8 @@ std::optional<std::string> Process::WaitForLine(const std::string& text, millise
 Cluster::Cluster() {
   char tmpl[] = "/tmp/ulysses-e2e-XXXXXX";
   dir_ = mkdtemp(tmpl) != nullptr ? tmpl : "/tmp/ulysses-e2e";
+  std::error_code ec;
+  fs::create_directories(data_root(), ec);
 }
 
 Cluster::~Cluster() {
@@ -128,11 +130,11 @@ Cluster::~Cluster() {
 void Cluster::StartCoordinator(double heartbeat_timeout_s) {
   if (coordinator_) dead_logs_ += "=== coordinator (previous)\n" + coordinator_->Output();
   const testing::DevCerts& certs = testing::TestCerts();
-  coordinator_ = Process::Start({BinDir() + "/ulysses-coordinator", "--listen",
-                                 absl::StrCat("127.0.0.1:", port_), "--state-dir", dir_ + "/state",
-                                 "--metrics-listen", "127.0.0.1:0", "--heartbeat-timeout-s",
-                                 absl::StrCat(heartbeat_timeout_s), "--tls-cert", certs.server_cert,
-                                 "--tls-key", certs.server_key, "--tls-client-ca", certs.ca});
+  coordinator_ = Process::Start(
+      {BinDir() + "/ulysses-coordinator", "--listen", absl::StrCat("127.0.0.1:", port_),
+       "--state-dir", dir_ + "/state", "--metrics-listen", "127.0.0.1:0", "--heartbeat-timeout-s",
+       absl::StrCat(heartbeat_timeout_s), "--tls-cert", certs.server_cert, "--tls-key",
+       certs.server_key, "--tls-client-ca", certs.ca, "--data-root", data_root()});
   if (!coordinator_) return;
   auto line = coordinator_->WaitForLine("listening grpc=", seconds(30));
   if (!line) return;

@@ -100,6 +100,8 @@ class Cluster {
   bool WaitForIdleWorkers(int n, milliseconds timeout);
 
   const std::string& dir() const { return dir_; }
+  // The coordinator's data root (--data-root): job specs may name data files under it.
+  std::string data_root() const { return dir_ + "/data"; }
   // Rows of `table` in the coordinator's SQLite store (-1 if it cannot be read).
   int64_t StoreRows(const std::string& table) const;
   // Everything the processes printed, for failure messages.

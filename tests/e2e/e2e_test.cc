@@ -5,6 +5,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -16,6 +18,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/cluster.h"
+#include "tests/testing/documents.h"
 #include "ulysses/v1/job_service.grpc.pb.h"
 
 namespace ulysses::e2e {
@@ -225,6 +228,109 @@ TEST_F(E2ETest, KilledWorkerIsRecoveredFromTheLastCheckpointWithTheSameLoss) {
   EXPECT_NEAR(FinalLoss(job), FinalLoss(reference), 1e-5 * std::max(1.0, FinalLoss(reference)))
       << "interrupted and uninterrupted runs diverged";
   EXPECT_GT(FinalLoss(job), 0.0);
+}
+
+// Real training data through the coordinator: a JSONL corpus with masked prompts packed by
+// `ulysses-train data pack` under the coordinator's data root, a 2-stage job (128 tokens at
+// sp 1, then 256 at sp 2) with micro-batch 2, evaluation every 2 steps of 2 sequences. It
+// succeeds with two evaluations per stage in its history (steps 2 and 4, the stage table
+// keeping the last), `describe` shows its data, batch and eval settings, and every step loss
+// and evaluation equals `ulysses-train train` of the same file with no coordinator.
+TEST_F(E2ETest, PackedMaskedDocumentJobTrainsLikeUlyssesTrainWithPeriodicEvals) {
+  const std::string data = cluster_.data_root();
+  ASSERT_TRUE(testing::WriteMaskedDocumentsJsonl(data + "/docs.jsonl"));
+  CommandResult pack = RunCommand({EngineBin(), "data", "pack", "--jsonl", data + "/docs.jsonl",
+                                   "--out", data + "/sft", "--vocab-size", "64"},
+                                  seconds(60));
+  ASSERT_EQ(pack.exit_code, 0) << pack.err;
+  const std::string spec_path = cluster_.dir() + "/sft.yaml";
+  {
+    std::ofstream spec(spec_path);
+    spec << "apiVersion: ulysses/v1\nkind: TrainJob\nmetadata: {name: sft}\nspec:\n"
+            "  model: {vocab_size: 64, hidden_size: 64, intermediate_size: 96,\n"
+            "          num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2}\n"
+            "  data: {train: "
+         << data << "/sft, validation: " << data
+         << "/sft, format: indexed}\n"
+            "  memory: {attention_block_size: 32}\n"
+            "  optimizer: {lr: 3.0e-3, warmup_steps: 1, micro_batch_size: 2}\n"
+            "  stages:\n"
+            "    - {seq_len: 128, steps: 4, sp_degree: 1}\n"
+            "    - {seq_len: 256, steps: 4, sp_degree: 2}\n"
+            "  checkpoint: {every_steps: 2, keep_last: 2}\n"
+            "  eval: {max_sequences: 2, every_steps: 2}\n"
+            "  seed: 11\n";
+    ASSERT_TRUE(spec.flush());
+  }
+  StartWorkers(2);
+  ASSERT_TRUE(cluster_.WaitForIdleWorkers(2, seconds(30))) << cluster_.Logs();
+  const std::string id = cluster_.Submit(spec_path, {});
+  ASSERT_FALSE(id.empty()) << cluster_.Logs();
+  // The same job with no coordinator, while the cluster trains it.
+  CommandResult ref = RunCommand(
+      {EngineBin(), "train", "-f", spec_path, "--out", cluster_.dir() + "/ref"}, seconds(300));
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  json job = cluster_.WaitForJob(id, Terminal, seconds(300));
+  ASSERT_EQ(State(job), "SUCCEEDED") << job.dump(2);
+
+  // ulysses-train's metrics: (stage, step) -> step loss, and its evaluations in order.
+  std::map<std::pair<int, int64_t>, double> ref_loss;
+  std::vector<json> ref_evals;
+  {
+    std::ifstream metrics(cluster_.dir() + "/ref/metrics.jsonl");
+    std::string line;
+    while (std::getline(metrics, line)) {
+      json j = json::parse(line);
+      if (j.contains("eval")) {
+        ref_evals.push_back(j["eval"]);
+      } else {
+        ref_loss[{j["stage"].get<int>(), j["step_in_stage"].get<int64_t>()}] =
+            j["loss"].get<double>();
+      }
+    }
+  }
+  ASSERT_EQ(ref_loss.size(), 8u);
+  ASSERT_EQ(ref_evals.size(), 4u);
+
+  std::vector<json> evals;
+  int progress = 0;
+  for (const json& e : job["events"]) {
+    const std::string type = e.value("type", "");
+    if (type == "eval") evals.push_back(e);
+    if (type != "progress") continue;
+    ++progress;
+    const auto key = std::make_pair(e["stage"].get<int>(), e["step"].get<int64_t>());
+    ASSERT_EQ(ref_loss.count(key), 1u) << e.dump();
+    const double want = ref_loss[key];
+    EXPECT_NEAR(e["loss"].get<double>(), want, 1e-6 * want) << e.dump();
+  }
+  EXPECT_EQ(progress, 8) << job["events"].dump(1);
+  ASSERT_EQ(evals.size(), 4u) << job["events"].dump(1);
+  for (size_t i = 0; i < evals.size(); ++i) {
+    EXPECT_EQ(evals[i]["stage"], i / 2) << evals[i].dump();
+    EXPECT_EQ(evals[i]["step"], i % 2 == 0 ? 2 : 4) << evals[i].dump();
+    EXPECT_EQ(evals[i]["seq_len"], i < 2 ? 128 : 256) << evals[i].dump();
+    EXPECT_EQ(evals[i]["step"], ref_evals[i]["step_in_stage"]);
+    const double want = ref_evals[i]["loss"].get<double>();
+    EXPECT_GT(want, 0.0);
+    EXPECT_NEAR(evals[i]["loss"].get<double>(), want, 1e-6 * want) << evals[i].dump();
+  }
+  for (int s = 0; s < 2; ++s) {  // the stage keeps its last (stage-end) evaluation
+    EXPECT_EQ(job["stages"][s]["eval_loss"], evals[2 * s + 1]["loss"]) << job["stages"].dump();
+    EXPECT_EQ(job["stages"][s]["global_batch"], 2);
+  }
+  EXPECT_EQ(job["data"]["format"], "indexed");
+  EXPECT_EQ(job["eval"]["every_steps"], 2);
+
+  CommandResult describe = cluster_.Ctl({"describe", id});
+  ASSERT_EQ(describe.exit_code, 0) << describe.err;
+  EXPECT_NE(describe.out.find("Data:         indexed " + data + "/sft"), std::string::npos)
+      << describe.out;
+  EXPECT_NE(describe.out.find("documents packed"), std::string::npos) << describe.out;
+  EXPECT_NE(describe.out.find("every 2 steps and at the stage end, at most 2 validation"),
+            std::string::npos)
+      << describe.out;
+  EXPECT_NE(describe.out.find("eval stage 1 step 2 seq 256"), std::string::npos) << describe.out;
 }
 
 TEST_F(E2ETest, SigtermToAWorkerCheckpointsAndCountsAsAPreemption) {
