@@ -33,8 +33,10 @@ constexpr double kCpuBaselineBytes = 180 * kMiB;
 // glibc malloc's resident-but-free heap on top of the live activation bytes on cpu: peak RSS
 // of the tiny preset at sp 4 was 580 MB by default and 430 MB with MALLOC_MMAP_THRESHOLD_=131072
 // (large blocks returned on free) at 8K, where the formula gives 472 MB of live bytes; a factor
-// of 1.4 on activations fits 512/2K/8K (docs/BENCHMARKS.md "Planner vs measured RSS").
-constexpr double kCpuActivationOverhead = 1.4;
+// of 1.4 on activations fits 512/2K/8K (docs/BENCHMARKS.md "Planner vs measured RSS"). ZeRO's
+// per-layer gathered buffers are short-lived the same way and get the same factor (ZeRO-3 of a
+// 160M-parameter model at sp 4 measured 0.83 of plan without it, docs/BENCHMARKS.md).
+constexpr double kCpuTransientOverhead = 1.4;
 
 double HostMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
@@ -209,7 +211,7 @@ absl::StatusOr<DeviceSpec> ResolveDevice(const std::string& type, const std::str
                                                    absl::StrJoin(DeviceTypes(), ", "), ")"));
   }
   d.reserve_bytes = d.host_is_device ? kCpuBaselineBytes : kGpuReserveBytes;
-  d.activation_overhead = d.host_is_device ? kCpuActivationOverhead : 1.0;
+  d.transient_overhead = d.host_is_device ? kCpuTransientOverhead : 1.0;
   if (!memory.empty()) {
     absl::StatusOr<double> bytes = ParseByteSize(memory, "--gpu-memory");
     if (!bytes.ok()) return bytes.status();
@@ -272,9 +274,9 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s, const DeviceSpec* device)
       p.parameter_bytes = state.parameters;
       p.gradient_bytes = state.gradients;
       p.optimizer_bytes = state.optimizer;
-      p.gathered_bytes = state.gathered;
       const ActivationBytes act = Activations(s, p, host_is_device);
-      const double overhead = device != nullptr ? device->activation_overhead : 1.0;
+      const double overhead = device != nullptr ? device->transient_overhead : 1.0;
+      p.gathered_bytes = state.gathered * overhead;  // allocated and freed per layer
       p.saved_activation_bytes = act.saved * overhead;
       p.working_bytes = act.working * overhead;
       p.host_bytes = state.host_optimizer + act.host;

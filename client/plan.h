@@ -34,10 +34,11 @@ struct DeviceSpec {
   double mfu = 0.4;             // Assumed model FLOPs utilisation.
   double a2a_bytes_per_s = 0;   // Assumed all-to-all bandwidth per rank.
   bool host_is_device = false;  // cpu: offload moves nothing off the device.
-  // Activation bytes are multiplied by this: glibc malloc keeps freed heap chunks of the
-  // cpu run's short-lived tensors resident (measured, docs/BENCHMARKS.md); 1 on GPUs,
-  // whose caching-allocator slack is in reserve_bytes.
-  double activation_overhead = 1.0;
+  // Short-lived bytes (activations, ZeRO's gathered layers and transient full gradients) are
+  // multiplied by this: glibc malloc keeps freed heap chunks of the cpu run's short-lived
+  // tensors resident (measured, docs/BENCHMARKS.md); 1 on GPUs, whose caching-allocator slack
+  // is in reserve_bytes.
+  double transient_overhead = 1.0;
   // True when memory_bytes came from the host (cpu without --gpu-memory): then it is
   // the host's memory shared by every rank of a stage (all ranks run on this host).
   bool memory_is_host_total = false;
