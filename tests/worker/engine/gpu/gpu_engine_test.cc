@@ -2,6 +2,7 @@
 // libtorch, as on CI) every test here is SKIPPED, and ctest reports the test as skipped.
 //   - fp32 on CUDA equals fp32 on CPU (SDPA vs the CPU blockwise kernel), loss rel < 1e-4;
 //   - attention uses a fused SDPA backend (never the math one) and matches the CPU kernel;
+//   - packed documents: SDPA's block-diagonal mask equals the CPU kernel's document skipping;
 //   - SP 2 and 4 ranks sharing the one GPU (Gloo staging CUDA tensors through host memory) give
 //     the loss and gradients of SP 1;
 //   - the NCCL communicator at world size 1 runs every collective the engine uses;
@@ -131,6 +132,53 @@ TEST(GpuEngineTest, SdpaUsesFusedBackendAndMatchesBlockwise) {
     EXPECT_LT(rel(k.grad(), k64.grad()), tol) << "dk " << c10::toString(dtype);
     EXPECT_LT(rel(v.grad(), v64.grad()), tol) << "dv " << c10::toString(dtype);
   }
+}
+
+// Packed documents on CUDA: SDPA with the block-diagonal causal mask equals the CPU blockwise
+// kernel with the same doc_ids (fp64 reference), forward and gradients; a token never sees
+// another document (changing document 0's values leaves every later document's output alone).
+TEST(GpuEngineTest, SdpaDocumentMaskMatchesBlockwiseDocuments) {
+  SKIP_WITHOUT_CUDA();
+  auto opts = torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA);
+  const int64_t s = 512;
+  torch::Tensor q = torch::randn({2, s, 4, 32}, opts).requires_grad_(true);
+  torch::Tensor k = torch::randn({2, s, 2, 32}, opts).requires_grad_(true);
+  torch::Tensor v = torch::randn({2, s, 2, 32}, opts).requires_grad_(true);
+  // Row 0: documents of 100, 300, 112 tokens; row 1: 7 and 505.
+  torch::Tensor docs = torch::zeros({2, s}, torch::kLong);
+  docs[0].slice(0, 100, 400).fill_(1);
+  docs[0].slice(0, 400, s).fill_(2);
+  docs[1].slice(0, 7, s).fill_(1);
+  torch::Tensor out = CausalAttention(q, k, v, AttentionOptions{}, docs.to(torch::kCUDA));
+  torch::Tensor g = torch::randn_like(out);
+  out.backward(g);
+  auto up = [](const torch::Tensor& t) {
+    return t.detach().to(torch::kCPU, torch::kDouble).requires_grad_(true);
+  };
+  torch::Tensor q64 = up(q), k64 = up(k), v64 = up(v);
+  torch::Tensor ref = CausalAttention(q64, k64, v64, AttentionOptions{128}, docs);
+  ref.backward(g.to(torch::kCPU, torch::kDouble));
+  auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return ((a.to(torch::kCPU, torch::kDouble) - b).norm() / b.norm()).item<double>();
+  };
+  EXPECT_LT(rel(out.detach(), ref.detach()), 1e-4);
+  EXPECT_LT(rel(q.grad(), q64.grad()), 1e-4);
+  EXPECT_LT(rel(k.grad(), k64.grad()), 1e-4);
+  EXPECT_LT(rel(v.grad(), v64.grad()), 1e-4);
+  torch::NoGradGuard no_grad;
+  torch::Tensor k2 = k.detach().clone(), v2 = v.detach().clone();
+  k2[0].slice(0, 0, 100).mul_(3);
+  v2[0].slice(0, 0, 100).add_(1);
+  torch::Tensor moved =
+      CausalAttention(q.detach(), k2, v2, AttentionOptions{}, docs.to(torch::kCUDA));
+  auto diff = [&](int64_t from, int64_t to) {
+    return (moved[0].slice(0, from, to) - out.detach()[0].slice(0, from, to))
+        .abs()
+        .max()
+        .item<double>();
+  };
+  EXPECT_LT(diff(100, s), 1e-6);  // documents 1 and 2 never see document 0
+  EXPECT_GT(diff(0, 100), 1e-3);  // document 0 itself changed
 }
 
 // Child rank of an SP group on cuda:0 over Gloo; rank 0 writes loss and grad norm per step.
