@@ -102,7 +102,7 @@ absl::StatusOr<std::string> Required(const Flags& f, const std::string& name) {
 
 int Fail(const absl::Status& s) {
   std::cerr << "ulysses-train: " << s.message() << std::endl;
-  return contract::ExitCodeFor(s);
+  return contract::RankExitCodeFor(s);
 }
 
 // Where the local launcher puts its ranks: all on the CPU, or round-robin over the visible GPUs.
