@@ -118,7 +118,9 @@ TEST_F(CoordinatorGrpcTest, HeartbeatLossAbortsSurvivorsAndRestartsWithNewGenera
   v1::Job job = GetJob(*id);
   EXPECT_EQ(job.state(), v1::JOB_STATE_RECOVERING);
   EXPECT_EQ(job.restarts(), 1);
-  EXPECT_EQ(job.failures(), 1);
+  EXPECT_EQ(job.failures(), 0);
+  EXPECT_EQ(job.infra_failures(), 1);  // A lost worker is an infrastructure failure.
+  EXPECT_EQ(job.counting_infra_failures(), 1);
   EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_LOST);
 
   // The survivor's rank is killed; it reports the exit and becomes free again.
@@ -190,7 +192,8 @@ TEST_F(CoordinatorGrpcTest, Exit75CountsAsPreemptionNotFailure) {
 // (contract::OutcomeOf), resumed from the last committed checkpoint, not a failure.
 TEST_F(CoordinatorGrpcTest, PreemptedRankKilledAfterItsGraceIsAPreemption) {
   FakeWorker& w1 = AddWorker("w1");
-  auto id = Submit(JobYaml("killed", "    - {seq_len: 256, steps: 4}\n", "{max_failures: 1}"));
+  auto id = Submit(JobYaml("killed", "    - {seq_len: 256, steps: 4}\n",
+                           "{max_failures: 1, max_infra_failures: 1}"));
   ASSERT_TRUE(id.ok()) << id.status();
   auto first = CollectAssignments({&w1}, 1);
   ASSERT_EQ(first.size(), 1u);
@@ -214,14 +217,15 @@ TEST_F(CoordinatorGrpcTest, PreemptedRankKilledAfterItsGraceIsAPreemption) {
   EXPECT_NE(job.attempts(0).reason().find("was killed by signal 9"), std::string::npos)
       << job.attempts(0).reason();
 
-  // Without a preemption request the same kill is a failure.
+  // Without a preemption request the same kill is an (infrastructure) failure.
   auto second = CollectAssignments({&w1}, 1);
   ASSERT_EQ(second.size(), 1u);
   w1.Started(second[0].second.ref());
   ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
   w1.Killed(second[0].second.ref(), SIGKILL, /*preempted=*/false);
-  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_FAILED));  // max_failures: 1
-  EXPECT_EQ(GetJob(*id).failures(), 1);
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_FAILED));  // max_infra_failures: 1
+  EXPECT_EQ(GetJob(*id).infra_failures(), 1);
+  EXPECT_EQ(GetJob(*id).failures(), 0);
 }
 
 TEST_F(CoordinatorGrpcTest, StageTransitionChangesGroupSize) {

@@ -474,10 +474,15 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
                    << abort.ref().generation() << ": not running it";
         return;
       }
-      ULOG(INFO) << "abort " << RefString(*work_ref_) << ": " << abort.reason();
-      NoteLocked(*work_ref_, absl::StrCat("abort from coordinator: ", abort.reason(), " (grace ",
+      // preempt: the coordinator makes room for a higher-priority job. SIGTERM, the rank
+      // checkpoints and exits 75 (reported as preempted); this worker keeps taking work.
+      const bool preempt = abort.preempt();
+      ULOG(INFO) << (preempt ? "preempt " : "abort ") << RefString(*work_ref_) << ": "
+                 << abort.reason();
+      NoteLocked(*work_ref_, absl::StrCat(preempt ? "preemption" : "abort",
+                                          " from coordinator: ", abort.reason(), " (grace ",
                                           abort.grace_period_ms(), " ms)"));
-      child_->Stop(contract::StopRequest::kAbort,
+      child_->Stop(preempt ? contract::StopRequest::kPreempt : contract::StopRequest::kAbort,
                    milliseconds(std::max<int64_t>(0, abort.grace_period_ms())));
       return;
     }

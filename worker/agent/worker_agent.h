@@ -10,7 +10,9 @@
 //   the agent re-registers with backoff, reports what it runs (job, generation, rank)
 //   and keeps or kills the child as the coordinator answers. Reports that need an
 //   ack (checkpoint committed, attempt exited) are resent on the next session.
-// - Abort: SIGTERM to the child, SIGKILL after the abort's grace.
+// - Abort: SIGTERM to the child, SIGKILL after the abort's grace. An Abort with `preempt`
+//   (priority preemption) stops it as a preemption instead: the rank checkpoints, exits 75
+//   and the exit is reported as preempted; the agent keeps taking work.
 // - RequestShutdown() (SIGTERM of the agent, or Stop from the coordinator): SIGTERM
 //   to the child, up to grace_period for it to checkpoint and exit 75, SIGKILL after;
 //   the exit is reported as a preemption, then Run() returns.
