@@ -250,6 +250,11 @@ void JobMachine::Schedule(Txn& txn) {
         break;
       case QueueDecision::Kind::kUnplaced:
         reason = std::move(d.reason);
+        for (auto& [vid, v] : state_.jobs) {
+          if (v->preempting_for == job.rec.id) {
+            absl::StrAppend(&reason, "; preempting ", vid, " (it checkpoints first)");
+          }
+        }
         if (job.rec.state == v1::JOB_STATE_RECOVERING || job.rec.state == v1::JOB_STATE_PREEMPTED) {
           reason = absl::StrCat("restarting from ", CheckpointText(job.rec), "; ", reason);
         }

@@ -39,6 +39,9 @@ struct WorkerConfig {
   std::string engine_bin;                         // ulysses-train path ("" = next to this binary).
   std::string advertise_host = "127.0.0.1";       // Address other ranks reach this worker on.
   std::chrono::milliseconds grace_period{30000};  // SIGTERM -> SIGKILL on preemption.
+  // --collective-timeout-s: passed to each rank (rendezvous and collective timeout; 0 = the
+  // engine's default of 60 s). Size it for the slowest checkpoint load of a rank.
+  int collective_timeout_s = 0;
   // Credentials (common/grpc/channel.h): TLS with --ca, mutual TLS with --cert/--key
   // (the certificate names this worker), a bearer token on every call.
   std::string ca_file;     // --ca: PEM CA of the coordinator's certificate; "" = plaintext.
