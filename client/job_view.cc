@@ -249,6 +249,12 @@ json JobDetailJson(const v1::Job& job) {
   j["checkpoint_dir"] = job.checkpoint_dir();
   j["max_failures"] = job.max_failures();
   j["max_preemptions"] = job.max_preemptions();
+  j["infra_failures"] = job.infra_failures();
+  j["max_infra_failures"] = job.max_infra_failures();
+  j["failure_window_s"] = job.failure_window_s();
+  j["counting_failures"] = job.counting_failures();
+  j["counting_infra_failures"] = job.counting_infra_failures();
+  j["preemptible"] = job.preemptible();
   json stages = json::array();
   for (const auto& s : job.stages()) {
     stages.push_back(json{{"index", s.index()},
@@ -381,7 +387,13 @@ void PrintJobDescription(const v1::Job& job, std::ostream& out) {
   }
   out << "Generation:   " << job.generation() << "\n";
   out << "Restarts:     " << job.restarts() << "   Preemptions: " << job.preemptions()
-      << "   Failures: " << job.failures() << "/" << job.max_failures() << "\n";
+      << "   Failures: " << job.failures() << " application, " << job.infra_failures()
+      << " infrastructure\n";
+  out << "Budgets:      " << job.counting_failures() << " of max_failures " << job.max_failures()
+      << ", " << job.counting_infra_failures() << " of max_infra_failures "
+      << job.max_infra_failures() << " counting (since the last new checkpoint"
+      << (job.failure_window_s() > 0 ? absl::StrCat(", within ", job.failure_window_s(), "s") : "")
+      << ")" << (job.preemptible() ? "" : "; not preemptible") << "\n";
   out << "Checkpoints:  " << job.checkpoint_dir() << "\n";
   if (job.has_last_checkpoint() && !job.last_checkpoint().path().empty()) {
     out << "Last ckpt:    stage " << job.last_checkpoint().stage() << " step "

@@ -56,6 +56,9 @@ absl::StatusOr<JobRecord> NewJobRecord(const v1::SubmitJobRequest& request,
   rec.spec_yaml = spec::ToYaml(s);
   rec.priority = s.scheduling.priority;
   rec.max_failures = static_cast<int>(s.scheduling.max_failures);
+  rec.max_infra_failures = static_cast<int>(s.scheduling.max_infra_failures);
+  rec.failure_window_s = s.scheduling.failure_window_s;
+  rec.preemptible = s.scheduling.preemptible;
   rec.max_preemptions = static_cast<int>(s.scheduling.max_preemptions);
   rec.node_label = s.scheduling.node_label;
   for (size_t i = 0; i < s.stages.size(); ++i) {
@@ -85,6 +88,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   const PathRoots roots{config_.data_roots, config_.checkpoint_root};
   RETURN_IF_ERROR(CheckSpecPaths(s, roots));
   RETURN_IF_ERROR(CheckPriority(s.scheduling.priority, caller.admin(), config_.quotas));
+  RETURN_IF_ERROR(CheckPreemptible(s.scheduling.preemptible, caller.admin()));
   v1::SubmitJobResponse response;
   response.set_canonical_spec_yaml(rec.spec_yaml);
   absl::MutexLock lock(&mu_);
@@ -250,6 +254,8 @@ absl::StatusOr<v1::Job> Coordinator::ResumeJob(const std::string& job_id,
   }
   Txn txn;
   job->rec.failures = 0;
+  job->rec.infra_failures = 0;
+  job->rec.recent_failures.clear();
   job->rec.preemptions_budget_used = 0;
   job->rec.finished_ms = 0;
   job->rec.not_before_ms = 0;

@@ -60,8 +60,16 @@ std::unique_ptr<CoordinatorMetrics> CoordinatorMetrics::Register(
                              metrics::ExponentialBuckets(0.5, 2, 12)));
   m->restarts = must(registry->AddCounter(
       "ulysses_job_restarts_total", "Group restarts after a failure, by reason.", {"reason"}));
-  m->preemptions = must(registry->AddCounter("ulysses_preemptions_total",
-                                             "Preemptions (rank exit 75 after a checkpoint)."));
+  m->preemptions = must(registry->AddCounter(
+      "ulysses_preemptions_total",
+      "Attempts preempted (ranks checkpointed and exited 75), by reason: priority (the "
+      "coordinator made room for a higher-priority job) or worker (a worker got SIGTERM).",
+      {"reason"}));
+  m->preemption_lost_gpu_seconds = must(registry->AddCounter(
+      "ulysses_preemption_lost_gpu_seconds_total",
+      "Work lost to preemptions: world size x seconds from the last committed checkpoint (or "
+      "the attempt's start) to the preemption, by reason.",
+      {"reason"}));
   m->recovery =
       must(registry->AddHistogram("ulysses_recovery_duration_seconds",
                                   "Time from a group breaking (RECOVERING) until it runs again.",

@@ -39,8 +39,9 @@ class CoordinatorMetrics {
   void ForgetJob(const std::string& job_id);
 
   metrics::HistogramFamily* gang_wait = nullptr;
-  metrics::CounterFamily* restarts = nullptr;  // {reason}
-  metrics::CounterFamily* preemptions = nullptr;
+  metrics::CounterFamily* restarts = nullptr;                     // {reason}
+  metrics::CounterFamily* preemptions = nullptr;                  // {reason: priority | worker}
+  metrics::CounterFamily* preemption_lost_gpu_seconds = nullptr;  // {reason}
   metrics::HistogramFamily* recovery = nullptr;
   metrics::CounterFamily* stage_transitions = nullptr;
   metrics::HistogramFamily* checkpoint_seconds = nullptr;

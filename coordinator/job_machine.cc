@@ -6,8 +6,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/contract/exit.h"
 #include "common/logging.h"
+#include "coordinator/failure_budget.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/views.h"
 #include "google/protobuf/util/time_util.h"
@@ -183,20 +185,64 @@ void JobMachine::Schedule(Txn& txn) {
   }
   std::vector<IdleWorker> idle;
   std::vector<IdleWorker> live;
+  std::vector<IdleWorker> freeing;  // Busy with an attempt that ended or is being preempted.
   for (auto& [id, w] : state_.workers) {
     if (w->state != v1::WORKER_STATE_LOST) live.push_back({w->rec.id, w->rec.node_label});
     if (w->sink != nullptr && w->state == v1::WORKER_STATE_IDLE && !w->assigned && !w->draining) {
       idle.push_back({w->rec.id, w->rec.node_label});
+    } else if (w->state != v1::WORKER_STATE_LOST && w->assigned && !w->draining) {
+      JobRt* held = state_.FindJob(w->assigned->job_id());
+      const AttemptRecord* a = held == nullptr ? nullptr : held->rec.current_attempt();
+      if (a == nullptr || a->ended() || a->generation != w->assigned->generation() ||
+          !held->preempting_for.empty()) {
+        freeing.push_back({w->rec.id, w->rec.node_label});
+      }
     }
   }
-  for (QueueDecision& d :
-       PlanQueue(std::move(queue), std::move(idle), live, &config_.quotas, std::move(in_use))) {
+  // Running jobs: candidates for priority preemption.
+  std::vector<RunningJob> running;
+  for (auto& [id, j] : state_.jobs) {
+    const AttemptRecord* a = j->rec.current_attempt();
+    if (a == nullptr || a->ended()) continue;
+    RunningJob r;
+    r.id = j->rec.id;
+    r.priority = j->rec.priority;
+    r.number = j->rec.number;
+    for (const std::string& wid : a->worker_ids) {
+      if (const WorkerRt* w = state_.FindWorker(wid); w != nullptr) {
+        r.workers.push_back({w->rec.id, w->rec.node_label});
+      }
+    }
+    int64_t since = a->started_ms;
+    if (j->rec.last_checkpoint) since = std::max(since, j->rec.last_checkpoint->committed_ms);
+    r.gpu_seconds_at_risk =
+        static_cast<double>(a->worker_ids.size()) * std::max<int64_t>(0, now - since) / 1000.0;
+    r.preemptible = j->rec.preemptible && j->rec.state == v1::JOB_STATE_RUNNING &&
+                    j->preempting_for.empty() && !j->awaiting_reconnect;
+    running.push_back(std::move(r));
+  }
+  for (QueueDecision& d : PlanQueue(std::move(queue), std::move(idle), live, &config_.quotas,
+                                    std::move(in_use), running, freeing)) {
     JobRt& job = *state_.jobs[d.job_id];
     std::string reason;
     switch (d.kind) {
       case QueueDecision::Kind::kLaunch:
         Launch(job, d.worker_ids, txn);
+        if (d.backfill) {
+          v1::LogLine line;
+          line.set_stream(v1::LOG_STREAM_COORDINATOR);
+          line.set_text("backfilled: started on idle workers the waiting head job does not need");
+          AddLog(job, std::move(line), txn);
+        }
         continue;
+      case QueueDecision::Kind::kPreempt:
+        for (const Victim& v : d.victims) {
+          if (JobRt* victim = state_.FindJob(v.job_id); victim != nullptr) {
+            PreemptForPriority(*victim, job, v.gpu_seconds_at_risk, txn);
+          }
+        }
+        reason = std::move(d.reason);
+        break;
       case QueueDecision::Kind::kBackoff:
         continue;  // Restart backoff still running; keep its explanation.
       case QueueDecision::Kind::kBlocked:
@@ -204,6 +250,11 @@ void JobMachine::Schedule(Txn& txn) {
         break;
       case QueueDecision::Kind::kUnplaced:
         reason = std::move(d.reason);
+        for (auto& [vid, v] : state_.jobs) {
+          if (v->preempting_for == job.rec.id) {
+            absl::StrAppend(&reason, "; preempting ", vid, " (it checkpoints first)");
+          }
+        }
         if (job.rec.state == v1::JOB_STATE_RECOVERING || job.rec.state == v1::JOB_STATE_PREEMPTED) {
           reason = absl::StrCat("restarting from ", CheckpointText(job.rec), "; ", reason);
         }
@@ -282,6 +333,7 @@ void JobMachine::EndAttempt(JobRt& job, v1::AttemptOutcome outcome, int exit_cod
   attempt->ended_ms = NowMs();
   attempt->exit_code = exit_code;
   attempt->reason = reason;
+  job.preempting_for.clear();
   job.awaiting_reconnect = false;
   job.reconnected_ranks.clear();
   for (const std::string& wid : attempt->worker_ids) {
@@ -314,29 +366,38 @@ void JobMachine::RestartGroup(JobRt& job, const std::string& reason,
 
 void JobMachine::OnRankFailure(JobRt& job, v1::AttemptOutcome outcome, int exit_code,
                                const std::string& reason, const std::string& metric_reason,
-                               Txn& txn) {
+                               contract::FailureKind kind, Txn& txn) {
   EndAttempt(job, outcome, exit_code, reason, abort_grace_ms(), txn);
   if (outcome == v1::ATTEMPT_OUTCOME_BAD_INPUT) {
     SetState(job, v1::JOB_STATE_FAILED, reason, txn);
     return;
   }
-  job.rec.failures++;
-  if (job.rec.failures >= job.rec.max_failures) {
+  const bool infra = kind == contract::FailureKind::kInfrastructure;
+  ++(infra ? job.rec.infra_failures : job.rec.failures);
+  const BudgetCount b = CountFailure(job.rec, infra, NowMs());
+  std::string counted = absl::StrCat(contract::FailureKindName(kind), " failure ", b.count, " of ",
+                                     infra ? "max_infra_failures " : "max_failures ", b.budget,
+                                     " without a new checkpoint");
+  if (job.rec.failure_window_s > 0) {
+    absl::StrAppend(&counted, " within ", job.rec.failure_window_s, "s");
+  }
+  if (b.exhausted) {
+    // A crash loop: the same kind of failure again and again without progress. The reason
+    // is the last (repeated) error.
     SetState(job, v1::JOB_STATE_FAILED,
-             absl::StrCat(reason, " (failure ", job.rec.failures, " of max_failures ",
-                          job.rec.max_failures, ")"),
+             absl::StrCat(b.count > 1 && !infra ? "crash loop: " : "", reason, " (", counted, ")"),
              txn);
     return;
   }
   job.rec.restarts++;
   metrics_.CountRestart(metric_reason);
   double backoff = std::min(config_.restart_backoff_max_s,
-                            config_.restart_backoff_base_s * std::pow(2.0, job.rec.failures - 1));
+                            config_.restart_backoff_base_s * std::pow(2.0, b.count - 1));
   job.rec.not_before_ms = NowMs() + static_cast<int64_t>(backoff * 1000);
   SetState(
       job, v1::JOB_STATE_RECOVERING,
-      absl::StrCat(reason, "; restarting from ", CheckpointText(job.rec), " in ", backoff,
-                   "s (failure ", job.rec.failures, " of max_failures ", job.rec.max_failures, ")"),
+      absl::StrCat(reason, "; restarting from ", CheckpointText(job.rec), " in ", backoff, "s (",
+                   counted, b.progress ? "; earlier failures forgotten: progress" : "", ")"),
       txn);
 }
 
@@ -344,22 +405,38 @@ void JobMachine::OnRankLost(JobRt& job, const std::string& reason, Txn& txn) {
   if (job.awaiting_reconnect) {
     RestartGroup(job, reason, "coordinator_restart", txn);
   } else {
-    OnRankFailure(job, v1::ATTEMPT_OUTCOME_LOST, -1, reason, "worker_lost", txn);
+    OnRankFailure(job, v1::ATTEMPT_OUTCOME_LOST, -1, reason, "worker_lost",
+                  contract::FailureKind::kInfrastructure, txn);
   }
 }
 
 void JobMachine::OnRankPreempted(JobRt& job, int rank, int exit_code, const std::string& how,
                                  Txn& txn) {
+  const bool priority = !job.preempting_for.empty();
   std::string why =
       exit_code == contract::kExitPreempted
           ? absl::StrCat("rank ", rank, " preempted (exit ", exit_code, " after a checkpoint)")
           : absl::StrCat("rank ", rank, " preempted (it ", how, " instead of exiting ",
                          contract::kExitPreempted, " after a checkpoint)");
+  if (priority) absl::StrAppend(&why, " for ", job.preempting_for);
+  // The work lost: GPU-seconds since the last committed checkpoint (the preemption
+  // checkpoint, when it was committed) or since the attempt started.
+  double lost_gpu_seconds = 0;
+  if (const AttemptRecord* a = job.rec.current_attempt(); a != nullptr && !a->ended()) {
+    int64_t since = a->started_ms;
+    if (job.rec.last_checkpoint) since = std::max(since, job.rec.last_checkpoint->committed_ms);
+    lost_gpu_seconds =
+        static_cast<double>(a->worker_ids.size()) * std::max<int64_t>(0, NowMs() - since) / 1000.0;
+  }
   EndAttempt(job, v1::ATTEMPT_OUTCOME_PREEMPTED, exit_code, why,
              static_cast<int64_t>(config_.cancel_grace_s * 1000), txn);
   job.rec.preemptions++;
   job.rec.preemptions_budget_used++;
-  if (metrics_.preemptions) metrics_.preemptions->WithLabels()->Increment();
+  const std::string metric_reason = priority ? "priority" : "worker";
+  if (metrics_.preemptions) metrics_.preemptions->WithLabels({metric_reason})->Increment();
+  if (metrics_.preemption_lost_gpu_seconds) {
+    metrics_.preemption_lost_gpu_seconds->WithLabels({metric_reason})->Increment(lost_gpu_seconds);
+  }
   if (job.rec.max_preemptions >= 0 && job.rec.preemptions_budget_used > job.rec.max_preemptions) {
     SetState(job, v1::JOB_STATE_FAILED,
              absl::StrCat(why, "; preempted ", job.rec.preemptions_budget_used,
@@ -368,7 +445,41 @@ void JobMachine::OnRankPreempted(JobRt& job, int rank, int exit_code, const std:
     return;
   }
   SetState(job, v1::JOB_STATE_PREEMPTED,
-           absl::StrCat(why, "; requeued, resumes from ", CheckpointText(job.rec)), txn);
+           absl::StrCat(why, "; ", absl::StrFormat("%.1f", lost_gpu_seconds),
+                        " GPU-seconds since the last checkpoint lost; requeued, resumes from ",
+                        CheckpointText(job.rec)),
+           txn);
+}
+
+void JobMachine::PreemptForPriority(JobRt& job, JobRt& for_job, double gpu_seconds_at_risk,
+                                    Txn& txn) {
+  AttemptRecord* attempt = job.rec.current_attempt();
+  if (attempt == nullptr || attempt->ended() || !job.preempting_for.empty()) return;
+  job.preempting_for = for_job.rec.id;
+  const std::string why = absl::StrCat(
+      "preempted for ", for_job.rec.id, " (priority ", for_job.rec.priority, " > ",
+      job.rec.priority, "): checkpointing now; ", absl::StrFormat("%.1f", gpu_seconds_at_risk),
+      " GPU-seconds since the last checkpoint at risk");
+  for (const std::string& wid : attempt->worker_ids) {
+    WorkerRt* w = state_.FindWorker(wid);
+    if (w == nullptr || !w->assigned || w->assigned->job_id() != job.rec.id ||
+        w->assigned->generation() != attempt->generation) {
+      continue;
+    }
+    v1::CoordinatorMessage msg;
+    *msg.mutable_abort()->mutable_ref() = *w->assigned;
+    msg.mutable_abort()->set_reason(why);
+    msg.mutable_abort()->set_grace_period_ms(static_cast<int64_t>(config_.cancel_grace_s * 1000));
+    msg.mutable_abort()->set_preempt(true);
+    SendTo(*w, std::move(msg), txn);
+  }
+  SetState(job, v1::JOB_STATE_CHECKPOINTING, why, txn);
+  v1::LogLine line;
+  line.set_stream(v1::LOG_STREAM_COORDINATOR);
+  line.set_text(absl::StrCat("preempting ", job.rec.id, " (priority ", job.rec.priority, ", ",
+                             absl::StrFormat("%.1f", gpu_seconds_at_risk),
+                             " GPU-seconds since its last checkpoint) to place this job"));
+  AddLog(for_job, std::move(line), txn);
 }
 
 void JobMachine::CompleteStage(JobRt& job, Txn& txn) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/contract/exit.h"
 #include "coordinator/config.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/runtime.h"
@@ -41,16 +42,22 @@ class JobMachine {
   // not_before_ms is reset (a backoff left from an earlier failure does not apply).
   void RestartGroup(JobRt& job, const std::string& reason, const std::string& metric_reason,
                     Txn& txn);
-  // A rank failed: FAILED for bad input or when max_failures is reached, else
-  // RECOVERING with exponential backoff (not_before_ms).
+  // A rank failed: FAILED for bad input or when the failure budget of its `kind` is
+  // spent (coordinator/failure_budget.h), else RECOVERING with exponential backoff
+  // (not_before_ms) in the number of failures of that kind that count.
   void OnRankFailure(JobRt& job, v1::AttemptOutcome outcome, int exit_code,
-                     const std::string& reason, const std::string& metric_reason, Txn& txn);
+                     const std::string& reason, const std::string& metric_reason,
+                     contract::FailureKind kind, Txn& txn);
   // A rank of the current attempt is gone (its worker was lost or came back without
   // it): RestartGroup while the job waits for reconnects after a coordinator restart,
-  // otherwise a failure (ATTEMPT_OUTCOME_LOST).
+  // otherwise an infrastructure failure (ATTEMPT_OUTCOME_LOST).
   void OnRankLost(JobRt& job, const std::string& reason, Txn& txn);
   // exit_code 75, or how else a rank stopped for a preemption ended (`how`).
   void OnRankPreempted(JobRt& job, int rank, int exit_code, const std::string& how, Txn& txn);
+  // Priority preemption of `job` (RUNNING) for `for_job`: every rank is asked to checkpoint
+  // now and exit 75 (Abort with preempt, grace cancel_grace_s); CHECKPOINTING with the
+  // reason and the work at risk; `for_job` gets a log line naming the victim.
+  void PreemptForPriority(JobRt& job, JobRt& for_job, double gpu_seconds_at_risk, Txn& txn);
   // Every rank of the current stage exited 0.
   void CompleteStage(JobRt& job, Txn& txn);
   // Heartbeat timeout: LOST, its session closed, its rank (if any) lost.

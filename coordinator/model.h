@@ -57,6 +57,12 @@ struct CheckpointRecord {
   int64_t committed_ms = 0;
 };
 
+// One failure counted against a failure budget (coordinator/failure_budget.h).
+struct FailureMark {
+  int64_t ms = 0;      // When (Unix ms).
+  bool infra = false;  // Infrastructure (lost worker, killed rank, lost peer), else application.
+};
+
 struct JobRecord {
   std::string id;
   int64_t number = 0;  // Submission order (FIFO within a priority).
@@ -75,10 +81,15 @@ struct JobRecord {
   int64_t generation = 0;
   int restarts = 0;
   int preemptions = 0;
-  int failures = 0;                 // Counted against max_failures (reset by ResumeJob).
+  int failures = 0;                 // Application failures (reset by ResumeJob).
+  int infra_failures = 0;           // Infrastructure failures (reset by ResumeJob).
   int preemptions_budget_used = 0;  // Counted against max_preemptions (reset by ResumeJob).
-  int max_failures = 3;
+  int max_failures = 3;             // Budgets (coordinator/failure_budget.h), from the spec.
+  int max_infra_failures = 20;
+  int64_t failure_window_s = 86400;
+  std::vector<FailureMark> recent_failures;  // Counting now, oldest first.
   int max_preemptions = -1;
+  bool preemptible = true;  // spec.scheduling.preemptible.
   std::string node_label;
   std::string checkpoint_dir;
   std::string out_dir;

@@ -114,6 +114,13 @@ absl::Status CheckPriority(int64_t priority, bool is_admin, const QuotaPolicy& p
       ", the highest priority a non-admin may set (lower it, or ask an admin to submit the job)"));
 }
 
+absl::Status CheckPreemptible(bool preemptible, bool is_admin) {
+  if (preemptible || is_admin) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      "spec.scheduling.preemptible: false needs the admin role (leave it out to let "
+      "higher-priority jobs preempt this one, or ask an admin to submit the job)");
+}
+
 absl::Status CheckQueuedQuota(const std::string& tenant, int64_t queued,
                               const QuotaPolicy& policy) {
   const TenantQuota& q = policy.For(tenant);

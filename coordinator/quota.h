@@ -45,6 +45,10 @@ absl::Status ValidateQuotaPolicy(const QuotaPolicy& policy);
 // PERMISSION_DENIED when a non-admin asks for a priority above the cap.
 absl::Status CheckPriority(int64_t priority, bool is_admin, const QuotaPolicy& policy);
 
+// PERMISSION_DENIED when a non-admin opts a job out of preemption
+// (spec.scheduling.preemptible: false).
+absl::Status CheckPreemptible(bool preemptible, bool is_admin);
+
 // RESOURCE_EXHAUSTED when `tenant` already has `queued` waiting jobs (its quota full).
 absl::Status CheckQueuedQuota(const std::string& tenant, int64_t queued, const QuotaPolicy& policy);
 

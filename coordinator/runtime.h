@@ -86,6 +86,10 @@ struct JobRt {
   int64_t recovering_since_steady = 0;
   int64_t last_progress_steady = 0;
   int64_t last_progress_generation = 0;
+  // The job whose placement this job's live attempt is being preempted for (checkpoint now,
+  // requeue); "" = none. Cleared when the attempt ends. Not persisted: after a coordinator
+  // restart its ranks still exit as preempted (the worker reports the stop request).
+  std::string preempting_for;
 };
 
 // Everything the coordinator holds in memory.

@@ -65,15 +65,72 @@ Placement PlaceGang(const GangRequest& request, const std::vector<IdleWorker>& i
   return out;
 }
 
+std::vector<Victim> PlanPreemption(const QueuedJob& job, const std::vector<IdleWorker>& available,
+                                   std::vector<RunningJob> running) {
+  std::vector<RunningJob> candidates;
+  for (RunningJob& r : running) {
+    if (r.preemptible && r.priority < job.priority) candidates.push_back(std::move(r));
+  }
+  std::sort(candidates.begin(), candidates.end(), [](const RunningJob& a, const RunningJob& b) {
+    if (a.gpu_seconds_at_risk != b.gpu_seconds_at_risk) {
+      return a.gpu_seconds_at_risk < b.gpu_seconds_at_risk;
+    }
+    if (a.priority != b.priority) return a.priority < b.priority;
+    return a.number > b.number;  // The youngest first.
+  });
+  auto fits = [&](const std::vector<size_t>& chosen) {
+    std::vector<IdleWorker> pool = available;
+    for (size_t i : chosen) {
+      pool.insert(pool.end(), candidates[i].workers.begin(), candidates[i].workers.end());
+    }
+    return PlaceGang(job.gang, pool).placed;
+  };
+  std::vector<size_t> chosen;
+  bool placed = false;
+  for (size_t i = 0; i < candidates.size() && !placed; ++i) {
+    chosen.push_back(i);
+    placed = fits(chosen);
+  }
+  if (!placed) return {};
+  // Only as many as needed: drop the victims that are not, the most expensive first.
+  for (size_t k = chosen.size(); k-- > 0;) {
+    std::vector<size_t> without = chosen;
+    without.erase(without.begin() + static_cast<std::ptrdiff_t>(k));
+    if (fits(without)) chosen = std::move(without);
+  }
+  std::vector<Victim> out;
+  for (size_t i : chosen) {
+    out.push_back({candidates[i].id, candidates[i].priority, candidates[i].gpu_seconds_at_risk});
+  }
+  return out;
+}
+
+namespace {
+
+// Workers of `from` whose ids are not in `ids`.
+std::vector<IdleWorker> Without(const std::vector<IdleWorker>& from,
+                                const std::set<std::string>& ids) {
+  std::vector<IdleWorker> out;
+  for (const IdleWorker& w : from) {
+    if (!ids.count(w.id)) out.push_back(w);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<IdleWorker> idle,
                                      const std::vector<IdleWorker>& live, const QuotaPolicy* quotas,
-                                     std::map<std::string, int64_t> in_use) {
+                                     std::map<std::string, int64_t> in_use,
+                                     const std::vector<RunningJob>& running,
+                                     const std::vector<IdleWorker>& freeing) {
   std::sort(queue.begin(), queue.end(), [](const QueuedJob& a, const QueuedJob& b) {
     return QueueKey{a.priority, a.number} < QueueKey{b.priority, b.number};
   });
   std::vector<QueueDecision> out;
   out.reserve(queue.size());
-  const QueuedJob* blocker = nullptr;
+  const QueuedJob* head = nullptr;  // The first job that waits for workers that exist.
+  std::set<std::string> reserved;   // Idle workers held for the head job.
   for (const QueuedJob& job : queue) {
     QueueDecision d;
     d.job_id = job.id;
@@ -83,21 +140,21 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
         !FitsWorkerQuota(job.tenant, in_use[job.tenant], needed, *quotas, &over_quota)) {
       d.kind = QueueDecision::Kind::kUnplaced;
       d.reason = absl::StrCat("stage ", job.stage_index, ": ", over_quota);
-    } else if (blocker != nullptr) {
-      d.kind = QueueDecision::Kind::kBlocked;
-      d.reason = absl::StrCat("queued behind ", blocker->id, " (priority ", blocker->priority, ")");
     } else if (job.in_backoff) {
       d.kind = QueueDecision::Kind::kBackoff;
     } else {
-      Placement p = PlaceGang(job.gang, idle);
+      // Behind the head, only the workers outside its reservation.
+      Placement p = PlaceGang(job.gang, head == nullptr ? idle : Without(idle, reserved));
       if (p.placed) {
         std::set<std::string> used(p.worker_ids.begin(), p.worker_ids.end());
-        idle.erase(std::remove_if(idle.begin(), idle.end(),
-                                  [&](const IdleWorker& w) { return used.count(w.id) > 0; }),
-                   idle.end());
+        idle = Without(idle, used);
         d.kind = QueueDecision::Kind::kLaunch;
+        d.backfill = head != nullptr;
         d.worker_ids = std::move(p.worker_ids);
         in_use[job.tenant] += needed;
+      } else if (head != nullptr) {
+        d.kind = QueueDecision::Kind::kBlocked;
+        d.reason = absl::StrCat("queued behind ", head->id, " (priority ", head->priority, ")");
       } else {
         d.kind = QueueDecision::Kind::kUnplaced;
         d.reason = absl::StrCat("stage ", job.stage_index, ": ", p.reason);
@@ -107,7 +164,51 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
             ++eligible;
           }
         }
-        if (eligible >= job.gang.sp * job.gang.dp) blocker = &job;
+        if (eligible >= needed) {
+          head = &job;
+          // Workers that free up first in the order: the head waits for them anyway, and
+          // every idle worker its placement leaves out is free for backfill.
+          std::vector<IdleWorker> soon = freeing;
+          soon.insert(soon.end(), idle.begin(), idle.end());
+          Placement later = PlaceGang(job.gang, soon);
+          if (!later.placed) {
+            d.victims = PlanPreemption(job, soon, running);
+            if (!d.victims.empty()) {
+              std::set<std::string> victim_ids;
+              for (const Victim& v : d.victims) victim_ids.insert(v.job_id);
+              for (const RunningJob& r : running) {
+                if (victim_ids.count(r.id)) {
+                  soon.insert(soon.begin(), r.workers.begin(), r.workers.end());
+                }
+              }
+              later = PlaceGang(job.gang, soon);
+              d.kind = QueueDecision::Kind::kPreempt;
+              std::string names;
+              for (const Victim& v : d.victims) {
+                absl::StrAppend(&names, names.empty() ? "" : ", ", v.job_id, " (priority ",
+                                v.priority, ")");
+              }
+              absl::StrAppend(&d.reason, "; preempting ", names);
+            }
+          } else if (!freeing.empty() && static_cast<int64_t>(idle.size()) < needed) {
+            absl::StrAppend(&d.reason, "; waiting for workers of ending attempts to free up");
+          }
+          if (later.placed) {
+            // Hold exactly the idle workers of the placement it will get.
+            std::set<std::string> idle_ids;
+            for (const IdleWorker& w : idle) idle_ids.insert(w.id);
+            for (const std::string& id : later.worker_ids) {
+              if (idle_ids.count(id)) reserved.insert(id);
+            }
+          } else {
+            // It waits for attempts to end: any idle worker it could use may be needed.
+            for (const IdleWorker& w : idle) {
+              if (job.gang.required_label.empty() || w.node_label == job.gang.required_label) {
+                reserved.insert(w.id);
+              }
+            }
+          }
+        }
       }
     }
     out.push_back(std::move(d));

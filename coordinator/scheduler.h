@@ -1,8 +1,11 @@
-// Scheduling decisions, pure functions over plain values (thread-compatible):
+// Scheduling decisions, pure functions over plain values (thread-compatible); the policy
+// as a whole is described in docs/COORDINATOR.md "Scheduling policy":
 // - gang placement: picks `world` idle workers for one stage's group, whole or not at
 //   all, preferring workers that share a node label (one NVLink domain per SP group);
 // - the queue: which queued jobs start now, in priority/FIFO order with head-of-line
-//   blocking.
+//   blocking, a reservation for the head job and backfill around it;
+// - priority preemption: which running lower-priority jobs to stop (checkpoint now,
+//   requeue) so that the head job can be placed, losing the least work.
 #ifndef ULYSSES_COORDINATOR_SCHEDULER_H_
 #define ULYSSES_COORDINATOR_SCHEDULER_H_
 
@@ -58,24 +61,55 @@ struct QueuedJob {
   std::string tenant;       // For the tenant's max_workers quota.
 };
 
+// A job whose attempt holds workers now, as the queue sees it.
+struct RunningJob {
+  std::string id;
+  int64_t priority = 0;
+  int64_t number = 0;               // Submission order (higher = younger).
+  std::vector<IdleWorker> workers;  // The workers its attempt holds.
+  // World size x seconds since its last committed checkpoint (or since its attempt started,
+  // when that is later): the work a failed preemption checkpoint would lose.
+  double gpu_seconds_at_risk = 0;
+  bool preemptible = false;  // RUNNING and spec.scheduling.preemptible.
+};
+
+// One job to preempt for the head job.
+struct Victim {
+  std::string job_id;
+  int64_t priority = 0;
+  double gpu_seconds_at_risk = 0;
+};
+
 struct QueueDecision {
   enum class Kind {
     kLaunch,    // Start now on worker_ids.
     kBackoff,   // Waits for its restart backoff; keeps its reason; blocks no one.
     kBlocked,   // Could be placed but a job ahead of it waits for workers (head of line).
     kUnplaced,  // Not enough idle workers.
+    kPreempt,   // The head job: preempt `victims` now; it is placed once their workers free up.
   };
   std::string job_id;
   Kind kind = Kind::kUnplaced;
   std::vector<std::string> worker_ids;  // kLaunch: worker_ids[rank].
-  std::string reason;                   // kBlocked / kUnplaced: why it waits.
+  std::string reason;                   // kBlocked / kUnplaced / kPreempt: why it waits.
+  bool backfill = false;                // kLaunch behind a waiting head job, off its reservation.
+  std::vector<Victim> victims;          // kPreempt.
 };
 
 // Decides the queue, one decision per job in queue order (higher priority first, then
-// FIFO). Jobs are placed from `idle` in that order; the first job that cannot be placed
+// FIFO). Jobs are placed from `idle` in that order. The first job that cannot be placed
 // but could be with the workers that exist (`live`: every worker not LOST, idle or not)
-// blocks every job behind it, so a big gang is not starved by small ones. A job that
+// is the head: it gets a reservation and every job behind it waits (kBlocked) unless it
+// fits on idle workers outside that reservation (backfill), so a big gang is never
+// delayed by small ones. The reservation: when the head fits on the idle workers plus
+// those `freeing` (busy with an attempt that is ending: preempted, aborted), the idle
+// workers of that placement; otherwise every idle worker the head could use. A job that
 // could never be placed with the live workers, or is in backoff, blocks no one.
+//
+// Preemption: when the head does not fit on idle + freeing workers, the `running` jobs of
+// lower priority that are preemptible are candidates (PlanPreemption); when preempting
+// some of them makes room, the head's decision is kPreempt with those victims, and their
+// workers count as freeing for the reservation.
 //
 // With `quotas`, a job whose gang would take its tenant past quotas.max_workers
 // (`in_use`: workers each tenant's running attempts hold) waits (kUnplaced, the quota
@@ -83,7 +117,17 @@ struct QueueDecision {
 std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<IdleWorker> idle,
                                      const std::vector<IdleWorker>& live,
                                      const QuotaPolicy* quotas = nullptr,
-                                     std::map<std::string, int64_t> in_use = {});
+                                     std::map<std::string, int64_t> in_use = {},
+                                     const std::vector<RunningJob>& running = {},
+                                     const std::vector<IdleWorker>& freeing = {});
+
+// The running jobs to preempt so that `job` can be placed on `available` (idle and freeing
+// workers) plus the victims' workers: only jobs of lower priority that are preemptible;
+// those that lose the least work first (fewest GPU-seconds at risk; tie: lowest priority,
+// then the youngest), and only as many as needed (a victim whose workers turn out not to be
+// needed is dropped again). Empty when no set of candidates makes room (or none is needed).
+std::vector<Victim> PlanPreemption(const QueuedJob& job, const std::vector<IdleWorker>& available,
+                                   std::vector<RunningJob> running);
 
 }  // namespace ulysses::coordinator
 

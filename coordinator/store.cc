@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status.h"
+#include "coordinator/failure_budget.h"
 
 namespace ulysses::coordinator {
 namespace {
@@ -155,6 +156,16 @@ constexpr const char* kSchemaV3[] = {
       request_id TEXT PRIMARY KEY, job_id TEXT NOT NULL UNIQUE, request_hash TEXT NOT NULL))sql",
 };
 
+// Version 4: failure budgets by kind (coordinator/failure_budget.h) and the preemption
+// opt-out. Older jobs get the spec defaults.
+constexpr const char* kSchemaV4[] = {
+    "ALTER TABLE jobs ADD COLUMN infra_failures INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN max_infra_failures INTEGER NOT NULL DEFAULT 20",
+    "ALTER TABLE jobs ADD COLUMN failure_window_s INTEGER NOT NULL DEFAULT 86400",
+    "ALTER TABLE jobs ADD COLUMN recent_failures TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE jobs ADD COLUMN preemptible INTEGER NOT NULL DEFAULT 1",
+};
+
 bool SameStage(const StageRecord& a, const StageRecord& b) {
   return a.index == b.index && a.state == b.state && a.seq_len == b.seq_len && a.steps == b.steps &&
          a.step == b.step && a.sp == b.sp && a.dp == b.dp && a.loss == b.loss &&
@@ -261,6 +272,7 @@ absl::Status Store::Migrate() {
   if (version < 1) steps.insert(steps.end(), std::begin(kSchemaV1), std::end(kSchemaV1));
   if (version < 2) steps.insert(steps.end(), std::begin(kSchemaV2), std::end(kSchemaV2));
   if (version < 3) steps.insert(steps.end(), std::begin(kSchemaV3), std::end(kSchemaV3));
+  if (version < 4) steps.insert(steps.end(), std::begin(kSchemaV4), std::end(kSchemaV4));
   for (const char* sql : steps) {
     if (absl::Status s = Exec(sql); !s.ok()) {
       (void)Exec("ROLLBACK");
@@ -274,7 +286,8 @@ absl::Status Store::Migrate() {
 
 absl::Status Store::WriteJob(const JobRecord& j) {
   Stmt q(db_,
-         "INSERT OR REPLACE INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+         "INSERT OR REPLACE INTO jobs "
+         "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
   RETURN_IF_ERROR(q.status());
   int i = 1;
   q.Bind(i++, j.id);
@@ -303,6 +316,11 @@ absl::Status Store::WriteJob(const JobRecord& j) {
   q.Bind(i++, j.not_before_ms);
   q.Bind(i++, j.owner);
   q.Bind(i++, j.tenant);
+  q.Bind(i++, j.infra_failures);
+  q.Bind(i++, j.max_infra_failures);
+  q.Bind(i++, j.failure_window_s);
+  q.Bind(i++, EncodeFailureMarks(j.recent_failures));
+  q.Bind(i++, j.preemptible ? 1 : 0);
   RETURN_IF_ERROR(q.Run());
   if (!j.request_id.empty()) {
     Stmt r(db_, "INSERT OR IGNORE INTO submit_requests VALUES(?,?,?)");
@@ -442,7 +460,7 @@ absl::Status Store::Write(const Batch& batch) {
 namespace {
 
 // Row readers: one per table, columns in schema order (SELECT *).
-JobRecord ReadJobRow(Stmt& q) {
+absl::StatusOr<JobRecord> ReadJobRow(Stmt& q) {
   JobRecord j;
   int c = 0;
   j.id = q.Text(c++);
@@ -471,6 +489,11 @@ JobRecord ReadJobRow(Stmt& q) {
   j.not_before_ms = q.Int(c++);
   j.owner = q.Text(c++);
   j.tenant = q.Text(c++);
+  j.infra_failures = static_cast<int>(q.Int(c++));
+  j.max_infra_failures = static_cast<int>(q.Int(c++));
+  j.failure_window_s = q.Int(c++);
+  ASSIGN_OR_RETURN(j.recent_failures, DecodeFailureMarks(q.Text(c++)));
+  j.preemptible = q.Int(c++) != 0;
   return j;
 }
 
@@ -537,7 +560,7 @@ absl::StatusOr<Store::Snapshot> Store::Load() {
     while (true) {
       ASSIGN_OR_RETURN(bool row, q.Step());
       if (!row) break;
-      JobRecord j = ReadJobRow(q);
+      ASSIGN_OR_RETURN(JobRecord j, ReadJobRow(q));
       snap.max_job_number = std::max(snap.max_job_number, j.number);
       index[j.id] = snap.jobs.size();
       snap.jobs.push_back(std::move(j));
@@ -602,7 +625,7 @@ absl::StatusOr<std::optional<JobRecord>> Store::LoadJob(const std::string& job_i
     q.Bind(1, job_id);
     ASSIGN_OR_RETURN(bool row, q.Step());
     if (!row) return job;
-    job = ReadJobRow(q);
+    ASSIGN_OR_RETURN(job, ReadJobRow(q));
   }
   {
     Stmt q(db_, "SELECT * FROM stages WHERE job_id=? ORDER BY idx");

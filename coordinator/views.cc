@@ -4,6 +4,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/failure_budget.h"
+#include "coordinator/runtime.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace ulysses::coordinator {
@@ -113,6 +115,12 @@ v1::Job JobToProto(const JobRecord& r, bool full) {
   p.set_max_failures(r.max_failures);
   p.set_max_preemptions(r.max_preemptions);
   p.set_node_label(r.node_label);
+  p.set_infra_failures(r.infra_failures);
+  p.set_max_infra_failures(r.max_infra_failures);
+  p.set_failure_window_s(r.failure_window_s);
+  p.set_counting_failures(CountingFailures(r, /*infra=*/false, NowMs()));
+  p.set_counting_infra_failures(CountingFailures(r, /*infra=*/true, NowMs()));
+  p.set_preemptible(r.preemptible);
   return p;
 }
 

@@ -399,9 +399,19 @@ void WorkerProtocol::OnExited(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn)
   const contract::StopRequest stop = x.aborted()     ? contract::StopRequest::kAbort
                                      : x.preempted() ? contract::StopRequest::kPreempt
                                                      : contract::StopRequest::kNone;
+  const contract::ProcessExit exit{x.exit_code(), x.signal()};
   const std::string how = x.signal() != 0 ? absl::StrCat("was killed by signal ", x.signal())
-                                          : absl::StrCat("exited ", x.exit_code());
-  switch (contract::OutcomeOf(contract::ProcessExit{x.exit_code(), x.signal()}, stop)) {
+                          : x.exit_code() == contract::kExitPeerLost
+                              ? absl::StrCat("exited ", x.exit_code(), " (lost a peer)")
+                              : absl::StrCat("exited ", x.exit_code());
+  contract::RankOutcome outcome = contract::OutcomeOf(exit, stop);
+  // A rank of an attempt the coordinator is preempting for priority that stops in any way
+  // but finishing its stage (exit 75, SIGKILL after the grace, a worker too old to know
+  // Abort.preempt) is preempted: the job resumes from its last checkpoint, no failure.
+  if (!job->preempting_for.empty() && outcome != contract::RankOutcome::kSucceeded) {
+    outcome = contract::RankOutcome::kPreempted;
+  }
+  switch (outcome) {
     case contract::RankOutcome::kSucceeded:
       job->done_ranks.insert(ref.rank());
       if (job->done_ranks.size() == a->worker_ids.size()) machine_.CompleteStage(*job, txn);
@@ -413,13 +423,18 @@ void WorkerProtocol::OnExited(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn)
       machine_.OnRankFailure(*job, v1::ATTEMPT_OUTCOME_BAD_INPUT, x.exit_code(),
                              absl::StrCat("rank ", ref.rank(), " rejected its input (exit ",
                                           contract::kExitBadInput, ")", detail),
-                             "bad_input", txn);
+                             "bad_input", contract::FailureKind::kApplication, txn);
       break;
     case contract::RankOutcome::kFailed:
-    case contract::RankOutcome::kAborted:  // Its worker stopped it; this attempt needs it.
       machine_.OnRankFailure(*job, v1::ATTEMPT_OUTCOME_FAILED, x.exit_code(),
                              absl::StrCat("rank ", ref.rank(), " ", how, detail), "rank_failed",
-                             txn);
+                             contract::FailureKindOf(exit), txn);
+      break;
+    case contract::RankOutcome::kAborted:  // Its worker stopped it; this attempt needs it.
+      machine_.OnRankFailure(
+          *job, v1::ATTEMPT_OUTCOME_FAILED, x.exit_code(),
+          absl::StrCat("rank ", ref.rank(), " ", how, " (stopped by its worker)", detail),
+          "rank_failed", contract::FailureKind::kInfrastructure, txn);
       break;
   }
 }

@@ -1,5 +1,7 @@
 #include "common/contract/exit.h"
 
+#include <csignal>
+
 namespace ulysses::contract {
 
 bool IsBadInput(absl::StatusCode code) {
@@ -19,6 +21,33 @@ bool IsBadInput(absl::StatusCode code) {
 int ExitCodeFor(const absl::Status& status) {
   if (status.ok()) return kExitOk;
   return IsBadInput(status.code()) ? kExitBadInput : kExitFailure;
+}
+
+int RankExitCodeFor(const absl::Status& status) {
+  if (status.code() == absl::StatusCode::kUnavailable ||
+      status.code() == absl::StatusCode::kDeadlineExceeded) {
+    return kExitPeerLost;
+  }
+  return ExitCodeFor(status);
+}
+
+FailureKind FailureKindOf(const ProcessExit& exit) {
+  if (exit.signal != 0) {
+    switch (exit.signal) {
+      case SIGKILL:
+      case SIGTERM:
+      case SIGINT:
+      case SIGHUP:
+        return FailureKind::kInfrastructure;
+      default:
+        return FailureKind::kApplication;  // SIGSEGV, SIGABRT, SIGBUS, SIGFPE, ...: a crash.
+    }
+  }
+  return exit.exit_code == kExitPeerLost ? FailureKind::kInfrastructure : FailureKind::kApplication;
+}
+
+const char* FailureKindName(FailureKind kind) {
+  return kind == FailureKind::kInfrastructure ? "infrastructure" : "application";
 }
 
 const char* RankOutcomeName(RankOutcome outcome) {

@@ -7,6 +7,9 @@
 //         checkpoint committed)
 //   1     failure: crash, I/O error, unreachable peer, ...     yes (counts as a failure)
 //   2     bad input: flags, spec, data, checkpoint, request    no: fix the input
+//   69    lost a peer: a collective or the rendezvous failed   yes (an infrastructure
+//         (peer closed the connection, timed out);             failure, budgeted apart
+//         `ulysses-train` only; EX_UNAVAILABLE                 from application ones)
 //   75    preempted: stopped on SIGTERM after committing a     yes (resumes from that
 //         checkpoint (`ulysses-train` only; EX_TEMPFAIL)       checkpoint; not a failure)
 //
@@ -22,6 +25,7 @@ namespace ulysses::contract {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitBadInput = 2;
+inline constexpr int kExitPeerLost = 69;
 inline constexpr int kExitPreempted = 75;
 
 // True for the status codes that mean "the input is wrong, retrying will not help":
@@ -31,6 +35,11 @@ bool IsBadInput(absl::StatusCode code);
 
 // OK -> kExitOk, bad input (IsBadInput) -> kExitBadInput, anything else -> kExitFailure.
 int ExitCodeFor(const absl::Status& status);
+
+// The exit code of a `ulysses-train` rank: ExitCodeFor, except that UNAVAILABLE and
+// DEADLINE_EXCEEDED (how the communicators report a peer that closed the connection, a
+// rendezvous that failed, a collective that timed out) -> kExitPeerLost.
+int RankExitCodeFor(const absl::Status& status);
 
 // Why a supervisor (the worker agent) stopped a rank, if it did.
 enum class StopRequest {
@@ -64,6 +73,18 @@ struct ProcessExit {
 // - else killed by a signal -> kFailed; exit 75 -> kPreempted; exit 2 -> kBadInput;
 //   any other exit -> kFailed.
 RankOutcome OutcomeOf(const ProcessExit& exit, StopRequest stop);
+
+// What a failed rank (RankOutcome::kFailed) says about its cause, for the failure budgets
+// of the coordinator (docs/JOBSPEC.md "Failure budgets"):
+// - kInfrastructure: killed from outside (SIGKILL: kill -9, the OOM killer, a node going
+//   away; SIGTERM, SIGINT, SIGHUP), or exit kExitPeerLost (another rank or the network
+//   failed first);
+// - kApplication: any other exit code, or a crash signal (SIGSEGV, SIGABRT, SIGBUS, ...).
+// A worker that is lost or comes back without its rank is infrastructure too (the
+// coordinator decides that; no process exit is seen).
+enum class FailureKind { kApplication, kInfrastructure };
+FailureKind FailureKindOf(const ProcessExit& exit);
+const char* FailureKindName(FailureKind kind);  // "application", "infrastructure".
 
 }  // namespace ulysses::contract
 

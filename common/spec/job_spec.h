@@ -122,10 +122,18 @@ struct CheckpointSpec {
 
 // Coordinator-side policy; ignored by ulysses-train.
 struct SchedulingSpec {
-  int64_t priority = 0;          // Higher runs first; FIFO within a priority.
-  int64_t max_failures = 3;      // Failed attempts (not preemptions) before FAILED. 0..2^31-1.
-  int64_t max_preemptions = -1;  // -1 = unlimited. -1..2^31-1.
-  std::string node_label;        // Only place on workers with this node label ("" = any).
+  int64_t priority = 0;  // Higher runs first; FIFO within a priority.
+  // Failure budgets (docs/JOBSPEC.md "Failure budgets"): the job is FAILED at its
+  // max_failures-th application failure (a rank exiting with an error) or its
+  // max_infra_failures-th infrastructure failure (a lost worker, a killed rank, a lost peer)
+  // counted since the last new committed checkpoint and within failure_window_s.
+  int64_t max_failures = 3;          // 0..2^31-1.
+  int64_t max_infra_failures = 20;   // 0..2^31-1.
+  int64_t failure_window_s = 86400;  // Sliding window; 0 = no window. 0..2^31-1.
+  int64_t max_preemptions = -1;      // -1 = unlimited. -1..2^31-1.
+  std::string node_label;            // Only place on workers with this node label ("" = any).
+  // May be preempted for a higher-priority job; false (admins only) opts out.
+  bool preemptible = true;
 };
 
 struct JobSpec {

@@ -150,6 +150,18 @@ void EmitCheckpointAndScheduling(YAML::Emitter& out, const JobSpec& s) {
   out << YAML::Key << "max_failures" << YAML::Value << s.scheduling.max_failures;
   out << YAML::Key << "max_preemptions" << YAML::Value << s.scheduling.max_preemptions;
   out << YAML::Key << "node_label" << YAML::Value << s.scheduling.node_label;
+  // Printed only when not at their defaults: specs written before they existed read back
+  // byte-identical.
+  const SchedulingSpec defaults;
+  if (s.scheduling.max_infra_failures != defaults.max_infra_failures) {
+    out << YAML::Key << "max_infra_failures" << YAML::Value << s.scheduling.max_infra_failures;
+  }
+  if (s.scheduling.failure_window_s != defaults.failure_window_s) {
+    out << YAML::Key << "failure_window_s" << YAML::Value << s.scheduling.failure_window_s;
+  }
+  if (s.scheduling.preemptible != defaults.preemptible) {
+    out << YAML::Key << "preemptible" << YAML::Value << s.scheduling.preemptible;
+  }
   out << YAML::EndMap;
 }
 

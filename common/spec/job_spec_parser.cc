@@ -129,6 +129,9 @@ const std::vector<SchemaEntry>& Schema() {
         {"spec.scheduling", Kind::kMap},
         {"spec.scheduling.priority", Kind::kScalar},
         {"spec.scheduling.max_failures", Kind::kScalar},
+        {"spec.scheduling.max_infra_failures", Kind::kScalar},
+        {"spec.scheduling.failure_window_s", Kind::kScalar},
+        {"spec.scheduling.preemptible", Kind::kScalar},
         {"spec.scheduling.max_preemptions", Kind::kScalar},
         {"spec.scheduling.node_label", Kind::kScalar},
         {"spec.seed", Kind::kScalar},
@@ -631,6 +634,9 @@ void ReadScheduling(const YAML::Node& node, Reader& r, SchedulingSpec* sched) {
   }
   r.Int(m, "priority", p, &sched->priority);
   r.Int(m, "max_failures", p, &sched->max_failures);
+  r.Int(m, "max_infra_failures", p, &sched->max_infra_failures);
+  r.Int(m, "failure_window_s", p, &sched->failure_window_s);
+  r.Bool(m, "preemptible", p, &sched->preemptible);
   r.Int(m, "max_preemptions", p, &sched->max_preemptions);
   r.String(m, "node_label", p, &sched->node_label);
 }

@@ -345,6 +345,20 @@ void CheckCheckpointAndScheduling(const JobSpec& s, Errors& e) {
     e.Add("spec.scheduling.max_failures", absl::StrCat(s.scheduling.max_failures),
           absl::StrCat("is more than ", kMaxInt32), "use e.g. 3");
   }
+  if (s.scheduling.max_infra_failures < 0) {
+    e.Add("spec.scheduling.max_infra_failures", absl::StrCat(s.scheduling.max_infra_failures),
+          "must be >= 0", "use e.g. 20, or 0 to fail on the first lost worker or killed rank");
+  } else if (s.scheduling.max_infra_failures > kMaxInt32) {
+    e.Add("spec.scheduling.max_infra_failures", absl::StrCat(s.scheduling.max_infra_failures),
+          absl::StrCat("is more than ", kMaxInt32), "use e.g. 20");
+  }
+  if (s.scheduling.failure_window_s < 0) {
+    e.Add("spec.scheduling.failure_window_s", absl::StrCat(s.scheduling.failure_window_s),
+          "must be >= 0", "use e.g. 86400 (one day), or 0 for no window");
+  } else if (s.scheduling.failure_window_s > kMaxInt32) {
+    e.Add("spec.scheduling.failure_window_s", absl::StrCat(s.scheduling.failure_window_s),
+          absl::StrCat("is more than ", kMaxInt32), "use e.g. 86400, or 0 for no window");
+  }
   if (s.scheduling.priority < -kMaxPriority || s.scheduling.priority > kMaxPriority) {
     e.Add("spec.scheduling.priority", absl::StrCat(s.scheduling.priority),
           absl::StrCat("is outside -", kMaxPriority, "..", kMaxPriority),

@@ -147,6 +147,33 @@ TEST(JobViewTest, DescribeShowsDataBatchAndEvalFromTheSpec) {
   EXPECT_FALSE(JobDetailJson(SampleJob()).contains("data"));
 }
 
+TEST(JobViewTest, DescribeShowsFailureBudgetsByKind) {
+  v1::Job job = SampleJob();
+  job.set_failures(4);
+  job.set_infra_failures(9);
+  job.set_max_failures(3);
+  job.set_max_infra_failures(20);
+  job.set_counting_failures(1);
+  job.set_counting_infra_failures(2);
+  job.set_failure_window_s(3600);
+  job.set_preemptible(false);
+  std::ostringstream out;
+  PrintJobDescription(job, out);
+  EXPECT_NE(out.str().find("Failures: 4 application, 9 infrastructure"), std::string::npos)
+      << out.str();
+  EXPECT_NE(out.str().find("Budgets:      1 of max_failures 3, 2 of max_infra_failures 20 "
+                           "counting (since the last new checkpoint, within 3600s); not "
+                           "preemptible"),
+            std::string::npos)
+      << out.str();
+  nlohmann::json j = JobDetailJson(job);
+  EXPECT_EQ(j["infra_failures"], 9);
+  EXPECT_EQ(j["max_infra_failures"], 20);
+  EXPECT_EQ(j["counting_infra_failures"], 2);
+  EXPECT_EQ(j["failure_window_s"], 3600);
+  EXPECT_EQ(j["preemptible"], false);
+}
+
 TEST(JobViewTest, PlainWatchViewPrintsOneLinePerProgressAndTheEnd) {
   std::ostringstream out;
   WatchView view(out, /*tty=*/false);

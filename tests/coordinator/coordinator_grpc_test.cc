@@ -118,7 +118,9 @@ TEST_F(CoordinatorGrpcTest, HeartbeatLossAbortsSurvivorsAndRestartsWithNewGenera
   v1::Job job = GetJob(*id);
   EXPECT_EQ(job.state(), v1::JOB_STATE_RECOVERING);
   EXPECT_EQ(job.restarts(), 1);
-  EXPECT_EQ(job.failures(), 1);
+  EXPECT_EQ(job.failures(), 0);
+  EXPECT_EQ(job.infra_failures(), 1);  // A lost worker is an infrastructure failure.
+  EXPECT_EQ(job.counting_infra_failures(), 1);
   EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_LOST);
 
   // The survivor's rank is killed; it reports the exit and becomes free again.
@@ -190,7 +192,8 @@ TEST_F(CoordinatorGrpcTest, Exit75CountsAsPreemptionNotFailure) {
 // (contract::OutcomeOf), resumed from the last committed checkpoint, not a failure.
 TEST_F(CoordinatorGrpcTest, PreemptedRankKilledAfterItsGraceIsAPreemption) {
   FakeWorker& w1 = AddWorker("w1");
-  auto id = Submit(JobYaml("killed", "    - {seq_len: 256, steps: 4}\n", "{max_failures: 1}"));
+  auto id = Submit(JobYaml("killed", "    - {seq_len: 256, steps: 4}\n",
+                           "{max_failures: 1, max_infra_failures: 1}"));
   ASSERT_TRUE(id.ok()) << id.status();
   auto first = CollectAssignments({&w1}, 1);
   ASSERT_EQ(first.size(), 1u);
@@ -214,14 +217,73 @@ TEST_F(CoordinatorGrpcTest, PreemptedRankKilledAfterItsGraceIsAPreemption) {
   EXPECT_NE(job.attempts(0).reason().find("was killed by signal 9"), std::string::npos)
       << job.attempts(0).reason();
 
-  // Without a preemption request the same kill is a failure.
+  // Without a preemption request the same kill is an (infrastructure) failure.
   auto second = CollectAssignments({&w1}, 1);
   ASSERT_EQ(second.size(), 1u);
   w1.Started(second[0].second.ref());
   ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
   w1.Killed(second[0].second.ref(), SIGKILL, /*preempted=*/false);
-  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_FAILED));  // max_failures: 1
-  EXPECT_EQ(GetJob(*id).failures(), 1);
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_FAILED));  // max_infra_failures: 1
+  EXPECT_EQ(GetJob(*id).infra_failures(), 1);
+  EXPECT_EQ(GetJob(*id).failures(), 0);
+}
+
+// Priority preemption over the real session protocol: the low job's ranks are asked to
+// checkpoint and stop (Abort.preempt), the high job gets their workers, and the low job
+// resumes from its preemption checkpoint once they are free again.
+TEST_F(CoordinatorGrpcTest, AHighPriorityJobPreemptsARunningLowOne) {
+  FakeWorker& w1 = AddWorker("w1");
+  FakeWorker& w2 = AddWorker("w2");
+  auto low = Submit(JobYaml("low", "    - {seq_len: 256, steps: 8, sp_degree: 2}\n"));
+  ASSERT_TRUE(low.ok()) << low.status();
+  auto first = CollectAssignments({&w1, &w2}, 2);
+  ASSERT_EQ(first.size(), 2u);
+  for (auto& [rank, wa] : first) wa.first->Started(wa.second.ref());
+  ASSERT_TRUE(WaitState(*low, v1::JOB_STATE_RUNNING));
+  first[0].first->Checkpoint(first[0].second.ref(), 2,
+                             first[0].second.checkpoint_dir() + "/step-00000002");
+
+  auto high =
+      Submit(JobYaml("high", "    - {seq_len: 256, steps: 2, sp_degree: 2}\n", "{priority: 10}"));
+  ASSERT_TRUE(high.ok()) << high.status();
+  for (auto& [rank, wa] : first) {
+    auto abort = wa.first->WaitAbort();
+    ASSERT_TRUE(abort) << "rank " << rank << " was not asked to stop";
+    EXPECT_TRUE(abort->preempt());
+    EXPECT_EQ(abort->ref().job_id(), *low);
+    EXPECT_EQ(abort->grace_period_ms(), 30000);  // cancel_grace_s.
+  }
+  v1::Job job = GetJob(*low);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_CHECKPOINTING);
+  EXPECT_NE(job.reason().find("preempted for " + *high + " (priority 10 > 0)"), std::string::npos)
+      << job.reason();
+  EXPECT_NE(GetJob(*high).reason().find("preempting " + *low), std::string::npos)
+      << GetJob(*high).reason();
+  // The ranks commit the preemption checkpoint and exit 75; the workers go to the high job.
+  first[0].first->Checkpoint(first[0].second.ref(), 3,
+                             first[0].second.checkpoint_dir() + "/step-00000003");
+  for (auto& [rank, wa] : first) wa.first->Exited(wa.second.ref(), 75);
+  auto second = CollectAssignments({&w1, &w2}, 2);
+  ASSERT_EQ(second.size(), 2u);
+  for (auto& [rank, wa] : second) {
+    EXPECT_EQ(wa.second.ref().job_id(), *high);
+    wa.first->Started(wa.second.ref());
+  }
+  job = GetJob(*low);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PREEMPTED);
+  EXPECT_EQ(job.preemptions(), 1);
+  EXPECT_EQ(job.failures() + job.infra_failures(), 0);
+  EXPECT_EQ(job.last_checkpoint().step(), 3);
+  EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_PREEMPTED);
+  // The high job finishes; the low one resumes (generation 2) on the same workers.
+  for (auto& [rank, wa] : second) wa.first->Exited(wa.second.ref(), 0);
+  ASSERT_TRUE(WaitState(*high, v1::JOB_STATE_SUCCEEDED));
+  auto third = CollectAssignments({&w1, &w2}, 2);
+  ASSERT_EQ(third.size(), 2u);
+  for (auto& [rank, wa] : third) {
+    EXPECT_EQ(wa.second.ref().job_id(), *low);
+    EXPECT_EQ(wa.second.ref().generation(), 2);
+  }
 }
 
 TEST_F(CoordinatorGrpcTest, StageTransitionChangesGroupSize) {

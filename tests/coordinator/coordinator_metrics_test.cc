@@ -28,8 +28,8 @@ TEST(CoordinatorMetricsTest, RegistersEveryFamilyAndComputesGaugesAtScrape) {
     return c;
   });
   ASSERT_NE(metrics, nullptr);
-  for (auto* f : {metrics->restarts, metrics->preemptions, metrics->stage_transitions,
-                  metrics->tokens, metrics->rejected_reports}) {
+  for (auto* f : {metrics->restarts, metrics->preemptions, metrics->preemption_lost_gpu_seconds,
+                  metrics->stage_transitions, metrics->tokens, metrics->rejected_reports}) {
     EXPECT_NE(f, nullptr);
   }
   for (auto* f : {metrics->checkpoint_bytes, metrics->loss, metrics->tokens_per_s, metrics->step}) {

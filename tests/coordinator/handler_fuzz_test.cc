@@ -217,7 +217,9 @@ class HandlerFuzzTest : public testing::CoordinatorServerTest {
 
 TEST_F(HandlerFuzzTest, RandomProtosForEveryRpcAndMessageKindLeaveTheCoordinatorConsistent) {
   FakeWorker& honest = AddWorker("honest");
-  auto target = Submit(JobYaml("target", "    - {seq_len: 256, steps: 60}\n"));
+  // Not preemptible: a fuzzed job of higher priority would rightly preempt it.
+  auto target =
+      Submit(JobYaml("target", "    - {seq_len: 256, steps: 60}\n", "{preemptible: false}"));
   ASSERT_TRUE(target.ok()) << target.status();
   auto a = honest.WaitAssignment();
   ASSERT_TRUE(a.has_value());

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/failure_budget.h"
 #include "coordinator/worker_protocol.h"
 #include "gtest/gtest.h"
 
@@ -116,7 +117,7 @@ TEST_F(JobMachineTest, RankFailureBacksOffAndFailsAtMaxFailures) {
   Txn txn;
   const int64_t before = NowMs();
   machine_.OnRankFailure(*job_, v1::ATTEMPT_OUTCOME_FAILED, 1, "rank 1 exited 1", "rank_failed",
-                         txn);
+                         contract::FailureKind::kApplication, txn);
   EXPECT_EQ(job_->rec.state, v1::JOB_STATE_RECOVERING);
   EXPECT_EQ(job_->rec.failures, 1);
   EXPECT_EQ(job_->rec.restarts, 1);
@@ -127,11 +128,12 @@ TEST_F(JobMachineTest, RankFailureBacksOffAndFailsAtMaxFailures) {
   for (int i = 0; i < 2; ++i) {
     LaunchOnBoth();
     machine_.OnRankFailure(*job_, v1::ATTEMPT_OUTCOME_FAILED, 1, "rank 1 exited 1", "rank_failed",
-                           txn);
+                           contract::FailureKind::kApplication, txn);
   }
   EXPECT_EQ(job_->rec.state, v1::JOB_STATE_FAILED);
-  EXPECT_NE(job_->rec.reason.find("failure 3 of max_failures 3"), std::string::npos)
-      << job_->rec.reason;
+  EXPECT_EQ(job_->rec.reason,
+            "crash loop: rank 1 exited 1 (application failure 3 of max_failures 3 without a new "
+            "checkpoint within 86400s)");
 }
 
 // The three ways a group breaks while it waits for reconnects after a coordinator
@@ -199,10 +201,254 @@ TEST_F(JobMachineTest, ALostWorkerOutsideRecoveryIsAFailureWithBackoff) {
   Txn txn;
   machine_.OnWorkerLost(*state_.workers["w-b"], "no heartbeat for 10.0s", txn);
   EXPECT_EQ(job_->rec.state, v1::JOB_STATE_RECOVERING);
-  EXPECT_EQ(job_->rec.failures, 1);
+  EXPECT_EQ(job_->rec.failures, 0);
+  EXPECT_EQ(job_->rec.infra_failures, 1);  // Infrastructure: not against max_failures.
   EXPECT_GT(job_->rec.not_before_ms, 0);
   EXPECT_EQ(job_->rec.attempts.back().outcome, v1::ATTEMPT_OUTCOME_LOST);
+  EXPECT_NE(job_->rec.reason.find("infrastructure failure 1 of max_infra_failures 20"),
+            std::string::npos)
+      << job_->rec.reason;
   EXPECT_EQ(metrics_->restarts->WithLabels({"worker_lost"})->Value(), 1);
+}
+
+// --- Failure budgets (coordinator/failure_budget.h) through the worker protocol. ---
+
+class FailureBudgetTest : public JobMachineTest {
+ protected:
+  // Rank 0 of the current attempt ends as reported by its worker.
+  void Exit(int exit_code, int signal, const std::string& error = "") {
+    v1::WorkerMessage m;
+    m.set_seq(++seq_);
+    v1::AttemptExited* x = m.mutable_exited();
+    x->mutable_ref()->set_job_id(job_->rec.id);
+    x->mutable_ref()->set_generation(job_->rec.generation);
+    x->mutable_ref()->set_rank(0);
+    x->mutable_ref()->set_stage(0);
+    x->set_exit_code(exit_code);
+    x->set_signal(signal);
+    x->set_error_message(error);
+    Txn txn;
+    protocol_.OnMessage(*state_.workers["w-a"], m, txn);
+  }
+  // A new checkpoint committed now (the job made progress).
+  void Checkpoint(int64_t step) {
+    CheckpointRecord c;
+    c.job_id = job_->rec.id;
+    c.step = step;
+    c.committed_ms = NowMs() + 1;  // After the failure that was just counted.
+    job_->rec.last_checkpoint = c;
+  }
+  // Ends the backoff and launches the next generation.
+  void Relaunch() {
+    for (const char* w : {"w-a", "w-b"}) {
+      state_.workers[w]->assigned.reset();
+      state_.workers[w]->state = v1::WORKER_STATE_IDLE;
+    }
+    LaunchOnBoth();
+  }
+  int64_t seq_ = 0;
+};
+
+TEST_F(FailureBudgetTest, ExitsAreClassifiedByKind) {
+  struct Case {
+    int exit_code, signal;
+    bool infra;
+  };
+  for (const Case& c : {Case{1, 0, false}, Case{137, 9, true}, Case{69, 0, true},
+                        Case{139, 11, false}, Case{143, 15, true}, Case{134, 6, false}}) {
+    SCOPED_TRACE(::testing::Message() << "exit " << c.exit_code << " signal " << c.signal);
+    job_->rec.max_failures = 100;
+    Relaunch();
+    const int app = job_->rec.failures, infra = job_->rec.infra_failures;
+    Exit(c.exit_code, c.signal);
+    ASSERT_EQ(job_->rec.state, v1::JOB_STATE_RECOVERING) << job_->rec.reason;
+    EXPECT_EQ(job_->rec.failures, app + (c.infra ? 0 : 1));
+    EXPECT_EQ(job_->rec.infra_failures, infra + (c.infra ? 1 : 0));
+  }
+  EXPECT_NE(job_->rec.reason.find("rank 0 was killed by signal 6"), std::string::npos)
+      << job_->rec.reason;
+}
+
+TEST_F(FailureBudgetTest, ACrashLoopFailsFastWithTheRepeatedError) {
+  // Node losses in between do not use up the application budget.
+  for (int i = 0; i < 2; ++i) {
+    Relaunch();
+    Exit(1, 0, "step 7: loss is NaN");
+    Relaunch();
+    Exit(137, 9);
+  }
+  EXPECT_EQ(job_->rec.state, v1::JOB_STATE_RECOVERING);
+  Relaunch();
+  Exit(1, 0, "step 7: loss is NaN");
+  EXPECT_EQ(job_->rec.state, v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job_->rec.reason,
+            "crash loop: rank 0 exited 1: step 7: loss is NaN (application failure 3 of "
+            "max_failures 3 without a new checkpoint within 86400s)");
+  EXPECT_EQ(job_->rec.infra_failures, 2);
+}
+
+TEST_F(FailureBudgetTest, ProgressResetsTheBudgetsSoRoutineNodeLossIsSurvived) {
+  job_->rec.max_infra_failures = 3;
+  job_->rec.max_failures = 2;
+  // Twelve node losses and five crashes, each after a new checkpoint: never FAILED.
+  for (int i = 0; i < 12; ++i) {
+    Relaunch();
+    Checkpoint(10 * (i + 1));
+    Exit(137, 9);
+    ASSERT_EQ(job_->rec.state, v1::JOB_STATE_RECOVERING) << i << ": " << job_->rec.reason;
+    if (i % 3 == 0) {
+      Relaunch();
+      Checkpoint(10 * (i + 1) + 5);
+      Exit(1, 0, "flaky");
+      ASSERT_EQ(job_->rec.state, v1::JOB_STATE_RECOVERING) << i << ": " << job_->rec.reason;
+    }
+  }
+  EXPECT_EQ(job_->rec.infra_failures, 12);
+  EXPECT_EQ(job_->rec.failures, 4);
+  EXPECT_NE(job_->rec.reason.find("earlier failures forgotten: progress"), std::string::npos)
+      << job_->rec.reason;
+  // The backoff restarted from the base: 1 s, not 2^11 s.
+  EXPECT_LE(job_->rec.not_before_ms, NowMs() + 1000);
+  // Without progress the same losses spend the budget (the last checkpoint is not newer
+  // than the last failure; its +1 ms could be, within one millisecond).
+  // The last loss of the loop counts (no checkpoint since): two more spend the budget of 3.
+  job_->rec.last_checkpoint->committed_ms = job_->rec.recent_failures.back().ms;
+  Relaunch();
+  Exit(137, 9);
+  ASSERT_EQ(job_->rec.state, v1::JOB_STATE_RECOVERING);
+  Relaunch();
+  Exit(137, 9);
+  EXPECT_EQ(job_->rec.state, v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job_->rec.reason,
+            "rank 0 was killed by signal 9 (infrastructure failure 3 of max_infra_failures 3 "
+            "without a new checkpoint within 86400s)");
+}
+
+TEST_F(FailureBudgetTest, FailuresOlderThanTheWindowAreForgotten) {
+  job_->rec.failure_window_s = 60;
+  const int64_t now = NowMs();
+  // Two crashes two minutes ago and one 30 s ago: only the recent one counts.
+  job_->rec.recent_failures = {
+      {now - 120'000, false}, {now - 119'000, false}, {now - 30'000, false}};
+  EXPECT_EQ(CountingFailures(job_->rec, false, now), 1);
+  Relaunch();
+  Exit(1, 0);
+  EXPECT_EQ(job_->rec.state, v1::JOB_STATE_RECOVERING) << job_->rec.reason;
+  EXPECT_EQ(job_->rec.recent_failures.size(), 2u);
+  Relaunch();
+  Exit(1, 0);
+  EXPECT_EQ(job_->rec.state, v1::JOB_STATE_FAILED);
+  // No window: all of them count.
+  job_->rec.failure_window_s = 0;
+  EXPECT_EQ(CountingFailures(job_->rec, false, now + 86'400'000), 3);
+  // A checkpoint after the newest failure: none counts.
+  Checkpoint(5);
+  job_->rec.last_checkpoint->committed_ms = NowMs() + 10;
+  EXPECT_EQ(CountingFailures(job_->rec, false, NowMs()), 0);
+}
+
+TEST(FailureMarksTest, EncodeDecodeRoundTripAndRejectGarbage) {
+  std::vector<FailureMark> marks = {{1700000000000, false}, {1700000001000, true}};
+  EXPECT_EQ(EncodeFailureMarks(marks), "a1700000000000 i1700000001000");
+  auto back = DecodeFailureMarks(EncodeFailureMarks(marks));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), 2u);
+  EXPECT_EQ((*back)[1].ms, 1700000001000);
+  EXPECT_TRUE((*back)[1].infra);
+  EXPECT_TRUE(DecodeFailureMarks("")->empty());
+  EXPECT_EQ(DecodeFailureMarks("a12 x5").status().message(),
+            "jobs.recent_failures: 'x5' is not a<ms> or i<ms>");
+  EXPECT_FALSE(DecodeFailureMarks("a").ok());
+}
+
+// --- Priority preemption through Schedule. ---
+
+TEST_F(FailureBudgetTest, AHigherPriorityJobPreemptsTheLowOneWhichResumesLater) {
+  Relaunch();  // The low job (priority 0) runs on both workers.
+  job_->rec.state = v1::JOB_STATE_RUNNING;
+  auto h = std::make_unique<JobRt>();
+  h->rec.id = "job-000002";
+  h->rec.number = 2;
+  h->rec.priority = 10;
+  h->rec.state = v1::JOB_STATE_PENDING;
+  StageRecord st;
+  st.sp = 2;
+  st.seq_len = 64;
+  st.steps = 10;
+  h->rec.stages = {st};
+  JobRt& high = *h;
+  state_.jobs[high.rec.id] = std::move(h);
+
+  Txn txn;
+  machine_.Schedule(txn);
+  EXPECT_EQ(job_->rec.state, v1::JOB_STATE_CHECKPOINTING);
+  EXPECT_EQ(job_->preempting_for, "job-000002");
+  EXPECT_NE(
+      job_->rec.reason.find("preempted for job-000002 (priority 10 > 0): checkpointing now; "),
+      std::string::npos)
+      << job_->rec.reason;
+  EXPECT_NE(job_->rec.reason.find("GPU-seconds since the last checkpoint at risk"),
+            std::string::npos)
+      << job_->rec.reason;
+  int preempting_aborts = 0;
+  for (const auto& [w, m] : txn.outbound) {
+    if (m.has_abort()) {
+      EXPECT_TRUE(m.abort().preempt());
+      EXPECT_EQ(m.abort().grace_period_ms(), static_cast<int64_t>(config_.cancel_grace_s * 1000));
+      ++preempting_aborts;
+    }
+  }
+  EXPECT_EQ(preempting_aborts, 2);
+  EXPECT_EQ(high.rec.state, v1::JOB_STATE_PENDING);
+  EXPECT_EQ(high.rec.reason,
+            "stage 0: needs 2 idle workers, 0 available; preempting job-000001 (priority 0)");
+  // While it checkpoints, another schedule chooses no further victim and sends nothing.
+  Txn again;
+  machine_.Schedule(again);
+  EXPECT_TRUE(again.outbound.empty());
+
+  // The preemption checkpoint is committed; then rank 0 is SIGKILLed (its grace ran out, or
+  // its worker predates Abort.preempt): still a preemption, not a failure.
+  Checkpoint(6);
+  Exit(137, 9);
+  EXPECT_EQ(job_->rec.state, v1::JOB_STATE_PREEMPTED);
+  EXPECT_EQ(job_->rec.failures + job_->rec.infra_failures, 0);
+  EXPECT_EQ(job_->rec.preemptions, 1);
+  EXPECT_TRUE(job_->preempting_for.empty());
+  EXPECT_NE(job_->rec.reason.find("for job-000002"), std::string::npos) << job_->rec.reason;
+  EXPECT_EQ(metrics_->preemptions->WithLabels({"priority"})->Value(), 1);
+  EXPECT_EQ(metrics_->preemptions->WithLabels({"worker"})->Value(), 0);
+  // Both workers free: the high job starts; the low one waits behind it.
+  for (const char* w : {"w-a", "w-b"}) {
+    state_.workers[w]->assigned.reset();
+    state_.workers[w]->state = v1::WORKER_STATE_IDLE;
+  }
+  Txn placed;
+  machine_.Schedule(placed);
+  EXPECT_EQ(high.rec.state, v1::JOB_STATE_SCHEDULING);
+  EXPECT_EQ(job_->rec.state, v1::JOB_STATE_PREEMPTED);
+  EXPECT_NE(job_->rec.reason.find("restarting from checkpoint stage 0 step 6"), std::string::npos)
+      << job_->rec.reason;
+}
+
+TEST_F(FailureBudgetTest, AJobThatOptedOutIsNeverPreempted) {
+  job_->rec.preemptible = false;
+  Relaunch();
+  job_->rec.state = v1::JOB_STATE_RUNNING;
+  auto h = std::make_unique<JobRt>();
+  h->rec.id = "job-000002";
+  h->rec.number = 2;
+  h->rec.priority = 10;
+  StageRecord st;
+  st.sp = 2;
+  st.steps = 10;
+  st.seq_len = 64;
+  h->rec.stages = {st};
+  state_.jobs[h->rec.id] = std::move(h);
+  Txn txn;
+  machine_.Schedule(txn);
+  EXPECT_EQ(job_->rec.state, v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(txn.outbound.empty());
 }
 
 TEST_F(JobMachineTest, LastStageCompletionSucceedsTheJob) {

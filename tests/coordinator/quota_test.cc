@@ -54,6 +54,15 @@ TEST(QuotaTest, PriorityAboveTheCapNeedsAdmin) {
   EXPECT_TRUE(CheckPriority(1000000, /*is_admin=*/true, p).ok());
 }
 
+TEST(QuotaTest, OnlyAdminsOptOutOfPreemption) {
+  EXPECT_TRUE(CheckPreemptible(true, /*is_admin=*/false).ok());
+  EXPECT_TRUE(CheckPreemptible(false, /*is_admin=*/true).ok());
+  absl::Status s = CheckPreemptible(false, /*is_admin=*/false);
+  EXPECT_TRUE(absl::IsPermissionDenied(s));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("spec.scheduling.preemptible: false needs the admin role"));
+}
+
 TEST(QuotaTest, QueuedJobsPerTenant) {
   QuotaPolicy p;
   p.tenants["small"].max_queued_jobs = 2;

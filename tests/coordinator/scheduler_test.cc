@@ -157,6 +157,133 @@ TEST(PlanQueueTest, AJobInBackoffWaitsWithoutBlocking) {
   EXPECT_EQ(d[1].worker_ids, std::vector<std::string>{"a"});
 }
 
+// --- Priority preemption (PlanPreemption, PlanQueue kPreempt). ---
+
+RunningJob Running(const std::string& id, int64_t priority, int64_t number,
+                   std::vector<std::string> worker_ids, double at_risk, bool preemptible = true) {
+  RunningJob r;
+  r.id = id;
+  r.priority = priority;
+  r.number = number;
+  for (const std::string& w : worker_ids) r.workers.push_back({w, "n"});
+  r.gpu_seconds_at_risk = at_risk;
+  r.preemptible = preemptible;
+  return r;
+}
+
+std::vector<std::string> VictimIds(const std::vector<Victim>& victims) {
+  std::vector<std::string> out;
+  for (const Victim& v : victims) out.push_back(v.job_id);
+  return out;
+}
+
+TEST(PreemptionTest, ChoosesTheVictimThatLosesTheLeastWork) {
+  // Two low jobs of 2 workers each; the high one needs 2: the one with less work at risk.
+  std::vector<RunningJob> running = {Running("old-ckpt", 0, 1, {"a", "b"}, 900.0),
+                                     Running("new-ckpt", 0, 2, {"c", "d"}, 40.0)};
+  EXPECT_EQ(VictimIds(PlanPreemption(Queued("high", 10, 3, 2), {}, running)),
+            std::vector<std::string>{"new-ckpt"});
+  running[0].gpu_seconds_at_risk = 10.0;
+  EXPECT_EQ(VictimIds(PlanPreemption(Queued("high", 10, 3, 2), {}, running)),
+            std::vector<std::string>{"old-ckpt"});
+}
+
+TEST(PreemptionTest, TiesGoToTheLowestPriorityThenTheYoungest) {
+  std::vector<RunningJob> running = {Running("p1-old", 1, 1, {"a"}, 5.0),
+                                     Running("p0-old", 0, 2, {"b"}, 5.0),
+                                     Running("p0-young", 0, 3, {"c"}, 5.0)};
+  EXPECT_EQ(VictimIds(PlanPreemption(Queued("high", 10, 9, 1), {}, running)),
+            std::vector<std::string>{"p0-young"});
+  EXPECT_EQ(VictimIds(PlanPreemption(Queued("high", 10, 9, 3), {}, running)),
+            (std::vector<std::string>{"p0-young", "p0-old", "p1-old"}));
+}
+
+TEST(PreemptionTest, OnlyAsManyAsNeededAndNeverEqualHigherOrOptedOut) {
+  // Idle "x" + a cheap 1-worker job already make a 2-gang... but the cheapest is tried
+  // first: "tiny" (1 worker) then "big" (3): with x, tiny suffices.
+  std::vector<RunningJob> running = {Running("tiny", 0, 1, {"a"}, 1.0),
+                                     Running("big", 0, 2, {"b", "c", "d"}, 2.0)};
+  EXPECT_EQ(VictimIds(PlanPreemption(Queued("high", 5, 3, 2), {{"x", "n"}}, running)),
+            std::vector<std::string>{"tiny"});
+  // A 4-gang with x: tiny then big are added; tiny turns out not to be needed.
+  EXPECT_EQ(VictimIds(PlanPreemption(Queued("high", 5, 3, 4), {{"x", "n"}}, running)),
+            std::vector<std::string>{"big"});
+  // Same priority, higher priority and opted-out jobs are never victims.
+  std::vector<RunningJob> untouchable = {Running("same", 5, 1, {"a"}, 0.0),
+                                         Running("higher", 9, 2, {"b"}, 0.0),
+                                         Running("opted-out", 0, 3, {"c"}, 0.0, false)};
+  EXPECT_TRUE(PlanPreemption(Queued("high", 5, 4, 1), {}, untouchable).empty());
+  // No set of candidates makes room: none is preempted.
+  EXPECT_TRUE(PlanPreemption(Queued("high", 5, 3, 9), {}, running).empty());
+}
+
+TEST(PlanQueueTest, TheHeadPreemptsAndLowerJobsWaitForIt) {
+  auto live = Workers({{"a", "n"}, {"b", "n"}, {"c", "n"}, {"d", "n"}});
+  std::vector<RunningJob> running = {Running("low-a", 0, 1, {"a", "b"}, 300.0),
+                                     Running("low-b", 0, 2, {"c", "d"}, 30.0)};
+  std::vector<QueueDecision> d = PlanQueue({Queued("high", 10, 3, 2), Queued("small", 0, 4, 1)}, {},
+                                           live, nullptr, {}, running);
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].kind, QueueDecision::Kind::kPreempt);
+  EXPECT_EQ(VictimIds(d[0].victims), std::vector<std::string>{"low-b"});
+  EXPECT_EQ(d[0].reason,
+            "stage 0: needs 2 idle workers, 0 available; preempting low-b (priority 0)");
+  EXPECT_EQ(d[1].kind, QueueDecision::Kind::kBlocked);
+  // Next round: low-b's workers are freeing; no further victim is chosen.
+  running[1].preemptible = false;
+  d = PlanQueue({Queued("high", 10, 3, 2)}, {}, live, nullptr, {}, running,
+                Workers({{"c", "n"}, {"d", "n"}}));
+  EXPECT_EQ(d[0].kind, QueueDecision::Kind::kUnplaced);
+  EXPECT_TRUE(d[0].victims.empty());
+  // Once they are idle, the head starts on them.
+  d = PlanQueue({Queued("high", 10, 3, 2)}, Workers({{"c", "n"}, {"d", "n"}}), live, nullptr, {},
+                {running[0]});
+  EXPECT_EQ(d[0].kind, QueueDecision::Kind::kLaunch);
+}
+
+// --- Backfill with a reservation for the head job. ---
+
+TEST(PlanQueueTest, BackfillUsesWorkersTheHeadDoesNotNeedButNeverItsReservation) {
+  // 3 idle; "big" (priority 5) needs 4: 1 more frees up when an ending attempt's worker is
+  // idle. Its reservation is 3 idle workers of that placement... all of them: nothing left.
+  auto live = Workers({{"a", "n"}, {"b", "n"}, {"c", "n"}, {"d", "n"}, {"e", "n"}});
+  auto idle = Workers({{"a", "n"}, {"b", "n"}, {"c", "n"}});
+  std::vector<QueueDecision> d = PlanQueue({Queued("big", 5, 1, 4), Queued("small", 0, 2, 1)}, idle,
+                                           live, nullptr, {}, {}, Workers({{"d", "n"}}));
+  EXPECT_EQ(d[0].kind, QueueDecision::Kind::kUnplaced);
+  EXPECT_EQ(d[1].kind, QueueDecision::Kind::kBlocked);
+  // Two workers freeing: the head's placement needs only 2 of the 3 idle; the third
+  // backfills the small job, and the head still starts as soon as d and e are free.
+  d = PlanQueue({Queued("big", 5, 1, 4), Queued("small", 0, 2, 1), Queued("small2", 0, 3, 1)}, idle,
+                live, nullptr, {}, {}, Workers({{"d", "n"}, {"e", "n"}}));
+  EXPECT_EQ(d[0].kind, QueueDecision::Kind::kUnplaced);
+  EXPECT_EQ(d[1].kind, QueueDecision::Kind::kLaunch);
+  EXPECT_TRUE(d[1].backfill);
+  ASSERT_EQ(d[1].worker_ids.size(), 1u);
+  EXPECT_EQ(d[2].kind, QueueDecision::Kind::kBlocked);  // Only one spare.
+  std::vector<std::string> all_idle_left;
+  for (const IdleWorker& w : idle) {
+    if (w.id != d[1].worker_ids[0]) all_idle_left.push_back(w.id);
+  }
+  Placement head = PlaceGang(
+      {4, 1, ""},
+      Workers({{all_idle_left[0], "n"}, {all_idle_left[1], "n"}, {"d", "n"}, {"e", "n"}}));
+  EXPECT_TRUE(head.placed);  // The backfill did not take a worker the head needs.
+}
+
+TEST(PlanQueueTest, BackfillRunsOnWorkersOutsideTheHeadsLabel) {
+  // The head needs 2 "gpu" workers and waits for running jobs to end: every idle "gpu"
+  // worker is reserved, but an idle "cpu" worker runs a small unlabeled job.
+  auto live = Workers({{"g1", "gpu"}, {"g2", "gpu"}, {"c1", "cpu"}});
+  auto idle = Workers({{"g1", "gpu"}, {"c1", "cpu"}});
+  std::vector<QueueDecision> d =
+      PlanQueue({Queued("head", 5, 1, 2, "gpu"), Queued("small", 0, 2, 1)}, idle, live);
+  EXPECT_EQ(d[0].kind, QueueDecision::Kind::kUnplaced);
+  EXPECT_EQ(d[1].kind, QueueDecision::Kind::kLaunch);
+  EXPECT_TRUE(d[1].backfill);
+  EXPECT_EQ(d[1].worker_ids, std::vector<std::string>{"c1"});
+}
+
 TEST(ConfigTest, RejectsBadValuesWithActionableMessages) {
   CoordinatorConfig c;
   c.state_dir = "/tmp/x";

@@ -273,7 +273,11 @@ TEST(StoreTest, OwnerTenantAndIdentityPersistAndSchema1IsMigrated) {
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open((dir.path() + "/coordinator.db").c_str(), &db), SQLITE_OK);
   for (const char* sql :
-       {"ALTER TABLE jobs DROP COLUMN owner", "ALTER TABLE jobs DROP COLUMN tenant",
+       {"ALTER TABLE jobs DROP COLUMN infra_failures",
+        "ALTER TABLE jobs DROP COLUMN max_infra_failures",
+        "ALTER TABLE jobs DROP COLUMN failure_window_s",
+        "ALTER TABLE jobs DROP COLUMN recent_failures", "ALTER TABLE jobs DROP COLUMN preemptible",
+        "ALTER TABLE jobs DROP COLUMN owner", "ALTER TABLE jobs DROP COLUMN tenant",
         "ALTER TABLE workers DROP COLUMN identity",
         "UPDATE meta SET value='1' WHERE key='schema_version'"}) {
     ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql;
@@ -470,6 +474,11 @@ TEST(StoreTest, DeletesWorkersAndKeepsRequestIds) {
   EXPECT_EQ(snap->jobs[0].request_hash, "abc");
 }
 
+constexpr const char* kDropVersion4Columns =
+    "ALTER TABLE jobs DROP COLUMN infra_failures; ALTER TABLE jobs DROP COLUMN "
+    "max_infra_failures; ALTER TABLE jobs DROP COLUMN failure_window_s; ALTER TABLE jobs DROP "
+    "COLUMN recent_failures; ALTER TABLE jobs DROP COLUMN preemptible";
+
 TEST(StoreTest, MigratesAVersionTwoFile) {
   TempDir dir;
   {
@@ -479,9 +488,10 @@ TEST(StoreTest, MigratesAVersionTwoFile) {
     b.jobs.push_back(MakeJob("job-000001", 1));
     ASSERT_TRUE((*store)->Write(b).ok());
   }
-  // Make it a version-2 file: no submit_requests table.
+  // Make it a version-2 file: no submit_requests table, no version-4 columns.
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open((dir.path() + "/coordinator.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, kDropVersion4Columns, nullptr, nullptr, nullptr), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(db,
                          "DROP TABLE submit_requests; UPDATE meta SET value='2' WHERE "
                          "key='schema_version'",
@@ -499,6 +509,54 @@ TEST(StoreTest, MigratesAVersionTwoFile) {
   ASSERT_TRUE(snap.ok());
   ASSERT_EQ(snap->jobs.size(), 2u);
   EXPECT_EQ(snap->jobs[1].request_id, "req-2");
+}
+
+// Failure budgets and the preemption opt-out (schema 4) round-trip; a version-3 file gets
+// the spec defaults for its jobs and keeps everything else.
+TEST(StoreTest, FailureBudgetsPersistAndAVersionThreeFileIsMigrated) {
+  TempDir dir;
+  {
+    auto store = Store::Open(dir.path());
+    ASSERT_TRUE(store.ok());
+    JobRecord j = MakeJob("job-000001", 1);
+    j.failures = 2;
+    j.infra_failures = 7;
+    j.max_infra_failures = 9;
+    j.failure_window_s = 600;
+    j.recent_failures = {{1000, true}, {2000, false}, {3000, true}};
+    j.preemptible = false;
+    Store::Batch b;
+    b.jobs.push_back(j);
+    ASSERT_TRUE((*store)->Write(b).ok());
+    auto back = (*store)->LoadJob("job-000001");
+    ASSERT_TRUE(back.ok() && back->has_value()) << back.status();
+    EXPECT_EQ((*back)->infra_failures, 7);
+    EXPECT_EQ((*back)->max_infra_failures, 9);
+    EXPECT_EQ((*back)->failure_window_s, 600);
+    ASSERT_EQ((*back)->recent_failures.size(), 3u);
+    EXPECT_EQ((*back)->recent_failures[1].ms, 2000);
+    EXPECT_FALSE((*back)->recent_failures[1].infra);
+    EXPECT_TRUE((*back)->recent_failures[2].infra);
+    EXPECT_FALSE((*back)->preemptible);
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir.path() + "/coordinator.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, kDropVersion4Columns, nullptr, nullptr, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE meta SET value='3' WHERE key='schema_version'", nullptr,
+                         nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto snap = (*store)->Load();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  ASSERT_EQ(snap->jobs.size(), 1u);
+  EXPECT_EQ(snap->jobs[0].failures, 2);  // Old data intact.
+  EXPECT_EQ(snap->jobs[0].infra_failures, 0);
+  EXPECT_EQ(snap->jobs[0].max_infra_failures, 20);
+  EXPECT_EQ(snap->jobs[0].failure_window_s, 86400);
+  EXPECT_TRUE(snap->jobs[0].recent_failures.empty());
+  EXPECT_TRUE(snap->jobs[0].preemptible);
 }
 
 }  // namespace

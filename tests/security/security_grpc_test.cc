@@ -340,6 +340,18 @@ TEST_F(SecurityGrpcTest, PriorityAboveTheUserCapNeedsAnAdmin) {
   EXPECT_EQ(listed.jobs_size(), 2);  // The refused ones left no trace.
 }
 
+TEST_F(SecurityGrpcTest, OptingOutOfPreemptionNeedsAnAdmin) {
+  const std::string stages = "    - {seq_len: 64, steps: 2}\n";
+  auto pinned = SubmitYamlAs(TestTokens::kAlice, JobYaml("pinned", stages, "{preemptible: false}"));
+  EXPECT_TRUE(absl::IsPermissionDenied(pinned.status())) << pinned.status();
+  EXPECT_TRUE(absl::StrContains(pinned.status().message(),
+                                "spec.scheduling.preemptible: false needs the admin role"))
+      << pinned.status();
+  EXPECT_TRUE(
+      SubmitYamlAs(TestTokens::kAdmin, JobYaml("pinned", stages, "{preemptible: false}")).ok());
+  EXPECT_TRUE(SubmitYamlAs(TestTokens::kAlice, JobYaml("default", stages)).ok());
+}
+
 TEST_F(SecurityGrpcTest, RequestIdsAreScopedByTenant) {
   const std::string yaml = JobYaml("same", "    - {seq_len: 64, steps: 2}\n");
   auto alices = SubmitYamlAs(TestTokens::kAlice, yaml, "r-1");

@@ -241,6 +241,10 @@ std::vector<std::string> BuildRankArgv(const RankLaunch& launch) {
                                    absl::StrCat(launch.master_port),
                                    "--device",
                                    launch.device};
+  if (launch.collective_timeout_s > 0) {
+    argv.push_back("--collective-timeout-s");
+    argv.push_back(absl::StrCat(launch.collective_timeout_s));
+  }
   for (const auto& set : launch.overrides) {
     argv.push_back("--set");
     argv.push_back(set);

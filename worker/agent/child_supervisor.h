@@ -114,6 +114,7 @@ struct RankLaunch {
   int master_port = 0;
   std::string device = "cpu";
   std::vector<std::string> overrides;  // "spec.path=value", passed as --set.
+  int collective_timeout_s = 0;        // > 0: --collective-timeout-s (0 = the engine's 60 s).
 };
 std::vector<std::string> BuildRankArgv(const RankLaunch& launch);
 

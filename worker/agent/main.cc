@@ -27,6 +27,10 @@ int main(int argc, char** argv) {
   app.add_option("--grace-period-s", grace_s,
                  "On SIGTERM: seconds the rank gets to checkpoint before SIGKILL")
       ->capture_default_str();
+  app.add_option("--collective-timeout-s", config.collective_timeout_s,
+                 "Rendezvous and collective timeout of each rank, in seconds (0 = the engine's "
+                 "60; raise it when ranks load large checkpoints)")
+      ->capture_default_str();
   app.add_option("--advertise-host", config.advertise_host,
                  "Address other ranks reach this worker on")
       ->capture_default_str();

@@ -150,6 +150,11 @@ absl::Status WorkerConfig::Validate() {
     errors.push_back(absl::StrCat("--grace-period-s: ", grace_period.count() / 1000.0,
                                   " is negative (use >= 0; Kubernetes gives 30 by default)"));
   }
+  if (collective_timeout_s < 0 || collective_timeout_s > 86400) {
+    errors.push_back(absl::StrCat("--collective-timeout-s: ", collective_timeout_s,
+                                  " is outside 0..86400 (0 = the engine's 60 s; use e.g. 600 "
+                                  "when ranks load large checkpoints)"));
+  }
   if (!token.empty() && !token_file.empty()) {
     errors.push_back(absl::StrCat("--token-file: \"", token_file,
                                   "\" given with a token (--token or $ULYSSES_TOKEN): keep one"));
@@ -475,10 +480,15 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
                    << abort.ref().generation() << ": not running it";
         return;
       }
-      ULOG(INFO) << "abort " << RefString(*work_ref_) << ": " << abort.reason();
-      NoteLocked(*work_ref_, absl::StrCat("abort from coordinator: ", abort.reason(), " (grace ",
+      // preempt: the coordinator makes room for a higher-priority job. SIGTERM, the rank
+      // checkpoints and exits 75 (reported as preempted); this worker keeps taking work.
+      const bool preempt = abort.preempt();
+      ULOG(INFO) << (preempt ? "preempt " : "abort ") << RefString(*work_ref_) << ": "
+                 << abort.reason();
+      NoteLocked(*work_ref_, absl::StrCat(preempt ? "preemption" : "abort",
+                                          " from coordinator: ", abort.reason(), " (grace ",
                                           abort.grace_period_ms(), " ms)"));
-      child_->Stop(contract::StopRequest::kAbort,
+      child_->Stop(preempt ? contract::StopRequest::kPreempt : contract::StopRequest::kAbort,
                    milliseconds(std::max<int64_t>(0, abort.grace_period_ms())));
       return;
     }
@@ -560,6 +570,7 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   launch.master_addr = a.master_addr().empty() ? config_.advertise_host : a.master_addr();
   launch.master_port = a.master_port();
   launch.device = config_.device;
+  launch.collective_timeout_s = config_.collective_timeout_s;
   launch.overrides.assign(a.overrides().begin(), a.overrides().end());
 
   ChildCallbacks callbacks;

@@ -10,7 +10,9 @@
 //   the agent re-registers with backoff, reports what it runs (job, generation, rank)
 //   and keeps or kills the child as the coordinator answers. Reports that need an
 //   ack (checkpoint committed, attempt exited) are resent on the next session.
-// - Abort: SIGTERM to the child, SIGKILL after the abort's grace.
+// - Abort: SIGTERM to the child, SIGKILL after the abort's grace. An Abort with `preempt`
+//   (priority preemption) stops it as a preemption instead: the rank checkpoints, exits 75
+//   and the exit is reported as preempted; the agent keeps taking work.
 // - RequestShutdown() (SIGTERM of the agent, or Stop from the coordinator): SIGTERM
 //   to the child, up to grace_period for it to checkpoint and exit 75, SIGKILL after;
 //   the exit is reported as a preemption, then Run() returns.
@@ -37,6 +39,9 @@ struct WorkerConfig {
   std::string engine_bin;                         // ulysses-train path ("" = next to this binary).
   std::string advertise_host = "127.0.0.1";       // Address other ranks reach this worker on.
   std::chrono::milliseconds grace_period{30000};  // SIGTERM -> SIGKILL on preemption.
+  // --collective-timeout-s: passed to each rank (rendezvous and collective timeout; 0 = the
+  // engine's default of 60 s). Size it for the slowest checkpoint load of a rank.
+  int collective_timeout_s = 0;
   // Credentials (common/grpc/channel.h): TLS with --ca, mutual TLS with --cert/--key
   // (the certificate names this worker), a bearer token on every call.
   std::string ca_file;     // --ca: PEM CA of the coordinator's certificate; "" = plaintext.

@@ -16,6 +16,33 @@ TEST(ExitCodeTest, CodesAreTheDocumentedOnes) {
   EXPECT_EQ(kExitFailure, 1);
   EXPECT_EQ(kExitBadInput, 2);
   EXPECT_EQ(kExitPreempted, 75);
+  EXPECT_EQ(kExitPeerLost, 69);
+}
+
+TEST(ExitCodeTest, ARankThatLostAPeerExits69) {
+  EXPECT_EQ(RankExitCodeFor(absl::UnavailableError("gloo alltoall: connection closed by peer")),
+            kExitPeerLost);
+  EXPECT_EQ(RankExitCodeFor(absl::DeadlineExceededError("gloo allreduce timed out")),
+            kExitPeerLost);
+  EXPECT_EQ(RankExitCodeFor(absl::InternalError("x")), kExitFailure);
+  EXPECT_EQ(RankExitCodeFor(absl::InvalidArgumentError("x")), kExitBadInput);
+  EXPECT_EQ(RankExitCodeFor(absl::OkStatus()), kExitOk);
+  // Everything else keeps the plain mapping (the CLIs' UNAVAILABLE stays 1).
+  EXPECT_EQ(ExitCodeFor(absl::UnavailableError("x")), kExitFailure);
+}
+
+TEST(FailureKindTest, KilledFromOutsideOrLostAPeerIsInfrastructure) {
+  for (int sig : {SIGKILL, SIGTERM, SIGINT, SIGHUP}) {
+    EXPECT_EQ(FailureKindOf(ProcessExit{128 + sig, sig}), FailureKind::kInfrastructure) << sig;
+  }
+  EXPECT_EQ(FailureKindOf(ProcessExit{kExitPeerLost, 0}), FailureKind::kInfrastructure);
+  for (int sig : {SIGSEGV, SIGABRT, SIGBUS, SIGFPE}) {
+    EXPECT_EQ(FailureKindOf(ProcessExit{128 + sig, sig}), FailureKind::kApplication) << sig;
+  }
+  EXPECT_EQ(FailureKindOf(ProcessExit{1, 0}), FailureKind::kApplication);
+  EXPECT_EQ(FailureKindOf(ProcessExit{137, 0}), FailureKind::kApplication);  // An exit code.
+  EXPECT_STREQ(FailureKindName(FailureKind::kInfrastructure), "infrastructure");
+  EXPECT_STREQ(FailureKindName(FailureKind::kApplication), "application");
 }
 
 TEST(ExitCodeTest, StatusMapsToExitCode) {

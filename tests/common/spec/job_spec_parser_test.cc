@@ -474,6 +474,16 @@ std::vector<BadCase> BadCases() {
       {"max_preemptions_int32", With("{max_failures: 3}", "{max_preemptions: 4294967296}"),
        "spec.scheduling.max_preemptions: 4294967296 is more than 2147483647 (use -1 for "
        "unlimited)"},
+      {"max_infra_failures", With("{max_failures: 3}", "{max_infra_failures: -2}"),
+       "spec.scheduling.max_infra_failures: -2 must be >= 0 (use e.g. 20, or 0 to fail on the "
+       "first lost worker or killed rank)"},
+      {"failure_window_s", With("{max_failures: 3}", "{failure_window_s: -1}"),
+       "spec.scheduling.failure_window_s: -1 must be >= 0 (use e.g. 86400 (one day), or 0 for "
+       "no window)"},
+      {"failure_window_s_int32", With("{max_failures: 3}", "{failure_window_s: 2147483648}"),
+       "spec.scheduling.failure_window_s: 2147483648 is more than 2147483647"},
+      {"preemptible_type", With("{max_failures: 3}", "{preemptible: maybe}"),
+       "spec.scheduling.preemptible"},
       {"loss_tile_tokens", With("{tiled_loss: true}", "{tiled_loss: true, loss_tile_tokens: 0}"),
        "spec.memory.loss_tile_tokens: 0 must be > 0"},
       {"attention_block_size", With("{tiled_loss: true}", "{attention_block_size: -4}"),
@@ -540,6 +550,32 @@ TEST(JobSpecParserTest, DataEvalAndBatchFieldsParseAndRoundTrip) {
   packed.data.packing = false;
   packed.optimizer.micro_batch_size = 1;
   EXPECT_EQ(SpecHash(packed), SpecHash(*spec));
+}
+
+TEST(JobSpecParserTest, SchedulingBudgetsParseDefaultAndRoundTrip) {
+  absl::StatusOr<JobSpec> plain = ParseJobSpec(With("{max_failures: 3}", "{max_failures: 3}"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->scheduling.max_infra_failures, 20);
+  EXPECT_EQ(plain->scheduling.failure_window_s, 86400);
+  EXPECT_TRUE(plain->scheduling.preemptible);
+  // At their defaults they are not printed (older canonical specs stay byte-identical).
+  EXPECT_EQ(ToYaml(*plain).find("max_infra_failures"), std::string::npos);
+  EXPECT_EQ(ToYaml(*plain).find("preemptible"), std::string::npos);
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(
+      With("{max_failures: 3}",
+           "{max_failures: 2, max_infra_failures: 50, failure_window_s: 600, preemptible: false}"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->scheduling.max_failures, 2);
+  EXPECT_EQ(spec->scheduling.max_infra_failures, 50);
+  EXPECT_EQ(spec->scheduling.failure_window_s, 600);
+  EXPECT_FALSE(spec->scheduling.preemptible);
+  const std::string yaml = ToYaml(*spec);
+  absl::StatusOr<JobSpec> again = ParseJobSpec(yaml);
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << yaml;
+  EXPECT_EQ(ToYaml(*again), yaml);
+  EXPECT_EQ(again->scheduling.max_infra_failures, 50);
+  EXPECT_EQ(again->scheduling.failure_window_s, 600);
+  EXPECT_FALSE(again->scheduling.preemptible);
 }
 
 TEST(JobSpecParserTest, SeqLenOnlyNeedsToDivideBySp) {

@@ -288,6 +288,11 @@ TEST(ChildSupervisorTest, BuildsTheRankArgvOfTheContract) {
                                              "--set",
                                              "spec.stages[0].steps=3"};
   EXPECT_EQ(BuildRankArgv(launch), expected);
+  // A collective timeout is passed before the overrides.
+  launch.collective_timeout_s = 600;
+  std::vector<std::string> with_timeout = expected;
+  with_timeout.insert(with_timeout.end() - 2, {"--collective-timeout-s", "600"});
+  EXPECT_EQ(BuildRankArgv(launch), with_timeout);
 }
 
 }  // namespace

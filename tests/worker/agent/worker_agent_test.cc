@@ -375,6 +375,47 @@ TEST_F(WorkerAgentTest, SigtermPreemptsTheChildReportsAndExits) {
   EXPECT_TRUE(exited->preempted());
 }
 
+// A priority preemption (Abort with preempt): the rank checkpoints and exits 75, the exit
+// is reported as preempted (not aborted), no `preempting` notice (the worker is not
+// draining), and the worker stays up and takes the next assignment.
+TEST_F(WorkerAgentTest, APreemptingAbortCheckpointsAndKeepsTheWorker) {
+  PeerServer peer;
+  StartWorker(peer.port);
+  ASSERT_TRUE(peer.service.WaitForSession(1, seconds(20)));
+  ASSERT_TRUE(peer.service.Send(Assign(5, {"fake.steps=100000", "fake.step_ms=20"})));
+  ASSERT_TRUE(peer.service.WaitFor(
+      [](const Msgs& m, const Regs&) { return Count(m, v1::WorkerMessage::kProgress) >= 2; },
+      seconds(20)));
+  v1::CoordinatorMessage preempt;
+  preempt.mutable_abort()->mutable_ref()->set_job_id("job-000001");
+  preempt.mutable_abort()->mutable_ref()->set_generation(5);
+  preempt.mutable_abort()->set_reason("preempted for job-000002");
+  preempt.mutable_abort()->set_grace_period_ms(20000);
+  preempt.mutable_abort()->set_preempt(true);
+  ASSERT_TRUE(peer.service.Send(preempt));
+  ASSERT_TRUE(
+      peer.service.WaitFor([](const Msgs& m, const Regs&) { return Exited(m); }, seconds(20)))
+      << WorkerLog();
+  Msgs msgs = peer.service.Messages();
+  const v1::AttemptExited* exited = Exited(msgs);
+  EXPECT_EQ(exited->exit_code(), 75);
+  EXPECT_TRUE(exited->preempted());
+  EXPECT_FALSE(exited->aborted());
+  EXPECT_EQ(Count(msgs, v1::WorkerMessage::kCheckpoint), 1);  // The preemption checkpoint.
+  EXPECT_EQ(Count(msgs, v1::WorkerMessage::kPreempting), 0);
+  EXPECT_TRUE(worker_->Running());
+  ASSERT_TRUE(peer.service.Send(Assign(6, {"fake.steps=1"})));
+  ASSERT_TRUE(peer.service.WaitFor(
+      [](const Msgs& m, const Regs&) {
+        for (const auto& x : m) {
+          if (x.has_exited() && x.exited().ref().generation() == 6) return true;
+        }
+        return false;
+      },
+      seconds(20)))
+      << WorkerLog();
+}
+
 // What CLI11 rejects (an unknown flag, a missing required one) is bad input: exit 2.
 TEST_F(WorkerAgentTest, FlagsCli11RejectsExit2) {
   for (const std::vector<std::string>& args :
@@ -462,12 +503,13 @@ std::pair<std::string, std::string> RunWorkerWithFlags(const std::vector<std::st
 
 // Values that parse but are invalid: the config's own validation.
 TEST_F(WorkerAgentTest, RejectsBadFlagsWithTheFlagName) {
-  auto [exit, out] =
-      RunWorkerWithFlags({"--coordinator", "nohostport", "--name", "x", "--work-dir", work_dir_,
-                          "--device", "tpu", "--engine-bin", FAKE_RANK_PATH});
+  auto [exit, out] = RunWorkerWithFlags({"--coordinator", "nohostport", "--name", "x", "--work-dir",
+                                         work_dir_, "--device", "tpu", "--engine-bin",
+                                         FAKE_RANK_PATH, "--collective-timeout-s", "-5"});
   EXPECT_EQ(exit, "exit code 2");
   EXPECT_NE(out.find("--coordinator: \"nohostport\" is not HOST:PORT"), std::string::npos) << out;
   EXPECT_NE(out.find("--device: \"tpu\" is not cpu or cuda:N"), std::string::npos) << out;
+  EXPECT_NE(out.find("--collective-timeout-s: -5 is outside 0..86400"), std::string::npos) << out;
 }
 
 // Flags the command-line parser itself refuses (not a number, unknown, missing): the

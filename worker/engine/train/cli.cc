@@ -36,7 +36,7 @@ constexpr char kUsage[] =
     "  ulysses-train export --checkpoint DIR --hf-out DIR [--dtype bf16|fp16|fp32|fp64]\n"
     "  ulysses-train rank   -f JOB.yaml --out DIR --stage I --rank R --world-size W"
     " --master-addr HOST --master-port PORT [--device cpu|cuda:N] [--backend auto|gloo|nccl]"
-    " [--set ...]\n"
+    " [--collective-timeout-s S] [--set ...]\n"
     "  ulysses-train data pack --out PREFIX (--jsonl FILE | --from-flat FILE (--doc-len N | --eos "
     "ID))"
     " [--vocab-size V]\n";
@@ -102,7 +102,7 @@ absl::StatusOr<std::string> Required(const Flags& f, const std::string& name) {
 
 int Fail(const absl::Status& s) {
   std::cerr << "ulysses-train: " << s.message() << std::endl;
-  return contract::ExitCodeFor(s);
+  return contract::RankExitCodeFor(s);
 }
 
 // Where the local launcher puts its ranks: all on the CPU, or round-robin over the visible GPUs.
@@ -152,9 +152,10 @@ absl::StatusOr<LocalDevicePlan> LocalDevices(const std::string& device) {
   auto lhs = std::move(lhs##_or).value()
 
 int RankCommand(int argc, char** argv) {
-  OR_FAIL(f, ParseFlags(argc, argv, 2,
-                        {"-f", "--out", "--stage", "--rank", "--world-size", "--master-addr",
-                         "--master-port", "--device", "--backend", "--set"}));
+  OR_FAIL(
+      f, ParseFlags(argc, argv, 2,
+                    {"-f", "--out", "--stage", "--rank", "--world-size", "--master-addr",
+                     "--master-port", "--device", "--backend", "--collective-timeout-s", "--set"}));
   RankOptions o;
   OR_FAIL(job, Required(f, "-f"));
   OR_FAIL(out, Required(f, "--out"));
@@ -162,6 +163,13 @@ int RankCommand(int argc, char** argv) {
   OR_FAIL(rank, IntFlag(f, "--rank", 0));
   OR_FAIL(world, IntFlag(f, "--world-size", 1));
   OR_FAIL(port, IntFlag(f, "--master-port", 0));
+  OR_FAIL(timeout_s, IntFlag(f, "--collective-timeout-s", 60));
+  if (timeout_s < 1 || timeout_s > 86400) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--collective-timeout-s: ", timeout_s,
+                     " is outside 1..86400 (use e.g. 600 when ranks load large checkpoints)")));
+  }
+  o.collective_timeout_s = timeout_s;
   o.job_file = job;
   o.out_dir = out;
   o.stage = stage;

@@ -151,6 +151,7 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   pc.master_port = o.master_port;
   pc.device = o.device;
   pc.backend = o.backend;
+  pc.timeout = std::chrono::seconds(o.collective_timeout_s);
   ASSIGN_OR_RETURN(RankSetup rs, SetUpRank(spec, config, pc));
   AdamW adam(AdamWConfigFromSpec(spec.optimizer));
   int64_t global_step = 0, start_step = 0;

@@ -45,6 +45,9 @@ struct RankOptions {
   int master_port = 0;
   std::string device = "cpu";    // cpu | cuda:N
   std::string backend = "auto";  // auto | gloo | nccl (parallelize.h)
+  // --collective-timeout-s: the rendezvous and every collective fail (exit 69) after this.
+  // Raise it when a rank loads a large checkpoint while its peers wait at a collective.
+  int collective_timeout_s = 60;
 };
 
 struct RankOutcome {

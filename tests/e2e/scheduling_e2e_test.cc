@@ -1,0 +1,216 @@
+// End-to-end scheduling tests (docs/COORDINATOR.md "Scheduling policy"): the real
+// coordinator, workers, ulysses-train and ulyssesctl on loopback (tests/e2e/cluster.h).
+// - priority preemption: a high-priority job preempts a running low one, which checkpoints,
+//   requeues, resumes and ends with the loss of an unpreempted run;
+// - failure budgets: a rank that crashes at the same point every attempt fails the job after
+//   max_failures attempts with that error; ranks killed from outside (kill -9) more often
+//   than max_failures are infrastructure failures the job survives.
+// Skipped (with the reason) when ulysses-train is not built.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/cluster.h"
+
+namespace ulysses::e2e {
+namespace {
+
+using nlohmann::json;
+
+std::string State(const json& job) { return job.is_object() ? job.value("state", "") : ""; }
+bool Terminal(const json& job) {
+  const std::string s = State(job);
+  return s == "SUCCEEDED" || s == "FAILED" || s == "CANCELLED";
+}
+double FinalLoss(const json& job) {
+  const json& last = job["stages"].back();
+  const double eval = last.value("eval_loss", 0.0);
+  return eval > 0 ? eval : last.value("loss", 0.0);
+}
+
+// One stage of the tiny model: `sp` ranks, `steps` steps, a checkpoint every `every` steps.
+std::string WriteSpec(const std::string& dir, const std::string& name, int sp, int steps,
+                      int every) {
+  const std::string path = absl::StrCat(dir, "/", name, ".yaml");
+  std::ofstream out(path);
+  out << "apiVersion: ulysses/v1\nkind: TrainJob\nmetadata:\n  name: " << name
+      << "\nspec:\n  model: {preset: tiny}\n"
+      << "  data:\n    synthetic: {generator: needle, validation_sequences: 2}\n"
+      << "  memory: {attention_block_size: 512}\n"
+      << "  optimizer: {lr: 1.0e-3, warmup_steps: 1}\n"
+      << "  stages:\n    - {seq_len: 1024, steps: " << steps << ", sp_degree: " << sp << "}\n"
+      << "  checkpoint: {every_steps: " << every << ", keep_last: 2}\n  seed: 1234\n";
+  return path;
+}
+
+// The ulysses-train children of a worker process (ppid == worker pid).
+std::vector<pid_t> RankPids(pid_t worker) {
+  std::vector<pid_t> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid ...: comm may hold spaces, so parse after the last ')'.
+    const size_t close = line.rfind(')');
+    const size_t open = line.find('(');
+    if (close == std::string::npos || open == std::string::npos) continue;
+    const std::string comm = line.substr(open + 1, close - open - 1);
+    std::istringstream rest(line.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == worker && comm.rfind("ulysses-train", 0) == 0) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+class SchedulingE2ETest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (access(EngineBin().c_str(), X_OK) != 0) {
+      GTEST_SKIP() << "ulysses-train is not built at " << EngineBin()
+                   << ": the end-to-end tests need the real engine (build the ulysses-train "
+                      "target)";
+    }
+    for (const char* bin : {"ulysses-coordinator", "ulysses-worker", "ulyssesctl"}) {
+      ASSERT_EQ(access((BinDir() + "/" + bin).c_str(), X_OK), 0) << bin << " not built";
+    }
+    cluster_.StartCoordinator();
+    ASSERT_NE(cluster_.address(), "127.0.0.1:0") << cluster_.Logs();
+  }
+  void TearDown() override {
+    if (HasFailure()) std::cerr << cluster_.Logs();
+  }
+
+  // Waits until `id` runs a new attempt (generation > `after`) that reported step >= 1,
+  // then sends `sig` to its rank on worker `worker`; returns that generation (-1: the job
+  // ended or timed out first).
+  int64_t SignalNextAttempt(const std::string& id, const std::string& worker, int64_t after,
+                            int sig) {
+    json job = cluster_.WaitForJob(
+        id,
+        [&](const json& j) {
+          return Terminal(j) || (State(j) == "RUNNING" && j.value("generation", 0) > after &&
+                                 j.value("step", 0) >= 1 && !RankPids(Pid(worker)).empty());
+        },
+        seconds(120));
+    if (State(job) != "RUNNING") return -1;
+    for (pid_t pid : RankPids(Pid(worker))) kill(pid, sig);
+    return job.value("generation", int64_t{0});
+  }
+  pid_t Pid(const std::string& worker) { return cluster_.worker(worker)->pid(); }
+
+  Cluster cluster_;
+};
+
+TEST_F(SchedulingE2ETest, AHighPriorityJobPreemptsTheLowOneWhichResumesWithTheSameLoss) {
+  cluster_.StartWorker("w0");
+  cluster_.StartWorker("w1");
+  ASSERT_TRUE(cluster_.WaitForIdleWorkers(2, seconds(30))) << cluster_.Logs();
+  const std::string low_spec = WriteSpec(cluster_.dir(), "low", 2, 12, 2);
+  const std::string high_spec = WriteSpec(cluster_.dir(), "high", 2, 2, 2);
+  const std::string low = cluster_.Submit(low_spec, {});
+  ASSERT_FALSE(low.empty());
+  json job = cluster_.WaitForJob(
+      low, [](const json& j) { return j.value("step", 0) >= 3 || Terminal(j); }, seconds(240));
+  ASSERT_EQ(State(job), "RUNNING") << job.dump(2);
+  const auto submitted = std::chrono::steady_clock::now();
+  const std::string high = cluster_.Submit(high_spec, {"spec.scheduling.priority=10"});
+  ASSERT_FALSE(high.empty());
+  // The high job starts after the low one's preemption checkpoint, not after it ends.
+  json high_job = cluster_.WaitForJob(
+      high, [](const json& j) { return j.value("step", 0) >= 1 || Terminal(j); }, seconds(300));
+  // Reported, not asserted (polling adds up to 0.3 s): what an operator would measure.
+  std::cout << "high-priority submit -> its first step while a low-priority job held every "
+               "worker: "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - submitted).count()
+            << " s\n";
+  high_job = cluster_.WaitForJob(high, Terminal, seconds(300));
+  ASSERT_EQ(State(high_job), "SUCCEEDED") << high_job.dump(2);
+  job = cluster_.Describe(low);
+  EXPECT_FALSE(Terminal(job)) << "the low job ended before the high one ran\n" << job.dump(2);
+  EXPECT_EQ(job["preemptions"], 1) << job.dump(2);
+  bool checkpointing = false;
+  for (const json& e : job["events"]) {
+    if (e.value("to", "") == "CHECKPOINTING") {
+      EXPECT_NE(e.value("reason", "").find("preempted for " + high + " (priority 10 > 0)"),
+                std::string::npos)
+          << e.dump();
+      EXPECT_NE(e.value("reason", "").find("GPU-seconds since the last checkpoint at risk"),
+                std::string::npos)
+          << e.dump();
+      checkpointing = true;
+    }
+  }
+  EXPECT_TRUE(checkpointing) << job["events"].dump(1);
+  job = cluster_.WaitForJob(low, Terminal, seconds(300));
+  ASSERT_EQ(State(job), "SUCCEEDED") << job.dump(2);
+  EXPECT_EQ(job["preemptions"], 1);
+  EXPECT_EQ(job["failures"], 0);
+  EXPECT_EQ(job["infra_failures"], 0);
+  EXPECT_EQ(job["restarts"], 0);
+  // The same job never preempted ends with the same loss.
+  const std::string reference = cluster_.Submit(low_spec, {});
+  json ref = cluster_.WaitForJob(reference, Terminal, seconds(300));
+  ASSERT_EQ(State(ref), "SUCCEEDED") << ref.dump(2);
+  EXPECT_EQ(ref["preemptions"], 0);
+  EXPECT_NEAR(FinalLoss(job), FinalLoss(ref), 1e-5 * std::max(1.0, FinalLoss(ref)))
+      << "the preempted and the unpreempted run diverged";
+  EXPECT_GT(FinalLoss(job), 0.0);
+}
+
+TEST_F(SchedulingE2ETest, ACrashLoopFailsFastWhileKilledRanksAreSurvived) {
+  cluster_.StartWorker("w0");
+  ASSERT_TRUE(cluster_.WaitForIdleWorkers(1, seconds(30))) << cluster_.Logs();
+  // Killed from outside 4 times (more than max_failures 3): infrastructure, survived.
+  const std::string killed = cluster_.Submit(WriteSpec(cluster_.dir(), "killed", 1, 10, 100), {});
+  ASSERT_FALSE(killed.empty());
+  int64_t gen = 0;
+  for (int i = 0; i < 4; ++i) {
+    gen = SignalNextAttempt(killed, "w0", gen, SIGKILL);
+    ASSERT_GT(gen, 0) << "kill " << i << "\n" << cluster_.Describe(killed).dump(2);
+  }
+  json job = cluster_.WaitForJob(killed, Terminal, seconds(300));
+  ASSERT_EQ(State(job), "SUCCEEDED") << job.dump(2);
+  EXPECT_EQ(job["infra_failures"], 4) << job.dump(2);
+  EXPECT_EQ(job["failures"], 0);
+
+  // A rank that crashes (SIGSEGV) at the same point of every attempt, without a new
+  // checkpoint in between: FAILED at the third, with that error as the reason.
+  const std::string crashing =
+      cluster_.Submit(WriteSpec(cluster_.dir(), "crashing", 1, 200, 100), {});
+  ASSERT_FALSE(crashing.empty());
+  gen = 0;
+  int crashes = 0;
+  while (crashes < 5) {
+    gen = SignalNextAttempt(crashing, "w0", gen, SIGSEGV);
+    if (gen < 0) break;
+    ++crashes;
+  }
+  job = cluster_.WaitForJob(crashing, Terminal, seconds(60));
+  ASSERT_EQ(State(job), "FAILED") << job.dump(2);
+  EXPECT_EQ(crashes, 3) << job.dump(2);
+  EXPECT_EQ(job["failures"], 3);
+  // The repeated error is the reason (a crash signal: an application failure).
+  EXPECT_EQ(job.value("reason", "").rfind("crash loop: rank 0 ", 0), 0u) << job.value("reason", "");
+  EXPECT_NE(job.value("reason", "").find("signal 11"), std::string::npos)
+      << job.value("reason", "");
+  EXPECT_NE(job.value("reason", "").find("application failure 3 of max_failures 3"),
+            std::string::npos)
+      << job.value("reason", "");
+}
+
+}  // namespace
+}  // namespace ulysses::e2e
