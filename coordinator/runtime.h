@@ -86,6 +86,11 @@ struct JobRt {
   int64_t recovering_since_steady = 0;
   int64_t last_progress_steady = 0;
   int64_t last_progress_generation = 0;
+  // The stage ETA's base: the first rank-0 progress report of this generation and stage.
+  int64_t eta_base_steady = 0;
+  int64_t eta_base_step = 0;
+  int64_t eta_base_generation = -1;
+  int eta_base_stage = -1;
 };
 
 // Everything the coordinator holds in memory.

@@ -240,7 +240,9 @@ std::vector<std::string> BuildRankArgv(const RankLaunch& launch) {
                                    "--master-port",
                                    absl::StrCat(launch.master_port),
                                    "--device",
-                                   launch.device};
+                                   launch.device,
+                                   "--step-events",
+                                   "all"};
   for (const auto& set : launch.overrides) {
     argv.push_back("--set");
     argv.push_back(set);

@@ -82,7 +82,7 @@ v1::EvalResult ToProto(const contract::EvalEvent& e) {
   r.set_stage(static_cast<int32_t>(e.stage));
   r.set_seq_len(e.seq_len);
   r.set_loss(e.loss);
-  r.set_accuracy(e.accuracy.value_or(0.0));
+  if (e.accuracy.has_value()) r.set_accuracy(*e.accuracy);
   return r;
 }
 

@@ -45,6 +45,9 @@ struct RankOptions {
   int master_port = 0;
   std::string device = "cpu";    // cpu | cuda:N
   std::string backend = "auto";  // auto | gloo | nccl (parallelize.h)
+  // --step-events all: every rank prints its step events (per-rank figures for the worker
+  // agent's metrics); rank0 (default): only rank 0 does.
+  bool step_events_all_ranks = false;
 };
 
 struct RankOutcome {
