@@ -96,11 +96,12 @@ std::unique_ptr<CoordinatorMetrics> CoordinatorMetrics::Register(
     for (auto& [key, age] : pairs) out.push_back({{key}, age});
     return out;
   };
-  check(metrics::RegisterCallbackGaugeFamily(registry, "ulysses_worker_heartbeat_age_seconds",
-                                             [per_key] { return per_key(CountsPart::kHeartbeats); }));
-  check(metrics::RegisterCallbackGaugeFamily(
-      registry, "ulysses_checkpoint_age_seconds",
-      [per_key] { return per_key(CountsPart::kCheckpointAges); }));
+  check(
+      metrics::RegisterCallbackGaugeFamily(registry, "ulysses_worker_heartbeat_age_seconds",
+                                           [per_key] { return per_key(CountsPart::kHeartbeats); }));
+  check(metrics::RegisterCallbackGaugeFamily(registry, "ulysses_checkpoint_age_seconds", [per_key] {
+    return per_key(CountsPart::kCheckpointAges);
+  }));
   if (shared) {
     // build_info belongs to the process; registered once by whoever owns the registry.
     absl::Status s = metrics::RegisterBuildInfo(registry);

@@ -6,8 +6,8 @@
 
 #include <functional>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,8 +20,8 @@ namespace ulysses::coordinator {
 struct StateCounts {
   std::map<v1::JobState, int> jobs_by_state;
   std::map<v1::WorkerState, int> workers_by_state;
-  int queued_jobs = 0;                                           // PENDING, PREEMPTED, RECOVERING.
-  std::vector<std::pair<std::string, double>> heartbeat_ages_s;  // Per non-lost worker.
+  int queued_jobs = 0;                                            // PENDING, PREEMPTED, RECOVERING.
+  std::vector<std::pair<std::string, double>> heartbeat_ages_s;   // Per non-lost worker.
   std::vector<std::pair<std::string, double>> checkpoint_ages_s;  // Per running job.
 };
 

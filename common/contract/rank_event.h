@@ -49,13 +49,13 @@ struct StepEvent {
   int64_t seq_len = 0;      // >= 1: global sequence length of the stage.
   // Optional per-rank figures of this step (finite, >= 0). Timings are host wall time; on
   // CUDA, kernels run asynchronously, so the forward/backward split is approximate.
-  std::optional<double> step_seconds;          // The whole step on this rank.
-  std::optional<double> data_wait_seconds;     // Reading and packing the step's batches.
-  std::optional<double> forward_seconds;       // Forward passes (with their all-to-alls).
-  std::optional<double> backward_seconds;      // Backward passes (with their all-to-alls).
-  std::optional<double> optimizer_seconds;     // Gradient reduction, clipping and update.
-  std::optional<double> alltoall_seconds;      // Sequence all-to-alls, forward and backward.
-  std::optional<int64_t> alltoall_bytes;       // All-to-all bytes this rank sent this step.
+  std::optional<double> step_seconds;           // The whole step on this rank.
+  std::optional<double> data_wait_seconds;      // Reading and packing the step's batches.
+  std::optional<double> forward_seconds;        // Forward passes (with their all-to-alls).
+  std::optional<double> backward_seconds;       // Backward passes (with their all-to-alls).
+  std::optional<double> optimizer_seconds;      // Gradient reduction, clipping and update.
+  std::optional<double> alltoall_seconds;       // Sequence all-to-alls, forward and backward.
+  std::optional<int64_t> alltoall_bytes;        // All-to-all bytes this rank sent this step.
   std::optional<int64_t> peak_allocated_bytes;  // CUDA: peak allocated; CPU: peak RSS.
   std::optional<int64_t> peak_reserved_bytes;   // CUDA: peak reserved; CPU: peak RSS.
   std::optional<int64_t> memory_limit_bytes;    // GPU memory, or the CPU memory limit.

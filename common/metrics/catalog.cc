@@ -19,18 +19,18 @@ const Labels kRank = {"job_id", "stage", "rank"};
 
 MetricDef Counter(std::string name, Labels labels, std::vector<std::string> binaries,
                   std::string help) {
-  return {std::move(name), MetricType::kCounter, std::move(labels), std::move(help),
-          std::move(binaries), {}};
+  return {std::move(name), MetricType::kCounter, std::move(labels),
+          std::move(help), std::move(binaries),  {}};
 }
 MetricDef Gauge(std::string name, Labels labels, std::vector<std::string> binaries,
                 std::string help) {
-  return {std::move(name), MetricType::kGauge, std::move(labels), std::move(help),
-          std::move(binaries), {}};
+  return {std::move(name), MetricType::kGauge,  std::move(labels),
+          std::move(help), std::move(binaries), {}};
 }
 MetricDef Histogram(std::string name, Labels labels, std::vector<std::string> binaries,
                     std::vector<double> buckets, std::string help) {
-  return {std::move(name),     MetricType::kHistogram, std::move(labels), std::move(help),
-          std::move(binaries), std::move(buckets)};
+  return {std::move(name), MetricType::kHistogram, std::move(labels),
+          std::move(help), std::move(binaries),    std::move(buckets)};
 }
 
 std::vector<MetricDef> BuildCatalog() {

@@ -173,9 +173,10 @@ int RankCommand(int argc, char** argv) {
   o.backend = f.Get("--backend", "auto");
   const std::string step_events = f.Get("--step-events", "rank0");
   if (step_events != "rank0" && step_events != "all") {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--step-events: \"", step_events, "\" is not rank0 or all (all: every rank prints its "
-        "step events)")));
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--step-events: \"", step_events,
+                     "\" is not rank0 or all (all: every rank prints its "
+                     "step events)")));
   }
   o.step_events_all_ranks = step_events == "all";
   o.overrides = f.sets;

@@ -248,8 +248,8 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.tokens_per_s =
         static_cast<double>(stage.seq_len * layout.GlobalBatch()) / std::max(r.seconds, 1e-9);
-    r.rank = meter.Finish(
-        stats, static_cast<double>(stage.seq_len * layout.GlobalBatch()) / o.world_size);
+    r.rank = meter.Finish(stats,
+                          static_cast<double>(stage.seq_len * layout.GlobalBatch()) / o.world_size);
     report.Step(r);
     if (skipped_in_a_row >= kMaxConsecutiveSkippedSteps) {
       return absl::FailedPreconditionError(absl::StrCat(

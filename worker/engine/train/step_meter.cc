@@ -86,8 +86,8 @@ RankStepFigures StepMeter::Finish(const StepStats& stats, double rank_tokens) {
   f.data_wait_seconds = std::chrono::duration<double>(batches_ready_ - begin_).count();
   f.forward_seconds = std::max(0.0, stats.forward_seconds);
   f.backward_seconds = std::max(0.0, stats.backward_seconds);
-  f.optimizer_seconds = std::max(
-      0.0, f.step_seconds - f.data_wait_seconds - f.forward_seconds - f.backward_seconds);
+  f.optimizer_seconds =
+      std::max(0.0, f.step_seconds - f.data_wait_seconds - f.forward_seconds - f.backward_seconds);
   f.alltoall_seconds = std::max(0.0, SeqAllToAllSeconds() - alltoall_seconds_begin_);
   f.alltoall_bytes =
       comm_ == nullptr ? 0 : std::max<int64_t>(0, comm_->bytes_sent() - alltoall_bytes_begin_);
