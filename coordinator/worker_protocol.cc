@@ -260,7 +260,7 @@ void WorkerProtocol::UpdateStageEta(JobRt& job, const StageRecord& stage, int64_
   }
   const double elapsed_s = (now_steady - job.eta_base_steady) / 1000.0;
   const int64_t done = step - job.eta_base_step;
-  if (done <= 0 || elapsed_s <= 0) return;
+  if (done <= 0 || elapsed_s < 0) return;
   const double eta_s = static_cast<double>(std::max<int64_t>(0, stage.steps - step)) *
                        (elapsed_s / static_cast<double>(done));
   metrics_.stage_eta->WithLabels({job.rec.id})->Set(eta_s);

@@ -2,7 +2,10 @@
 // coordinator is built in parallel; tests/e2e covers the real one) with fake_rank as
 // the engine: registration, assignment -> child -> acked reports, abort, SIGTERM
 // preemption, and reconnect to a restarted coordinator with the child still running.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
 #include <chrono>
@@ -432,15 +435,24 @@ TEST_F(WorkerAgentTest, ServesTheRanksMetricsAndDropsThemWhenTheAttemptEnds) {
 
 TEST_F(WorkerAgentTest, MetricsListenOnABusyPortFailsTheWorker) {
   PeerServer peer;
-  httplib::Server busy;
-  const int port = busy.bind_to_any_port("127.0.0.1");
-  ASSERT_GT(port, 0);
+  // A plain listening socket (no SO_REUSEPORT) holds the port.
+  const int busy = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(busy, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(busy, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(busy, 1), 0);
+  ASSERT_EQ(getsockname(busy, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
   StartWorker(peer.port, 10, {"--metrics-listen", absl::StrCat("127.0.0.1:", port)});
-  ChildResult r = worker_->Wait();
-  EXPECT_EQ(r.outcome, contract::RankOutcome::kFailed) << r.description;
-  EXPECT_NE(r.stderr_tail.find("cannot listen on 127.0.0.1:" + std::to_string(port)),
-            std::string::npos)
-      << r.stderr_tail;
+  std::optional<ChildResult> r = worker_->Wait(seconds(20));
+  close(busy);
+  ASSERT_TRUE(r.has_value()) << "the worker kept running on a busy metrics port:\n" << WorkerLog();
+  EXPECT_EQ(r->outcome, contract::RankOutcome::kFailed) << r->description;
+  EXPECT_NE(WorkerLog().find(absl::StrCat("127.0.0.1:", port)), std::string::npos) << WorkerLog();
+  EXPECT_EQ(peer.service.Registers().size(), 0u);  // Failed before registering.
 }
 
 TEST_F(WorkerAgentTest, SigtermPreemptsTheChildReportsAndExits) {
