@@ -11,8 +11,10 @@
 #include "worker/engine/train/device_memory.h"
 #include "worker/engine/train/train_step.h"
 
-#ifdef ULYSSES_TORCH_CUDA
+// The CUDA runtime is linked where the toolkit was found (ULYSSES_HAVE_CUDA).
+#if defined(ULYSSES_TORCH_CUDA) && defined(ULYSSES_HAVE_CUDA)
 #include <cuda_runtime_api.h>
+#define ULYSSES_STEP_METER_CUDART 1
 #endif
 
 namespace ulysses::engine::train {
@@ -47,16 +49,17 @@ double ModelFlopsPerToken(const LlamaConfig& config, int64_t seq_len) {
 }
 
 int64_t MemoryLimitBytes(const torch::Device& device) {
-#ifdef ULYSSES_TORCH_CUDA
   if (device.is_cuda()) {
+#ifdef ULYSSES_STEP_METER_CUDART
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, device.index() < 0 ? 0 : device.index()) != cudaSuccess) {
       return 0;
     }
     return static_cast<int64_t>(prop.totalGlobalMem);
-  }
+#else
+    return 0;  // No CUDA runtime linked: unknown.
 #endif
-  (void)device;
+  }
   const int64_t physical = PhysicalMemoryBytes();
   int64_t limit = ReadCgroupLimit("/sys/fs/cgroup/memory.max");  // cgroup v2
   if (limit == 0) limit = ReadCgroupLimit("/sys/fs/cgroup/memory/memory.limit_in_bytes");  // v1
