@@ -1,6 +1,7 @@
 // ulysses-worker: flags -> WorkerConfig -> WorkerAgent::Run until SIGTERM.
 // Exit codes (common/contract/exit.h): 0 after a clean drain, 2 on bad flags, 1 when
 // the agent fails.
+#include <atomic>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
@@ -63,12 +64,19 @@ int main(int argc, char** argv) {
     return ulysses::contract::kExitFailure;
   }
   ulysses::agent::WorkerAgent agent(config);
-  std::thread([&agent] {
+  // Joined (not detached): a thread still waiting in WaitForStop() when main returns would
+  // block exit in the destructor of the condition variable it waits on.
+  std::atomic<bool> finished{false};
+  std::thread signals([&agent, &finished] {
     ulysses::WaitForStop();
+    if (finished.load()) return;
     ULOG(INFO) << "received signal " << ulysses::StopSignal() << ": draining";
     agent.RequestShutdown();
-  }).detach();
+  });
   absl::Status status = agent.Run();
+  finished.store(true);
+  ulysses::RequestStop();
+  signals.join();
   if (!status.ok()) {
     std::cerr << "ulysses-worker: " << status << "\n";
     return ulysses::contract::kExitFailure;
