@@ -38,10 +38,12 @@ std::string ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// The shipped rules with windows short enough for a test: the stall window 15m -> 6s,
-// every `for:` -> 1s. Everything else (expressions, labels) as shipped.
+// The shipped rules with windows short enough for a test: the stall window 15m -> 5s,
+// the recording interval 30s -> 2s, every `for:` -> 1s. Everything else (expressions,
+// labels) as shipped.
 std::string ShortWindowRules(const std::string& rules) {
-  std::string out = absl::StrReplaceAll(rules, {{"[15m]", "[6s]"}, {"offset 15m", "offset 6s"}});
+  std::string out = absl::StrReplaceAll(
+      rules, {{"[15m]", "[5s]"}, {"offset 15m", "offset 5s"}, {"interval: 30s", "interval: 2s"}});
   return std::regex_replace(out, std::regex("for: [0-9]+m"), "for: 1s");
 }
 
