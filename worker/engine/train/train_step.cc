@@ -158,8 +158,6 @@ absl::StatusOr<StepStats> Trainer::ShardedUpdate(double local_loss, int64_t loca
   torch::Tensor stats = stats_v[0].cpu();
   StepStats out;
   out.loss_scale = scale;
-  out.forward_seconds = forward_s;
-  out.backward_seconds = backward_s;
   out.tokens = stats[1].item<double>();
   out.loss = stats[0].item<double>() / std::max(1.0, out.tokens);
   RETURN_IF_ERROR(Guard(absl::StrCat("step ", step, " optimizer"), [&] {
