@@ -336,6 +336,22 @@ StateCounts Coordinator::Counts(CountsPart part) {
       }
       break;
     }
+    case CountsPart::kCheckpointAges: {
+      // Work at risk: training since the later of the last commit and the attempt's start
+      // (a restarted attempt resumed from that commit).
+      const int64_t now = NowMs();
+      for (auto& [id, j] : state_.jobs) {
+        if (j->rec.state != v1::JOB_STATE_RUNNING && j->rec.state != v1::JOB_STATE_CHECKPOINTING) {
+          continue;
+        }
+        const AttemptRecord* a = j->rec.current_attempt();
+        int64_t since = a == nullptr ? j->rec.started_ms : a->started_ms;
+        if (j->rec.last_checkpoint) since = std::max(since, j->rec.last_checkpoint->committed_ms);
+        if (since <= 0) continue;
+        out.checkpoint_ages_s.emplace_back(id, std::max<int64_t>(0, now - since) / 1000.0);
+      }
+      break;
+    }
   }
   return out;
 }

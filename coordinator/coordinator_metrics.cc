@@ -5,6 +5,7 @@
 
 #include "common/logging.h"
 #include "common/metrics/build_info.h"
+#include "common/metrics/catalog.h"
 
 namespace ulysses::coordinator {
 namespace {
@@ -54,78 +55,60 @@ std::unique_ptr<CoordinatorMetrics> CoordinatorMetrics::Register(
   auto check = [](const absl::Status& s) {
     if (!s.ok()) ULOG(ERROR) << "metric registration: " << s;
   };
-  m->gang_wait = must(
-      registry->AddHistogram("ulysses_gang_wait_seconds",
-                             "Time a job waited in the queue until its whole group was placed.", {},
-                             metrics::ExponentialBuckets(0.5, 2, 12)));
-  m->restarts = must(registry->AddCounter(
-      "ulysses_job_restarts_total", "Group restarts after a failure, by reason.", {"reason"}));
-  m->preemptions = must(registry->AddCounter(
-      "ulysses_preemptions_total",
-      "Attempts preempted (ranks checkpointed and exited 75), by reason: priority (the "
-      "coordinator made room for a higher-priority job) or worker (a worker got SIGTERM).",
-      {"reason"}));
-  m->preemption_lost_gpu_seconds = must(registry->AddCounter(
-      "ulysses_preemption_lost_gpu_seconds_total",
-      "Work lost to preemptions: world size x seconds from the last committed checkpoint (or "
-      "the attempt's start) to the preemption, by reason.",
-      {"reason"}));
-  m->recovery =
-      must(registry->AddHistogram("ulysses_recovery_duration_seconds",
-                                  "Time from a group breaking (RECOVERING) until it runs again.",
-                                  {}, metrics::ExponentialBuckets(0.5, 2, 12)));
-  m->stage_transitions = must(registry->AddCounter(
-      "ulysses_stage_transitions_total", "Stages completed (moves to the next stage or success)."));
-  m->checkpoint_seconds = must(registry->AddHistogram("ulysses_checkpoint_save_duration_seconds",
-                                                      "Wall time of committed checkpoint saves.",
-                                                      {}, metrics::ExponentialBuckets(0.5, 2, 12)));
-  m->checkpoint_bytes =
-      must(registry->AddGauge("ulysses_checkpoint_bytes",
-                              "Size of the last committed checkpoint per live job.", {"job_id"}));
-  m->store_writable = must(registry->AddGauge(
-      "ulysses_store_writable",
-      "1 while the coordinator's state store accepts writes, 0 while it is read-only after an "
-      "I/O error (the coordinator is NOT_SERVING until a probe write succeeds).",
-      {}));
-  m->store_write_errors = must(registry->AddCounter(
-      "ulysses_store_write_errors_total",
-      "State store writes that failed: kind=io (read-only until a probe write succeeds) or "
-      "kind=refused (the data was refused; only that request failed).",
-      {"kind"}));
+  m->gang_wait = must(metrics::RegisterHistogram(registry, "ulysses_gang_wait_seconds"));
+  m->restarts = must(metrics::RegisterCounter(registry, "ulysses_job_restarts_total"));
+  m->preemptions = must(metrics::RegisterCounter(registry, "ulysses_preemptions_total"));
+  m->preemption_lost_gpu_seconds =
+      must(metrics::RegisterCounter(registry, "ulysses_preemption_lost_gpu_seconds_total"));
+  // Both reasons exist from the start (0), so rate() and increase() see them on a healthy cluster.
+  for (const char* reason : {"priority", "worker"}) {
+    m->preemptions->WithLabels({reason});
+    m->preemption_lost_gpu_seconds->WithLabels({reason});
+  }
+  m->recovery = must(metrics::RegisterHistogram(registry, "ulysses_recovery_duration_seconds"));
+  m->stage_transitions =
+      must(metrics::RegisterCounter(registry, "ulysses_stage_transitions_total"));
+  m->checkpoint_seconds =
+      must(metrics::RegisterHistogram(registry, "ulysses_checkpoint_save_duration_seconds"));
+  m->checkpoint_bytes = must(metrics::RegisterGauge(registry, "ulysses_checkpoint_bytes"));
+  m->store_writable = must(metrics::RegisterGauge(registry, "ulysses_store_writable"));
+  m->store_write_errors =
+      must(metrics::RegisterCounter(registry, "ulysses_store_write_errors_total"));
   m->SetStoreWritable(true);
-  m->loss = must(registry->AddGauge("ulysses_train_loss",
-                                    "Last reported training loss per live job.", {"job_id"}));
-  m->tokens_per_s = must(registry->AddGauge("ulysses_train_tokens_per_second",
-                                            "Last reported throughput per live job.", {"job_id"}));
-  m->step = must(registry->AddGauge(
-      "ulysses_train_step", "Last reported step of the current stage per live job.", {"job_id"}));
-  m->tokens = must(registry->AddCounter(
-      "ulysses_train_tokens_total",
-      "Tokens trained per live job since the coordinator started (reported throughput "
-      "integrated between rank-0 progress reports).",
-      {"job_id"}));
-  m->rejected_reports = must(registry->AddCounter(
-      "ulysses_rejected_reports_total",
-      "Worker session messages rejected (dropped, answered with an error Ack), by reason.",
-      {"reason"}));
-  check(registry->AddCallbackGaugeFamily("ulysses_jobs", "Jobs by state.", {"state"}, [counts] {
+  m->loss = must(metrics::RegisterGauge(registry, "ulysses_train_loss"));
+  m->tokens_per_s = must(metrics::RegisterGauge(registry, "ulysses_train_tokens_per_second"));
+  m->step = must(metrics::RegisterGauge(registry, "ulysses_train_step"));
+  m->tokens = must(metrics::RegisterCounter(registry, "ulysses_train_tokens_total"));
+  m->steps = must(metrics::RegisterGauge(registry, "ulysses_train_steps"));
+  m->stage = must(metrics::RegisterGauge(registry, "ulysses_train_stage"));
+  m->seq_len = must(metrics::RegisterGauge(registry, "ulysses_train_seq_len"));
+  m->group_size = must(metrics::RegisterGauge(registry, "ulysses_train_group_size"));
+  m->stage_eta = must(metrics::RegisterGauge(registry, "ulysses_stage_eta_seconds"));
+  m->eval_loss = must(metrics::RegisterGauge(registry, "ulysses_eval_loss"));
+  m->eval_accuracy = must(metrics::RegisterGauge(registry, "ulysses_eval_accuracy"));
+  m->rejected_reports = must(metrics::RegisterCounter(registry, "ulysses_rejected_reports_total"));
+  check(metrics::RegisterCallbackGaugeFamily(registry, "ulysses_jobs", [counts] {
     return JobStateSamples(counts(CountsPart::kJobs).jobs_by_state);
   }));
-  check(registry->AddCallbackGauge(
-      "ulysses_queue_length", "Jobs waiting for placement (PENDING, PREEMPTED, RECOVERING).",
-      [counts] { return static_cast<double>(counts(CountsPart::kQueue).queued_jobs); }));
-  check(registry->AddCallbackGaugeFamily(
-      "ulysses_workers", "Workers by state.", {"state"},
-      [counts] { return WorkerStateSamples(counts(CountsPart::kWorkers).workers_by_state); }));
-  check(registry->AddCallbackGaugeFamily(
-      "ulysses_worker_heartbeat_age_seconds",
-      "Seconds since the last message from each non-lost worker.", {"worker"}, [counts] {
-        std::vector<metrics::CallbackSample> out;
-        for (auto& [worker, age] : counts(CountsPart::kHeartbeats).heartbeat_ages_s) {
-          out.push_back({{worker}, age});
-        }
-        return out;
-      }));
+  check(metrics::RegisterCallbackGauge(registry, "ulysses_queue_length", [counts] {
+    return static_cast<double>(counts(CountsPart::kQueue).queued_jobs);
+  }));
+  check(metrics::RegisterCallbackGaugeFamily(registry, "ulysses_workers", [counts] {
+    return WorkerStateSamples(counts(CountsPart::kWorkers).workers_by_state);
+  }));
+  auto per_key = [counts](CountsPart part) {
+    StateCounts c = counts(part);
+    auto& pairs = part == CountsPart::kHeartbeats ? c.heartbeat_ages_s : c.checkpoint_ages_s;
+    std::vector<metrics::CallbackSample> out;
+    for (auto& [key, age] : pairs) out.push_back({{key}, age});
+    return out;
+  };
+  check(
+      metrics::RegisterCallbackGaugeFamily(registry, "ulysses_worker_heartbeat_age_seconds",
+                                           [per_key] { return per_key(CountsPart::kHeartbeats); }));
+  check(metrics::RegisterCallbackGaugeFamily(registry, "ulysses_checkpoint_age_seconds", [per_key] {
+    return per_key(CountsPart::kCheckpointAges);
+  }));
   if (shared) {
     // build_info belongs to the process; registered once by whoever owns the registry.
     absl::Status s = metrics::RegisterBuildInfo(registry);
@@ -135,10 +118,29 @@ std::unique_ptr<CoordinatorMetrics> CoordinatorMetrics::Register(
 }
 
 void CoordinatorMetrics::ForgetJob(const std::string& job_id) {
-  for (metrics::GaugeFamily* f : {checkpoint_bytes, loss, tokens_per_s, step}) {
+  for (metrics::GaugeFamily* f :
+       {checkpoint_bytes, loss, tokens_per_s, step, steps, stage, seq_len, group_size, stage_eta}) {
     if (f) f->Remove({job_id});
   }
   if (tokens) tokens->Remove({job_id});
+  for (metrics::GaugeFamily* f : {eval_loss, eval_accuracy}) {
+    if (f) f->RemoveIf([&](const std::vector<std::string>& v) { return v[0] == job_id; });
+  }
+}
+
+void CoordinatorMetrics::SetJobStage(const std::string& job_id, int stage_index, int64_t steps_n,
+                                     int64_t seq_len_n, int group) {
+  if (stage) stage->WithLabels({job_id})->Set(stage_index);
+  if (steps) steps->WithLabels({job_id})->Set(static_cast<double>(steps_n));
+  if (seq_len) seq_len->WithLabels({job_id})->Set(static_cast<double>(seq_len_n));
+  if (group_size) group_size->WithLabels({job_id})->Set(group);
+}
+
+void CoordinatorMetrics::SetEval(const std::string& job_id, int stage_index, double loss_value,
+                                 std::optional<double> accuracy) {
+  const std::string s = std::to_string(stage_index);
+  if (eval_loss) eval_loss->WithLabels({job_id, s})->Set(loss_value);
+  if (eval_accuracy && accuracy.has_value()) eval_accuracy->WithLabels({job_id, s})->Set(*accuracy);
 }
 
 void CoordinatorMetrics::CountRestart(const std::string& reason) {

@@ -1,11 +1,13 @@
-// The coordinator's metrics (catalogue: docs/METRICS.md): the families it updates as
-// jobs and workers change, and the scrape-time gauges computed from its state.
+// The coordinator's metrics: the families it updates as jobs and workers change, and the
+// scrape-time gauges computed from its state. Every name comes from the catalogue
+// (common/metrics/catalog.h, documented in docs/METRICS.md).
 #ifndef ULYSSES_COORDINATOR_COORDINATOR_METRICS_H_
 #define ULYSSES_COORDINATOR_COORDINATOR_METRICS_H_
 
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,12 +20,13 @@ namespace ulysses::coordinator {
 struct StateCounts {
   std::map<v1::JobState, int> jobs_by_state;
   std::map<v1::WorkerState, int> workers_by_state;
-  int queued_jobs = 0;                                           // PENDING, PREEMPTED, RECOVERING.
-  std::vector<std::pair<std::string, double>> heartbeat_ages_s;  // Per non-lost worker.
+  int queued_jobs = 0;                                            // PENDING, PREEMPTED, RECOVERING.
+  std::vector<std::pair<std::string, double>> heartbeat_ages_s;   // Per non-lost worker.
+  std::vector<std::pair<std::string, double>> checkpoint_ages_s;  // Per running job.
 };
 
 // Which part of StateCounts a gauge reads, so a scrape takes only what it needs.
-enum class CountsPart { kJobs, kWorkers, kQueue, kHeartbeats };
+enum class CountsPart { kJobs, kWorkers, kQueue, kHeartbeats, kCheckpointAges };
 
 class CoordinatorMetrics {
  public:
@@ -53,12 +56,24 @@ class CoordinatorMetrics {
   metrics::CounterFamily* rejected_reports = nullptr;    // {reason}
   metrics::GaugeFamily* store_writable = nullptr;        // 1 writable, 0 read-only.
   metrics::CounterFamily* store_write_errors = nullptr;  // {kind: io | refused}
+  metrics::GaugeFamily* steps = nullptr;                 // {job_id}
+  metrics::GaugeFamily* stage = nullptr;                 // {job_id}
+  metrics::GaugeFamily* seq_len = nullptr;               // {job_id}
+  metrics::GaugeFamily* group_size = nullptr;            // {job_id}
+  metrics::GaugeFamily* stage_eta = nullptr;             // {job_id}
+  metrics::GaugeFamily* eval_loss = nullptr;             // {job_id, stage}
+  metrics::GaugeFamily* eval_accuracy = nullptr;         // {job_id, stage}
 
   // Null-safe helpers.
   void CountRestart(const std::string& reason);
   void CountRejected(const std::string& reason);
   void SetStoreWritable(bool writable);
   void CountStoreWriteError(const std::string& kind);
+  // The shape of the job's current stage (its index, steps, seq_len and ranks).
+  void SetJobStage(const std::string& job_id, int stage, int64_t steps, int64_t seq_len,
+                   int group_size);
+  // A stage's evaluation; `accuracy` only when the evaluation measured it.
+  void SetEval(const std::string& job_id, int stage, double loss, std::optional<double> accuracy);
 
  private:
   std::unique_ptr<metrics::Registry> owned_;

@@ -90,6 +90,11 @@ struct JobRt {
   // requeue); "" = none. Cleared when the attempt ends. Not persisted: after a coordinator
   // restart its ranks still exit as preempted (the worker reports the stop request).
   std::string preempting_for;
+  // The stage ETA's base: the first rank-0 progress report of this generation and stage.
+  int64_t eta_base_steady = 0;
+  int64_t eta_base_step = 0;
+  int64_t eta_base_generation = -1;
+  int eta_base_stage = -1;
 };
 
 // Everything the coordinator holds in memory.

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/metrics/build_info.h"
+#include "common/metrics/catalog.h"
 #include "common/status.h"
 #include "coordinator/auth/bootstrap.h"
 
@@ -84,9 +85,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     const CoordinatorConfig& config) {
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   RETURN_IF_ERROR(metrics::RegisterBuildInfo(&s->registry_));
-  absl::StatusOr<metrics::HistogramFamily*> rpc_seconds = s->registry_.AddHistogram(
-      "ulysses_rpc_duration_seconds", "Server-side handling time of coordinator RPCs.", {"method"},
-      metrics::ExponentialBuckets(0.0005, 2, 14));
+  absl::StatusOr<metrics::HistogramFamily*> rpc_seconds =
+      metrics::RegisterHistogram(&s->registry_, "ulysses_rpc_duration_seconds");
   RETURN_IF_ERROR(rpc_seconds.status());
 
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MakeCredentials(config));

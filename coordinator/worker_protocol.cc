@@ -243,7 +243,27 @@ void WorkerProtocol::MarkStarted(JobRt& job, int rank, Txn& txn) {
                       absl::StrCat("all ", stage.world(), " ranks of stage ", stage.index,
                                    " running (generation ", job.rec.generation, ")"),
                       txn);
+    metrics_.SetJobStage(job.rec.id, stage.index, stage.steps, stage.seq_len, stage.world());
   }
+}
+
+void WorkerProtocol::UpdateStageEta(JobRt& job, const StageRecord& stage, int64_t step,
+                                    int64_t now_steady) {
+  if (metrics_.stage_eta == nullptr) return;
+  if (job.eta_base_generation != job.rec.generation || job.eta_base_stage != stage.index ||
+      step < job.eta_base_step) {
+    job.eta_base_generation = job.rec.generation;
+    job.eta_base_stage = stage.index;
+    job.eta_base_step = step;
+    job.eta_base_steady = now_steady;
+    return;  // One report gives no rate yet.
+  }
+  const double elapsed_s = (now_steady - job.eta_base_steady) / 1000.0;
+  const int64_t done = step - job.eta_base_step;
+  if (done <= 0 || elapsed_s < 0) return;
+  const double eta_s = static_cast<double>(std::max<int64_t>(0, stage.steps - step)) *
+                       (elapsed_s / static_cast<double>(done));
+  metrics_.stage_eta->WithLabels({job.rec.id})->Set(eta_s);
 }
 
 void WorkerProtocol::OnStarted(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
@@ -281,6 +301,8 @@ void WorkerProtocol::OnProgress(WorkerRt& w, const v1::WorkerMessage& m, Txn& tx
     }
     job->last_progress_steady = now;
     job->last_progress_generation = ref.generation();
+    metrics_.SetJobStage(job->rec.id, stage.index, stage.steps, stage.seq_len, stage.world());
+    UpdateStageEta(*job, stage, p.step(), now);
     v1::JobEvent ev;
     v1::StepProgress* sp = ev.mutable_progress();
     *sp = p;
@@ -357,6 +379,8 @@ void WorkerProtocol::OnEval(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
     stage.eval_loss = e.loss();
     stage.eval_accuracy = e.accuracy();
     stage.eval_seq_len = e.seq_len();
+    metrics_.SetEval(job->rec.id, idx, e.loss(),
+                     e.has_accuracy() ? std::optional<double>(e.accuracy()) : std::nullopt);
   }
   v1::JobEvent ev;
   *ev.mutable_eval() = e;

@@ -46,6 +46,9 @@ class WorkerProtocol {
   void OnEval(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
   void OnPreempting(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
   void OnExited(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
+  // ulysses_stage_eta_seconds: the stage's remaining steps at the mean step rate since the
+  // first rank-0 report of this generation and stage.
+  void UpdateStageEta(JobRt& job, const StageRecord& stage, int64_t step, int64_t now_steady);
 
   void Ack(WorkerRt& w, const v1::WorkerMessage& m, const absl::Status& status, Txn& txn);
   // Drops the message (nothing about its job changes), answers it with an error Ack and

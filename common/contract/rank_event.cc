@@ -1,5 +1,6 @@
 #include "common/contract/rank_event.h"
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -26,14 +27,45 @@ struct Overloaded : Ts... {
 template <class... Ts>
 Overloaded(Ts...) -> Overloaded<Ts...>;
 
+// The optional per-rank fields of a step event, in wire order within each type.
+template <typename E>
+auto StepNumbers(E& e) {
+  return std::array<std::pair<const char*, decltype(&e.step_seconds)>, 8>{{
+      {"step_seconds", &e.step_seconds},
+      {"data_wait_seconds", &e.data_wait_seconds},
+      {"forward_seconds", &e.forward_seconds},
+      {"backward_seconds", &e.backward_seconds},
+      {"optimizer_seconds", &e.optimizer_seconds},
+      {"alltoall_seconds", &e.alltoall_seconds},
+      {"rank_tokens_per_s", &e.rank_tokens_per_s},
+      {"model_flops_per_s", &e.model_flops_per_s},
+  }};
+}
+template <typename E>
+auto StepInts(E& e) {
+  return std::array<std::pair<const char*, decltype(&e.alltoall_bytes)>, 4>{{
+      {"alltoall_bytes", &e.alltoall_bytes},
+      {"peak_allocated_bytes", &e.peak_allocated_bytes},
+      {"peak_reserved_bytes", &e.peak_reserved_bytes},
+      {"memory_limit_bytes", &e.memory_limit_bytes},
+  }};
+}
+
 ordered_json ToJson(const RankEvent& event) {
   return std::visit(
       Overloaded{
           [](const StepEvent& e) {
-            return ordered_json{
+            ordered_json j{
                 {"event", StepEvent::kKind}, {"stage", e.stage}, {"step", e.step},
                 {"steps", e.steps},          {"loss", e.loss},   {"tokens_per_s", e.tokens_per_s},
                 {"seq_len", e.seq_len}};
+            for (const auto& [key, value] : StepNumbers(e)) {
+              if (value->has_value()) j[key] = **value;
+            }
+            for (const auto& [key, value] : StepInts(e)) {
+              if (value->has_value()) j[key] = **value;
+            }
+            return j;
           },
           [](const CheckpointEvent& e) {
             return ordered_json{{"event", CheckpointEvent::kKind},
@@ -199,6 +231,12 @@ absl::StatusOr<RankEvent> ReadStep(FieldReader& r) {
   if (auto s = r.Number("loss", 0, kInf, &e.loss); !s.ok()) return s;
   if (auto s = r.Number("tokens_per_s", 0, kInf, &e.tokens_per_s); !s.ok()) return s;
   if (auto s = r.Int("seq_len", 1, kNoMax, &e.seq_len); !s.ok()) return s;
+  for (const auto& [key, value] : StepNumbers(e)) {
+    if (auto s = r.OptionalNumber(key, 0, kInf, value); !s.ok()) return s;
+  }
+  for (const auto& [key, value] : StepInts(e)) {
+    if (auto s = r.OptionalInt(key, 0, kNoMax, value); !s.ok()) return s;
+  }
   return e;
 }
 
@@ -280,8 +318,19 @@ absl::StatusOr<std::optional<RankEvent>> ParseRankEventLine(absl::string_view li
 }
 
 bool operator==(const StepEvent& a, const StepEvent& b) {
-  return a.stage == b.stage && a.step == b.step && a.steps == b.steps && a.loss == b.loss &&
-         a.tokens_per_s == b.tokens_per_s && a.seq_len == b.seq_len;
+  if (!(a.stage == b.stage && a.step == b.step && a.steps == b.steps && a.loss == b.loss &&
+        a.tokens_per_s == b.tokens_per_s && a.seq_len == b.seq_len)) {
+    return false;
+  }
+  const auto an = StepNumbers(a), bn = StepNumbers(b);
+  for (size_t i = 0; i < an.size(); ++i) {
+    if (*an[i].second != *bn[i].second) return false;
+  }
+  const auto ai = StepInts(a), bi = StepInts(b);
+  for (size_t i = 0; i < ai.size(); ++i) {
+    if (*ai[i].second != *bi[i].second) return false;
+  }
+  return true;
 }
 bool operator==(const CheckpointEvent& a, const CheckpointEvent& b) {
   return a.stage == b.stage && a.step == b.step && a.path == b.path && a.bytes == b.bytes &&

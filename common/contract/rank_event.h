@@ -6,12 +6,19 @@
 // One JSON object per stdout line, "event" first, then the fields below (all
 // required unless marked optional; no other fields):
 //
-//   {"event":"step","stage":S,"step":N,"steps":T,"loss":L,"tokens_per_s":X,"seq_len":Q}
+//   {"event":"step","stage":S,"step":N,"steps":T,"loss":L,"tokens_per_s":X,"seq_len":Q
+//    [,"step_seconds":D,"data_wait_seconds":D,"forward_seconds":D,"backward_seconds":D,
+//      "optimizer_seconds":D,"alltoall_seconds":D,"alltoall_bytes":B,"peak_allocated_bytes":B,
+//      "peak_reserved_bytes":B,"memory_limit_bytes":B,"rank_tokens_per_s":X,
+//      "model_flops_per_s":F]}
 //   {"event":"checkpoint","stage":S,"step":N,"path":"...","bytes":B,"seconds":D}
 //   {"event":"eval","stage":S,"seq_len":Q,"loss":L[,"accuracy":A][,"step":N]}
 //   {"event":"done","stage":S[,"peak_rss_bytes":R]}
 //
-// Rank 0 prints step, checkpoint and eval events; every rank may print done. Any other
+// Every rank prints its own step events (the optional per-rank figures are that rank's;
+// loss, tokens_per_s and the rest are the group's and the same on every rank); only rank
+// 0's are progress for the coordinator. Rank 0 prints checkpoint and eval events; every
+// rank may print done. Any other
 // stdout line is a log line. A line that is a JSON object with an "event" key (or that
 // starts with {"event") is an event line and must follow this protocol exactly; one
 // that does not is rejected with an error naming the field, the value and the rule.
@@ -40,6 +47,20 @@ struct StepEvent {
   double loss = 0;          // finite, >= 0: the step's mean token loss over the world.
   double tokens_per_s = 0;  // finite, >= 0: the step's global training throughput.
   int64_t seq_len = 0;      // >= 1: global sequence length of the stage.
+  // Optional per-rank figures of this step (finite, >= 0). Timings are host wall time; on
+  // CUDA, kernels run asynchronously, so the forward/backward split is approximate.
+  std::optional<double> step_seconds;           // The whole step on this rank.
+  std::optional<double> data_wait_seconds;      // Reading and packing the step's batches.
+  std::optional<double> forward_seconds;        // Forward passes (with their all-to-alls).
+  std::optional<double> backward_seconds;       // Backward passes (with their all-to-alls).
+  std::optional<double> optimizer_seconds;      // Gradient reduction, clipping and update.
+  std::optional<double> alltoall_seconds;       // Sequence all-to-alls, forward and backward.
+  std::optional<int64_t> alltoall_bytes;        // All-to-all bytes this rank sent this step.
+  std::optional<int64_t> peak_allocated_bytes;  // CUDA: peak allocated; CPU: peak RSS.
+  std::optional<int64_t> peak_reserved_bytes;   // CUDA: peak reserved; CPU: peak RSS.
+  std::optional<int64_t> memory_limit_bytes;    // GPU memory, or the CPU memory limit.
+  std::optional<double> rank_tokens_per_s;      // Tokens this rank trained per second.
+  std::optional<double> model_flops_per_s;      // Model FLOP/s of this rank (MFU numerator).
 };
 
 // A checkpoint was committed (every shard durable, manifest written last).

@@ -1,5 +1,6 @@
 #include "common/metrics/build_info.h"
 
+#include "common/metrics/catalog.h"
 #include "common/status.h"
 
 #ifndef ULYSSES_VERSION
@@ -20,10 +21,7 @@ std::string BuildGitSha() {
 }
 
 absl::Status RegisterBuildInfo(Registry* registry) {
-  ASSIGN_OR_RETURN(GaugeFamily * family,
-                   registry->AddGauge(kBuildInfoMetric,
-                                      "Build metadata of this Ulysses binary (value is always 1).",
-                                      {"version", "git_sha"}));
+  ASSIGN_OR_RETURN(GaugeFamily * family, RegisterGauge(registry, kBuildInfoMetric));
   family->WithLabels({BuildVersion(), BuildGitSha()})->Set(1);
   return absl::OkStatus();
 }

@@ -241,6 +241,21 @@ bool Family<T>::Remove(const std::vector<std::string>& label_values) {
 }
 
 template <typename T>
+size_t Family<T>::RemoveIf(const std::function<bool(const std::vector<std::string>&)>& match) {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t removed = 0;
+  for (auto it = children_.begin(); it != children_.end();) {
+    if (match(it->first)) {
+      it = children_.erase(it);
+      ++removed;
+    } else {
+      ++it;
+    }
+  }
+  return removed;
+}
+
+template <typename T>
 void Family<T>::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
   children_.clear();

@@ -128,6 +128,9 @@ class Family final : public internal::FamilyBase {
   // Stops exporting the child (e.g. when a job ends, to keep label sets bounded).
   // Returns false if there was no such child.
   bool Remove(const std::vector<std::string>& label_values);
+  // Removes every child whose label values `match` accepts (e.g. all series of one job
+  // whatever their other labels); `match` runs under the family mutex. Returns how many.
+  size_t RemoveIf(const std::function<bool(const std::vector<std::string>&)>& match);
   // Removes every child.
   void Clear();
   size_t size() const;

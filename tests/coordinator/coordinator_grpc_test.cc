@@ -9,12 +9,14 @@
 #include <fstream>
 #include <future>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc/grpc_util.h"
+#include "common/metrics/catalog.h"
 #include "coordinator/server.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -536,10 +538,10 @@ TEST_F(CoordinatorGrpcTest, MetricsPassPromtool) {
   EXPECT_EQ(after->body.find("job_id=\"" + *id + "\""), std::string::npos);
 }
 
-// docs/METRICS.md is the contract the alert rules and the dashboard are checked
-// against (tests/deploy): its catalogue must be exactly the families this coordinator
-// registers, with the same types (a family is exported even before it has a series).
-TEST_F(CoordinatorGrpcTest, DocumentedCatalogueIsExactlyWhatTheCoordinatorRegisters) {
+// The coordinator registers exactly its rows of the metrics catalogue
+// (common/metrics/catalog.h), with their types: docs/METRICS.md, the dashboard and the
+// alert rules are checked against that catalogue (tests/deploy), so the scrape is too.
+TEST_F(CoordinatorGrpcTest, ScrapeExportsExactlyTheCoordinatorsCatalogueRows) {
   // One RPC so every family that has label-less series has been touched at least once.
   ASSERT_TRUE(Submit(JobYaml("catalogue", "    - {seq_len: 256, steps: 2}\n")).ok());
   httplib::Client http("127.0.0.1", server_->metrics_port());
@@ -554,36 +556,92 @@ TEST_F(CoordinatorGrpcTest, DocumentedCatalogueIsExactlyWhatTheCoordinatorRegist
     words >> hash >> keyword >> name >> type;
     if (hash == "#" && keyword == "TYPE") exported[name] = type;
   }
-  const char* source_dir = std::getenv("ULYSSES_SOURCE_DIR");
-  ASSERT_NE(source_dir, nullptr) << "run through ctest (sets ULYSSES_SOURCE_DIR)";
-  std::ifstream doc(std::string(source_dir) + "/docs/METRICS.md");
-  ASSERT_TRUE(doc.good());
-  std::map<std::string, std::string> documented;  // rows "| `name` | type | ..." of ## Catalogue
-  bool in_catalogue = false;
-  for (std::string line; std::getline(doc, line);) {
-    if (line.rfind("## ", 0) == 0) in_catalogue = line == "## Catalogue";
-    if (!in_catalogue || line.rfind("| `", 0) != 0) continue;
-    const size_t name_end = line.find('`', 3);
-    ASSERT_NE(name_end, std::string::npos) << line;
-    const size_t type_start = line.find('|', name_end) + 1;
-    const size_t type_end = line.find('|', type_start);
-    std::string type = line.substr(type_start, type_end - type_start);
-    type.erase(0, type.find_first_not_of(' '));
-    type.erase(type.find_last_not_of(' ') + 1);
-    documented[line.substr(3, name_end - 3)] = type;
-  }
-  ASSERT_FALSE(documented.empty()) << "no catalogue rows found in docs/METRICS.md";
-  for (const auto& [name, type] : exported) {
-    auto it = documented.find(name);
-    if (it == documented.end()) {
-      ADD_FAILURE() << name << " (" << type << ") is exported but not in docs/METRICS.md";
-    } else {
-      EXPECT_EQ(it->second, type) << name << ": docs/METRICS.md says another type";
+  std::map<std::string, std::string> catalogue;  // The coordinator's rows: name -> type.
+  for (const metrics::MetricDef& def : metrics::Catalog()) {
+    for (const std::string& binary : def.binaries) {
+      if (binary == metrics::kCoordinatorBinary) {
+        catalogue[def.name] = std::string(metrics::MetricTypeName(def.type));
+      }
     }
   }
-  for (const auto& [name, type] : documented) {
-    EXPECT_TRUE(exported.count(name)) << name << " is in docs/METRICS.md but not exported";
+  ASSERT_GT(catalogue.size(), 20u);
+  EXPECT_EQ(exported, catalogue);
+}
+
+// Value of the one sample line starting with `series` (e.g. `ulysses_x{job_id="j"}`), or
+// nullopt when the scrape has no such line.
+std::optional<double> SampleValue(const std::string& body, const std::string& series) {
+  std::istringstream scrape(body);
+  for (std::string line; std::getline(scrape, line);) {
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
   }
+  return std::nullopt;
+}
+
+// Job-level gauges (issue #12): the stage's shape, ETA, work at risk and evaluation per
+// stage, fed by real worker-session messages and read from the real scrape; they leave
+// with the job.
+TEST_F(CoordinatorGrpcTest, JobLevelGaugesFollowTheJobAndLeaveWithIt) {
+  FakeWorker& w1 = AddWorker("w1");
+  auto id = Submit(JobYaml("gauged", "    - {seq_len: 256, steps: 10}\n"));
+  ASSERT_TRUE(id.ok());
+  auto a = w1.WaitAssignment();
+  ASSERT_TRUE(a);
+  w1.Started(a->ref());
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
+  httplib::Client http("127.0.0.1", server_->metrics_port());
+  auto scrape = [&] {
+    auto res = http.Get("/metrics");
+    return res && res->status == 200 ? res->body : std::string();
+  };
+  const std::string job = "{job_id=\"" + *id + "\"}";
+  std::string body = scrape();
+  // Set when the group runs, before any step.
+  EXPECT_EQ(SampleValue(body, "ulysses_train_seq_len" + job), 256) << body;
+  EXPECT_EQ(SampleValue(body, "ulysses_train_group_size" + job), 1);
+  EXPECT_EQ(SampleValue(body, "ulysses_train_steps" + job), 10);
+  EXPECT_EQ(SampleValue(body, "ulysses_train_stage" + job), 0);
+  // Work at risk: the job runs without a checkpoint, so it is counted from the attempt start.
+  EXPECT_GE(SampleValue(body, "ulysses_checkpoint_age_seconds" + job).value_or(-1), 0);
+  // One progress report gives no rate; the ETA appears with the second.
+  w1.Progress(a->ref(), 1, 4.5);
+  ASSERT_TRUE(PollUntil([&] { return GetJob(*id).stages(0).progress().step() == 1; }));
+  EXPECT_EQ(SampleValue(scrape(), "ulysses_stage_eta_seconds" + job), std::nullopt);
+  w1.Progress(a->ref(), 3, 4.0);
+  ASSERT_TRUE(PollUntil([&] { return GetJob(*id).stages(0).progress().step() == 3; }));
+  EXPECT_GE(SampleValue(scrape(), "ulysses_stage_eta_seconds" + job).value_or(-1), 0);
+
+  // Evaluation: loss always, accuracy only when the evaluation measured it.
+  auto eval = [&](std::optional<double> accuracy) {
+    v1::WorkerMessage m;
+    *m.mutable_eval()->mutable_ref() = a->ref();
+    v1::EvalResult* r = m.mutable_eval()->mutable_result();
+    r->set_stage(0);
+    r->set_seq_len(256);
+    r->set_loss(3.5);
+    if (accuracy) r->set_accuracy(*accuracy);
+    w1.Send(std::move(m));
+  };
+  const std::string stage0 = "{job_id=\"" + *id + "\",stage=\"0\"}";
+  eval(std::nullopt);
+  ASSERT_TRUE(
+      PollUntil([&] { return SampleValue(scrape(), "ulysses_eval_loss" + stage0) == 3.5; }));
+  EXPECT_EQ(SampleValue(scrape(), "ulysses_eval_accuracy" + stage0), std::nullopt);
+  eval(0.75);
+  ASSERT_TRUE(
+      PollUntil([&] { return SampleValue(scrape(), "ulysses_eval_accuracy" + stage0) == 0.75; }));
+
+  // A committed checkpoint restarts the work-at-risk clock (it is still reported).
+  auto ack = w1.WaitAck(w1.Checkpoint(a->ref(), 3, a->checkpoint_dir() + "/step-00000003"));
+  ASSERT_TRUE(ack);
+  EXPECT_EQ(ack->result(), v1::ACK_CODE_OK) << ack->message();
+  EXPECT_GE(SampleValue(scrape(), "ulysses_checkpoint_age_seconds" + job).value_or(-1), 0);
+
+  // The job ends: every series naming it goes (bounded cardinality).
+  w1.Exited(a->ref(), 0);
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_SUCCEEDED));
+  body = scrape();
+  EXPECT_EQ(body.find("job_id=\"" + *id + "\""), std::string::npos) << body;
 }
 
 TEST_F(CoordinatorGrpcTest, ListJobsFiltersByStateAndPages) {

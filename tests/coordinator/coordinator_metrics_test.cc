@@ -24,6 +24,7 @@ TEST(CoordinatorMetricsTest, RegistersEveryFamilyAndComputesGaugesAtScrape) {
     c.workers_by_state[v1::WORKER_STATE_IDLE] = 3;
     c.queued_jobs = 1;
     c.heartbeat_ages_s = {{"w-a", 1.5}};
+    c.checkpoint_ages_s = {{"job-000009", 42}};
     (void)part;
     return c;
   });
@@ -53,11 +54,25 @@ TEST(CoordinatorMetricsTest, RegistersEveryFamilyAndComputesGaugesAtScrape) {
   EXPECT_TRUE(Has(text, "ulysses_workers{state=\"lost\"} 0")) << text;
   EXPECT_TRUE(Has(text, "ulysses_queue_length 1")) << text;
   EXPECT_TRUE(Has(text, "ulysses_worker_heartbeat_age_seconds{worker=\"w-a\"} 1.5")) << text;
-  EXPECT_EQ(scrapes, 4);  // One call per scrape-time gauge.
+  EXPECT_TRUE(Has(text, "ulysses_checkpoint_age_seconds{job_id=\"job-000009\"} 42")) << text;
+  EXPECT_EQ(scrapes, 5);  // One call per scrape-time gauge.
   EXPECT_NE(text.find("ulysses_build_info"), std::string::npos);
 
+  // Per-job gauges of every stage, and another job's, then the job ends.
+  metrics->SetJobStage("job-000001", 1, 20, 2048, 2);
+  metrics->SetEval("job-000001", 0, 3.5, 0.25);
+  metrics->SetEval("job-000001", 1, 3.0, std::nullopt);
+  metrics->SetEval("job-000002", 0, 4.0, 0.5);
+  std::string with = registry.Serialize();
+  EXPECT_TRUE(Has(with, "ulysses_train_group_size{job_id=\"job-000001\"} 2")) << with;
+  EXPECT_TRUE(Has(with, "ulysses_eval_accuracy{job_id=\"job-000001\",stage=\"0\"} 0.25"));
+  EXPECT_TRUE(Has(with, "ulysses_eval_loss{job_id=\"job-000001\",stage=\"1\"} 3"));
+  EXPECT_EQ(with.find("ulysses_eval_accuracy{job_id=\"job-000001\",stage=\"1\"}"),
+            std::string::npos);  // That evaluation measured no accuracy.
   metrics->ForgetJob("job-000001");
-  EXPECT_EQ(registry.Serialize().find("job-000001"), std::string::npos);
+  const std::string after = registry.Serialize();
+  EXPECT_EQ(after.find("job-000001\""), std::string::npos) << after;
+  EXPECT_TRUE(Has(after, "ulysses_eval_accuracy{job_id=\"job-000002\",stage=\"0\"} 0.5"));
 }
 
 TEST(CoordinatorMetricsTest, WithoutARegistryStillCounts) {

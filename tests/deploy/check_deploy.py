@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Checks deploy/k8s: manifests, Prometheus rules (real promtool), dashboard.
+"""Checks deploy/k8s: manifests, Prometheus rules (real promtool), dashboard, and that
+docs/METRICS.md, the dashboard and the rules agree with the metrics catalogue the
+binaries register from (common/metrics/catalog.cc).
 
 Run by ctest (deploy_k8s_test) with Debian's /usr/bin/python3 (python3-yaml).
-ULYSSES_SOURCE_DIR points at the repository root (defaults to ../.. of this file).
+ULYSSES_SOURCE_DIR points at the repository root (defaults to ../.. of this file);
+ULYSSES_METRICS_CATALOG_TOOL at the metrics_catalog_dump binary (default: build/bin).
 """
 import base64
 import hashlib
@@ -23,6 +26,8 @@ PROM = os.path.join(K8S, "prometheus")
 DASHBOARD = os.path.join(K8S, "grafana", "ulysses-dashboard.json")
 METRICS_MD = os.path.join(ROOT, "docs", "METRICS.md")
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
+CATALOG_TOOL = os.environ.get("ULYSSES_METRICS_CATALOG_TOOL") or os.path.join(
+    ROOT, "build", "bin", "metrics_catalog_dump")
 
 # What the dashboard must show (issue: job states, tokens/s, loss, step, restarts vs
 # preemptions, recovery, checkpoint durations/bytes, heartbeat ages, gang wait, all-to-all).
@@ -32,7 +37,17 @@ DASHBOARD_REQUIRED = {
     "ulysses_recovery_duration_seconds", "ulysses_checkpoint_save_duration_seconds",
     "ulysses_checkpoint_bytes", "ulysses_worker_heartbeat_age_seconds",
     "ulysses_gang_wait_seconds",
+    # Per-rank and per-stage figures (issue #12): stragglers, memory, MFU, all-to-all,
+    # evaluation by stage, work at risk.
+    "ulysses_rank_step_seconds", "ulysses_rank_step_phase_seconds",
+    "ulysses_rank_memory_peak_bytes", "ulysses_rank_memory_limit_bytes", "ulysses_rank_mfu_ratio",
+    "ulysses_alltoall_seconds", "ulysses_alltoall_bytes_total", "ulysses_eval_accuracy",
+    "ulysses_checkpoint_age_seconds", "ulysses_stage_eta_seconds", "ulysses_train_seq_len",
+    "ulysses_train_group_size",
 }
+
+# Recording + alerting rules in ulysses-rules.yml.
+RULE_COUNT = 20
 
 # PromQL words that are not metric names.
 PROMQL_WORDS = {
@@ -55,9 +70,37 @@ def read_text(path):
         return f.read()
 
 
+def catalog():
+    """name -> {"type", "labels", "binaries"}: what the binaries register."""
+    out = subprocess.run([CATALOG_TOOL], stdout=subprocess.PIPE, check=True, timeout=60).stdout
+    return {m["name"]: m for m in json.loads(out)}
+
+
+def documented_catalogue():
+    """name -> (type, labels, binaries) from the rows of docs/METRICS.md's ## Catalogue."""
+    rows = {}
+    section = None
+    for line in read_text(METRICS_MD).splitlines():
+        if line.startswith("## "):
+            section = line
+        if section != "## Catalogue" or not line.startswith("| `"):
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        name = cells[0].strip("`")
+        labels = tuple(re.findall(r"`([^`]+)`", cells[2]))
+        binaries = tuple(re.findall(r"`([^`]+)`", cells[3]))
+        rows[name] = (cells[1], labels, binaries)
+    return rows
+
+
+def recorded_series():
+    rules = yaml.safe_load(read_text(os.path.join(PROM, "ulysses-rules.yml")))
+    return {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
+
+
 def documented_metrics():
-    text = read_text(METRICS_MD)
-    return set(re.findall(r"`([a-zA-Z_:][a-zA-Z0-9_:]*)`", text))
+    """Names the dashboard and rules may use: the catalogue plus the recording rules."""
+    return set(catalog()) | recorded_series()
 
 
 def metric_names(expr):
@@ -138,6 +181,19 @@ class PromtoolTest(unittest.TestCase):
             self.assertNotEqual(rc, 0, out)
             self.assertIn("UlyssesWorkerHeartbeatStale", out)
 
+    def test_straggler_rule_test_can_fail(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            rules = read_text(os.path.join(PROM, "ulysses-rules.yml"))
+            broken = rules.replace("(1.5 * job_id:ulysses_rank_step_seconds:median)",
+                                   "(3 * job_id:ulysses_rank_step_seconds:median)")
+            self.assertNotEqual(broken, rules)
+            with open(os.path.join(tmp, "ulysses-rules.yml"), "w", encoding="utf-8") as f:
+                f.write(broken)
+            shutil.copy(os.path.join(PROM, "ulysses-rules_test.yml"), tmp)
+            rc, out = run([PROMTOOL, "test", "rules", "ulysses-rules_test.yml"], cwd=tmp)
+            self.assertNotEqual(rc, 0, out)
+            self.assertIn("UlyssesStragglerRank", out)
+
     def test_check_scrape_config(self):
         # Debian's Prometheus is built without Kubernetes service discovery, so
         # check a copy whose kubernetes_sd_configs is swapped for a static target;
@@ -145,16 +201,19 @@ class PromtoolTest(unittest.TestCase):
         config = yaml.safe_load(read_text(os.path.join(PROM, "prometheus.yml")))
         job = config["scrape_configs"][0]
         self.assertEqual(job["job_name"], "ulysses-coordinator")  # Used by UlyssesCoordinatorDown.
-        self.assertEqual(job["kubernetes_sd_configs"][0]["role"], "pod")
-        del job["kubernetes_sd_configs"]
-        job["static_configs"] = [{"targets": ["127.0.0.1:9090"]}]
+        self.assertEqual([j["job_name"] for j in config["scrape_configs"]],
+                         ["ulysses-coordinator", "ulysses-worker"])  # ulysses-worker: UlyssesWorkerLost.
+        for port, job in zip((9090, 9091), config["scrape_configs"]):
+            self.assertEqual(job["kubernetes_sd_configs"][0]["role"], "pod")
+            del job["kubernetes_sd_configs"]
+            job["static_configs"] = [{"targets": [f"127.0.0.1:{port}"]}]
         with tempfile.TemporaryDirectory() as tmp:
             with open(os.path.join(tmp, "prometheus.yml"), "w") as f:
                 yaml.safe_dump(config, f)
             shutil.copy(os.path.join(PROM, "ulysses-rules.yml"), tmp)
             rc, out = run([PROMTOOL, "check", "config", "prometheus.yml"], cwd=tmp)
             self.assertEqual(rc, 0, out)
-            self.assertIn("SUCCESS: 11 rules found", out)
+            self.assertIn(f"SUCCESS: {RULE_COUNT} rules found", out)
 
 
 class ManifestTest(unittest.TestCase):
@@ -265,6 +324,13 @@ class ManifestTest(unittest.TestCase):
         self.assertEqual(files.get(flags.get("--key")),
                          ("ulysses-worker-tls", "$(POD_NAME).key"))
         self.assertFalse(any(a.startswith("--insecure") for a in c["args"]))
+        # Per-rank metrics: served on the annotated port, named in the container.
+        annotations = sts["spec"]["template"]["metadata"]["annotations"]
+        self.assertEqual(annotations["prometheus.io/scrape"], "true")
+        self.assertEqual(flags["--metrics-listen"].rsplit(":", 1)[1], annotations["prometheus.io/port"])
+        self.assertIn({"name": "metrics", "containerPort": int(annotations["prometheus.io/port"])},
+                      c["ports"])
+        self.assertGreater(float(flags["--peak-flops"]), 0)
 
         pdb = self.get("PodDisruptionBudget", "ulysses-worker")
         self.assertEqual(pdb["spec"]["selector"]["matchLabels"], sts["spec"]["selector"]["matchLabels"])
@@ -301,10 +367,17 @@ class ManifestTest(unittest.TestCase):
         workers = self.get("NetworkPolicy", "ulysses-worker")["spec"]
         self.assertEqual(workers["podSelector"]["matchLabels"].items() - worker_labels.items(),
                          set())
+        prometheus = {"app.kubernetes.io/name": "prometheus"}
         for rule in workers["ingress"]:
             for peer in rule["from"]:
-                self.assertEqual(peer["podSelector"]["matchLabels"].items() - worker_labels.items(),
-                                 set())
+                labels = peer["podSelector"]["matchLabels"]
+                if labels == prometheus:  # Only to the metrics port.
+                    self.assertEqual([p["port"] for p in rule["ports"]], [9091])
+                else:
+                    self.assertEqual(labels.items() - worker_labels.items(), set())
+        self.assertTrue(any(p["podSelector"]["matchLabels"] == prometheus
+                            for r in workers["ingress"] for p in r["from"]),
+                        "Prometheus must reach the workers' metrics port")
 
 
 def secret_files(container, pod_spec):
@@ -429,9 +502,27 @@ class KustomizeTest(unittest.TestCase):
 
 
 class MetricNamesTest(unittest.TestCase):
+    """A metric nothing registers fails here: the dashboard and the rules are checked
+    against the catalogue the binaries register from, and docs/METRICS.md must list
+    exactly that catalogue."""
+
     @classmethod
     def setUpClass(cls):
-        cls.documented = documented_metrics()
+        cls.catalog = catalog()
+        cls.documented = set(cls.catalog) | recorded_series()
+
+    def test_docs_list_exactly_the_catalogue(self):
+        docs = documented_catalogue()
+        self.assertGreater(len(docs), 20)
+        self.assertEqual(sorted(set(docs) - set(self.catalog)), [],
+                         "in docs/METRICS.md but registered by no binary")
+        self.assertEqual(sorted(set(self.catalog) - set(docs)), [],
+                         "in the catalogue but missing from docs/METRICS.md")
+        for name, (type_, labels, binaries) in docs.items():
+            m = self.catalog[name]
+            self.assertEqual(type_, m["type"], name)
+            self.assertEqual(labels, tuple(m["labels"]), f"{name}: labels")
+            self.assertEqual(binaries, tuple(m["binaries"]), f"{name}: binaries")
 
     def test_checker_flags_unknown_names(self):
         names = metric_names(
@@ -439,23 +530,28 @@ class MetricNamesTest(unittest.TestCase):
             ' / on (job_id) ulysses_train_step offset 15m')
         self.assertEqual(names, {"ulysses_bogus_seconds_bucket", "ulysses_train_step"})
         self.assertEqual(undocumented(names, self.documented), {"ulysses_bogus_seconds_bucket"})
+        # A name only the docs mention is not enough: it must be registered.
+        self.assertEqual(undocumented({"ulysses_made_up_seconds"}, self.documented),
+                         {"ulysses_made_up_seconds"})
 
-    def test_dashboard_uses_documented_metrics(self):
+    def test_dashboard_uses_registered_metrics(self):
         dashboard = json.loads(read_text(DASHBOARD))
         exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+        exprs += [v["query"]["query"] for v in dashboard["templating"]["list"]
+                  if v.get("type") == "query"]
         self.assertGreater(len(exprs), 15)
         used = set()
         for expr in exprs:
-            names = metric_names(expr)
+            names = metric_names(re.sub(r"label_values\(([^,)]+).*", r"\1", expr))
             self.assertTrue(names, expr)
             self.assertEqual(undocumented(names, self.documented), set(),
-                             f"{expr!r} uses metrics missing from docs/METRICS.md")
+                             f"{expr!r} uses metrics no binary registers")
             used |= {re.sub(r"_(bucket|sum|count)$", "", n) for n in names}
         self.assertEqual(DASHBOARD_REQUIRED - used, set(), "dashboard panels missing")
         ids = [p["id"] for p in dashboard["panels"]]
         self.assertEqual(len(ids), len(set(ids)))
 
-    def test_rules_use_documented_metrics(self):
+    def test_rules_use_registered_metrics(self):
         rules = yaml.safe_load(read_text(os.path.join(PROM, "ulysses-rules.yml")))
         count = 0
         for group in rules["groups"]:
@@ -463,9 +559,11 @@ class MetricNamesTest(unittest.TestCase):
                 count += 1
                 missing = undocumented(metric_names(rule["expr"]), self.documented)
                 self.assertEqual(missing, set(), f"{rule['expr']!r}")
-                if "record" in rule:
-                    self.assertIn(rule["record"], self.documented)
-        self.assertEqual(count, 11)
+        self.assertEqual(count, RULE_COUNT)
+        recorded = recorded_series()
+        docs = read_text(METRICS_MD)
+        for name in recorded:
+            self.assertIn(f"`{name}`", docs, "recording rules are documented")
 
 
 if __name__ == "__main__":

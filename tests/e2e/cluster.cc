@@ -140,6 +140,8 @@ void Cluster::StartCoordinator(double heartbeat_timeout_s) {
   if (!line) return;
   const size_t at = line->find("grpc=");
   port_ = std::atoi(line->c_str() + at + 5);
+  const size_t metrics_at = line->find("metrics=");
+  if (metrics_at != std::string::npos) metrics_port_ = std::atoi(line->c_str() + metrics_at + 8);
   // The admin token a coordinator without a token file creates.
   token_file_ = dir_ + "/state/admin.token";
   std::ofstream config(config_path());
@@ -165,7 +167,8 @@ void Cluster::KillCoordinator() {
 
 std::string Cluster::address() const { return absl::StrCat("127.0.0.1:", port_); }
 
-void Cluster::StartWorker(const std::string& name, double grace_period_s) {
+void Cluster::StartWorker(const std::string& name, double grace_period_s,
+                          const std::vector<std::string>& extra) {
   std::vector<std::string> argv = {BinDir() + "/ulysses-worker",
                                    "--coordinator",
                                    address(),
@@ -183,6 +186,7 @@ void Cluster::StartWorker(const std::string& name, double grace_period_s) {
   const testing::DevCerts& certs = testing::TestCerts({name});
   argv.insert(argv.end(),
               {"--ca", certs.ca, "--cert", certs.WorkerCert(name), "--key", certs.WorkerKey(name)});
+  argv.insert(argv.end(), extra.begin(), extra.end());
   auto process = Process::Start(argv);
   workers_[name] = std::move(process);
 }

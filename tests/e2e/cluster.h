@@ -75,6 +75,8 @@ class Cluster {
   void StartCoordinator(double heartbeat_timeout_s = 4);
   void KillCoordinator();
   std::string address() const;
+  // The coordinator's bound metrics port (from its ready line; 0 before).
+  int metrics_port() const { return metrics_port_; }
   // The admin token file the coordinator created ("" until it exists).
   const std::string& token_file() const { return token_file_; }
   // The ulyssesctl config Ctl() uses (context "e2e": address, ca, token_file).
@@ -82,7 +84,9 @@ class Cluster {
   // For a test's own gRPC client: the address, the CA and the admin token.
   ChannelOptions Channel() const;
 
-  void StartWorker(const std::string& name, double grace_period_s = 30);
+  // `extra`: more ulysses-worker flags (e.g. --metrics-listen).
+  void StartWorker(const std::string& name, double grace_period_s = 30,
+                   const std::vector<std::string>& extra = {});
   Process* worker(const std::string& name) { return workers_.at(name).get(); }
   // Worker name from a coordinator worker id ("w-<name>").
   static std::string NameFromId(const std::string& worker_id);
@@ -110,6 +114,7 @@ class Cluster {
  private:
   std::string dir_;
   int port_ = 0;
+  int metrics_port_ = 0;
   std::string token_file_;
   std::unique_ptr<Process> coordinator_;
   std::map<std::string, std::unique_ptr<Process>> workers_;

@@ -240,7 +240,9 @@ std::vector<std::string> BuildRankArgv(const RankLaunch& launch) {
                                    "--master-port",
                                    absl::StrCat(launch.master_port),
                                    "--device",
-                                   launch.device};
+                                   launch.device,
+                                   "--step-events",
+                                   "all"};
   if (launch.collective_timeout_s > 0) {
     argv.push_back("--collective-timeout-s");
     argv.push_back(absl::StrCat(launch.collective_timeout_s));

@@ -1,6 +1,7 @@
 // ulysses-worker: flags -> WorkerConfig -> WorkerAgent::Run until SIGTERM.
 // Exit codes (common/contract/exit.h): 0 after a clean drain, 2 on bad flags, 1 when
 // the agent fails.
+#include <atomic>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
@@ -43,6 +44,11 @@ int main(int argc, char** argv) {
   app.add_option("--token", config.token,
                  "Bearer token (default: $ULYSSES_TOKEN; prefer --token-file: argv is visible)");
   app.add_option("--token-file", config.token_file, "File holding the bearer token");
+  app.add_option("--metrics-listen", config.metrics_listen,
+                 "Serve the rank's metrics on HOST:PORT (GET /metrics; e.g. 0.0.0.0:9091)");
+  app.add_option("--peak-flops", config.peak_flops,
+                 "Dense peak FLOP/s of the device for the MFU gauge (e.g. 989e12; 0 = unknown)")
+      ->capture_default_str();
   app.add_flag("--insecure", config.insecure,
                "Allow plaintext to a non-loopback coordinator (the token travels in clear)");
   if (std::optional<int> exit_code = ulysses::contract::ParseCommandLine(app, argc, argv)) {
@@ -62,12 +68,19 @@ int main(int argc, char** argv) {
     return ulysses::contract::kExitFailure;
   }
   ulysses::agent::WorkerAgent agent(config);
-  std::thread([&agent] {
+  // Joined (not detached): a thread still waiting in WaitForStop() when main returns would
+  // block exit in the destructor of the condition variable it waits on.
+  std::atomic<bool> finished{false};
+  std::thread signals([&agent, &finished] {
     ulysses::WaitForStop();
+    if (finished.load()) return;
     ULOG(INFO) << "received signal " << ulysses::StopSignal() << ": draining";
     agent.RequestShutdown();
-  }).detach();
+  });
   absl::Status status = agent.Run();
+  finished.store(true);
+  ulysses::RequestStop();
+  signals.join();
   if (!status.ok()) {
     std::cerr << "ulysses-worker: " << status << "\n";
     return ulysses::contract::kExitFailure;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
@@ -15,14 +16,18 @@
 #include <variant>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/logging.h"
+#include "common/metrics/metrics_server.h"
+#include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
 #include "worker/agent/child_supervisor.h"
+#include "worker/agent/worker_metrics.h"
 
 namespace ulysses::agent {
 namespace {
@@ -82,7 +87,7 @@ v1::EvalResult ToProto(const contract::EvalEvent& e) {
   r.set_stage(static_cast<int32_t>(e.stage));
   r.set_seq_len(e.seq_len);
   r.set_loss(e.loss);
-  r.set_accuracy(e.accuracy.value_or(0.0));
+  if (e.accuracy.has_value()) r.set_accuracy(*e.accuracy);
   r.set_step(e.step.value_or(0));
   return r;
 }
@@ -103,6 +108,8 @@ std::string LastLines(const std::string& tail) {
   if (out.size() > 500) out = out.substr(out.size() - 500);
   return out;
 }
+
+RankLabels Labels(const v1::WorkRef& ref) { return {ref.job_id(), ref.stage(), ref.rank()}; }
 
 std::string DefaultEngineBin() {
   std::error_code ec;
@@ -145,6 +152,20 @@ absl::Status WorkerConfig::Validate() {
   }
   if (advertise_host.empty()) {
     errors.push_back("--advertise-host: empty (the address other ranks reach this worker on)");
+  }
+  if (!metrics_listen.empty()) {
+    const size_t colon = metrics_listen.rfind(':');
+    int port = -1;
+    if (colon == std::string::npos || colon == 0 ||
+        !absl::SimpleAtoi(metrics_listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+      errors.push_back(absl::StrCat("--metrics-listen: \"", metrics_listen,
+                                    "\" is not HOST:PORT (e.g. 0.0.0.0:9091)"));
+    }
+  }
+  if (!(peak_flops >= 0) || !std::isfinite(peak_flops)) {
+    errors.push_back(absl::StrCat("--peak-flops: ", peak_flops,
+                                  " is not a finite number >= 0 (the device's dense peak "
+                                  "FLOP/s, e.g. 989e12 for an H100 in bf16; 0 = unknown)"));
   }
   if (grace_period.count() < 0) {
     errors.push_back(absl::StrCat("--grace-period-s: ", grace_period.count() / 1000.0,
@@ -225,8 +246,13 @@ class WorkerAgent::Impl {
   void OnBadEvent(const v1::WorkRef& ref, const std::string& line, const absl::Status& error);
   void OnExit(const v1::WorkRef& ref, const ChildResult& result);
 
+  absl::Status StartMetrics();
+
   WorkerConfig config_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
+  metrics::Registry registry_;
+  std::unique_ptr<WorkerMetrics> metrics_;  // Null without --metrics-listen.
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -253,7 +279,26 @@ class WorkerAgent::Impl {
   std::unique_ptr<ChildSupervisor> child_;
 };
 
+absl::Status WorkerAgent::Impl::StartMetrics() {
+  if (config_.metrics_listen.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Register(&registry_, config_.peak_flops));
+  const size_t colon = config_.metrics_listen.rfind(':');
+  metrics::MetricsServerConfig mc;
+  mc.host = config_.metrics_listen.substr(0, colon);
+  if (mc.host.size() >= 2 && mc.host.front() == '[')
+    mc.host = mc.host.substr(1, mc.host.size() - 2);
+  if (!absl::SimpleAtoi(config_.metrics_listen.substr(colon + 1), &mc.port)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-listen: \"", config_.metrics_listen, "\" has no valid port"));
+  }
+  metrics_server_ = std::make_unique<metrics::MetricsServer>(&registry_, mc);
+  RETURN_IF_ERROR(metrics_server_->Start());
+  ULOG(INFO) << "metrics on http://" << metrics_server_->address() << "/metrics";
+  return absl::OkStatus();
+}
+
 absl::Status WorkerAgent::Impl::Run() {
+  RETURN_IF_ERROR(StartMetrics());
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
@@ -297,6 +342,7 @@ absl::Status WorkerAgent::Impl::Run() {
   lock.unlock();
   session_thread.join();
   child_.reset();
+  if (metrics_server_) metrics_server_->Stop();
   ULOG(INFO) << "ulysses-worker " << config_.name << " stopped";
   return absl::OkStatus();
 }
@@ -608,6 +654,8 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
 }
 
 void WorkerAgent::Impl::OnEvent(const v1::WorkRef& ref, const contract::RankEvent& event) {
+  const auto* step = std::get_if<contract::StepEvent>(&event);
+  if (step != nullptr && metrics_ != nullptr) metrics_->OnStep(Labels(ref), *step);
   std::lock_guard<std::mutex> lock(mu_);
   if (const auto* done = std::get_if<contract::DoneEvent>(&event)) {
     NoteLocked(ref, absl::StrCat("rank ", ref.rank(), " finished stage ", done->stage));
@@ -615,7 +663,7 @@ void WorkerAgent::Impl::OnEvent(const v1::WorkRef& ref, const contract::RankEven
   }
   if (ref.rank() != 0) return;  // Rank 0 speaks for the group.
   v1::WorkerMessage msg;
-  if (const auto* step = std::get_if<contract::StepEvent>(&event)) {
+  if (step != nullptr) {
     *msg.mutable_progress()->mutable_ref() = ref;
     *msg.mutable_progress()->mutable_progress() = ToProto(*step);
   } else if (const auto* ckpt = std::get_if<contract::CheckpointEvent>(&event)) {
@@ -641,6 +689,7 @@ void WorkerAgent::Impl::OnBadEvent(const v1::WorkRef& ref, const std::string& li
 }
 
 void WorkerAgent::Impl::OnExit(const v1::WorkRef& ref, const ChildResult& result) {
+  if (metrics_ != nullptr) metrics_->Forget(Labels(ref));  // Bounded: one attempt's series.
   const contract::ProcessExit exit = process::ProcessExitOf(result.wait_status);
   const bool failed = result.outcome == contract::RankOutcome::kFailed ||
                       result.outcome == contract::RankOutcome::kBadInput;

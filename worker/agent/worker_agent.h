@@ -13,6 +13,8 @@
 // - Abort: SIGTERM to the child, SIGKILL after the abort's grace. An Abort with `preempt`
 //   (priority preemption) stops it as a preemption instead: the rank checkpoints, exits 75
 //   and the exit is reported as preempted; the agent keeps taking work.
+// - Metrics (--metrics-listen): the rank's per-step figures from every rank's step events,
+//   labelled {job_id, stage, rank}, removed when the attempt ends (worker_metrics.h).
 // - RequestShutdown() (SIGTERM of the agent, or Stop from the coordinator): SIGTERM
 //   to the child, up to grace_period for it to checkpoint and exit 75, SIGKILL after;
 //   the exit is reported as a preemption, then Run() returns.
@@ -55,6 +57,12 @@ struct WorkerConfig {
   std::chrono::milliseconds reconnect_min{200};    // Reconnect backoff, doubling...
   std::chrono::milliseconds reconnect_max{5000};   // ... up to this.
   std::chrono::milliseconds report_drain{5000};    // On shutdown: wait for exit acks.
+  // --metrics-listen HOST:PORT: serve the rank's metrics (GET /metrics, docs/METRICS.md)
+  // there; "" = no metrics server.
+  std::string metrics_listen;
+  // --peak-flops: the device's dense peak FLOP/s for ulysses_rank_mfu_ratio (989e12 for an
+  // H100 in bf16); 0 = unknown (no MFU series).
+  double peak_flops = 0;
 
   // Fills defaults (engine_bin, token from token_file) and checks every field, the
   // credential files included; the message names the flag, the value and the fix.

@@ -62,6 +62,40 @@ TEST(RankEventTest, RoundTripsEveryKind) {
   }
 }
 
+// The optional per-rank figures of a step event: written only when set, read back
+// exactly, each checked against its rule (docs/CONTRACTS.md).
+TEST(RankEventTest, StepCarriesOptionalPerRankFigures) {
+  StepEvent e{0, 2, 4, 3.0, 100.0, 256};
+  e.step_seconds = 0.5;
+  e.data_wait_seconds = 0.125;
+  e.forward_seconds = 0.25;
+  e.backward_seconds = 0.0625;
+  e.optimizer_seconds = 0.0625;
+  e.alltoall_seconds = 0.03125;
+  e.alltoall_bytes = 4096;
+  e.peak_allocated_bytes = 1 << 20;
+  e.peak_reserved_bytes = 2 << 20;
+  e.memory_limit_bytes = int64_t{1} << 34;
+  e.rank_tokens_per_s = 50;
+  e.model_flops_per_s = 1.5e12;
+  const std::string line = SerializeRankEvent(e);
+  EXPECT_NE(line.find(R"("alltoall_bytes":4096)"), std::string::npos) << line;
+  EXPECT_NE(line.find(R"("step_seconds":0.5)"), std::string::npos) << line;
+  EXPECT_EQ(MustParse(line), RankEvent(e)) << line;
+  StepEvent partial{0, 2, 4, 3.0, 100.0, 256};
+  partial.peak_allocated_bytes = 7;
+  EXPECT_EQ(MustParse(SerializeRankEvent(partial)), RankEvent(partial));
+  EXPECT_FALSE(MustParse(SerializeRankEvent(partial)) == RankEvent(e));
+  const std::string base = R"({"event":"step","stage":0,"step":1,"steps":1,"loss":1,)"
+                           R"("tokens_per_s":1,"seq_len":8,)";
+  EXPECT_EQ(MustReject(base + R"("alltoall_seconds":-1})"),
+            "step.alltoall_seconds: -1 is out of range (a finite number >= 0)");
+  EXPECT_EQ(MustReject(base + R"("alltoall_bytes":1.5})"),
+            "step.alltoall_bytes: 1.5 is not an integer (an integer >= 0)");
+  EXPECT_EQ(MustReject(base + R"("model_flops_per_s":null})"),
+            "step.model_flops_per_s: null is not a number (a finite number >= 0)");
+}
+
 TEST(RankEventTest, WriteRankEventWritesOneLine) {
   std::ostringstream out;
   WriteRankEvent(out, DoneEvent{1, std::nullopt});

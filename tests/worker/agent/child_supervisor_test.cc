@@ -285,6 +285,8 @@ TEST(ChildSupervisorTest, BuildsTheRankArgvOfTheContract) {
                                              "29500",
                                              "--device",
                                              "cuda:1",
+                                             "--step-events",
+                                             "all",
                                              "--set",
                                              "spec.stages[0].steps=3"};
   EXPECT_EQ(BuildRankArgv(launch), expected);

@@ -151,8 +151,21 @@ int main(int argc, char** argv) {
   }
   for (int step = 1; step <= steps; ++step) {
     std::this_thread::sleep_for(std::chrono::milliseconds(step_ms));
-    contract::WriteRankEvent(std::cout,
-                             contract::StepEvent{0, step, steps, 5.0 - 0.1 * step, 1000.0, 128});
+    // With the per-rank figures of a real rank (fixed values the worker metrics test reads).
+    contract::StepEvent event{0, step, steps, 5.0 - 0.1 * step, 1000.0, 128};
+    event.step_seconds = 0.05;
+    event.data_wait_seconds = 0.01;
+    event.forward_seconds = 0.02;
+    event.backward_seconds = 0.015;
+    event.optimizer_seconds = 0.005;
+    event.alltoall_seconds = 0.004;
+    event.alltoall_bytes = 1000;
+    event.peak_allocated_bytes = 1 << 20;
+    event.peak_reserved_bytes = 2 << 20;
+    event.memory_limit_bytes = 8 << 20;
+    event.rank_tokens_per_s = 500;
+    event.model_flops_per_s = 1e12;
+    contract::WriteRankEvent(std::cout, event);
     if (g_term) {
       contract::WriteRankEvent(
           std::cout,

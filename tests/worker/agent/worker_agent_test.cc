@@ -2,7 +2,10 @@
 // coordinator is built in parallel; tests/e2e covers the real one) with fake_rank as
 // the engine: registration, assignment -> child -> acked reports, abort, SIGTERM
 // preemption, and reconnect to a restarted coordinator with the child still running.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
 #include <chrono>
@@ -13,14 +16,19 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics/catalog.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/security/server_credentials.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
+#include "tests/common/metrics/subprocess_for_test.h"
 #include "tests/testing/certs.h"
 #include "tests/testing/temp_dir.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
@@ -352,6 +360,99 @@ TEST_F(WorkerAgentTest, AbortKillsTheChildPromptly) {
   EXPECT_TRUE(Exited(msgs)->aborted());
   // The worker itself is still alive and idle.
   EXPECT_TRUE(worker_->Running());
+}
+
+// Per-rank metrics on --metrics-listen (a real scrape over loopback): exactly the
+// worker's rows of the metrics catalogue, the rank's figures from its step events with
+// labels {job_id, stage, rank}, and none of the attempt's series once it ended.
+TEST_F(WorkerAgentTest, ServesTheRanksMetricsAndDropsThemWhenTheAttemptEnds) {
+  PeerServer peer;
+  const int metrics_port = metrics::FreeLoopbackPort();
+  ASSERT_GT(metrics_port, 0);
+  StartWorker(
+      peer.port, 10,
+      {"--metrics-listen", absl::StrCat("127.0.0.1:", metrics_port), "--peak-flops", "4e12"});
+  ASSERT_TRUE(peer.service.WaitForSession(1, seconds(20))) << WorkerLog();
+  httplib::Client http("127.0.0.1", metrics_port);
+  auto scrape = [&] {
+    auto res = http.Get("/metrics");
+    return res && res->status == 200 ? res->body : std::string();
+  };
+  // Before any work: every family of the worker, and only those (label-less ones aside,
+  // they have no series yet).
+  std::string body = scrape();
+  std::set<std::string> exported, catalogue;
+  std::istringstream lines(body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("# TYPE ", 0) == 0) exported.insert(line.substr(7, line.find(' ', 7) - 7));
+  }
+  for (const metrics::MetricDef& def : metrics::Catalog()) {
+    for (const std::string& b : def.binaries) {
+      if (b == metrics::kWorkerBinary) catalogue.insert(def.name);
+    }
+  }
+  EXPECT_EQ(exported, catalogue) << body;
+  EXPECT_NE(body.find("ulysses_build_info{"), std::string::npos);
+
+  // generation 3, stage 0, rank 0 (Assign); the fake rank's fixed figures.
+  ASSERT_TRUE(peer.service.Send(Assign(3, {"fake.steps=100000", "fake.step_ms=20"})));
+  const std::string rank = "job_id=\"job-000001\",stage=\"0\",rank=\"0\"";
+  const auto deadline = std::chrono::steady_clock::now() + seconds(20);
+  while (scrape().find("ulysses_rank_steps_total{" + rank) == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  ASSERT_NE(scrape().find("ulysses_rank_steps_total{" + rank), std::string::npos) << WorkerLog();
+  body = scrape();
+  for (const std::string& want :
+       {"ulysses_rank_step_seconds{" + rank + "} 0.05",
+        "ulysses_rank_step_phase_seconds{" + rank + ",phase=\"data_wait\"} 0.01",
+        "ulysses_rank_step_phase_seconds{" + rank + ",phase=\"forward\"} 0.02",
+        "ulysses_rank_step_phase_seconds{" + rank + ",phase=\"backward\"} 0.015",
+        "ulysses_rank_step_phase_seconds{" + rank + ",phase=\"optimizer\"} 0.005",
+        "ulysses_alltoall_seconds{" + rank + "} 0.004",
+        "ulysses_rank_memory_peak_bytes{" + rank + ",kind=\"allocated\"} 1048576",
+        "ulysses_rank_memory_peak_bytes{" + rank + ",kind=\"reserved\"} 2097152",
+        "ulysses_rank_memory_limit_bytes{" + rank + "} 8388608",
+        "ulysses_rank_tokens_per_second{" + rank + "} 500",
+        "ulysses_rank_mfu_ratio{" + rank + "} 0.25"}) {
+    EXPECT_NE(body.find(want + "\n"), std::string::npos) << want << "\n" << body;
+  }
+  EXPECT_NE(body.find("ulysses_alltoall_bytes_total{" + rank + "} "), std::string::npos);
+
+  v1::CoordinatorMessage abort;
+  abort.mutable_abort()->mutable_ref()->set_job_id("job-000001");
+  abort.mutable_abort()->mutable_ref()->set_generation(3);
+  abort.mutable_abort()->set_reason("test over");
+  abort.mutable_abort()->set_grace_period_ms(500);
+  ASSERT_TRUE(peer.service.Send(abort));
+  ASSERT_TRUE(
+      peer.service.WaitFor([](const Msgs& m, const Regs&) { return Exited(m); }, seconds(10)));
+  body = scrape();
+  EXPECT_EQ(body.find("job-000001"), std::string::npos) << body;
+  EXPECT_NE(body.find("# TYPE ulysses_rank_step_seconds gauge"), std::string::npos);
+}
+
+TEST_F(WorkerAgentTest, MetricsListenOnABusyPortFailsTheWorker) {
+  PeerServer peer;
+  // A plain listening socket (no SO_REUSEPORT) holds the port.
+  const int busy = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(busy, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(busy, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(busy, 1), 0);
+  ASSERT_EQ(getsockname(busy, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+  StartWorker(peer.port, 10, {"--metrics-listen", absl::StrCat("127.0.0.1:", port)});
+  std::optional<ChildResult> r = worker_->Wait(seconds(20));
+  close(busy);
+  ASSERT_TRUE(r.has_value()) << "the worker kept running on a busy metrics port:\n" << WorkerLog();
+  EXPECT_EQ(r->outcome, contract::RankOutcome::kFailed) << r->description;
+  EXPECT_NE(WorkerLog().find(absl::StrCat("127.0.0.1:", port)), std::string::npos) << WorkerLog();
+  EXPECT_EQ(peer.service.Registers().size(), 0u);  // Failed before registering.
 }
 
 TEST_F(WorkerAgentTest, SigtermPreemptsTheChildReportsAndExits) {

@@ -1,11 +1,17 @@
 #include "worker/engine/parallel/sequence_all_to_all.h"
 
+#include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "worker/engine/parallel/alltoall_clock.h"
+
 namespace ulysses::engine {
 namespace {
+
+std::atomic<int64_t> alltoall_nanos{0};  // SeqAllToAllSeconds(), in nanoseconds.
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -26,7 +32,12 @@ torch::Tensor AllToAllImpl(const torch::Tensor& x, Communicator* comm, int64_t s
   // Destination rank first, contiguous: [b, s/p, p, h/p, d] -> [p, b, s/p, h/p, d].
   torch::Tensor send = x.reshape(split).movedim(scatter_dim, 0).contiguous();
   torch::Tensor recv = torch::empty_like(send);  // [p(source rank), b, s/p, h/p, d]
+  const auto started = std::chrono::steady_clock::now();
   absl::Status st = comm->AllToAll(recv, send);
+  alltoall_nanos.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now() - started)
+                               .count(),
+                           std::memory_order_relaxed);
   if (!st.ok()) throw std::runtime_error("SeqAllToAll: " + st.ToString());
   // Source rank next to the gather dim (1 + gather_dim in recv): [p, b, s/p, h/p, d] ->
   // [b, p, s/p, h/p, d]; then merge: -> [b, s, h/p, d] (source j lands at offset j*s/p).
@@ -55,6 +66,8 @@ struct SeqAllToAllFunction : public torch::autograd::Function<SeqAllToAllFunctio
 };
 
 }  // namespace
+
+double SeqAllToAllSeconds() { return alltoall_nanos.load(std::memory_order_relaxed) / 1e9; }
 
 torch::Tensor SeqAllToAll(const torch::Tensor& x, Communicator* comm, int64_t scatter_dim,
                           int64_t gather_dim) {

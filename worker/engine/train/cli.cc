@@ -36,7 +36,7 @@ constexpr char kUsage[] =
     "  ulysses-train export --checkpoint DIR --hf-out DIR [--dtype bf16|fp16|fp32|fp64]\n"
     "  ulysses-train rank   -f JOB.yaml --out DIR --stage I --rank R --world-size W"
     " --master-addr HOST --master-port PORT [--device cpu|cuda:N] [--backend auto|gloo|nccl]"
-    " [--collective-timeout-s S] [--set ...]\n"
+    " [--collective-timeout-s S] [--step-events rank0|all] [--set ...]\n"
     "  ulysses-train data pack --out PREFIX (--jsonl FILE | --from-flat FILE (--doc-len N | --eos "
     "ID))"
     " [--vocab-size V]\n";
@@ -152,10 +152,10 @@ absl::StatusOr<LocalDevicePlan> LocalDevices(const std::string& device) {
   auto lhs = std::move(lhs##_or).value()
 
 int RankCommand(int argc, char** argv) {
-  OR_FAIL(
-      f, ParseFlags(argc, argv, 2,
-                    {"-f", "--out", "--stage", "--rank", "--world-size", "--master-addr",
-                     "--master-port", "--device", "--backend", "--collective-timeout-s", "--set"}));
+  OR_FAIL(f, ParseFlags(argc, argv, 2,
+                        {"-f", "--out", "--stage", "--rank", "--world-size", "--master-addr",
+                         "--master-port", "--device", "--backend", "--collective-timeout-s",
+                         "--step-events", "--set"}));
   RankOptions o;
   OR_FAIL(job, Required(f, "-f"));
   OR_FAIL(out, Required(f, "--out"));
@@ -179,6 +179,14 @@ int RankCommand(int argc, char** argv) {
   o.master_addr = f.Get("--master-addr", "127.0.0.1");
   o.device = f.Get("--device", "cpu");
   o.backend = f.Get("--backend", "auto");
+  const std::string step_events = f.Get("--step-events", "rank0");
+  if (step_events != "rank0" && step_events != "all") {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--step-events: \"", step_events,
+                     "\" is not rank0 or all (all: every rank prints its "
+                     "step events)")));
+  }
+  o.step_events_all_ranks = step_events == "all";
   o.overrides = f.sets;
   if (world > 1 && port <= 0) {
     return Fail(absl::InvalidArgumentError("--master-port: required when --world-size > 1"));

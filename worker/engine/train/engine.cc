@@ -124,7 +124,7 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   }
   InstallStopSignalHandlers();
   const std::string root = CheckpointRoot(spec, o.out_dir);
-  RankReporter report(o.rank == 0, o.out_dir);
+  RankReporter report(o.rank == 0, o.out_dir, o.rank == 0 || o.step_events_all_ranks);
 
   // Decide where we start before touching the network (bad input fails fast on every rank).
   ASSIGN_OR_RETURN(ResumePlan plan, PlanResume(root, spec::SpecHash(spec), o.stage));
@@ -223,10 +223,13 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   };
 
   int64_t skipped_in_a_row = 0;
+  StepMeter meter(rs.rt.device, rs.rt.groups.sp.get(), ModelFlopsPerToken(config, stage.seq_len));
   for (int64_t step = start_step; step < steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
+    meter.Begin();
     ASSIGN_OR_RETURN(std::vector<LocalShard> batches,
                      StepMicroBatches(*train_data, layout, cursor));
+    meter.BatchesReady();
     const double lr = ScheduledLr(spec.optimizer.schedule, peak, spec.optimizer.min_lr_ratio,
                                   warmup, steps, step);
     ASSIGN_OR_RETURN(StepStats stats, trainer.Step(batches, lr, step));
@@ -248,6 +251,8 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     r.tokens_per_s =
         static_cast<double>(stage.seq_len * layout.GlobalBatch()) / std::max(r.seconds, 1e-9);
+    r.rank = meter.Finish(stats,
+                          static_cast<double>(stage.seq_len * layout.GlobalBatch()) / o.world_size);
     report.Step(r);
     if (skipped_in_a_row >= kMaxConsecutiveSkippedSteps) {
       return absl::FailedPreconditionError(absl::StrCat(

@@ -48,6 +48,9 @@ struct RankOptions {
   // --collective-timeout-s: the rendezvous and every collective fail (exit 69) after this.
   // Raise it when a rank loads a large checkpoint while its peers wait at a collective.
   int collective_timeout_s = 60;
+  // --step-events all: every rank prints its step events (per-rank figures for the worker
+  // agent's metrics); rank0 (default): only rank 0 does.
+  bool step_events_all_ranks = false;
 };
 
 struct RankOutcome {

@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -29,6 +30,23 @@ void AppendMetrics(const std::string& out_dir, const json& line) {
   f << line.dump() << "\n";
 }
 
+// The step event's optional per-rank fields (finite and >= 0, as the protocol requires).
+void SetRankFigures(const RankStepFigures& f, contract::StepEvent* e) {
+  auto seconds = [](double v) { return std::isfinite(v) ? std::max(0.0, v) : 0.0; };
+  e->step_seconds = seconds(f.step_seconds);
+  e->data_wait_seconds = seconds(f.data_wait_seconds);
+  e->forward_seconds = seconds(f.forward_seconds);
+  e->backward_seconds = seconds(f.backward_seconds);
+  e->optimizer_seconds = seconds(f.optimizer_seconds);
+  e->alltoall_seconds = seconds(f.alltoall_seconds);
+  e->alltoall_bytes = std::max<int64_t>(0, f.alltoall_bytes);
+  e->peak_allocated_bytes = std::max<int64_t>(0, f.peak_allocated_bytes);
+  e->peak_reserved_bytes = std::max<int64_t>(0, f.peak_reserved_bytes);
+  if (f.memory_limit_bytes > 0) e->memory_limit_bytes = f.memory_limit_bytes;
+  e->rank_tokens_per_s = seconds(f.rank_tokens_per_s);
+  if (f.model_flops_per_s > 0) e->model_flops_per_s = seconds(f.model_flops_per_s);
+}
+
 }  // namespace
 
 int64_t PeakRssBytes() {
@@ -37,12 +55,11 @@ int64_t PeakRssBytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;
 }
 
-RankReporter::RankReporter(bool enabled, std::string out_dir)
-    : enabled_(enabled), out_dir_(std::move(out_dir)) {}
+RankReporter::RankReporter(bool enabled, std::string out_dir, bool step_events)
+    : enabled_(enabled), step_events_(step_events), out_dir_(std::move(out_dir)) {}
 
 void RankReporter::Step(const StepReport& r) {
-  if (!enabled_) return;
-  if (std::isfinite(r.stats.loss)) {
+  if (step_events_ && std::isfinite(r.stats.loss)) {
     contract::StepEvent event;
     event.stage = r.stage;
     event.step = r.step_in_stage;
@@ -50,8 +67,11 @@ void RankReporter::Step(const StepReport& r) {
     event.loss = r.stats.loss;
     event.tokens_per_s = r.tokens_per_s;
     event.seq_len = r.seq_len;
+    if (r.rank.has_value()) SetRankFigures(*r.rank, &event);
     EmitEvent(event);
-  } else {
+  }
+  if (!enabled_) return;
+  if (!std::isfinite(r.stats.loss)) {
     // The protocol carries finite losses only; a skipped non-finite step is a log line
     // (metrics.jsonl records it with "skipped").
     std::cout << "step " << r.step_in_stage << " of stage " << r.stage

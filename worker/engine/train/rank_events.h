@@ -1,13 +1,18 @@
-// What rank 0 of a stage reports: event lines on stdout (the `ulysses-train rank` event
-// protocol read by the worker agent) and the run's metrics.jsonl (one object per optimizer step,
-// one {"eval": ...} per stage). Other ranks report nothing. Not thread-safe.
+// What a rank reports: event lines on stdout (the `ulysses-train rank` event protocol read by
+// the worker agent). Step events carry the rank's own per-rank figures; rank 0 prints them, and
+// so does every rank run with `--step-events all` (the worker agent's per-rank metrics). Rank 0
+// also prints eval, checkpoint and done events and writes the run's metrics.jsonl (one object
+// per optimizer step, one {"eval": ...} per stage). Not thread-safe.
 #ifndef ULYSSES_WORKER_ENGINE_TRAIN_RANK_EVENTS_H_
 #define ULYSSES_WORKER_ENGINE_TRAIN_RANK_EVENTS_H_
 
 #include <cstdint>
 #include <string>
 
+#include <optional>
+
 #include "worker/engine/train/evaluate.h"
+#include "worker/engine/train/step_meter.h"
 #include "worker/engine/train/train_step.h"
 
 namespace ulysses::engine::train {
@@ -27,12 +32,14 @@ struct StepReport {
   double tokens_per_s = 0;
   int64_t data_cursor = 0;  // First sequence of the stage's data stream this step read.
   StepStats stats;
+  std::optional<RankStepFigures> rank;  // This rank's figures (the step event's optional fields).
 };
 
 class RankReporter {
  public:
-  // Reports only when `enabled` (rank 0); metrics.jsonl goes under out_dir.
-  RankReporter(bool enabled, std::string out_dir);
+  // Eval, checkpoint and done events and metrics.jsonl (under out_dir) only when `enabled`
+  // (rank 0); step events when `step_events` (rank 0, or every rank under the worker agent).
+  RankReporter(bool enabled, std::string out_dir, bool step_events);
 
   void Step(const StepReport& r);
   // `step`: steps of the stage done when the evaluation ran.
@@ -42,6 +49,7 @@ class RankReporter {
 
  private:
   bool enabled_;
+  bool step_events_;
   std::string out_dir_;
 };
 

@@ -1,6 +1,7 @@
 #include "worker/engine/train/train_step.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <utility>
 
@@ -63,18 +64,24 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<LocalShard>& micro_bat
   double local_loss = 0;
   int64_t local_tokens = 0;
   if (zero_ != nullptr) RETURN_IF_ERROR(zero_->GatherOuter());  // stage 3; others: no-op
+  using Clock = std::chrono::steady_clock;
+  double forward_s = 0, backward_s = 0;
   for (size_t micro = 0; micro < micro_batches.size(); ++micro) {
     const LocalShard& shard = micro_batches[micro];
     RETURN_IF_ERROR(Guard(absl::StrCat("step ", step, " micro ", micro), [&] {
+      const auto forward_start = Clock::now();
       model::LossOutput out =
           model_->Loss(shard.input_ids.to(device_), shard.position_ids.to(device_),
                        shard.labels.to(device_), attention_, /*accuracy_mask=*/{}, shard.doc_ids);
+      const auto backward_start = Clock::now();
       if (scale != 1.0) {
         (out.loss_sum * scale).backward();
       } else {
         out.loss_sum.backward();
       }
       local_loss += out.loss_sum.item<double>();
+      forward_s += std::chrono::duration<double>(backward_start - forward_start).count();
+      backward_s += std::chrono::duration<double>(Clock::now() - backward_start).count();
       local_tokens += out.tokens;
       // Low-precision gradients go into the fp32 accumulators after every micro-batch.
       torch::NoGradGuard no_grad;
@@ -96,8 +103,12 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<LocalShard>& micro_bat
     }));
     if (zero_ != nullptr) RETURN_IF_ERROR(zero_->ReduceRemainingGrads());  // stage >= 2
   }
-  if (zero_ != nullptr && zero_->stage() >= 2)
-    return ShardedUpdate(local_loss, local_tokens, lr, scale, step);
+  if (zero_ != nullptr && zero_->stage() >= 2) {
+    ASSIGN_OR_RETURN(StepStats sharded, ShardedUpdate(local_loss, local_tokens, lr, scale, step));
+    sharded.forward_seconds = forward_s;
+    sharded.backward_seconds = backward_s;
+    return sharded;
+  }
   // Sum grads + (loss, tokens) over the world, then divide the grads by max(tokens, 1) * scale.
   std::vector<torch::Tensor> grads;
   grads.reserve(params_.size() + 1);
@@ -117,6 +128,8 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<LocalShard>& micro_bat
   grads.pop_back();
   StepStats out;
   out.loss_scale = scale;
+  out.forward_seconds = forward_s;
+  out.backward_seconds = backward_s;
   out.tokens = stats[1].item<double>();
   out.loss = stats[0].item<double>() / std::max(1.0, out.tokens);
   RETURN_IF_ERROR(Guard(absl::StrCat("step ", step, " optimizer"), [&] {

@@ -54,6 +54,10 @@ struct StepStats {
   double grad_norm = 0;   // global L2 norm of the averaged gradient, before clipping
   bool skipped = false;   // loss or grad_norm was non-finite: nothing was updated
   double loss_scale = 1;  // the scale this step ran with (float16 only; 1 otherwise)
+  // Host wall time of this rank's forward and backward passes over its micro-batches (each
+  // backward ends with the loss read, so on CUDA it also waits for the queued forward work).
+  double forward_seconds = 0;
+  double backward_seconds = 0;
 };
 
 // Dynamic loss scale for float16 training. Checkpointed (scale, good_steps).

@@ -1,0 +1,212 @@
+// The dashboard and the alerts proven live: a real Prometheus (Debian package) scrapes a
+// loopback coordinator and three workers (their --metrics-listen) with a scrape config
+// equivalent to deploy/k8s/prometheus (static targets instead of pod discovery) and the
+// project's rules, while a real two-stage job runs on the real engine and one of its
+// workers is killed -9. Then every dashboard expression is queried through Prometheus'
+// HTTP API (template variables substituted) and must return data, and the stalled-job
+// and worker-lost alerts must go pending or firing in a variant of the rules with short
+// windows. Skipped (with the reason) when prometheus or ulysses-train is missing.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "tests/common/metrics/subprocess_for_test.h"
+#include "tests/e2e/cluster.h"
+
+namespace ulysses::e2e {
+namespace {
+
+using nlohmann::json;
+constexpr char kPrometheus[] = "/usr/bin/prometheus";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The shipped rules with windows short enough for a test: the stall window 15m -> 5s,
+// the recording interval 30s -> 2s, every `for:` -> 1s. Everything else (expressions,
+// labels) as shipped.
+std::string ShortWindowRules(const std::string& rules) {
+  std::string out = absl::StrReplaceAll(
+      rules, {{"[15m]", "[5s]"}, {"offset 15m", "offset 5s"}, {"interval: 30s", "interval: 2s"}});
+  return std::regex_replace(out, std::regex("for: [0-9]+m"), "for: 1s");
+}
+
+// A dashboard expression with Grafana's template variables substituted.
+std::string Substitute(const std::string& expr) {
+  return absl::StrReplaceAll(expr,
+                             {{"$__rate_interval", "1m"}, {"${job_id}", ".*"}, {"$job_id", ".*"}});
+}
+
+class LivePrometheusTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    if (prometheus_pid_ > 0) {
+      kill(prometheus_pid_, SIGTERM);
+      waitpid(prometheus_pid_, nullptr, 0);
+    }
+  }
+
+  // Starts Prometheus on `config`; returns its web port (0 on failure).
+  int StartPrometheus(const std::string& config, const std::string& dir) {
+    const int port = metrics::FreeLoopbackPort();
+    log_ = dir + "/prometheus.log";
+    prometheus_pid_ = fork();
+    if (prometheus_pid_ == 0) {
+      FILE* log = std::fopen(log_.c_str(), "w");
+      if (log != nullptr) {
+        dup2(fileno(log), STDOUT_FILENO);
+        dup2(fileno(log), STDERR_FILENO);
+      }
+      const std::string config_flag = "--config.file=" + config;
+      const std::string data_flag = "--storage.tsdb.path=" + dir + "/tsdb";
+      const std::string web_flag = absl::StrCat("--web.listen-address=127.0.0.1:", port);
+      execl(kPrometheus, kPrometheus, config_flag.c_str(), data_flag.c_str(), web_flag.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return prometheus_pid_ > 0 ? port : 0;
+  }
+
+  // The result array of an instant query (empty on any failure).
+  json Query(httplib::Client* client, const std::string& promql) {
+    auto res = client->Get("/api/v1/query", httplib::Params{{"query", promql}}, {});
+    if (!res || res->status != 200) return json::array();
+    json j = json::parse(res->body, nullptr, false);
+    if (j.is_discarded() || j.value("status", "") != "success") return json::array();
+    return j["data"]["result"];
+  }
+
+  // Alert name -> state ("pending" / "firing") of every active alert.
+  std::multimap<std::string, std::string> Alerts(httplib::Client* client) {
+    std::multimap<std::string, std::string> out;
+    auto res = client->Get("/api/v1/alerts");
+    if (!res || res->status != 200) return out;
+    json j = json::parse(res->body, nullptr, false);
+    if (j.is_discarded()) return out;
+    for (const json& a : j["data"]["alerts"]) {
+      out.emplace(a["labels"].value("alertname", ""), a.value("state", ""));
+    }
+    return out;
+  }
+
+  pid_t prometheus_pid_ = -1;
+  std::string log_;
+};
+
+TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) {
+  if (!metrics::FileExists(kPrometheus)) GTEST_SKIP() << kPrometheus << " missing";
+  if (!metrics::FileExists(EngineBin())) GTEST_SKIP() << EngineBin() << " not built";
+  Cluster cluster;
+  cluster.StartCoordinator(/*heartbeat_timeout_s=*/4);
+  ASSERT_GT(cluster.metrics_port(), 0) << cluster.Logs();
+  std::vector<std::string> names = {"w0", "w1", "w2"};
+  std::vector<std::string> worker_targets;
+  for (const std::string& name : names) {
+    const int port = metrics::FreeLoopbackPort();
+    worker_targets.push_back(absl::StrCat("'127.0.0.1:", port, "'"));
+    cluster.StartWorker(
+        name, 30, {"--metrics-listen", absl::StrCat("127.0.0.1:", port), "--peak-flops", "1e11"});
+  }
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(3, seconds(60))) << cluster.Logs();
+
+  const std::string rules_path = cluster.dir() + "/ulysses-rules.yml";
+  std::ofstream(rules_path) << ShortWindowRules(
+      ReadFile(SourceDir() + "/deploy/k8s/prometheus/ulysses-rules.yml"));
+  // deploy/k8s/prometheus/prometheus.yml's two jobs, with static loopback targets.
+  const std::string config_path = cluster.dir() + "/prometheus.yml";
+  std::ofstream(config_path) << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                             << "rule_files: ['" << rules_path << "']\n"
+                             << "scrape_configs:\n"
+                             << "  - job_name: ulysses-coordinator\n"
+                             << "    static_configs: [{targets: ['127.0.0.1:"
+                             << cluster.metrics_port() << "']}]\n"
+                             << "  - job_name: ulysses-worker\n"
+                             << "    static_configs: [{targets: [" << worker_targets[0] << ", "
+                             << worker_targets[1] << ", " << worker_targets[2] << "]}]\n";
+  const int web = StartPrometheus(config_path, cluster.dir());
+  ASSERT_GT(web, 0);
+  httplib::Client prom("127.0.0.1", web);
+  prom.set_connection_timeout(2);
+  prom.set_read_timeout(10);
+
+  // Stage 0 (sp 1) with an eval that measures needle accuracy; stage 1 on a group of 2
+  // (all-to-all), long enough to be killed and recover.
+  const std::string id = cluster.Submit(
+      SourceDir() + "/configs/jobs/tiny-demo.yaml",
+      {"spec.stages[0].steps=3", "spec.stages[1].steps=400", "spec.stages[0].warmup_steps=1",
+       "spec.stages[1].warmup_steps=1", "spec.checkpoint.every_steps=2",
+       "spec.data.synthetic.validation_sequences=2"});
+  ASSERT_FALSE(id.empty()) << cluster.Logs();
+  auto stage_step = [](const json& j, int stage) {
+    return j.is_object() && j.value("stage", -1) == stage ? j.value("step", int64_t{0}) : -1;
+  };
+  json job = cluster.WaitForJob(
+      id, [&](const json& j) { return stage_step(j, 1) >= 3; }, seconds(300));
+  ASSERT_GE(stage_step(job, 1), 3) << job.dump(2) << cluster.Logs();
+  const std::string victim = Cluster::NameFromId(job["attempts"].back()["worker_ids"][1]);
+  cluster.worker(victim)->Kill9();
+
+  // Worker lost and the job stalled while it recovers: pending or firing.
+  std::set<std::string> seen;
+  auto deadline = std::chrono::steady_clock::now() + seconds(60);
+  while (std::chrono::steady_clock::now() < deadline &&
+         !(seen.count("UlyssesWorkerLost") && seen.count("UlyssesTrainingStalled"))) {
+    for (const auto& [name, state] : Alerts(&prom)) {
+      if (state == "pending" || state == "firing") seen.insert(name);
+    }
+    std::this_thread::sleep_for(milliseconds(250));
+  }
+  EXPECT_TRUE(seen.count("UlyssesWorkerLost")) << ReadFile(log_);
+  EXPECT_TRUE(seen.count("UlyssesTrainingStalled")) << ReadFile(log_);
+
+  // Recovered on the spare worker and training again.
+  const int64_t before = stage_step(job, 1);
+  job = cluster.WaitForJob(
+      id,
+      [&](const json& j) {
+        return j.value("state", "") == "RUNNING" && j.value("restarts", 0) >= 1 &&
+               stage_step(j, 1) > before;
+      },
+      seconds(180));
+  ASSERT_EQ(job.value("state", ""), "RUNNING") << job.dump(2) << cluster.Logs();
+
+  // Every dashboard expression returns data while the job runs.
+  const json dashboard =
+      json::parse(ReadFile(SourceDir() + "/deploy/k8s/grafana/ulysses-dashboard.json"));
+  std::vector<std::string> exprs;
+  for (const json& panel : dashboard["panels"]) {
+    if (!panel.contains("targets")) continue;
+    for (const json& t : panel["targets"]) exprs.push_back(Substitute(t["expr"]));
+  }
+  ASSERT_GT(exprs.size(), 30u);
+  std::set<std::string> empty(exprs.begin(), exprs.end());
+  deadline = std::chrono::steady_clock::now() + seconds(90);
+  while (!empty.empty() && std::chrono::steady_clock::now() < deadline) {
+    for (auto it = empty.begin(); it != empty.end();) {
+      it = Query(&prom, *it).empty() ? std::next(it) : empty.erase(it);
+    }
+    if (!empty.empty()) std::this_thread::sleep_for(milliseconds(500));
+  }
+  for (const std::string& expr : empty) ADD_FAILURE() << "no data: " << expr;
+  EXPECT_EQ(Query(&prom, "up{job=\"ulysses-worker\"} == 1").size(), 2u);  // The victim is down.
+  (void)cluster.Ctl({"cancel", id});
+}
+
+}  // namespace
+}  // namespace ulysses::e2e

@@ -1,0 +1,107 @@
+#include "worker/engine/train/step_meter.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+
+#include "common/spec/memory_model.h"
+#include "worker/engine/parallel/alltoall_clock.h"
+#include "worker/engine/train/device_memory.h"
+#include "worker/engine/train/train_step.h"
+
+// The CUDA runtime is linked where the toolkit was found (ULYSSES_HAVE_CUDA).
+#if defined(ULYSSES_TORCH_CUDA) && defined(ULYSSES_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#define ULYSSES_STEP_METER_CUDART 1
+#endif
+
+namespace ulysses::engine::train {
+namespace {
+
+// A cgroup limit file: a byte count, or "max" / a huge value for "no limit" (0).
+int64_t ReadCgroupLimit(const char* path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text == "max") return 0;
+  try {
+    const long long v = std::stoll(text);
+    return v > 0 && v < (int64_t{1} << 60) ? v : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+int64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
+}  // namespace
+
+double ModelFlopsPerToken(const LlamaConfig& config, int64_t seq_len) {
+  const spec::ParameterCounts c = spec::CountParameters(config);
+  const double h = static_cast<double>(config.hidden_size);
+  const double layers = static_cast<double>(config.num_hidden_layers);
+  const double lm_head = static_cast<double>(config.vocab_size) * h;
+  return 6 * (layers * c.per_layer + lm_head) + 6 * layers * h * static_cast<double>(seq_len);
+}
+
+int64_t MemoryLimitBytes(const torch::Device& device) {
+  if (device.is_cuda()) {
+#ifdef ULYSSES_STEP_METER_CUDART
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, device.index() < 0 ? 0 : device.index()) != cudaSuccess) {
+      return 0;
+    }
+    return static_cast<int64_t>(prop.totalGlobalMem);
+#else
+    return 0;  // No CUDA runtime linked: unknown.
+#endif
+  }
+  const int64_t physical = PhysicalMemoryBytes();
+  int64_t limit = ReadCgroupLimit("/sys/fs/cgroup/memory.max");  // cgroup v2
+  if (limit == 0) limit = ReadCgroupLimit("/sys/fs/cgroup/memory/memory.limit_in_bytes");  // v1
+  if (limit == 0 || (physical > 0 && limit > physical)) return physical;
+  return limit;
+}
+
+StepMeter::StepMeter(torch::Device device, const Communicator* alltoall_comm,
+                     double flops_per_token)
+    : device_(device),
+      comm_(alltoall_comm),
+      flops_per_token_(flops_per_token),
+      memory_limit_(MemoryLimitBytes(device)) {}
+
+void StepMeter::Begin() {
+  begin_ = batches_ready_ = Clock::now();
+  alltoall_seconds_begin_ = SeqAllToAllSeconds();
+  alltoall_bytes_begin_ = comm_ == nullptr ? 0 : comm_->bytes_sent();
+}
+
+void StepMeter::BatchesReady() { batches_ready_ = Clock::now(); }
+
+RankStepFigures StepMeter::Finish(const StepStats& stats, double rank_tokens) {
+  RankStepFigures f;
+  const auto end = Clock::now();
+  f.step_seconds = std::chrono::duration<double>(end - begin_).count();
+  f.data_wait_seconds = std::chrono::duration<double>(batches_ready_ - begin_).count();
+  f.forward_seconds = std::max(0.0, stats.forward_seconds);
+  f.backward_seconds = std::max(0.0, stats.backward_seconds);
+  f.optimizer_seconds =
+      std::max(0.0, f.step_seconds - f.data_wait_seconds - f.forward_seconds - f.backward_seconds);
+  f.alltoall_seconds = std::max(0.0, SeqAllToAllSeconds() - alltoall_seconds_begin_);
+  f.alltoall_bytes =
+      comm_ == nullptr ? 0 : std::max<int64_t>(0, comm_->bytes_sent() - alltoall_bytes_begin_);
+  const DeviceMemory memory = ReadDeviceMemory(device_);
+  f.peak_allocated_bytes = std::max<int64_t>(0, memory.peak_allocated);
+  f.peak_reserved_bytes = std::max<int64_t>(0, memory.peak_reserved);
+  f.memory_limit_bytes = memory_limit_;
+  const double seconds = std::max(f.step_seconds, 1e-9);
+  f.rank_tokens_per_s = std::max(0.0, rank_tokens) / seconds;
+  f.model_flops_per_s = flops_per_token_ > 0 ? f.rank_tokens_per_s * flops_per_token_ : 0;
+  return f;
+}
+
+}  // namespace ulysses::engine::train
