@@ -40,7 +40,7 @@ int64_t PhysicalMemoryBytes() {
 
 }  // namespace
 
-double ModelFlopsPerToken(const LlamaConfig& config, int64_t seq_len) {
+double ModelFlopsPerToken(const model::LlamaConfig& config, int64_t seq_len) {
   const spec::ParameterCounts c = spec::CountParameters(config);
   const double h = static_cast<double>(config.hidden_size);
   const double layers = static_cast<double>(config.num_hidden_layers);

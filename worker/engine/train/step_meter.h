@@ -43,7 +43,7 @@ struct RankStepFigures {
 // Model FLOPs per trained token at this sequence length: 6 per parameter (embeddings
 // excluded, lm_head included) plus causal attention 6 * layers * hidden * seq_len (QK^T and
 // AV, forward and backward, half the square); recomputation is not counted (MFU, not HFU).
-double ModelFlopsPerToken(const LlamaConfig& config, int64_t seq_len);
+double ModelFlopsPerToken(const model::LlamaConfig& config, int64_t seq_len);
 
 // Memory the rank can use: the CUDA device's total memory; on CPU the cgroup limit when
 // set, else the physical memory. 0 when unknown.
