@@ -633,6 +633,12 @@ TEST_F(TrainE2eTest, BadInputIsRejectedWithExit2) {
   Result nproc = RunCmd({"train", "-f", job_, "--nproc", "3"}, dir_, "nproc");
   EXPECT_EQ(nproc.code, 2);
   EXPECT_NE(nproc.err.find("--nproc"), std::string::npos) << nproc.err;
+  Result timeout =
+      RunCmd({"rank", "-f", job_, "--out", (dir_ / "t").string(), "--collective-timeout-s", "0"},
+             dir_, "timeout");
+  EXPECT_EQ(timeout.code, 2);
+  EXPECT_NE(timeout.err.find("--collective-timeout-s: 0 is outside 1..86400"), std::string::npos)
+      << timeout.err;
   // A corrupt checkpoint is refused by eval and export.
   Result ok = RunCmd(TrainArgs("c", {"spec.stages[0].steps=2"}), dir_, "c");
   ASSERT_EQ(ok.code, 0) << ok.err;
