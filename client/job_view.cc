@@ -58,12 +58,27 @@ json CheckpointJson(const v1::Checkpoint& c) {
               {"committed_at", TimeJson(c.committed_at())}};
 }
 
+// Where each rank ran: worker, slot, device and node (the last three when known).
+json PlacementJson(const v1::Attempt& a) {
+  json out = json::array();
+  for (int r = 0; r < a.worker_ids_size(); ++r) {
+    out.push_back(json{{"rank", r},
+                       {"worker", a.worker_ids(r)},
+                       {"slot", r < a.slots_size() ? a.slots(r) : 0},
+                       {"device", r < a.devices_size() ? a.devices(r) : ""},
+                       {"node", r < a.node_labels_size() ? a.node_labels(r) : ""}});
+  }
+  return out;
+}
+
 json AttemptJson(const v1::Attempt& a) {
   return json{
       {"generation", a.generation()},
       {"stage", a.stage()},
       {"world_size", a.worker_ids_size()},
       {"worker_ids", std::vector<std::string>(a.worker_ids().begin(), a.worker_ids().end())},
+      {"placement", PlacementJson(a)},
+      {"warnings", std::vector<std::string>(a.warnings().begin(), a.warnings().end())},
       {"master", absl::StrCat(a.master_addr(), ":", a.master_port())},
       {"outcome", OutcomeName(a.outcome())},
       {"exit_code", a.exit_code()},
@@ -313,6 +328,8 @@ json WorkerJson(const v1::Worker& w) {
          {"state", WorkerStateName(w.state())},
          {"draining", w.draining()},
          {"device", w.device()},
+         {"devices", std::vector<std::string>(w.devices().begin(), w.devices().end())},
+         {"capacity", w.capacity()},
          {"node", w.node_label()},
          {"host", w.host()},
          {"heartbeat_age_seconds", w.heartbeat_age_seconds()}};
@@ -325,6 +342,16 @@ json WorkerJson(const v1::Worker& w) {
   } else {
     j["running"] = nullptr;
   }
+  json ranks = json::array();
+  for (const v1::RunningWork& r : w.running_ranks()) {
+    ranks.push_back(json{{"job_id", r.ref().job_id()},
+                         {"generation", r.ref().generation()},
+                         {"stage", r.ref().stage()},
+                         {"rank", r.ref().rank()},
+                         {"slot", r.slot()},
+                         {"pid", r.pid()}});
+  }
+  j["running_ranks"] = ranks;
   return j;
 }
 
@@ -362,16 +389,28 @@ void PrintJobsTable(const std::vector<v1::Job>& jobs, std::ostream& out) {
 
 void PrintWorkersTable(const std::vector<v1::Worker>& workers, std::ostream& out) {
   std::vector<std::vector<std::string>> rows = {
-      {"NAME", "ID", "STATE", "DEVICE", "NODE", "HOST", "RUNNING", "HEARTBEAT"}};
+      {"NAME", "ID", "STATE", "SLOTS", "DEVICES", "NODE", "HOST", "RUNNING", "HEARTBEAT"}};
   for (const auto& w : workers) {
-    std::string running = "-";
-    if (w.has_running() && !w.running().ref().job_id().empty()) {
-      const auto& ref = w.running().ref();
-      running =
-          absl::StrCat(ref.job_id(), " g", ref.generation(), " s", ref.stage(), " r", ref.rank());
+    // One entry per running rank ("job-000001 g3 s0 r1@2": rank 1 on slot 2).
+    std::vector<std::string> running;
+    for (const v1::RunningWork& r : w.running_ranks()) {
+      const auto& ref = r.ref();
+      running.push_back(absl::StrCat(ref.job_id(), " g", ref.generation(), " s", ref.stage(), " r",
+                                     ref.rank(),
+                                     w.capacity() > 1 ? absl::StrCat("@", r.slot()) : ""));
     }
-    rows.push_back({w.name(), w.id(), WorkerStateLabel(w), w.device(), w.node_label(), w.host(),
-                    running, absl::StrFormat("%.1fs ago", w.heartbeat_age_seconds())});
+    if (running.empty() && w.has_running() && !w.running().ref().job_id().empty()) {
+      const auto& ref = w.running().ref();
+      running.push_back(
+          absl::StrCat(ref.job_id(), " g", ref.generation(), " s", ref.stage(), " r", ref.rank()));
+    }
+    const int capacity = std::max(1, w.capacity());
+    std::string devices = w.devices_size() > 0 ? absl::StrJoin(w.devices(), ",") : w.device();
+    rows.push_back(
+        {w.name(), w.id(), WorkerStateLabel(w),
+         absl::StrCat(capacity - static_cast<int>(running.size()), "/", capacity, " free"), devices,
+         w.node_label(), w.host(), running.empty() ? "-" : absl::StrJoin(running, "; "),
+         absl::StrFormat("%.1fs ago", w.heartbeat_age_seconds())});
   }
   PrintTable(rows, out);
 }
@@ -436,6 +475,20 @@ void PrintJobDescription(const v1::Job& job, std::ostream& out) {
                     TimeString(a.ended_at()), a.reason()});
   }
   PrintTable(rows, out);
+  if (job.attempts_size() > 0) {
+    // Where each rank of the newest attempt runs (ran), and why the placement is poor.
+    const v1::Attempt& a = job.attempts(job.attempts_size() - 1);
+    out << "\nPlacement (generation " << a.generation() << "):\n";
+    rows = {{"  RANK", "WORKER", "SLOT", "DEVICE", "NODE"}};
+    for (const json& p : PlacementJson(a)) {
+      rows.push_back({absl::StrCat("  ", p["rank"].get<int>()), p["worker"].get<std::string>(),
+                      absl::StrCat(p["slot"].get<int>()),
+                      p["device"].get<std::string>().empty() ? "-" : p["device"].get<std::string>(),
+                      p["node"].get<std::string>().empty() ? "-" : p["node"].get<std::string>()});
+    }
+    PrintTable(rows, out);
+    for (const std::string& w : a.warnings()) out << "  Warning: " << w << "\n";
+  }
   out << "\nEvents:\n";
   for (const auto& e : job.events()) {
     if (e.has_progress()) continue;  // Progress is summarised in the stage table.

@@ -81,7 +81,7 @@ absl::Status Coordinator::Recover() {
       ref.set_generation(job.rec.generation);
       ref.set_rank(static_cast<int>(r));
       ref.set_stage(attempt->stage);
-      w->assigned = ref;
+      w->slots[r < attempt->slots.size() ? attempt->slots[r] : 0] = ref;
     }
     machine_.SetState(job, v1::JOB_STATE_RECOVERING,
                       absl::StrCat("coordinator restarted; waiting up to ",
@@ -296,12 +296,18 @@ void Coordinator::RestoreLocked(const Txn& txn) {
   }
   // Assignments made by the undone change point at attempts that no longer exist.
   for (auto& [id, w] : state_.workers) {
-    if (!w->assigned || !job_ids.count(w->assigned->job_id())) continue;
-    JobRt* job = state_.FindJob(w->assigned->job_id());
-    const AttemptRecord* a = job == nullptr ? nullptr : job->rec.current_attempt();
-    if (a != nullptr && !a->ended() && a->generation == w->assigned->generation()) continue;
-    w->assigned.reset();
-    if (w->state == v1::WORKER_STATE_BUSY) w->state = v1::WORKER_STATE_IDLE;
+    for (auto it = w->slots.begin(); it != w->slots.end();) {
+      const v1::WorkRef& held = it->second;
+      JobRt* job = job_ids.count(held.job_id()) ? state_.FindJob(held.job_id()) : nullptr;
+      const AttemptRecord* a = job == nullptr ? nullptr : job->rec.current_attempt();
+      if (!job_ids.count(held.job_id()) ||
+          (a != nullptr && !a->ended() && a->generation == held.generation())) {
+        ++it;
+      } else {
+        it = w->slots.erase(it);
+      }
+    }
+    if (!w->busy() && w->state == v1::WORKER_STATE_BUSY) w->state = v1::WORKER_STATE_IDLE;
   }
 }
 

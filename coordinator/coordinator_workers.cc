@@ -73,7 +73,7 @@ absl::StatusOr<uint64_t> Coordinator::OpenSession(const std::string& worker_id,
   w->sink = sink;
   w->session = state_.next_session_id++;
   w->last_seen_steady = SteadyMs();
-  w->state = w->assigned ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_IDLE;
+  w->state = w->busy() ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_IDLE;
   // Messages committed while no session was open.
   for (v1::CoordinatorMessage& m : w->pending) sink->Send(m);
   w->pending.clear();
@@ -100,8 +100,10 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, uint64_t session
   w->last_seen_steady = SteadyMs();
   Txn txn;
   protocol_.OnMessage(*w, message, txn);
-  // A rank that exited, or an idle heartbeat, may free workers for the queue.
-  if (message.has_exited() || (message.has_heartbeat() && !w->assigned)) machine_.Schedule(txn);
+  // A rank that exited, or a heartbeat with a free slot, may free slots for the queue.
+  if (message.has_exited() ||
+      (message.has_heartbeat() && w->slots.size() < static_cast<size_t>(w->rec.capacity)))
+    machine_.Schedule(txn);
   (void)CommitLocked(txn);
 }
 

@@ -78,7 +78,7 @@ void JobMachine::ExpireLostWorkers(int64_t now_steady_ms, Txn& txn) {
   const int64_t ttl_ms = static_cast<int64_t>(config_.lost_worker_ttl_s * 1000);
   for (auto it = state_.workers.begin(); it != state_.workers.end();) {
     const WorkerRt& w = *it->second;
-    if (w.state != v1::WORKER_STATE_LOST || w.sink != nullptr || w.assigned ||
+    if (w.state != v1::WORKER_STATE_LOST || w.sink != nullptr || w.busy() ||
         now_steady_ms - w.lost_since_steady < ttl_ms || txn.workers.count(it->second.get())) {
       ++it;
       continue;
@@ -186,16 +186,25 @@ void JobMachine::Schedule(Txn& txn) {
   std::vector<IdleWorker> idle;
   std::vector<IdleWorker> live;
   std::vector<IdleWorker> freeing;  // Busy with an attempt that ended or is being preempted.
+  // One entry per slot.
   for (auto& [id, w] : state_.workers) {
-    if (w->state != v1::WORKER_STATE_LOST) live.push_back({w->rec.id, w->rec.node_label});
-    if (w->sink != nullptr && w->state == v1::WORKER_STATE_IDLE && !w->assigned && !w->draining) {
-      idle.push_back({w->rec.id, w->rec.node_label});
-    } else if (w->state != v1::WORKER_STATE_LOST && w->assigned && !w->draining) {
-      JobRt* held = state_.FindJob(w->assigned->job_id());
-      const AttemptRecord* a = held == nullptr ? nullptr : held->rec.current_attempt();
-      if (a == nullptr || a->ended() || a->generation != w->assigned->generation() ||
-          !held->preempting_for.empty()) {
-        freeing.push_back({w->rec.id, w->rec.node_label});
+    const bool connected = w->sink != nullptr &&
+                           (w->state == v1::WORKER_STATE_IDLE || w->state == v1::WORKER_STATE_BUSY);
+    for (int slot = 0; slot < w->rec.capacity; ++slot) {
+      const IdleWorker entry{w->rec.id, w->rec.node_label, slot};
+      if (w->state != v1::WORKER_STATE_LOST) live.push_back(entry);
+      if (w->draining) continue;
+      auto held = w->slots.find(slot);
+      if (held == w->slots.end()) {
+        if (connected) idle.push_back(entry);
+        continue;
+      }
+      if (w->state == v1::WORKER_STATE_LOST) continue;
+      JobRt* job = state_.FindJob(held->second.job_id());
+      const AttemptRecord* a = job == nullptr ? nullptr : job->rec.current_attempt();
+      if (a == nullptr || a->ended() || a->generation != held->second.generation() ||
+          !job->preempting_for.empty()) {
+        freeing.push_back(entry);
       }
     }
   }
@@ -208,9 +217,9 @@ void JobMachine::Schedule(Txn& txn) {
     r.id = j->rec.id;
     r.priority = j->rec.priority;
     r.number = j->rec.number;
-    for (const std::string& wid : a->worker_ids) {
-      if (const WorkerRt* w = state_.FindWorker(wid); w != nullptr) {
-        r.workers.push_back({w->rec.id, w->rec.node_label});
+    for (size_t rank = 0; rank < a->worker_ids.size(); ++rank) {
+      if (const WorkerRt* w = state_.FindWorker(a->worker_ids[rank]); w != nullptr) {
+        r.workers.push_back({w->rec.id, w->rec.node_label, a->slots[rank]});
       }
     }
     int64_t since = a->started_ms;
@@ -227,7 +236,7 @@ void JobMachine::Schedule(Txn& txn) {
     std::string reason;
     switch (d.kind) {
       case QueueDecision::Kind::kLaunch:
-        Launch(job, d.worker_ids, txn);
+        Launch(job, d.worker_ids, d.slots, txn);
         if (d.backfill) {
           v1::LogLine line;
           line.set_stream(v1::LOG_STREAM_COORDINATOR);
@@ -267,7 +276,8 @@ void JobMachine::Schedule(Txn& txn) {
   }
 }
 
-void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids, Txn& txn) {
+void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids,
+                        const std::vector<int>& slots, Txn& txn) {
   JobRecord& rec = job.rec;
   StageRecord& stage = rec.stages[rec.stage_index];
   const int64_t now = NowMs();
@@ -282,6 +292,13 @@ void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids, 
   attempt.generation = rec.generation;
   attempt.stage = stage.index;
   attempt.worker_ids = worker_ids;
+  attempt.slots = slots;
+  for (size_t r = 0; r < worker_ids.size(); ++r) {
+    const WorkerRecord& w = state_.workers[worker_ids[r]]->rec;
+    attempt.devices.push_back(slots[r] < static_cast<int>(w.devices.size()) ? w.devices[slots[r]]
+                                                                            : w.device);
+    attempt.node_labels.push_back(w.node_label);
+  }
   attempt.master_addr = state_.workers[worker_ids[0]]->rec.host;
   attempt.master_port = AllocatePort();
   attempt.started_ms = now;
@@ -311,16 +328,23 @@ void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids, 
     a->add_overrides(absl::StrCat("spec.checkpoint.dir=", rec.checkpoint_dir));
     a->set_seq_len(stage.seq_len);
     a->set_steps(stage.steps);
-    w.assigned = a->ref();
+    a->set_slot(slots[r]);
+    w.slots[slots[r]] = a->ref();
     w.state = v1::WORKER_STATE_BUSY;
     SendTo(w, std::move(msg), txn);
   }
+  for (const std::string& warning : PlacementWarnings(attempt, stage.sp)) {
+    v1::LogLine line;
+    line.set_stream(v1::LOG_STREAM_COORDINATOR);
+    line.set_text(absl::StrCat("warning: ", warning));
+    AddLog(job, std::move(line), txn);
+  }
   v1::JobEvent ev;
-  *ev.mutable_attempt_started() = AttemptToProto(attempt);
+  *ev.mutable_attempt_started() = AttemptToProto(attempt, stage.sp);
   AddEvent(job, std::move(ev), true, txn);
   SetState(job, v1::JOB_STATE_SCHEDULING,
            absl::StrCat("starting stage ", stage.index, " (generation ", rec.generation, ") on ",
-                        worker_ids.size(), " workers, rendezvous ", attempt.master_addr, ":",
+                        worker_ids.size(), " slots, rendezvous ", attempt.master_addr, ":",
                         attempt.master_port),
            txn);
 }
@@ -336,20 +360,16 @@ void JobMachine::EndAttempt(JobRt& job, v1::AttemptOutcome outcome, int exit_cod
   job.preempting_for.clear();
   job.awaiting_reconnect = false;
   job.reconnected_ranks.clear();
-  for (const std::string& wid : attempt->worker_ids) {
-    WorkerRt* w = state_.FindWorker(wid);
-    if (w == nullptr || !w->assigned || w->assigned->job_id() != job.rec.id ||
-        w->assigned->generation() != attempt->generation) {
-      continue;
-    }
-    v1::CoordinatorMessage msg;
-    *msg.mutable_abort()->mutable_ref() = *w->assigned;
+  for (WorkerRt* w : HoldingWorkers(job.rec.id, *attempt)) {
+    v1::CoordinatorMessage msg;  // Stops every rank of the generation on that worker.
+    *msg.mutable_abort()->mutable_ref() = w->Held(job.rec.id, attempt->generation).front();
     msg.mutable_abort()->set_reason(reason);
     msg.mutable_abort()->set_grace_period_ms(grace_ms);
     SendTo(*w, std::move(msg), txn);
   }
   v1::JobEvent ev;
-  *ev.mutable_attempt_ended() = AttemptToProto(*attempt);
+  *ev.mutable_attempt_ended() = AttemptToProto(
+      *attempt, job.rec.stages[std::clamp<int>(attempt->stage, 0, job.rec.stages.size() - 1)].sp);
   AddEvent(job, std::move(ev), true, txn);
   txn.jobs.insert(&job);
 }
@@ -460,14 +480,9 @@ void JobMachine::PreemptForPriority(JobRt& job, JobRt& for_job, double gpu_secon
       "preempted for ", for_job.rec.id, " (priority ", for_job.rec.priority, " > ",
       job.rec.priority, "): checkpointing now; ", absl::StrFormat("%.1f", gpu_seconds_at_risk),
       " GPU-seconds since the last checkpoint at risk");
-  for (const std::string& wid : attempt->worker_ids) {
-    WorkerRt* w = state_.FindWorker(wid);
-    if (w == nullptr || !w->assigned || w->assigned->job_id() != job.rec.id ||
-        w->assigned->generation() != attempt->generation) {
-      continue;
-    }
-    v1::CoordinatorMessage msg;
-    *msg.mutable_abort()->mutable_ref() = *w->assigned;
+  for (WorkerRt* w : HoldingWorkers(job.rec.id, *attempt)) {
+    v1::CoordinatorMessage msg;  // Preempts every rank of the generation on that worker.
+    *msg.mutable_abort()->mutable_ref() = w->Held(job.rec.id, attempt->generation).front();
     msg.mutable_abort()->set_reason(why);
     msg.mutable_abort()->set_grace_period_ms(static_cast<int64_t>(config_.cancel_grace_s * 1000));
     msg.mutable_abort()->set_preempt(true);
@@ -516,15 +531,32 @@ void JobMachine::OnWorkerLost(WorkerRt& worker, const std::string& why, Txn& txn
     worker.session = 0;
   }
   worker.pending.clear();
-  if (!worker.assigned) return;
-  v1::WorkRef ref = *worker.assigned;
-  worker.assigned.reset();
-  JobRt* job = state_.FindJob(ref.job_id());
-  if (job == nullptr) return;
-  AttemptRecord* attempt = job->rec.current_attempt();
-  if (attempt == nullptr || attempt->ended() || attempt->generation != ref.generation()) return;
-  OnRankLost(*job, absl::StrCat("worker ", worker.rec.name, " (rank ", ref.rank(), ") lost: ", why),
-             txn);
+  std::map<int, v1::WorkRef> held = std::move(worker.slots);
+  worker.slots.clear();
+  for (const auto& [slot, ref] : held) {
+    JobRt* job = state_.FindJob(ref.job_id());
+    if (job == nullptr) continue;
+    AttemptRecord* attempt = job->rec.current_attempt();
+    // Once per attempt: the first lost rank ends it (a worker may hold several of its ranks).
+    if (attempt == nullptr || attempt->ended() || attempt->generation != ref.generation()) continue;
+    OnRankLost(*job,
+               absl::StrCat("worker ", worker.rec.name, " (rank ", ref.rank(), ") lost: ", why),
+               txn);
+  }
+}
+
+std::vector<WorkerRt*> JobMachine::HoldingWorkers(const std::string& job_id,
+                                                  const AttemptRecord& attempt) {
+  std::vector<WorkerRt*> out;
+  for (const std::string& wid : attempt.worker_ids) {
+    WorkerRt* w = state_.FindWorker(wid);
+    if (w == nullptr || w->Held(job_id, attempt.generation).empty() ||
+        std::find(out.begin(), out.end(), w) != out.end()) {
+      continue;
+    }
+    out.push_back(w);
+  }
+  return out;
 }
 
 void JobMachine::CheckReconnectDeadline(JobRt& job, int64_t now_steady_ms, Txn& txn) {

@@ -32,7 +32,9 @@ class JobMachine {
   void SetState(JobRt& job, v1::JobState to, const std::string& reason, Txn& txn,
                 const std::string& actor = "");
   // Starts the current stage as a new generation on worker_ids[rank].
-  void Launch(JobRt& job, const std::vector<std::string>& worker_ids, Txn& txn);
+  // Starts the job's current stage: rank r on slot slots[r] of worker_ids[r].
+  void Launch(JobRt& job, const std::vector<std::string>& worker_ids, const std::vector<int>& slots,
+              Txn& txn);
   // Ends the current attempt (if live) and aborts its ranks with `grace_ms`.
   void EndAttempt(JobRt& job, v1::AttemptOutcome outcome, int exit_code, const std::string& reason,
                   int64_t grace_ms, Txn& txn);
@@ -85,6 +87,9 @@ class JobMachine {
   int64_t abort_grace_ms() const { return static_cast<int64_t>(config_.abort_grace_s * 1000); }
 
  private:
+  // The workers (each once) that still hold ranks of `attempt` of job `job_id`.
+  std::vector<WorkerRt*> HoldingWorkers(const std::string& job_id, const AttemptRecord& attempt);
+
   int AllocatePort();
   void DropOldestLog(JobRt& job);
 

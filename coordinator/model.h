@@ -36,6 +36,11 @@ struct AttemptRecord {
   int64_t generation = 0;
   int stage = 0;
   std::vector<std::string> worker_ids;  // worker_ids[rank].
+  std::vector<int> slots;               // slots[rank]: its slot on worker_ids[rank].
+  // Where each rank ran, as placed: devices[rank] ("cuda:3", "cpu") and node_labels[rank]
+  // (empty for attempts from before schema 5).
+  std::vector<std::string> devices;
+  std::vector<std::string> node_labels;
   std::string master_addr;
   int master_port = 0;
   int64_t started_ms = 0;
@@ -117,12 +122,13 @@ struct WorkerRecord {
   std::string id;
   std::string name;
   std::string node_label;
-  std::string device;
+  std::string device;  // devices[0].
   std::string host;
   int capacity = 1;
   int64_t registered_ms = 0;
   int64_t last_seen_ms = 0;
-  std::string identity;  // Who registered it (auth::Principal::WorkerIdentity()).
+  std::string identity;              // Who registered it (auth::Principal::WorkerIdentity()).
+  std::vector<std::string> devices;  // devices[slot]: one per slot (capacity entries).
 };
 
 // One row of the events table (a serialized v1::JobEvent).

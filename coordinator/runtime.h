@@ -58,12 +58,41 @@ struct WorkerRt {
   WorkerSink* sink = nullptr;
   uint64_t session = 0;
   int64_t last_seen_steady = 0;
-  std::optional<v1::WorkRef> assigned;          // What we believe it runs (until its exit report).
+  // What we believe it runs, by slot (each until that rank's exit report). A slot is one of
+  // rec.capacity devices; the worker is BUSY while any slot runs a rank.
+  std::map<int, v1::WorkRef> slots;
   std::vector<v1::CoordinatorMessage> pending;  // Queued while no session is open.
   // The worker announced its own shutdown (SIGTERM: a Kubernetes preemption). It gets no new
   // work until it registers again, so a requeued job is not placed on a worker about to exit.
   bool draining = false;
   int64_t lost_since_steady = 0;  // When it was declared LOST (0 = not lost).
+
+  bool busy() const { return !slots.empty(); }
+  // The slot running rank `ref.rank` of `ref`'s job and generation (-1 = none).
+  int SlotOf(const v1::WorkRef& ref) const {
+    for (const auto& [slot, held] : slots) {
+      if (held.job_id() == ref.job_id() && held.generation() == ref.generation() &&
+          held.rank() == ref.rank()) {
+        return slot;
+      }
+    }
+    return -1;
+  }
+  // The ranks of `job_id`'s generation `generation` it runs.
+  std::vector<v1::WorkRef> Held(const std::string& job_id, int64_t generation) const {
+    std::vector<v1::WorkRef> out;
+    for (const auto& [slot, held] : slots) {
+      if (held.job_id() == job_id && held.generation() == generation) out.push_back(held);
+    }
+    return out;
+  }
+  // Frees the slot of `ref` (job, generation, rank); false if it held none.
+  bool Release(const v1::WorkRef& ref) {
+    const int slot = SlotOf(ref);
+    if (slot < 0) return false;
+    slots.erase(slot);
+    return true;
+  }
 };
 
 struct JobRt {

@@ -9,56 +9,119 @@
 
 namespace ulysses::coordinator {
 
+std::string IdleWorker::key() const { return absl::StrCat(id, "#", slot); }
+
 Placement PlaceGang(const GangRequest& request, const std::vector<IdleWorker>& idle) {
   Placement out;
   const int world = request.sp * request.dp;
-  // label -> idle worker ids, in input order.
-  std::map<std::string, std::vector<std::string>> by_label;
+  // Free slots by label, then by worker, in input order.
+  struct Free {
+    std::string id;
+    std::vector<int> slots;
+  };
+  std::map<std::string, std::vector<Free>> by_label;
   int available = 0;
   for (const IdleWorker& w : idle) {
     if (!request.required_label.empty() && w.node_label != request.required_label) continue;
-    by_label[w.node_label].push_back(w.id);
+    std::vector<Free>& workers = by_label[w.node_label];
+    auto it =
+        std::find_if(workers.begin(), workers.end(), [&](const Free& f) { return f.id == w.id; });
+    if (it == workers.end()) it = workers.insert(workers.end(), Free{w.id, {}});
+    it->slots.push_back(w.slot);
     ++available;
   }
   if (available < world) {
-    out.reason = absl::StrCat("needs ", world, " idle worker", world == 1 ? "" : "s");
+    out.reason = absl::StrCat("needs ", world, " free slot", world == 1 ? "" : "s");
     if (!request.required_label.empty()) {
       absl::StrAppend(&out.reason, " with node label \"", request.required_label, "\"");
     }
     absl::StrAppend(&out.reason, ", ", available, " available");
     return out;
   }
+  auto label_free = [&](const std::string& label) {
+    size_t n = 0;
+    for (const Free& f : by_label[label]) n += f.slots.size();
+    return n;
+  };
+  // Takes up to n slots of `label`, from its workers with the most free slots first.
+  auto take_from = [&](const std::string& label, int n) {
+    std::vector<Free>& workers = by_label[label];
+    while (n > 0 && !workers.empty()) {
+      auto most = std::max_element(
+          workers.begin(), workers.end(),
+          [](const Free& a, const Free& b) { return a.slots.size() < b.slots.size(); });
+      while (n > 0 && !most->slots.empty()) {
+        out.worker_ids.push_back(most->id);
+        out.slots.push_back(most->slots.front());
+        most->slots.erase(most->slots.begin());
+        --n;
+      }
+      if (most->slots.empty()) workers.erase(most);
+    }
+    if (workers.empty()) by_label.erase(label);
+  };
+  const size_t sp = static_cast<size_t>(request.sp);
   for (int g = 0; g < request.dp; ++g) {
-    // Best fit: the label with the fewest idle workers that still holds a whole SP group.
-    std::string best;
-    size_t best_size = 0;
-    for (const auto& [label, ids] : by_label) {
-      if (ids.size() >= static_cast<size_t>(request.sp) &&
-          (best_size == 0 || ids.size() < best_size)) {
-        best = label;
-        best_size = ids.size();
+    // 1. Best-fit worker: the fewest free slots that still hold a whole SP group.
+    std::string best_label;
+    const Free* best = nullptr;
+    size_t best_label_free = 0;
+    for (auto& [label, workers] : by_label) {
+      const size_t free_in_label = label_free(label);
+      for (const Free& f : workers) {
+        if (f.slots.size() < sp) continue;
+        if (best == nullptr || f.slots.size() < best->slots.size() ||
+            (f.slots.size() == best->slots.size() && free_in_label < best_label_free)) {
+          best = &f;
+          best_label = label;
+          best_label_free = free_in_label;
+        }
       }
     }
-    int need = request.sp;
-    auto take_from = [&](const std::string& label, int n) {
-      auto& ids = by_label[label];
-      for (int i = 0; i < n && !ids.empty(); ++i) {
-        out.worker_ids.push_back(ids.front());
-        ids.erase(ids.begin());
-        --need;
+    if (best != nullptr) {
+      std::vector<Free>& workers = by_label[best_label];
+      Free& f = *std::find_if(workers.begin(), workers.end(),
+                              [&](const Free& x) { return x.id == best->id; });
+      for (size_t i = 0; i < sp; ++i) {
+        out.worker_ids.push_back(f.id);
+        out.slots.push_back(f.slots[i]);
       }
-      if (ids.empty()) by_label.erase(label);
-    };
-    if (best_size > 0) {
-      take_from(best, need);
+      f.slots.erase(f.slots.begin(), f.slots.begin() + static_cast<std::ptrdiff_t>(sp));
+      if (f.slots.empty()) {
+        workers.erase(std::find_if(workers.begin(), workers.end(),
+                                   [&](const Free& x) { return x.slots.empty(); }));
+      }
+      if (workers.empty()) by_label.erase(best_label);
       continue;
     }
-    // No label fits a whole group: spread over the largest labels.
+    // 2. Best-fit label: the fewest free slots that still hold a whole SP group.
+    std::string label;
+    size_t label_size = 0;
+    for (const auto& [l, workers] : by_label) {
+      const size_t n = label_free(l);
+      if (n >= sp && (label_size == 0 || n < label_size)) {
+        label = l;
+        label_size = n;
+      }
+    }
+    if (label_size > 0) {
+      take_from(label, request.sp);
+      continue;
+    }
+    // 3. No label fits a whole group: spread over the largest labels.
+    int need = request.sp;
     while (need > 0) {
-      auto largest = std::max_element(
-          by_label.begin(), by_label.end(),
-          [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
-      take_from(largest->first, need);
+      std::string largest;
+      size_t largest_size = 0;
+      for (const auto& [l, workers] : by_label) {
+        if (label_free(l) > largest_size) {
+          largest = l;
+          largest_size = label_free(l);
+        }
+      }
+      const int take = std::min<int>(need, static_cast<int>(largest_size));
+      take_from(largest, take);
+      need -= take;
     }
   }
   out.placed = true;
@@ -107,12 +170,21 @@ std::vector<Victim> PlanPreemption(const QueuedJob& job, const std::vector<IdleW
 
 namespace {
 
-// Workers of `from` whose ids are not in `ids`.
+// Slots of `from` whose keys are not in `keys`.
 std::vector<IdleWorker> Without(const std::vector<IdleWorker>& from,
-                                const std::set<std::string>& ids) {
+                                const std::set<std::string>& keys) {
   std::vector<IdleWorker> out;
   for (const IdleWorker& w : from) {
-    if (!ids.count(w.id)) out.push_back(w);
+    if (!keys.count(w.key())) out.push_back(w);
+  }
+  return out;
+}
+
+// The slot keys of a placement.
+std::set<std::string> Keys(const Placement& p) {
+  std::set<std::string> out;
+  for (size_t r = 0; r < p.worker_ids.size(); ++r) {
+    out.insert(IdleWorker{p.worker_ids[r], "", p.slots[r]}.key());
   }
   return out;
 }
@@ -130,7 +202,7 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
   std::vector<QueueDecision> out;
   out.reserve(queue.size());
   const QueuedJob* head = nullptr;  // The first job that waits for workers that exist.
-  std::set<std::string> reserved;   // Idle workers held for the head job.
+  std::set<std::string> reserved;   // Free slots (keys) held for the head job.
   for (const QueuedJob& job : queue) {
     QueueDecision d;
     d.job_id = job.id;
@@ -146,11 +218,11 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
       // Behind the head, only the workers outside its reservation.
       Placement p = PlaceGang(job.gang, head == nullptr ? idle : Without(idle, reserved));
       if (p.placed) {
-        std::set<std::string> used(p.worker_ids.begin(), p.worker_ids.end());
-        idle = Without(idle, used);
+        idle = Without(idle, Keys(p));
         d.kind = QueueDecision::Kind::kLaunch;
         d.backfill = head != nullptr;
         d.worker_ids = std::move(p.worker_ids);
+        d.slots = std::move(p.slots);
         in_use[job.tenant] += needed;
       } else if (head != nullptr) {
         d.kind = QueueDecision::Kind::kBlocked;
@@ -191,20 +263,20 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
               absl::StrAppend(&d.reason, "; preempting ", names);
             }
           } else if (!freeing.empty() && static_cast<int64_t>(idle.size()) < needed) {
-            absl::StrAppend(&d.reason, "; waiting for workers of ending attempts to free up");
+            absl::StrAppend(&d.reason, "; waiting for slots of ending attempts to free up");
           }
           if (later.placed) {
-            // Hold exactly the idle workers of the placement it will get.
-            std::set<std::string> idle_ids;
-            for (const IdleWorker& w : idle) idle_ids.insert(w.id);
-            for (const std::string& id : later.worker_ids) {
-              if (idle_ids.count(id)) reserved.insert(id);
+            // Hold exactly the free slots of the placement it will get.
+            std::set<std::string> idle_keys;
+            for (const IdleWorker& w : idle) idle_keys.insert(w.key());
+            for (const std::string& key : Keys(later)) {
+              if (idle_keys.count(key)) reserved.insert(key);
             }
           } else {
-            // It waits for attempts to end: any idle worker it could use may be needed.
+            // It waits for attempts to end: any free slot it could use may be needed.
             for (const IdleWorker& w : idle) {
               if (job.gang.required_label.empty() || w.node_label == job.gang.required_label) {
-                reserved.insert(w.id);
+                reserved.insert(w.key());
               }
             }
           }

@@ -1,7 +1,8 @@
 // Scheduling decisions, pure functions over plain values (thread-compatible); the policy
 // as a whole is described in docs/COORDINATOR.md "Scheduling policy":
-// - gang placement: picks `world` idle workers for one stage's group, whole or not at
-//   all, preferring workers that share a node label (one NVLink domain per SP group);
+// - gang placement: picks `world` free slots (a slot = one device of a worker: a GPU, or a
+//   CPU rank in tests) for one stage's group, whole or not at all, each SP group inside one
+//   worker when it fits, else inside one node label, across labels only when necessary;
 // - the queue: which queued jobs start now, in priority/FIFO order with head-of-line
 //   blocking, a reservation for the head job and backfill around it;
 // - priority preemption: which running lower-priority jobs to stop (checkpoint now,
@@ -18,9 +19,14 @@
 
 namespace ulysses::coordinator {
 
+// One free slot of a worker (a worker of capacity 8 with nothing running is 8 of these).
+// The name stays from when every worker had one slot.
 struct IdleWorker {
   std::string id;
   std::string node_label;
+  int slot = 0;
+  // Identifies the slot: "<id>#<slot>".
+  std::string key() const;
 };
 
 struct GangRequest {
@@ -32,13 +38,19 @@ struct GangRequest {
 struct Placement {
   bool placed = false;
   std::vector<std::string> worker_ids;  // worker_ids[rank], size sp*dp when placed.
-  std::string reason;                   // Why not placed ("needs 4 idle workers, 2 available").
+  std::vector<int> slots;               // slots[rank]: the slot of worker_ids[rank].
+  std::string reason;                   // Why not placed ("needs 4 free slots, 2 available").
 };
 
-// Places the gang. Strategy: each SP group (consecutive ranks) is filled from one node
-// label when any label has sp idle workers (labels with the fewest spare workers that
-// still fit are used first, to keep big labels whole); otherwise from the labels with
-// the most idle workers. Deterministic for a given input order.
+// Places the gang. Strategy, for each SP group (consecutive ranks) in turn:
+// 1. inside one worker (one NVLink domain, no network in the all-to-all) when a worker has
+//    sp free slots: the worker with the fewest free slots that still fit (best fit, ties:
+//    the smaller label, then input order), to keep big workers whole;
+// 2. else inside one node label when a label has sp free slots (best fit: the smallest
+//    such label), taking the workers with the most free slots first;
+// 3. else spread over the labels with the most free slots.
+// DP replicas (different SP groups) may land anywhere. Deterministic for a given input
+// order.
 Placement PlaceGang(const GangRequest& request, const std::vector<IdleWorker>& idle);
 
 // Queue ordering: higher priority first, then lower submission number (FIFO).
@@ -66,7 +78,7 @@ struct RunningJob {
   std::string id;
   int64_t priority = 0;
   int64_t number = 0;               // Submission order (higher = younger).
-  std::vector<IdleWorker> workers;  // The workers its attempt holds.
+  std::vector<IdleWorker> workers;  // The slots its attempt holds.
   // World size x seconds since its last committed checkpoint (or since its attempt started,
   // when that is later): the work a failed preemption checkpoint would lose.
   double gpu_seconds_at_risk = 0;
@@ -85,12 +97,13 @@ struct QueueDecision {
     kLaunch,    // Start now on worker_ids.
     kBackoff,   // Waits for its restart backoff; keeps its reason; blocks no one.
     kBlocked,   // Could be placed but a job ahead of it waits for workers (head of line).
-    kUnplaced,  // Not enough idle workers.
+    kUnplaced,  // Not enough free slots.
     kPreempt,   // The head job: preempt `victims` now; it is placed once their workers free up.
   };
   std::string job_id;
   Kind kind = Kind::kUnplaced;
   std::vector<std::string> worker_ids;  // kLaunch: worker_ids[rank].
+  std::vector<int> slots;               // kLaunch: slots[rank].
   std::string reason;                   // kBlocked / kUnplaced / kPreempt: why it waits.
   bool backfill = false;                // kLaunch behind a waiting head job, off its reservation.
   std::vector<Victim> victims;          // kPreempt.

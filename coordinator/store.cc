@@ -166,6 +166,16 @@ constexpr const char* kSchemaV4[] = {
     "ALTER TABLE jobs ADD COLUMN preemptible INTEGER NOT NULL DEFAULT 1",
 };
 
+// Version 5: multi-slot workers (one slot per device): each rank's slot, device and node
+// label in an attempt ("" = slot 0 for every rank, as before; device and label unknown) and
+// each worker's devices ("" = one slot on `device`).
+constexpr const char* kSchemaV5[] = {
+    "ALTER TABLE attempts ADD COLUMN slots TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE attempts ADD COLUMN devices TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE attempts ADD COLUMN node_labels TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE workers ADD COLUMN devices TEXT NOT NULL DEFAULT ''",
+};
+
 bool SameStage(const StageRecord& a, const StageRecord& b) {
   return a.index == b.index && a.state == b.state && a.seq_len == b.seq_len && a.steps == b.steps &&
          a.step == b.step && a.sp == b.sp && a.dp == b.dp && a.loss == b.loss &&
@@ -176,6 +186,7 @@ bool SameStage(const StageRecord& a, const StageRecord& b) {
 
 bool SameAttempt(const AttemptRecord& a, const AttemptRecord& b) {
   return a.generation == b.generation && a.stage == b.stage && a.worker_ids == b.worker_ids &&
+         a.slots == b.slots && a.devices == b.devices && a.node_labels == b.node_labels &&
          a.master_addr == b.master_addr && a.master_port == b.master_port &&
          a.started_ms == b.started_ms && a.ended_ms == b.ended_ms && a.outcome == b.outcome &&
          a.exit_code == b.exit_code && a.reason == b.reason;
@@ -273,6 +284,7 @@ absl::Status Store::Migrate() {
   if (version < 2) steps.insert(steps.end(), std::begin(kSchemaV2), std::end(kSchemaV2));
   if (version < 3) steps.insert(steps.end(), std::begin(kSchemaV3), std::end(kSchemaV3));
   if (version < 4) steps.insert(steps.end(), std::begin(kSchemaV4), std::end(kSchemaV4));
+  if (version < 5) steps.insert(steps.end(), std::begin(kSchemaV5), std::end(kSchemaV5));
   for (const char* sql : steps) {
     if (absl::Status s = Exec(sql); !s.ok()) {
       (void)Exec("ROLLBACK");
@@ -362,7 +374,7 @@ absl::Status Store::WriteJob(const JobRecord& j) {
         SameAttempt(before->attempts[idx], a)) {
       continue;
     }
-    Stmt st(db_, "INSERT OR REPLACE INTO attempts VALUES(?,?,?,?,?,?,?,?,?,?,?)");
+    Stmt st(db_, "INSERT OR REPLACE INTO attempts VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
     RETURN_IF_ERROR(st.status());
     int k = 1;
     st.Bind(k++, j.id);
@@ -376,6 +388,9 @@ absl::Status Store::WriteJob(const JobRecord& j) {
     st.Bind(k++, static_cast<int>(a.outcome));
     st.Bind(k++, a.exit_code);
     st.Bind(k++, a.reason);
+    st.Bind(k++, absl::StrJoin(a.slots, ","));
+    st.Bind(k++, absl::StrJoin(a.devices, ","));
+    st.Bind(k++, absl::StrJoin(a.node_labels, ","));
     RETURN_IF_ERROR(st.Run());
   }
   return absl::OkStatus();
@@ -401,10 +416,11 @@ absl::Status Store::Write(const Batch& batch) {
       RETURN_IF_ERROR(q.Run());
     }
     for (const WorkerRecord& w : batch.workers) {
-      Stmt q(db_, "INSERT OR REPLACE INTO workers VALUES(?,?,?,?,?,?,?,?,?)");
+      Stmt q(db_, "INSERT OR REPLACE INTO workers VALUES(?,?,?,?,?,?,?,?,?,?)");
       RETURN_IF_ERROR(q.status());
       q.Bind(1, w.id).Bind(2, w.name).Bind(3, w.node_label).Bind(4, w.device).Bind(5, w.host);
       q.Bind(6, w.capacity).Bind(7, w.registered_ms).Bind(8, w.last_seen_ms).Bind(9, w.identity);
+      q.Bind(10, absl::StrJoin(w.devices, ","));
       RETURN_IF_ERROR(q.Run());
     }
     for (const CheckpointRecord& c : batch.checkpoints) {
@@ -532,6 +548,19 @@ AttemptRecord ReadAttemptRow(Stmt& q) {  // Column 0 is job_id.
   a.outcome = static_cast<v1::AttemptOutcome>(q.Int(c++));
   a.exit_code = static_cast<int>(q.Int(c++));
   a.reason = q.Text(c++);
+  // Rows from before schema 5 have no slots: every rank ran on slot 0 of its worker.
+  a.slots.assign(a.worker_ids.size(), 0);
+  const std::string slots = q.Text(c++);
+  if (!slots.empty()) {
+    std::vector<std::string> parts = absl::StrSplit(slots, ',');
+    for (size_t r = 0; r < parts.size() && r < a.slots.size(); ++r) {
+      if (!absl::SimpleAtoi(parts[r], &a.slots[r])) a.slots[r] = 0;
+    }
+  }
+  for (std::vector<std::string>* list : {&a.devices, &a.node_labels}) {
+    const std::string text = q.Text(c++);
+    if (!text.empty()) *list = absl::StrSplit(text, ',');
+  }
   return a;
 }
 
@@ -546,6 +575,9 @@ WorkerRecord ReadWorkerRow(Stmt& q) {
   w.registered_ms = q.Int(6);
   w.last_seen_ms = q.Int(7);
   w.identity = q.Text(8);
+  const std::string devices = q.Text(9);
+  if (!devices.empty()) w.devices = absl::StrSplit(devices, ',');
+  if (w.devices.empty()) w.devices.assign(std::max(1, w.capacity), w.device);
   return w;
 }
 

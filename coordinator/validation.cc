@@ -1,7 +1,9 @@
 #include "coordinator/validation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -147,7 +149,35 @@ absl::Status CheckSameStage(const std::string& field, int32_t stage, const v1::W
 
 absl::Status CheckRunningWork(const std::string& field, const v1::RunningWork& running) {
   RETURN_IF_ERROR(CheckWorkRef(field + ".ref", running.ref(), {}));
+  RETURN_IF_ERROR(
+      CheckInt(field + ".slot", running.slot(), 0, kMaxCapacity - 1, "send the rank's slot"));
   return CheckInt(field + ".pid", running.pid(), 0, kNoMax, "send the child's pid, or 0");
+}
+
+// A list of running ranks (RegisterRequest, Heartbeat): at most `slots`, each on its own slot.
+absl::Status CheckRunningRanks(const std::string& field,
+                               const google::protobuf::RepeatedPtrField<v1::RunningWork>& ranks,
+                               int slots) {
+  if (ranks.size() > slots) {
+    return Invalid(field, absl::StrCat(ranks.size(), " entries"),
+                   absl::StrCat("is more than the worker's ", slots, " slots"),
+                   "report each running rank once");
+  }
+  std::set<int> seen;
+  for (int i = 0; i < ranks.size(); ++i) {
+    const std::string name = absl::StrCat(field, "[", i, "]");
+    RETURN_IF_ERROR(CheckRunningWork(name, ranks[i]));
+    if (ranks[i].slot() >= slots) {
+      return Invalid(name + ".slot", absl::StrCat(ranks[i].slot()),
+                     absl::StrCat("is not one of the worker's ", slots, " slots"),
+                     "report the slot the coordinator assigned");
+    }
+    if (!seen.insert(ranks[i].slot()).second) {
+      return Invalid(name + ".slot", absl::StrCat(ranks[i].slot()), "is reported twice",
+                     "report each slot's rank once");
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -267,12 +297,39 @@ absl::Status ValidateRegisterRequest(const v1::RegisterRequest& request) {
   }
   RETURN_IF_ERROR(CheckInt("capacity", request.capacity(), 0, kMaxCapacity,
                            "ranks it can run at once; 0 means 1"));
+  constexpr char kDevicesFix[] =
+      "one entry per slot: cpu, or cuda:N with each GPU once (NCCL runs one rank per GPU)";
+  if (request.devices_size() > kMaxCapacity) {
+    return Invalid("devices", absl::StrCat(request.devices_size(), " entries"),
+                   absl::StrCat("is more than ", kMaxCapacity), kDevicesFix);
+  }
+  std::set<std::string> gpus;
+  for (int i = 0; i < request.devices_size(); ++i) {
+    const std::string field = absl::StrCat("devices[", i, "]");
+    const std::string& d = request.devices(i);
+    if (d.empty()) return Invalid(field, "''", "is empty", kDevicesFix);
+    RETURN_IF_ERROR(CheckLength(field, d, kMaxDeviceBytes, kDevicesFix));
+    if (!OnlyAlnumAnd(d, ":._-")) {
+      return Invalid(field, Shown(d), "has characters other than [A-Za-z0-9:._-]", kDevicesFix);
+    }
+    if (d != "cpu" && !gpus.insert(d).second) {
+      return Invalid(field, Shown(d), "is listed twice", kDevicesFix);
+    }
+  }
+  if (request.devices_size() > 0 && request.capacity() != 0 &&
+      request.capacity() != request.devices_size()) {
+    return Invalid("capacity", absl::StrCat(request.capacity()),
+                   absl::StrCat("differs from the ", request.devices_size(), " devices"),
+                   "send capacity = the number of devices (one slot each), or 0");
+  }
+  const int slots =
+      request.devices_size() > 0 ? request.devices_size() : std::max<int>(1, request.capacity());
   constexpr char kVersionFix[] = "a short one-line version string";
   RETURN_IF_ERROR(
       CheckLength("agent_version", request.agent_version(), kMaxVersionBytes, kVersionFix));
   RETURN_IF_ERROR(CheckNoControl("agent_version", request.agent_version(), kVersionFix));
   if (request.has_running()) RETURN_IF_ERROR(CheckRunningWork("running", request.running()));
-  return absl::OkStatus();
+  return CheckRunningRanks("running_ranks", request.running_ranks(), slots);
 }
 
 absl::Status ValidateSessionHello(const v1::SessionHello& hello) {
@@ -292,7 +349,7 @@ absl::Status ValidateHeartbeat(const v1::Heartbeat& heartbeat) {
   if (heartbeat.has_running()) {
     RETURN_IF_ERROR(CheckRunningWork("heartbeat.running", heartbeat.running()));
   }
-  return absl::OkStatus();
+  return CheckRunningRanks("heartbeat.running_ranks", heartbeat.running_ranks(), kMaxCapacity);
 }
 
 absl::Status ValidateAttemptStarted(const v1::AttemptStarted& started,

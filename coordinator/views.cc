@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "coordinator/failure_budget.h"
 #include "coordinator/runtime.h"
 #include "google/protobuf/util/time_util.h"
@@ -35,11 +36,35 @@ v1::Checkpoint CheckpointToProto(const CheckpointRecord& c) {
   return p;
 }
 
-v1::Attempt AttemptToProto(const AttemptRecord& a) {
+std::vector<std::string> PlacementWarnings(const AttemptRecord& a, int sp) {
+  std::vector<std::string> out;
+  if (sp < 1 || a.node_labels.size() != a.worker_ids.size()) return out;
+  for (size_t first = 0; first + sp <= a.node_labels.size(); first += sp) {
+    std::vector<std::string> labels;
+    for (size_t r = first; r < first + sp; ++r) {
+      if (std::find(labels.begin(), labels.end(), a.node_labels[r]) == labels.end()) {
+        labels.push_back(a.node_labels[r]);
+      }
+    }
+    if (labels.size() > 1) {
+      out.push_back(absl::StrCat("SP group ", first / sp, " (ranks ", first, "-", first + sp - 1,
+                                 ") spans nodes ", absl::StrJoin(labels, ", "),
+                                 ": its all-to-all crosses the network (no node had ", sp,
+                                 " free slots)"));
+    }
+  }
+  return out;
+}
+
+v1::Attempt AttemptToProto(const AttemptRecord& a, int sp) {
   v1::Attempt p;
   p.set_generation(a.generation);
   p.set_stage(a.stage);
   for (const auto& w : a.worker_ids) p.add_worker_ids(w);
+  for (int slot : a.slots) p.add_slots(slot);
+  for (const auto& d : a.devices) p.add_devices(d);
+  for (const auto& l : a.node_labels) p.add_node_labels(l);
+  for (std::string& w : PlacementWarnings(a, sp)) p.add_warnings(std::move(w));
   p.set_master_addr(a.master_addr);
   p.set_master_port(a.master_port);
   SetTime(a.started_ms, p.mutable_started_at());
@@ -102,7 +127,10 @@ v1::Job JobToProto(const JobRecord& r, bool full) {
     std::vector<v1::Attempt> newest;
     size_t bytes = 0;
     for (auto it = r.attempts.rbegin(); it != r.attempts.rend(); ++it) {
-      v1::Attempt a = AttemptToProto(*it);
+      const int sp = it->stage >= 0 && it->stage < static_cast<int>(r.stages.size())
+                         ? r.stages[it->stage].sp
+                         : 1;
+      v1::Attempt a = AttemptToProto(*it, sp);
       bytes += a.ByteSizeLong();
       if (!newest.empty() && bytes > kMaxAttemptsViewBytes) break;
       newest.push_back(std::move(a));
@@ -134,7 +162,13 @@ v1::Worker WorkerToProto(const WorkerRt& w, int64_t now_steady_ms, int64_t now_u
   p.set_capacity(w.rec.capacity);
   p.set_state(w.state);
   p.set_draining(w.draining);
-  if (w.assigned) *p.mutable_running()->mutable_ref() = *w.assigned;
+  for (const std::string& d : w.rec.devices) p.add_devices(d);
+  for (const auto& [slot, ref] : w.slots) {
+    v1::RunningWork* running = p.add_running_ranks();
+    *running->mutable_ref() = ref;
+    running->set_slot(slot);
+  }
+  if (p.running_ranks_size() > 0) *p.mutable_running() = p.running_ranks(0);
   SetTime(w.rec.registered_ms, p.mutable_registered_at());
   const int64_t age_ms = std::max<int64_t>(0, now_steady_ms - w.last_seen_steady);
   SetTime(now_unix_ms - age_ms, p.mutable_last_heartbeat_at());

@@ -4,6 +4,8 @@
 #define ULYSSES_COORDINATOR_VIEWS_H_
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "coordinator/model.h"
 #include "coordinator/runtime.h"
@@ -20,7 +22,11 @@ inline constexpr size_t kMaxEventsViewBytes = 1 << 20;
 inline constexpr size_t kMaxPageBytes = 3 << 20;
 
 v1::Checkpoint CheckpointToProto(const CheckpointRecord& checkpoint);
-v1::Attempt AttemptToProto(const AttemptRecord& attempt);
+// `sp`: the SP group size of the attempt's stage (for the placement warnings).
+v1::Attempt AttemptToProto(const AttemptRecord& attempt, int sp);
+// Why a placement is worse than it could be: each SP group (ranks g*sp .. g*sp+sp-1) whose
+// ranks are on more than one node label, so its all-to-all crosses the network.
+std::vector<std::string> PlacementWarnings(const AttemptRecord& attempt, int sp);
 // `full`: with the attempts (GetJob, WatchJob: the newest within kMaxAttemptsViewBytes);
 // ListJobs leaves them out.
 v1::Job JobToProto(const JobRecord& job, bool full);

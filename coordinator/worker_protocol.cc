@@ -35,9 +35,12 @@ absl::StatusOr<WorkerProtocol::Registered> WorkerProtocol::Register(
   }
   WorkerRt& w = *slot;
   w.rec.node_label = request.node_label().empty() ? request.name() : request.node_label();
-  w.rec.device = request.device();
+  w.rec.devices.assign(request.devices().begin(), request.devices().end());
+  if (w.rec.devices.empty())
+    w.rec.devices.assign(std::max(1, request.capacity()), request.device());
+  w.rec.device = w.rec.devices.front();
   w.rec.host = request.host();
-  w.rec.capacity = std::max(1, request.capacity());
+  w.rec.capacity = static_cast<int>(w.rec.devices.size());
   w.rec.last_seen_ms = NowMs();
   w.last_seen_steady = SteadyMs();
   if (w.state == v1::WORKER_STATE_LOST) w.state = v1::WORKER_STATE_DISCONNECTED;
@@ -45,15 +48,24 @@ absl::StatusOr<WorkerProtocol::Registered> WorkerProtocol::Register(
   w.draining = false;  // A (re)registering worker process takes new work again.
   txn.workers.insert(&w);
   Registered out{&w, false};
-  if (request.has_running()) {
-    const v1::WorkRef& ref = request.running().ref();
+  // What it still runs: each reported rank that is current is kept (on the slot it reports),
+  // the others are aborted; a rank we assigned that it no longer reports is gone.
+  std::vector<v1::RunningWork> reported(request.running_ranks().begin(),
+                                        request.running_ranks().end());
+  if (reported.empty() && request.has_running()) reported.push_back(request.running());
+  std::map<int, v1::WorkRef> before = std::move(w.slots);
+  w.slots.clear();
+  for (const v1::RunningWork& running : reported) {
+    const v1::WorkRef& ref = running.ref();
     JobRt* job = state_.FindJob(ref.job_id());
     AttemptRecord* attempt = job ? job->rec.current_attempt() : nullptr;
+    const int slot = running.slot();
     if (attempt != nullptr && !attempt->ended() && attempt->generation == ref.generation() &&
         ref.rank() >= 0 && ref.rank() < static_cast<int>(attempt->worker_ids.size()) &&
-        attempt->worker_ids[ref.rank()] == id) {
+        attempt->worker_ids[ref.rank()] == id && slot >= 0 && slot < w.rec.capacity &&
+        !w.slots.count(slot)) {
       out.keep_running = true;
-      w.assigned = ref;
+      w.slots[slot] = ref;
       if (job->awaiting_reconnect) {
         job->reconnected_ranks.insert(ref.rank());
         if (job->reconnected_ranks.size() == attempt->worker_ids.size()) {
@@ -76,10 +88,10 @@ absl::StatusOr<WorkerProtocol::Registered> WorkerProtocol::Register(
                                       " is no longer current"),
                          txn);
     }
-  } else if (w.assigned) {
-    // The worker came back without the child we assigned: that rank is gone.
-    v1::WorkRef ref = *w.assigned;
-    w.assigned.reset();
+  }
+  for (const auto& [slot, ref] : before) {
+    if (w.SlotOf(ref) >= 0) continue;
+    // The worker came back without a rank we assigned: that rank is gone.
     if (JobRt* job = state_.FindJob(ref.job_id()); job != nullptr) {
       AttemptRecord* attempt = job->rec.current_attempt();
       if (attempt != nullptr && !attempt->ended() && attempt->generation == ref.generation()) {
@@ -91,7 +103,7 @@ absl::StatusOr<WorkerProtocol::Registered> WorkerProtocol::Register(
     }
   }
   if (w.sink != nullptr) {
-    w.state = w.assigned ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_IDLE;
+    w.state = w.busy() ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_IDLE;
   }
   return out;
 }
@@ -214,22 +226,33 @@ void WorkerProtocol::OnMessage(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn
 
 void WorkerProtocol::OnHeartbeat(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
   const v1::Heartbeat& hb = m.heartbeat();
-  if (!hb.has_running() && w.assigned) {
-    // Idle while we think it runs something: trust it only for ended attempts.
-    JobRt* job = state_.FindJob(w.assigned->job_id());
+  std::vector<v1::RunningWork> running(hb.running_ranks().begin(), hb.running_ranks().end());
+  if (running.empty() && hb.has_running()) running.push_back(hb.running());
+  // A rank we assigned that it no longer runs: trust that only for ended attempts (an
+  // exit report is on its way otherwise).
+  for (auto it = w.slots.begin(); it != w.slots.end();) {
+    const v1::WorkRef& held = it->second;
+    const bool reported = std::any_of(running.begin(), running.end(), [&](const auto& r) {
+      return r.ref().job_id() == held.job_id() && r.ref().generation() == held.generation() &&
+             r.ref().rank() == held.rank();
+    });
+    JobRt* job = state_.FindJob(held.job_id());
     const AttemptRecord* a = job == nullptr ? nullptr : job->rec.current_attempt();
-    if (a == nullptr || a->ended() || a->generation != w.assigned->generation()) {
-      w.assigned.reset();
+    if (!reported && (a == nullptr || a->ended() || a->generation != held.generation())) {
+      it = w.slots.erase(it);
+    } else {
+      ++it;
     }
-  } else if (hb.has_running()) {
-    const v1::WorkRef& ref = hb.running().ref();
+  }
+  for (const v1::RunningWork& r : running) {
+    const v1::WorkRef& ref = r.ref();
     JobRt* job = state_.FindJob(ref.job_id());
     const AttemptRecord* a = job == nullptr ? nullptr : job->rec.current_attempt();
     bool live = a != nullptr && !a->ended() && a->generation == ref.generation();
     if (!live) machine_.SendAbort(w, ref, "generation is no longer current", txn);
   }
   if (w.state != v1::WORKER_STATE_LOST) {
-    w.state = w.assigned ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_IDLE;
+    w.state = w.busy() ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_IDLE;
   }
   if (hb.request_ack()) Ack(w, m, absl::OkStatus(), txn);
 }
@@ -403,10 +426,8 @@ void WorkerProtocol::OnPreempting(WorkerRt& w, const v1::WorkerMessage& m, Txn& 
 void WorkerProtocol::OnExited(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
   const v1::AttemptExited& x = m.exited();
   const v1::WorkRef& ref = x.ref();
-  if (w.assigned && w.assigned->job_id() == ref.job_id() &&
-      w.assigned->generation() == ref.generation()) {
-    w.assigned.reset();
-    if (w.state == v1::WORKER_STATE_BUSY) w.state = v1::WORKER_STATE_IDLE;
+  if (w.Release(ref) && !w.busy() && w.state == v1::WORKER_STATE_BUSY) {
+    w.state = v1::WORKER_STATE_IDLE;
   }
   Fenced f = FenceReport(w, ref, Need::kExit);
   if (f.job == nullptr) {

@@ -357,7 +357,7 @@ TEST_F(CoordinatorGrpcTest, PendingJobExplainsWhyAndHigherPriorityGoesFirst) {
   ASSERT_TRUE(low.ok() && high.ok());
   FakeWorker& w1 = AddWorker("w1");
   ASSERT_TRUE(PollUntil([&] {
-    return GetJob(*high).reason() == "stage 0: needs 2 idle workers, 1 available";
+    return GetJob(*high).reason() == "stage 0: needs 2 free slots, 1 available";
   })) << GetJob(*high).reason();
   EXPECT_EQ(GetJob(*high).state(), v1::JOB_STATE_PENDING);
   FakeWorker& w2 = AddWorker("w2");
@@ -366,7 +366,7 @@ TEST_F(CoordinatorGrpcTest, PendingJobExplainsWhyAndHigherPriorityGoesFirst) {
   EXPECT_EQ(a[0].second.ref().job_id(), *high);
   EXPECT_EQ(GetJob(*low).state(), v1::JOB_STATE_PENDING);
   EXPECT_TRUE(PollUntil([&] {
-    return GetJob(*low).reason() == "stage 0: needs 2 idle workers, 0 available";
+    return GetJob(*low).reason() == "stage 0: needs 2 free slots, 0 available";
   })) << GetJob(*low).reason();
 }
 

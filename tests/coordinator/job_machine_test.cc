@@ -63,7 +63,7 @@ class JobMachineTest : public ::testing::Test {
   // Launches the job on both workers and clears the Txn (as a commit would).
   void LaunchOnBoth() {
     Txn txn;
-    machine_.Launch(*job_, {"w-a", "w-b"}, txn);
+    machine_.Launch(*job_, {"w-a", "w-b"}, {0, 0}, txn);
     ASSERT_EQ(job_->rec.state, v1::JOB_STATE_SCHEDULING);
     ASSERT_EQ(txn.outbound.size(), 2u);
   }
@@ -85,13 +85,13 @@ class JobMachineTest : public ::testing::Test {
 
 TEST_F(JobMachineTest, LaunchAssignsEveryRankAndSendsNothingBeforeTheCommit) {
   Txn txn;
-  machine_.Launch(*job_, {"w-a", "w-b"}, txn);
+  machine_.Launch(*job_, {"w-a", "w-b"}, {0, 0}, txn);
   EXPECT_EQ(job_->rec.generation, 1);
   EXPECT_EQ(job_->rec.state, v1::JOB_STATE_SCHEDULING);
   ASSERT_EQ(txn.outbound.size(), 2u);
   EXPECT_EQ(txn.outbound[1].second.assignment().ref().rank(), 1);
   EXPECT_EQ(txn.outbound[0].second.assignment().master_addr(), "a.local");
-  EXPECT_EQ(state_.workers["w-b"]->assigned->rank(), 1);
+  EXPECT_EQ(state_.workers["w-b"]->slots.at(0).rank(), 1);
   EXPECT_TRUE(txn.jobs.count(job_));
   EXPECT_EQ(txn.batch.events.size(), 2u);  // attempt_started + state_change.
   EXPECT_TRUE(sinks_["w-a"].sent.empty());
@@ -181,8 +181,8 @@ TEST_P(RestartGroupTest, AbortsCountsARestartAndRequeuesWithoutBackoff) {
   EXPECT_GE(AbortsIn(txn), 1);              // The surviving rank(s) are stopped...
   EXPECT_TRUE(sinks_["w-b"].sent.empty());  // ...after the commit.
   // Requeued with no backoff: the next schedule launches generation 2 at once.
-  state_.workers["w-a"]->assigned.reset();
-  state_.workers["w-b"]->assigned.reset();
+  state_.workers["w-a"]->slots.clear();
+  state_.workers["w-b"]->slots.clear();
   state_.workers["w-a"]->state = v1::WORKER_STATE_IDLE;
   state_.workers["w-a"]->sink = &sinks_["w-a"];
   state_.workers["w-b"]->state = v1::WORKER_STATE_IDLE;
@@ -241,7 +241,7 @@ class FailureBudgetTest : public JobMachineTest {
   // Ends the backoff and launches the next generation.
   void Relaunch() {
     for (const char* w : {"w-a", "w-b"}) {
-      state_.workers[w]->assigned.reset();
+      state_.workers[w]->slots.clear();
       state_.workers[w]->state = v1::WORKER_STATE_IDLE;
     }
     LaunchOnBoth();
@@ -401,7 +401,7 @@ TEST_F(FailureBudgetTest, AHigherPriorityJobPreemptsTheLowOneWhichResumesLater) 
   EXPECT_EQ(preempting_aborts, 2);
   EXPECT_EQ(high.rec.state, v1::JOB_STATE_PENDING);
   EXPECT_EQ(high.rec.reason,
-            "stage 0: needs 2 idle workers, 0 available; preempting job-000001 (priority 0)");
+            "stage 0: needs 2 free slots, 0 available; preempting job-000001 (priority 0)");
   // While it checkpoints, another schedule chooses no further victim and sends nothing.
   Txn again;
   machine_.Schedule(again);
@@ -420,7 +420,7 @@ TEST_F(FailureBudgetTest, AHigherPriorityJobPreemptsTheLowOneWhichResumesLater) 
   EXPECT_EQ(metrics_->preemptions->WithLabels({"worker"})->Value(), 0);
   // Both workers free: the high job starts; the low one waits behind it.
   for (const char* w : {"w-a", "w-b"}) {
-    state_.workers[w]->assigned.reset();
+    state_.workers[w]->slots.clear();
     state_.workers[w]->state = v1::WORKER_STATE_IDLE;
   }
   Txn placed;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <set>
+#include <tuple>
 
 #include "coordinator/config.h"
 #include "gtest/gtest.h"
@@ -21,7 +22,7 @@ TEST(SchedulerTest, PlacesTheWholeGangOrNothing) {
   Placement p = PlaceGang({4, 1, ""}, idle);
   EXPECT_FALSE(p.placed);
   EXPECT_TRUE(p.worker_ids.empty());
-  EXPECT_EQ(p.reason, "needs 4 idle workers, 2 available");
+  EXPECT_EQ(p.reason, "needs 4 free slots, 2 available");
   Placement q = PlaceGang({2, 1, ""}, idle);
   ASSERT_TRUE(q.placed);
   EXPECT_EQ(q.worker_ids.size(), 2u);
@@ -58,7 +59,85 @@ TEST(SchedulerTest, RequiredLabelFiltersAndExplains) {
   auto idle = Workers({{"a", "gpu"}, {"b", "cpu"}, {"c", "cpu"}});
   Placement p = PlaceGang({2, 1, "gpu"}, idle);
   EXPECT_FALSE(p.placed);
-  EXPECT_EQ(p.reason, "needs 2 idle workers with node label \"gpu\", 1 available");
+  EXPECT_EQ(p.reason, "needs 2 free slots with node label \"gpu\", 1 available");
+}
+
+// Free slots of multi-GPU workers: (worker id, node label, free slot count).
+std::vector<IdleWorker> Slots(const std::vector<std::tuple<std::string, std::string, int>>& ws) {
+  std::vector<IdleWorker> out;
+  for (const auto& [id, label, n] : ws) {
+    for (int slot = 0; slot < n; ++slot) out.push_back({id, label, slot});
+  }
+  return out;
+}
+
+TEST(SchedulerTest, AnSpGroupLandsInsideOneWorkerWhenOneHasTheSlots) {
+  // Label n1: two 1-slot workers (2 slots, the best-fitting label); n2: one 4-slot worker.
+  // One worker holding the whole group beats a smaller label spread over two workers.
+  auto idle = Slots({{"a", "n1", 1}, {"b", "n1", 1}, {"big", "n2", 4}});
+  Placement p = PlaceGang({2, 1, ""}, idle);
+  ASSERT_TRUE(p.placed);
+  EXPECT_EQ(p.worker_ids, (std::vector<std::string>{"big", "big"}));
+  EXPECT_EQ(p.slots, (std::vector<int>{0, 1}));
+  // Best fit among workers: a 2-slot worker before a 4-slot one, keeping the big one whole.
+  idle = Slots({{"four", "n1", 4}, {"two", "n2", 2}});
+  p = PlaceGang({2, 1, ""}, idle);
+  ASSERT_TRUE(p.placed);
+  EXPECT_EQ(p.worker_ids, (std::vector<std::string>{"two", "two"}));
+  // A 4-rank group fills the 4-slot worker, each slot once.
+  p = PlaceGang({4, 1, ""}, idle);
+  ASSERT_TRUE(p.placed);
+  EXPECT_EQ(p.worker_ids, (std::vector<std::string>(4, "four")));
+  EXPECT_EQ(std::set<int>(p.slots.begin(), p.slots.end()), (std::set<int>{0, 1, 2, 3}));
+}
+
+TEST(SchedulerTest, AnSpGroupTooBigForAnyWorkerStaysOnOneNodeLabelThenSpreads) {
+  // No worker has 4 free slots; node n1 has two 2-slot workers (4 slots): the group stays on
+  // n1 rather than crossing to n2.
+  auto idle = Slots({{"n2-a", "n2", 3}, {"n1-a", "n1", 2}, {"n1-b", "n1", 2}});
+  Placement p = PlaceGang({4, 1, ""}, idle);
+  ASSERT_TRUE(p.placed);
+  EXPECT_EQ(std::set<std::string>(p.worker_ids.begin(), p.worker_ids.end()),
+            (std::set<std::string>{"n1-a", "n1-b"}));
+  // 6 ranks fit on no label: spread, the largest label first, every slot used once.
+  p = PlaceGang({6, 1, ""}, idle);
+  ASSERT_TRUE(p.placed);
+  std::set<std::string> keys;
+  for (size_t r = 0; r < p.worker_ids.size(); ++r) {
+    keys.insert(IdleWorker{p.worker_ids[r], "", p.slots[r]}.key());
+  }
+  EXPECT_EQ(keys.size(), 6u);
+  EXPECT_EQ(std::count(p.worker_ids.begin(), p.worker_ids.end(), "n1-a") +
+                std::count(p.worker_ids.begin(), p.worker_ids.end(), "n1-b"),
+            4);
+}
+
+TEST(SchedulerTest, DpReplicasOfSpGroupsEachFillAWorker) {
+  // sp 2 x dp 2 on two 2-slot workers and one 4-slot worker: each SP group inside one worker.
+  auto idle = Slots({{"x", "n1", 2}, {"y", "n2", 2}, {"z", "n3", 4}});
+  Placement p = PlaceGang({2, 2, ""}, idle);
+  ASSERT_TRUE(p.placed);
+  ASSERT_EQ(p.worker_ids.size(), 4u);
+  EXPECT_EQ(p.worker_ids[0], p.worker_ids[1]);
+  EXPECT_EQ(p.worker_ids[2], p.worker_ids[3]);
+  EXPECT_NE(p.slots[0], p.slots[1]);
+  EXPECT_NE(p.slots[2], p.slots[3]);
+}
+
+TEST(SchedulerTest, QueueLaunchesSeveralJobsOnTheSlotsOfOneWorker) {
+  // One 4-slot worker: two sp=2 jobs both launch on it, on different slots.
+  auto idle = Slots({{"w", "n1", 4}});
+  std::vector<QueuedJob> queue = {
+      {"j1", 0, 1, 0, {2, 1, ""}}, {"j2", 0, 2, 0, {2, 1, ""}}, {"j3", 0, 3, 0, {1, 1, ""}}};
+  auto d = PlanQueue(queue, idle, idle);
+  ASSERT_EQ(d.size(), 3u);
+  ASSERT_EQ(d[0].kind, QueueDecision::Kind::kLaunch);
+  ASSERT_EQ(d[1].kind, QueueDecision::Kind::kLaunch);
+  std::set<int> used(d[0].slots.begin(), d[0].slots.end());
+  used.insert(d[1].slots.begin(), d[1].slots.end());
+  EXPECT_EQ(used, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(d[2].kind, QueueDecision::Kind::kUnplaced);
+  EXPECT_EQ(d[2].reason, "stage 0: needs 1 free slot, 0 available");
 }
 
 TEST(SchedulerTest, QueueOrderIsPriorityThenFifo) {
@@ -94,7 +173,7 @@ TEST(PlanQueueTest, LaunchesInPriorityThenFifoOrder) {
   EXPECT_EQ(d[1].kind, QueueDecision::Kind::kLaunch);
   EXPECT_EQ(d[2].job_id, "low");
   EXPECT_EQ(d[2].kind, QueueDecision::Kind::kUnplaced);
-  EXPECT_EQ(d[2].reason, "stage 0: needs 1 idle worker, 0 available");
+  EXPECT_EQ(d[2].reason, "stage 0: needs 1 free slot, 0 available");
   // Each worker is used once.
   std::set<std::string> used;
   for (const auto& x : d) used.insert(x.worker_ids.begin(), x.worker_ids.end());
@@ -226,8 +305,7 @@ TEST(PlanQueueTest, TheHeadPreemptsAndLowerJobsWaitForIt) {
   ASSERT_EQ(d.size(), 2u);
   EXPECT_EQ(d[0].kind, QueueDecision::Kind::kPreempt);
   EXPECT_EQ(VictimIds(d[0].victims), std::vector<std::string>{"low-b"});
-  EXPECT_EQ(d[0].reason,
-            "stage 0: needs 2 idle workers, 0 available; preempting low-b (priority 0)");
+  EXPECT_EQ(d[0].reason, "stage 0: needs 2 free slots, 0 available; preempting low-b (priority 0)");
   EXPECT_EQ(d[1].kind, QueueDecision::Kind::kBlocked);
   // Next round: low-b's workers are freeing; no further victim is chosen.
   running[1].preemptible = false;

@@ -278,7 +278,9 @@ TEST(StoreTest, OwnerTenantAndIdentityPersistAndSchema1IsMigrated) {
         "ALTER TABLE jobs DROP COLUMN failure_window_s",
         "ALTER TABLE jobs DROP COLUMN recent_failures", "ALTER TABLE jobs DROP COLUMN preemptible",
         "ALTER TABLE jobs DROP COLUMN owner", "ALTER TABLE jobs DROP COLUMN tenant",
-        "ALTER TABLE workers DROP COLUMN identity",
+        "ALTER TABLE workers DROP COLUMN identity", "ALTER TABLE attempts DROP COLUMN slots",
+        "ALTER TABLE attempts DROP COLUMN devices", "ALTER TABLE attempts DROP COLUMN node_labels",
+        "ALTER TABLE workers DROP COLUMN devices",
         "UPDATE meta SET value='1' WHERE key='schema_version'"}) {
     ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql;
   }
@@ -474,6 +476,12 @@ TEST(StoreTest, DeletesWorkersAndKeepsRequestIds) {
   EXPECT_EQ(snap->jobs[0].request_hash, "abc");
 }
 
+// What a file of schema 4 lacks.
+constexpr const char* kDropVersion5Columns =
+    "ALTER TABLE attempts DROP COLUMN slots; ALTER TABLE attempts DROP COLUMN devices; "
+    "ALTER TABLE attempts DROP COLUMN node_labels; ALTER TABLE workers DROP COLUMN devices";
+
+// What a file of schema 3 lacks besides.
 constexpr const char* kDropVersion4Columns =
     "ALTER TABLE jobs DROP COLUMN infra_failures; ALTER TABLE jobs DROP COLUMN "
     "max_infra_failures; ALTER TABLE jobs DROP COLUMN failure_window_s; ALTER TABLE jobs DROP "
@@ -491,6 +499,7 @@ TEST(StoreTest, MigratesAVersionTwoFile) {
   // Make it a version-2 file: no submit_requests table, no version-4 columns.
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open((dir.path() + "/coordinator.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, kDropVersion5Columns, nullptr, nullptr, nullptr), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(db, kDropVersion4Columns, nullptr, nullptr, nullptr), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(db,
                          "DROP TABLE submit_requests; UPDATE meta SET value='2' WHERE "
@@ -541,6 +550,7 @@ TEST(StoreTest, FailureBudgetsPersistAndAVersionThreeFileIsMigrated) {
   }
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open((dir.path() + "/coordinator.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, kDropVersion5Columns, nullptr, nullptr, nullptr), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(db, kDropVersion4Columns, nullptr, nullptr, nullptr), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(db, "UPDATE meta SET value='3' WHERE key='schema_version'", nullptr,
                          nullptr, nullptr),
@@ -557,6 +567,52 @@ TEST(StoreTest, FailureBudgetsPersistAndAVersionThreeFileIsMigrated) {
   EXPECT_EQ(snap->jobs[0].failure_window_s, 86400);
   EXPECT_TRUE(snap->jobs[0].recent_failures.empty());
   EXPECT_TRUE(snap->jobs[0].preemptible);
+}
+
+// Multi-slot workers (schema 5): each rank's slot, device and node label in an attempt, and
+// each worker's devices, survive a reopen; a file of schema 4 migrates to slot 0 for every
+// rank and one slot per worker on its device.
+TEST(StoreTest, SlotsOfAttemptsAndWorkersRoundTripAndMigrateFromVersionFour) {
+  TempDir dir;
+  {
+    auto store = Store::Open(dir.path());
+    ASSERT_TRUE(store.ok()) << store.status();
+    Store::Batch b;
+    JobRecord j = MakeJob("job-000001", 1);
+    j.attempts[0].slots = {3, 1};
+    j.attempts[0].devices = {"cuda:3", "cuda:1"};
+    j.attempts[0].node_labels = {"node-a", "node-a"};
+    b.jobs.push_back(j);
+    WorkerRecord w{"w-a", "a", "node-a", "cuda:0", "10.0.0.1", 4, 5, 6, "id"};
+    w.devices = {"cuda:0", "cuda:1", "cuda:2", "cuda:3"};
+    b.workers.push_back(w);
+    ASSERT_TRUE((*store)->Write(b).ok());
+    auto back = (*store)->LoadJob("job-000001");
+    ASSERT_TRUE(back.ok() && back->has_value()) << back.status();
+    EXPECT_EQ((*back)->attempts[0].slots, (std::vector<int>{3, 1}));
+    EXPECT_EQ((*back)->attempts[0].devices, (std::vector<std::string>{"cuda:3", "cuda:1"}));
+    EXPECT_EQ((*back)->attempts[0].node_labels, (std::vector<std::string>{"node-a", "node-a"}));
+    auto worker = (*store)->LoadWorker("w-a");
+    ASSERT_TRUE(worker.ok() && worker->has_value()) << worker.status();
+    EXPECT_EQ((*worker)->devices, w.devices);
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir.path() + "/coordinator.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, kDropVersion5Columns, nullptr, nullptr, nullptr), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE meta SET value='4' WHERE key='schema_version'", nullptr,
+                         nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto snap = (*store)->Load();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  ASSERT_EQ(snap->jobs.size(), 1u);
+  EXPECT_EQ(snap->jobs[0].attempts[0].worker_ids, (std::vector<std::string>{"w-a", "w-b"}));
+  EXPECT_EQ(snap->jobs[0].attempts[0].slots, (std::vector<int>{0, 0}));
+  EXPECT_TRUE(snap->jobs[0].attempts[0].devices.empty());
+  ASSERT_EQ(snap->workers.size(), 1u);
+  EXPECT_EQ(snap->workers[0].devices, (std::vector<std::string>(4, "cuda:0")));
 }
 
 }  // namespace

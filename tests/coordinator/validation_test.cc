@@ -315,6 +315,48 @@ TEST(ValidationTest, WorkerMessageDispatchRefAndReason) {
   }
 }
 
+// A multi-slot worker: one device per slot, each GPU once, capacity matching, and the
+// running ranks it reports within its slots, each slot once.
+TEST(ValidationTest, RegisterDevicesAndRunningRanksFitTheSlots) {
+  v1::RegisterRequest r;
+  r.set_name("node3");
+  r.set_host("10.0.0.7");
+  for (const char* d : {"cuda:0", "cuda:1", "cuda:2", "cuda:3"}) r.add_devices(d);
+  EXPECT_EQ(Message(ValidateRegisterRequest(r)), "");
+  r.set_capacity(4);
+  EXPECT_EQ(Message(ValidateRegisterRequest(r)), "");
+  r.set_capacity(8);
+  EXPECT_THAT(Message(ValidateRegisterRequest(r)),
+              StartsWith("capacity: 8 differs from the 4 devices (send capacity = the number"));
+  r.set_capacity(0);
+  r.set_devices(2, "cuda:1");
+  EXPECT_THAT(Message(ValidateRegisterRequest(r)),
+              StartsWith("devices[2]: 'cuda:1' is listed twice (one entry per slot"));
+  r.set_devices(2, "");
+  EXPECT_THAT(Message(ValidateRegisterRequest(r)), StartsWith("devices[2]: '' is empty"));
+  r.clear_devices();
+  r.add_devices("cpu");
+  r.add_devices("cpu");  // CPU slots repeat.
+  EXPECT_EQ(Message(ValidateRegisterRequest(r)), "");
+  for (int slot : {1, 0}) {
+    v1::RunningWork* w = r.add_running_ranks();
+    *w->mutable_ref() = Ref();
+    w->mutable_ref()->set_rank(slot);
+    w->set_slot(slot);
+  }
+  EXPECT_EQ(Message(ValidateRegisterRequest(r)), "");
+  r.mutable_running_ranks(1)->set_slot(1);
+  EXPECT_THAT(Message(ValidateRegisterRequest(r)),
+              StartsWith("running_ranks[1].slot: 1 is reported twice"));
+  r.mutable_running_ranks(1)->set_slot(2);
+  EXPECT_THAT(Message(ValidateRegisterRequest(r)),
+              StartsWith("running_ranks[1].slot: 2 is not one of the worker's 2 slots"));
+  r.mutable_running_ranks(1)->set_slot(0);
+  *r.add_running_ranks() = r.running_ranks(0);
+  EXPECT_THAT(Message(ValidateRegisterRequest(r)),
+              StartsWith("running_ranks: 3 entries is more than the worker's 2 slots"));
+}
+
 TEST(ValidationTest, RegisterAndHelloBounds) {
   v1::RegisterRequest r;
   r.set_name("node3-gpu5");

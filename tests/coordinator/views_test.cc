@@ -77,6 +77,30 @@ TEST(ViewsTest, JobShowsStagesProgressEvalAndCheckpoint) {
   EXPECT_EQ(p.spec_yaml(), "kind: TrainJob\n");
 }
 
+// Where each rank ran (slot, device, node) is in the attempt, with a warning for each SP
+// group whose ranks are on more than one node (its all-to-all crosses the network).
+TEST(ViewsTest, AttemptShowsEachRanksSlotDeviceAndNodeAndWarnsWhenAnSpGroupSpansNodes) {
+  AttemptRecord a;
+  a.generation = 1;
+  a.worker_ids = {"w-n1", "w-n1", "w-n2", "w-n3"};
+  a.slots = {0, 1, 0, 0};
+  a.devices = {"cuda:0", "cuda:1", "cuda:0", "cuda:0"};
+  a.node_labels = {"n1", "n1", "n2", "n3"};
+  // sp 2 x dp 2: group 0 inside n1, group 1 across n2 and n3.
+  v1::Attempt p = AttemptToProto(a, 2);
+  EXPECT_EQ(std::vector<int>(p.slots().begin(), p.slots().end()), a.slots);
+  EXPECT_EQ(std::vector<std::string>(p.devices().begin(), p.devices().end()), a.devices);
+  EXPECT_EQ(std::vector<std::string>(p.node_labels().begin(), p.node_labels().end()),
+            a.node_labels);
+  ASSERT_EQ(p.warnings_size(), 1);
+  EXPECT_EQ(p.warnings(0),
+            "SP group 1 (ranks 2-3) spans nodes n2, n3: its all-to-all crosses the network (no "
+            "node had 2 free slots)");
+  // One SP group of 4 spans three nodes; sp 1 never warns.
+  EXPECT_EQ(AttemptToProto(a, 4).warnings_size(), 1);
+  EXPECT_EQ(AttemptToProto(a, 1).warnings_size(), 0);
+}
+
 TEST(ViewsTest, ListViewLeavesAttemptsOut) {
   v1::Job p = JobToProto(TwoStageJob(), /*full=*/false);
   EXPECT_EQ(p.attempts_size(), 0);
@@ -93,7 +117,7 @@ TEST(ViewsTest, WorkerHeartbeatAgeComesFromTheSteadyClock) {
   v1::WorkRef ref;
   ref.set_job_id("job-000001");
   ref.set_rank(1);
-  w.assigned = ref;
+  w.slots[0] = ref;
   v1::Worker p = WorkerToProto(w, /*now_steady_ms=*/7'500, /*now_unix_ms=*/1'700'000'010'000);
   EXPECT_EQ(p.id(), "w-a");
   EXPECT_EQ(p.state(), v1::WORKER_STATE_BUSY);

@@ -4,11 +4,14 @@
 //   requeues, resumes and ends with the loss of an unpreempted run;
 // - failure budgets: a rank that crashes at the same point every attempt fails the job after
 //   max_failures attempts with that error; ranks killed from outside (kill -9) more often
-//   than max_failures are infrastructure failures the job survives.
+//   than max_failures are infrastructure failures the job survives;
+// - placement on multi-slot workers: an SP group inside one worker when it fits, else on
+//   one node label, across labels only when necessary (with a warning); same losses.
 // Skipped (with the reason) when ulysses-train is not built.
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -210,6 +213,75 @@ TEST_F(SchedulingE2ETest, ACrashLoopFailsFastWhileKilledRanksAreSurvived) {
   EXPECT_NE(job.value("reason", "").find("application failure 3 of max_failures 3"),
             std::string::npos)
       << job.value("reason", "");
+}
+
+// Where each rank of a job's newest attempt ran: "worker#slot@node".
+std::vector<std::string> Placement(const json& job) {
+  std::vector<std::string> out;
+  for (const json& p : job["attempts"].back()["placement"]) {
+    out.push_back(absl::StrCat(p["worker"].get<std::string>(), "#", p["slot"].get<int>(), "@",
+                               p["node"].get<std::string>()));
+  }
+  return out;
+}
+
+TEST_F(SchedulingE2ETest, SpGroupsLandInsideOneWorkerThenOneNodeWithTheSameLosses) {
+  // A 4-slot worker (one node of 4 "GPUs"; CPU ranks here) and four 1-slot workers on three
+  // node labels.
+  cluster_.StartWorker("big", 30, {"--capacity", "4", "--node", "node-a"});
+  cluster_.StartWorker("s1", 30, {"--node", "node-b"});
+  cluster_.StartWorker("s2", 30, {"--node", "node-b"});
+  cluster_.StartWorker("s3", 30, {"--node", "node-c"});
+  cluster_.StartWorker("s4", 30, {"--node", "node-d"});
+  ASSERT_TRUE(cluster_.WaitForIdleWorkers(5, seconds(30))) << cluster_.Logs();
+  const std::string sp4 = WriteSpec(cluster_.dir(), "sp4", 4, 3, 100);
+  const std::string sp2 = WriteSpec(cluster_.dir(), "sp2", 2, 3, 100);
+  // The 4-rank group fits inside the 4-slot worker; the 2-rank group submitted next finds
+  // no worker with 2 free slots and takes node-b's two workers rather than spreading.
+  const std::string inside = cluster_.Submit(sp4, {});
+  ASSERT_FALSE(inside.empty());
+  json job = cluster_.WaitForJob(
+      inside,
+      [](const json& j) {
+        return (j.contains("attempts") && !j["attempts"].empty()) || Terminal(j);
+      },
+      seconds(60));
+  const std::string on_node = cluster_.Submit(sp2, {});
+  ASSERT_FALSE(on_node.empty());
+  job = cluster_.WaitForJob(inside, Terminal, seconds(300));
+  ASSERT_EQ(State(job), "SUCCEEDED") << job.dump(2);
+  EXPECT_EQ(Placement(job), (std::vector<std::string>{"w-big#0@node-a", "w-big#1@node-a",
+                                                      "w-big#2@node-a", "w-big#3@node-a"}));
+  EXPECT_TRUE(job["attempts"].back()["warnings"].empty());
+  for (const json& p : job["attempts"].back()["placement"]) EXPECT_EQ(p["device"], "cpu");
+  json pair = cluster_.WaitForJob(on_node, Terminal, seconds(300));
+  ASSERT_EQ(State(pair), "SUCCEEDED") << pair.dump(2);
+  std::vector<std::string> placed = Placement(pair);
+  std::sort(placed.begin(), placed.end());
+  EXPECT_EQ(placed, (std::vector<std::string>{"w-s1#0@node-b", "w-s2#0@node-b"}));
+  EXPECT_TRUE(pair["attempts"].back()["warnings"].empty());
+
+  // Without the 4-slot worker the same job spreads over the 1-slot workers of three nodes,
+  // with a warning, and trains to the same loss: placement never changes the numbers.
+  cluster_.worker("big")->Kill9();
+  const std::string spread = cluster_.Submit(sp4, {});
+  ASSERT_FALSE(spread.empty());
+  json other = cluster_.WaitForJob(spread, Terminal, seconds(300));
+  ASSERT_EQ(State(other), "SUCCEEDED") << other.dump(2);
+  for (const std::string& p : Placement(other)) EXPECT_EQ(p.rfind("w-s", 0), 0u) << p;
+  ASSERT_EQ(other["attempts"].back()["warnings"].size(), 1u) << other.dump(2);
+  EXPECT_NE(other["attempts"].back()["warnings"][0].get<std::string>().find(
+                "SP group 0 (ranks 0-3) spans nodes"),
+            std::string::npos);
+  EXPECT_GT(FinalLoss(job), 0.0);
+  EXPECT_NEAR(FinalLoss(other), FinalLoss(job), 1e-5 * FinalLoss(job))
+      << "one worker vs four: the losses differ";
+  // describe's text shows each rank's worker, slot, device and node, and the warning.
+  CommandResult text = cluster_.Ctl({"describe", "job", spread});
+  ASSERT_EQ(text.exit_code, 0) << text.out;
+  EXPECT_NE(text.out.find("Placement (generation "), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("Warning: SP group 0 (ranks 0-3) spans nodes"), std::string::npos)
+      << text.out;
 }
 
 }  // namespace

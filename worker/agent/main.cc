@@ -19,7 +19,13 @@ int main(int argc, char** argv) {
   CLI::App app{"ulysses-worker: runs ranks of Ulysses training jobs for a coordinator"};
   app.add_option("--coordinator", config.coordinator, "Coordinator HOST:PORT")->required();
   app.add_option("--name", config.name, "Unique worker name (e.g. node3-gpu5)")->required();
-  app.add_option("--device", config.device, "cpu or cuda:N")->capture_default_str();
+  app.add_option("--devices,--device", config.device,
+                 "Devices to run ranks on, one slot each: auto (every visible GPU, else cpu), "
+                 "cpu, cuda:0-7 or cuda:0,cuda:1")
+      ->capture_default_str();
+  app.add_option("--capacity", config.capacity,
+                 "With --devices cpu: the number of CPU ranks it runs at once (0 = 1)")
+      ->capture_default_str();
   app.add_option("--work-dir", config.work_dir, "Directory for spec files and job output")
       ->required();
   app.add_option("--node", config.node_label, "Node / NVLink domain label (default: the name)");

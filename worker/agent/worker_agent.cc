@@ -27,6 +27,7 @@
 #include "grpcpp/grpcpp.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
 #include "worker/agent/child_supervisor.h"
+#include "worker/agent/devices.h"
 #include "worker/agent/worker_metrics.h"
 
 namespace ulysses::agent {
@@ -128,9 +129,12 @@ absl::Status WorkerConfig::Validate() {
   }
   if (name.empty())
     errors.push_back("--name: empty (give each worker a unique name, e.g. node3-gpu5)");
-  if (device != "cpu" && !(device.rfind("cuda:", 0) == 0 && device.size() > 5 &&
-                           device.find_first_not_of("0123456789", 5) == std::string::npos)) {
-    errors.push_back(absl::StrCat("--device: \"", device, "\" is not cpu or cuda:N"));
+  if (absl::StatusOr<std::vector<std::string>> parsed =
+          ParseDevices(device, capacity, CountVisibleGpus());
+      parsed.ok()) {
+    devices = *std::move(parsed);
+  } else {
+    errors.emplace_back(parsed.status().message());
   }
   if (work_dir.empty()) {
     errors.push_back("--work-dir: empty (a writable directory for spec files and job output)");
@@ -238,13 +242,14 @@ class WorkerAgent::Impl {
   void FlushLogsLocked();
   void AddLogLocked(const v1::WorkRef& ref, v1::LogStream stream, std::string text);
   void NoteLocked(const v1::WorkRef& ref, const std::string& text);
-  void ReportExitLocked(const v1::WorkRef& ref, int exit_code, int signal, bool preempted,
+  // `slot`: the slot the rank ran on (claimed until the report is acked).
+  void ReportExitLocked(const v1::WorkRef& ref, int slot, int exit_code, int signal, bool preempted,
                         bool aborted, const std::string& error);
 
   // Child callbacks (supervisor thread).
   void OnEvent(const v1::WorkRef& ref, const contract::RankEvent& event);
   void OnBadEvent(const v1::WorkRef& ref, const std::string& line, const absl::Status& error);
-  void OnExit(const v1::WorkRef& ref, const ChildResult& result);
+  void OnExit(const v1::WorkRef& ref, int slot, const ChildResult& result);
 
   absl::Status StartMetrics();
 
@@ -272,12 +277,48 @@ class WorkerAgent::Impl {
   uint64_t seq_ = 0;
   bool session_broken_ = true;
   grpc::ClientContext* session_ctx_ = nullptr;
-  std::optional<v1::WorkRef> work_ref_;  // The current assignment while its child runs.
-  bool work_running_ = false;
-  int64_t work_pid_ = 0;
-  std::optional<v1::WorkRef> unacked_exit_;  // Last exit report, until acked.
-  std::unique_ptr<ChildSupervisor> child_;
+  // One per device (config_.devices): the rank it runs. A finished child is kept until the
+  // slot's next assignment or shutdown (destroying it joins its supervisor thread).
+  struct Slot {
+    std::string device;
+    std::optional<v1::WorkRef> ref;  // Its rank while the child runs.
+    int64_t pid = 0;
+    std::unique_ptr<ChildSupervisor> child;
+  };
+  std::vector<Slot> slots_;
+  // Exit reports not yet acked, with their slot: still claimed on re-registration, or the
+  // coordinator would count those ranks as vanished.
+  std::vector<std::pair<v1::WorkRef, int>> unacked_exits_;
+
+  bool AnyRunningLocked() const {
+    return std::any_of(slots_.begin(), slots_.end(),
+                       [](const Slot& s) { return s.ref.has_value(); });
+  }
+  // Every rank it runs or whose exit is unacked, for Register and heartbeats.
+  std::vector<v1::RunningWork> RunningRanksLocked() const;
 };
+
+std::vector<v1::RunningWork> WorkerAgent::Impl::RunningRanksLocked() const {
+  std::vector<v1::RunningWork> out;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!slots_[i].ref) continue;
+    v1::RunningWork r;
+    *r.mutable_ref() = *slots_[i].ref;
+    r.set_pid(slots_[i].pid);
+    r.set_slot(static_cast<int>(i));
+    out.push_back(std::move(r));
+  }
+  for (const auto& [ref, slot] : unacked_exits_) {
+    const bool running = std::any_of(out.begin(), out.end(),
+                                     [&](const v1::RunningWork& r) { return r.slot() == slot; });
+    if (running) continue;  // The slot runs a newer rank already.
+    v1::RunningWork r;
+    *r.mutable_ref() = ref;
+    r.set_slot(slot);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
 
 absl::Status WorkerAgent::Impl::StartMetrics() {
   if (config_.metrics_listen.empty()) return absl::OkStatus();
@@ -305,29 +346,40 @@ absl::Status WorkerAgent::Impl::Run() {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(config_.Channel(), args);
   if (!channel.ok()) return channel.status();
   stub_ = v1::WorkerService::NewStub(*channel);
-  ULOG(INFO) << "ulysses-worker " << config_.name << " (" << config_.device << ", engine "
+  ULOG(INFO) << "ulysses-worker " << config_.name << " (" << config_.devices.size()
+             << " slot(s): " << absl::StrJoin(config_.devices, ",") << ", engine "
              << config_.engine_bin << ") -> coordinator " << config_.coordinator << " ("
              << (config_.ca_file.empty()     ? "plaintext"
                  : config_.cert_file.empty() ? "TLS"
                                              : "mutual TLS")
              << (config_.token.empty() ? ", no token" : ", token") << ")";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::string& device : config_.devices) slots_.push_back(Slot{device});
+  }
   std::thread session_thread([this] { SessionLoop(); });
 
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return shutdown_; });
-  ChildSupervisor* child = work_running_ ? child_.get() : nullptr;
-  if (child != nullptr) {
-    ULOG(INFO) << "shutting down: preempting " << RefString(*work_ref_) << " (grace "
+  std::vector<ChildSupervisor*> stopping;
+  for (Slot& slot : slots_) {
+    if (!slot.ref) continue;
+    ULOG(INFO) << "shutting down: preempting " << RefString(*slot.ref) << " (grace "
                << config_.grace_period.count() / 1000.0 << " s)";
-    NoteLocked(*work_ref_, absl::StrCat("worker ", config_.name,
-                                        " is shutting down: SIGTERM to the rank, grace ",
-                                        config_.grace_period.count() / 1000.0, " s"));
+    NoteLocked(*slot.ref, absl::StrCat("worker ", config_.name,
+                                       " is shutting down: SIGTERM to the rank, grace ",
+                                       config_.grace_period.count() / 1000.0, " s"));
     v1::WorkerMessage notice;
-    *notice.mutable_preempting()->mutable_ref() = *work_ref_;
+    *notice.mutable_preempting()->mutable_ref() = *slot.ref;
     EnqueueLocked(std::move(notice));
-    child->Stop(contract::StopRequest::kPreempt, config_.grace_period);
+    slot.child->Stop(contract::StopRequest::kPreempt, config_.grace_period);
+    stopping.push_back(slot.child.get());
+  }
+  if (!stopping.empty()) {
     lock.unlock();
-    child->Wait();  // Bounded: the SIGKILL tier fires after the grace.
+    // Bounded: the SIGKILL tier fires after the grace. The children stay owned by their
+    // slots (assignments that arrive now are refused: shutdown_ is set).
+    for (ChildSupervisor* child : stopping) child->Wait();
     lock.lock();
   }
   // Deliver the exit report (and the last logs) before leaving.
@@ -341,7 +393,7 @@ absl::Status WorkerAgent::Impl::Run() {
   cv_.notify_all();
   lock.unlock();
   session_thread.join();
-  child_.reset();
+  slots_.clear();
   if (metrics_server_) metrics_server_->Stop();
   ULOG(INFO) << "ulysses-worker " << config_.name << " stopped";
   return absl::OkStatus();
@@ -364,7 +416,8 @@ void WorkerAgent::Impl::SessionLoop() {
     const milliseconds wait(
         std::uniform_int_distribution<int64_t>(backoff.count() / 2, backoff.count())(rng));
     ULOG(WARNING) << "coordinator session ended (" << status << "); reconnecting in "
-                  << wait.count() << " ms" << (work_running_ ? " (the rank keeps running)" : "");
+                  << wait.count() << " ms"
+                  << (AnyRunningLocked() ? " (the ranks keep running)" : "");
     cv_.wait_for(lock, wait, [&] { return stopping_; });
     backoff = std::min(backoff * 2, config_.reconnect_max);
   }
@@ -374,22 +427,19 @@ absl::Status WorkerAgent::Impl::Register() {
   v1::RegisterRequest request;
   request.set_name(config_.name);
   request.set_node_label(config_.node_label);
-  request.set_device(config_.device);
+  request.set_device(config_.devices.front());
+  for (const std::string& device : config_.devices) request.add_devices(device);
   request.set_host(config_.advertise_host);
-  request.set_capacity(1);
+  request.set_capacity(static_cast<int32_t>(config_.devices.size()));
   request.set_agent_version(kAgentVersion);
-  std::optional<v1::WorkRef> reported;
+  std::vector<v1::RunningWork> reported;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (work_running_) {
-      *request.mutable_running()->mutable_ref() = *work_ref_;
-      request.mutable_running()->set_pid(work_pid_);
-      reported = *work_ref_;
-    } else if (unacked_exit_.has_value()) {
-      // The rank ended while disconnected: still claim it until its exit report is
-      // acked, or the coordinator would count the rank as vanished.
-      *request.mutable_running()->mutable_ref() = *unacked_exit_;
-    }
+    // Ranks that ended while disconnected are still claimed until their exit reports are
+    // acked, or the coordinator would count them as vanished.
+    reported = RunningRanksLocked();
+    for (const v1::RunningWork& r : reported) *request.add_running_ranks() = r;
+    if (!reported.empty()) *request.mutable_running() = reported.front();
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + config_.rpc_deadline);
@@ -409,12 +459,16 @@ absl::Status WorkerAgent::Impl::Register() {
       {milliseconds(response.heartbeat_timeout_ms()), heartbeat_interval_ * 5, milliseconds(3000)});
   ULOG(INFO) << "registered as " << worker_id_ << " (heartbeat every "
              << heartbeat_interval_.count() << " ms)"
-             << (reported ? absl::StrCat("; reported running ", RefString(*reported),
-                                         response.keep_running() ? ": keep" : ": abort")
-                          : "");
-  if (reported && !response.keep_running() && work_running_ && SameWork(*work_ref_, *reported)) {
-    NoteLocked(*reported, "coordinator no longer wants this attempt after reconnect: aborting");
-    child_->Stop(contract::StopRequest::kAbort, kReconnectAbortGrace);
+             << (reported.empty() ? ""
+                                  : absl::StrCat("; reported ", reported.size(), " running rank(s)",
+                                                 response.keep_running() ? ": keep" : ": abort"));
+  if (!reported.empty() && !response.keep_running()) {
+    // (When some are kept, the coordinator sends an Abort for each one it does not want.)
+    for (Slot& slot : slots_) {
+      if (!slot.ref) continue;
+      NoteLocked(*slot.ref, "coordinator no longer wants this attempt after reconnect: aborting");
+      slot.child->Stop(contract::StopRequest::kAbort, kReconnectAbortGrace);
+    }
   }
   return absl::OkStatus();
 }
@@ -485,9 +539,15 @@ void WorkerAgent::Impl::WriterLoop(Stream* stream, grpc::ClientContext* ctx) {
         v1::WorkerMessage hb;
         SetNow(hb.mutable_heartbeat()->mutable_sent_at());
         hb.mutable_heartbeat()->set_request_ack(true);
-        if (work_running_) {
-          *hb.mutable_heartbeat()->mutable_running()->mutable_ref() = *work_ref_;
-          hb.mutable_heartbeat()->mutable_running()->set_pid(work_pid_);
+        for (Slot& slot : slots_) {
+          if (!slot.ref) continue;
+          v1::RunningWork* r = hb.mutable_heartbeat()->add_running_ranks();
+          *r->mutable_ref() = *slot.ref;
+          r->set_pid(slot.pid);
+          r->set_slot(static_cast<int32_t>(&slot - slots_.data()));
+        }
+        if (hb.heartbeat().running_ranks_size() > 0) {
+          *hb.mutable_heartbeat()->mutable_running() = hb.heartbeat().running_ranks(0);
         }
         outbox_.push_back(std::move(hb));
         next_heartbeat = Clock::now() + heartbeat_interval_;
@@ -521,21 +581,25 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
     case v1::CoordinatorMessage::kAbort: {
       const v1::Abort& abort = msg.abort();
       std::lock_guard<std::mutex> lock(mu_);
-      if (!work_running_ || !SameWork(*work_ref_, abort.ref())) {
-        ULOG(INFO) << "ignoring abort for " << abort.ref().job_id() << " gen "
-                   << abort.ref().generation() << ": not running it";
-        return;
-      }
       // preempt: the coordinator makes room for a higher-priority job. SIGTERM, the rank
       // checkpoints and exits 75 (reported as preempted); this worker keeps taking work.
       const bool preempt = abort.preempt();
-      ULOG(INFO) << (preempt ? "preempt " : "abort ") << RefString(*work_ref_) << ": "
-                 << abort.reason();
-      NoteLocked(*work_ref_, absl::StrCat(preempt ? "preemption" : "abort",
-                                          " from coordinator: ", abort.reason(), " (grace ",
-                                          abort.grace_period_ms(), " ms)"));
-      child_->Stop(preempt ? contract::StopRequest::kPreempt : contract::StopRequest::kAbort,
-                   milliseconds(std::max<int64_t>(0, abort.grace_period_ms())));
+      int stopped = 0;
+      for (Slot& slot : slots_) {  // Every rank of that generation on this worker.
+        if (!slot.ref || !SameWork(*slot.ref, abort.ref())) continue;
+        ULOG(INFO) << (preempt ? "preempt " : "abort ") << RefString(*slot.ref) << ": "
+                   << abort.reason();
+        NoteLocked(*slot.ref, absl::StrCat(preempt ? "preemption" : "abort",
+                                           " from coordinator: ", abort.reason(), " (grace ",
+                                           abort.grace_period_ms(), " ms)"));
+        slot.child->Stop(preempt ? contract::StopRequest::kPreempt : contract::StopRequest::kAbort,
+                         milliseconds(std::max<int64_t>(0, abort.grace_period_ms())));
+        ++stopped;
+      }
+      if (stopped == 0) {
+        ULOG(INFO) << "ignoring abort for " << abort.ref().job_id() << " gen "
+                   << abort.ref().generation() << ": not running it";
+      }
       return;
     }
     case v1::CoordinatorMessage::kAck: {
@@ -546,9 +610,14 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
       }
       auto it = inflight_.find(msg.ack().seq());
       if (it != inflight_.end()) {
-        if (it->second.has_exited() && unacked_exit_.has_value() &&
-            SameWork(it->second.exited().ref(), *unacked_exit_)) {
-          unacked_exit_.reset();
+        if (it->second.has_exited()) {
+          const v1::WorkRef& acked = it->second.exited().ref();
+          unacked_exits_.erase(std::remove_if(unacked_exits_.begin(), unacked_exits_.end(),
+                                              [&](const auto& e) {
+                                                return SameWork(e.first, acked) &&
+                                                       e.first.rank() == acked.rank();
+                                              }),
+                               unacked_exits_.end());
         }
         inflight_.erase(it);
       }
@@ -568,27 +637,39 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   const v1::WorkRef& ref = a.ref();
   std::unique_lock<std::mutex> lock(mu_);
   if (shutdown_) {
-    ReportExitLocked(ref, contract::kExitPreempted, 0, /*preempted=*/true, /*aborted=*/false,
-                     "worker is shutting down");
+    ReportExitLocked(ref, a.slot(), contract::kExitPreempted, 0, /*preempted=*/true,
+                     /*aborted=*/false, "worker is shutting down");
     return;
   }
-  if (work_running_ && SameWork(*work_ref_, ref) && work_ref_->rank() == ref.rank()) {
-    ULOG(INFO) << "duplicate assignment for " << RefString(ref) << ": already running";
+  for (const Slot& slot : slots_) {
+    if (slot.ref && SameWork(*slot.ref, ref) && slot.ref->rank() == ref.rank()) {
+      ULOG(INFO) << "duplicate assignment for " << RefString(ref) << ": already running";
+      return;
+    }
+  }
+  const int slot_index = a.slot();
+  if (slot_index < 0 || slot_index >= static_cast<int>(slots_.size())) {
+    ReportExitLocked(
+        ref, slot_index, contract::kExitFailure, 0, false, false,
+        absl::StrCat("worker ", config_.name, " was assigned slot ", slot_index, " but has ",
+                     slots_.size(), " (devices ", absl::StrJoin(config_.devices, ","), ")"));
     return;
   }
-  if (child_ != nullptr) {
+  if (slots_[slot_index].child != nullptr) {
     // A finished child is destroyed here; a stale one (the coordinator moved on) is killed.
-    std::unique_ptr<ChildSupervisor> old = std::move(child_);
-    if (work_running_) {
+    Slot& slot = slots_[slot_index];
+    std::unique_ptr<ChildSupervisor> old = std::move(slot.child);
+    if (slot.ref) {
       ULOG(WARNING) << "new assignment " << RefString(ref) << " replaces running "
-                    << RefString(*work_ref_);
-      NoteLocked(*work_ref_, "replaced by a newer assignment: aborting");
+                    << RefString(*slot.ref) << " on slot " << slot_index;
+      NoteLocked(*slot.ref, "replaced by a newer assignment: aborting");
       old->Stop(contract::StopRequest::kAbort, kReconnectAbortGrace);
     }
     lock.unlock();
     old.reset();  // Joins the supervisor thread (its exit report is queued).
     lock.lock();
   }
+  Slot& slot = slots_[slot_index];
   const fs::path job_dir = fs::path(config_.work_dir) / "jobs" / ref.job_id();
   const fs::path attempt_dir =
       job_dir / absl::StrCat("g", ref.generation(), "-s", ref.stage(), "-r", ref.rank());
@@ -601,7 +682,7 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
     if (!out.good()) ec = std::make_error_code(std::errc::io_error);
   }
   if (ec) {
-    ReportExitLocked(ref, contract::kExitFailure, 0, false, false,
+    ReportExitLocked(ref, slot_index, contract::kExitFailure, 0, false, false,
                      absl::StrCat("worker ", config_.name, " cannot write ", spec_path.string(),
                                   ": ", ec.message()));
     return;
@@ -615,7 +696,7 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   launch.world_size = std::max(1, a.world_size());
   launch.master_addr = a.master_addr().empty() ? config_.advertise_host : a.master_addr();
   launch.master_port = a.master_port();
-  launch.device = config_.device;
+  launch.device = slot.device;
   launch.collective_timeout_s = config_.collective_timeout_s;
   launch.overrides.assign(a.overrides().begin(), a.overrides().end());
 
@@ -629,28 +710,29 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
     std::lock_guard<std::mutex> lock(mu_);
     AddLogLocked(ref, stream == "stderr" ? v1::LOG_STREAM_STDERR : v1::LOG_STREAM_STDOUT, line);
   };
-  callbacks.on_exit = [this, ref](const ChildResult& result) { OnExit(ref, result); };
+  callbacks.on_exit = [this, ref, slot_index](const ChildResult& result) {
+    OnExit(ref, slot_index, result);
+  };
   auto child = ChildSupervisor::Start(BuildRankArgv(launch), "", std::move(callbacks));
   if (!child.ok()) {
-    ReportExitLocked(ref, contract::kExitFailure, 0, false, false,
+    ReportExitLocked(ref, slot_index, contract::kExitFailure, 0, false, false,
                      absl::StrCat("worker ", config_.name,
                                   " cannot start ulysses-train: ", child.status().message()));
     return;
   }
-  child_ = std::move(*child);
-  work_ref_ = ref;
-  work_running_ = true;
-  work_pid_ = child_->pid();
-  ULOG(INFO) << "started " << RefString(ref) << " (world " << launch.world_size << ", seq_len "
-             << a.seq_len() << ", master " << launch.master_addr << ":" << launch.master_port
-             << ") as pid " << work_pid_;
+  slot.child = std::move(*child);
+  slot.ref = ref;
+  slot.pid = slot.child->pid();
+  ULOG(INFO) << "started " << RefString(ref) << " on slot " << slot_index << " (" << slot.device
+             << "; world " << launch.world_size << ", seq_len " << a.seq_len() << ", master "
+             << launch.master_addr << ":" << launch.master_port << ") as pid " << slot.pid;
   v1::WorkerMessage started;
   *started.mutable_started()->mutable_ref() = ref;
-  started.mutable_started()->set_pid(work_pid_);
+  started.mutable_started()->set_pid(slot.pid);
   EnqueueLocked(std::move(started));
-  NoteLocked(ref,
-             absl::StrCat("worker ", config_.name, " started rank ", ref.rank(), "/",
-                          launch.world_size, " of stage ", ref.stage(), " (pid ", work_pid_, ")"));
+  NoteLocked(ref, absl::StrCat("worker ", config_.name, " started rank ", ref.rank(), "/",
+                               launch.world_size, " of stage ", ref.stage(), " on ", slot.device,
+                               " (slot ", slot_index, ", pid ", slot.pid, ")"));
 }
 
 void WorkerAgent::Impl::OnEvent(const v1::WorkRef& ref, const contract::RankEvent& event) {
@@ -688,7 +770,7 @@ void WorkerAgent::Impl::OnBadEvent(const v1::WorkRef& ref, const std::string& li
                                error.message()));
 }
 
-void WorkerAgent::Impl::OnExit(const v1::WorkRef& ref, const ChildResult& result) {
+void WorkerAgent::Impl::OnExit(const v1::WorkRef& ref, int slot_index, const ChildResult& result) {
   if (metrics_ != nullptr) metrics_->Forget(Labels(ref));  // Bounded: one attempt's series.
   const contract::ProcessExit exit = process::ProcessExitOf(result.wait_status);
   const bool failed = result.outcome == contract::RankOutcome::kFailed ||
@@ -707,18 +789,20 @@ void WorkerAgent::Impl::OnExit(const v1::WorkRef& ref, const ChildResult& result
              absl::StrCat("ulysses-train ", result.description, " (",
                           contract::RankOutcomeName(result.outcome), ")",
                           result.sigkilled_by_agent ? ", SIGKILL after the grace period" : ""));
-  ReportExitLocked(ref, exit.exit_code, exit.signal,
+  ReportExitLocked(ref, slot_index, exit.exit_code, exit.signal,
                    result.stop_cause == contract::StopRequest::kPreempt,
                    result.stop_cause == contract::StopRequest::kAbort, error);
-  if (work_running_ && SameWork(*work_ref_, ref) && work_ref_->rank() == ref.rank()) {
-    work_running_ = false;
-    work_pid_ = 0;
+  Slot& slot = slots_[slot_index];
+  if (slot.ref && SameWork(*slot.ref, ref) && slot.ref->rank() == ref.rank()) {
+    slot.ref.reset();
+    slot.pid = 0;
   }
   cv_.notify_all();
 }
 
-void WorkerAgent::Impl::ReportExitLocked(const v1::WorkRef& ref, int exit_code, int signal,
-                                         bool preempted, bool aborted, const std::string& error) {
+void WorkerAgent::Impl::ReportExitLocked(const v1::WorkRef& ref, int slot, int exit_code,
+                                         int signal, bool preempted, bool aborted,
+                                         const std::string& error) {
   v1::WorkerMessage msg;
   auto* e = msg.mutable_exited();
   *e->mutable_ref() = ref;
@@ -727,7 +811,7 @@ void WorkerAgent::Impl::ReportExitLocked(const v1::WorkRef& ref, int exit_code, 
   e->set_preempted(preempted);
   e->set_aborted(aborted);
   e->set_error_message(error);
-  unacked_exit_ = ref;
+  if (slot >= 0 && slot < static_cast<int>(slots_.size())) unacked_exits_.emplace_back(ref, slot);
   EnqueueLocked(std::move(msg));
 }
 

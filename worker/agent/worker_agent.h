@@ -26,6 +26,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "common/grpc/channel.h"
@@ -33,9 +34,13 @@
 namespace ulysses::agent {
 
 struct WorkerConfig {
-  std::string coordinator;                        // HOST:PORT of the coordinator. Required.
-  std::string name;                               // Unique worker name. Required.
-  std::string device = "cpu";                     // cpu | cuda:N, passed to ulysses-train --device.
+  std::string coordinator;  // HOST:PORT of the coordinator. Required.
+  std::string name;         // Unique worker name. Required.
+  // --devices (alias --device): auto | cpu | cuda:0-7 | cuda:0,cuda:2 (worker/agent/devices.h).
+  std::string device = "cpu";
+  int capacity = 0;  // --capacity: CPU slots with --devices cpu (0 = one per device).
+  // One slot per entry, each passed to its rank's ulysses-train --device. Filled by Validate.
+  std::vector<std::string> devices;
   std::string work_dir;                           // Spec files and job output. Required; created.
   std::string node_label;                         // Node / NVLink domain label ("" = the name).
   std::string engine_bin;                         // ulysses-train path ("" = next to this binary).

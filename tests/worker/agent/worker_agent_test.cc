@@ -90,7 +90,11 @@ class PeerCoordinator final : public v1::WorkerService::Service {
         std::lock_guard<std::mutex> wlock(write_mu_);
         stream->Write(ack);
       }
-      if (!msg.has_heartbeat()) messages_.push_back(msg);
+      if (msg.has_heartbeat()) {
+        last_heartbeat_ = msg.heartbeat();
+      } else {
+        messages_.push_back(msg);
+      }
       cv_.notify_all();
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -124,6 +128,11 @@ class PeerCoordinator final : public v1::WorkerService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return registers_;
   }
+  // Heartbeats are not kept in Messages(); the newest one is.
+  v1::Heartbeat LastHeartbeat() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_heartbeat_;
+  }
   std::vector<Caller> Callers() {
     std::lock_guard<std::mutex> lock(mu_);
     return callers_;
@@ -152,6 +161,7 @@ class PeerCoordinator final : public v1::WorkerService::Service {
   std::condition_variable cv_;
   grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream_ = nullptr;
   std::vector<v1::WorkerMessage> messages_;
+  v1::Heartbeat last_heartbeat_;
   std::vector<v1::RegisterRequest> registers_;
   std::vector<Caller> callers_;
   int sessions_ = 0;
@@ -359,6 +369,72 @@ TEST_F(WorkerAgentTest, AbortKillsTheChildPromptly) {
   const Msgs msgs = peer.service.Messages();
   EXPECT_TRUE(Exited(msgs)->aborted());
   // The worker itself is still alive and idle.
+  EXPECT_TRUE(worker_->Running());
+}
+
+// A worker with several slots (--devices cpu --capacity 2; a GPU node's worker has one per
+// GPU): two ranks run at once, each on its assigned slot, heartbeats report both, and one
+// Abort stops every rank of that generation on the worker. An assignment to a slot the
+// worker does not have is refused with an exit report naming it.
+TEST_F(WorkerAgentTest, ATwoSlotWorkerRunsTwoRanksAtOnceAndOneAbortStopsBoth) {
+  PeerServer peer;
+  StartWorker(peer.port, 10, {"--devices", "cpu", "--capacity", "2"});
+  ASSERT_TRUE(peer.service.WaitForSession(1, seconds(20)));
+  const v1::RegisterRequest reg = peer.service.Registers().front();
+  EXPECT_EQ(reg.capacity(), 2);
+  EXPECT_EQ(std::vector<std::string>(reg.devices().begin(), reg.devices().end()),
+            (std::vector<std::string>{"cpu", "cpu"}));
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::CoordinatorMessage m = Assign(4, {"fake.steps=100000", "fake.step_ms=20"});
+    m.mutable_assignment()->mutable_ref()->set_rank(rank);
+    m.mutable_assignment()->set_world_size(2);
+    m.mutable_assignment()->set_slot(1 - rank);  // Rank 0 on slot 1, rank 1 on slot 0.
+    ASSERT_TRUE(peer.service.Send(m));
+  }
+  // Both children run: a heartbeat lists both ranks with their slots.
+  const auto deadline = std::chrono::steady_clock::now() + seconds(20);
+  while (peer.service.LastHeartbeat().running_ranks_size() < 2 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  const v1::Heartbeat hb = peer.service.LastHeartbeat();
+  ASSERT_EQ(hb.running_ranks_size(), 2) << WorkerLog();
+  for (const v1::RunningWork& r : hb.running_ranks()) {
+    EXPECT_EQ(r.slot(), 1 - r.ref().rank()) << r.DebugString();
+    EXPECT_GT(r.pid(), 0);
+  }
+  EXPECT_EQ(hb.running().ref().rank(), hb.running_ranks(0).ref().rank());
+  Msgs msgs = peer.service.Messages();
+  EXPECT_EQ(Count(msgs, v1::WorkerMessage::kStarted), 2);
+  // A third rank on a slot it does not have.
+  v1::CoordinatorMessage bad = Assign(4, {"fake.steps=1"});
+  bad.mutable_assignment()->mutable_ref()->set_rank(2);
+  bad.mutable_assignment()->set_slot(2);
+  ASSERT_TRUE(peer.service.Send(bad));
+  ASSERT_TRUE(peer.service.WaitFor(
+      [](const Msgs& m, const Regs&) { return Count(m, v1::WorkerMessage::kExited) >= 1; },
+      seconds(10)));
+  msgs = peer.service.Messages();
+  ASSERT_NE(Exited(msgs), nullptr);
+  EXPECT_EQ(Exited(msgs)->ref().rank(), 2);
+  EXPECT_NE(Exited(msgs)->error_message().find("assigned slot 2 but has 2"), std::string::npos)
+      << Exited(msgs)->error_message();
+  // One abort for the generation stops both running ranks.
+  v1::CoordinatorMessage abort;
+  abort.mutable_abort()->mutable_ref()->set_job_id("job-000001");
+  abort.mutable_abort()->mutable_ref()->set_generation(4);
+  abort.mutable_abort()->set_reason("peer lost");
+  abort.mutable_abort()->set_grace_period_ms(500);
+  ASSERT_TRUE(peer.service.Send(abort));
+  ASSERT_TRUE(peer.service.WaitFor(
+      [](const Msgs& m, const Regs&) { return Count(m, v1::WorkerMessage::kExited) >= 3; },
+      seconds(10)))
+      << WorkerLog();
+  std::set<int> aborted;
+  for (const auto& m : peer.service.Messages()) {
+    if (m.has_exited() && m.exited().aborted()) aborted.insert(m.exited().ref().rank());
+  }
+  EXPECT_EQ(aborted, (std::set<int>{0, 1}));
   EXPECT_TRUE(worker_->Running());
 }
 
@@ -609,7 +685,8 @@ TEST_F(WorkerAgentTest, RejectsBadFlagsWithTheFlagName) {
                                          FAKE_RANK_PATH, "--collective-timeout-s", "-5"});
   EXPECT_EQ(exit, "exit code 2");
   EXPECT_NE(out.find("--coordinator: \"nohostport\" is not HOST:PORT"), std::string::npos) << out;
-  EXPECT_NE(out.find("--device: \"tpu\" is not cpu or cuda:N"), std::string::npos) << out;
+  EXPECT_NE(out.find("--devices: \"tpu\" has \"tpu\", which is not cuda:N"), std::string::npos)
+      << out;
   EXPECT_NE(out.find("--collective-timeout-s: -5 is outside 0..86400"), std::string::npos) << out;
 }
 
