@@ -153,7 +153,9 @@ std::string EventText(const v1::JobEvent& e) {
     case v1::JobEvent::kAttemptStarted:
       return absl::StrCat("attempt gen ", e.attempt_started().generation(), " stage ",
                           e.attempt_started().stage(), " started on ",
-                          absl::StrJoin(e.attempt_started().worker_ids(), ","));
+                          absl::StrJoin(e.attempt_started().worker_ids(), ","),
+                          e.attempt_started().warnings_size() == 0 ? "" : "; warning: ",
+                          absl::StrJoin(e.attempt_started().warnings(), "; warning: "));
     case v1::JobEvent::kAttemptEnded:
       return absl::StrCat("attempt gen ", e.attempt_ended().generation(), " ended ",
                           OutcomeName(e.attempt_ended().outcome()),

@@ -487,6 +487,21 @@ constexpr const char* kDropVersion4Columns =
     "max_infra_failures; ALTER TABLE jobs DROP COLUMN failure_window_s; ALTER TABLE jobs DROP "
     "COLUMN recent_failures; ALTER TABLE jobs DROP COLUMN preemptible";
 
+// Turns the store file in `dir` into an older one: runs `sql` (dropping what came later),
+// then sets its schema version.
+void Downgrade(const std::string& dir, const std::vector<std::string>& sql, int version) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/coordinator.db").c_str(), &db), SQLITE_OK);
+  for (const std::string& statement : sql) {
+    ASSERT_EQ(sqlite3_exec(db, statement.c_str(), nullptr, nullptr, nullptr), SQLITE_OK)
+        << statement;
+  }
+  const std::string set_version =
+      "UPDATE meta SET value='" + std::to_string(version) + "' WHERE key='schema_version'";
+  ASSERT_EQ(sqlite3_exec(db, set_version.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+}
+
 TEST(StoreTest, MigratesAVersionTwoFile) {
   TempDir dir;
   {
@@ -497,16 +512,8 @@ TEST(StoreTest, MigratesAVersionTwoFile) {
     ASSERT_TRUE((*store)->Write(b).ok());
   }
   // Make it a version-2 file: no submit_requests table, no version-4 columns.
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open((dir.path() + "/coordinator.db").c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, kDropVersion5Columns, nullptr, nullptr, nullptr), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, kDropVersion4Columns, nullptr, nullptr, nullptr), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db,
-                         "DROP TABLE submit_requests; UPDATE meta SET value='2' WHERE "
-                         "key='schema_version'",
-                         nullptr, nullptr, nullptr),
-            SQLITE_OK);
-  sqlite3_close(db);
+  ASSERT_NO_FATAL_FAILURE(Downgrade(
+      dir.path(), {kDropVersion5Columns, kDropVersion4Columns, "DROP TABLE submit_requests"}, 2));
   auto store = Store::Open(dir.path());
   ASSERT_TRUE(store.ok()) << store.status();
   JobRecord j = MakeJob("job-000002", 2);
@@ -548,14 +555,7 @@ TEST(StoreTest, FailureBudgetsPersistAndAVersionThreeFileIsMigrated) {
     EXPECT_TRUE((*back)->recent_failures[2].infra);
     EXPECT_FALSE((*back)->preemptible);
   }
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open((dir.path() + "/coordinator.db").c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, kDropVersion5Columns, nullptr, nullptr, nullptr), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, kDropVersion4Columns, nullptr, nullptr, nullptr), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, "UPDATE meta SET value='3' WHERE key='schema_version'", nullptr,
-                         nullptr, nullptr),
-            SQLITE_OK);
-  sqlite3_close(db);
+  ASSERT_NO_FATAL_FAILURE(Downgrade(dir.path(), {kDropVersion5Columns, kDropVersion4Columns}, 3));
   auto store = Store::Open(dir.path());
   ASSERT_TRUE(store.ok()) << store.status();
   auto snap = (*store)->Load();
@@ -596,13 +596,7 @@ TEST(StoreTest, SlotsOfAttemptsAndWorkersRoundTripAndMigrateFromVersionFour) {
     ASSERT_TRUE(worker.ok() && worker->has_value()) << worker.status();
     EXPECT_EQ((*worker)->devices, w.devices);
   }
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open((dir.path() + "/coordinator.db").c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, kDropVersion5Columns, nullptr, nullptr, nullptr), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, "UPDATE meta SET value='4' WHERE key='schema_version'", nullptr,
-                         nullptr, nullptr),
-            SQLITE_OK);
-  sqlite3_close(db);
+  ASSERT_NO_FATAL_FAILURE(Downgrade(dir.path(), {kDropVersion5Columns}, 4));
   auto store = Store::Open(dir.path());
   ASSERT_TRUE(store.ok()) << store.status();
   auto snap = (*store)->Load();

@@ -282,6 +282,9 @@ TEST_F(SchedulingE2ETest, SpGroupsLandInsideOneWorkerThenOneNodeWithTheSameLosse
   EXPECT_NE(text.out.find("Placement (generation "), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("Warning: SP group 0 (ranks 0-3) spans nodes"), std::string::npos)
       << text.out;
+  EXPECT_NE(text.out.find("; warning: SP group 0 (ranks 0-3) spans nodes"), std::string::npos)
+      << "the attempt_started event shows the warning\n"
+      << text.out;
 }
 
 }  // namespace
