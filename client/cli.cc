@@ -81,6 +81,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   AddGetCommand(app, ctx);
   AddDescribeCommand(app, ctx);
   AddWatchCommand(app, ctx);
+  AddTopCommand(app, ctx);
   AddLogsCommand(app, ctx);
   AddCancelCommand(app, ctx);
   AddResumeCommand(app, ctx);

@@ -175,6 +175,36 @@ int CmdWatch(JobClient& client, const std::string& id, bool tty, bool json, absl
   return state == v1::JOB_STATE_SUCCEEDED ? contract::kExitOk : contract::kExitFailure;
 }
 
+int CmdTop(JobClient& client, absl::Duration interval, bool once, bool all, bool tty,
+           const std::string& output, std::ostream& out, std::ostream& err) {
+  while (true) {
+    auto jobs = client.ListJobs();
+    if (!jobs.ok()) return RpcError(jobs.status(), client, err);
+    const absl::Time now = absl::Now();
+    if (WantJson(output)) {
+      PrintStructured(TopJson(*jobs, absl::ToUnixMillis(now), all), output, out);
+      out << std::flush;
+      return contract::kExitOk;
+    }
+    std::ostringstream frame;  // One write per frame, so a redraw does not flicker.
+    if (tty) {
+      frame << "\033[H\033[2J"  // Cursor home, clear the screen.
+            << "ulyssesctl top  " << absl::FormatTime("%H:%M:%S", now, absl::LocalTimeZone())
+            << "  every " << absl::FormatDuration(interval) << " (Ctrl-C quits)\n\n";
+    }
+    const std::vector<std::vector<std::string>> rows =
+        TopTable(*jobs, absl::ToUnixMillis(now), all);
+    if (rows.size() <= 1) {
+      frame << (all ? "No jobs.\n" : "No running or queued jobs.\n");
+    } else {
+      PrintTable(rows, frame);
+    }
+    out << frame.str() << std::flush;
+    if (!tty || once) return contract::kExitOk;
+    absl::SleepFor(interval);
+  }
+}
+
 int CmdLogs(JobClient& client, const std::string& id, int tail, bool follow, std::ostream& out,
             std::ostream& err) {
   absl::Status status =
@@ -345,6 +375,36 @@ void AddWatchCommand(CLI::App& app, CliContext& ctx) {
     ctx.exit_code =
         CmdWatch(*client, id, isatty(STDOUT_FILENO) == 1, ctx.output == "json",
                  absl::Seconds(args->timeout_s), absl::Seconds(120), *ctx.out, *ctx.err);
+  });
+}
+
+void AddTopCommand(CLI::App& app, CliContext& ctx) {
+  auto interval_s = std::make_shared<double>(2.0);
+  auto once = std::make_shared<bool>(false);
+  auto all = std::make_shared<bool>(false);
+  CLI::App* cmd = app.add_subcommand(
+      "top",
+      "Live view of the jobs not yet ended: stage, step, loss, tokens/s, MFU, slowest "
+      "rank, checkpoint age");
+  cmd->add_option("--interval", *interval_s, "Seconds between refreshes on a terminal (0.5..3600)")
+      ->check(CLI::Range(0.5, 3600.0));
+  cmd->add_flag("--once", *once, "Print once and exit (also when stdout is not a terminal)");
+  cmd->add_flag("-a,--all", *all, "Also the jobs that ended (with their last figures)");
+  cmd->footer(absl::StrCat(
+      "On a terminal the view is redrawn in place until Ctrl-C; otherwise it is printed once.\n"
+      "MFU needs the workers' --peak-flops; SLOWEST is the rank with the longest step and its\n"
+      "step seconds; CKPT_AGE is the time since the last committed checkpoint (the work a\n"
+      "preemption would lose).\nExamples:\n"
+      "  ulyssesctl top\n"
+      "  ulyssesctl top --interval 5\n"
+      "  ulyssesctl top -a --once   # also ended jobs, printed once\n"
+      "  ulyssesctl top -o json   # one JSON array (-o yaml: YAML), once\n",
+      kNeedsCoordinator));
+  cmd->callback([&ctx, interval_s, once, all] {
+    std::optional<JobClient> client = ClientFor(ctx);
+    if (!client) return;
+    ctx.exit_code = CmdTop(*client, absl::Seconds(*interval_s), *once, *all,
+                           isatty(STDOUT_FILENO) == 1, ctx.output, *ctx.out, *ctx.err);
   });
 }
 

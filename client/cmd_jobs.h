@@ -1,5 +1,5 @@
 // ulyssesctl verbs that talk to the coordinator: submit, get jobs|job|workers,
-// describe job, watch, logs, cancel, resume.
+// describe job, watch, top, logs, cancel, resume.
 //
 // Each Cmd* function returns the process exit code and writes results to `out`,
 // errors to `err` as one line ("error: CODE: message"; an unreachable coordinator is
@@ -32,6 +32,11 @@ int CmdGetWorkers(JobClient& client, const std::string& output, std::ostream& ou
 // `json`: one JSON event object per line instead of the view.
 int CmdWatch(JobClient& client, const std::string& id, bool tty, bool json, absl::Duration timeout,
              absl::Duration reconnect_window, std::ostream& out, std::ostream& err);
+// `top`: the jobs not yet ended (`all`: every job) with their live figures (job_view.h
+// TopTable). `tty`: clear the screen and redraw every `interval` until interrupted; otherwise
+// (or `once`) print once. `output` json or yaml: one TopJson array, once.
+int CmdTop(JobClient& client, absl::Duration interval, bool once, bool all, bool tty,
+           const std::string& output, std::ostream& out, std::ostream& err);
 int CmdLogs(JobClient& client, const std::string& id, int tail, bool follow, std::ostream& out,
             std::ostream& err);
 int CmdCancel(JobClient& client, const std::string& id, const std::string& reason,

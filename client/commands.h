@@ -21,6 +21,7 @@ void AddSubmitCommand(CLI::App& app, CliContext& ctx);
 void AddGetCommand(CLI::App& app, CliContext& ctx);
 void AddDescribeCommand(CLI::App& app, CliContext& ctx);
 void AddWatchCommand(CLI::App& app, CliContext& ctx);
+void AddTopCommand(CLI::App& app, CliContext& ctx);
 void AddLogsCommand(CLI::App& app, CliContext& ctx);
 void AddCancelCommand(CLI::App& app, CliContext& ctx);
 void AddResumeCommand(CLI::App& app, CliContext& ctx);

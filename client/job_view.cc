@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <ctime>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -87,6 +89,29 @@ json AttemptJson(const v1::Attempt& a) {
       {"ended_at", TimeJson(a.ended_at())}};
 }
 
+// The optional timing figures of a step (StepProgress 7..11), as JSON values.
+std::vector<std::pair<const char*, std::optional<json>>> StepFigures(const v1::StepProgress& p) {
+  auto number = [](bool has, double v) { return has ? std::optional<json>(v) : std::nullopt; };
+  return {
+      {"mfu", number(p.has_mfu(), p.mfu())},
+      {"step_seconds", number(p.has_step_seconds(), p.step_seconds())},
+      {"median_step_seconds", number(p.has_median_step_seconds(), p.median_step_seconds())},
+      {"slowest_rank", p.has_slowest_rank() ? std::optional<json>(p.slowest_rank()) : std::nullopt},
+      {"slowest_step_seconds", number(p.has_slowest_step_seconds(), p.slowest_step_seconds())},
+  };
+}
+
+// Seconds since the job's last committed checkpoint; std::nullopt without one.
+std::optional<double> CheckpointAgeSeconds(const v1::Job& job, int64_t now_unix_ms) {
+  if (!job.has_last_checkpoint() || job.last_checkpoint().path().empty() ||
+      !job.last_checkpoint().has_committed_at()) {
+    return std::nullopt;
+  }
+  const google::protobuf::Timestamp& t = job.last_checkpoint().committed_at();
+  const int64_t committed_ms = t.seconds() * 1000 + t.nanos() / 1'000'000;
+  return std::max<int64_t>(0, now_unix_ms - committed_ms) / 1000.0;
+}
+
 }  // namespace
 
 json JobEventJson(const v1::JobEvent& e) {
@@ -105,6 +130,9 @@ json JobEventJson(const v1::JobEvent& e) {
       j["steps"] = e.progress().steps();
       j["loss"] = e.progress().loss();
       j["tokens_per_s"] = e.progress().tokens_per_s();
+      for (const auto& [key, value] : StepFigures(e.progress())) {
+        if (value.has_value()) j[key] = *value;
+      }
       break;
     case v1::JobEvent::kCheckpoint:
       j["type"] = "checkpoint";
@@ -387,6 +415,62 @@ void PrintJobsTable(const std::vector<v1::Job>& jobs, std::ostream& out) {
                     absl::StrCat(job.restarts()), absl::StrCat(job.preemptions()), job.reason()});
   }
   PrintTable(rows, out);
+}
+
+bool ShownInTop(const v1::Job& job, bool include_ended) {
+  if (job.state() == v1::JOB_STATE_UNSPECIFIED) return false;
+  return include_ended || !IsTerminal(job.state());
+}
+
+std::vector<std::vector<std::string>> TopTable(const std::vector<v1::Job>& jobs,
+                                               int64_t now_unix_ms, bool include_ended) {
+  std::vector<std::vector<std::string>> rows = {{"JOB", "NAME", "STATE", "STAGE", "SEQ_LEN", "STEP",
+                                                 "LOSS", "TOK/S", "MFU", "SLOWEST", "CKPT_AGE"}};
+  for (const v1::Job& job : jobs) {
+    if (!ShownInTop(job, include_ended)) continue;
+    const v1::StageStatus* stage = CurrentStage(job);
+    const bool progress = stage != nullptr && stage->has_progress();
+    const v1::StepProgress p = progress ? stage->progress() : v1::StepProgress();
+    const int shown_stage = std::min(job.stage_index() + 1, job.stages_size());
+    const std::optional<double> age = CheckpointAgeSeconds(job, now_unix_ms);
+    rows.push_back({job.id(), job.name(), JobStateName(job.state()),
+                    absl::StrCat(shown_stage, "/", job.stages_size()),
+                    stage ? absl::StrCat(stage->seq_len()) : "-",
+                    stage ? absl::StrCat(p.step(), "/", stage->steps()) : "-",
+                    progress ? absl::StrFormat("%.4f", p.loss()) : "-",
+                    progress ? absl::StrFormat("%.0f", p.tokens_per_s()) : "-",
+                    progress && p.has_mfu() ? absl::StrFormat("%.1f%%", p.mfu() * 100) : "-",
+                    progress && p.has_slowest_rank()
+                        ? absl::StrFormat("r%d %.3fs", p.slowest_rank(), p.slowest_step_seconds())
+                        : "-",
+                    age.has_value() ? Duration(*age) : "-"});
+  }
+  return rows;
+}
+
+json TopJson(const std::vector<v1::Job>& jobs, int64_t now_unix_ms, bool include_ended) {
+  json list = json::array();
+  for (const v1::Job& job : jobs) {
+    if (!ShownInTop(job, include_ended)) continue;
+    const v1::StageStatus* stage = CurrentStage(job);
+    const v1::StepProgress p =
+        stage != nullptr && stage->has_progress() ? stage->progress() : v1::StepProgress();
+    json j{{"id", job.id()},
+           {"name", job.name()},
+           {"state", JobStateName(job.state())},
+           {"stage", stage ? stage->index() : job.stage_index()},
+           {"stages_total", job.stages_size()},
+           {"seq_len", stage ? stage->seq_len() : 0},
+           {"step", p.step()},
+           {"steps", stage ? stage->steps() : 0},
+           {"loss", p.loss()},
+           {"tokens_per_s", p.tokens_per_s()}};
+    for (const auto& [key, value] : StepFigures(p)) j[key] = value.value_or(json(nullptr));
+    const std::optional<double> age = CheckpointAgeSeconds(job, now_unix_ms);
+    j["checkpoint_age_seconds"] = age.has_value() ? json(*age) : json(nullptr);
+    list.push_back(std::move(j));
+  }
+  return list;
 }
 
 void PrintWorkersTable(const std::vector<v1::Worker>& workers, std::ostream& out) {

@@ -11,6 +11,7 @@
 #define ULYSSES_CLIENT_JOB_VIEW_H_
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <ostream>
 #include <string>
@@ -41,6 +42,23 @@ void PrintJobsTable(const std::vector<ulysses::v1::Job>& jobs, std::ostream& out
 void PrintWorkersTable(const std::vector<ulysses::v1::Worker>& workers, std::ostream& out);
 // Human-readable `describe job`.
 void PrintJobDescription(const ulysses::v1::Job& job, std::ostream& out);
+
+// `ulyssesctl top`: the jobs not yet ended (queued, scheduling, running, checkpointing,
+// preempted, recovering), or with `include_ended` every job (an ended job shows its last
+// stage's last figures), in the given order, at `now_unix_ms` (this machine's clock; the
+// checkpoint age is now - last_checkpoint.committed_at).
+bool ShownInTop(const ulysses::v1::Job& job, bool include_ended);
+// Header + one row per shown job: JOB NAME STATE STAGE SEQ_LEN STEP LOSS TOK/S MFU SLOWEST
+// CKPT_AGE, e.g. {"job-000007", "demo", "RUNNING", "1/2", "64", "4/10", "2.5000", "1234",
+// "25.0%", "r1 0.750s", "1m05s"}; "-" where a figure is not known (MFU: the workers run
+// without --peak-flops; SLOWEST: the engine did not report it; CKPT_AGE: no checkpoint yet).
+std::vector<std::vector<std::string>> TopTable(const std::vector<ulysses::v1::Job>& jobs,
+                                               int64_t now_unix_ms, bool include_ended = false);
+// `-o json`: an array with one object per shown job: id, name, state, stage, stages_total,
+// seq_len, step, steps, loss, tokens_per_s, and (null when unknown) mfu, step_seconds,
+// median_step_seconds, slowest_rank, slowest_step_seconds, checkpoint_age_seconds.
+nlohmann::json TopJson(const std::vector<ulysses::v1::Job>& jobs, int64_t now_unix_ms,
+                       bool include_ended = false);
 
 // The `watch` view. Feed it every JobEvent; it keeps the latest job picture and
 // prints it: on a TTY a redrawn block (one bar per stage), else plain lines.

@@ -29,6 +29,9 @@ struct StageRecord {
   int attempts = 0;
   int64_t started_ms = 0;
   int64_t finished_ms = 0;
+  // Rank 0's last step timing figures (StepProgress 7..11): in memory only, never stored
+  // (a restarted coordinator shows them again from the next step on).
+  v1::StepProgress figures;
   int world() const { return sp * dp; }
 };
 

@@ -358,6 +358,48 @@ absl::Status ValidateAttemptStarted(const v1::AttemptStarted& started,
   return CheckInt("started.pid", started.pid(), 0, kNoMax, "send the child's pid");
 }
 
+namespace {
+
+// The optional timing figures of a step (types.proto StepProgress 7..11).
+absl::Status ValidateStepFigures(const v1::StepProgress& p, const StageRecord* stage) {
+  struct Seconds {
+    const char* field;
+    bool has;
+    double value;
+  };
+  for (const Seconds& s :
+       {Seconds{"progress.progress.step_seconds", p.has_step_seconds(), p.step_seconds()},
+        Seconds{"progress.progress.median_step_seconds", p.has_median_step_seconds(),
+                p.median_step_seconds()},
+        Seconds{"progress.progress.slowest_step_seconds", p.has_slowest_step_seconds(),
+                p.slowest_step_seconds()}}) {
+    if (s.has) {
+      RETURN_IF_ERROR(CheckNumber(s.field, s.value, 0, kInf,
+                                  "report the step's wall seconds, or leave the field unset"));
+    }
+  }
+  if (p.has_mfu()) {
+    RETURN_IF_ERROR(CheckNumber("progress.progress.mfu", p.mfu(), 0, kInf,
+                                "report model FLOP/s over world x peak FLOP/s, or leave it unset "
+                                "when the peak is unknown"));
+  }
+  if (p.has_slowest_rank() != p.has_slowest_step_seconds()) {
+    return Invalid("progress.progress.slowest_rank",
+                   p.has_slowest_rank() ? absl::StrCat(p.slowest_rank()) : "unset",
+                   absl::StrCat("but slowest_step_seconds is ",
+                                p.has_slowest_step_seconds() ? "set" : "unset"),
+                   "set both, or neither");
+  }
+  if (p.has_slowest_rank()) {
+    const int64_t max_rank = stage != nullptr ? stage->world() - 1 : kMaxRank - 1;
+    RETURN_IF_ERROR(CheckInt("progress.progress.slowest_rank", p.slowest_rank(), 0, max_rank,
+                             "a rank of the stage's group: 0 .. world size - 1"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateProgressReport(const v1::ProgressReport& report,
                                     absl::Span<const StageRecord> stages) {
   const v1::WorkRef& ref = report.ref();
@@ -387,8 +429,9 @@ absl::Status ValidateProgressReport(const v1::ProgressReport& report,
                    absl::StrCat("is not stage ", stage->index, "'s seq_len ", stage->seq_len),
                    "report the stage's seq_len, or 0");
   }
-  return CheckInt("progress.progress.seq_len", p.seq_len(), 0, kNoMax,
-                  "report the stage's seq_len, or 0");
+  RETURN_IF_ERROR(CheckInt("progress.progress.seq_len", p.seq_len(), 0, kNoMax,
+                           "report the stage's seq_len, or 0"));
+  return ValidateStepFigures(p, stage);
 }
 
 absl::Status ValidateLogBatch(const v1::LogBatch& batch, absl::Span<const StageRecord> stages) {

@@ -105,6 +105,7 @@ v1::Job JobToProto(const JobRecord& r, bool full) {
       progress->set_loss(s.loss);
       progress->set_tokens_per_s(s.tokens_per_s);
       progress->set_seq_len(s.seq_len);
+      progress->MergeFrom(s.figures);  // The timing figures, when rank 0 reported them.
     }
     if (s.eval_seq_len > 0) {
       v1::EvalResult* e = st->mutable_eval();

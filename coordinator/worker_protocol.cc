@@ -20,6 +20,16 @@ v1::AckCode AckCodeFor(const absl::Status& status) {
   return v1::ACK_CODE_INVALID;
 }
 
+// The timing figures (StepProgress 7..11) of a validated report, and nothing else.
+void SetStepFigures(const v1::StepProgress& p, v1::StepProgress* figures) {
+  figures->Clear();
+  if (p.has_step_seconds()) figures->set_step_seconds(p.step_seconds());
+  if (p.has_mfu()) figures->set_mfu(p.mfu());
+  if (p.has_median_step_seconds()) figures->set_median_step_seconds(p.median_step_seconds());
+  if (p.has_slowest_rank()) figures->set_slowest_rank(p.slowest_rank());
+  if (p.has_slowest_step_seconds()) figures->set_slowest_step_seconds(p.slowest_step_seconds());
+}
+
 }  // namespace
 
 absl::StatusOr<WorkerProtocol::Registered> WorkerProtocol::Register(
@@ -309,6 +319,7 @@ void WorkerProtocol::OnProgress(WorkerRt& w, const v1::WorkerMessage& m, Txn& tx
     stage.tokens_per_s = p.tokens_per_s();
     job->rec.loss = p.loss();
     job->progress_dirty = true;
+    if (ref.rank() == 0) SetStepFigures(p, &stage.figures);
   }
   if (ref.rank() == 0) {
     if (metrics_.loss) metrics_.loss->WithLabels({job->rec.id})->Set(p.loss());

@@ -17,7 +17,8 @@ using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
 constexpr int64_t kNoMax = std::numeric_limits<int64_t>::max();
-constexpr int64_t kMaxStage = std::numeric_limits<int32_t>::max();  // v1 stage is int32.
+constexpr int64_t kMaxStage = std::numeric_limits<int32_t>::max();     // v1 stage is int32.
+constexpr int64_t kMaxRank = std::numeric_limits<int32_t>::max() - 1;  // v1 rank is int32.
 constexpr size_t kMaxPathBytes = 4096;
 
 template <class... Ts>
@@ -30,7 +31,7 @@ Overloaded(Ts...) -> Overloaded<Ts...>;
 // The optional per-rank fields of a step event, in wire order within each type.
 template <typename E>
 auto StepNumbers(E& e) {
-  return std::array<std::pair<const char*, decltype(&e.step_seconds)>, 8>{{
+  return std::array<std::pair<const char*, decltype(&e.step_seconds)>, 11>{{
       {"step_seconds", &e.step_seconds},
       {"data_wait_seconds", &e.data_wait_seconds},
       {"forward_seconds", &e.forward_seconds},
@@ -39,15 +40,19 @@ auto StepNumbers(E& e) {
       {"alltoall_seconds", &e.alltoall_seconds},
       {"rank_tokens_per_s", &e.rank_tokens_per_s},
       {"model_flops_per_s", &e.model_flops_per_s},
+      {"mfu", &e.mfu},
+      {"median_step_seconds", &e.median_step_seconds},
+      {"slowest_step_seconds", &e.slowest_step_seconds},
   }};
 }
 template <typename E>
 auto StepInts(E& e) {
-  return std::array<std::pair<const char*, decltype(&e.alltoall_bytes)>, 4>{{
+  return std::array<std::pair<const char*, decltype(&e.alltoall_bytes)>, 5>{{
       {"alltoall_bytes", &e.alltoall_bytes},
       {"peak_allocated_bytes", &e.peak_allocated_bytes},
       {"peak_reserved_bytes", &e.peak_reserved_bytes},
       {"memory_limit_bytes", &e.memory_limit_bytes},
+      {"slowest_rank", &e.slowest_rank},
   }};
 }
 
@@ -235,7 +240,16 @@ absl::StatusOr<RankEvent> ReadStep(FieldReader& r) {
     if (auto s = r.OptionalNumber(key, 0, kInf, value); !s.ok()) return s;
   }
   for (const auto& [key, value] : StepInts(e)) {
-    if (auto s = r.OptionalInt(key, 0, kNoMax, value); !s.ok()) return s;
+    // A rank is a v1 int32 (WorkRef.rank); the other counts are bytes.
+    const int64_t max = value == &e.slowest_rank ? kMaxRank : kNoMax;
+    if (auto s = r.OptionalInt(key, 0, max, value); !s.ok()) return s;
+  }
+  if (e.slowest_rank.has_value() != e.slowest_step_seconds.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step.slowest_rank: ",
+        e.slowest_rank.has_value() ? absl::StrCat(*e.slowest_rank) : "absent",
+        " but step.slowest_step_seconds ", e.slowest_step_seconds.has_value() ? "given" : "absent",
+        " (give both, or neither)"));
   }
   return e;
 }

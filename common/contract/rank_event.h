@@ -10,18 +10,19 @@
 //    [,"step_seconds":D,"data_wait_seconds":D,"forward_seconds":D,"backward_seconds":D,
 //      "optimizer_seconds":D,"alltoall_seconds":D,"alltoall_bytes":B,"peak_allocated_bytes":B,
 //      "peak_reserved_bytes":B,"memory_limit_bytes":B,"rank_tokens_per_s":X,
-//      "model_flops_per_s":F]}
+//      "model_flops_per_s":F,"mfu":M,"median_step_seconds":D,"slowest_step_seconds":D,
+//      "slowest_rank":R]}
 //   {"event":"checkpoint","stage":S,"step":N,"path":"...","bytes":B,"seconds":D}
 //   {"event":"eval","stage":S,"seq_len":Q,"loss":L[,"accuracy":A][,"step":N]}
 //   {"event":"done","stage":S[,"peak_rss_bytes":R]}
 //
 // Every rank prints its own step events (the optional per-rank figures are that rank's;
 // loss, tokens_per_s and the rest are the group's and the same on every rank); only rank
-// 0's are progress for the coordinator. Rank 0 prints checkpoint and eval events; every
-// rank may print done. Any other
-// stdout line is a log line. A line that is a JSON object with an "event" key (or that
-// starts with {"event") is an event line and must follow this protocol exactly; one
-// that does not is rejected with an error naming the field, the value and the rule.
+// 0's are progress for the coordinator. The optional group figures (mfu, median/slowest step
+// seconds, slowest_rank) are the same on every rank. Rank 0 prints checkpoint and eval events;
+// every rank may print done. Any other stdout line is a log line. A line that is a JSON object with
+// an "event" key (or that starts with {"event") is an event line and must follow this protocol
+// exactly; one that does not is rejected with an error naming the field, the value and the rule.
 //
 // Pure functions, thread-safe.
 #ifndef ULYSSES_COMMON_CONTRACT_RANK_EVENT_H_
@@ -61,6 +62,16 @@ struct StepEvent {
   std::optional<int64_t> memory_limit_bytes;    // GPU memory, or the CPU memory limit.
   std::optional<double> rank_tokens_per_s;      // Tokens this rank trained per second.
   std::optional<double> model_flops_per_s;      // Model FLOP/s of this rank (MFU numerator).
+  // Optional group figures of this step, the same on every rank (finite, >= 0).
+  // Model FLOPs utilisation of the world: model FLOP/s of all ranks over world x the peak
+  // FLOP/s the rank was given (--peak-flops); absent when the peak is unknown. Above 1 only
+  // when the given peak is below the device's real one.
+  std::optional<double> mfu;
+  std::optional<double> median_step_seconds;   // Median over the ranks of step_seconds.
+  std::optional<double> slowest_step_seconds;  // The largest step_seconds of any rank.
+  // 0..world-1: the rank with slowest_step_seconds (the lowest such rank on a tie); given
+  // exactly when slowest_step_seconds is.
+  std::optional<int64_t> slowest_rank;
 };
 
 // A checkpoint was committed (every shard durable, manifest written last).

@@ -202,6 +202,76 @@ TEST(JobViewTest, PlainWatchViewPrintsOneLinePerProgressAndTheEnd) {
   EXPECT_NE(text.find("job-000007 finished: FAILED"), std::string::npos) << text;
 }
 
+// `top`: one row per job not yet ended, with the current stage's live figures; "-" (JSON:
+// null) where a figure is unknown; the checkpoint age from committed_at to "now".
+TEST(TopViewTest, RowsShowLiveFiguresOfJobsNotYetEnded) {
+  v1::Job running = SampleJob();
+  v1::StepProgress* p = running.mutable_stages(1)->mutable_progress();
+  p->set_loss(2.5);
+  p->set_tokens_per_s(1234.4);
+  p->set_mfu(0.25);
+  p->set_step_seconds(0.5);
+  p->set_median_step_seconds(0.5);
+  p->set_slowest_rank(1);
+  p->set_slowest_step_seconds(0.75);
+  running.mutable_last_checkpoint()->mutable_committed_at()->set_seconds(1'700'000'000);
+  v1::Job queued;
+  queued.set_id("job-000008");
+  queued.set_name("waiting");
+  queued.set_state(v1::JOB_STATE_PENDING);
+  queued.add_stages()->set_seq_len(512);
+  queued.mutable_stages(0)->set_steps(3);
+  v1::Job done = SampleJob();
+  done.set_id("job-000006");
+  done.set_state(v1::JOB_STATE_SUCCEEDED);
+  const int64_t now_ms = 1'700'000'065'400;  // 65.4 s after the checkpoint.
+
+  const auto rows = TopTable({done, running, queued}, now_ms);
+  ASSERT_EQ(rows.size(), 3u) << "header, the running and the queued job; not the ended one";
+  EXPECT_EQ(rows[0], (std::vector<std::string>{"JOB", "NAME", "STATE", "STAGE", "SEQ_LEN", "STEP",
+                                               "LOSS", "TOK/S", "MFU", "SLOWEST", "CKPT_AGE"}));
+  EXPECT_EQ(rows[1],
+            (std::vector<std::string>{"job-000007", "tiny-demo", "RUNNING", "2/3", "2048", "4/10",
+                                      "2.5000", "1234", "25.0%", "r1 0.750s", "1m05s"}));
+  EXPECT_EQ(rows[2], (std::vector<std::string>{"job-000008", "waiting", "PENDING", "1/1", "512",
+                                               "0/3", "-", "-", "-", "-", "-"}));
+  // --all: the ended job too, in the given order.
+  const auto all = TopTable({done, running, queued}, now_ms, /*include_ended=*/true);
+  ASSERT_EQ(all.size(), 4u);
+  EXPECT_EQ(all[1][0], "job-000006");
+  EXPECT_EQ(all[1][2], "SUCCEEDED");
+  EXPECT_EQ(TopJson({done}, now_ms, /*include_ended=*/true).size(), 1u);
+
+  const nlohmann::json j = TopJson({done, running, queued}, now_ms);
+  ASSERT_EQ(j.size(), 2u) << j.dump();
+  EXPECT_EQ(j[0]["id"], "job-000007");
+  EXPECT_EQ(j[0]["step"], 4);
+  EXPECT_DOUBLE_EQ(j[0]["mfu"].get<double>(), 0.25);
+  EXPECT_EQ(j[0]["slowest_rank"], 1);
+  EXPECT_DOUBLE_EQ(j[0]["slowest_step_seconds"].get<double>(), 0.75);
+  EXPECT_DOUBLE_EQ(j[0]["median_step_seconds"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(j[0]["checkpoint_age_seconds"].get<double>(), 65.4);
+  EXPECT_EQ(j[1]["id"], "job-000008");
+  for (const char* key : {"mfu", "step_seconds", "median_step_seconds", "slowest_rank",
+                          "slowest_step_seconds", "checkpoint_age_seconds"}) {
+    ASSERT_TRUE(j[1].contains(key)) << key;
+    EXPECT_TRUE(j[1][key].is_null()) << key << ": " << j[1][key];
+  }
+}
+
+// `top` names an unreachable coordinator (exit 1) and refuses an interval out of range (2).
+TEST(TopViewTest, TopAgainstNoCoordinatorExitsOneNamingIt) {
+  std::ostringstream out, err;
+  const char* argv[] = {"ulyssesctl", "--coordinator", "127.0.0.1:1", "top", "--once"};
+  EXPECT_EQ(RunCli(5, argv, out, err), 1);
+  EXPECT_NE(err.str().find("cannot reach the coordinator at 127.0.0.1:1"), std::string::npos)
+      << err.str();
+  const char* bad[] = {"ulyssesctl", "--coordinator", "127.0.0.1:1", "top", "--interval", "0.1"};
+  std::ostringstream out2, err2;
+  EXPECT_EQ(RunCli(6, bad, out2, err2), 2) << err2.str();
+  EXPECT_NE(err2.str().find("--interval"), std::string::npos) << err2.str();
+}
+
 TEST(JobViewTest, RpcErrorsAreOneLineWithCodeOrAddress) {
   EXPECT_EQ(FormatRpcError(absl::NotFoundError("job job-9 not found"), "h:1"),
             "error: NOT_FOUND: job job-9 not found");

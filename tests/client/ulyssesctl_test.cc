@@ -323,8 +323,8 @@ TEST_F(UlyssesctlTest, HelpHasExamplesOnEveryVerb) {
   ASSERT_EQ(top.exit_code, 0);
   EXPECT_THAT(top.out, HasSubstr("Examples:"));
   EXPECT_THAT(top.out, HasSubstr("--coordinator"));
-  for (const std::string verb :
-       {"validate", "plan", "submit", "get", "describe", "watch", "logs", "cancel", "resume"}) {
+  for (const std::string verb : {"validate", "plan", "submit", "get", "describe", "watch", "top",
+                                 "logs", "cancel", "resume"}) {
     SCOPED_TRACE(verb);
     EXPECT_THAT(top.out, HasSubstr(verb));
     Result r = Run({verb, "--help"});
@@ -341,6 +341,7 @@ TEST_F(UlyssesctlTest, ControlPlaneVerbsNameAnUnreachableCoordinator) {
       {"get"},
       {"describe", "job", "job-000001"},
       {"watch", "job-000001", "--timeout-s", "5"},
+      {"top"},
       {"logs", "job-000001"},
       {"cancel", "job-000001"},
       {"resume", "job-000001"},

@@ -109,6 +109,47 @@ TEST(ValidationTest, ProgressBounds) {
               StartsWith("progress.progress.step: 61 is out of range [1, 60]"));
 }
 
+// The optional timing figures (StepProgress 7..11): finite, >= 0, the slowest rank within
+// the stage's group and given together with its seconds.
+TEST(ValidationTest, ProgressStepFigures) {
+  std::vector<StageRecord> stages = Stages();
+  stages[0].sp = 2;
+  stages[0].dp = 2;  // world 4
+  v1::ProgressReport r = Progress(4, 2);
+  v1::StepProgress* p = r.mutable_progress();
+  p->set_step_seconds(0.5);
+  p->set_mfu(0.42);
+  p->set_median_step_seconds(0.5);
+  p->set_slowest_rank(3);
+  p->set_slowest_step_seconds(0.75);
+  EXPECT_EQ(Message(ValidateProgressReport(r, stages)), "");
+  p->set_slowest_rank(4);
+  EXPECT_EQ(Message(ValidateProgressReport(r, stages)),
+            "progress.progress.slowest_rank: 4 is out of range [0, 3] (a rank of the stage's "
+            "group: 0 .. world size - 1)");
+  p->set_slowest_rank(-1);
+  EXPECT_THAT(Message(ValidateProgressReport(r, stages)),
+              StartsWith("progress.progress.slowest_rank: -1 is out of range [0, 3]"));
+  p->set_slowest_rank(1);
+  p->clear_slowest_step_seconds();
+  EXPECT_EQ(Message(ValidateProgressReport(r, stages)),
+            "progress.progress.slowest_rank: 1 but slowest_step_seconds is unset (set both, or "
+            "neither)");
+  p->clear_slowest_rank();
+  EXPECT_EQ(Message(ValidateProgressReport(r, stages)), "");
+  p->set_mfu(kNan);
+  EXPECT_THAT(Message(ValidateProgressReport(r, stages)),
+              StartsWith("progress.progress.mfu: nan is not a finite number >= 0"));
+  p->set_mfu(0.42);
+  p->set_step_seconds(-1);
+  EXPECT_THAT(Message(ValidateProgressReport(r, stages)),
+              StartsWith("progress.progress.step_seconds: -1 is not a finite number >= 0"));
+  p->set_step_seconds(0.5);
+  p->set_median_step_seconds(kInf);
+  EXPECT_THAT(Message(ValidateProgressReport(r, stages)),
+              StartsWith("progress.progress.median_step_seconds: inf is not a finite number"));
+}
+
 TEST(ValidationTest, WorkRefBounds) {
   const std::vector<StageRecord> stages = Stages();
   v1::ProgressReport r = Progress(1, 2);

@@ -31,6 +31,9 @@ JobRecord TwoStageJob() {
   s0.eval_seq_len = 64;
   s0.eval_loss = 2.25;
   s0.eval_accuracy = 0.5;
+  s0.figures.set_mfu(0.25);
+  s0.figures.set_slowest_rank(1);
+  s0.figures.set_slowest_step_seconds(0.75);
   StageRecord s1;
   s1.index = 1;
   s1.seq_len = 128;
@@ -65,6 +68,12 @@ TEST(ViewsTest, JobShowsStagesProgressEvalAndCheckpoint) {
   EXPECT_EQ(p.stages(0).progress().step(), 4);
   EXPECT_EQ(p.stages(0).progress().steps(), 10);
   EXPECT_DOUBLE_EQ(p.stages(0).progress().loss(), 2.5);
+  // Rank 0's timing figures, as far as it reported them.
+  EXPECT_DOUBLE_EQ(p.stages(0).progress().mfu(), 0.25);
+  EXPECT_EQ(p.stages(0).progress().slowest_rank(), 1);
+  EXPECT_DOUBLE_EQ(p.stages(0).progress().slowest_step_seconds(), 0.75);
+  EXPECT_FALSE(p.stages(0).progress().has_median_step_seconds());
+  EXPECT_EQ(p.stages(0).progress().stage(), 0);
   ASSERT_TRUE(p.stages(0).has_eval());
   EXPECT_DOUBLE_EQ(p.stages(0).eval().accuracy(), 0.5);
   EXPECT_FALSE(p.stages(1).has_progress());  // No step yet.

@@ -116,7 +116,9 @@ class E2ETest : public ::testing::Test {
 };
 
 TEST_F(E2ETest, StagedJobSucceedsWithGroupsOfTheRightSize) {
-  StartWorkers(4);
+  // A known peak FLOP/s: the ranks' step events carry the world's MFU (checked by `top`).
+  for (int i = 0; i < 4; ++i)
+    cluster_.StartWorker(absl::StrCat("w", i), 30, {"--peak-flops", "1e12"});
   ASSERT_TRUE(cluster_.WaitForIdleWorkers(4, seconds(30))) << cluster_.Logs();
   const std::string id = cluster_.Submit(DemoSpec(), Short({3, 2, 2}));
   ASSERT_FALSE(id.empty());
@@ -165,6 +167,30 @@ TEST_F(E2ETest, StagedJobSucceedsWithGroupsOfTheRightSize) {
   CommandResult workers = cluster_.Ctl({"get", "workers", "-o", "json"});
   ASSERT_EQ(workers.exit_code, 0) << workers.err;
   EXPECT_EQ(json::parse(workers.out).size(), 4u);
+  // `top` (not a terminal: printed once): no job left running; with --all the ended job's
+  // last figures, from rank 0 of the world-4 stage through the worker and the coordinator.
+  CommandResult top = cluster_.Ctl({"top"});
+  ASSERT_EQ(top.exit_code, 0) << top.err;
+  EXPECT_EQ(top.out, "No running or queued jobs.\n");
+  CommandResult top_all = cluster_.Ctl({"top", "--all", "-o", "json"});
+  ASSERT_EQ(top_all.exit_code, 0) << top_all.err;
+  const json rows = json::parse(top_all.out);
+  ASSERT_EQ(rows.size(), 1u) << top_all.out;
+  const json& row = rows[0];
+  EXPECT_EQ(row["id"], id);
+  EXPECT_EQ(row["stage"], 2);
+  EXPECT_EQ(row["step"], 2);
+  ASSERT_TRUE(row["slowest_rank"].is_number_integer()) << row.dump();
+  EXPECT_GE(row["slowest_rank"].get<int>(), 0);
+  EXPECT_LT(row["slowest_rank"].get<int>(), 4);
+  EXPECT_GE(row["slowest_step_seconds"].get<double>(), row["median_step_seconds"].get<double>());
+  EXPECT_GT(row["mfu"].get<double>(), 0.0) << row.dump();
+  EXPECT_GE(row["checkpoint_age_seconds"].get<double>(), 0.0);
+  CommandResult table = cluster_.Ctl({"top", "--all"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("CKPT_AGE"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find(absl::StrCat(id, " ")), std::string::npos) << table.out;
+  EXPECT_EQ(table.out.find("\033["), std::string::npos) << "no escape codes when not a TTY";
 }
 
 TEST_F(E2ETest, KilledWorkerIsRecoveredFromTheLastCheckpointWithTheSameLoss) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -246,6 +247,12 @@ std::vector<std::string> BuildRankArgv(const RankLaunch& launch) {
   if (launch.collective_timeout_s > 0) {
     argv.push_back("--collective-timeout-s");
     argv.push_back(absl::StrCat(launch.collective_timeout_s));
+  }
+  if (launch.peak_flops > 0) {
+    char peak[32];
+    std::snprintf(peak, sizeof(peak), "%.17g", launch.peak_flops);
+    argv.push_back("--peak-flops");
+    argv.push_back(peak);
   }
   for (const auto& set : launch.overrides) {
     argv.push_back("--set");

@@ -115,6 +115,7 @@ struct RankLaunch {
   std::string device = "cpu";
   std::vector<std::string> overrides;  // "spec.path=value", passed as --set.
   int collective_timeout_s = 0;        // > 0: --collective-timeout-s (0 = the engine's 60 s).
+  double peak_flops = 0;               // > 0: --peak-flops (the step events then carry mfu).
 };
 std::vector<std::string> BuildRankArgv(const RankLaunch& launch);
 

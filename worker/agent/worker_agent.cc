@@ -72,6 +72,13 @@ v1::StepProgress ToProto(const contract::StepEvent& e) {
   p.set_loss(e.loss);
   p.set_tokens_per_s(e.tokens_per_s);
   p.set_seq_len(e.seq_len);
+  if (e.step_seconds.has_value()) p.set_step_seconds(*e.step_seconds);
+  if (e.mfu.has_value()) p.set_mfu(*e.mfu);
+  if (e.median_step_seconds.has_value()) p.set_median_step_seconds(*e.median_step_seconds);
+  if (e.slowest_rank.has_value() && e.slowest_step_seconds.has_value()) {
+    p.set_slowest_rank(static_cast<int32_t>(*e.slowest_rank));  // <= int32 max - 1 (contract)
+    p.set_slowest_step_seconds(*e.slowest_step_seconds);
+  }
   return p;
 }
 v1::Checkpoint ToProto(const contract::CheckpointEvent& e) {
@@ -698,6 +705,7 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   launch.master_port = a.master_port();
   launch.device = slot.device;
   launch.collective_timeout_s = config_.collective_timeout_s;
+  launch.peak_flops = config_.peak_flops;
   launch.overrides.assign(a.overrides().begin(), a.overrides().end());
 
   ChildCallbacks callbacks;

@@ -96,6 +96,38 @@ TEST(RankEventTest, StepCarriesOptionalPerRankFigures) {
             "step.model_flops_per_s: null is not a number (a finite number >= 0)");
 }
 
+// The optional group figures (docs/CONTRACTS.md): the same round trip and rules, plus the
+// pairing of slowest_rank with slowest_step_seconds.
+TEST(RankEventTest, StepCarriesOptionalGroupFigures) {
+  StepEvent e{1, 3, 8, 2.5, 400.0, 512};
+  e.mfu = 0.375;
+  e.median_step_seconds = 0.25;
+  e.slowest_step_seconds = 0.75;
+  e.slowest_rank = 3;
+  const std::string line = SerializeRankEvent(e);
+  EXPECT_NE(line.find(R"("mfu":0.375,"median_step_seconds":0.25,"slowest_step_seconds":0.75)"),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find(R"("slowest_rank":3)"), std::string::npos) << line;
+  EXPECT_EQ(MustParse(line), RankEvent(e)) << line;
+  StepEvent other = e;
+  other.slowest_rank = 2;
+  EXPECT_FALSE(MustParse(line) == RankEvent(other));
+  const std::string base = R"({"event":"step","stage":0,"step":1,"steps":1,"loss":1,)"
+                           R"("tokens_per_s":1,"seq_len":8,)";
+  EXPECT_EQ(MustReject(base + R"("mfu":-0.5})"),
+            "step.mfu: -0.5 is out of range (a finite number >= 0)");
+  EXPECT_EQ(MustReject(base + R"("slowest_rank":-1,"slowest_step_seconds":1})"),
+            "step.slowest_rank: -1 is out of range (an integer in [0, 2147483646])");
+  EXPECT_EQ(MustReject(base + R"("slowest_rank":2147483647,"slowest_step_seconds":1})"),
+            "step.slowest_rank: 2147483647 is out of range (an integer in [0, 2147483646])");
+  EXPECT_EQ(MustReject(base + R"("slowest_rank":1})"),
+            "step.slowest_rank: 1 but step.slowest_step_seconds absent (give both, or neither)");
+  EXPECT_EQ(MustReject(base + R"("slowest_step_seconds":1})"),
+            "step.slowest_rank: absent but step.slowest_step_seconds given (give both, or "
+            "neither)");
+}
+
 TEST(RankEventTest, WriteRankEventWritesOneLine) {
   std::ostringstream out;
   WriteRankEvent(out, DoneEvent{1, std::nullopt});

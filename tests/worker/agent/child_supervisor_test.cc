@@ -295,6 +295,11 @@ TEST(ChildSupervisorTest, BuildsTheRankArgvOfTheContract) {
   std::vector<std::string> with_timeout = expected;
   with_timeout.insert(with_timeout.end() - 2, {"--collective-timeout-s", "600"});
   EXPECT_EQ(BuildRankArgv(launch), with_timeout);
+  // A known peak FLOP/s is passed exactly (the ranks' step events then carry mfu).
+  launch.peak_flops = 989.5e12;
+  std::vector<std::string> with_peak = with_timeout;
+  with_peak.insert(with_peak.end() - 2, {"--peak-flops", "989500000000000"});
+  EXPECT_EQ(BuildRankArgv(launch), with_peak);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "worker/engine/train/cli.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -30,13 +31,14 @@ namespace {
 constexpr char kUsage[] =
     "usage:\n"
     "  ulysses-train train  -f JOB.yaml [--nproc N] [--out DIR] [--device cpu|cuda|cuda:N]"
-    " [--set spec.path=value ...]\n"
+    " [--peak-flops F] [--set spec.path=value ...]\n"
     "  ulysses-train eval   -f JOB.yaml [--nproc N] [--checkpoint DIR | --init-from HFDIR]"
     " [--seq-len T]\n"
     "  ulysses-train export --checkpoint DIR --hf-out DIR [--dtype bf16|fp16|fp32|fp64]\n"
     "  ulysses-train rank   -f JOB.yaml --out DIR --stage I --rank R --world-size W"
     " --master-addr HOST --master-port PORT [--device cpu|cuda:N] [--backend auto|gloo|nccl]"
-    " [--collective-timeout-s S] [--step-events rank0|all] [--set ...]\n"
+    " [--collective-timeout-s S] [--step-events rank0|all] [--peak-flops F]"
+    " [--progress-line off|stderr] [--set ...]\n"
     "  ulysses-train data pack --out PREFIX (--jsonl FILE | --from-flat FILE (--doc-len N | --eos "
     "ID))"
     " [--vocab-size V]\n";
@@ -89,6 +91,19 @@ absl::StatusOr<int> IntFlag(const Flags& f, const std::string& name, int def) {
   if (!absl::SimpleAtoi(f.Get(name), &v)) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": '", f.Get(name), "' is not an integer"));
+  }
+  return v;
+}
+
+// --peak-flops: a finite FLOP/s >= 0; 0 (unknown) when absent.
+absl::StatusOr<double> PeakFlopsFlag(const Flags& f) {
+  if (!f.Has("--peak-flops")) return 0.0;
+  double v = 0;
+  if (!absl::SimpleAtod(f.Get("--peak-flops"), &v) || !std::isfinite(v) || v < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--peak-flops: '", f.Get("--peak-flops"),
+                     "' is not a finite FLOP/s >= 0 (the device's dense peak, e.g. 989e12 for "
+                     "an H100 in bf16; 0 = unknown)"));
   }
   return v;
 }
@@ -155,7 +170,7 @@ int RankCommand(int argc, char** argv) {
   OR_FAIL(f, ParseFlags(argc, argv, 2,
                         {"-f", "--out", "--stage", "--rank", "--world-size", "--master-addr",
                          "--master-port", "--device", "--backend", "--collective-timeout-s",
-                         "--step-events", "--set"}));
+                         "--step-events", "--peak-flops", "--progress-line", "--set"}));
   RankOptions o;
   OR_FAIL(job, Required(f, "-f"));
   OR_FAIL(out, Required(f, "--out"));
@@ -187,6 +202,16 @@ int RankCommand(int argc, char** argv) {
                      "step events)")));
   }
   o.step_events_all_ranks = step_events == "all";
+  OR_FAIL(peak_flops, PeakFlopsFlag(f));
+  o.peak_flops = peak_flops;
+  const std::string progress_line = f.Get("--progress-line", "off");
+  if (progress_line != "off" && progress_line != "stderr") {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--progress-line: \"", progress_line,
+                     "\" is not off or stderr (stderr: rank 0 prints a human progress line per "
+                     "step)")));
+  }
+  o.progress_line = progress_line == "stderr";
   o.overrides = f.sets;
   if (world > 1 && port <= 0) {
     return Fail(absl::InvalidArgumentError("--master-port: required when --world-size > 1"));
@@ -197,9 +222,11 @@ int RankCommand(int argc, char** argv) {
 }
 
 int TrainCommand(int argc, char** argv) {
-  OR_FAIL(f, ParseFlags(argc, argv, 2, {"-f", "--nproc", "--out", "--device", "--set"}));
+  OR_FAIL(f, ParseFlags(argc, argv, 2,
+                        {"-f", "--nproc", "--out", "--device", "--peak-flops", "--set"}));
   OR_FAIL(job, Required(f, "-f"));
   OR_FAIL(nproc, IntFlag(f, "--nproc", 0));
+  OR_FAIL(peak_flops, PeakFlopsFlag(f));
   spec::ParseOptions popts;
   popts.overrides = f.sets;
   OR_FAIL(spec, spec::LoadJobSpecFile(job, popts));
@@ -239,8 +266,13 @@ int TrainCommand(int argc, char** argv) {
                                     std::to_string(port)};
       const RankDevice d = devices.For(r, world);
       for (const std::string& flag :
-           {std::string("--device"), d.device, std::string("--backend"), d.backend}) {
+           {std::string("--device"), d.device, std::string("--backend"), d.backend,
+            std::string("--progress-line"), std::string("stderr")}) {
         a.push_back(flag);
+      }
+      if (peak_flops > 0) {
+        a.push_back("--peak-flops");
+        a.push_back(f.Get("--peak-flops"));
       }
       for (const auto& s : f.sets) {
         a.push_back("--set");

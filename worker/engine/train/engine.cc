@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -124,7 +125,8 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   }
   InstallStopSignalHandlers();
   const std::string root = CheckpointRoot(spec, o.out_dir);
-  RankReporter report(o.rank == 0, o.out_dir, o.rank == 0 || o.step_events_all_ranks);
+  RankReporter report(o.rank == 0, o.out_dir, o.rank == 0 || o.step_events_all_ranks,
+                      o.progress_line);
 
   // Decide where we start before touching the network (bad input fails fast on every rank).
   ASSIGN_OR_RETURN(ResumePlan plan, PlanResume(root, spec::SpecHash(spec), o.stage));
@@ -212,6 +214,7 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   const double peak = spec.StageLr(o.stage);
   const int64_t warmup = spec.StageWarmup(o.stage);
   Communicator& world = *rs.rt.groups.world;
+  std::optional<std::chrono::steady_clock::time_point> last_commit;  // By this run.
   auto commit = [&](int64_t step_in_stage, bool complete) -> absl::Status {
     CommitPoint point{o.stage, step_in_stage, global_step, complete};
     json extra = CheckpointExtra(spec, config, rs.rt, trainer.loss_scaler());
@@ -219,11 +222,13 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
     ASSIGN_OR_RETURN(CommitResult c,
                      CommitTraining(spec, root, point, rs.model, adam, extra, world, zero.get()));
     report.Checkpoint(o.stage, step_in_stage, c.path, c.seconds);
+    last_commit = std::chrono::steady_clock::now();
     return absl::OkStatus();
   };
 
   int64_t skipped_in_a_row = 0;
-  StepMeter meter(rs.rt.device, rs.rt.groups.sp.get(), ModelFlopsPerToken(config, stage.seq_len));
+  const double flops_per_token = ModelFlopsPerToken(config, stage.seq_len);
+  StepMeter meter(rs.rt.device, rs.rt.groups.sp.get(), flops_per_token);
   for (int64_t step = start_step; step < steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
     meter.Begin();
@@ -253,6 +258,24 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
         static_cast<double>(stage.seq_len * layout.GlobalBatch()) / std::max(r.seconds, 1e-9);
     r.rank = meter.Finish(stats,
                           static_cast<double>(stage.seq_len * layout.GlobalBatch()) / o.world_size);
+    // One collective per step, after the timed phases (the figures above exclude it): agree on
+    // a stop (slot 0, max of the flags) and learn every rank's step seconds (slot 1 + rank;
+    // the others' slots are 0, so the max is an all-gather).
+    torch::Tensor agreed = torch::zeros({1 + o.world_size}, torch::kFloat32);
+    agreed[0] = StopRequested() ? 1.0f : 0.0f;
+    agreed[1 + o.rank] = static_cast<float>(r.rank->step_seconds);
+    agreed = agreed.to(rs.rt.device);
+    RETURN_IF_ERROR(world.AllReduceMax(agreed));
+    agreed = agreed.cpu();
+    const bool stopping = agreed[0].item<float>() > 0;
+    std::vector<double> rank_seconds(o.world_size);
+    for (int i = 0; i < o.world_size; ++i) rank_seconds[i] = agreed[1 + i].item<float>();
+    r.group = GroupFigures(rank_seconds);
+    r.mfu = WorldMfu(flops_per_token, r.tokens_per_s, o.world_size, o.peak_flops);
+    if (last_commit.has_value()) {
+      r.checkpoint_age_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - *last_commit).count();
+    }
     report.Step(r);
     if (skipped_in_a_row >= kMaxConsecutiveSkippedSteps) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -262,10 +285,6 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
           ") and were skipped; the run diverged (lower optimizer.lr, raise warmup_steps, set "
           "optimizer.grad_clip, use bfloat16 instead of float16, or check the data)"));
     }
-    // Agree on a stop across all ranks.
-    torch::Tensor stop = torch::tensor({StopRequested() ? 1.0f : 0.0f}).to(rs.rt.device);
-    RETURN_IF_ERROR(world.AllReduceMax(stop));
-    const bool stopping = stop.cpu().item<float>() > 0;
     const bool last = step + 1 == steps;
     const bool periodic =
         spec.checkpoint.every_steps > 0 && (step + 1) % spec.checkpoint.every_steps == 0;

@@ -51,6 +51,12 @@ struct RankOptions {
   // --step-events all: every rank prints its step events (per-rank figures for the worker
   // agent's metrics); rank0 (default): only rank 0 does.
   bool step_events_all_ranks = false;
+  // --peak-flops F: the device's dense peak FLOP/s (e.g. 989e12 for an H100 in bf16); with it
+  // the step events carry the world's MFU. 0 = unknown (no mfu field).
+  double peak_flops = 0;
+  // --progress-line stderr: rank 0 also prints ProgressLine (rank_events.h) on stderr for
+  // every step (`ulysses-train train` asks for it); off (default) under the worker agent.
+  bool progress_line = false;
 };
 
 struct RankOutcome {

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/contract/rank_event.h"
 #include "worker/engine/checkpoint/checkpoint.h"
 
@@ -49,17 +51,63 @@ void SetRankFigures(const RankStepFigures& f, contract::StepEvent* e) {
 
 }  // namespace
 
+GroupStepFigures GroupFigures(const std::vector<double>& step_seconds) {
+  GroupStepFigures g;
+  if (step_seconds.empty()) return g;
+  std::vector<double> s;
+  s.reserve(step_seconds.size());
+  for (double v : step_seconds) s.push_back(std::isfinite(v) && v > 0 ? v : 0.0);
+  g.slowest_rank = static_cast<int>(std::max_element(s.begin(), s.end()) - s.begin());
+  g.slowest_step_seconds = s[g.slowest_rank];
+  std::sort(s.begin(), s.end());
+  const size_t n = s.size();
+  g.median_step_seconds = n % 2 == 1 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+  return g;
+}
+
+std::optional<double> WorldMfu(double flops_per_token, double tokens_per_s, int world,
+                               double peak_flops_per_s) {
+  if (!(flops_per_token > 0) || !(peak_flops_per_s > 0) || world < 1 || !(tokens_per_s >= 0)) {
+    return std::nullopt;
+  }
+  const double mfu = flops_per_token * tokens_per_s / (world * peak_flops_per_s);
+  if (!std::isfinite(mfu)) return std::nullopt;
+  return mfu;
+}
+
+std::string ProgressLine(const contract::StepEvent& e,
+                         std::optional<double> checkpoint_age_seconds) {
+  std::string line = absl::StrFormat("stage %d step %d/%d seq_len %d loss %.4f tok/s %.0f", e.stage,
+                                     e.step, e.steps, e.seq_len, e.loss, e.tokens_per_s);
+  if (e.mfu.has_value()) absl::StrAppendFormat(&line, " mfu %.1f%%", *e.mfu * 100);
+  if (e.slowest_rank.has_value() && e.slowest_step_seconds.has_value()) {
+    absl::StrAppendFormat(&line, " slowest r%d %.3fs", *e.slowest_rank, *e.slowest_step_seconds);
+    if (e.median_step_seconds.has_value()) {
+      absl::StrAppendFormat(&line, " (median %.3fs)", *e.median_step_seconds);
+    }
+  }
+  if (checkpoint_age_seconds.has_value()) {
+    absl::StrAppendFormat(&line, " ckpt %.0fs ago", std::max(0.0, *checkpoint_age_seconds));
+  } else {
+    absl::StrAppend(&line, " ckpt none");
+  }
+  return line;
+}
+
 int64_t PeakRssBytes() {
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;
 }
 
-RankReporter::RankReporter(bool enabled, std::string out_dir, bool step_events)
-    : enabled_(enabled), step_events_(step_events), out_dir_(std::move(out_dir)) {}
+RankReporter::RankReporter(bool enabled, std::string out_dir, bool step_events, bool progress_line)
+    : enabled_(enabled),
+      step_events_(step_events),
+      progress_line_(progress_line),
+      out_dir_(std::move(out_dir)) {}
 
 void RankReporter::Step(const StepReport& r) {
-  if (step_events_ && std::isfinite(r.stats.loss)) {
+  if ((step_events_ || (enabled_ && progress_line_)) && std::isfinite(r.stats.loss)) {
     contract::StepEvent event;
     event.stage = r.stage;
     event.step = r.step_in_stage;
@@ -68,7 +116,16 @@ void RankReporter::Step(const StepReport& r) {
     event.tokens_per_s = r.tokens_per_s;
     event.seq_len = r.seq_len;
     if (r.rank.has_value()) SetRankFigures(*r.rank, &event);
-    EmitEvent(event);
+    if (r.group.has_value()) {
+      event.slowest_rank = r.group->slowest_rank;
+      event.slowest_step_seconds = r.group->slowest_step_seconds;
+      event.median_step_seconds = r.group->median_step_seconds;
+    }
+    if (r.mfu.has_value() && std::isfinite(*r.mfu) && *r.mfu >= 0) event.mfu = *r.mfu;
+    if (step_events_) EmitEvent(event);
+    if (enabled_ && progress_line_) {
+      std::cerr << ProgressLine(event, r.checkpoint_age_seconds) + "\n" << std::flush;
+    }
   }
   if (!enabled_) return;
   if (!std::isfinite(r.stats.loss)) {

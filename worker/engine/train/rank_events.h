@@ -7,9 +7,11 @@
 #define ULYSSES_WORKER_ENGINE_TRAIN_RANK_EVENTS_H_
 
 #include <cstdint>
-#include <string>
-
 #include <optional>
+#include <string>
+#include <vector>
+
+#include "common/contract/rank_event.h"
 
 #include "worker/engine/train/evaluate.h"
 #include "worker/engine/train/step_meter.h"
@@ -19,6 +21,28 @@ namespace ulysses::engine::train {
 
 // Peak resident set of this process (VmHWM), bytes.
 int64_t PeakRssBytes();
+
+// The group figures of one step, from every rank's step seconds (index = rank).
+struct GroupStepFigures {
+  int slowest_rank = 0;  // The lowest rank with the largest step seconds.
+  double slowest_step_seconds = 0;
+  double median_step_seconds = 0;  // The mean of the middle two for an even count.
+};
+// Empty input: all 0. Non-finite or negative seconds count as 0.
+GroupStepFigures GroupFigures(const std::vector<double>& step_seconds);
+
+// Model FLOPs utilisation of the world: flops_per_token x tokens_per_s over world x peak.
+// std::nullopt when the peak or the FLOPs per token is unknown (<= 0) or the result is not
+// finite.
+std::optional<double> WorldMfu(double flops_per_token, double tokens_per_s, int world,
+                               double peak_flops_per_s);
+
+// The human progress line of `ulysses-train train` (stderr, rank 0), e.g.
+//   stage 0 step 3/10 seq_len 256 loss 4.1523 tok/s 1234 mfu 12.3% slowest r1 0.520s
+//   (median 0.480s) ckpt 12s ago
+// (one line). Figures the event lacks are left out; `checkpoint_age_seconds` unset: "ckpt none".
+std::string ProgressLine(const contract::StepEvent& e,
+                         std::optional<double> checkpoint_age_seconds);
 
 struct StepReport {
   int stage = 0;
@@ -32,14 +56,19 @@ struct StepReport {
   double tokens_per_s = 0;
   int64_t data_cursor = 0;  // First sequence of the stage's data stream this step read.
   StepStats stats;
-  std::optional<RankStepFigures> rank;  // This rank's figures (the step event's optional fields).
+  std::optional<RankStepFigures> rank;    // This rank's figures (the step event's optional fields).
+  std::optional<GroupStepFigures> group;  // Slowest and median rank (every rank's step seconds).
+  std::optional<double> mfu;              // WorldMfu, when the peak FLOP/s is known.
+  // Seconds since this run last committed a checkpoint (unset: none yet); progress line only.
+  std::optional<double> checkpoint_age_seconds;
 };
 
 class RankReporter {
  public:
   // Eval, checkpoint and done events and metrics.jsonl (under out_dir) only when `enabled`
-  // (rank 0); step events when `step_events` (rank 0, or every rank under the worker agent).
-  RankReporter(bool enabled, std::string out_dir, bool step_events);
+  // (rank 0); step events when `step_events` (rank 0, or every rank under the worker agent);
+  // with `progress_line` (and `enabled`) also ProgressLine on stderr for every step.
+  RankReporter(bool enabled, std::string out_dir, bool step_events, bool progress_line = false);
 
   void Step(const StepReport& r);
   // `step`: steps of the stage done when the evaluation ran.
@@ -50,6 +79,7 @@ class RankReporter {
  private:
   bool enabled_;
   bool step_events_;
+  bool progress_line_;
   std::string out_dir_;
 };
 

@@ -292,8 +292,29 @@ class TrainE2eTest : public ::testing::Test {
 TEST_F(TrainE2eTest, Sp4TrainingAndEvalMatchSp1) {
   Result a = RunCmd(TrainArgs("sp1", {}), dir_, "sp1");
   ASSERT_EQ(a.code, 0) << a.err;
-  Result b = RunCmd(TrainArgs("sp4", {"spec.parallelism.sp_degree=4"}), dir_, "sp4");
+  std::vector<std::string> sp4_args = TrainArgs("sp4", {"spec.parallelism.sp_degree=4"});
+  sp4_args.insert(sp4_args.end(), {"--peak-flops", "1e12"});
+  Result b = RunCmd(sp4_args, dir_, "sp4");
   ASSERT_EQ(b.code, 0) << b.err;
+  // The step events carry the group figures (slowest of the 4 ranks, median, MFU), and
+  // stderr has one human progress line per step with the same figures.
+  int with_group = 0;
+  std::istringstream events(b.out);
+  for (std::string line; std::getline(events, line);) {
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || j.value("event", "") != "step") continue;
+    ASSERT_TRUE(j.contains("slowest_rank") && j.contains("mfu")) << line;
+    EXPECT_GE(j["slowest_rank"].get<int>(), 0) << line;
+    EXPECT_LT(j["slowest_rank"].get<int>(), 4) << line;
+    EXPECT_GE(j["slowest_step_seconds"].get<double>(), j["median_step_seconds"].get<double>());
+    EXPECT_GT(j["mfu"].get<double>(), 0.0) << line;
+    ++with_group;
+  }
+  EXPECT_EQ(with_group, 20) << b.out;
+  EXPECT_NE(b.err.find("stage 0 step 20/20 seq_len 128 loss "), std::string::npos) << b.err;
+  EXPECT_NE(b.err.find("% slowest r"), std::string::npos) << b.err;
+  EXPECT_NE(b.err.find("s ago"), std::string::npos) << "checkpoint age after a commit: " << b.err;
+  EXPECT_EQ(a.err.find(" mfu "), std::string::npos) << "no MFU without --peak-flops: " << a.err;
   auto la = Losses("sp1"), lb = Losses("sp4");
   ASSERT_EQ(la.size(), 20u);
   ASSERT_EQ(lb.size(), 20u);
