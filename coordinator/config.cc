@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/spec/job_spec.h"
 #include "coordinator/path_policy.h"
 #include "yaml-cpp/yaml.h"
 
@@ -85,6 +87,9 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
        [&](const YAML::Node& n) { c->rendezvous_port_max = n.as<int64_t>(); }},
       {"abort_grace_s", [&](const YAML::Node& n) { c->abort_grace_s = n.as<double>(); }},
       {"cancel_grace_s", [&](const YAML::Node& n) { c->cancel_grace_s = n.as<double>(); }},
+      {"preemption_grace_s", [&](const YAML::Node& n) { c->preemption_grace_s = n.as<double>(); }},
+      {"non_preempting_priorities",
+       [&](const YAML::Node& n) { c->non_preempting_priorities = n.as<std::vector<int64_t>>(); }},
       {"event_history", [&](const YAML::Node& n) { c->event_history = n.as<int64_t>(); }},
       {"tls_cert", [&](const YAML::Node& n) { c->tls_cert = n.as<std::string>(); }},
       {"tls_key", [&](const YAML::Node& n) { c->tls_key = n.as<std::string>(); }},
@@ -233,6 +238,21 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   }
   if (c->abort_grace_s < 0 || c->cancel_grace_s < 0) {
     e.push_back("abort_grace_s/cancel_grace_s: negative (use seconds >= 0)");
+  }
+  if (!(c->preemption_grace_s >= 0 && c->preemption_grace_s <= 86400)) {
+    e.push_back(absl::StrCat("preemption_grace_s: ", c->preemption_grace_s,
+                             " is out of range (use 0..86400 seconds; 0 = cancel_grace_s)"));
+  }
+  std::set<int64_t> seen_priorities;
+  for (int64_t p : c->non_preempting_priorities) {
+    if (p < -spec::kMaxPriority || p > spec::kMaxPriority) {
+      e.push_back(absl::StrCat("non_preempting_priorities: ", p, " is out of range (use -",
+                               spec::kMaxPriority, "..", spec::kMaxPriority,
+                               ", the range of spec.scheduling.priority)"));
+    } else if (!seen_priorities.insert(p).second) {
+      e.push_back(absl::StrCat("non_preempting_priorities: ", p,
+                               " is listed twice (list each priority once)"));
+    }
   }
   if (c->state_max_bytes != 0 && c->state_max_bytes < (1 << 20)) {
     e.push_back(absl::StrCat("state_max_bytes: ", c->state_max_bytes,

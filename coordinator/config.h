@@ -32,8 +32,14 @@ struct CoordinatorConfig {
   int64_t log_buffer_lines = 10000;     // Ring buffer of log lines kept per job.
   int64_t rendezvous_port_min = 29500;  // c10d TCPStore ports handed to rank-0 workers.
   int64_t rendezvous_port_max = 29999;
-  double abort_grace_s = 5;     // SIGTERM -> SIGKILL grace sent with Abort (broken group).
-  double cancel_grace_s = 30;   // Grace for CancelJob (lets ranks checkpoint).
+  double abort_grace_s = 5;    // SIGTERM -> SIGKILL grace sent with Abort (broken group).
+  double cancel_grace_s = 30;  // Grace for CancelJob (lets ranks checkpoint).
+  // Grace for a priority preemption's checkpoint (SIGTERM -> SIGKILL); 0 = cancel_grace_s.
+  double preemption_grace_s = 0;
+  // Priority classes that never preempt (Kubernetes' preemptionPolicy: Never): jobs of these
+  // spec.scheduling.priority values queue ahead of lower priorities but wait for free workers
+  // instead of stopping running jobs. Each within +-1000000, no repeats.
+  std::vector<int64_t> non_preempting_priorities;
   int64_t event_history = 200;  // Events kept per job (memory and SQLite), 1..10000.
   // Log buffers (GetJobLogs), bounded in bytes too: per job (oldest lines dropped first)
   // and over all jobs (lines dropped from the largest buffers first).

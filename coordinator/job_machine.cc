@@ -173,9 +173,12 @@ void JobMachine::Schedule(Txn& txn) {
     const AttemptRecord* a = job.rec.attempts.empty() ? nullptr : &job.rec.attempts.back();
     if (a != nullptr && a->generation == job.rec.generation && !a->ended()) continue;
     const StageRecord& stage = job.rec.stages[job.rec.stage_index];
+    const bool may_preempt = std::find(config_.non_preempting_priorities.begin(),
+                                       config_.non_preempting_priorities.end(),
+                                       job.rec.priority) == config_.non_preempting_priorities.end();
     queue.push_back({job.rec.id, job.rec.priority, job.rec.number, stage.index,
                      GangRequest{stage.sp, stage.dp, job.rec.node_label},
-                     job.rec.not_before_ms > now, job.rec.tenant});
+                     job.rec.not_before_ms > now, job.rec.tenant, may_preempt});
   }
   if (queue.empty()) return;
   std::map<std::string, int64_t> in_use;  // Workers held by each tenant's live attempts.
@@ -448,8 +451,7 @@ void JobMachine::OnRankPreempted(JobRt& job, int rank, int exit_code, const std:
     lost_gpu_seconds =
         static_cast<double>(a->worker_ids.size()) * std::max<int64_t>(0, NowMs() - since) / 1000.0;
   }
-  EndAttempt(job, v1::ATTEMPT_OUTCOME_PREEMPTED, exit_code, why,
-             static_cast<int64_t>(config_.cancel_grace_s * 1000), txn);
+  EndAttempt(job, v1::ATTEMPT_OUTCOME_PREEMPTED, exit_code, why, PreemptionGraceMs(), txn);
   job.rec.preemptions++;
   job.rec.preemptions_budget_used++;
   const std::string metric_reason = priority ? "priority" : "worker";
@@ -484,7 +486,7 @@ void JobMachine::PreemptForPriority(JobRt& job, JobRt& for_job, double gpu_secon
     v1::CoordinatorMessage msg;  // Preempts every rank of the generation on that worker.
     *msg.mutable_abort()->mutable_ref() = w->Held(job.rec.id, attempt->generation).front();
     msg.mutable_abort()->set_reason(why);
-    msg.mutable_abort()->set_grace_period_ms(static_cast<int64_t>(config_.cancel_grace_s * 1000));
+    msg.mutable_abort()->set_grace_period_ms(PreemptionGraceMs());
     msg.mutable_abort()->set_preempt(true);
     SendTo(*w, std::move(msg), txn);
   }

@@ -57,7 +57,7 @@ class JobMachine {
   // exit_code 75, or how else a rank stopped for a preemption ended (`how`).
   void OnRankPreempted(JobRt& job, int rank, int exit_code, const std::string& how, Txn& txn);
   // Priority preemption of `job` (RUNNING) for `for_job`: every rank is asked to checkpoint
-  // now and exit 75 (Abort with preempt, grace cancel_grace_s); CHECKPOINTING with the
+  // now and exit 75 (Abort with preempt, grace PreemptionGraceMs()); CHECKPOINTING with the
   // reason and the work at risk; `for_job` gets a log line naming the victim.
   void PreemptForPriority(JobRt& job, JobRt& for_job, double gpu_seconds_at_risk, Txn& txn);
   // Every rank of the current stage exited 0.
@@ -85,6 +85,13 @@ class JobMachine {
   // An Abort for `ref` with the abort grace period.
   void SendAbort(WorkerRt& worker, const v1::WorkRef& ref, const std::string& why, Txn& txn);
   int64_t abort_grace_ms() const { return static_cast<int64_t>(config_.abort_grace_s * 1000); }
+  // How long a preempted rank has to commit its checkpoint before SIGKILL:
+  // preemption_grace_s, or cancel_grace_s when that is 0.
+  int64_t PreemptionGraceMs() const {
+    const double s =
+        config_.preemption_grace_s > 0 ? config_.preemption_grace_s : config_.cancel_grace_s;
+    return static_cast<int64_t>(s * 1000);
+  }
 
  private:
   // The workers (each once) that still hold ranks of `attempt` of job `job_id`.

@@ -243,7 +243,10 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
           std::vector<IdleWorker> soon = freeing;
           soon.insert(soon.end(), idle.begin(), idle.end());
           Placement later = PlaceGang(job.gang, soon);
-          if (!later.placed) {
+          if (!later.placed && !job.may_preempt) {
+            absl::StrAppend(&d.reason, "; priority ", job.priority,
+                            " is a non-preempting class: waiting for running jobs to end");
+          } else if (!later.placed) {
             d.victims = PlanPreemption(job, soon, running);
             if (!d.victims.empty()) {
               std::set<std::string> victim_ids;

@@ -71,6 +71,7 @@ struct QueuedJob {
   GangRequest gang;         // Its group.
   bool in_backoff = false;  // Restart backoff still running (not_before_ms in the future).
   std::string tenant;       // For the tenant's max_workers quota.
+  bool may_preempt = true;  // false: a non-preempting priority class (waits instead).
 };
 
 // A job whose attempt holds workers now, as the queue sees it.
@@ -119,7 +120,8 @@ struct QueueDecision {
 // workers of that placement; otherwise every idle worker the head could use. A job that
 // could never be placed with the live workers, or is in backoff, blocks no one.
 //
-// Preemption: when the head does not fit on idle + freeing workers, the `running` jobs of
+// Preemption: when the head does not fit on idle + freeing workers and may preempt (its
+// priority class is not non-preempting), the `running` jobs of
 // lower priority that are preemptible are candidates (PlanPreemption); when preempting
 // some of them makes room, the head's decision is kPreempt with those victims, and their
 // workers count as freeing for the reservation.

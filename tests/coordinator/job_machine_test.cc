@@ -246,6 +246,22 @@ class FailureBudgetTest : public JobMachineTest {
     }
     LaunchOnBoth();
   }
+  // A pending one-stage job of `priority` that needs both workers (job-000002).
+  JobRt& AddWaitingJob(int64_t priority) {
+    auto h = std::make_unique<JobRt>();
+    h->rec.id = "job-000002";
+    h->rec.number = 2;
+    h->rec.priority = priority;
+    h->rec.state = v1::JOB_STATE_PENDING;
+    StageRecord st;
+    st.sp = 2;
+    st.seq_len = 64;
+    st.steps = 10;
+    h->rec.stages = {st};
+    JobRt& out = *h;
+    state_.jobs[out.rec.id] = std::move(h);
+    return out;
+  }
   int64_t seq_ = 0;
 };
 
@@ -364,20 +380,10 @@ TEST(FailureMarksTest, EncodeDecodeRoundTripAndRejectGarbage) {
 // --- Priority preemption through Schedule. ---
 
 TEST_F(FailureBudgetTest, AHigherPriorityJobPreemptsTheLowOneWhichResumesLater) {
+  config_.preemption_grace_s = 45;
   Relaunch();  // The low job (priority 0) runs on both workers.
   job_->rec.state = v1::JOB_STATE_RUNNING;
-  auto h = std::make_unique<JobRt>();
-  h->rec.id = "job-000002";
-  h->rec.number = 2;
-  h->rec.priority = 10;
-  h->rec.state = v1::JOB_STATE_PENDING;
-  StageRecord st;
-  st.sp = 2;
-  st.seq_len = 64;
-  st.steps = 10;
-  h->rec.stages = {st};
-  JobRt& high = *h;
-  state_.jobs[high.rec.id] = std::move(h);
+  JobRt& high = AddWaitingJob(10);
 
   Txn txn;
   machine_.Schedule(txn);
@@ -394,7 +400,7 @@ TEST_F(FailureBudgetTest, AHigherPriorityJobPreemptsTheLowOneWhichResumesLater) 
   for (const auto& [w, m] : txn.outbound) {
     if (m.has_abort()) {
       EXPECT_TRUE(m.abort().preempt());
-      EXPECT_EQ(m.abort().grace_period_ms(), static_cast<int64_t>(config_.cancel_grace_s * 1000));
+      EXPECT_EQ(m.abort().grace_period_ms(), 45000);  // preemption_grace_s, not cancel_grace_s.
       ++preempting_aborts;
     }
   }
@@ -435,20 +441,31 @@ TEST_F(FailureBudgetTest, AJobThatOptedOutIsNeverPreempted) {
   job_->rec.preemptible = false;
   Relaunch();
   job_->rec.state = v1::JOB_STATE_RUNNING;
-  auto h = std::make_unique<JobRt>();
-  h->rec.id = "job-000002";
-  h->rec.number = 2;
-  h->rec.priority = 10;
-  StageRecord st;
-  st.sp = 2;
-  st.steps = 10;
-  st.seq_len = 64;
-  h->rec.stages = {st};
-  state_.jobs[h->rec.id] = std::move(h);
+  AddWaitingJob(10);
   Txn txn;
   machine_.Schedule(txn);
   EXPECT_EQ(job_->rec.state, v1::JOB_STATE_RUNNING);
   EXPECT_TRUE(txn.outbound.empty());
+}
+
+TEST_F(FailureBudgetTest, ANonPreemptingPriorityClassWaitsInsteadOfPreempting) {
+  config_.non_preempting_priorities = {10};
+  Relaunch();
+  job_->rec.state = v1::JOB_STATE_RUNNING;
+  JobRt& high = AddWaitingJob(10);
+  Txn txn;
+  machine_.Schedule(txn);
+  EXPECT_EQ(job_->rec.state, v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(job_->preempting_for.empty());
+  EXPECT_TRUE(txn.outbound.empty());
+  EXPECT_EQ(high.rec.reason,
+            "stage 0: needs 2 free slots, 0 available; priority 10 is a non-preempting class: "
+            "waiting for running jobs to end");
+  // Another priority, not in the list, preempts as before.
+  high.rec.priority = 11;
+  Txn other;
+  machine_.Schedule(other);
+  EXPECT_EQ(job_->rec.state, v1::JOB_STATE_CHECKPOINTING);
 }
 
 TEST_F(JobMachineTest, LastStageCompletionSucceedsTheJob) {

@@ -319,6 +319,23 @@ TEST(PlanQueueTest, TheHeadPreemptsAndLowerJobsWaitForIt) {
   EXPECT_EQ(d[0].kind, QueueDecision::Kind::kLaunch);
 }
 
+TEST(PlanQueueTest, ANonPreemptingHeadWaitsButStillHoldsItsPlaceInTheQueue) {
+  auto live = Workers({{"a", "n"}, {"b", "n"}, {"c", "n"}});
+  std::vector<RunningJob> running = {Running("low", 0, 1, {"a", "b"}, 30.0)};
+  QueuedJob head = Queued("urgent", 10, 2, 2);
+  head.may_preempt = false;
+  std::vector<QueueDecision> d = PlanQueue({head, Queued("small", 0, 3, 1)}, Workers({{"c", "n"}}),
+                                           live, nullptr, {}, running);
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].kind, QueueDecision::Kind::kUnplaced);
+  EXPECT_TRUE(d[0].victims.empty());
+  EXPECT_EQ(d[0].reason,
+            "stage 0: needs 2 free slots, 1 available; priority 10 is a non-preempting class: "
+            "waiting for running jobs to end");
+  // It is still the head: the idle worker is reserved for it, not backfilled.
+  EXPECT_EQ(d[1].kind, QueueDecision::Kind::kBlocked);
+}
+
 // --- Backfill with a reservation for the head job. ---
 
 TEST(PlanQueueTest, BackfillUsesWorkersTheHeadDoesNotNeedButNeverItsReservation) {
@@ -391,6 +408,29 @@ TEST(ConfigTest, YamlFillsFieldsDerivesDefaultsAndRejectsUnknownKeys) {
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(std::string(unknown.message()).find("config.heartbeat_timout_s: unknown setting"),
             std::string::npos);
+}
+
+TEST(ConfigTest, PreemptionSettingsAreValidated) {
+  CoordinatorConfig c;
+  ASSERT_TRUE(ApplyConfigYaml("state_dir: /tmp/x\nnon_preempting_priorities: [5, 2000000, 5]\n"
+                              "preemption_grace_s: -1\n",
+                              &c)
+                  .ok());
+  EXPECT_EQ(c.non_preempting_priorities, (std::vector<int64_t>{5, 2000000, 5}));
+  absl::Status s = ValidateAndFinalize(&c);
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  std::string m(s.message());
+  EXPECT_NE(m.find("non_preempting_priorities: 2000000 is out of range (use -1000000..1000000"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("non_preempting_priorities: 5 is listed twice"), std::string::npos) << m;
+  EXPECT_NE(m.find("preemption_grace_s: -1 is out of range"), std::string::npos) << m;
+  CoordinatorConfig ok;
+  ASSERT_TRUE(ApplyConfigYaml("state_dir: /tmp/x\nnon_preempting_priorities: [5, -3]\n"
+                              "preemption_grace_s: 120\n",
+                              &ok)
+                  .ok());
+  EXPECT_TRUE(ValidateAndFinalize(&ok).ok());
 }
 
 TEST(ConfigTest, ResourceBoundsAreValidated) {
