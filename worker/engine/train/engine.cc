@@ -3,6 +3,7 @@
 // testable alone; this file only sequences them.
 #include "worker/engine/train/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -153,7 +154,15 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   pc.master_port = o.master_port;
   pc.device = o.device;
   pc.backend = o.backend;
-  pc.timeout = std::chrono::seconds(o.collective_timeout_s);
+  // The peers wait for the slowest rank's checkpoint load (before the rendezvous) and write
+  // (between a save's barriers): the timeout grows with the checkpoint (resume.h).
+  int64_t checkpoint_bytes = EstimatedCheckpointBytes(config);
+  if (plan.state) {
+    ASSIGN_OR_RETURN(int64_t loaded, CheckpointBytes(plan.path));
+    checkpoint_bytes = std::max(checkpoint_bytes, loaded);
+  }
+  pc.timeout = std::chrono::seconds(
+      ScaledCollectiveTimeoutSeconds(o.collective_timeout_s, checkpoint_bytes));
   ASSIGN_OR_RETURN(RankSetup rs, SetUpRank(spec, config, pc));
   AdamW adam(AdamWConfigFromSpec(spec.optimizer));
   int64_t global_step = 0, start_step = 0;
@@ -174,7 +183,12 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
     ASSIGN_OR_RETURN(
         zero, ZeroSharding::Create(rs.model, rs.rt.groups.world.get(), &adam, zo, rs.rt.device));
   }
-  if (plan.state) RETURN_IF_ERROR(RestoreOptimizer(*plan.state, rs.model, adam, zero.get()));
+  if (plan.state) {
+    RETURN_IF_ERROR(RestoreOptimizer(*plan.state, rs.model, adam, zero.get()));
+    // Weights and optimizer state live in the model and AdamW now: drop the loaded host copy
+    // (the whole checkpoint on every rank) instead of holding it for the rest of the run.
+    std::vector<NamedTensor>().swap(plan.state->tensors);
+  }
 
   Trainer trainer(rs.model, rs.attention, rs.rt.groups.world.get(), &adam, spec.optimizer.grad_clip,
                   rs.rt.device, zero.get());

@@ -45,8 +45,8 @@ struct RankOptions {
   int master_port = 0;
   std::string device = "cpu";    // cpu | cuda:N
   std::string backend = "auto";  // auto | gloo | nccl (parallelize.h)
-  // --collective-timeout-s: the rendezvous and every collective fail (exit 69) after this.
-  // Raise it when a rank loads a large checkpoint while its peers wait at a collective.
+  // --collective-timeout-s: the rendezvous and every collective fail (exit 69) after this,
+  // plus the checkpoint's transfer time at the storage floor (ScaledCollectiveTimeoutSeconds).
   int collective_timeout_s = 60;
   // --step-events all: every rank prints its step events (per-rank figures for the worker
   // agent's metrics); rank0 (default): only rank 0 does.

@@ -1,15 +1,29 @@
 #include "worker/engine/train/resume.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/spec/job_spec_parser.h"
+#include "common/spec/memory_model.h"
 #include "common/status.h"
 #include "worker/engine/train/model_io.h"
 
 namespace ulysses::engine::train {
+
+int64_t EstimatedCheckpointBytes(const spec::ModelShape& shape) {
+  return static_cast<int64_t>(spec::CountParameters(shape).total * 16.0);
+}
+
+int64_t ScaledCollectiveTimeoutSeconds(int64_t base_s, int64_t checkpoint_bytes) {
+  constexpr int64_t kMaxSeconds = 7 * 24 * 3600;
+  const int64_t bytes = std::max<int64_t>(0, checkpoint_bytes);
+  const int64_t transfer_s =
+      (bytes + kCheckpointFloorBytesPerSecond - 1) / kCheckpointFloorBytesPerSecond;
+  return std::min(kMaxSeconds, std::max<int64_t>(0, base_s) + transfer_s);
+}
 
 absl::StatusOr<std::optional<std::string>> FindLatestCheckpoint(const std::string& root) {
   absl::StatusOr<std::string> latest = LatestCommittedCheckpoint(root);

@@ -40,6 +40,22 @@ struct ResumePlan {
 absl::StatusOr<ResumePlan> PlanResume(const std::string& root, const std::string& spec_hash,
                                       int stage);
 
+// The slowest checkpoint storage the collective timeout plans for (a busy network file system
+// read by every rank at once): 100 MiB/s per rank.
+inline constexpr int64_t kCheckpointFloorBytesPerSecond = int64_t{100} << 20;
+
+// An upper bound of a checkpoint of `shape`: 16 bytes a parameter (weights in their dtype, fp32
+// masters when that dtype is 16-bit, AdamW's two fp32 moments: 12 bytes in fp32, 14 in bf16),
+// the state a save writes and a resume reads.
+int64_t EstimatedCheckpointBytes(const spec::ModelShape& shape);
+
+// The rendezvous and collective timeout of a rank: `base_s` (--collective-timeout-s) plus the
+// time to move `checkpoint_bytes` at kCheckpointFloorBytesPerSecond, rounded up. Every rank
+// reads the whole checkpoint before the rendezvous and writes its share between a save's
+// barriers, so its peers wait for the slowest reader or writer that long; a fixed timeout would
+// turn a slow load of a large model into a lost peer (exit 69). Capped at 7 days.
+int64_t ScaledCollectiveTimeoutSeconds(int64_t base_s, int64_t checkpoint_bytes);
+
 // What identifies a checkpoint besides the tensors.
 struct CommitPoint {
   int stage = 0;

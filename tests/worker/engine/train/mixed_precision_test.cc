@@ -209,5 +209,40 @@ TEST(MixedPrecisionTest, CheckpointKeepsMastersAndResumeIsBitIdentical) {
   fs::remove_all(root);
 }
 
+// The collective timeout grows with the checkpoint a rank loads or writes (resume.h): the
+// estimate it uses bounds what a commit really writes, in fp32 and in bf16 with masters.
+TEST(MixedPrecisionTest, CheckpointSizeEstimateBoundsTheCommittedBytes) {
+  const fs::path root = fs::temp_directory_path() / ("ulysses_est_" + std::to_string(getpid()));
+  const int64_t estimate = EstimatedCheckpointBytes(TinyConfig());
+  for (torch::Dtype dtype : {torch::kFloat, torch::kBFloat16}) {
+    fs::remove_all(root);
+    spec::JobSpec spec;
+    TinyRun run(dtype);
+    run.Step(0);  // AdamW's moments exist after the first step.
+    auto commit = CommitTraining(spec, root.string(), CommitPoint{0, 1, 1, false}, run.model,
+                                 *run.adam, nlohmann::json::object(), *run.rt.groups.world);
+    ASSERT_TRUE(commit.ok()) << commit.status();
+    auto written = CheckpointBytes(commit->path);
+    ASSERT_TRUE(written.ok()) << written.status();
+    EXPECT_LE(*written, estimate) << dtype;
+    EXPECT_GE(*written, estimate * 7 / 10) << dtype << ": the estimate is far too loose";
+  }
+  fs::remove_all(root);
+}
+
+TEST(MixedPrecisionTest, CollectiveTimeoutAddsTheCheckpointTransferAtTheStorageFloor) {
+  EXPECT_EQ(ScaledCollectiveTimeoutSeconds(60, 0), 60);
+  EXPECT_EQ(ScaledCollectiveTimeoutSeconds(60, 1), 61);  // Rounded up.
+  EXPECT_EQ(ScaledCollectiveTimeoutSeconds(60, kCheckpointFloorBytesPerSecond * 300), 360);
+  // Llama 3 8B (8.0e9 parameters at <= 16 bytes): about 20 more minutes at 100 MiB/s.
+  spec::ModelSpec shape;
+  shape.preset = "llama3-8b";
+  ASSERT_TRUE(spec::ApplyModelPreset(shape).ok());
+  const int64_t s = ScaledCollectiveTimeoutSeconds(60, EstimatedCheckpointBytes(shape));
+  EXPECT_GT(s, 60 + 1000);
+  EXPECT_LT(s, 60 + 1400);
+  EXPECT_EQ(ScaledCollectiveTimeoutSeconds(60, int64_t{1} << 62), 7 * 24 * 3600);  // Capped.
+}
+
 }  // namespace
 }  // namespace ulysses::engine::train
