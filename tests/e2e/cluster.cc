@@ -264,4 +264,19 @@ std::string Cluster::Logs() {
   return all;
 }
 
+std::string JobState(const nlohmann::json& job) {
+  return job.is_object() ? job.value("state", "") : "";
+}
+
+bool JobTerminal(const nlohmann::json& job) {
+  const std::string s = JobState(job);
+  return s == "SUCCEEDED" || s == "FAILED" || s == "CANCELLED";
+}
+
+double JobFinalLoss(const nlohmann::json& job) {
+  const nlohmann::json& last = job["stages"].back();
+  const double eval = last.value("eval_loss", 0.0);
+  return eval > 0 ? eval : last.value("loss", 0.0);
+}
+
 }  // namespace ulysses::e2e

@@ -121,6 +121,15 @@ class Cluster {
   std::string dead_logs_;
 };
 
+// Reading `describe job -o json`.
+// The job's state ("" for a null or non-object json).
+std::string JobState(const nlohmann::json& job);
+// SUCCEEDED, FAILED or CANCELLED.
+bool JobTerminal(const nlohmann::json& job);
+// The job's final loss: the last stage's eval loss (deterministic given the weights), else
+// its last training loss.
+double JobFinalLoss(const nlohmann::json& job);
+
 template <typename Pred>
 nlohmann::json Cluster::WaitForJob(const std::string& id, Pred pred, milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;

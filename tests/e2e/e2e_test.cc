@@ -40,21 +40,9 @@ std::vector<std::string> Short(std::vector<int> steps, int every = 2) {
   return sets;
 }
 
-std::string State(const json& job) { return job.is_object() ? job.value("state", "") : ""; }
-bool Terminal(const json& job) {
-  const std::string s = State(job);
-  return s == "SUCCEEDED" || s == "FAILED" || s == "CANCELLED";
-}
 int64_t StageStep(const json& job, int stage) {
   if (!job.is_object() || job.value("stage", -1) != stage) return -1;
   return job.value("step", int64_t{0});
-}
-// Final loss of the job: the last stage's eval loss (deterministic given the weights),
-// else its last training loss.
-double FinalLoss(const json& job) {
-  const json& last = job["stages"].back();
-  const double eval = last.value("eval_loss", 0.0);
-  return eval > 0 ? eval : last.value("loss", 0.0);
 }
 
 // Where the attempt that followed a broken one (killed worker, cancel) of `stage`
@@ -122,8 +110,8 @@ TEST_F(E2ETest, StagedJobSucceedsWithGroupsOfTheRightSize) {
   ASSERT_TRUE(cluster_.WaitForIdleWorkers(4, seconds(30))) << cluster_.Logs();
   const std::string id = cluster_.Submit(DemoSpec(), Short({3, 2, 2}));
   ASSERT_FALSE(id.empty());
-  json job = cluster_.WaitForJob(id, Terminal, seconds(240));
-  ASSERT_EQ(State(job), "SUCCEEDED") << job.dump(2);
+  json job = cluster_.WaitForJob(id, JobTerminal, seconds(240));
+  ASSERT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
   ASSERT_EQ(job["stages"].size(), 3u);
   const std::vector<int> want_world = {1, 2, 4};
   const std::vector<int> want_seq = {1024, 2048, 4096};
@@ -218,8 +206,9 @@ TEST_F(E2ETest, KilledWorkerIsRecoveredFromTheLastCheckpointWithTheSameLoss) {
   ASSERT_FALSE(reference_job.empty());
   // Wait until the victim is in stage 1 past its first checkpoint (step >= 3).
   json job = cluster_.WaitForJob(
-      victim_job, [](const json& j) { return StageStep(j, 1) >= 3 || Terminal(j); }, seconds(240));
-  ASSERT_EQ(State(job), "RUNNING") << job.dump(2);
+      victim_job, [](const json& j) { return StageStep(j, 1) >= 3 || JobTerminal(j); },
+      seconds(240));
+  ASSERT_EQ(JobState(job), "RUNNING") << job.dump(2);
   const json& attempt = job["attempts"].back();
   ASSERT_EQ(attempt["stage"], 1);
   const std::string victim = Cluster::NameFromId(attempt["worker_ids"][1]);
@@ -230,13 +219,13 @@ TEST_F(E2ETest, KilledWorkerIsRecoveredFromTheLastCheckpointWithTheSameLoss) {
   json recovering = cluster_.WaitForJob(
       victim_job,
       [](const json& j) {
-        return j.value("restarts", 0) >= 1 || State(j) == "RECOVERING" || Terminal(j);
+        return j.value("restarts", 0) >= 1 || JobState(j) == "RECOVERING" || JobTerminal(j);
       },
       seconds(20));
-  EXPECT_TRUE(recovering.value("restarts", 0) >= 1 || State(recovering) == "RECOVERING")
+  EXPECT_TRUE(recovering.value("restarts", 0) >= 1 || JobState(recovering) == "RECOVERING")
       << recovering.dump(2);
-  job = cluster_.WaitForJob(victim_job, Terminal, seconds(300));
-  ASSERT_EQ(State(job), "SUCCEEDED") << job.dump(2);
+  job = cluster_.WaitForJob(victim_job, JobTerminal, seconds(300));
+  ASSERT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
   EXPECT_EQ(job["restarts"], 1);
   EXPECT_EQ(job["preemptions"], 0);
   // The restart resumed from stage 1's last committed checkpoint, not from the start
@@ -248,12 +237,13 @@ TEST_F(E2ETest, KilledWorkerIsRecoveredFromTheLastCheckpointWithTheSameLoss) {
   EXPECT_EQ(resumed.first_step, resumed.checkpoint_step + 1)
       << "the restarted attempt did not resume from the last checkpoint\n"
       << job["events"].dump(1);
-  json reference = cluster_.WaitForJob(reference_job, Terminal, seconds(300));
-  ASSERT_EQ(State(reference), "SUCCEEDED") << reference.dump(2);
+  json reference = cluster_.WaitForJob(reference_job, JobTerminal, seconds(300));
+  ASSERT_EQ(JobState(reference), "SUCCEEDED") << reference.dump(2);
   EXPECT_EQ(reference["restarts"], 0);
-  EXPECT_NEAR(FinalLoss(job), FinalLoss(reference), 1e-5 * std::max(1.0, FinalLoss(reference)))
+  EXPECT_NEAR(JobFinalLoss(job), JobFinalLoss(reference),
+              1e-5 * std::max(1.0, JobFinalLoss(reference)))
       << "interrupted and uninterrupted runs diverged";
-  EXPECT_GT(FinalLoss(job), 0.0);
+  EXPECT_GT(JobFinalLoss(job), 0.0);
 }
 
 // Real training data through the coordinator: a JSONL corpus with masked prompts packed by
@@ -296,8 +286,8 @@ TEST_F(E2ETest, PackedMaskedDocumentJobTrainsLikeUlyssesTrainWithPeriodicEvals) 
   CommandResult ref = RunCommand(
       {EngineBin(), "train", "-f", spec_path, "--out", cluster_.dir() + "/ref"}, seconds(300));
   ASSERT_EQ(ref.exit_code, 0) << ref.err;
-  json job = cluster_.WaitForJob(id, Terminal, seconds(300));
-  ASSERT_EQ(State(job), "SUCCEEDED") << job.dump(2);
+  json job = cluster_.WaitForJob(id, JobTerminal, seconds(300));
+  ASSERT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
 
   // ulysses-train's metrics: (stage, step) -> step loss, and its evaluations in order.
   std::map<std::pair<int, int64_t>, double> ref_loss;
@@ -369,8 +359,8 @@ TEST_F(E2ETest, SigtermToAWorkerCheckpointsAndCountsAsAPreemption) {
        "spec.stages[2].steps=1", "spec.stages[2].sp_degree=2"});
   ASSERT_FALSE(id.empty());
   json job = cluster_.WaitForJob(
-      id, [](const json& j) { return StageStep(j, 0) >= 2 || Terminal(j); }, seconds(120));
-  ASSERT_EQ(State(job), "RUNNING") << job.dump(2);
+      id, [](const json& j) { return StageStep(j, 0) >= 2 || JobTerminal(j); }, seconds(120));
+  ASSERT_EQ(JobState(job), "RUNNING") << job.dump(2);
   ASSERT_TRUE(job["last_checkpoint"].is_null()) << "every_steps=0: no checkpoint yet";
   const std::string victim = Cluster::NameFromId(job["attempts"].back()["worker_ids"][0]);
   ASSERT_EQ(kill(cluster_.worker(victim)->pid(), SIGTERM), 0);
@@ -378,7 +368,8 @@ TEST_F(E2ETest, SigtermToAWorkerCheckpointsAndCountsAsAPreemption) {
   ASSERT_TRUE(exited.has_value()) << "worker did not exit within its grace period";
   EXPECT_EQ(exited->description, "exit code 0");
   job = cluster_.WaitForJob(
-      id, [](const json& j) { return j.value("preemptions", 0) >= 1 || Terminal(j); }, seconds(30));
+      id, [](const json& j) { return j.value("preemptions", 0) >= 1 || JobTerminal(j); },
+      seconds(30));
   EXPECT_EQ(job["preemptions"], 1) << job.dump(2);
   EXPECT_EQ(job["restarts"], 0);
   ASSERT_FALSE(job["last_checkpoint"].is_null()) << "no preemption checkpoint committed";
@@ -386,8 +377,8 @@ TEST_F(E2ETest, SigtermToAWorkerCheckpointsAndCountsAsAPreemption) {
   EXPECT_GE(job["last_checkpoint"]["step"].get<int64_t>(), 2);
   // A replacement worker joins; the job resumes from that checkpoint and finishes.
   cluster_.StartWorker("w-replacement");
-  job = cluster_.WaitForJob(id, Terminal, seconds(300));
-  EXPECT_EQ(State(job), "SUCCEEDED") << job.dump(2);
+  job = cluster_.WaitForJob(id, JobTerminal, seconds(300));
+  EXPECT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
   // The draining worker must not have been placed in the next generation (it would exit and
   // turn that attempt into a LOST restart): the preemption cost no restart.
   EXPECT_EQ(job["restarts"], 0) << job.dump(2);
@@ -404,8 +395,8 @@ TEST_F(E2ETest, JobFinishesAcrossACoordinatorKillAndRestart) {
        "spec.stages[2].steps=1", "spec.stages[2].sp_degree=2"});
   ASSERT_FALSE(id.empty());
   json job = cluster_.WaitForJob(
-      id, [](const json& j) { return StageStep(j, 0) >= 2 || Terminal(j); }, seconds(120));
-  ASSERT_EQ(State(job), "RUNNING") << job.dump(2);
+      id, [](const json& j) { return StageStep(j, 0) >= 2 || JobTerminal(j); }, seconds(120));
+  ASSERT_EQ(JobState(job), "RUNNING") << job.dump(2);
   cluster_.KillCoordinator();
   CommandResult down = cluster_.Ctl({"get", "jobs"});
   EXPECT_EQ(down.exit_code, 1);
@@ -413,8 +404,8 @@ TEST_F(E2ETest, JobFinishesAcrossACoordinatorKillAndRestart) {
             std::string::npos)
       << down.err;
   cluster_.StartCoordinator();  // Same port, same state dir.
-  job = cluster_.WaitForJob(id, Terminal, seconds(300));
-  EXPECT_EQ(State(job), "SUCCEEDED") << job.dump(2);
+  job = cluster_.WaitForJob(id, JobTerminal, seconds(300));
+  EXPECT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
 }
 
 TEST_F(E2ETest, TooFewWorkersStaysPendingThenRunsAndPriorityWins) {
@@ -432,23 +423,23 @@ TEST_F(E2ETest, TooFewWorkersStaysPendingThenRunsAndPriorityWins) {
   ASSERT_FALSE(low_id.empty());
   ASSERT_FALSE(high_id.empty());
   // The scheduler has looked at both once each carries a reason.
-  auto has_reason = [](const json& j) { return !j.value("reason", "").empty() || Terminal(j); };
+  auto has_reason = [](const json& j) { return !j.value("reason", "").empty() || JobTerminal(j); };
   json low_job = cluster_.WaitForJob(low_id, has_reason, seconds(20));
   json high_job = cluster_.WaitForJob(high_id, has_reason, seconds(20));
-  EXPECT_EQ(State(low_job), "PENDING");
-  EXPECT_EQ(State(high_job), "PENDING");
+  EXPECT_EQ(JobState(low_job), "PENDING");
+  EXPECT_EQ(JobState(high_job), "PENDING");
   EXPECT_FALSE(high_job.value("reason", "").empty()) << "PENDING needs a reason";
   cluster_.StartWorker("w1");
   high_job = cluster_.WaitForJob(
-      high_id, [](const json& j) { return State(j) != "PENDING"; }, seconds(60));
-  EXPECT_NE(State(high_job), "PENDING") << high_job.dump(2);
+      high_id, [](const json& j) { return JobState(j) != "PENDING"; }, seconds(60));
+  EXPECT_NE(JobState(high_job), "PENDING") << high_job.dump(2);
   // The higher priority job got the two workers; the other one waits its turn.
   low_job = cluster_.Describe(low_id);
-  EXPECT_EQ(State(low_job), "PENDING") << low_job.dump(2);
-  high_job = cluster_.WaitForJob(high_id, Terminal, seconds(240));
-  EXPECT_EQ(State(high_job), "SUCCEEDED") << high_job.dump(2);
-  low_job = cluster_.WaitForJob(low_id, Terminal, seconds(240));
-  EXPECT_EQ(State(low_job), "SUCCEEDED") << low_job.dump(2);
+  EXPECT_EQ(JobState(low_job), "PENDING") << low_job.dump(2);
+  high_job = cluster_.WaitForJob(high_id, JobTerminal, seconds(240));
+  EXPECT_EQ(JobState(high_job), "SUCCEEDED") << high_job.dump(2);
+  low_job = cluster_.WaitForJob(low_id, JobTerminal, seconds(240));
+  EXPECT_EQ(JobState(low_job), "SUCCEEDED") << low_job.dump(2);
 }
 
 TEST_F(E2ETest, ABadSpecIsRejectedByTheServerAndLeavesNoTrace) {
@@ -498,8 +489,8 @@ TEST_F(E2ETest, CancelledJobResumesFromItsCheckpointAndOnlyEndedJobsCanBeResumed
                    "spec.stages[2].steps=1", "spec.stages[2].sp_degree=2"});
   ASSERT_FALSE(id.empty());
   json job = cluster_.WaitForJob(
-      id, [](const json& j) { return StageStep(j, 0) >= 3 || Terminal(j); }, seconds(120));
-  ASSERT_EQ(State(job), "RUNNING") << job.dump(2);
+      id, [](const json& j) { return StageStep(j, 0) >= 3 || JobTerminal(j); }, seconds(120));
+  ASSERT_EQ(JobState(job), "RUNNING") << job.dump(2);
   auto stub = JobStub(cluster_);
   ASSERT_NE(stub, nullptr);
   auto resume = [&stub, &id] {
@@ -518,8 +509,8 @@ TEST_F(E2ETest, CancelledJobResumesFromItsCheckpointAndOnlyEndedJobsCanBeResumed
       << running.error_message();
   CommandResult cancel = cluster_.Ctl({"cancel", id});
   EXPECT_EQ(cancel.exit_code, 0) << cancel.err;
-  job = cluster_.WaitForJob(id, Terminal, seconds(60));
-  ASSERT_EQ(State(job), "CANCELLED") << job.dump(2);
+  job = cluster_.WaitForJob(id, JobTerminal, seconds(60));
+  ASSERT_EQ(JobState(job), "CANCELLED") << job.dump(2);
   CommandResult watch = cluster_.Ctl({"watch", id});
   EXPECT_EQ(watch.exit_code, 1) << "watch must fail for a cancelled job";
   // Both workers are free again.
@@ -530,8 +521,8 @@ TEST_F(E2ETest, CancelledJobResumesFromItsCheckpointAndOnlyEndedJobsCanBeResumed
   CommandResult again = cluster_.Ctl({"resume", id});
   EXPECT_EQ(again.exit_code, 2);
   EXPECT_NE(again.err.find("error: FAILED_PRECONDITION"), std::string::npos) << again.err;
-  job = cluster_.WaitForJob(id, Terminal, seconds(300));
-  EXPECT_EQ(State(job), "SUCCEEDED") << job.dump(2);
+  job = cluster_.WaitForJob(id, JobTerminal, seconds(300));
+  EXPECT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
   // It went on from the checkpoint the cancelled ranks committed, not from step 0.
   const Resumption r = ResumptionOf(job, 0);
   EXPECT_GE(r.checkpoint_step, 2) << job["events"].dump(1);

@@ -5,6 +5,9 @@
 // - failure budgets: a rank that crashes at the same point every attempt fails the job after
 //   max_failures attempts with that error; ranks killed from outside (kill -9) more often
 //   than max_failures are infrastructure failures the job survives;
+// - the victim is the low job with less work at risk;
+// - chaos: busy workers killed -9 at random (each replaced) with the default budgets; the job
+//   ends with the loss of an uninterrupted run;
 // - placement on multi-slot workers: an SP group inside one worker when it fits, else on
 //   one node label, across labels only when necessary (with a warning); same losses.
 // Skipped (with the reason) when ulysses-train is not built.
@@ -16,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -29,17 +33,6 @@ namespace ulysses::e2e {
 namespace {
 
 using nlohmann::json;
-
-std::string State(const json& job) { return job.is_object() ? job.value("state", "") : ""; }
-bool Terminal(const json& job) {
-  const std::string s = State(job);
-  return s == "SUCCEEDED" || s == "FAILED" || s == "CANCELLED";
-}
-double FinalLoss(const json& job) {
-  const json& last = job["stages"].back();
-  const double eval = last.value("eval_loss", 0.0);
-  return eval > 0 ? eval : last.value("loss", 0.0);
-}
 
 // One stage of the tiny model: `sp` ranks, `steps` steps, a checkpoint every `every` steps.
 std::string WriteSpec(const std::string& dir, const std::string& name, int sp, int steps,
@@ -105,11 +98,11 @@ class SchedulingE2ETest : public ::testing::Test {
     json job = cluster_.WaitForJob(
         id,
         [&](const json& j) {
-          return Terminal(j) || (State(j) == "RUNNING" && j.value("generation", 0) > after &&
-                                 j.value("step", 0) >= 1 && !RankPids(Pid(worker)).empty());
+          return JobTerminal(j) || (JobState(j) == "RUNNING" && j.value("generation", 0) > after &&
+                                    j.value("step", 0) >= 1 && !RankPids(Pid(worker)).empty());
         },
         seconds(120));
-    if (State(job) != "RUNNING") return -1;
+    if (JobState(job) != "RUNNING") return -1;
     for (pid_t pid : RankPids(Pid(worker))) kill(pid, sig);
     return job.value("generation", int64_t{0});
   }
@@ -127,23 +120,23 @@ TEST_F(SchedulingE2ETest, AHighPriorityJobPreemptsTheLowOneWhichResumesWithTheSa
   const std::string low = cluster_.Submit(low_spec, {});
   ASSERT_FALSE(low.empty());
   json job = cluster_.WaitForJob(
-      low, [](const json& j) { return j.value("step", 0) >= 3 || Terminal(j); }, seconds(240));
-  ASSERT_EQ(State(job), "RUNNING") << job.dump(2);
+      low, [](const json& j) { return j.value("step", 0) >= 3 || JobTerminal(j); }, seconds(240));
+  ASSERT_EQ(JobState(job), "RUNNING") << job.dump(2);
   const auto submitted = std::chrono::steady_clock::now();
   const std::string high = cluster_.Submit(high_spec, {"spec.scheduling.priority=10"});
   ASSERT_FALSE(high.empty());
   // The high job starts after the low one's preemption checkpoint, not after it ends.
   json high_job = cluster_.WaitForJob(
-      high, [](const json& j) { return j.value("step", 0) >= 1 || Terminal(j); }, seconds(300));
+      high, [](const json& j) { return j.value("step", 0) >= 1 || JobTerminal(j); }, seconds(300));
   // Reported, not asserted (polling adds up to 0.3 s): what an operator would measure.
   std::cout << "high-priority submit -> its first step while a low-priority job held every "
                "worker: "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - submitted).count()
             << " s\n";
-  high_job = cluster_.WaitForJob(high, Terminal, seconds(300));
-  ASSERT_EQ(State(high_job), "SUCCEEDED") << high_job.dump(2);
+  high_job = cluster_.WaitForJob(high, JobTerminal, seconds(300));
+  ASSERT_EQ(JobState(high_job), "SUCCEEDED") << high_job.dump(2);
   job = cluster_.Describe(low);
-  EXPECT_FALSE(Terminal(job)) << "the low job ended before the high one ran\n" << job.dump(2);
+  EXPECT_FALSE(JobTerminal(job)) << "the low job ended before the high one ran\n" << job.dump(2);
   EXPECT_EQ(job["preemptions"], 1) << job.dump(2);
   bool checkpointing = false;
   for (const json& e : job["events"]) {
@@ -158,20 +151,108 @@ TEST_F(SchedulingE2ETest, AHighPriorityJobPreemptsTheLowOneWhichResumesWithTheSa
     }
   }
   EXPECT_TRUE(checkpointing) << job["events"].dump(1);
-  job = cluster_.WaitForJob(low, Terminal, seconds(300));
-  ASSERT_EQ(State(job), "SUCCEEDED") << job.dump(2);
+  job = cluster_.WaitForJob(low, JobTerminal, seconds(300));
+  ASSERT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
   EXPECT_EQ(job["preemptions"], 1);
   EXPECT_EQ(job["failures"], 0);
   EXPECT_EQ(job["infra_failures"], 0);
   EXPECT_EQ(job["restarts"], 0);
   // The same job never preempted ends with the same loss.
   const std::string reference = cluster_.Submit(low_spec, {});
-  json ref = cluster_.WaitForJob(reference, Terminal, seconds(300));
-  ASSERT_EQ(State(ref), "SUCCEEDED") << ref.dump(2);
+  json ref = cluster_.WaitForJob(reference, JobTerminal, seconds(300));
+  ASSERT_EQ(JobState(ref), "SUCCEEDED") << ref.dump(2);
   EXPECT_EQ(ref["preemptions"], 0);
-  EXPECT_NEAR(FinalLoss(job), FinalLoss(ref), 1e-5 * std::max(1.0, FinalLoss(ref)))
+  EXPECT_NEAR(JobFinalLoss(job), JobFinalLoss(ref), 1e-5 * std::max(1.0, JobFinalLoss(ref)))
       << "the preempted and the unpreempted run diverged";
-  EXPECT_GT(FinalLoss(job), 0.0);
+  EXPECT_GT(JobFinalLoss(job), 0.0);
+}
+
+// Two low jobs hold all four workers; the one that checkpoints often has less work at risk
+// than the one that has not checkpointed since it started, so it is the one preempted.
+TEST_F(SchedulingE2ETest, ThePreemptionVictimIsTheLowJobWithLessWorkAtRisk) {
+  for (const char* w : {"w0", "w1", "w2", "w3"}) cluster_.StartWorker(w);
+  ASSERT_TRUE(cluster_.WaitForIdleWorkers(4, seconds(30))) << cluster_.Logs();
+  // No checkpoint before its end (every 1000 steps): its whole attempt is at risk.
+  const std::string stale = cluster_.Submit(WriteSpec(cluster_.dir(), "stale", 2, 40, 1000), {});
+  ASSERT_FALSE(stale.empty());
+  json job = cluster_.WaitForJob(
+      stale, [](const json& j) { return j.value("step", 0) >= 2 || JobTerminal(j); }, seconds(240));
+  ASSERT_EQ(JobState(job), "RUNNING") << job.dump(2);
+  // Started later and checkpoints every step: little at risk at any moment.
+  const std::string fresh = cluster_.Submit(WriteSpec(cluster_.dir(), "fresh", 2, 40, 1), {});
+  ASSERT_FALSE(fresh.empty());
+  job = cluster_.WaitForJob(
+      fresh,
+      [](const json& j) {
+        return (j.value("step", 0) >= 2 && !j["last_checkpoint"].is_null()) || JobTerminal(j);
+      },
+      seconds(240));
+  ASSERT_EQ(JobState(job), "RUNNING") << job.dump(2);
+  const std::string high =
+      cluster_.Submit(WriteSpec(cluster_.dir(), "high", 2, 2, 2), {"spec.scheduling.priority=10"});
+  ASSERT_FALSE(high.empty());
+  json high_job = cluster_.WaitForJob(high, JobTerminal, seconds(300));
+  ASSERT_EQ(JobState(high_job), "SUCCEEDED") << high_job.dump(2);
+  job = cluster_.Describe(fresh);
+  EXPECT_EQ(job["preemptions"], 1) << job.dump(2);
+  json other = cluster_.Describe(stale);
+  EXPECT_EQ(other["preemptions"], 0) << "the job with more work at risk was preempted\n"
+                                     << other.dump(2);
+  EXPECT_EQ(other["restarts"], 0);
+  for (const std::string& id : {fresh, stale}) {
+    json done = cluster_.WaitForJob(id, JobTerminal, seconds(300));
+    EXPECT_EQ(JobState(done), "SUCCEEDED") << done.dump(2);
+  }
+}
+
+// Chaos with the default budgets: busy workers are killed -9 at random moments (each replaced
+// by a new worker, as a node pool would) more often than the old lifetime budget of 3
+// allowed; the job finishes with the final loss of an uninterrupted run.
+TEST_F(SchedulingE2ETest, AJobSurvivesRandomKillsOfBusyWorkersWithTheUninterruptedLoss) {
+  int started = 0;
+  for (; started < 3; ++started) cluster_.StartWorker(absl::StrCat("c", started));
+  ASSERT_TRUE(cluster_.WaitForIdleWorkers(3, seconds(30))) << cluster_.Logs();
+  const std::string spec = WriteSpec(cluster_.dir(), "chaos", 2, 30, 2);
+  const std::string id = cluster_.Submit(spec, {});
+  ASSERT_FALSE(id.empty());
+  const unsigned seed = static_cast<unsigned>(std::random_device{}());
+  std::mt19937 rng(seed);
+  SCOPED_TRACE(absl::StrCat("chaos seed ", seed));
+  constexpr int kKills = 4;
+  int64_t generation = 0, kill_step = 0;
+  for (int kill = 0; kill < kKills; ++kill) {
+    // Some steps past the previous kill, in a new attempt: a random moment of real progress.
+    const int64_t target = kill_step + std::uniform_int_distribution<int>(2, 4)(rng);
+    json job = cluster_.WaitForJob(
+        id,
+        [&](const json& j) {
+          return JobTerminal(j) ||
+                 (JobState(j) == "RUNNING" && j.value("generation", int64_t{0}) > generation &&
+                  j.value("step", int64_t{0}) >= target);
+        },
+        seconds(120));
+    ASSERT_EQ(JobState(job), "RUNNING") << "kill " << kill << "\n" << job.dump(2);
+    generation = job.value("generation", int64_t{0});
+    kill_step = job.value("step", int64_t{0});
+    const json& placement = job["attempts"].back()["placement"];
+    ASSERT_EQ(placement.size(), 2u) << job.dump(2);
+    const std::string victim = Cluster::NameFromId(
+        placement[std::uniform_int_distribution<int>(0, 1)(rng)]["worker"].get<std::string>());
+    cluster_.worker(victim)->Kill9();
+    cluster_.StartWorker(absl::StrCat("c", started++));  // The replacement node.
+  }
+  json job = cluster_.WaitForJob(id, JobTerminal, seconds(300));
+  ASSERT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
+  EXPECT_EQ(job["failures"], 0) << job.dump(2);
+  EXPECT_GE(job["infra_failures"].get<int>(), kKills) << job.dump(2);
+  EXPECT_EQ(job["preemptions"], 0);
+  const std::string reference = cluster_.Submit(spec, {});
+  json ref = cluster_.WaitForJob(reference, JobTerminal, seconds(300));
+  ASSERT_EQ(JobState(ref), "SUCCEEDED") << ref.dump(2);
+  EXPECT_EQ(ref["infra_failures"], 0);
+  EXPECT_GT(JobFinalLoss(ref), 0.0);
+  EXPECT_NEAR(JobFinalLoss(job), JobFinalLoss(ref), 1e-5 * std::max(1.0, JobFinalLoss(ref)))
+      << "the killed and the uninterrupted run diverged";
 }
 
 TEST_F(SchedulingE2ETest, ACrashLoopFailsFastWhileKilledRanksAreSurvived) {
@@ -185,8 +266,8 @@ TEST_F(SchedulingE2ETest, ACrashLoopFailsFastWhileKilledRanksAreSurvived) {
     gen = SignalNextAttempt(killed, "w0", gen, SIGKILL);
     ASSERT_GT(gen, 0) << "kill " << i << "\n" << cluster_.Describe(killed).dump(2);
   }
-  json job = cluster_.WaitForJob(killed, Terminal, seconds(300));
-  ASSERT_EQ(State(job), "SUCCEEDED") << job.dump(2);
+  json job = cluster_.WaitForJob(killed, JobTerminal, seconds(300));
+  ASSERT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
   EXPECT_EQ(job["infra_failures"], 4) << job.dump(2);
   EXPECT_EQ(job["failures"], 0);
 
@@ -202,8 +283,8 @@ TEST_F(SchedulingE2ETest, ACrashLoopFailsFastWhileKilledRanksAreSurvived) {
     if (gen < 0) break;
     ++crashes;
   }
-  job = cluster_.WaitForJob(crashing, Terminal, seconds(60));
-  ASSERT_EQ(State(job), "FAILED") << job.dump(2);
+  job = cluster_.WaitForJob(crashing, JobTerminal, seconds(60));
+  ASSERT_EQ(JobState(job), "FAILED") << job.dump(2);
   EXPECT_EQ(crashes, 3) << job.dump(2);
   EXPECT_EQ(job["failures"], 3);
   // The repeated error is the reason (a crash signal: an application failure).
@@ -243,19 +324,19 @@ TEST_F(SchedulingE2ETest, SpGroupsLandInsideOneWorkerThenOneNodeWithTheSameLosse
   json job = cluster_.WaitForJob(
       inside,
       [](const json& j) {
-        return (j.contains("attempts") && !j["attempts"].empty()) || Terminal(j);
+        return (j.contains("attempts") && !j["attempts"].empty()) || JobTerminal(j);
       },
       seconds(60));
   const std::string on_node = cluster_.Submit(sp2, {});
   ASSERT_FALSE(on_node.empty());
-  job = cluster_.WaitForJob(inside, Terminal, seconds(300));
-  ASSERT_EQ(State(job), "SUCCEEDED") << job.dump(2);
+  job = cluster_.WaitForJob(inside, JobTerminal, seconds(300));
+  ASSERT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
   EXPECT_EQ(Placement(job), (std::vector<std::string>{"w-big#0@node-a", "w-big#1@node-a",
                                                       "w-big#2@node-a", "w-big#3@node-a"}));
   EXPECT_TRUE(job["attempts"].back()["warnings"].empty());
   for (const json& p : job["attempts"].back()["placement"]) EXPECT_EQ(p["device"], "cpu");
-  json pair = cluster_.WaitForJob(on_node, Terminal, seconds(300));
-  ASSERT_EQ(State(pair), "SUCCEEDED") << pair.dump(2);
+  json pair = cluster_.WaitForJob(on_node, JobTerminal, seconds(300));
+  ASSERT_EQ(JobState(pair), "SUCCEEDED") << pair.dump(2);
   std::vector<std::string> placed = Placement(pair);
   std::sort(placed.begin(), placed.end());
   EXPECT_EQ(placed, (std::vector<std::string>{"w-s1#0@node-b", "w-s2#0@node-b"}));
@@ -266,15 +347,15 @@ TEST_F(SchedulingE2ETest, SpGroupsLandInsideOneWorkerThenOneNodeWithTheSameLosse
   cluster_.worker("big")->Kill9();
   const std::string spread = cluster_.Submit(sp4, {});
   ASSERT_FALSE(spread.empty());
-  json other = cluster_.WaitForJob(spread, Terminal, seconds(300));
-  ASSERT_EQ(State(other), "SUCCEEDED") << other.dump(2);
+  json other = cluster_.WaitForJob(spread, JobTerminal, seconds(300));
+  ASSERT_EQ(JobState(other), "SUCCEEDED") << other.dump(2);
   for (const std::string& p : Placement(other)) EXPECT_EQ(p.rfind("w-s", 0), 0u) << p;
   ASSERT_EQ(other["attempts"].back()["warnings"].size(), 1u) << other.dump(2);
   EXPECT_NE(other["attempts"].back()["warnings"][0].get<std::string>().find(
                 "SP group 0 (ranks 0-3) spans nodes"),
             std::string::npos);
-  EXPECT_GT(FinalLoss(job), 0.0);
-  EXPECT_NEAR(FinalLoss(other), FinalLoss(job), 1e-5 * FinalLoss(job))
+  EXPECT_GT(JobFinalLoss(job), 0.0);
+  EXPECT_NEAR(JobFinalLoss(other), JobFinalLoss(job), 1e-5 * JobFinalLoss(job))
       << "one worker vs four: the losses differ";
   // describe's text shows each rank's worker, slot, device and node, and the warning.
   CommandResult text = cluster_.Ctl({"describe", "job", spread});
