@@ -23,15 +23,12 @@ Prints one JSON line with the figures. Everything it starts is stopped on exit.
 import argparse
 import json
 import os
-import re
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from loopback import ROOT, LoopbackCluster  # noqa: E402
 
 
 def main():
@@ -42,91 +39,49 @@ def main():
     ap.add_argument("--poll", type=float, default=0.1)
     a = ap.parse_args()
 
-    # A SIGTERM (e.g. from `timeout`) still runs the cleanup below.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    tmp = tempfile.mkdtemp(prefix="ulysses-recovery-")
-    procs = []
-
-    def start(args, log):
-        p = subprocess.Popen(args, stdout=open(os.path.join(tmp, log), "w"),
-                             stderr=subprocess.STDOUT)
-        procs.append(p)
-        return p
-
-    try:
-        coord_log = os.path.join(tmp, "coordinator.log")
-        start([os.path.join(a.bin, "ulysses-coordinator"), "--listen", "127.0.0.1:0",
-               "--state-dir", os.path.join(tmp, "state"), "--metrics-listen", "127.0.0.1:0",
-               "--heartbeat-timeout-s", str(a.heartbeat_timeout_s)], "coordinator.log")
-        port = wait_for(lambda: re.search(r"listening grpc=(\d+)", read(coord_log)), 30,
-                        "coordinator start").group(1)
-        env = dict(os.environ, ULYSSES_COORDINATOR="127.0.0.1:" + port)
-        # The admin token a coordinator without a token file creates: ulyssesctl and the
-        # workers send it (docs/OPERATIONS.md).
-        token_file = os.path.join(tmp, "state", "admin.token")
-        auth = []
-        if os.path.exists(token_file):
-            env["ULYSSES_TOKEN"] = read(token_file).strip()
-            auth = ["--token-file", token_file]
-        os.environ.update(env)
-        workers = {}
-        for i in range(a.workers):
-            name = "bench-w%d" % i
-            workers[name] = start(
-                [os.path.join(a.bin, "ulysses-worker"), "--coordinator", env["ULYSSES_COORDINATOR"],
-                 "--name", name, "--device", "cpu", "--work-dir", os.path.join(tmp, name),
-                 "--grace-period-s", "30", *auth], name + ".log")
-        ctl = lambda *args: subprocess.run([os.path.join(a.bin, "ulyssesctl"), *args],
-                                           capture_output=True, text=True)
-        wait_for(lambda: ctl("get", "workers", "-o", "json").stdout.count('"IDLE"') >= a.workers,
-                 30, "workers idle")
-
+    with LoopbackCluster(a.bin, a.workers, a.heartbeat_timeout_s, a.poll,
+                         "ulysses-recovery-") as c:
         t_submit = time.monotonic()
-        out = ctl("submit", "-f", os.path.join(ROOT, "configs/jobs/tiny-demo.yaml"),
-                  "--set", "spec.stages[0].sp_degree=2", "--set", "spec.stages[0].steps=40",
-                  "--set", "spec.checkpoint.every_steps=2",
-                  "--set", "spec.data.synthetic.validation_sequences=2",
-                  "--set", "spec.stages[1].steps=1", "--set", "spec.stages[2].steps=1")
-        if out.returncode != 0:
-            sys.exit("submit failed: " + out.stderr)
-        job_id = out.stdout.strip().split()[-1]
-        get = lambda: json.loads(ctl("get", "job", job_id, "-o", "json").stdout or "{}")
+        job_id = c.submit(os.path.join(ROOT, "configs/jobs/tiny-demo.yaml"), {
+            "spec.stages[0].sp_degree": 2, "spec.stages[0].steps": 40,
+            "spec.checkpoint.every_steps": 2, "spec.data.synthetic.validation_sequences": 2,
+            "spec.stages[1].steps": 1, "spec.stages[2].steps": 1})
+        get = lambda: c.get(job_id)
 
-        wait_for(lambda: get().get("state") == "RUNNING", 120, "RUNNING", a.poll)
+        c.wait_for(lambda: get().get("state") == "RUNNING", 120, "RUNNING")
         t_running = time.monotonic()
-        wait_for(lambda: get().get("step", 0) >= 1, 120, "first step", a.poll)
+        c.wait_for(lambda: get().get("step", 0) >= 1, 120, "first step")
         t_first_step = time.monotonic()
         # Let a checkpoint commit, then kill one rank's worker.
-        job = wait_for(lambda: (lambda j: j if (j.get("last_checkpoint") or {}).get("step", 0) >= 2
-                                else None)(get()), 180, "first checkpoint", a.poll)
+        job = c.wait_for(lambda: (lambda j: j if (j.get("last_checkpoint") or {}).get("step", 0)
+                                  >= 2 else None)(get()), 180, "first checkpoint")
         ckpt_step = job["last_checkpoint"]["step"]
         gen = job["generation"]
-        victim = describe_workers(ctl, job_id)[-1]
+        victim = describe_workers(c, job_id)[-1]
         t_kill = time.monotonic()
-        workers[victim].send_signal(signal.SIGKILL)
-        wait_for(lambda: get().get("state") in ("RECOVERING", "SCHEDULING")
-                 or get().get("generation", gen) > gen, 60, "RECOVERING", a.poll)
+        c.workers[victim].send_signal(signal.SIGKILL)
+        c.wait_for(lambda: get().get("state") in ("RECOVERING", "SCHEDULING")
+                   or get().get("generation", gen) > gen, 60, "RECOVERING")
         t_detected = time.monotonic()
-        wait_for(lambda: (lambda j: j.get("generation", 0) > gen and j.get("state") == "RUNNING")
-                 (get()), 180, "RUNNING again", a.poll)
+        c.wait_for(lambda: (lambda j: j.get("generation", 0) > gen and j.get("state") == "RUNNING")
+                   (get()), 180, "RUNNING again")
         t_running_again = time.monotonic()
         # The job's step never goes backwards, so it cannot tell the new generation's first
         # step: read it from the event history (the first progress after the new attempt).
         def resumed_step():
-            j = json.loads(ctl("describe", "job", job_id, "-o", "json").stdout or "{}")
             new_attempt = False
-            for e in j.get("events", []):
+            for e in c.describe(job_id).get("events", []):
                 if e.get("type") == "attempt_started" and e["attempt"]["generation"] > gen:
                     new_attempt = True
                 elif new_attempt and e.get("type") == "progress":
                     return e["step"]
             return None
-        first_step = wait_for(resumed_step, 180, "resumed", a.poll)
+        first_step = c.wait_for(resumed_step, 180, "resumed")
         t_resumed = time.monotonic()
         restarts = get().get("restarts")
         # After the kill only W-1 workers remain: the job's last stage (4 ranks) would wait for a
         # replacement, so the measurement ends here and the job is cancelled.
-        ctl("cancel", job_id)
+        c.ctl("cancel", job_id)
         print(json.dumps({
             "workers": a.workers, "heartbeat_timeout_s": a.heartbeat_timeout_s, "poll_s": a.poll,
             "submit_to_running_s": round(t_running - t_submit, 2),
@@ -136,44 +91,12 @@ def main():
             "kill_to_resumed_step_s": round(t_resumed - t_kill, 2),
             "checkpoint_step_at_kill": ckpt_step, "resumed_first_step": first_step,
             "restarts": restarts}))
-    finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def describe_workers(ctl, job_id):
+def describe_workers(c, job_id):
     """Worker names of the current attempt, rank order."""
-    j = json.loads(ctl("describe", "job", job_id, "-o", "json").stdout)
-    ids = j["attempts"][-1]["worker_ids"]
+    ids = c.describe(job_id)["attempts"][-1]["worker_ids"]
     return [w[2:] if w.startswith("w-") else w for w in ids]
-
-
-def read(path):
-    try:
-        with open(path) as f:
-            return f.read()
-    except FileNotFoundError:
-        return ""
-
-
-def wait_for(pred, timeout_s, what, poll=0.1):
-    print("waiting for " + what, file=sys.stderr, flush=True)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(poll)
-    sys.exit("timed out waiting for " + what)
 
 
 if __name__ == "__main__":
