@@ -141,6 +141,11 @@ def run(cmd, cwd=None):
     return proc.returncode, proc.stdout
 
 
+def kustomization_namespace():
+    with open(os.path.join(K8S, "kustomization.yaml"), encoding="utf-8") as f:
+        return yaml.safe_load(f)["namespace"]
+
+
 def load_manifests():
     docs = {}
     for name in sorted(os.listdir(K8S)):
@@ -228,13 +233,16 @@ class ManifestTest(unittest.TestCase):
     def test_kinds_and_namespace(self):
         kinds = sorted(k for k, _ in self.docs)
         self.assertEqual(kinds, sorted([
-            "Namespace", "ConfigMap", "PersistentVolumeClaim", "PersistentVolumeClaim",
+            "ConfigMap", "PersistentVolumeClaim", "PersistentVolumeClaim",
             "Deployment", "Service", "Service", "StatefulSet", "PodDisruptionBudget",
             "NetworkPolicy", "NetworkPolicy", "Kustomization"]))
+        # The kustomization's `namespace:` is the one place it is written (the Namespace
+        # object comes from scripts/k8s_secrets.sh, which reads it there).
+        self.assertRegex(kustomization_namespace(), r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
         for (kind, name), doc in self.docs.items():
-            if kind in ("Namespace", "Kustomization"):
+            if kind == "Kustomization":
                 continue
-            self.assertEqual(doc["metadata"].get("namespace"), "ulysses", f"{kind}/{name}")
+            self.assertNotIn("namespace", doc["metadata"], f"{kind}/{name}")
 
     def test_kustomization_lists_every_manifest(self):
         kustomization = self.get("Kustomization", "kustomization.yaml")
@@ -418,7 +426,9 @@ class SecretsScriptTest(unittest.TestCase):
         rc, cls.out = run([SECRETS_SCRIPT, cls.tmp.name, str(cls.replicas)])
         cls.rc = rc
         with open(os.path.join(cls.tmp.name, "secrets.yaml"), encoding="utf-8") as f:
-            cls.secrets = {d["metadata"]["name"]: d for d in yaml.safe_load_all(f) if d}
+            docs = [d for d in yaml.safe_load_all(f) if d]
+        cls.secrets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
+        cls.namespaces = [d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"]
 
     @classmethod
     def tearDownClass(cls):
@@ -441,7 +451,8 @@ class SecretsScriptTest(unittest.TestCase):
             self.assertTrue(files, name)
             for secret, key in files.values():
                 self.assertIn(secret, self.secrets)
-                self.assertEqual(self.secrets[secret]["metadata"]["namespace"], "ulysses")
+                self.assertEqual(self.secrets[secret]["metadata"]["namespace"],
+                                 kustomization_namespace())
                 for i in range(self.replicas):
                     k = key.replace("$(POD_NAME)", f"{name}-{i}")
                     self.assertIn(k, self.secrets[secret]["data"], f"{secret}/{k}")
@@ -468,6 +479,31 @@ class SecretsScriptTest(unittest.TestCase):
                 rc, subject = self.openssl("x509", "-noout", "-subject", stdin=cert)
                 self.assertIn(f"CN = {name}", subject)
 
+    def test_namespace_comes_from_the_kustomization(self):
+        self.assertEqual(self.rc, 0, self.out)
+        self.assertEqual(self.namespaces, [kustomization_namespace()])
+        # ULYSSES_NAMESPACE (an overlay's namespace) moves the Secrets, the Namespace and the
+        # certificate's qualified names; the short name the workers dial stays.
+        with tempfile.TemporaryDirectory() as tmp:
+            proc = subprocess.run([SECRETS_SCRIPT, tmp, "1"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, timeout=60,
+                                  env=dict(os.environ, ULYSSES_NAMESPACE="team-a"))
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            with open(os.path.join(tmp, "secrets.yaml"), encoding="utf-8") as f:
+                docs = [d for d in yaml.safe_load_all(f) if d]
+            self.assertEqual([d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"],
+                             ["team-a"])
+            for d in docs:
+                if d["kind"] == "Secret":
+                    self.assertEqual(d["metadata"]["namespace"], "team-a")
+            tls = next(d for d in docs if d["metadata"]["name"] == "ulysses-coordinator-tls")
+            rc, sans = self.openssl("x509", "-noout", "-ext", "subjectAltName",
+                                    stdin=base64.b64decode(tls["data"]["tls.crt"]))
+            self.assertEqual(rc, 0, sans)
+            self.assertRegex(sans, r"DNS:ulysses-coordinator(,|\s*$)")
+            self.assertIn("DNS:ulysses-coordinator.team-a.svc", sans)
+            self.assertNotIn(".ulysses.svc", sans)
+
     def test_token_file_holds_the_admin_token_hash_only(self):
         with open(os.path.join(self.tmp.name, "admin.token"), encoding="utf-8") as f:
             token = f.read().strip()
@@ -493,12 +529,12 @@ class KustomizeTest(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         objects = [d for d in yaml.safe_load_all(out) if d]
         self.assertEqual(sorted(d["kind"] for d in objects), sorted([
-            "Namespace", "ConfigMap", "PersistentVolumeClaim", "PersistentVolumeClaim",
+            "ConfigMap", "PersistentVolumeClaim", "PersistentVolumeClaim",
             "Deployment", "Service", "Service", "StatefulSet", "PodDisruptionBudget",
             "NetworkPolicy", "NetworkPolicy"]))
         for d in objects:
-            if d["kind"] != "Namespace":
-                self.assertEqual(d["metadata"]["namespace"], "ulysses", d["metadata"]["name"])
+            self.assertEqual(d["metadata"]["namespace"], kustomization_namespace(),
+                             d["metadata"]["name"])
 
 
 class MetricNamesTest(unittest.TestCase):
