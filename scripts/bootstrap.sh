@@ -20,6 +20,11 @@ PACKAGES=(
   python3-yaml
   procps
 )
+# deploy tests: kubectl renders deploy/k8s offline (`kubectl kustomize`) and writes the Secrets
+# (scripts/k8s_secrets.sh, --dry-run=client). Debian's kubernetes-client (kubectl 1.20) ships
+# /usr/bin/kubectl without declaring a conflict with other kubectl packages, so a kubectl
+# already on PATH is kept.
+command -v kubectl >/dev/null || PACKAGES+=(kubernetes-client)
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Secrets for deploy/k8s: TLS for the coordinator, client certificates for the workers, and
-# the coordinator's token file with one admin token. Writes OUT_DIR/secrets.yaml (apply it
-# before `kubectl apply -k deploy/k8s`) and, for ulyssesctl, OUT_DIR/admin.token (0600) and
-# OUT_DIR/ulyssesctl-config.yaml (context `k8s`: localhost:50051 through a port-forward).
+# the coordinator's token file with one admin token. Writes OUT_DIR/secrets.yaml (the
+# Namespace and the three Secrets; apply it before `kubectl apply -k deploy/k8s`) and, for
+# ulyssesctl, OUT_DIR/admin.token (0600) and OUT_DIR/ulyssesctl-config.yaml (context `k8s`:
+# localhost:50051 through a port-forward).
 #
-#   scripts/k8s_secrets.sh OUT_DIR [WORKERS]     # WORKERS: the StatefulSet's replicas (8)
+#   scripts/k8s_secrets.sh OUT_DIR [WORKERS]     # WORKERS: the StatefulSet's replicas (2)
+#
+# The namespace is the `namespace:` of deploy/k8s/kustomization.yaml (the one place the
+# manifests name it); ULYSSES_NAMESPACE overrides it, e.g. for an overlay that sets another.
 #
 # Certificates come from scripts/dev_certs.sh (a dev CA kept in OUT_DIR/certs; reused on
 # later runs, so more workers can be added). Production: sign with your own CA and build the
@@ -18,20 +22,27 @@ usage() {
 }
 [[ $# -ge 1 && $# -le 2 ]] || usage
 out="$1"
-workers="${2:-8}"
+workers="${2:-2}"
 [[ "$workers" =~ ^[0-9]+$ ]] && ((workers >= 1 && workers <= 1000)) || usage
 for tool in openssl kubectl python3; do
   command -v "$tool" >/dev/null || { echo "$0: $tool not found" >&2; exit 1; }
 done
 here="$(cd "$(dirname "$0")" && pwd)"
-ns=ulysses
+kustomization="$here/../deploy/k8s/kustomization.yaml"
+ns="${ULYSSES_NAMESPACE:-$(sed -n 's/^namespace:[[:space:]]*\([^[:space:]#]*\).*/\1/p' "$kustomization")}"
+if [[ ! "$ns" =~ ^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$ ]]; then
+  echo "$0: namespace '$ns' (ULYSSES_NAMESPACE or the namespace: of $kustomization) is not a" \
+    "DNS label" >&2
+  exit 2
+fi
 svc=ulysses-coordinator
 
 umask 077
 mkdir -p "$out"
 names=()
 for ((i = 0; i < workers; i++)); do names+=("ulysses-worker-$i"); done
-# The coordinator is dialled by its Service name (workers) and as localhost (port-forward).
+# The coordinator is dialled by its Service's short name (workers, in the same namespace) and
+# as localhost (port-forward); the qualified names serve clients in other namespaces.
 ULYSSES_CERT_SANS="DNS:$svc,DNS:$svc.$ns,DNS:$svc.$ns.svc,DNS:$svc.$ns.svc.cluster.local" \
   "$here/dev_certs.sh" "$out/certs" "${names[@]}" >/dev/null
 certs="$out/certs"
@@ -60,6 +71,15 @@ for n in "${names[@]}"; do
   worker_files+=(--from-file="$n.pem=$certs/workers/$n.pem" --from-file="$n.key=$certs/workers/$n.key")
 done
 {
+  cat <<YAML
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: $ns
+  labels:
+    app.kubernetes.io/part-of: ulysses
+---
+YAML
   kubectl create secret generic ulysses-coordinator-tls -n "$ns" --dry-run=client -o yaml \
     --from-file=tls.crt="$certs/server.pem" --from-file=tls.key="$certs/server.key" \
     --from-file=ca.crt="$certs/ca.pem"
@@ -80,5 +100,5 @@ contexts:
     ca: $(cd "$certs" && pwd)/ca.pem
     token_file: $(cd "$out" && pwd)/admin.token
 YAML
-echo "$0: wrote $out/secrets.yaml (3 Secrets, $workers worker certificates)," \
+echo "$0: wrote $out/secrets.yaml (Namespace $ns, 3 Secrets, $workers worker certificates)," \
   "$out/admin.token and $out/ulyssesctl-config.yaml"
