@@ -69,14 +69,14 @@ def one_round(a):
                 marks["high_first_step"] = now
             time.sleep(a.poll)
         victim = c.get(low)
-        lost = 0.0
+        lost = None  # null in the output when the coordinator's metrics cannot be read.
         port = re.search(r"listening .*metrics=(\d+)", read(os.path.join(c.tmp, "coordinator.log")))
         if port:
             text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port.group(1),
                                           timeout=10).read().decode()
             m = re.search(r'^ulysses_preemption_lost_gpu_seconds_total\{reason="priority"\} (\S+)',
                           text, re.M)
-            lost = float(m.group(1)) if m else float("nan")
+            lost = float(m.group(1)) if m else None
         return {
             "workers": a.workers, "checkpoint_every": a.every, "poll_s": a.poll,
             "submit_to_victim_checkpointing_s": round(marks["victim_checkpointing"], 3),
