@@ -1,6 +1,7 @@
 // One function per ulyssesctl verb: each adds its subcommand (options, help,
-// examples footer) to the app and, when run, sets ctx.exit_code. Verbs live in
-// client/cmd_<verb>.cc; the control-plane verbs replace their stubs there.
+// examples footer) to the app and, when run, sets ctx.exit_code. The offline verbs
+// live in client/cmd_validate.cc and client/cmd_plan.cc, `config` in client/cmd_config.cc,
+// and every verb that calls the coordinator in client/cmd_jobs.cc.
 #ifndef ULYSSES_CLIENT_COMMANDS_H_
 #define ULYSSES_CLIENT_COMMANDS_H_
 

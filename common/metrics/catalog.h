@@ -4,7 +4,7 @@
 // these rows (tests/deploy checks name, type, labels and binary), and the dashboard and
 // alert rules may only use names listed here (tests/deploy, through the
 // `ulysses-metrics-catalog` dump). A binary's scrape exports exactly its rows
-// (coordinator_grpc_test, worker_metrics_test).
+// (coordinator_grpc_test, worker_agent_test).
 //
 // Thread-safe: the catalogue is immutable after its first use.
 #ifndef ULYSSES_COMMON_METRICS_CATALOG_H_
