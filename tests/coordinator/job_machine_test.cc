@@ -483,10 +483,22 @@ TEST_F(JobMachineTest, PreemptionRequeuesUntilTheBudgetIsSpent) {
   LaunchOnBoth();
   Txn txn;
   machine_.OnRankPreempted(*job_, 0, 75, "exited 75", txn);
+  // Requeued: waiting for placement again (the scheduler's queue), the attempt ended as a
+  // preemption, the workers released, and the reason says so.
   EXPECT_EQ(job_->rec.state, v1::JOB_STATE_PREEMPTED);
+  EXPECT_TRUE(IsQueued(job_->rec.state));
+  EXPECT_GT(job_->queued_since_steady, 0);
+  ASSERT_EQ(job_->rec.attempts.size(), 1u);
+  EXPECT_EQ(job_->rec.attempts.back().outcome, v1::ATTEMPT_OUTCOME_PREEMPTED);
+  EXPECT_NE(job_->rec.reason.find("requeued"), std::string::npos) << job_->rec.reason;
+  EXPECT_EQ(job_->rec.failures, 0);  // A preemption is not a failure.
   LaunchOnBoth();
+  ASSERT_EQ(job_->rec.attempts.size(), 2u);
   machine_.OnRankPreempted(*job_, 0, 75, "exited 75", txn);
+  // The budget (max_preemptions 1) is spent: failed for good, not requeued.
   EXPECT_EQ(job_->rec.state, v1::JOB_STATE_FAILED);
+  EXPECT_FALSE(IsQueued(job_->rec.state));
+  EXPECT_NE(job_->rec.reason.find("max_preemptions is 1"), std::string::npos) << job_->rec.reason;
   EXPECT_EQ(job_->rec.preemptions, 2);
 }
 

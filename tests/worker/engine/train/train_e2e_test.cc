@@ -209,6 +209,19 @@ class TrainE2eTest : public ::testing::Test {
     return m;
   }
 
+  // The step of the newest committed checkpoint (a step-N directory with its manifest) under
+  // out/checkpoints, or -1 when there is none.
+  int64_t LatestCommittedStep(const std::string& out) {
+    int64_t latest = -1;
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(dir_ / out / "checkpoints", ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("step-", 0) != 0 || !fs::exists(e.path() / "manifest.json")) continue;
+      latest = std::max<int64_t>(latest, std::stoll(name.substr(5)));
+    }
+    return latest;
+  }
+
   size_t MetricLines(const std::string& out) {
     std::ifstream f(dir_ / out / "metrics.jsonl");
     std::string line;
@@ -384,8 +397,16 @@ TEST_F(TrainE2eTest, KillNineAndSigtermResume) {
   WaitForLines("killed", 8, p);
   kill(-p.pid, SIGKILL);
   Wait(p);
+  const int64_t killed_at = LatestCommittedStep("killed");
+  ASSERT_GE(killed_at, 6) << "no checkpoint committed before the kill";
+  const size_t lines_before_restart = MetricLines("killed");
   Result resumed = RunCmd(TrainArgs("killed", sp2), dir_, "resumed");
   ASSERT_EQ(resumed.code, 0) << resumed.err;
+  // The restart trained only the steps after its checkpoint: its first step line is the one
+  // after the checkpoint (a restart from step 0 would rewrite steps 1.. with equal losses).
+  auto restarted = StepLines("killed", lines_before_restart);
+  ASSERT_FALSE(restarted.empty());
+  EXPECT_EQ(restarted.begin()->first, killed_at + 1) << "the restart did not resume";
   auto lk = Losses("killed");
   ASSERT_EQ(lk.size(), 20u);
   for (auto& [step, loss] : lref) EXPECT_EQ(lk[step], loss) << "step " << step;  // bit-identical
@@ -403,8 +424,14 @@ TEST_F(TrainE2eTest, KillNineAndSigtermResume) {
     committed = committed || fs::exists(e.path() / "manifest.json");
   }
   EXPECT_TRUE(committed);
+  const int64_t term_at = LatestCommittedStep("term");
+  ASSERT_GE(term_at, 4) << "SIGTERM after step 4 must commit the step it stopped at";
+  const size_t term_lines = MetricLines("term");
   Result r4 = RunCmd(TrainArgs("term", {"spec.parallelism.sp_degree=4"}), dir_, "term4");
   ASSERT_EQ(r4.code, 0) << r4.err;
+  auto term_restarted = StepLines("term", term_lines);
+  ASSERT_FALSE(term_restarted.empty());
+  EXPECT_EQ(term_restarted.begin()->first, term_at + 1) << "the sp 4 restart did not resume";
   auto lt = Losses("term");
   ASSERT_EQ(lt.size(), 20u);
   for (auto& [step, loss] : lref) EXPECT_NEAR(lt[step], loss, 1e-4 * loss) << "step " << step;

@@ -101,6 +101,17 @@ int ChildMain(const ::ulysses::testing::ChildEnv& env) {
     CHILD_CHECK(env, z.ok(), z.status());
     zero = std::move(*z);
   }
+  // ZT_OBSERVE_OUT: at the run's first gradient reduction, how many parameters hold a gradient.
+  // All of them when reductions run after backward; fewer when layers reduce inside backward
+  // (the earlier layers' gradients do not exist yet). Stage 2 gathers nothing before it.
+  int64_t grads_at_first_reduction = -1;
+  if (zero != nullptr && !Env("ZT_OBSERVE_OUT").empty()) {
+    zero->SetObserver([&] {
+      if (grads_at_first_reduction >= 0) return;
+      grads_at_first_reduction = 0;
+      for (const torch::Tensor& p : m->parameters()) grads_at_first_reduction += p.grad().defined();
+    });
+  }
   if (resume) {
     absl::Status s = RestoreOptimizer(*resume, m, adam, zero.get());
     CHILD_CHECK(env, s.ok(), s);
@@ -140,6 +151,13 @@ int ChildMain(const ::ulysses::testing::ChildEnv& env) {
     CHILD_CHECK(env, c.ok(), c.status());
   }
   if (env.rank == 0) std::ofstream(Env("ZT_OUT")) << out.dump();
+  if (env.rank == 0 && zero != nullptr && !Env("ZT_OBSERVE_OUT").empty()) {
+    std::ofstream(Env("ZT_OBSERVE_OUT")) << nlohmann::json{
+        {"grads_at_first_reduction", grads_at_first_reduction},
+        {"parameters", m->parameters().size()},
+        {"per_layer_grads",
+         zero->per_layer_grads()}}.dump();
+  }
   return 0;
 }
 
@@ -148,6 +166,7 @@ ULYSSES_RANK_CHILD_MAIN(ChildMain);
 struct Run {
   int world = 1, sp = 1, zero = 0, steps = 3, first_step = 0;
   bool checkpointing = false, offload = false;
+  bool observe = false;  // record when the first gradient reduction runs (ZeRO >= 2)
   std::string dtype = "float64";
   std::string resume, ckpt_out;  // checkpoint to resume from / root to commit into
 };
@@ -156,6 +175,7 @@ struct Result {
   std::vector<double> loss, grad_norm, tokens;
   std::map<std::string, torch::Tensor> tensors;  // the committed checkpoint's, when any
   std::string checkpoint;                        // its step dir
+  nlohmann::json observed;                       // Run::observe: see ZT_OBSERVE_OUT
 };
 
 Result Train(const Run& r) {
@@ -171,7 +191,8 @@ Result Train(const Run& r) {
                                   absl::StrCat("ZT_OFFLOAD_ACT=", r.offload ? 1 : 0),
                                   "ZT_DTYPE=" + r.dtype,
                                   "ZT_RESUME=" + r.resume,
-                                  "ZT_CKPT_OUT=" + r.ckpt_out};
+                                  "ZT_CKPT_OUT=" + r.ckpt_out,
+                                  "ZT_OBSERVE_OUT=" + (r.observe ? dir.Sub("observed.json") : "")};
   const auto results =
       ::ulysses::testing::RunChildren("rank", r.world, std::chrono::seconds(120), env);
   Result res;
@@ -187,6 +208,7 @@ Result Train(const Run& r) {
     res.grad_norm.push_back(step[1].get<double>());
     res.tokens.push_back(step[2].get<double>());
   }
+  if (r.observe) res.observed = nlohmann::json::parse(std::ifstream(dir.Sub("observed.json")));
   if (!r.ckpt_out.empty()) {
     auto latest = LatestCommittedCheckpoint(r.ckpt_out);
     EXPECT_TRUE(latest.ok()) << latest.status();
@@ -281,8 +303,22 @@ TEST(ZeroTest, StagesOneToThreeMatchStageZeroAtSp2Dp2AndSp4) {
 
 TEST(ZeroTest, StageTwoWithoutCheckpointingReducesAfterBackward) {
   const Result base = Train({.world = 4, .sp = 2, .zero = 0, .steps = 5});
-  ExpectSameTraining(base, Train({.world = 4, .sp = 2, .zero = 2, .steps = 5}), 1e-9,
-                     "zero 2 without activation checkpointing");
+  const Result after = Train({.world = 4, .sp = 2, .zero = 2, .steps = 5, .observe = true});
+  ExpectSameTraining(base, after, 1e-9, "zero 2 without activation checkpointing");
+  // When: the first reduction comes once backward has finished (every parameter has its
+  // gradient), not from per-layer hooks inside backward.
+  ASSERT_TRUE(after.observed.is_object());
+  EXPECT_FALSE(after.observed["per_layer_grads"].get<bool>());
+  EXPECT_EQ(after.observed["grads_at_first_reduction"], after.observed["parameters"]);
+  // With activation checkpointing the layers reduce inside backward: the first reduction runs
+  // while the earlier layers have no gradient yet (so the observation can tell them apart).
+  const Result during =
+      Train({.world = 4, .sp = 2, .zero = 2, .steps = 1, .checkpointing = true, .observe = true});
+  ASSERT_TRUE(during.observed.is_object());
+  EXPECT_TRUE(during.observed["per_layer_grads"].get<bool>());
+  EXPECT_GT(during.observed["grads_at_first_reduction"].get<int64_t>(), 0);
+  EXPECT_LT(during.observed["grads_at_first_reduction"].get<int64_t>(),
+            during.observed["parameters"].get<int64_t>());
 }
 
 // Each rank's shard file holds only pieces (its chunks), and they tile every tensor.
