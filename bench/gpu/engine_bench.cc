@@ -10,9 +10,11 @@
 // Prints one JSON object per line: {"kind":"step", seq_len, tokens_per_s, mfu, step_seconds,
 // peak_allocated_bytes, ...} per --seq length; {"kind":"fit", seq_len, fits} per --max-seq trial
 // and {"kind":"max_seq", ...} at the end; {"kind":"profile", trace} when profiling.
-// MFU = step FLOPs / (step seconds x peak), step FLOPs = tokens x (6 N + 6 L d s): N the
-// non-embedding parameters, L layers, d hidden size, s sequence length (causal attention counted
-// once, recomputation not counted), peak = --peak-tflops (989 for an H100 SXM's dense bf16).
+// MFU = step FLOPs / (step seconds x peak), step FLOPs = tokens x spec::ModelFlopsPerToken
+// (common/spec/model_math.h: 6 N + 6 L d s, N the layers' parameters plus the lm_head matmul;
+// recomputation not counted; the convention of the engine's progress line, the
+// ulysses_rank_mfu_ratio metric, ulyssesctl plan and hf_bench.py), peak = --peak-tflops (989 for
+// an H100 SXM's dense bf16).
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -30,6 +32,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/spec/model_math.h"
 #include "worker/engine/parallel/attention.h"
 #include "worker/engine/parallel/parallelize.h"
 #include "worker/engine/torch_compat.h"
@@ -146,13 +149,6 @@ model::LlamaConfig Shape(const std::string& name) {
 }
 
 // Non-embedding parameters of a Llama shape (what the MFU formula's N counts).
-double NonEmbeddingParams(const model::LlamaConfig& c) {
-  const double d = c.hidden_size, hd = c.head_dim();
-  const double attn = d * c.num_attention_heads * hd * 2 + d * c.num_key_value_heads * hd * 2;
-  const double mlp = 3 * d * c.intermediate_size;
-  return c.num_hidden_layers * (attn + mlp + 2 * d) + d;
-}
-
 void Sync(const torch::Device& d) {
   if (d.is_cuda()) torch::cuda::synchronize(d.index());
 }
@@ -203,8 +199,7 @@ class Bench {
   }
 
   double StepFlops(int64_t s) const {
-    const double L = config_.num_hidden_layers, d = config_.hidden_size;
-    return static_cast<double>(s) * (6 * NonEmbeddingParams(config_) + 6 * L * d * s);
+    return static_cast<double>(s) * spec::ModelFlopsPerToken(config_, s);  // model_math.h
   }
 
   json Common(int64_t s) const {

@@ -8,11 +8,14 @@ JSON object per line in engine_bench's format ({"kind": "step" | "fit" | "max_se
   python3 bench/gpu/hf_bench.py --seq 8192,32768,131072 [--steps 3] [--warmup 1] \
       [--max-seq 8192 --max-seq-limit 1048576 --max-seq-step-budget 120]
 
-MFU uses the same formula as engine_bench: tokens x (6 N + 6 L d s) / (seconds x 989e12).
+MFU uses the one convention of common/spec/model_math.h (its Python copy bench/gpu/model_math.py,
+tested against it): tokens x (6 N + 6 L d s) / (seconds x 989e12), N the layers' parameters plus
+the lm_head matmul.
 """
 import argparse
 import gc
 import json
+import os
 import sys
 import time
 
@@ -20,21 +23,16 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import model_math  # noqa: E402  (bench/gpu/model_math.py)
+
 SHAPE = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
              num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
              tie_word_embeddings=True, rms_norm_eps=1e-5, head_dim=64)
 
 
-def non_embedding_params(c):
-    d, hd = c["hidden_size"], c["head_dim"]
-    attn = d * c["num_attention_heads"] * hd * 2 + d * c["num_key_value_heads"] * hd * 2
-    mlp = 3 * d * c["intermediate_size"]
-    return c["num_hidden_layers"] * (attn + mlp + 2 * d) + d
-
-
 def step_flops(s):
-    return s * (6 * non_embedding_params(SHAPE) + 6 * SHAPE["num_hidden_layers"] *
-                SHAPE["hidden_size"] * s)
+    return s * model_math.model_flops_per_token(SHAPE, s)
 
 
 class Bench:
@@ -87,7 +85,7 @@ class Bench:
         secs = total / steps
         return dict(self.common(s), kind="step", fits=True, step_seconds=secs,
                     tokens_per_s=s / secs, tflops=step_flops(s) / secs / 1e12,
-                    mfu=step_flops(s) / secs / self.peak,
+                    mfu=model_math.mfu(step_flops(s) / s, s / secs, 1, self.peak),
                     peak_allocated_bytes=torch.cuda.max_memory_allocated(),
                     peak_reserved_bytes=torch.cuda.max_memory_reserved())
 
