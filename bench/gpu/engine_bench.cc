@@ -2,7 +2,8 @@
 // the longest sequence a model shape trains at. The same Trainer step ulysses-train runs: random
 // token ids, bf16 (or any dtype) parameters with fp32 masters, AdamW, the spec's memory options.
 //
-//   engine_bench --device cuda:0 --shape llama3.2-1b --dtype bfloat16 --seq 8192,32768,131072
+//   engine_bench --device cuda:0 --shape llama3.2-1b|llama3.1-8b|tiny --dtype bfloat16
+//       --seq 8192,32768,131072
 //       [--steps 3] [--warmup 1] [--ac] [--tiled-mlp] [--tiled-loss] [--loss-tile 8192]
 //       [--max-seq START] [--max-seq-limit N] [--max-seq-step-budget SECONDS]
 //       [--profile-seq 32768 --profile-trace FILE]
@@ -135,6 +136,15 @@ model::LlamaConfig Shape(const std::string& name) {
     c.num_key_value_heads = 8;
     c.rope_theta = 500000;
     c.tie_word_embeddings = true;
+  } else if (name == "llama3.1-8b") {
+    c.vocab_size = 128256;
+    c.hidden_size = 4096;
+    c.intermediate_size = 14336;
+    c.num_hidden_layers = 32;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 8;
+    c.rope_theta = 500000;
+    c.tie_word_embeddings = false;
   } else if (name == "tiny") {
     c.vocab_size = 256;
     c.hidden_size = 256;
@@ -143,12 +153,11 @@ model::LlamaConfig Shape(const std::string& name) {
     c.num_attention_heads = 8;
     c.num_key_value_heads = 4;
   } else {
-    Usage("--shape: '" + name + "' is not llama3.2-1b or tiny");
+    Usage("--shape: '" + name + "' is not llama3.2-1b, llama3.1-8b or tiny");
   }
   return c;
 }
 
-// Non-embedding parameters of a Llama shape (what the MFU formula's N counts).
 void Sync(const torch::Device& d) {
   if (d.is_cuda()) torch::cuda::synchronize(d.index());
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Hugging Face transformers baseline for bench/gpu/engine_bench.cc, on the same GPU.
 
-LlamaForCausalLM at the Llama-3.2-1B shape (random init), bf16 parameters, attn_implementation
-"sdpa", gradient checkpointing, fused AdamW; one sequence per step, random token ids. Prints one
+LlamaForCausalLM at the Llama-3.2-1B (or --shape llama3.1-8b) shape (random init), bf16
+parameters, attn_implementation "sdpa", gradient checkpointing, fused AdamW; one sequence per
+step, random token ids. Prints one
 JSON object per line in engine_bench's format ({"kind": "step" | "fit" | "max_seq", ...}).
 
   python3 bench/gpu/hf_bench.py --seq 8192,32768,131072 [--steps 3] [--warmup 1] \
@@ -26,9 +27,18 @@ from transformers import LlamaConfig, LlamaForCausalLM
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model_math  # noqa: E402  (bench/gpu/model_math.py)
 
-SHAPE = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-             num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
-             tie_word_embeddings=True, rms_norm_eps=1e-5, head_dim=64)
+SHAPES = {
+    "llama3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                        num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                        rope_theta=500000.0, tie_word_embeddings=True, rms_norm_eps=1e-5,
+                        head_dim=64),
+    "llama3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                        rope_theta=500000.0, tie_word_embeddings=False, rms_norm_eps=1e-5,
+                        head_dim=128),
+}
+SHAPE_NAME = "llama3.2-1b"
+SHAPE = SHAPES[SHAPE_NAME]  # main() selects --shape before building the model.
 
 
 def step_flops(s):
@@ -67,7 +77,7 @@ class Bench:
             return None
 
     def common(self, s):
-        return {"seq_len": s, "shape": "llama3.2-1b", "dtype": "bfloat16", "framework":
+        return {"seq_len": s, "shape": SHAPE_NAME, "dtype": "bfloat16", "framework":
                 f"transformers {transformers.__version__}", "torch": torch.__version__,
                 "gradient_checkpointing": True, "attn_implementation": "sdpa"}
 
@@ -131,7 +141,10 @@ def main():
     p.add_argument("--max-seq-limit", type=int, default=1 << 20)
     p.add_argument("--max-seq-step-budget", type=float, default=120)
     p.add_argument("--peak-tflops", type=float, default=989)
+    p.add_argument("--shape", default="llama3.2-1b", choices=sorted(SHAPES))
     a = p.parse_args()
+    global SHAPE, SHAPE_NAME
+    SHAPE_NAME, SHAPE = a.shape, SHAPES[a.shape]
     seqs = [int(x) for x in a.seq.split(",") if x]
     bench = Bench(max(seqs + [a.max_seq_limit]), a.peak_tflops)
     for s in seqs:
