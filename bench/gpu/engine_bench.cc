@@ -5,6 +5,7 @@
 //   engine_bench --device cuda:0 --shape llama3.2-1b|llama3.1-8b|tiny --dtype bfloat16
 //       --seq 8192,32768,131072
 //       [--steps 3] [--warmup 1] [--ac] [--tiled-mlp] [--tiled-loss] [--loss-tile 8192]
+//       [--offload-activations] [--fuse-gate-up] [--fused-rms-norm]
 //       [--max-seq START] [--max-seq-limit N] [--max-seq-step-budget SECONDS]
 //       [--profile-seq 32768 --profile-trace FILE]
 //
@@ -58,6 +59,7 @@ struct Args {
   std::vector<int64_t> seqs;
   int steps = 3, warmup = 1;
   bool ac = false, tiled_mlp = false, tiled_loss = false;
+  bool offload_activations = false, fuse_gate_up = false, fused_rms_norm = false;
   int64_t loss_tile = 8192, mlp_tile = 0;
   int64_t max_seq = 0, max_seq_limit = 4 << 20;
   double max_seq_step_budget = 120;
@@ -103,6 +105,12 @@ Args ParseArgs(int argc, char** argv) {
       a.tiled_mlp = true;
     else if (f == "--tiled-loss")
       a.tiled_loss = true;
+    else if (f == "--offload-activations")
+      a.offload_activations = true;
+    else if (f == "--fuse-gate-up")
+      a.fuse_gate_up = true;
+    else if (f == "--fused-rms-norm")
+      a.fused_rms_norm = true;
     else if (f == "--loss-tile")
       a.loss_tile = ParseInt(f, value());
     else if (f == "--mlp-tile")
@@ -173,6 +181,9 @@ class Bench {
     mem.tiled_mlp = a.tiled_mlp;
     mem.mlp_tile_tokens = a.mlp_tile;
     mem.tiled_loss = a.tiled_loss;
+    mem.offload_activations = a.offload_activations;
+    mem.fuse_gate_up = a.fuse_gate_up;
+    mem.fused_rms_norm = a.fused_rms_norm;
     mem.loss_tile_tokens = a.loss_tile;
     const torch::Dtype dtype = Unwrap(model::ParseDtype(a.dtype));
     model_ = Unwrap(BuildModel(config_, mem, 1234, rt_.device, dtype));
@@ -219,6 +230,9 @@ class Bench {
                 {"activation_checkpointing", args_.ac},
                 {"tiled_mlp", args_.tiled_mlp},
                 {"tiled_loss", args_.tiled_loss},
+                {"offload_activations", args_.offload_activations},
+                {"fuse_gate_up", args_.fuse_gate_up},
+                {"fused_rms_norm", args_.fused_rms_norm},
                 {"sdpa_backend", Backend()}};
   }
 
@@ -360,6 +374,7 @@ class Bench {
 };
 
 int Main(int argc, char** argv) {
+  ConfigureCudaAllocator();  // As ulysses-train: expandable segments on libtorch >= 2.1.
   Args a = ParseArgs(argc, argv);
   Bench bench(a);
   for (int64_t s : a.seqs) std::cout << bench.Measure(s).dump() << std::endl;

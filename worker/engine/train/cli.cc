@@ -23,6 +23,7 @@
 #include "common/stop.h"
 #include "worker/engine/data/indexed.h"
 #include "worker/engine/parallel/rendezvous_port.h"
+#include "worker/engine/train/device_memory.h"
 #include "worker/engine/train/engine.h"
 #include "worker/engine/train/launcher.h"
 
@@ -428,6 +429,7 @@ int DataCommand(int argc, char** argv) {
 }  // namespace
 
 int UlyssesTrainMain(int argc, char** argv) {
+  ConfigureCudaAllocator();  // Before any CUDA allocation (the ranks inherit it too).
   if (argc < 2) {
     std::cerr << kUsage;
     return contract::kExitBadInput;
