@@ -11,8 +11,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
-#include <exception>
 #include <deque>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -217,9 +217,9 @@ class NcclCommunicator final : public Communicator {
     ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(in.scalar_type()));
     const cudaStream_t stream = ComputeStream(device_);
     std::lock_guard<std::mutex> comm_lock(comm_mu_);
-    return Enqueued(ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), type, ncclSum,
-                                      comm_, stream),
-                    "reduce_scatter", stream);
+    return Enqueued(
+        ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), type, ncclSum, comm_, stream),
+        "reduce_scatter", stream);
   }
 
   absl::Status AllGather(torch::Tensor& out, const torch::Tensor& in) override {
@@ -234,9 +234,8 @@ class NcclCommunicator final : public Communicator {
     ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(in.scalar_type()));
     const cudaStream_t stream = ComputeStream(device_);
     std::lock_guard<std::mutex> comm_lock(comm_mu_);
-    return Enqueued(
-        ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), type, comm_, stream),
-        "allgather", stream);
+    return Enqueued(ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), type, comm_, stream),
+                    "allgather", stream);
   }
 
   absl::Status AllReduceMax(torch::Tensor& t) override {
@@ -260,9 +259,8 @@ class NcclCommunicator final : public Communicator {
     ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(t.scalar_type()));
     const cudaStream_t stream = ComputeStream(device_);
     std::lock_guard<std::mutex> comm_lock(comm_mu_);
-    return Enqueued(
-        ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), type, root, comm_, stream),
-        "broadcast", stream);
+    return Enqueued(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), type, root, comm_, stream),
+                    "broadcast", stream);
   }
 
   // The one host wait: a barrier returns when every rank reached it (and this rank's earlier
@@ -273,9 +271,9 @@ class NcclCommunicator final : public Communicator {
     cudaEvent_t done = nullptr;
     {
       std::lock_guard<std::mutex> comm_lock(comm_mu_);
-      RETURN_IF_ERROR(Enqueued(
-          ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream), "barrier",
-          stream, nullptr, &done));
+      RETURN_IF_ERROR(
+          Enqueued(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream),
+                   "barrier", stream, nullptr, &done));
     }
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return failed_.load() || !IsPendingLocked(done); });
@@ -334,10 +332,9 @@ class NcclCommunicator final : public Communicator {
         ncclCommAbort(comm_);
         comm_ = nullptr;
         if (health_.aborted()) return health_.AbortedError(op);
-        return absl::DeadlineExceededError(absl::StrCat("nccl ", op, " on group '", name_,
-                                                        "': enqueue timed out after ",
-                                                        timeout_.count(),
-                                                        " ms (communicator aborted)"));
+        return absl::DeadlineExceededError(
+            absl::StrCat("nccl ", op, " on group '", name_, "': enqueue timed out after ",
+                         timeout_.count(), " ms (communicator aborted)"));
       }
       std::this_thread::yield();
     }
@@ -458,9 +455,9 @@ class NcclCommunicator final : public Communicator {
       if (q != cudaErrorNotReady) {
         failure = CudaStatus(q, absl::StrCat("nccl ", front.op, " on group '", name_, "'"));
       } else if (Clock::now() > front.deadline) {
-        failure = absl::DeadlineExceededError(
-            absl::StrCat("nccl ", front.op, " on group '", name_, "' timed out after ",
-                         timeout_.count(), " ms (communicator aborted)"));
+        failure = absl::DeadlineExceededError(absl::StrCat("nccl ", front.op, " on group '", name_,
+                                                           "' timed out after ", timeout_.count(),
+                                                           " ms (communicator aborted)"));
       } else {
         const std::string op = front.op;
         lock.unlock();
@@ -471,8 +468,8 @@ class NcclCommunicator final : public Communicator {
         }
         lock.lock();
         if (state != ncclSuccess && state != ncclInProgress) {
-          failure = absl::UnavailableError(absl::StrCat("nccl ", op, " on group '", name_,
-                                                        "': ", ncclGetErrorString(state)));
+          failure = absl::UnavailableError(
+              absl::StrCat("nccl ", op, " on group '", name_, "': ", ncclGetErrorString(state)));
         }
       }
       if (!failure.ok()) {
