@@ -95,7 +95,13 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
   ~NcclCommunicator() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      // Collectives still in flight finish first (the peers wait on them), within the timeout;
+      // the watchdog aborts the communicator if they do not.
+      std::unique_lock<std::mutex> lock(mu_);
+      if (watchdog_.joinable()) {
+        cv_.wait_for(lock, timeout_ + std::chrono::seconds(1),
+                     [&] { return pending_.empty() || failed_.load(); });
+      }
       stop_ = true;
     }
     cv_.notify_all();
