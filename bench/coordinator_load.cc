@@ -37,6 +37,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "common/contract/cli11.h"
+#include "common/file_tree.h"
 #include "common/grpc/grpc_util.h"
 #include "ulysses/v1/job_service.grpc.pb.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
@@ -453,6 +454,6 @@ int main(int argc, char** argv) {
   kill(pid, SIGTERM);
   int status = 0;
   waitpid(pid, &status, 0);
-  std::filesystem::remove_all(state_dir);
+  ulysses::RemoveTree(state_dir).IgnoreError();
   return 0;
 }

@@ -19,6 +19,7 @@
 #include <map>
 #include <string>
 
+#include "common/file_tree.h"
 #include "worker/engine/data/indexed.h"
 #include "worker/engine/data/packing.h"
 #include "worker/engine/parallel/attention.h"
@@ -102,7 +103,7 @@ int main(int argc, char** argv) {
               static_cast<long>(n_seq), static_cast<long>(seq), static_cast<long>(stats->documents),
               static_cast<long>(stats->tokens), read_s, stats->documents / read_s,
               4.0 * stats->tokens / read_s / 1e9);
-  fs::remove_all(dir);
+  ulysses::RemoveTree(dir).IgnoreError();
 
   torch::manual_seed(0);
   const int64_t hq = a["--hq"], hkv = a["--hkv"], d = a["--d"], doc_len = a["--doc-len"];

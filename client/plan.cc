@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "client/output.h"
 #include "common/spec/memory_model.h"
+#include "common/spec/model_math.h"
 #include "common/spec/model_shape.h"
 
 namespace ulysses::client {
@@ -121,24 +122,13 @@ ActivationBytes Activations(const spec::JobSpec& s, const StagePlan& p, bool hos
   return a;
 }
 
-// Model FLOPs per token (6 per parameter per token plus causal attention, docs/ENGINE.md's
-// MFU formula), with what the memory options recompute.
-double FlopsPerToken(const spec::JobSpec& s, const spec::ParameterCounts& c, double seq_len) {
-  const spec::ModelSpec& m = s.model;
-  const double h = static_cast<double>(m.hidden_size);
-  const double layers = static_cast<double>(m.num_hidden_layers);
-  const double vocab = static_cast<double>(m.vocab_size);
-  const double inter = static_cast<double>(m.intermediate_size);
-  const double layer_params = layers * c.per_layer;
-  const double attention = 6 * layers * h * seq_len;  // QK^T and AV, causal half, fwd + bwd
-  double flops = 6 * (layer_params + vocab * h) + attention;
-  if (s.memory.activation_checkpointing) {
-    flops += 2 * layer_params + attention / 3;  // one more forward of every layer
-  } else if (s.memory.tiled_mlp) {
-    flops += 2 * layers * 3 * h * inter;  // the MLP forward again per tile
-  }
-  if (s.memory.tiled_loss) flops += 2 * vocab * h;  // logits recomputed in backward
-  return flops;
+// Hardware FLOPs per token: the model FLOPs (common/spec/model_math.h, the MFU convention)
+// plus what the memory options recompute.
+double FlopsPerToken(const spec::JobSpec& s, int64_t seq_len) {
+  const spec::RecomputeOptions recompute{s.memory.activation_checkpointing, s.memory.tiled_mlp,
+                                         s.memory.tiled_loss};
+  return spec::ModelFlopsPerToken(s.model, seq_len) +
+         spec::RecomputeFlopsPerToken(s.model, seq_len, recompute);
 }
 
 }  // namespace
@@ -284,8 +274,7 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s, const DeviceSpec* device)
         const double tokens = static_cast<double>(p.seq_len) *
                               static_cast<double>(s.optimizer.grad_accum_steps) *
                               static_cast<double>(p.micro_batch);
-        p.flops_per_rank = FlopsPerToken(s, counts, static_cast<double>(p.seq_len)) * tokens /
-                           static_cast<double>(p.sp);
+        p.flops_per_rank = FlopsPerToken(s, p.seq_len) * tokens / static_cast<double>(p.sp);
         // On cpu the ranks share the host's cores.
         const double peak = PeakFlops(*device, m.dtype) /
                             (device->host_is_device ? static_cast<double>(p.world) : 1.0);

@@ -12,6 +12,7 @@
 # (.clang-format); fix with `clang-format -i FILE`. clang-tidy uses .clang-tidy and
 # $BUILD_DIR/compile_commands.json (configure first, see scripts/bootstrap.sh); a changed
 # header is checked through its .cc (or, failing that, through a source that includes it).
+# Forbidden: remove_all( in any tracked C++ file (see the check below); also in --format-only.
 # Exits 1 if anything is reported. CI runs the format check as the ctest entry lint_format.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +49,20 @@ if [ ${#unformatted[@]} -gt 0 ]; then
   status=1
 else
   echo "lint: clang-format: ${#tracked[@]} files clean"
+fi
+# --- forbidden calls ------------------------------------------------------------------------
+# std::filesystem::remove_all may bind to the copy of libstdc++'s filesystem that the PyTorch
+# pip wheel exports (pytorch/pytorch#133437) and crash; delete trees with RemoveTree
+# (common/file_tree.h).
+# bench/gpu/fs_symbol_probe.cc calls it on purpose: it diagnoses that crash.
+mapfile -t forbidden < <(git grep -nE '\bremove_all[[:space:]]*\(' -- '*.cc' '*.h' '*.cpp' \
+  ':!bench/gpu/fs_symbol_probe.cc' || true)
+if [ ${#forbidden[@]} -gt 0 ]; then
+  echo "lint: remove_all is forbidden (use ulysses::RemoveTree from common/file_tree.h):"
+  printf '  %s\n' "${forbidden[@]}"
+  status=1
+else
+  echo "lint: no remove_all calls"
 fi
 [ "$format_only" = 1 ] && exit "$status"
 

@@ -2,17 +2,21 @@
 // the longest sequence a model shape trains at. The same Trainer step ulysses-train runs: random
 // token ids, bf16 (or any dtype) parameters with fp32 masters, AdamW, the spec's memory options.
 //
-//   engine_bench --device cuda:0 --shape llama3.2-1b --dtype bfloat16 --seq 8192,32768,131072
+//   engine_bench --device cuda:0 --shape llama3.2-1b|llama3.1-8b|tiny --dtype bfloat16
+//       --seq 8192,32768,131072
 //       [--steps 3] [--warmup 1] [--ac] [--tiled-mlp] [--tiled-loss] [--loss-tile 8192]
+//       [--offload-activations] [--fuse-gate-up] [--fused-rms-norm]
 //       [--max-seq START] [--max-seq-limit N] [--max-seq-step-budget SECONDS]
 //       [--profile-seq 32768 --profile-trace FILE]
 //
 // Prints one JSON object per line: {"kind":"step", seq_len, tokens_per_s, mfu, step_seconds,
 // peak_allocated_bytes, ...} per --seq length; {"kind":"fit", seq_len, fits} per --max-seq trial
 // and {"kind":"max_seq", ...} at the end; {"kind":"profile", trace} when profiling.
-// MFU = step FLOPs / (step seconds x peak), step FLOPs = tokens x (6 N + 6 L d s): N the
-// non-embedding parameters, L layers, d hidden size, s sequence length (causal attention counted
-// once, recomputation not counted), peak = --peak-tflops (989 for an H100 SXM's dense bf16).
+// MFU = step FLOPs / (step seconds x peak), step FLOPs = tokens x spec::ModelFlopsPerToken
+// (common/spec/model_math.h: 6 N + 6 L d s, N the layers' parameters plus the lm_head matmul;
+// recomputation not counted; the convention of the engine's progress line, the
+// ulysses_rank_mfu_ratio metric, ulyssesctl plan and hf_bench.py), peak = --peak-tflops (989 for
+// an H100 SXM's dense bf16).
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -30,6 +34,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/spec/model_math.h"
 #include "worker/engine/parallel/attention.h"
 #include "worker/engine/parallel/parallelize.h"
 #include "worker/engine/torch_compat.h"
@@ -54,6 +59,7 @@ struct Args {
   std::vector<int64_t> seqs;
   int steps = 3, warmup = 1;
   bool ac = false, tiled_mlp = false, tiled_loss = false;
+  bool offload_activations = false, fuse_gate_up = false, fused_rms_norm = false;
   int64_t loss_tile = 8192, mlp_tile = 0;
   int64_t max_seq = 0, max_seq_limit = 4 << 20;
   double max_seq_step_budget = 120;
@@ -99,6 +105,12 @@ Args ParseArgs(int argc, char** argv) {
       a.tiled_mlp = true;
     else if (f == "--tiled-loss")
       a.tiled_loss = true;
+    else if (f == "--offload-activations")
+      a.offload_activations = true;
+    else if (f == "--fuse-gate-up")
+      a.fuse_gate_up = true;
+    else if (f == "--fused-rms-norm")
+      a.fused_rms_norm = true;
     else if (f == "--loss-tile")
       a.loss_tile = ParseInt(f, value());
     else if (f == "--mlp-tile")
@@ -132,6 +144,15 @@ model::LlamaConfig Shape(const std::string& name) {
     c.num_key_value_heads = 8;
     c.rope_theta = 500000;
     c.tie_word_embeddings = true;
+  } else if (name == "llama3.1-8b") {
+    c.vocab_size = 128256;
+    c.hidden_size = 4096;
+    c.intermediate_size = 14336;
+    c.num_hidden_layers = 32;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 8;
+    c.rope_theta = 500000;
+    c.tie_word_embeddings = false;
   } else if (name == "tiny") {
     c.vocab_size = 256;
     c.hidden_size = 256;
@@ -140,17 +161,9 @@ model::LlamaConfig Shape(const std::string& name) {
     c.num_attention_heads = 8;
     c.num_key_value_heads = 4;
   } else {
-    Usage("--shape: '" + name + "' is not llama3.2-1b or tiny");
+    Usage("--shape: '" + name + "' is not llama3.2-1b, llama3.1-8b or tiny");
   }
   return c;
-}
-
-// Non-embedding parameters of a Llama shape (what the MFU formula's N counts).
-double NonEmbeddingParams(const model::LlamaConfig& c) {
-  const double d = c.hidden_size, hd = c.head_dim();
-  const double attn = d * c.num_attention_heads * hd * 2 + d * c.num_key_value_heads * hd * 2;
-  const double mlp = 3 * d * c.intermediate_size;
-  return c.num_hidden_layers * (attn + mlp + 2 * d) + d;
 }
 
 void Sync(const torch::Device& d) {
@@ -168,6 +181,9 @@ class Bench {
     mem.tiled_mlp = a.tiled_mlp;
     mem.mlp_tile_tokens = a.mlp_tile;
     mem.tiled_loss = a.tiled_loss;
+    mem.offload_activations = a.offload_activations;
+    mem.fuse_gate_up = a.fuse_gate_up;
+    mem.fused_rms_norm = a.fused_rms_norm;
     mem.loss_tile_tokens = a.loss_tile;
     const torch::Dtype dtype = Unwrap(model::ParseDtype(a.dtype));
     model_ = Unwrap(BuildModel(config_, mem, 1234, rt_.device, dtype));
@@ -203,8 +219,7 @@ class Bench {
   }
 
   double StepFlops(int64_t s) const {
-    const double L = config_.num_hidden_layers, d = config_.hidden_size;
-    return static_cast<double>(s) * (6 * NonEmbeddingParams(config_) + 6 * L * d * s);
+    return static_cast<double>(s) * spec::ModelFlopsPerToken(config_, s);  // model_math.h
   }
 
   json Common(int64_t s) const {
@@ -215,6 +230,9 @@ class Bench {
                 {"activation_checkpointing", args_.ac},
                 {"tiled_mlp", args_.tiled_mlp},
                 {"tiled_loss", args_.tiled_loss},
+                {"offload_activations", args_.offload_activations},
+                {"fuse_gate_up", args_.fuse_gate_up},
+                {"fused_rms_norm", args_.fused_rms_norm},
                 {"sdpa_backend", Backend()}};
   }
 
@@ -356,6 +374,7 @@ class Bench {
 };
 
 int Main(int argc, char** argv) {
+  ConfigureCudaAllocator();  // As ulysses-train: expandable segments on libtorch >= 2.1.
   Args a = ParseArgs(argc, argv);
   Bench bench(a);
   for (int64_t s : a.seqs) std::cout << bench.Measure(s).dump() << std::endl;

@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
 """Hugging Face transformers baseline for bench/gpu/engine_bench.cc, on the same GPU.
 
-LlamaForCausalLM at the Llama-3.2-1B shape (random init), bf16 parameters, attn_implementation
-"sdpa", gradient checkpointing, fused AdamW; one sequence per step, random token ids. Prints one
+LlamaForCausalLM at the Llama-3.2-1B (or --shape llama3.1-8b) shape (random init), bf16
+parameters, attn_implementation "sdpa", gradient checkpointing, fused AdamW; one sequence per
+step, random token ids. Prints one
 JSON object per line in engine_bench's format ({"kind": "step" | "fit" | "max_seq", ...}).
 
   python3 bench/gpu/hf_bench.py --seq 8192,32768,131072 [--steps 3] [--warmup 1] \
       [--max-seq 8192 --max-seq-limit 1048576 --max-seq-step-budget 120]
 
-MFU uses the same formula as engine_bench: tokens x (6 N + 6 L d s) / (seconds x 989e12).
+MFU uses the one convention of common/spec/model_math.h (its Python copy bench/gpu/model_math.py,
+tested against it): tokens x (6 N + 6 L d s) / (seconds x 989e12), N the layers' parameters plus
+the lm_head matmul.
 """
 import argparse
 import gc
 import json
+import os
 import sys
 import time
 
@@ -20,21 +24,25 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-SHAPE = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-             num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
-             tie_word_embeddings=True, rms_norm_eps=1e-5, head_dim=64)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import model_math  # noqa: E402  (bench/gpu/model_math.py)
 
-
-def non_embedding_params(c):
-    d, hd = c["hidden_size"], c["head_dim"]
-    attn = d * c["num_attention_heads"] * hd * 2 + d * c["num_key_value_heads"] * hd * 2
-    mlp = 3 * d * c["intermediate_size"]
-    return c["num_hidden_layers"] * (attn + mlp + 2 * d) + d
+SHAPES = {
+    "llama3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                        num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                        rope_theta=500000.0, tie_word_embeddings=True, rms_norm_eps=1e-5,
+                        head_dim=64),
+    "llama3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                        rope_theta=500000.0, tie_word_embeddings=False, rms_norm_eps=1e-5,
+                        head_dim=128),
+}
+SHAPE_NAME = "llama3.2-1b"
+SHAPE = SHAPES[SHAPE_NAME]  # main() selects --shape before building the model.
 
 
 def step_flops(s):
-    return s * (6 * non_embedding_params(SHAPE) + 6 * SHAPE["num_hidden_layers"] *
-                SHAPE["hidden_size"] * s)
+    return s * model_math.model_flops_per_token(SHAPE, s)
 
 
 class Bench:
@@ -69,7 +77,7 @@ class Bench:
             return None
 
     def common(self, s):
-        return {"seq_len": s, "shape": "llama3.2-1b", "dtype": "bfloat16", "framework":
+        return {"seq_len": s, "shape": SHAPE_NAME, "dtype": "bfloat16", "framework":
                 f"transformers {transformers.__version__}", "torch": torch.__version__,
                 "gradient_checkpointing": True, "attn_implementation": "sdpa"}
 
@@ -87,7 +95,7 @@ class Bench:
         secs = total / steps
         return dict(self.common(s), kind="step", fits=True, step_seconds=secs,
                     tokens_per_s=s / secs, tflops=step_flops(s) / secs / 1e12,
-                    mfu=step_flops(s) / secs / self.peak,
+                    mfu=model_math.mfu(step_flops(s) / s, s / secs, 1, self.peak),
                     peak_allocated_bytes=torch.cuda.max_memory_allocated(),
                     peak_reserved_bytes=torch.cuda.max_memory_reserved())
 
@@ -133,7 +141,10 @@ def main():
     p.add_argument("--max-seq-limit", type=int, default=1 << 20)
     p.add_argument("--max-seq-step-budget", type=float, default=120)
     p.add_argument("--peak-tflops", type=float, default=989)
+    p.add_argument("--shape", default="llama3.2-1b", choices=sorted(SHAPES))
     a = p.parse_args()
+    global SHAPE, SHAPE_NAME
+    SHAPE_NAME, SHAPE = a.shape, SHAPES[a.shape]
     seqs = [int(x) for x in a.seq.split(",") if x]
     bench = Bench(max(seqs + [a.max_seq_limit]), a.peak_tflops)
     for s in seqs:

@@ -3,7 +3,8 @@
 # benchmarks) against the libtorch inside a pip-installed PyTorch, on a machine that has no
 # package registry (the GPU machine). One command:
 #
-#   scripts/gpu/build_engine.sh [BUILD_DIR [extra cmake args]]     (default build-gpu)
+#   [TARGETS="t1 t2"] scripts/gpu/build_engine.sh [BUILD_DIR [extra cmake args]]
+#                                          (default build-gpu; every target without TARGETS)
 #
 # Libraries the engine needs that a PyTorch image lacks (Abseil, yaml-cpp, nlohmann-json,
 # GoogleTest, Gloo headers) come from Debian .deb files in $DEBS_DIR (default .debs; fetch them
@@ -56,5 +57,11 @@ cmake -S . -B "$BUILD_DIR" -G Ninja \
   -DCMAKE_EXE_LINKER_FLAGS="-Wl,--disable-new-dtags" \
   -DCMAKE_SHARED_LINKER_FLAGS="-Wl,--disable-new-dtags" \
   "${NCCL_ARGS[@]}" "$@"
-cmake --build "$BUILD_DIR" -j"$(nproc)"
+# TARGETS="a b ...": build only these (scripts/gpu/run_checks.sh builds what its steps run).
+read -r -a targets <<< "${TARGETS:-}"
+if [ ${#targets[@]} -gt 0 ]; then
+  cmake --build "$BUILD_DIR" -j"$(nproc)" --target "${targets[@]}"
+else
+  cmake --build "$BUILD_DIR" -j"$(nproc)"
+fi
 echo "build_engine: built into $BUILD_DIR/bin"

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "common/file_tree.h"
 #include "common/spec/job_spec_parser.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -63,7 +64,7 @@ class UlyssesctlTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::create_directories(dir_);
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { ulysses::RemoveTree(dir_).IgnoreError(); }
 
   std::string Write(const std::string& name, const std::string& content) {
     const std::string path = (dir_ / name).string();

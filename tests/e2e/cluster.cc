@@ -1,4 +1,5 @@
 #include "tests/e2e/cluster.h"
+#include "common/file_tree.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -123,8 +124,7 @@ Cluster::Cluster() {
 Cluster::~Cluster() {
   workers_.clear();  // Workers first: their children get SIGTERM through them.
   coordinator_.reset();
-  std::error_code ec;
-  if (std::getenv("ULYSSES_E2E_KEEP") == nullptr) fs::remove_all(dir_, ec);
+  if (std::getenv("ULYSSES_E2E_KEEP") == nullptr) ulysses::RemoveTree(dir_).IgnoreError();
 }
 
 void Cluster::StartCoordinator(double heartbeat_timeout_s) {

@@ -10,7 +10,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
-#include <system_error>
+
+#include "common/file_tree.h"
 
 namespace ulysses::testing {
 
@@ -26,10 +27,8 @@ class TempDir {
     }
     path_ = tmpl;
   }
-  ~TempDir() {
-    std::error_code ec;  // Best effort: a test may have made something unremovable.
-    std::filesystem::remove_all(path_, ec);
-  }
+  // Best effort: a test may have made something unremovable (the status is dropped).
+  ~TempDir() { RemoveTree(path_).IgnoreError(); }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 

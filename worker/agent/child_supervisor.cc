@@ -254,6 +254,10 @@ std::vector<std::string> BuildRankArgv(const RankLaunch& launch) {
     argv.push_back("--peak-flops");
     argv.push_back(peak);
   }
+  if (launch.intra_op_threads > 0) {
+    argv.push_back("--intra-op-threads");
+    argv.push_back(absl::StrCat(launch.intra_op_threads));
+  }
   for (const auto& set : launch.overrides) {
     argv.push_back("--set");
     argv.push_back(set);

@@ -116,6 +116,7 @@ struct RankLaunch {
   std::vector<std::string> overrides;  // "spec.path=value", passed as --set.
   int collective_timeout_s = 0;        // > 0: --collective-timeout-s (0 = the engine's 60 s).
   double peak_flops = 0;               // > 0: --peak-flops (the step events then carry mfu).
+  int intra_op_threads = 0;            // > 0: --intra-op-threads (0 = libtorch's default).
 };
 std::vector<std::string> BuildRankArgv(const RankLaunch& launch);
 

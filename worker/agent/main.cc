@@ -55,6 +55,9 @@ int main(int argc, char** argv) {
   app.add_option("--peak-flops", config.peak_flops,
                  "Dense peak FLOP/s of the device for the MFU gauge (e.g. 989e12; 0 = unknown)")
       ->capture_default_str();
+  app.add_option("--intra-op-threads", config.intra_op_threads,
+                 "libtorch intra-op threads of each rank (0 = usable cores / slots)")
+      ->capture_default_str();
   app.add_flag("--insecure", config.insecure,
                "Allow plaintext to a non-loopback coordinator (the token travels in clear)");
   if (std::optional<int> exit_code = ulysses::contract::ParseCommandLine(app, argc, argv)) {

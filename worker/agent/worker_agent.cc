@@ -23,6 +23,7 @@
 #include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "common/metrics/metrics_server.h"
+#include "common/process/cpu_share.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
@@ -177,6 +178,11 @@ absl::Status WorkerConfig::Validate() {
     errors.push_back(absl::StrCat("--peak-flops: ", peak_flops,
                                   " is not a finite number >= 0 (the device's dense peak "
                                   "FLOP/s, e.g. 989e12 for an H100 in bf16; 0 = unknown)"));
+  }
+  if (intra_op_threads < 0 || intra_op_threads > process::kMaxIntraOpThreads) {
+    errors.push_back(absl::StrCat("--intra-op-threads: ", intra_op_threads, " is outside 0..",
+                                  process::kMaxIntraOpThreads,
+                                  " (each rank's libtorch threads; 0 = usable cores / slots)"));
   }
   if (grace_period.count() < 0) {
     errors.push_back(absl::StrCat("--grace-period-s: ", grace_period.count() / 1000.0,
@@ -706,6 +712,10 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   launch.device = slot.device;
   launch.collective_timeout_s = config_.collective_timeout_s;
   launch.peak_flops = config_.peak_flops;
+  launch.intra_op_threads =
+      config_.intra_op_threads > 0
+          ? config_.intra_op_threads
+          : process::IntraOpThreadShare(process::UsableCores(), static_cast<int>(slots_.size()));
   launch.overrides.assign(a.overrides().begin(), a.overrides().end());
 
   ChildCallbacks callbacks;

@@ -68,6 +68,10 @@ struct WorkerConfig {
   // --peak-flops: the device's dense peak FLOP/s for ulysses_rank_mfu_ratio (989e12 for an
   // H100 in bf16); 0 = unknown (no MFU series).
   double peak_flops = 0;
+  // --intra-op-threads: each rank's libtorch intra-op threads (ulysses-train rank
+  // --intra-op-threads); 0 = its share of the cores, usable cores / slots
+  // (common/process/cpu_share.h).
+  int intra_op_threads = 0;
 
   // Fills defaults (engine_bin, token from token_file) and checks every field, the
   // credential files included; the message names the flag, the value and the fix.

@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "common/file_tree.h"
 #include "common/metrics/build_info.h"
 #include "common/metrics/metrics_server.h"
 #include "gtest/gtest.h"
@@ -90,7 +91,7 @@ class PrometheusScrapeTest : public ::testing::Test {
   void TearDown() override {
     Terminate(prometheus_pid_, std::chrono::seconds(10));
     if (!dir_.empty()) {
-      std::filesystem::remove_all(dir_);
+      ulysses::RemoveTree(dir_).IgnoreError();
     }
   }
 

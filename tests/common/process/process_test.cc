@@ -1,6 +1,7 @@
 #include "common/process/process.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -11,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "common/process/cpu_share.h"
 #include "gtest/gtest.h"
 
 namespace ulysses::process {
@@ -195,6 +197,29 @@ TEST(KillTiersTest, AGroupTargetReachesGrandchildren) {
   if (kill(grandchild, 0) == 0) {  // Alive or a zombie: ours to reap now.
     EXPECT_TRUE(WIFSIGNALED(Reap(grandchild))) << "grandchild outlived its group's kill";
   }
+}
+
+TEST(CpuShareTest, EachLocalRankGetsItsWholeShareOfTheCores) {
+  EXPECT_EQ(IntraOpThreadShare(16, 4), 4);
+  EXPECT_EQ(IntraOpThreadShare(16, 3), 5);  // Rounded down: never more threads than cores.
+  EXPECT_EQ(IntraOpThreadShare(2, 4), 1);   // More ranks than cores: one each.
+  EXPECT_EQ(IntraOpThreadShare(8, 0), 8);   // No ranks counts as one.
+  EXPECT_EQ(IntraOpThreadShare(0, 1), 1);
+}
+
+TEST(CpuShareTest, UsableCoresFollowsTheAffinityMask) {
+  cpu_set_t saved;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(saved), &saved), 0);
+  EXPECT_EQ(UsableCores(), CPU_COUNT(&saved));
+  int first = 0;
+  while (!CPU_ISSET(first, &saved)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);  // This thread only (taskset -c).
+  const int narrowed = UsableCores();
+  ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
+  EXPECT_EQ(narrowed, 1);
 }
 
 }  // namespace

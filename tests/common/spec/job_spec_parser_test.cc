@@ -1,6 +1,7 @@
 // Parser, validator, overrides, ToYaml round trip, SpecHash and the data-file
 // check of common/spec, on the shipped examples and a table of bad specs.
 #include "common/spec/job_spec_parser.h"
+#include "common/file_tree.h"
 
 #include <unistd.h>
 
@@ -758,7 +759,7 @@ class CheckFilesTest : public ::testing::Test {
            ("ulysses_spec_test_" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { ulysses::RemoveTree(dir_).IgnoreError(); }
 
   std::string WriteTokens(const std::string& name, size_t bytes) {
     const std::string path = (dir_ / name).string();

@@ -300,6 +300,11 @@ TEST(ChildSupervisorTest, BuildsTheRankArgvOfTheContract) {
   std::vector<std::string> with_peak = with_timeout;
   with_peak.insert(with_peak.end() - 2, {"--peak-flops", "989500000000000"});
   EXPECT_EQ(BuildRankArgv(launch), with_peak);
+  // The rank's share of the cores (the agent's usable cores / slots) as its libtorch threads.
+  launch.intra_op_threads = 4;
+  std::vector<std::string> with_threads = with_peak;
+  with_threads.insert(with_threads.end() - 2, {"--intra-op-threads", "4"});
+  EXPECT_EQ(BuildRankArgv(launch), with_threads);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/failpoint.h"
+#include "common/file_tree.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -370,12 +371,14 @@ int64_t ParseStepDir(const std::string& name) {
 // (step, path, committed) for every step dir under root, ascending by step.
 std::vector<std::tuple<int64_t, std::string, bool>> ListStepDirs(const std::string& root) {
   std::vector<std::tuple<int64_t, std::string, bool>> dirs;
-  std::error_code ec;
-  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
-    if (!it->is_directory()) continue;
-    const int64_t step = ParseStepDir(it->path().filename().string());
+  auto entries = ListDirectory(root);  // Not fs::directory_iterator: see common/file_tree.h.
+  if (!entries.ok()) return dirs;
+  for (const DirEntry& entry : *entries) {
+    if (!entry.is_directory) continue;
+    const int64_t step = ParseStepDir(entry.name);
     if (step < 0) continue;
-    dirs.emplace_back(step, it->path().string(), fs::exists(it->path() / kManifestName));
+    const fs::path path = fs::path(root) / entry.name;
+    dirs.emplace_back(step, path.string(), fs::exists(path / kManifestName));
   }
   std::sort(dirs.begin(), dirs.end());
   return dirs;
@@ -494,9 +497,8 @@ void ApplyRetention(const std::string& root, int64_t keep_last) {
       std::error_code ec;
       // Un-commit first so a crash mid-delete never leaves a half-deleted "committed" dir.
       fs::remove(fs::path(path) / kManifestName, ec);
-      fs::remove_all(path, ec);
-      if (ec)
-        ULOG(WARNING) << "checkpoint retention: cannot remove " << path << ": " << ec.message();
+      if (absl::Status removed = RemoveTree(path); !removed.ok())
+        ULOG(WARNING) << "checkpoint retention: " << removed.message();
     }
   }
 }
@@ -589,11 +591,12 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Checkp
   }
   if (rank == 0) {
     // Files of an earlier, uncommitted attempt with another world size are not in the manifest.
-    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-      const std::string name = it->path().filename().string();
+    auto entries = ListDirectory(dir);
+    for (const DirEntry& entry : entries.ok() ? *entries : std::vector<DirEntry>{}) {
+      const std::string& name = entry.name;
       if (name.rfind("shard-", 0) == 0 &&
           name.find(absl::StrCat("-of-", world, ".bin")) == std::string::npos) {
-        fs::remove(it->path(), ec);
+        fs::remove(fs::path(dir) / name, ec);
       }
     }
     ApplyRetention(root, keep_last);

@@ -7,8 +7,10 @@
 #include <fstream>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/file_tree.h"
 #include "common/status.h"
 
 namespace ulysses::engine {
@@ -223,14 +225,16 @@ absl::StatusOr<std::vector<NamedTensor>> LoadHfWeights(const std::string& dir) {
     }
     for (const auto& f : unique) files.push_back((fs::path(dir) / f).string());
   } else {
-    std::error_code ec;
-    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-      if (it->path().extension() == ".safetensors") files.push_back(it->path().string());
-    }
-    if (ec)
+    // ListDirectory, not fs::directory_iterator: see common/file_tree.h. Entries of any type
+    // count (a hub cache snapshot holds symlinks to blobs).
+    auto entries = ListDirectory(dir);
+    if (!entries.ok())
       return absl::NotFoundError(
-          absl::StrCat("cannot list HF directory ", dir, ": ", ec.message()));
-    std::sort(files.begin(), files.end());
+          absl::StrCat("cannot list HF directory ", dir, ": ", entries.status().message()));
+    for (const DirEntry& entry : *entries) {  // Sorted by name.
+      if (absl::EndsWith(entry.name, ".safetensors") && entry.name != ".safetensors")
+        files.push_back((fs::path(dir) / entry.name).string());
+    }
   }
   if (files.empty()) {
     return absl::NotFoundError(absl::StrCat("no *.safetensors files in ", dir));

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/engine/torch_compat.h"
 
 namespace ulysses::engine::model {
 namespace {
@@ -212,11 +213,14 @@ torch::Tensor TiledCrossEntropySum(const torch::Tensor& hidden, const torch::Ten
                                           std::max<int64_t>(1, tile_tokens));
 }
 
-RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool fused) : eps_(eps), fused_(fused) {
   weight = register_parameter("weight", torch::ones({dim}));
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+#if ULYSSES_TORCH_AT_LEAST(2, 4)
+  if (fused_) return at::rms_norm(x, {x.size(-1)}, weight, eps_);
+#endif
   torch::ScalarType in = x.scalar_type();
   torch::Tensor xf = in == torch::kDouble ? x : x.to(torch::kFloat);
   torch::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
@@ -265,6 +269,12 @@ torch::Tensor LlamaMLPImpl::Dense(const torch::Tensor& x) {
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
+  if (!memory_.tiled_mlp && memory_.fuse_gate_up) {
+    // One GEMM: [b, s/p, H] x [H, 2I] -> [b, s/p, 2I], split into gate and up [b, s/p, I] each.
+    torch::Tensor w = torch::cat({gate_proj->weight, up_proj->weight}, 0);  // [2I, H]
+    std::vector<torch::Tensor> gate_up = F::linear(x, w).chunk(2, -1);
+    return down_proj(F::silu(gate_up[0]) * gate_up[1]);
+  }
   if (!memory_.tiled_mlp) return Dense(x);
   // Tiles along the local sequence: [b, s/p, H] -> n x [b, t, H]; each tile recomputed in backward.
   const int64_t tile = memory_.mlp_tile_tokens > 0 ? memory_.mlp_tile_tokens : hidden_size_;
@@ -281,9 +291,10 @@ torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, const MemoryOptions& memory) {
   self_attn = register_module("self_attn", LlamaAttention(c));
   mlp = register_module("mlp", LlamaMLP(c, memory));
-  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
-  post_attention_layernorm =
-      register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  input_layernorm = register_module("input_layernorm",
+                                    RMSNorm(c.hidden_size, c.rms_norm_eps, memory.fused_rms_norm));
+  post_attention_layernorm = register_module(
+      "post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, memory.fused_rms_norm));
 }
 
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
@@ -298,7 +309,7 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, const MemoryOptions& memory
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(c, memory));
-  norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps, memory.fused_rms_norm));
 }
 
 torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids,

@@ -50,6 +50,14 @@ struct MemoryOptions {
   // CUDA, copied without blocking) from forward to backward. On CPU the copy is an identical
   // host tensor: same code path, same numbers.
   bool offload_activations = false;
+  // Speed levers (issue 25), results equal up to floating-point rounding; off until the GPU
+  // benchmarks show a gain (engine_bench --fuse-gate-up / --fused-rms-norm):
+  // one GEMM for gate_proj and up_proj against their concatenated weights (untiled MLP only; the
+  // parameters stay two, as in Hugging Face checkpoints);
+  bool fuse_gate_up = false;
+  // at::rms_norm (libtorch >= 2.4; fused CUDA kernel from 2.7) instead of the composite RMSNorm;
+  // no effect on older libtorch.
+  bool fused_rms_norm = false;
 };
 
 // Called around every use of one decoder layer (ZeRO-2/3, worker/engine/train/zero.h): the layer
@@ -122,12 +130,14 @@ torch::Tensor TiledCrossEntropySum(const torch::Tensor& hidden, const torch::Ten
 
 class RMSNormImpl : public torch::nn::Module {
  public:
-  RMSNormImpl(int64_t dim, double eps);
+  // fused: at::rms_norm where libtorch has it (MemoryOptions::fused_rms_norm).
+  RMSNormImpl(int64_t dim, double eps, bool fused = false);
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight;
 
  private:
   double eps_;
+  bool fused_;
 };
 TORCH_MODULE(RMSNorm);
 

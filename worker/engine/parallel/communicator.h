@@ -12,7 +12,10 @@
 // Communicator is thread-compatible (one thread issues its collectives, in the same order on every
 // rank). Errors: every collective returns a non-OK Status on peer failure or after
 // CommConfig::timeout (DEADLINE_EXCEEDED); after any failure the group is unusable (later calls
-// fail with FAILED_PRECONDITION) and the output tensors hold unspecified values.
+// fail with FAILED_PRECONDITION) and the output tensors hold unspecified values. Completion: Gloo
+// collectives are done when the call returns; NCCL ones are enqueued on libtorch's current CUDA
+// stream (ordered with the kernels around them, no host wait) and a failure (timeout, dead peer)
+// is returned by the group's next call.
 #ifndef ULYSSES_WORKER_ENGINE_PARALLEL_COMMUNICATOR_H_
 #define ULYSSES_WORKER_ENGINE_PARALLEL_COMMUNICATOR_H_
 
@@ -72,6 +75,10 @@ class Communicator {  // one process group; thread-compatible
   virtual void Abort() = 0;
   // All-to-all payload bytes this rank sent to OTHER ranks: in.nbytes() * (size-1)/size per call.
   virtual int64_t bytes_sent() const = 0;
+  // True when the communicator adds its all-to-all time to the SeqAllToAll clock itself
+  // (alltoall_clock.h; NCCL: device time between CUDA events, its collectives being
+  // asynchronous); false: SeqAllToAll times the (blocking) call on the host.
+  virtual bool times_alltoall() const { return false; }
 };
 
 struct ProcessGroups {

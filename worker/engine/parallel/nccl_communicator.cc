@@ -4,16 +4,24 @@
 #include <nccl.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
+#ifdef ULYSSES_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <map>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "worker/engine/parallel/alltoall_clock.h"
 #include "worker/engine/parallel/group_health.h"
 
 namespace ulysses::engine::internal {
@@ -52,6 +60,27 @@ absl::Status CudaStatus(cudaError_t err, const std::string& what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(err)));
 }
 
+// The stream libtorch runs the caller's kernels on (its current stream on `device`): every
+// collective is enqueued there, so it is ordered after the kernels that produced its inputs and
+// before those that read its outputs, and the caching allocator's stream-ordered reuse covers its
+// buffers. Without a CUDA libtorch (compile-only builds) there are no CUDA tensors; the legacy
+// default stream, libtorch's default, stands in.
+cudaStream_t ComputeStream(int device) {
+#ifdef ULYSSES_TORCH_CUDA
+  return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+#else
+  (void)device;
+  return cudaStreamLegacy;
+#endif
+}
+
+// Collectives are asynchronous: each is enqueued on the compute stream and returns at once (no
+// host wait). A watchdog thread follows them through a CUDA event recorded after each one: a
+// collective not done by its deadline, an asynchronous NCCL error or Abort() aborts the
+// communicator (ncclCommAbort, which also ends kernels stuck waiting for a dead peer) and the next
+// call on this group returns the failure. All-to-all time is measured between two CUDA events
+// around the exchange (device time, not host waits) and added to the SeqAllToAll clock when the
+// watchdog sees the second event complete.
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(std::string name, int rank, int size, int device,
@@ -65,24 +94,41 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
   ~NcclCommunicator() override {
+    {
+      // Collectives still in flight finish first (the peers wait on them), within the timeout;
+      // the watchdog aborts the communicator if they do not.
+      std::unique_lock<std::mutex> lock(mu_);
+      if (watchdog_.joinable()) {
+        cv_.wait_for(lock, timeout_ + std::chrono::seconds(1),
+                     [&] { return pending_.empty() || failed_.load(); });
+      }
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    bool pending = false;
+    for (Pending& p : pending_) {
+      pending = pending || cudaEventQuery(p.done) == cudaErrorNotReady;
+      ReleaseEvents(p);
+    }
+    std::lock_guard<std::mutex> comm_lock(comm_mu_);
     if (comm_ != nullptr) {
-      if (health_.broken() || health_.aborted()) {
+      // Unfinished work at destruction means a peer is gone: abort rather than wait on it.
+      if (pending || health_.broken() || health_.aborted() || failed_.load()) {
         ncclCommAbort(comm_);
       } else {
         ncclCommDestroy(comm_);
       }
     }
+    for (cudaEvent_t e : free_plain_) cudaEventDestroy(e);
+    for (cudaEvent_t e : free_timed_) cudaEventDestroy(e);
     if (scratch_ != nullptr) cudaFree(scratch_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
-  // Creates the stream and the communicator; the unique id comes from the store.
+  // Creates the communicator (the unique id comes from the store) and starts the watchdog.
   absl::Status Init(c10d::Store& store) {
     RETURN_IF_ERROR(
         CudaStatus(cudaSetDevice(device_), absl::StrCat("cudaSetDevice(", device_, ")")));
-    // A blocking stream: ordered after prior work on the legacy default stream (libtorch's
-    // default).
-    RETURN_IF_ERROR(CudaStatus(cudaStreamCreate(&stream_), "cudaStreamCreate"));
     RETURN_IF_ERROR(CudaStatus(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc"));
     ncclUniqueId id;
     const std::string key = "nccl_unique_id";
@@ -105,17 +151,20 @@ class NcclCommunicator final : public Communicator {
           "nccl group '", name_, "': unique id exchange: ", msg.substr(0, msg.find('\n'))));
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
+    config.blocking = 0;  // Init and enqueues return at once: the deadline and Abort() apply.
+    std::lock_guard<std::mutex> comm_lock(comm_mu_);
     ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
     if (r != ncclSuccess && r != ncclInProgress) return Check(r, "ncclCommInitRankConfig");
-    return WaitComm("init");
+    RETURN_IF_ERROR(WaitEnqueued("init"));
+    watchdog_ = std::thread([this] { Watch(); });
+    return absl::OkStatus();
   }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
   absl::Status AllToAll(torch::Tensor& out, const torch::Tensor& in) override {
-    RETURN_IF_ERROR(health_.CheckUsable("alltoall"));
+    RETURN_IF_ERROR(Usable("alltoall"));
     if (!in.is_contiguous() || !out.is_contiguous() || in.sizes() != out.sizes() ||
         in.scalar_type() != out.scalar_type() || in.dim() == 0 || in.size(0) % size_ != 0) {
       return absl::InvalidArgumentError(
@@ -129,37 +178,42 @@ class NcclCommunicator final : public Communicator {
     const size_t chunk_bytes = chunk * in.element_size();
     auto* src = static_cast<char*>(in.data_ptr());
     auto* dst = static_cast<char*>(out.data_ptr());
+    const cudaStream_t stream = ComputeStream(device_);
+    cudaEvent_t start = TakeEvent(/*timed=*/true);
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(start, stream), "cudaEventRecord"));
+    std::lock_guard<std::mutex> comm_lock(comm_mu_);
     RETURN_IF_ERROR(Check(ncclGroupStart(), "ncclGroupStart"));
     for (int peer = 0; peer < size_; ++peer) {
-      ncclSend(src + peer * chunk_bytes, chunk, type, peer, comm_, stream_);
-      ncclRecv(dst + peer * chunk_bytes, chunk, type, peer, comm_, stream_);
+      ncclSend(src + peer * chunk_bytes, chunk, type, peer, comm_, stream);
+      ncclRecv(dst + peer * chunk_bytes, chunk, type, peer, comm_, stream);
     }
-    RETURN_IF_ERROR(Finish(ncclGroupEnd(), "alltoall"));
+    RETURN_IF_ERROR(Enqueued(ncclGroupEnd(), "alltoall", stream, start));
     bytes_sent_ += static_cast<int64_t>(chunk_bytes) * (size_ - 1);
     return absl::OkStatus();
   }
 
   absl::Status AllReduceSum(std::vector<torch::Tensor>& tensors) override {
-    RETURN_IF_ERROR(health_.CheckUsable("allreduce"));
+    RETURN_IF_ERROR(Usable("allreduce"));
+    std::vector<ncclDataType_t> types;
     for (auto& t : tensors) {
       if (!t.is_contiguous()) {
         return absl::InvalidArgumentError("AllReduceSum(nccl): tensors must be contiguous");
       }
+      ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(t.scalar_type()));
+      types.push_back(type);
     }
+    const cudaStream_t stream = ComputeStream(device_);
+    std::lock_guard<std::mutex> comm_lock(comm_mu_);
     RETURN_IF_ERROR(Check(ncclGroupStart(), "ncclGroupStart"));
-    for (auto& t : tensors) {
-      auto type = NcclType(t.scalar_type());
-      if (!type.ok()) {
-        ncclGroupEnd();
-        return type.status();
-      }
-      ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), *type, ncclSum, comm_, stream_);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      ncclAllReduce(tensors[i].data_ptr(), tensors[i].data_ptr(), tensors[i].numel(), types[i],
+                    ncclSum, comm_, stream);
     }
-    return Finish(ncclGroupEnd(), "allreduce");
+    return Enqueued(ncclGroupEnd(), "allreduce", stream);
   }
 
   absl::Status ReduceScatterSum(torch::Tensor& out, const torch::Tensor& in) override {
-    RETURN_IF_ERROR(health_.CheckUsable("reduce_scatter"));
+    RETURN_IF_ERROR(Usable("reduce_scatter"));
     if (!in.is_contiguous() || !out.is_contiguous() || in.scalar_type() != out.scalar_type() ||
         in.numel() != out.numel() * size_) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -167,13 +221,15 @@ class NcclCommunicator final : public Communicator {
           " x out elements"));
     }
     ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(in.scalar_type()));
-    return Finish(ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), type, ncclSum,
-                                    comm_, stream_),
-                  "reduce_scatter");
+    const cudaStream_t stream = ComputeStream(device_);
+    std::lock_guard<std::mutex> comm_lock(comm_mu_);
+    return Enqueued(
+        ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), type, ncclSum, comm_, stream),
+        "reduce_scatter", stream);
   }
 
   absl::Status AllGather(torch::Tensor& out, const torch::Tensor& in) override {
-    RETURN_IF_ERROR(health_.CheckUsable("allgather"));
+    RETURN_IF_ERROR(Usable("allgather"));
     if (!in.is_contiguous() || !out.is_contiguous() || in.scalar_type() != out.scalar_type() ||
         out.numel() != in.numel() * size_) {
       return absl::InvalidArgumentError(absl::StrCat("AllGather(", name_,
@@ -182,45 +238,71 @@ class NcclCommunicator final : public Communicator {
                                                      size_, " x in elements"));
     }
     ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(in.scalar_type()));
-    return Finish(ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), type, comm_, stream_),
-                  "allgather");
+    const cudaStream_t stream = ComputeStream(device_);
+    std::lock_guard<std::mutex> comm_lock(comm_mu_);
+    return Enqueued(ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), type, comm_, stream),
+                    "allgather", stream);
   }
 
   absl::Status AllReduceMax(torch::Tensor& t) override {
-    RETURN_IF_ERROR(health_.CheckUsable("allreduce_max"));
+    RETURN_IF_ERROR(Usable("allreduce_max"));
     if (!t.is_contiguous()) return absl::InvalidArgumentError("AllReduceMax: not contiguous");
     ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(t.scalar_type()));
-    return Finish(
-        ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), type, ncclMax, comm_, stream_),
-        "allreduce_max");
+    const cudaStream_t stream = ComputeStream(device_);
+    std::lock_guard<std::mutex> comm_lock(comm_mu_);
+    return Enqueued(
+        ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), type, ncclMax, comm_, stream),
+        "allreduce_max", stream);
   }
 
   absl::Status Broadcast(torch::Tensor& t, int root) override {
-    RETURN_IF_ERROR(health_.CheckUsable("broadcast"));
+    RETURN_IF_ERROR(Usable("broadcast"));
     if (!t.is_contiguous() || root < 0 || root >= size_) {
       return absl::InvalidArgumentError(absl::StrCat("Broadcast(", name_,
                                                      "): tensor must be contiguous and root ", root,
                                                      " in [0, ", size_, ")"));
     }
     ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(t.scalar_type()));
-    return Finish(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), type, root, comm_, stream_),
-                  "broadcast");
+    const cudaStream_t stream = ComputeStream(device_);
+    std::lock_guard<std::mutex> comm_lock(comm_mu_);
+    return Enqueued(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), type, root, comm_, stream),
+                    "broadcast", stream);
   }
 
+  // The one host wait: a barrier returns when every rank reached it (and this rank's earlier
+  // work on the compute stream is done).
   absl::Status Barrier() override {
-    RETURN_IF_ERROR(health_.CheckUsable("barrier"));
-    return Finish(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_),
-                  "barrier");
+    RETURN_IF_ERROR(Usable("barrier"));
+    const cudaStream_t stream = ComputeStream(device_);
+    cudaEvent_t done = nullptr;
+    {
+      std::lock_guard<std::mutex> comm_lock(comm_mu_);
+      RETURN_IF_ERROR(
+          Enqueued(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream),
+                   "barrier", stream, nullptr, &done));
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return failed_.load() || !IsPendingLocked(done); });
+    lock.unlock();
+    return Usable("barrier");
   }
 
   void Abort() override {
     health_.Abort();
-    // ncclCommAbort is documented as safe to call while other operations are pending.
+    cv_.notify_all();  // The watchdog aborts the communicator (cancelling pending collectives).
   }
 
   int64_t bytes_sent() const override { return bytes_sent_; }
+  bool times_alltoall() const override { return true; }
 
  private:
+  struct Pending {
+    cudaEvent_t start = nullptr;  // Timed events around an all-to-all, else null.
+    cudaEvent_t done = nullptr;
+    Clock::time_point deadline;
+    std::string op;
+  };
+
   absl::Status Check(ncclResult_t r, const std::string& what) {
     if (r == ncclSuccess || r == ncclInProgress) return absl::OkStatus();
     health_.MarkBroken();
@@ -229,8 +311,21 @@ class NcclCommunicator final : public Communicator {
                                                ncclGetLastError(comm_)));
   }
 
-  // Polls the communicator's async state until it leaves ncclInProgress, or the timeout.
-  absl::Status WaitComm(const std::string& op) {
+  // OK when the group can take another collective; else the watchdog's failure (timeout, NCCL
+  // error, abort) or GroupHealth's.
+  absl::Status Usable(const std::string& op) {
+    if (failed_.load()) {
+      health_.MarkBroken();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (health_.aborted()) return health_.AbortedError(op);
+      return failure_;
+    }
+    return health_.CheckUsable(op);
+  }
+
+  // A non-blocking communicator may still be enqueueing when the call returns (ncclInProgress,
+  // rare): wait for the enqueue, not for the collective. Holds comm_mu_.
+  absl::Status WaitEnqueued(const std::string& op) {
     const auto deadline = Clock::now() + timeout_;
     while (true) {
       ncclResult_t state = ncclSuccess;
@@ -238,50 +333,181 @@ class NcclCommunicator final : public Communicator {
       if (r != ncclSuccess) return Check(r, op);
       if (state == ncclSuccess) return absl::OkStatus();
       if (state != ncclInProgress) return Check(state, op);
-      if (health_.aborted() || Clock::now() > deadline) return TimeOut(op);
-      std::this_thread::yield();
-    }
-  }
-
-  // Waits for an enqueued operation: first the (non-blocking) enqueue, then the stream, polling the
-  // async error so that a dead peer or the timeout ends the wait.
-  absl::Status Finish(ncclResult_t enqueue, const std::string& op) {
-    RETURN_IF_ERROR(Check(enqueue, op));
-    RETURN_IF_ERROR(WaitComm(op));
-    const auto deadline = Clock::now() + timeout_;
-    while (true) {
-      cudaError_t q = cudaStreamQuery(stream_);
-      if (q == cudaSuccess) return absl::OkStatus();
-      if (q != cudaErrorNotReady) {
+      if (health_.aborted() || Clock::now() > deadline) {
         health_.MarkBroken();
-        return CudaStatus(q, absl::StrCat("nccl ", op, " on group '", name_, "'"));
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+        if (health_.aborted()) return health_.AbortedError(op);
+        return absl::DeadlineExceededError(
+            absl::StrCat("nccl ", op, " on group '", name_, "': enqueue timed out after ",
+                         timeout_.count(), " ms (communicator aborted)"));
       }
-      ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &state);
-      if (state != ncclSuccess && state != ncclInProgress) return Check(state, op);
-      if (health_.aborted() || Clock::now() > deadline) return TimeOut(op);
       std::this_thread::yield();
     }
   }
 
-  absl::Status TimeOut(const std::string& op) {
-    health_.MarkBroken();
-    ncclCommAbort(comm_);
-    comm_ = nullptr;
-    if (health_.aborted()) return health_.AbortedError(op);
-    return absl::DeadlineExceededError(absl::StrCat("nccl ", op, " on group '", name_,
-                                                    "' timed out after ", timeout_.count(),
-                                                    " ms (communicator aborted)"));
+  // After an enqueue call (comm_mu_ held): records the completion event on `stream` and hands it
+  // to the watchdog. `start`: the all-to-all's timed start event (else null). `done_out`: the
+  // completion event, for Barrier's wait.
+  absl::Status Enqueued(ncclResult_t enqueue, const std::string& op, cudaStream_t stream,
+                        cudaEvent_t start = nullptr, cudaEvent_t* done_out = nullptr) {
+    Pending p;
+    p.start = start;
+    p.op = op;
+    absl::Status status = Check(enqueue, op);
+    if (status.ok()) status = WaitEnqueued(op);
+    if (status.ok()) {
+      p.done = TakeEvent(/*timed=*/start != nullptr);
+      status = CudaStatus(cudaEventRecord(p.done, stream), absl::StrCat("nccl ", op, " record"));
+    }
+    if (!status.ok()) {
+      ReleaseEvents(p);
+      return status;
+    }
+    p.deadline = Clock::now() + timeout_;
+    if (done_out != nullptr) *done_out = p.done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.push_back(std::move(p));
+    }
+    cv_.notify_all();
+    return absl::OkStatus();
+  }
+
+  bool IsPendingLocked(cudaEvent_t done) const {
+    for (const Pending& p : pending_) {
+      if (p.done == done) return true;
+    }
+    return false;
+  }
+
+  cudaEvent_t TakeEvent(bool timed) {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    std::vector<cudaEvent_t>& pool = timed ? free_timed_ : free_plain_;
+    if (!pool.empty()) {
+      cudaEvent_t e = pool.back();
+      pool.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    cudaEventCreateWithFlags(&e, timed ? cudaEventDefault : cudaEventDisableTiming);
+    return e;
+  }
+
+  void ReleaseEvents(Pending& p) {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    if (p.start != nullptr) {
+      free_timed_.push_back(p.start);
+      if (p.done != nullptr) free_timed_.push_back(p.done);
+    } else if (p.done != nullptr) {
+      free_plain_.push_back(p.done);
+    }
+    p.start = p.done = nullptr;
+  }
+
+  // Records the first failure and wakes Barrier; the caller then calls AbortComm (without mu_).
+  void FailLocked(absl::Status status) {
+    if (!failed_.load()) failure_ = std::move(status);
+    failed_.store(true);
+    cv_.notify_all();
+  }
+
+  // Kernels waiting on a dead peer end; the stream moves on. Takes comm_mu_ (never under mu_).
+  void AbortComm() {
+    std::lock_guard<std::mutex> comm_lock(comm_mu_);
+    if (comm_ != nullptr) {
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
+  }
+
+  // The watchdog: retires completed collectives in order (adding all-to-all device time to the
+  // SeqAllToAll clock) and fails the group on a deadline, an NCCL error or Abort(). Only this
+  // thread pops pending_ (the issuing thread only appends), so `front` stays valid while mu_ is
+  // released around the calls that take comm_mu_ (lock order: comm_mu_, then mu_).
+  void Watch() {
+    cudaSetDevice(device_);
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      if (health_.aborted() && !failed_.load()) {
+        FailLocked(health_.AbortedError("collective"));
+        lock.unlock();
+        AbortComm();
+        lock.lock();
+        continue;
+      }
+      if (pending_.empty() || failed_.load()) {
+        cv_.wait(lock, [&] {
+          return stop_ || (!pending_.empty() && !failed_.load()) ||
+                 (health_.aborted() && !failed_.load());
+        });
+        continue;
+      }
+      Pending& front = pending_.front();
+      const cudaError_t q = cudaEventQuery(front.done);
+      if (q == cudaSuccess) {
+        if (front.start != nullptr) {
+          float ms = 0;
+          if (cudaEventElapsedTime(&ms, front.start, front.done) == cudaSuccess) {
+            AddSeqAllToAllSeconds(ms / 1e3);
+          }
+        }
+        ReleaseEvents(front);
+        pending_.pop_front();
+        cv_.notify_all();  // Barrier waits for its event to leave pending_.
+        continue;
+      }
+      absl::Status failure;
+      if (q != cudaErrorNotReady) {
+        failure = CudaStatus(q, absl::StrCat("nccl ", front.op, " on group '", name_, "'"));
+      } else if (Clock::now() > front.deadline) {
+        failure = absl::DeadlineExceededError(absl::StrCat("nccl ", front.op, " on group '", name_,
+                                                           "' timed out after ", timeout_.count(),
+                                                           " ms (communicator aborted)"));
+      } else {
+        const std::string op = front.op;
+        lock.unlock();
+        ncclResult_t state = ncclSuccess;
+        {
+          std::lock_guard<std::mutex> comm_lock(comm_mu_);
+          if (comm_ != nullptr) ncclCommGetAsyncError(comm_, &state);
+        }
+        lock.lock();
+        if (state != ncclSuccess && state != ncclInProgress) {
+          failure = absl::UnavailableError(
+              absl::StrCat("nccl ", op, " on group '", name_, "': ", ncclGetErrorString(state)));
+        }
+      }
+      if (!failure.ok()) {
+        FailLocked(std::move(failure));
+        lock.unlock();
+        AbortComm();
+        lock.lock();
+        continue;
+      }
+      cv_.wait_for(lock, std::chrono::milliseconds(1));
+    }
   }
 
   std::string name_;
   int rank_, size_, device_;
   std::chrono::milliseconds timeout_;
+  std::mutex comm_mu_;  // Guards comm_: the issuing thread's enqueues and the watchdog's abort.
   ncclComm_t comm_ = nullptr;
-  cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;
   GroupHealth health_;
   int64_t bytes_sent_ = 0;
+
+  std::mutex mu_;  // Guards pending_, failure_, stop_ (lock order: comm_mu_, then mu_).
+  std::condition_variable cv_;
+  std::deque<Pending> pending_;
+  absl::Status failure_;
+  std::atomic<bool> failed_{false};
+  bool stop_ = false;
+  std::thread watchdog_;
+
+  std::mutex events_mu_;  // Guards the event pools.
+  std::vector<cudaEvent_t> free_plain_, free_timed_;
 };
 
 }  // namespace

@@ -17,8 +17,10 @@ namespace ulysses::engine::internal {
 int CudaDeviceCount();
 
 // Builds the NCCL group `name` on CUDA device `device_index`; the unique id travels through
-// `store` (rank 0 of the group publishes it). Uses a non-blocking communicator and polls its async
-// error so that init and every collective end after `timeout` (the communicator is then aborted).
+// `store` (rank 0 of the group publishes it). Collectives are enqueued on libtorch's current CUDA
+// stream and return without waiting; a watchdog thread aborts the communicator when one is not
+// done within `timeout`, on an asynchronous NCCL error or on Abort(), and the group's next call
+// returns that failure. Barrier() alone waits on the host.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
     const c10::intrusive_ptr<c10d::Store>& store, const std::string& name, int rank, int size,
     int device_index, std::chrono::milliseconds timeout);

@@ -34,10 +34,12 @@ torch::Tensor AllToAllImpl(const torch::Tensor& x, Communicator* comm, int64_t s
   torch::Tensor recv = torch::empty_like(send);  // [p(source rank), b, s/p, h/p, d]
   const auto started = std::chrono::steady_clock::now();
   absl::Status st = comm->AllToAll(recv, send);
-  alltoall_nanos.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               std::chrono::steady_clock::now() - started)
-                               .count(),
-                           std::memory_order_relaxed);
+  if (!comm->times_alltoall()) {  // Blocking: the host time is the exchange's.
+    alltoall_nanos.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now() - started)
+                                 .count(),
+                             std::memory_order_relaxed);
+  }
   if (!st.ok()) throw std::runtime_error("SeqAllToAll: " + st.ToString());
   // Source rank next to the gather dim (1 + gather_dim in recv): [p, b, s/p, h/p, d] ->
   // [b, p, s/p, h/p, d]; then merge: -> [b, s, h/p, d] (source j lands at offset j*s/p).
@@ -68,6 +70,10 @@ struct SeqAllToAllFunction : public torch::autograd::Function<SeqAllToAllFunctio
 }  // namespace
 
 double SeqAllToAllSeconds() { return alltoall_nanos.load(std::memory_order_relaxed) / 1e9; }
+
+void AddSeqAllToAllSeconds(double seconds) {
+  alltoall_nanos.fetch_add(static_cast<int64_t>(seconds * 1e9), std::memory_order_relaxed);
+}
 
 torch::Tensor SeqAllToAll(const torch::Tensor& x, Communicator* comm, int64_t scatter_dim,
                           int64_t gather_dim) {

@@ -17,11 +17,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/contract/exit.h"
+#include "common/process/cpu_share.h"
 #include "common/spec/job_spec_parser.h"
 #include "common/status.h"
 #include "common/stop.h"
 #include "worker/engine/data/indexed.h"
 #include "worker/engine/parallel/rendezvous_port.h"
+#include "worker/engine/train/device_memory.h"
 #include "worker/engine/train/engine.h"
 #include "worker/engine/train/launcher.h"
 
@@ -31,14 +33,14 @@ namespace {
 constexpr char kUsage[] =
     "usage:\n"
     "  ulysses-train train  -f JOB.yaml [--nproc N] [--out DIR] [--device cpu|cuda|cuda:N]"
-    " [--peak-flops F] [--set spec.path=value ...]\n"
+    " [--peak-flops F] [--intra-op-threads N] [--set spec.path=value ...]\n"
     "  ulysses-train eval   -f JOB.yaml [--nproc N] [--checkpoint DIR | --init-from HFDIR]"
     " [--seq-len T]\n"
     "  ulysses-train export --checkpoint DIR --hf-out DIR [--dtype bf16|fp16|fp32|fp64]\n"
     "  ulysses-train rank   -f JOB.yaml --out DIR --stage I --rank R --world-size W"
     " --master-addr HOST --master-port PORT [--device cpu|cuda:N] [--backend auto|gloo|nccl]"
     " [--collective-timeout-s S] [--step-events rank0|all] [--peak-flops F]"
-    " [--progress-line off|stderr] [--set ...]\n"
+    " [--progress-line off|stderr] [--intra-op-threads N] [--set ...]\n"
     "  ulysses-train data pack --out PREFIX (--jsonl FILE | --from-flat FILE (--doc-len N | --eos "
     "ID))"
     " [--vocab-size V]\n";
@@ -91,6 +93,17 @@ absl::StatusOr<int> IntFlag(const Flags& f, const std::string& name, int def) {
   if (!absl::SimpleAtoi(f.Get(name), &v)) {
     return absl::InvalidArgumentError(
         absl::StrCat(name, ": '", f.Get(name), "' is not an integer"));
+  }
+  return v;
+}
+
+// --intra-op-threads: 0 (libtorch's default) or 1..kMaxIntraOpThreads; `def` when absent.
+absl::StatusOr<int> IntraOpThreadsFlag(const Flags& f, int def) {
+  ASSIGN_OR_RETURN(int v, IntFlag(f, "--intra-op-threads", def));
+  if (v < 0 || v > process::kMaxIntraOpThreads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--intra-op-threads: ", v, " is outside 0..", process::kMaxIntraOpThreads,
+        " (each rank's libtorch threads: its share of the cores; 0 = libtorch's default)"));
   }
   return v;
 }
@@ -170,7 +183,8 @@ int RankCommand(int argc, char** argv) {
   OR_FAIL(f, ParseFlags(argc, argv, 2,
                         {"-f", "--out", "--stage", "--rank", "--world-size", "--master-addr",
                          "--master-port", "--device", "--backend", "--collective-timeout-s",
-                         "--step-events", "--peak-flops", "--progress-line", "--set"}));
+                         "--step-events", "--peak-flops", "--progress-line", "--intra-op-threads",
+                         "--set"}));
   RankOptions o;
   OR_FAIL(job, Required(f, "-f"));
   OR_FAIL(out, Required(f, "--out"));
@@ -212,6 +226,8 @@ int RankCommand(int argc, char** argv) {
                      "step)")));
   }
   o.progress_line = progress_line == "stderr";
+  OR_FAIL(threads, IntraOpThreadsFlag(f, 0));
+  o.intra_op_threads = threads;
   o.overrides = f.sets;
   if (world > 1 && port <= 0) {
     return Fail(absl::InvalidArgumentError("--master-port: required when --world-size > 1"));
@@ -223,10 +239,12 @@ int RankCommand(int argc, char** argv) {
 
 int TrainCommand(int argc, char** argv) {
   OR_FAIL(f, ParseFlags(argc, argv, 2,
-                        {"-f", "--nproc", "--out", "--device", "--peak-flops", "--set"}));
+                        {"-f", "--nproc", "--out", "--device", "--peak-flops", "--intra-op-threads",
+                         "--set"}));
   OR_FAIL(job, Required(f, "-f"));
   OR_FAIL(nproc, IntFlag(f, "--nproc", 0));
   OR_FAIL(peak_flops, PeakFlopsFlag(f));
+  OR_FAIL(explicit_threads, IntraOpThreadsFlag(f, 0));
   spec::ParseOptions popts;
   popts.overrides = f.sets;
   OR_FAIL(spec, spec::LoadJobSpecFile(job, popts));
@@ -273,6 +291,14 @@ int TrainCommand(int argc, char** argv) {
       if (peak_flops > 0) {
         a.push_back("--peak-flops");
         a.push_back(f.Get("--peak-flops"));
+      }
+      // Every rank of the stage runs on this machine: each gets its share of the cores.
+      const int threads = f.Has("--intra-op-threads")
+                              ? explicit_threads
+                              : process::IntraOpThreadShare(process::UsableCores(), world);
+      if (threads > 0) {
+        a.push_back("--intra-op-threads");
+        a.push_back(std::to_string(threads));
       }
       for (const auto& s : f.sets) {
         a.push_back("--set");
@@ -403,6 +429,7 @@ int DataCommand(int argc, char** argv) {
 }  // namespace
 
 int UlyssesTrainMain(int argc, char** argv) {
+  ConfigureCudaAllocator();  // Before any CUDA allocation (the ranks inherit it too).
   if (argc < 2) {
     std::cerr << kUsage;
     return contract::kExitBadInput;

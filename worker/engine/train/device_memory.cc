@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -56,6 +57,16 @@ void ResetPeakDeviceMemory(const torch::Device& device) {
 void EmptyDeviceCache(const torch::Device& device) {
 #ifdef ULYSSES_TORCH_CUDA
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+}
+
+std::string ConfigureCudaAllocator() {
+  if (const char* set = std::getenv("PYTORCH_CUDA_ALLOC_CONF"); set != nullptr) return set;
+#if ULYSSES_TORCH_AT_LEAST(2, 1)
+  setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", /*overwrite=*/0);
+  return "expandable_segments:True";
+#else
+  return "";
 #endif
 }
 

@@ -8,6 +8,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <string>
 
 namespace ulysses::engine::train {
 
@@ -23,6 +24,13 @@ DeviceMemory ReadDeviceMemory(const torch::Device& device);
 void ResetPeakDeviceMemory(const torch::Device& device);
 // CUDA: returns cached, unused blocks to the driver (after an out-of-memory step). CPU: no-op.
 void EmptyDeviceCache(const torch::Device& device);
+
+// The CUDA caching allocator's settings, before the first CUDA allocation of the process: with
+// libtorch >= 2.1, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True unless the variable is set
+// (segments grow in place instead of fragmenting into fixed blocks: less memory reserved at
+// long sequences). Returns the value in effect ("" = libtorch's defaults). Older libtorch rejects
+// the option, so nothing is set there. Call at the start of main, before threads start.
+std::string ConfigureCudaAllocator();
 
 }  // namespace ulysses::engine::train
 

@@ -3,6 +3,8 @@
 // testable alone; this file only sequences them.
 #include "worker/engine/train/engine.h"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -15,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/spec/job_spec_parser.h"
+#include "common/spec/model_math.h"
 #include "common/status.h"
 #include "common/stop.h"
 #include "worker/engine/data/batches.h"
@@ -125,6 +128,7 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
                      " is not divisible by sp_degree ", sp, " (use a multiple of ", sp, ")"));
   }
   InstallStopSignalHandlers();
+  if (o.intra_op_threads > 0) at::set_num_threads(o.intra_op_threads);
   const std::string root = CheckpointRoot(spec, o.out_dir);
   RankReporter report(o.rank == 0, o.out_dir, o.rank == 0 || o.step_events_all_ranks,
                       o.progress_line);
@@ -241,7 +245,7 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   };
 
   int64_t skipped_in_a_row = 0;
-  const double flops_per_token = ModelFlopsPerToken(config, stage.seq_len);
+  const double flops_per_token = spec::ModelFlopsPerToken(config, stage.seq_len);
   StepMeter meter(rs.rt.device, rs.rt.groups.sp.get(), flops_per_token);
   for (int64_t step = start_step; step < steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
@@ -285,7 +289,7 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
     std::vector<double> rank_seconds(o.world_size);
     for (int i = 0; i < o.world_size; ++i) rank_seconds[i] = agreed[1 + i].item<float>();
     r.group = GroupFigures(rank_seconds);
-    r.mfu = WorldMfu(flops_per_token, r.tokens_per_s, o.world_size, o.peak_flops);
+    r.mfu = spec::Mfu(flops_per_token, r.tokens_per_s, o.world_size, o.peak_flops);
     if (last_commit.has_value()) {
       r.checkpoint_age_seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - *last_commit).count();

@@ -176,22 +176,48 @@ double ScheduledLr(const std::string& schedule, double peak, double min_lr_ratio
   return floor + (peak - floor) * 0.5 * (1.0 + std::cos(M_PI * progress));  // cosine
 }
 
-double ClipGradNorm(const std::vector<torch::Tensor>& grads, double clip) {
+torch::Tensor SquaredGradNormSum(const std::vector<torch::Tensor>& grads) {
   torch::NoGradGuard no_grad;
-  // Per-tensor squared sums accumulated in fp64 on the grads' device; one host sync in all.
-  std::vector<torch::Tensor> squares;
+  std::vector<torch::Tensor> wide, squares;
   for (const torch::Tensor& g : grads) {
-    if (g.defined()) squares.push_back(g.pow(2).sum(torch::kDouble));
-  }
-  const double sq = squares.empty() ? 0.0 : torch::stack(squares).sum().item<double>();
-  const double norm = std::sqrt(sq);
-  if (clip > 0 && std::isfinite(norm) && norm > clip) {
-    const double scale = clip / (norm + 1e-6);
-    for (const torch::Tensor& g : grads) {
-      if (g.defined()) g.mul_(scale);
+    if (!g.defined()) continue;
+    if (g.scalar_type() == torch::kFloat || g.scalar_type() == torch::kDouble) {
+      wide.push_back(g);
+    } else {  // fp16/bf16: the norm in fp32, which their range cannot overflow.
+      squares.push_back(at::linalg_vector_norm(g, 2, c10::nullopt, false, torch::kFloat)
+                            .to(torch::kDouble)
+                            .square());
     }
   }
+  if (!wide.empty()) {
+    // One multi-tensor kernel per dtype and device for every per-tensor norm.
+    for (const torch::Tensor& n : at::_foreach_norm(wide, 2)) {
+      squares.push_back(n.to(torch::kDouble).square());
+    }
+  }
+  if (squares.empty()) return torch::zeros({1}, torch::kDouble);
+  return torch::stack(squares).sum().reshape({1});
+}
+
+double GlobalGradNorm(const std::vector<torch::Tensor>& grads) {
+  return std::sqrt(SquaredGradNormSum(grads).item<double>());  // One host sync.
+}
+
+double DivideAndClipGrads(const std::vector<torch::Tensor>& grads, double divisor, double clip) {
+  torch::NoGradGuard no_grad;
+  const double norm = GlobalGradNorm(grads) / divisor;
+  double coefficient = 1.0 / divisor;
+  if (clip > 0 && std::isfinite(norm) && norm > clip) coefficient *= clip / (norm + 1e-6);
+  std::vector<torch::Tensor> defined;
+  for (const torch::Tensor& g : grads) {
+    if (g.defined()) defined.push_back(g);
+  }
+  if (!defined.empty() && coefficient != 1.0) at::_foreach_mul_(defined, coefficient);
   return norm;
+}
+
+double ClipGradNorm(const std::vector<torch::Tensor>& grads, double clip) {
+  return DivideAndClipGrads(grads, 1.0, clip);
 }
 
 double ClipGradNorm(const NamedParams& params, double clip) {

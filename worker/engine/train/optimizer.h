@@ -95,6 +95,17 @@ double ScheduledLr(const std::string& schedule, double peak, double min_lr_ratio
 // Global L2 norm of the grads (computed in fp64); when clip > 0 and norm > clip scales them by
 // clip/norm. Returns the pre-clip norm (non-finite when any gradient is; nothing is scaled then).
 double ClipGradNorm(const std::vector<torch::Tensor>& grads, double clip);
+// The same for grads / divisor (the summed gradients over the token count and loss scale),
+// folded: one _foreach_norm pass reads the grads, and one _foreach_mul_ writes them with the
+// division and the clipping coefficient together (instead of divide, read, scale). Returns the
+// pre-clip norm of grads / divisor; non-finite: the grads are only divided.
+double DivideAndClipGrads(const std::vector<torch::Tensor>& grads, double divisor, double clip);
+// The global norm of `grads` from one _foreach_norm pass: per-tensor norms in the grads' dtype
+// (fp16/bf16 ones in fp32), combined in fp64 (one host sync). Undefined grads are skipped.
+double GlobalGradNorm(const std::vector<torch::Tensor>& grads);
+// The sum of the squared per-tensor norms, as GlobalGradNorm squared: an fp64 [1] tensor on the
+// grads' device (no host sync; ZeRO all-reduces it), [1] zeros on the CPU when there is none.
+torch::Tensor SquaredGradNormSum(const std::vector<torch::Tensor>& grads);
 // The same over each param's .grad().
 double ClipGradNorm(const NamedParams& params, double clip);
 

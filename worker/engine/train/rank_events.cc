@@ -65,16 +65,6 @@ GroupStepFigures GroupFigures(const std::vector<double>& step_seconds) {
   return g;
 }
 
-std::optional<double> WorldMfu(double flops_per_token, double tokens_per_s, int world,
-                               double peak_flops_per_s) {
-  if (!(flops_per_token > 0) || !(peak_flops_per_s > 0) || world < 1 || !(tokens_per_s >= 0)) {
-    return std::nullopt;
-  }
-  const double mfu = flops_per_token * tokens_per_s / (world * peak_flops_per_s);
-  if (!std::isfinite(mfu)) return std::nullopt;
-  return mfu;
-}
-
 std::string ProgressLine(const contract::StepEvent& e,
                          std::optional<double> checkpoint_age_seconds) {
   std::string line = absl::StrFormat("stage %d step %d/%d seq_len %d loss %.4f tok/s %.0f", e.stage,

@@ -31,12 +31,6 @@ struct GroupStepFigures {
 // Empty input: all 0. Non-finite or negative seconds count as 0.
 GroupStepFigures GroupFigures(const std::vector<double>& step_seconds);
 
-// Model FLOPs utilisation of the world: flops_per_token x tokens_per_s over world x peak.
-// std::nullopt when the peak or the FLOPs per token is unknown (<= 0) or the result is not
-// finite.
-std::optional<double> WorldMfu(double flops_per_token, double tokens_per_s, int world,
-                               double peak_flops_per_s);
-
 // The human progress line of `ulysses-train train` (stderr, rank 0), e.g.
 //   stage 0 step 3/10 seq_len 256 loss 4.1523 tok/s 1234 mfu 12.3% slowest r1 0.520s
 //   (median 0.480s) ckpt 12s ago
@@ -58,7 +52,7 @@ struct StepReport {
   StepStats stats;
   std::optional<RankStepFigures> rank;    // This rank's figures (the step event's optional fields).
   std::optional<GroupStepFigures> group;  // Slowest and median rank (every rank's step seconds).
-  std::optional<double> mfu;              // WorldMfu, when the peak FLOP/s is known.
+  std::optional<double> mfu;              // spec::Mfu, when the peak FLOP/s is known.
   // Seconds since this run last committed a checkpoint (unset: none yet); progress line only.
   std::optional<double> checkpoint_age_seconds;
 };

@@ -40,14 +40,6 @@ int64_t PhysicalMemoryBytes() {
 
 }  // namespace
 
-double ModelFlopsPerToken(const model::LlamaConfig& config, int64_t seq_len) {
-  const spec::ParameterCounts c = spec::CountParameters(config);
-  const double h = static_cast<double>(config.hidden_size);
-  const double layers = static_cast<double>(config.num_hidden_layers);
-  const double lm_head = static_cast<double>(config.vocab_size) * h;
-  return 6 * (layers * c.per_layer + lm_head) + 6 * layers * h * static_cast<double>(seq_len);
-}
-
 int64_t MemoryLimitBytes(const torch::Device& device) {
   if (device.is_cuda()) {
 #ifdef ULYSSES_STEP_METER_CUDART

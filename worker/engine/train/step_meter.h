@@ -4,7 +4,7 @@
 // allocator's (or the kernel's) memory counters; no device synchronisation. Not
 // thread-safe (one meter per training loop).
 //
-//   StepMeter meter(device, sp_group, ModelFlopsPerToken(config, seq_len));
+//   StepMeter meter(device, sp_group, spec::ModelFlopsPerToken(config, seq_len));
 //   meter.Begin();             // before reading the step's batches
 //   ... batches ...
 //   meter.BatchesReady();
@@ -40,11 +40,6 @@ struct RankStepFigures {
   double model_flops_per_s = 0;  // 0 = FLOPs per token unknown
 };
 
-// Model FLOPs per trained token at this sequence length: 6 per parameter (embeddings
-// excluded, lm_head included) plus causal attention 6 * layers * hidden * seq_len (QK^T and
-// AV, forward and backward, half the square); recomputation is not counted (MFU, not HFU).
-double ModelFlopsPerToken(const model::LlamaConfig& config, int64_t seq_len);
-
 // Memory the rank can use: the CUDA device's total memory; on CPU the cgroup limit when
 // set, else the physical memory. 0 when unknown.
 int64_t MemoryLimitBytes(const torch::Device& device);
@@ -52,7 +47,8 @@ int64_t MemoryLimitBytes(const torch::Device& device);
 class StepMeter {
  public:
   // `alltoall_comm`: the group whose all-to-all bytes count (the SP group; may be null).
-  // `flops_per_token`: ModelFlopsPerToken (0 = unknown: model_flops_per_s stays 0).
+  // `flops_per_token`: spec::ModelFlopsPerToken (common/spec/model_math.h; 0 = unknown:
+  // model_flops_per_s stays 0).
   StepMeter(torch::Device device, const Communicator* alltoall_comm, double flops_per_token);
 
   void Begin();

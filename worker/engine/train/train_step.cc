@@ -133,11 +133,7 @@ absl::StatusOr<StepStats> Trainer::Step(const std::vector<LocalShard>& micro_bat
   out.tokens = stats[1].item<double>();
   out.loss = stats[0].item<double>() / std::max(1.0, out.tokens);
   RETURN_IF_ERROR(Guard(absl::StrCat("step ", step, " optimizer"), [&] {
-    {
-      torch::NoGradGuard no_grad;
-      for (torch::Tensor& g : grads) g.div_(std::max(1.0, out.tokens) * scale);
-    }
-    out.grad_norm = ClipGradNorm(grads, grad_clip_);
+    out.grad_norm = DivideAndClipGrads(grads, std::max(1.0, out.tokens) * scale, grad_clip_);
     out.skipped = !std::isfinite(out.loss) || !std::isfinite(out.grad_norm);
     if (!out.skipped && zero_ != nullptr) {
       RETURN_IF_ERROR(zero_->UpdateFromFullGrads(grads, lr));  // stage 1

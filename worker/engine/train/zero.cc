@@ -199,18 +199,16 @@ absl::Status ZeroSharding::ReduceRemainingGrads() {
 
 absl::StatusOr<double> ZeroSharding::FinishGrads(double divisor, double clip) {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> squares;
-  for (Entry& e : entries_) {
-    e.grad.div_(divisor);
-    squares.push_back(e.grad.pow(2).sum(torch::kDouble));
-  }
-  std::vector<torch::Tensor> total = {torch::stack(squares).sum().reshape({1})};
+  // Folded as DivideAndClipGrads: the norm of the undivided shards (one _foreach_norm), summed
+  // over ranks, then one multiply by 1/divisor and the clipping coefficient together.
+  std::vector<torch::Tensor> grads;
+  for (Entry& e : entries_) grads.push_back(e.grad);
+  std::vector<torch::Tensor> total = {SquaredGradNormSum(grads)};
   RETURN_IF_ERROR(world_->AllReduceSum(total));
-  const double norm = std::sqrt(total[0].item<double>());
-  if (clip > 0 && std::isfinite(norm) && norm > clip) {
-    const double scale = clip / (norm + 1e-6);  // as ClipGradNorm
-    for (Entry& e : entries_) e.grad.mul_(scale);
-  }
+  const double norm = std::sqrt(total[0].item<double>()) / divisor;
+  double coefficient = 1.0 / divisor;
+  if (clip > 0 && std::isfinite(norm) && norm > clip) coefficient *= clip / (norm + 1e-6);
+  if (!grads.empty() && coefficient != 1.0) at::_foreach_mul_(grads, coefficient);
   return norm;
 }
 

@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/file_tree.h"
 #include "tests/testing/rank_processes.h"
 #include "tests/testing/tiny_model.h"
 #include "worker/engine/data/batches.h"
@@ -294,7 +295,7 @@ TEST(GpuEngineTest, UlyssesTrainRunsAStagedJobOnCuda) {
   ASSERT_TRUE(bin && src);
   const fs::path out =
       fs::temp_directory_path() / ("ulysses_gpu_train_" + std::to_string(getpid()));
-  fs::remove_all(out);
+  ulysses::RemoveTree(out).IgnoreError();
   // tiny-demo: 1k at sp 1, 2k at sp 2 (two ranks sharing cuda:0 over Gloo), 4k at sp 4.
   const std::string cmd = std::string(bin) + "/ulysses-train train -f " + src +
                           "/configs/jobs/tiny-demo.yaml --device cuda --out " + out.string() +
@@ -317,7 +318,7 @@ TEST(GpuEngineTest, UlyssesTrainRunsAStagedJobOnCuda) {
   }
   EXPECT_EQ(steps, 9);
   EXPECT_EQ(evals, 3);
-  fs::remove_all(out);
+  ulysses::RemoveTree(out).IgnoreError();
 }
 
 int Dispatch(const ChildEnv& env) {

@@ -181,6 +181,20 @@ TEST(LlamaTest, CheckpointingAndTiledMlpGiveSameGradients) {
   ExpectSameGrads(base, ckpt, 1e-10);
 }
 
+// The speed levers of MemoryOptions change rounding only: fp64 loss and every gradient equal.
+TEST(LlamaTest, FusedGateUpAndRmsNormGiveSameGradients) {
+  double base_loss = 0, fused_loss = 0;
+  auto base = LossAndGrads(Tiny(), MemoryOptions{}, &base_loss);
+  MemoryOptions m;
+  m.fuse_gate_up = true;
+  m.fused_rms_norm = true;  // at::rms_norm on libtorch >= 2.4, the composite one before.
+  auto fused = LossAndGrads(Tiny(), m, &fused_loss);
+  EXPECT_NEAR(base_loss, fused_loss, 1e-12 * base_loss);
+  ExpectSameGrads(base, fused, 1e-10);
+  ASSERT_TRUE(fused.count("model.layers.0.mlp.gate_proj.weight"));  // Still two parameters.
+  ASSERT_TRUE(fused.count("model.layers.0.mlp.up_proj.weight"));
+}
+
 TEST(LlamaTest, AccuracyCountsArgmaxHits) {
   LlamaForCausalLM model(Tiny(), MemoryOptions{});
   model->InitWeights(3);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/file_tree.h"
 #include "tests/testing/tiny_model.h"
 #include "worker/engine/data/batches.h"
 #include "worker/engine/data/dataset.h"
@@ -175,7 +176,7 @@ TEST(MixedPrecisionTest, LossScalerHalvesOnOverflowAndGrows) {
 
 TEST(MixedPrecisionTest, CheckpointKeepsMastersAndResumeIsBitIdentical) {
   const fs::path root = fs::temp_directory_path() / ("ulysses_mp_" + std::to_string(getpid()));
-  fs::remove_all(root);
+  ulysses::RemoveTree(root).IgnoreError();
   spec::JobSpec spec;
   spec.checkpoint.keep_last = 2;
   // Uninterrupted: 4 steps.
@@ -206,7 +207,7 @@ TEST(MixedPrecisionTest, CheckpointKeepsMastersAndResumeIsBitIdentical) {
   for (size_t i = 0; i < pa.size(); ++i) {
     EXPECT_TRUE(torch::equal(pa[i].second, pc[i].second)) << pa[i].first;
   }
-  fs::remove_all(root);
+  ulysses::RemoveTree(root).IgnoreError();
 }
 
 // The collective timeout grows with the checkpoint a rank loads or writes (resume.h): the
@@ -215,7 +216,7 @@ TEST(MixedPrecisionTest, CheckpointSizeEstimateBoundsTheCommittedBytes) {
   const fs::path root = fs::temp_directory_path() / ("ulysses_est_" + std::to_string(getpid()));
   const int64_t estimate = EstimatedCheckpointBytes(TinyConfig());
   for (torch::Dtype dtype : {torch::kFloat, torch::kBFloat16}) {
-    fs::remove_all(root);
+    ulysses::RemoveTree(root).IgnoreError();
     spec::JobSpec spec;
     TinyRun run(dtype);
     run.Step(0);  // AdamW's moments exist after the first step.
@@ -227,7 +228,7 @@ TEST(MixedPrecisionTest, CheckpointSizeEstimateBoundsTheCommittedBytes) {
     EXPECT_LE(*written, estimate) << dtype;
     EXPECT_GE(*written, estimate * 7 / 10) << dtype << ": the estimate is far too loose";
   }
-  fs::remove_all(root);
+  ulysses::RemoveTree(root).IgnoreError();
 }
 
 TEST(MixedPrecisionTest, CollectiveTimeoutAddsTheCheckpointTransferAtTheStorageFloor) {

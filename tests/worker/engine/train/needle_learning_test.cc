@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/file_tree.h"
 #include "worker/engine/data/dataset.h"
 
 namespace ulysses {
@@ -46,7 +47,7 @@ TEST(NeedleLearningTest, RetrievalRisesFarAboveChanceAtEveryStage) {
   const std::string bin = Env("ULYSSES_BIN_DIR", "build/bin") + "/ulysses-train";
   const std::string spec = Env("ULYSSES_SOURCE_DIR", ".") + "/configs/jobs/needle-retrieval.yaml";
   const fs::path dir = fs::temp_directory_path() / ("needle_learning_" + std::to_string(getpid()));
-  fs::remove_all(dir);
+  ulysses::RemoveTree(dir).IgnoreError();
   fs::create_directories(dir);
   const std::string cmd = "'" + bin + "' train -f '" + spec + "' --out '" + (dir / "out").string() +
                           "' > '" + (dir / "train.log").string() + "' 2>&1";
@@ -91,7 +92,7 @@ TEST(NeedleLearningTest, RetrievalRisesFarAboveChanceAtEveryStage) {
     EXPECT_GT(e.at("accuracy").get<double>(), 8 * chance);  // > 0.57
     EXPECT_LT(e.at("loss").get<double>(), 0.5 * floor_loss);
   }
-  fs::remove_all(dir);
+  ulysses::RemoveTree(dir).IgnoreError();
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
 // AdamW against a hand-computed update, the LR schedule's shape, and grad clipping.
 #include "worker/engine/train/optimizer.h"
 
-#include <gtest/gtest.h>
-
 #include <cmath>
+#include <limits>
+
+#include <gtest/gtest.h>
 
 namespace ulysses::engine::train {
 namespace {
@@ -63,6 +64,44 @@ TEST(ClipTest, ScalesToClip) {
   EXPECT_NEAR(ClipGradNorm({{"a", a}}, 1.0), 5.0, 1e-12);
   EXPECT_NEAR(a.grad().norm().item<double>(), 1.0, 1e-6);
   EXPECT_NEAR(ClipGradNorm({{"a", a}}, 0.0), 1.0, 1e-6);  // 0 disables
+}
+
+// The folded divide-and-clip (one norm pass, one multiply) equals dividing, then measuring in
+// fp64, then clipping, for fp64, fp32 and bf16 gradients.
+TEST(ClipTest, FoldedDivideAndClipEqualsTheTwoPassReference) {
+  torch::manual_seed(3);
+  for (double clip : {0.0, 1e9, 0.5}) {
+    std::vector<torch::Tensor> grads = {
+        torch::randn({7, 5}, torch::kDouble) * 300, torch::randn({11}, torch::kFloat) * 300,
+        torch::randn({4, 3}, torch::kBFloat16) * 300, torch::Tensor()};
+    std::vector<torch::Tensor> reference;
+    for (const auto& g : grads) reference.push_back(g.defined() ? g.clone() : g);
+    const double divisor = 640.0;
+    double squares = 0;
+    for (auto& g : reference) {
+      if (!g.defined()) continue;
+      squares += (g.to(torch::kDouble) / divisor).pow(2).sum().item<double>();  // Exact in fp64.
+      g.div_(divisor);
+    }
+    const double want_norm = std::sqrt(squares);
+    if (clip > 0 && want_norm > clip) {
+      for (auto& g : reference) {
+        if (g.defined()) g.mul_(clip / (want_norm + 1e-6));
+      }
+    }
+    const double norm = DivideAndClipGrads(grads, divisor, clip);
+    EXPECT_NEAR(norm, want_norm, 1e-6 * want_norm) << "clip " << clip;
+    EXPECT_TRUE(torch::allclose(grads[0], reference[0], 1e-12, 0)) << "clip " << clip;
+    EXPECT_TRUE(torch::allclose(grads[1], reference[1], 1e-6, 0)) << "clip " << clip;
+    EXPECT_TRUE(
+        torch::allclose(grads[2].to(torch::kFloat), reference[2].to(torch::kFloat), 1e-2, 0))
+        << "clip " << clip;
+    EXPECT_FALSE(grads[3].defined());
+  }
+  // A non-finite gradient: the norm says so and the grads are only divided.
+  std::vector<torch::Tensor> bad = {torch::tensor({std::numeric_limits<double>::infinity(), 2.0})};
+  EXPECT_FALSE(std::isfinite(DivideAndClipGrads(bad, 2.0, 1.0)));
+  EXPECT_EQ(bad[0][1].item<double>(), 1.0);
 }
 
 }  // namespace

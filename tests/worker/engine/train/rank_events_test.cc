@@ -26,16 +26,6 @@ TEST(GroupFiguresTest, SlowestIsTheLowestRankWithTheLongestStepAndMedianIsTheMid
   EXPECT_DOUBLE_EQ(g.slowest_step_seconds, 0.0);
 }
 
-TEST(GroupFiguresTest, WorldMfuIsModelFlopsOverWorldTimesPeak) {
-  // 1e6 FLOPs per token x 4e5 tokens/s over 4 ranks x 1e12 peak = 0.1.
-  std::optional<double> mfu = WorldMfu(1e6, 4e5, 4, 1e12);
-  ASSERT_TRUE(mfu.has_value());
-  EXPECT_DOUBLE_EQ(*mfu, 0.1);
-  EXPECT_FALSE(WorldMfu(1e6, 4e5, 4, 0).has_value()) << "unknown peak";
-  EXPECT_FALSE(WorldMfu(0, 4e5, 4, 1e12).has_value()) << "unknown FLOPs per token";
-  EXPECT_FALSE(WorldMfu(1e6, std::numeric_limits<double>::infinity(), 4, 1e12).has_value());
-}
-
 TEST(ProgressLineTest, ShowsTheFiguresTheEventHas) {
   contract::StepEvent e{0, 3, 10, 4.15234, 1234.4, 256};
   EXPECT_EQ(ProgressLine(e, std::nullopt),

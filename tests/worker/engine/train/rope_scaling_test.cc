@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/file_tree.h"
 #include "worker/engine/hf/hf.h"
 
 namespace ulysses::engine {
@@ -135,13 +136,13 @@ class RopeScalingTest : public ::testing::Test {
     dir_ = fs::temp_directory_path() /
            ("ulysses-rope-" + std::to_string(getpid()) + "-" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
+    ulysses::RemoveTree(dir_).IgnoreError();
     fs::create_directories(dir_);
     WriteTokens(dir_ / "train.bin", 4096, 1);
     WriteTokens(dir_ / "val.bin", 512, 2);
   }
   void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
+    if (!HasFailure()) ulysses::RemoveTree(dir_).IgnoreError();
   }
 
   // A job on the token files with `model` as its spec.model (flow YAML).

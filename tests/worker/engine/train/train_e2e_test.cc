@@ -35,6 +35,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/file_tree.h"
 #include "tests/testing/documents.h"
 #include "worker/engine/checkpoint/checkpoint.h"
 
@@ -146,7 +147,7 @@ class TrainE2eTest : public ::testing::Test {
     dir_ = fs::temp_directory_path() /
            ("ulysses-e2e-" + std::to_string(getpid()) + "-" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
+    ulysses::RemoveTree(dir_).IgnoreError();
     fs::create_directories(dir_);
     WriteTokens(dir_ / "train.bin", 40000, 1);
     WriteTokens(dir_ / "val.bin", 1024, 2);
@@ -169,7 +170,7 @@ class TrainE2eTest : public ::testing::Test {
                            "  seed: 7\n";
   }
   void TearDown() override {
-    if (!HasFailure()) fs::remove_all(dir_);
+    if (!HasFailure()) ulysses::RemoveTree(dir_).IgnoreError();
   }
 
   std::vector<std::string> TrainArgs(const std::string& out, std::vector<std::string> sets) {
@@ -687,6 +688,14 @@ TEST_F(TrainE2eTest, BadInputIsRejectedWithExit2) {
   EXPECT_EQ(timeout.code, 2);
   EXPECT_NE(timeout.err.find("--collective-timeout-s: 0 is outside 1..86400"), std::string::npos)
       << timeout.err;
+  for (const std::string& command : {"rank", "train"}) {
+    Result threads =
+        RunCmd({command, "-f", job_, "--out", (dir_ / "t").string(), "--intra-op-threads", "-1"},
+               dir_, "threads");
+    EXPECT_EQ(threads.code, 2) << command;
+    EXPECT_NE(threads.err.find("--intra-op-threads: -1 is outside 0..1024"), std::string::npos)
+        << command << ": " << threads.err;
+  }
   // A corrupt checkpoint is refused by eval and export.
   Result ok = RunCmd(TrainArgs("c", {"spec.stages[0].steps=2"}), dir_, "c");
   ASSERT_EQ(ok.code, 0) << ok.err;

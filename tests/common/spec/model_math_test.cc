@@ -1,0 +1,103 @@
+#include "common/spec/model_math.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace ulysses::spec {
+namespace {
+
+ModelShape Shape(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, int64_t heads,
+                 int64_t kv_heads, bool tied) {
+  ModelShape s;
+  s.vocab_size = vocab;
+  s.hidden_size = hidden;
+  s.intermediate_size = inter;
+  s.num_hidden_layers = layers;
+  s.num_attention_heads = heads;
+  s.num_key_value_heads = kv_heads;
+  s.tie_word_embeddings = tied;
+  return s;
+}
+
+ModelShape Tiny() { return Shape(100, 8, 16, 2, 2, 1, false); }
+ModelShape Llama1B() { return Shape(128256, 2048, 8192, 16, 32, 8, true); }
+ModelShape Llama8B() { return Shape(128256, 4096, 14336, 32, 32, 8, false); }
+
+TEST(ModelMathTest, FlopsPerTokenOfTheTinyShapeByHand) {
+  // Layer: q 8*2*4 + k,v 2*8*1*4 + o 2*4*8 + MLP 3*8*16 + norms 2*8 = 592; two layers 1184;
+  // lm_head 100*8 = 800; 6 * 1984 = 11904; attention 6 * 2 layers * 8 * seq 10 = 960.
+  EXPECT_DOUBLE_EQ(ModelFlopsPerToken(Tiny(), 10), 11904 + 960);
+  EXPECT_DOUBLE_EQ(ModelFlopsPerToken(Tiny(), 0), 11904);
+}
+
+TEST(ModelMathTest, LmHeadCountsAlsoWhenTied) {
+  ModelShape tied = Tiny();
+  tied.tie_word_embeddings = true;
+  EXPECT_DOUBLE_EQ(ModelFlopsPerToken(tied, 10), ModelFlopsPerToken(Tiny(), 10));
+  // Llama-3.2-1B at 32k: the lm_head is 6 * 128256 * 2048 of the figure (about 12 %), what the
+  // benches used to leave out.
+  const double with_head = ModelFlopsPerToken(Llama1B(), 32768);
+  const double head = 6.0 * 128256 * 2048;
+  EXPECT_GT(head / with_head, 0.10);
+  EXPECT_LT(head / with_head, 0.14);
+}
+
+TEST(ModelMathTest, RecomputeAddsWhatTheMemoryOptionsRunAgain) {
+  const ModelShape s = Tiny();
+  EXPECT_DOUBLE_EQ(RecomputeFlopsPerToken(s, 10, {}), 0);
+  // One more forward: 2 * 1184 parameters' FLOPs + the forward third of attention 2 * 2 * 8 * 10.
+  EXPECT_DOUBLE_EQ(RecomputeFlopsPerToken(s, 10, {true, false, false}), 2368 + 320);
+  // Checkpointing already reruns the MLP: tiled_mlp adds nothing more.
+  EXPECT_DOUBLE_EQ(RecomputeFlopsPerToken(s, 10, {true, true, false}), 2368 + 320);
+  EXPECT_DOUBLE_EQ(RecomputeFlopsPerToken(s, 10, {false, true, false}), 2 * 2 * 3 * 8 * 16);
+  EXPECT_DOUBLE_EQ(RecomputeFlopsPerToken(s, 10, {false, false, true}), 2 * 100 * 8);
+}
+
+TEST(ModelMathTest, MfuIsModelFlopsOverDevicesTimesPeak) {
+  // 1e6 FLOPs per token x 4e5 tokens/s over 4 devices x 1e12 peak = 0.1.
+  std::optional<double> mfu = Mfu(1e6, 4e5, 4, 1e12);
+  ASSERT_TRUE(mfu.has_value());
+  EXPECT_DOUBLE_EQ(*mfu, 0.1);
+  EXPECT_FALSE(Mfu(1e6, 4e5, 4, 0).has_value()) << "unknown peak";
+  EXPECT_FALSE(Mfu(0, 4e5, 4, 1e12).has_value()) << "unknown FLOPs per token";
+  EXPECT_FALSE(Mfu(1e6, 4e5, 0, 1e12).has_value()) << "no devices";
+  EXPECT_FALSE(Mfu(1e6, std::numeric_limits<double>::infinity(), 4, 1e12).has_value());
+}
+
+// bench/gpu/model_math.py (hf_bench.py's formula) gives the same figures as this one.
+TEST(ModelMathTest, PythonCopyAgreesWithTheCxxDefinition) {
+  const char* source = std::getenv("ULYSSES_SOURCE_DIR");
+  if (source == nullptr) GTEST_SKIP() << "ULYSSES_SOURCE_DIR unset (run through ctest)";
+  if (std::system("python3 -c pass >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  for (const ModelShape& s : {Tiny(), Llama1B(), Llama8B()}) {
+    for (int64_t seq : {int64_t{10}, int64_t{8192}, int64_t{131072}}) {
+      const std::string shape_json = absl::StrFormat(
+          "{\"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d, "
+          "\"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d}",
+          s.vocab_size, s.hidden_size, s.intermediate_size, s.num_hidden_layers,
+          s.num_attention_heads, s.num_key_value_heads);
+      const std::string command =
+          absl::StrCat("python3 '", source, "/bench/gpu/model_math.py' '", shape_json, "' ", seq);
+      FILE* pipe = popen(command.c_str(), "r");
+      ASSERT_NE(pipe, nullptr) << command;
+      char buf[128] = {};
+      const size_t n = fread(buf, 1, sizeof buf - 1, pipe);
+      ASSERT_EQ(pclose(pipe), 0) << command;
+      double python = 0;
+      ASSERT_TRUE(absl::SimpleAtod(std::string(buf, n).substr(0, n ? n - 1 : 0), &python))
+          << command << " printed '" << buf << "'";
+      EXPECT_DOUBLE_EQ(python, ModelFlopsPerToken(s, seq)) << shape_json << " seq " << seq;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ulysses::spec
