@@ -22,7 +22,9 @@ Coordinator::Coordinator(CoordinatorConfig config, std::unique_ptr<Store> store,
           CoordinatorMetrics::Register(registry, [this](CountsPart part) { return Counts(part); })),
       store_(std::move(store)),
       machine_(config_, *metrics_, state_),
-      protocol_(config_, *metrics_, state_, machine_) {}
+      protocol_(config_, *metrics_, state_, machine_) {
+  metrics_->SetSettings(config_.heartbeat_timeout_s, config_.cancel_grace_s);
+}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const CoordinatorConfig& config,
                                                                  metrics::Registry* registry) {
