@@ -1146,8 +1146,7 @@ class MetricNamesTest(unittest.TestCase):
 
 # The checks issue 27 added (storage, Pod Security, probes, monitoring, alerts, schemas) live
 # in check_admin.py; importing them here runs them under deploy_k8s_test.
-from check_admin import *  # noqa: E402,F401,F403
-from check_admin import pod_security_problems  # noqa: E402
+from check_admin import *  # noqa: E402,F401,F403  (the test classes of its __all__)
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
