@@ -72,7 +72,8 @@ std::unique_ptr<CoordinatorMetrics> CoordinatorMetrics::Register(
       must(metrics::RegisterHistogram(registry, "ulysses_checkpoint_save_duration_seconds"));
   m->checkpoint_bytes = must(metrics::RegisterGauge(registry, "ulysses_checkpoint_bytes"));
   m->store_writable = must(metrics::RegisterGauge(registry, "ulysses_store_writable"));
-  m->heartbeat_timeout = must(metrics::RegisterGauge(registry, "ulysses_heartbeat_timeout_seconds"));
+  m->heartbeat_timeout =
+      must(metrics::RegisterGauge(registry, "ulysses_heartbeat_timeout_seconds"));
   m->cancel_grace = must(metrics::RegisterGauge(registry, "ulysses_cancel_grace_seconds"));
   m->checkpoint_every = must(metrics::RegisterGauge(registry, "ulysses_checkpoint_every_steps"));
   m->store_write_errors =
@@ -121,9 +122,8 @@ std::unique_ptr<CoordinatorMetrics> CoordinatorMetrics::Register(
 }
 
 void CoordinatorMetrics::ForgetJob(const std::string& job_id) {
-  for (metrics::GaugeFamily* f :
-       {checkpoint_bytes, loss, tokens_per_s, step, steps, stage, seq_len, group_size, stage_eta,
-        checkpoint_every}) {
+  for (metrics::GaugeFamily* f : {checkpoint_bytes, loss, tokens_per_s, step, steps, stage, seq_len,
+                                  group_size, stage_eta, checkpoint_every}) {
     if (f) f->Remove({job_id});
   }
   if (tokens) tokens->Remove({job_id});

@@ -27,9 +27,9 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
-#include "yaml-cpp/yaml.h"
 #include "tests/common/metrics/subprocess_for_test.h"
 #include "tests/e2e/cluster.h"
+#include "yaml-cpp/yaml.h"
 
 namespace ulysses::e2e {
 namespace {
@@ -54,8 +54,8 @@ std::string ShortWindowRules(const std::string& rules) {
 // The rules file inside the monitoring component's PrometheusRule (its spec), with short
 // windows (ShortWindowRules).
 std::string PrometheusRuleRules() {
-  YAML::Node rule = YAML::LoadFile(SourceDir() +
-                                   "/deploy/k8s/components/monitoring/prometheus-rule.yaml");
+  YAML::Node rule =
+      YAML::LoadFile(SourceDir() + "/deploy/k8s/components/monitoring/prometheus-rule.yaml");
   YAML::Emitter out;
   out << rule["spec"];
   return ShortWindowRules(out.c_str());
@@ -218,8 +218,8 @@ TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) 
   ASSERT_EQ(job.value("state", ""), "RUNNING") << job.dump(2) << cluster.Logs();
 
   // Every dashboard expression returns data while the job runs.
-  const json dashboard =
-      json::parse(ReadFile(SourceDir() + "/deploy/k8s/components/monitoring/ulysses-dashboard.json"));
+  const json dashboard = json::parse(
+      ReadFile(SourceDir() + "/deploy/k8s/components/monitoring/ulysses-dashboard.json"));
   std::vector<std::string> exprs;
   for (const json& panel : dashboard["panels"]) {
     if (!panel.contains("targets")) continue;
