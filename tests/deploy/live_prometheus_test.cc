@@ -236,6 +236,10 @@ TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) 
   }
   for (const std::string& expr : empty) ADD_FAILURE() << "no data: " << expr;
   EXPECT_EQ(Query(&prom, "up{job=\"ulysses-worker\"} == 1").size(), 2u);  // The victim is down.
+  // The settings the alerts read: the job's checkpoint.every_steps (2), the coordinator's
+  // heartbeat timeout (4 s).
+  EXPECT_FALSE(Query(&prom, "ulysses_checkpoint_every_steps == 2").empty());
+  EXPECT_FALSE(Query(&prom, "ulysses_heartbeat_timeout_seconds == 4").empty());
   (void)cluster.Ctl({"cancel", id});
 }
 
