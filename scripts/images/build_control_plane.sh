@@ -51,11 +51,14 @@ version=$(sed -n 's/^project(ulysses VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)
 rm -rf "$OUT/stage"
 scripts/images/build_binaries.sh "$OUT/stage" ulysses-coordinator ulyssesctl ulysses-worker
 
-# 2. Pinned runtime packages: the versions installed here, which the binaries were linked with.
+# 2. Pinned runtime packages: the version the archive offers now (apt's candidate; bookworm's
+# stable ABI, so the binaries built against the installed one load it). The installed version
+# itself may be gone from the archive once a point release or security update replaced it.
 : >"$OUT/packages.pinned"
 while read -r pkg; do
   [[ -n "$pkg" ]] || continue
-  ver=$(dpkg-query -W -f='${Version}' "$pkg")
+  ver=$(apt-cache policy "$pkg" | awk '$1 == "Candidate:" {print $2}')
+  [[ -n "$ver" && "$ver" != "(none)" ]] || { echo "build_control_plane: no candidate for $pkg" >&2; exit 1; }
   echo "$pkg=$ver" >>"$OUT/packages.pinned"
 done <"$OUT/stage/runtime-packages.txt"
 inputs=$(cat "$OUT/packages.pinned" "$OUT"/stage/bin/* | sha256sum | cut -c1-16)
