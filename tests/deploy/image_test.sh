@@ -83,12 +83,13 @@ if [[ -z "$runner" ]]; then
     skip "podman cannot run containers here, and chroot into the rootfs needs root"
   root="$work/rootfs"
   mkdir -p "$root"
-  tar -xf "$OUT/rootfs.tar" -C "$root"
+  tar -xf "$OUT/rootfs.tar" -C "$root" 2>"$work/tar.err" || echo "tar: $(tail -n3 "$work/tar.err")"
   grep -q "^ulysses:x:10001:10001:" "$root/etc/passwd" || { echo "FAIL: no user 10001 in the rootfs"; exit 1; }
   grep -qx "git_sha=$sha" "$root/opt/ulysses/BUILD_INFO" || { echo "FAIL: BUILD_INFO lacks $sha"; exit 1; }
   mkdir -p "$root/var/lib/ulysses" "$root/proc"
   mount --bind "$state" "$root/var/lib/ulysses" 2>/dev/null || skip "cannot bind-mount into the rootfs"
-  trap 'umount "$root/var/lib/ulysses" 2>/dev/null || true; cleanup' EXIT
+  mount -t proc proc "$root/proc" 2>/dev/null || true
+  trap 'kill "${coord_pid:-0}" 2>/dev/null; wait 2>/dev/null; umount "$root/proc" "$root/var/lib/ulysses" 2>/dev/null || true; cleanup' EXIT
   # The rootfs's own loader and libraries only: a library missing from the image fails here.
   chroot --userspec=10001:10001 "$root" /opt/ulysses/bin/ulysses-coordinator "${args[@]}" \
     >"$work/coordinator.log" 2>&1 &
