@@ -81,7 +81,8 @@ mmdebstrap --mode="$mode" --variant=minbase --format=tar \
   --include="$(IFS=,; echo "${pinned[*]}")" \
   --customize-hook='mkdir -p "$1/opt/ulysses/bin"' \
   --customize-hook="copy-in $OUT/stage/bin/ulysses-coordinator $OUT/stage/bin/ulyssesctl $OUT/stage/bin/ulysses-worker /opt/ulysses/bin" \
-  --customize-hook='chroot "$1" useradd --system --uid 10001 --user-group --home-dir /var/lib/ulysses --create-home ulysses' \
+  --customize-hook='chroot "$1" groupadd --system --gid 10001 ulysses' \
+  --customize-hook='chroot "$1" useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/ulysses --create-home ulysses' \
   --customize-hook="printf 'version=%s\ngit_sha=%s\ndirty=%s\ninputs=%s\n' '$version' '$sha' '$dirty' '$inputs' >\"\$1/opt/ulysses/BUILD_INFO\"" \
   --customize-hook="cp $OUT/packages.pinned \"\$1/opt/ulysses/packages.pinned\"" \
   --customize-hook='rm -rf "$1/var/lib/apt/lists"/* "$1/var/cache/apt"/*.bin' \
@@ -99,7 +100,7 @@ podman import \
   --change 'USER 10001:10001' \
   --change 'WORKDIR /var/lib/ulysses' \
   --change 'ENV PATH=/opt/ulysses/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-  --change 'EXPOSE 50051 9090' \
+  --change 'EXPOSE 50051' --change 'EXPOSE 9090' \
   --change 'ENTRYPOINT ["ulysses-coordinator"]' \
   --change "LABEL org.opencontainers.image.revision=$sha" \
   --change "LABEL org.opencontainers.image.version=$version" \
