@@ -22,7 +22,9 @@ Coordinator::Coordinator(CoordinatorConfig config, std::unique_ptr<Store> store,
           CoordinatorMetrics::Register(registry, [this](CountsPart part) { return Counts(part); })),
       store_(std::move(store)),
       machine_(config_, *metrics_, state_),
-      protocol_(config_, *metrics_, state_, machine_) {}
+      protocol_(config_, *metrics_, state_, machine_) {
+  metrics_->SetSettings(config_.heartbeat_timeout_s, config_.cancel_grace_s);
+}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const CoordinatorConfig& config,
                                                                  metrics::Registry* registry) {
@@ -99,6 +101,7 @@ absl::Status Coordinator::Recover() {
 void Coordinator::Start() {
   absl::MutexLock lock(&ticker_mu_);
   if (ticker_.joinable() || stop_) return;
+  last_tick_ms_ = SteadyMs();
   ticker_ = std::thread([this] { TickerLoop(); });
 }
 
@@ -131,6 +134,7 @@ void Coordinator::TickerLoop() {
     if (stop_) break;
     ticker_mu_.Unlock();
     TickForTesting();
+    last_tick_ms_ = SteadyMs();
     ticker_mu_.Lock();
   }
 }
@@ -174,6 +178,17 @@ void Coordinator::ProbeStoreLocked() {
   metrics_->SetStoreWritable(true);
   serving_ = true;
   ULOG(INFO) << "state store " << store_->path() << " accepts writes again; serving";
+}
+
+absl::Status Coordinator::LivenessAt(int64_t now_ms, int64_t stall_ms) const {
+  const int64_t last = last_tick_ms_.load();
+  if (last == 0) return absl::UnavailableError("coordinator: the ticker has not started");
+  if (now_ms - last > stall_ms) {
+    return absl::UnavailableError(absl::StrCat("coordinator: no tick completed for ",
+                                               (now_ms - last) / 1000, " s (limit ",
+                                               stall_ms / 1000, " s): the scheduling loop hangs"));
+  }
+  return absl::OkStatus();
 }
 
 std::string Coordinator::health_reason() const {

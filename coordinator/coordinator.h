@@ -70,6 +70,11 @@ class Coordinator {
   // Stops the ticker and closes every stream. Idempotent.
   void Shutdown();
   bool serving() const { return serving_.load(); }
+  // Liveness (/livez): OK while the ticker has completed a tick within the last `stall_ms`
+  // (measured at `now_ms`, SteadyMs()). Takes no lock, so a hung tick holding the lock is
+  // reported rather than waited on. A coordinator whose store is read-only stays live: its
+  // ticks go on (each one probes the store) and it serves again by itself.
+  absl::Status LivenessAt(int64_t now_ms, int64_t stall_ms) const;
   // Why the coordinator is not serving ("" while it is): the state store's error.
   std::string health_reason() const;
   const CoordinatorConfig& config() const { return config_; }
@@ -151,6 +156,8 @@ class Coordinator {
   JobMachine machine_ ABSL_GUARDED_BY(mu_);
   WorkerProtocol protocol_ ABSL_GUARDED_BY(mu_);
 
+  // SteadyMs() at Start() and after every tick of the ticker thread (LivenessAt).
+  std::atomic<int64_t> last_tick_ms_{0};
   absl::Mutex ticker_mu_;
   bool stop_ ABSL_GUARDED_BY(ticker_mu_) = false;
   std::thread ticker_;

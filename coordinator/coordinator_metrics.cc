@@ -72,6 +72,10 @@ std::unique_ptr<CoordinatorMetrics> CoordinatorMetrics::Register(
       must(metrics::RegisterHistogram(registry, "ulysses_checkpoint_save_duration_seconds"));
   m->checkpoint_bytes = must(metrics::RegisterGauge(registry, "ulysses_checkpoint_bytes"));
   m->store_writable = must(metrics::RegisterGauge(registry, "ulysses_store_writable"));
+  m->heartbeat_timeout =
+      must(metrics::RegisterGauge(registry, "ulysses_heartbeat_timeout_seconds"));
+  m->cancel_grace = must(metrics::RegisterGauge(registry, "ulysses_cancel_grace_seconds"));
+  m->checkpoint_every = must(metrics::RegisterGauge(registry, "ulysses_checkpoint_every_steps"));
   m->store_write_errors =
       must(metrics::RegisterCounter(registry, "ulysses_store_write_errors_total"));
   m->SetStoreWritable(true);
@@ -118,8 +122,8 @@ std::unique_ptr<CoordinatorMetrics> CoordinatorMetrics::Register(
 }
 
 void CoordinatorMetrics::ForgetJob(const std::string& job_id) {
-  for (metrics::GaugeFamily* f :
-       {checkpoint_bytes, loss, tokens_per_s, step, steps, stage, seq_len, group_size, stage_eta}) {
+  for (metrics::GaugeFamily* f : {checkpoint_bytes, loss, tokens_per_s, step, steps, stage, seq_len,
+                                  group_size, stage_eta, checkpoint_every}) {
     if (f) f->Remove({job_id});
   }
   if (tokens) tokens->Remove({job_id});
@@ -134,6 +138,11 @@ void CoordinatorMetrics::SetJobStage(const std::string& job_id, int stage_index,
   if (steps) steps->WithLabels({job_id})->Set(static_cast<double>(steps_n));
   if (seq_len) seq_len->WithLabels({job_id})->Set(static_cast<double>(seq_len_n));
   if (group_size) group_size->WithLabels({job_id})->Set(group);
+}
+
+void CoordinatorMetrics::SetSettings(double heartbeat_timeout_s, double cancel_grace_s) {
+  if (heartbeat_timeout) heartbeat_timeout->WithLabels({})->Set(heartbeat_timeout_s);
+  if (cancel_grace) cancel_grace->WithLabels({})->Set(cancel_grace_s);
 }
 
 void CoordinatorMetrics::SetEval(const std::string& job_id, int stage_index, double loss_value,

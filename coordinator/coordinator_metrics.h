@@ -48,13 +48,15 @@ class CoordinatorMetrics {
   metrics::HistogramFamily* recovery = nullptr;
   metrics::CounterFamily* stage_transitions = nullptr;
   metrics::HistogramFamily* checkpoint_seconds = nullptr;
-  metrics::GaugeFamily* checkpoint_bytes = nullptr;      // {job_id}
-  metrics::GaugeFamily* loss = nullptr;                  // {job_id}
-  metrics::GaugeFamily* tokens_per_s = nullptr;          // {job_id}
-  metrics::GaugeFamily* step = nullptr;                  // {job_id}
-  metrics::CounterFamily* tokens = nullptr;              // {job_id}
-  metrics::CounterFamily* rejected_reports = nullptr;    // {reason}
-  metrics::GaugeFamily* store_writable = nullptr;        // 1 writable, 0 read-only.
+  metrics::GaugeFamily* checkpoint_bytes = nullptr;    // {job_id}
+  metrics::GaugeFamily* loss = nullptr;                // {job_id}
+  metrics::GaugeFamily* tokens_per_s = nullptr;        // {job_id}
+  metrics::GaugeFamily* step = nullptr;                // {job_id}
+  metrics::CounterFamily* tokens = nullptr;            // {job_id}
+  metrics::CounterFamily* rejected_reports = nullptr;  // {reason}
+  metrics::GaugeFamily* store_writable = nullptr;      // 1 writable, 0 read-only.
+  metrics::GaugeFamily* heartbeat_timeout = nullptr;   // Settings, no labels.
+  metrics::GaugeFamily* cancel_grace = nullptr;
   metrics::CounterFamily* store_write_errors = nullptr;  // {kind: io | refused}
   metrics::GaugeFamily* steps = nullptr;                 // {job_id}
   metrics::GaugeFamily* stage = nullptr;                 // {job_id}
@@ -63,6 +65,7 @@ class CoordinatorMetrics {
   metrics::GaugeFamily* stage_eta = nullptr;             // {job_id}
   metrics::GaugeFamily* eval_loss = nullptr;             // {job_id, stage}
   metrics::GaugeFamily* eval_accuracy = nullptr;         // {job_id, stage}
+  metrics::GaugeFamily* checkpoint_every = nullptr;      // {job_id}
 
   // Null-safe helpers.
   void CountRestart(const std::string& reason);
@@ -72,6 +75,8 @@ class CoordinatorMetrics {
   // The shape of the job's current stage (its index, steps, seq_len and ranks).
   void SetJobStage(const std::string& job_id, int stage, int64_t steps, int64_t seq_len,
                    int group_size);
+  // The settings the alerts read (heartbeat_timeout_s, cancel_grace_s).
+  void SetSettings(double heartbeat_timeout_s, double cancel_grace_s);
   // A stage's evaluation; `accuracy` only when the evaluation measured it.
   void SetEval(const std::string& job_id, int stage, double loss, std::optional<double> accuracy);
 

@@ -124,6 +124,9 @@ struct JobRt {
   int64_t eta_base_step = 0;
   int64_t eta_base_generation = -1;
   int eta_base_stage = -1;
+  // spec.checkpoint.every_steps, read from rec.spec_yaml on the first progress report
+  // (ulysses_checkpoint_every_steps); -1 until then.
+  int64_t checkpoint_every_steps = -1;
 };
 
 // Everything the coordinator holds in memory.

@@ -21,6 +21,11 @@
 namespace ulysses::coordinator {
 namespace {
 
+// /livez fails when no tick completed for this long (ticks run every 100 ms; a tick holding
+// the lock through a slow store write takes seconds at worst). The probe's periodSeconds x
+// failureThreshold (deploy/k8s) adds a minute before kubelet restarts the process.
+constexpr int64_t kLivenessStallMs = 60000;
+
 absl::StatusOr<std::string> ReadPem(const std::string& field, const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -125,10 +130,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     metrics::MetricsServerConfig mc;
     RETURN_IF_ERROR(ParseHostPort("metrics_listen", config.metrics_listen, &mc.host, &mc.port));
     Coordinator* coordinator = s->coordinator_.get();
+    // /readyz: the store accepts writes. /livez: the ticker turns (a read-only store does
+    // not fail it: the coordinator recovers in place; deploy/k8s/base/coordinator.yaml).
     s->metrics_server_ = std::make_unique<metrics::MetricsServer>(
-        &s->registry_, mc, [coordinator]() -> absl::Status {
+        &s->registry_, mc,
+        [coordinator]() -> absl::Status {
           return coordinator->serving() ? absl::OkStatus()
                                         : absl::UnavailableError(coordinator->health_reason());
+        },
+        [coordinator]() -> absl::Status {
+          return coordinator->LivenessAt(SteadyMs(), kLivenessStallMs);
         });
     RETURN_IF_ERROR(s->metrics_server_->Start());
   }

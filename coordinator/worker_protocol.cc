@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/contract/exit.h"
+#include "common/spec/job_spec_parser.h"
 #include "common/status.h"
 #include "coordinator/path_policy.h"
 #include "coordinator/validation.h"
@@ -280,6 +281,17 @@ void WorkerProtocol::MarkStarted(JobRt& job, int rank, Txn& txn) {
   }
 }
 
+void WorkerProtocol::SetCheckpointEvery(JobRt& job) {
+  if (metrics_.checkpoint_every == nullptr) return;
+  if (job.checkpoint_every_steps < 0) {
+    // The canonical spec the coordinator wrote itself (NewJobRecord): it parses.
+    absl::StatusOr<spec::JobSpec> s = spec::ParseJobSpec(job.rec.spec_yaml, {});
+    job.checkpoint_every_steps = s.ok() ? s->checkpoint.every_steps : 0;
+  }
+  metrics_.checkpoint_every->WithLabels({job.rec.id})
+      ->Set(static_cast<double>(job.checkpoint_every_steps));
+}
+
 void WorkerProtocol::UpdateStageEta(JobRt& job, const StageRecord& stage, int64_t step,
                                     int64_t now_steady) {
   if (metrics_.stage_eta == nullptr) return;
@@ -336,6 +348,7 @@ void WorkerProtocol::OnProgress(WorkerRt& w, const v1::WorkerMessage& m, Txn& tx
     job->last_progress_steady = now;
     job->last_progress_generation = ref.generation();
     metrics_.SetJobStage(job->rec.id, stage.index, stage.steps, stage.seq_len, stage.world());
+    SetCheckpointEvery(*job);
     UpdateStageEta(*job, stage, p.step(), now);
     v1::JobEvent ev;
     v1::StepProgress* sp = ev.mutable_progress();

@@ -49,6 +49,8 @@ class WorkerProtocol {
   // ulysses_stage_eta_seconds: the stage's remaining steps at the mean step rate since the
   // first rank-0 report of this generation and stage.
   void UpdateStageEta(JobRt& job, const StageRecord& stage, int64_t step, int64_t now_steady);
+  // ulysses_checkpoint_every_steps of the job (its spec's checkpoint.every_steps).
+  void SetCheckpointEvery(JobRt& job);
 
   void Ack(WorkerRt& w, const v1::WorkerMessage& m, const absl::Status& status, Txn& txn);
   // Drops the message (nothing about its job changes), answers it with an error Ack and

@@ -25,6 +25,12 @@ PACKAGES=(
 # /usr/bin/kubectl without declaring a conflict with other kubectl packages, so a kubectl
 # already on PATH is kept.
 command -v kubectl >/dev/null || PACKAGES+=(kubernetes-client)
+# deploy tests: the schema check of every rendered object runs node with npm packages
+# (scripts/k8s_schema_tools.sh, below); a node/npm already on PATH is kept.
+command -v npm >/dev/null || PACKAGES+=(nodejs npm)
+# deploy image: scripts/images/build_control_plane.sh makes the control-plane image from Debian
+# packages (mmdebstrap) and imports it (podman); deploy_image_test runs it.
+PACKAGES+=(mmdebstrap podman uidmap)
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
@@ -42,6 +48,10 @@ else
 fi
 
 if [ "${1:-}" = "--no-build" ]; then exit 0; fi
+
+# The npm schema packages deploy_k8s_test validates deploy/k8s with (pinned by a lock file;
+# a no-op when already installed).
+scripts/k8s_schema_tools.sh >/dev/null
 
 source scripts/build_env.sh
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}"

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Secrets for deploy/k8s: TLS for the coordinator, client certificates for the workers, and
-# the coordinator's token file with one admin token. Writes OUT_DIR/secrets.yaml (the
-# Namespace and the three Secrets; apply it before `kubectl apply -k deploy/k8s`) and, for
-# ulyssesctl, OUT_DIR/admin.token (0600) and OUT_DIR/ulyssesctl-config.yaml (context `k8s`:
-# localhost:50051 through a port-forward).
+# Secrets for deploy/k8s: TLS for the coordinator, one client certificate Secret per worker,
+# and the coordinator's token file with one admin token. Writes OUT_DIR/secrets.yaml (the
+# Namespace, ulysses-coordinator-tls, ulysses-coordinator-tokens and ulysses-worker-N-tls for
+# N < WORKERS; every TLS Secret is type kubernetes.io/tls with tls.crt, tls.key and ca.crt)
+# and, for ulyssesctl, OUT_DIR/admin.token (0600) and OUT_DIR/ulyssesctl-config.yaml (context
+# `k8s`: localhost:50051 through a port-forward). With --apply it then applies them:
+#   kubectl apply --server-side --field-manager=ulysses-secrets -f OUT_DIR/secrets.yaml
+# Server-side apply keeps no last-applied-configuration annotation, whose 256 KiB limit a
+# client-side apply of many certificates runs into. Apply the Secrets before the overlay.
 #
-#   scripts/k8s_secrets.sh OUT_DIR [WORKERS]     # WORKERS: the StatefulSet's replicas (2)
+#   scripts/k8s_secrets.sh OUT_DIR [WORKERS] [--apply]   # WORKERS: the StatefulSet's replicas (2)
 #
-# The namespace is the `namespace:` of deploy/k8s/kustomization.yaml (the one place the
+# The namespace is the `namespace:` of deploy/k8s/base/kustomization.yaml (the one place the
 # manifests name it); ULYSSES_NAMESPACE overrides it, e.g. for an overlay that sets another.
 #
 # Certificates come from scripts/dev_certs.sh (a dev CA kept in OUT_DIR/certs; reused on
@@ -17,9 +21,15 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 OUT_DIR [WORKERS]  (WORKERS: 1..1000, the StatefulSet's replicas)" >&2
+  echo "usage: $0 OUT_DIR [WORKERS] [--apply]  (WORKERS: 1..1000, the StatefulSet's replicas)" >&2
   exit 2
 }
+apply=0
+args=()
+for a in "$@"; do
+  if [[ "$a" == --apply ]]; then apply=1; else args+=("$a"); fi
+done
+set -- "${args[@]}"
 [[ $# -ge 1 && $# -le 2 ]] || usage
 out="$1"
 workers="${2:-2}"
@@ -28,7 +38,7 @@ for tool in openssl kubectl python3; do
   command -v "$tool" >/dev/null || { echo "$0: $tool not found" >&2; exit 1; }
 done
 here="$(cd "$(dirname "$0")" && pwd)"
-kustomization="$here/../deploy/k8s/kustomization.yaml"
+kustomization="$here/../deploy/k8s/base/kustomization.yaml"
 ns="${ULYSSES_NAMESPACE:-$(sed -n 's/^namespace:[[:space:]]*\([^[:space:]#]*\).*/\1/p' "$kustomization")}"
 if [[ ! "$ns" =~ ^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$ ]]; then
   echo "$0: namespace '$ns' (ULYSSES_NAMESPACE or the namespace: of $kustomization) is not a" \
@@ -66,10 +76,6 @@ tokens:
 YAML
 fi
 
-worker_files=()
-for n in "${names[@]}"; do
-  worker_files+=(--from-file="$n.pem=$certs/workers/$n.pem" --from-file="$n.key=$certs/workers/$n.key")
-done
 {
   cat <<YAML
 apiVersion: v1
@@ -80,15 +86,19 @@ metadata:
     app.kubernetes.io/part-of: ulysses
 ---
 YAML
+  # kubectl create --dry-run=client -o yaml: the Secret objects, nothing sent to a cluster.
   kubectl create secret generic ulysses-coordinator-tls -n "$ns" --dry-run=client -o yaml \
-    --from-file=tls.crt="$certs/server.pem" --from-file=tls.key="$certs/server.key" \
-    --from-file=ca.crt="$certs/ca.pem"
+    --type=kubernetes.io/tls --from-file=tls.crt="$certs/server.pem" \
+    --from-file=tls.key="$certs/server.key" --from-file=ca.crt="$certs/ca.pem"
   echo "---"
   kubectl create secret generic ulysses-coordinator-tokens -n "$ns" --dry-run=client -o yaml \
     --from-file=tokens.yaml="$out/tokens.yaml"
-  echo "---"
-  kubectl create secret generic ulysses-worker-tls -n "$ns" --dry-run=client -o yaml \
-    --from-file=ca.crt="$certs/ca.pem" "${worker_files[@]}"
+  for n in "${names[@]}"; do
+    echo "---"
+    kubectl create secret generic "$n-tls" -n "$ns" --dry-run=client -o yaml \
+      --type=kubernetes.io/tls --from-file=tls.crt="$certs/workers/$n.pem" \
+      --from-file=tls.key="$certs/workers/$n.key" --from-file=ca.crt="$certs/ca.pem"
+  done
 } >"$out/secrets.yaml"
 
 cat >"$out/ulyssesctl-config.yaml" <<YAML
@@ -100,5 +110,8 @@ contexts:
     ca: $(cd "$certs" && pwd)/ca.pem
     token_file: $(cd "$out" && pwd)/admin.token
 YAML
-echo "$0: wrote $out/secrets.yaml (Namespace $ns, 3 Secrets, $workers worker certificates)," \
-  "$out/admin.token and $out/ulyssesctl-config.yaml"
+echo "$0: wrote $out/secrets.yaml (Namespace $ns, 2 coordinator Secrets, $workers worker" \
+  "Secrets), $out/admin.token and $out/ulyssesctl-config.yaml"
+if ((apply)); then
+  kubectl apply --server-side --field-manager=ulysses-secrets -f "$out/secrets.yaml"
+fi

@@ -64,6 +64,12 @@ std::vector<MetricDef> BuildCatalog() {
       Gauge("ulysses_worker_heartbeat_age_seconds", {"worker"}, kCoordinator,
             "Seconds since the last message from each non-lost worker."),
       Gauge("ulysses_workers", {"state"}, kCoordinator, "Workers by state."),
+      // Settings the alerts compare against (deploy/k8s/prometheus/ulysses-rules.yml).
+      Gauge("ulysses_heartbeat_timeout_seconds", {}, kCoordinator,
+            "The coordinator's heartbeat_timeout_s: a worker silent this long is lost."),
+      Gauge("ulysses_cancel_grace_seconds", {}, kCoordinator,
+            "The coordinator's cancel_grace_s: how long a cancelled or preempted job's ranks "
+            "get to finish their step and checkpoint."),
       Counter("ulysses_rejected_reports_total", {"reason"}, kCoordinator,
               "Worker session messages rejected (dropped, answered with an error Ack), by "
               "reason."),
@@ -95,6 +101,8 @@ std::vector<MetricDef> BuildCatalog() {
       Gauge("ulysses_stage_eta_seconds", kJob, kCoordinator,
             "Estimated seconds until the current stage's last step, from the step rate between "
             "the last two progress reports."),
+      Gauge("ulysses_checkpoint_every_steps", kJob, kCoordinator,
+            "The live job's checkpoint.every_steps (0: it checkpoints at stage ends only)."),
       Gauge("ulysses_checkpoint_age_seconds", kJob, kCoordinator,
             "Seconds since the running job's last committed checkpoint (since its start when it "
             "has none): the training a preemption or failure would lose now."),

@@ -31,8 +31,12 @@ absl::Status ValidateMetricsServerConfig(const MetricsServerConfig& config) {
 
 class MetricsServer::Impl {
  public:
-  Impl(const Registry* registry, MetricsServerConfig config, HealthCheck health_check)
-      : registry_(registry), config_(std::move(config)), health_check_(std::move(health_check)) {}
+  Impl(const Registry* registry, MetricsServerConfig config, HealthCheck readiness_check,
+       HealthCheck liveness_check)
+      : registry_(registry),
+        config_(std::move(config)),
+        readiness_check_(std::move(readiness_check)),
+        liveness_check_(std::move(liveness_check)) {}
 
   ~Impl() { Stop(); }
 
@@ -108,20 +112,30 @@ class MetricsServer::Impl {
     server_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(registry_->Serialize(), kTextContentType);
     });
-    server_.Get("/healthz", [this](const httplib::Request&, httplib::Response& res) {
-      absl::Status health = health_check_ ? health_check_() : absl::OkStatus();
-      if (health.ok()) {
-        res.set_content("ok\n", "text/plain; charset=utf-8");
-      } else {
-        res.status = 503;
-        res.set_content(absl::StrCat(health.ToString(), "\n"), "text/plain; charset=utf-8");
-      }
+    auto ready = [this](const httplib::Request&, httplib::Response& res) {
+      Answer(readiness_check_, res);
+    };
+    server_.Get("/readyz", ready);
+    server_.Get("/healthz", ready);
+    server_.Get("/livez", [this](const httplib::Request&, httplib::Response& res) {
+      Answer(liveness_check_, res);
     });
+  }
+
+  static void Answer(const HealthCheck& check, httplib::Response& res) {
+    absl::Status status = check ? check() : absl::OkStatus();
+    if (status.ok()) {
+      res.set_content("ok\n", "text/plain; charset=utf-8");
+    } else {
+      res.status = 503;
+      res.set_content(absl::StrCat(status.ToString(), "\n"), "text/plain; charset=utf-8");
+    }
   }
 
   const Registry* const registry_;
   const MetricsServerConfig config_;
-  const HealthCheck health_check_;
+  const HealthCheck readiness_check_;
+  const HealthCheck liveness_check_;
   std::mutex mu_;  // Serialises Start/Stop.
   State state_ = State::kNew;
   httplib::Server server_;
@@ -131,8 +145,9 @@ class MetricsServer::Impl {
 };
 
 MetricsServer::MetricsServer(const Registry* registry, MetricsServerConfig config,
-                             HealthCheck health_check)
-    : impl_(std::make_unique<Impl>(registry, std::move(config), std::move(health_check))) {}
+                             HealthCheck readiness_check, HealthCheck liveness_check)
+    : impl_(std::make_unique<Impl>(registry, std::move(config), std::move(readiness_check),
+                                   std::move(liveness_check))) {}
 
 MetricsServer::~MetricsServer() = default;
 

@@ -1,7 +1,11 @@
 // MetricsServer: a small HTTP server (cpp-httplib) on its own host:port serving
 //   GET /metrics  the Registry in text format 0.0.4
 //                 (Content-Type: text/plain; version=0.0.4; charset=utf-8)
-//   GET /healthz  200 "ok\n", or 503 with the message when the health check fails.
+//   GET /readyz   200 "ok\n", or 503 with the message when the readiness check fails
+//                 (ready to serve: a Kubernetes readinessProbe).
+//   GET /healthz  the same answer as /readyz (kept for existing probes and scripts).
+//   GET /livez    200 "ok\n", or 503 with the message when the liveness check fails
+//                 (alive: a livenessProbe; a process that recovers by itself must stay live).
 //
 // The Registry must outlive the server. Start() binds synchronously (so a port
 // conflict is reported by Start itself) and then serves on a background thread;
@@ -35,11 +39,12 @@ absl::Status ValidateMetricsServerConfig(const MetricsServerConfig& config);
 
 class MetricsServer {
  public:
-  // Optional: a health check for /healthz; OK means healthy.
+  // Optional checks; OK means ready (/readyz, /healthz) or live (/livez). Without one the
+  // endpoint answers 200 while the server runs. Called on the serving threads: thread-safe.
   using HealthCheck = std::function<absl::Status()>;
 
   MetricsServer(const Registry* registry, MetricsServerConfig config,
-                HealthCheck health_check = nullptr);
+                HealthCheck readiness_check = nullptr, HealthCheck liveness_check = nullptr);
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;

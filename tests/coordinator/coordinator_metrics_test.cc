@@ -60,11 +60,13 @@ TEST(CoordinatorMetricsTest, RegistersEveryFamilyAndComputesGaugesAtScrape) {
 
   // Per-job gauges of every stage, and another job's, then the job ends.
   metrics->SetJobStage("job-000001", 1, 20, 2048, 2);
+  metrics->checkpoint_every->WithLabels({"job-000001"})->Set(20);
   metrics->SetEval("job-000001", 0, 3.5, 0.25);
   metrics->SetEval("job-000001", 1, 3.0, std::nullopt);
   metrics->SetEval("job-000002", 0, 4.0, 0.5);
   std::string with = registry.Serialize();
   EXPECT_TRUE(Has(with, "ulysses_train_group_size{job_id=\"job-000001\"} 2")) << with;
+  EXPECT_TRUE(Has(with, "ulysses_checkpoint_every_steps{job_id=\"job-000001\"} 20")) << with;
   EXPECT_TRUE(Has(with, "ulysses_eval_accuracy{job_id=\"job-000001\",stage=\"0\"} 0.25"));
   EXPECT_TRUE(Has(with, "ulysses_eval_loss{job_id=\"job-000001\",stage=\"1\"} 3"));
   EXPECT_EQ(with.find("ulysses_eval_accuracy{job_id=\"job-000001\",stage=\"1\"}"),
@@ -73,6 +75,16 @@ TEST(CoordinatorMetricsTest, RegistersEveryFamilyAndComputesGaugesAtScrape) {
   const std::string after = registry.Serialize();
   EXPECT_EQ(after.find("job-000001\""), std::string::npos) << after;
   EXPECT_TRUE(Has(after, "ulysses_eval_accuracy{job_id=\"job-000002\",stage=\"0\"} 0.5"));
+}
+
+// The settings the alerts compare against (deploy/k8s/prometheus/ulysses-rules.yml).
+TEST(CoordinatorMetricsTest, SettingsAreExported) {
+  metrics::Registry registry;
+  auto metrics = CoordinatorMetrics::Register(&registry, [](CountsPart) { return StateCounts(); });
+  metrics->SetSettings(10, 900);
+  const std::string text = registry.Serialize();
+  EXPECT_TRUE(Has(text, "ulysses_heartbeat_timeout_seconds 10")) << text;
+  EXPECT_TRUE(Has(text, "ulysses_cancel_grace_seconds 900")) << text;
 }
 
 TEST(CoordinatorMetricsTest, WithoutARegistryStillCounts) {

@@ -91,6 +91,12 @@ TEST_F(StoreRecoveryTest, FullDiskStopsWritesLosesNothingAndRecoversWhenSpaceIsF
   std::string health = Scrape("/healthz");
   EXPECT_THAT(health, HasSubstr("503"));
   EXPECT_THAT(health, HasSubstr("full"));
+  // Not ready (the Service stops sending traffic), but live: kubelet's livenessProbe must
+  // not restart a coordinator that recovers in place (deploy/k8s/base/coordinator.yaml).
+  std::string ready = Scrape("/readyz");
+  EXPECT_THAT(ready, HasSubstr("503"));
+  EXPECT_THAT(ready, HasSubstr("full"));
+  EXPECT_THAT(Scrape("/livez"), HasSubstr("200\nok"));
   std::string metrics = Scrape("/metrics");
   EXPECT_THAT(metrics, HasSubstr("ulysses_store_writable 0"));
   EXPECT_THAT(metrics, HasSubstr("ulysses_store_write_errors_total{kind=\"io\"} 1"));
@@ -108,6 +114,7 @@ TEST_F(StoreRecoveryTest, FullDiskStopsWritesLosesNothingAndRecoversWhenSpaceIsF
       std::chrono::seconds(10)));
   EXPECT_THAT(Scrape("/metrics"), HasSubstr("ulysses_store_writable 1"));
   EXPECT_THAT(Scrape("/healthz"), HasSubstr("200"));
+  EXPECT_THAT(Scrape("/readyz"), HasSubstr("200\nok"));
   auto after = Submit(JobWithLabel("after", 10));
   ASSERT_TRUE(after.ok()) << after.status();
 
@@ -124,6 +131,21 @@ TEST_F(StoreRecoveryTest, FullDiskStopsWritesLosesNothingAndRecoversWhenSpaceIsF
   std::vector<std::string> listed;
   for (const v1::Job& j : resp.jobs()) listed.push_back(j.id());
   EXPECT_THAT(listed, ::testing::UnorderedElementsAreArray(expected));
+}
+
+// /livez answers whether the ticker turns, without the coordinator's lock: live while
+// ticks complete, 503 naming the stall once none completed for the limit.
+TEST_F(StoreRecoveryTest, LivenessFollowsTheTickerNotTheStore) {
+  EXPECT_THAT(Scrape("/livez"), HasSubstr("200\nok"));
+  Coordinator* c = server_->coordinator();
+  const int64_t now = SteadyMs();
+  EXPECT_TRUE(c->LivenessAt(now, 60000).ok());
+  // Ticks stop with the ticker thread; the last one then ages past the limit.
+  c->Shutdown();
+  absl::Status stalled = c->LivenessAt(now + 61000, 60000);
+  EXPECT_TRUE(absl::IsUnavailable(stalled)) << stalled;
+  EXPECT_THAT(std::string(stalled.message()), HasSubstr("no tick completed"));
+  EXPECT_THAT(Scrape("/livez"), HasSubstr("200"));  // Within the limit still.
 }
 
 }  // namespace

@@ -20,7 +20,7 @@ import yaml
 ROOT = os.environ.get("ULYSSES_SOURCE_DIR") or os.path.abspath(
     os.path.join(os.path.dirname(__file__), "..", ".."))
 IMAGES = os.path.join(ROOT, "deploy", "images")
-K8S = os.path.join(ROOT, "deploy", "k8s")
+K8S = os.path.join(ROOT, "deploy", "k8s", "base")
 
 # image -> (manifest that runs it, binaries it must contain, container name in the manifest)
 EXPECTED = {
@@ -255,7 +255,12 @@ class ImagesTest(unittest.TestCase):
         for name, (manifest, _, container) in EXPECTED.items():
             image = self.images[name]
             pod, c = manifest_container(manifest, container)
-            self.assertEqual(c["image"], f"ulysses-{name}:{version}", manifest)
+            # The manifest names the image; base/kustomization.yaml's images: gives the tag
+            # (and the overlays the registry).
+            self.assertEqual(c["image"], f"ulysses-{name}", manifest)
+            with open(os.path.join(K8S, "kustomization.yaml"), encoding="utf-8") as f:
+                tags = {i["name"]: i.get("newTag") for i in yaml.safe_load(f)["images"]}
+            self.assertEqual(tags.get(f"ulysses-{name}"), version, "kustomization images:")
             self.assertIn(c["command"][0], image.binaries(), manifest)
             ports = {p["containerPort"] for p in c.get("ports", [])}
             exposed = {int(p) for p in image.last("EXPOSE").split()}

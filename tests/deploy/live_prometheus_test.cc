@@ -6,6 +6,9 @@
 // HTTP API (template variables substituted) and must return data, and the stalled-job
 // and worker-lost alerts must go pending or firing in a variant of the rules with short
 // windows. Skipped (with the reason) when prometheus or ulysses-train is missing.
+// The rules are the PrometheusRule of deploy/k8s/components/monitoring (its spec). A second
+// case injects a dead worker and a full state store and sees the heartbeat and
+// store-read-only alerts fire.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +29,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/common/metrics/subprocess_for_test.h"
 #include "tests/e2e/cluster.h"
+#include "yaml-cpp/yaml.h"
 
 namespace ulysses::e2e {
 namespace {
@@ -45,6 +49,16 @@ std::string ShortWindowRules(const std::string& rules) {
   std::string out = absl::StrReplaceAll(
       rules, {{"[15m]", "[5s]"}, {"offset 15m", "offset 5s"}, {"interval: 30s", "interval: 2s"}});
   return std::regex_replace(out, std::regex("for: [0-9]+m"), "for: 1s");
+}
+
+// The rules file inside the monitoring component's PrometheusRule (its spec), with short
+// windows (ShortWindowRules).
+std::string PrometheusRuleRules() {
+  YAML::Node rule =
+      YAML::LoadFile(SourceDir() + "/deploy/k8s/components/monitoring/prometheus-rule.yaml");
+  YAML::Emitter out;
+  out << rule["spec"];
+  return ShortWindowRules(out.c_str());
 }
 
 // A dashboard expression with Grafana's template variables substituted.
@@ -81,6 +95,24 @@ class LivePrometheusTest : public ::testing::Test {
       _exit(127);
     }
     return prometheus_pid_ > 0 ? port : 0;
+  }
+
+  // Polls the active alerts until every name in `want` is pending or firing (or `timeout`);
+  // returns the names seen.
+  std::set<std::string> WaitForAlerts(httplib::Client* client, const std::set<std::string>& want,
+                                      seconds timeout) {
+    std::set<std::string> seen;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      for (const auto& [name, state] : Alerts(client)) {
+        if (state == "pending" || state == "firing") seen.insert(name);
+      }
+      bool all = true;
+      for (const std::string& w : want) all = all && seen.count(w) > 0;
+      if (all) break;
+      std::this_thread::sleep_for(milliseconds(250));
+    }
+    return seen;
   }
 
   // The result array of an instant query (empty on any failure).
@@ -126,8 +158,7 @@ TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) 
   ASSERT_TRUE(cluster.WaitForIdleWorkers(3, seconds(60))) << cluster.Logs();
 
   const std::string rules_path = cluster.dir() + "/ulysses-rules.yml";
-  std::ofstream(rules_path) << ShortWindowRules(
-      ReadFile(SourceDir() + "/deploy/k8s/prometheus/ulysses-rules.yml"));
+  std::ofstream(rules_path) << PrometheusRuleRules();
   // deploy/k8s/prometheus/prometheus.yml's two jobs, with static loopback targets.
   const std::string config_path = cluster.dir() + "/prometheus.yml";
   std::ofstream(config_path) << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
@@ -187,8 +218,8 @@ TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) 
   ASSERT_EQ(job.value("state", ""), "RUNNING") << job.dump(2) << cluster.Logs();
 
   // Every dashboard expression returns data while the job runs.
-  const json dashboard =
-      json::parse(ReadFile(SourceDir() + "/deploy/k8s/grafana/ulysses-dashboard.json"));
+  const json dashboard = json::parse(
+      ReadFile(SourceDir() + "/deploy/k8s/components/monitoring/ulysses-dashboard.json"));
   std::vector<std::string> exprs;
   for (const json& panel : dashboard["panels"]) {
     if (!panel.contains("targets")) continue;
@@ -205,7 +236,92 @@ TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) 
   }
   for (const std::string& expr : empty) ADD_FAILURE() << "no data: " << expr;
   EXPECT_EQ(Query(&prom, "up{job=\"ulysses-worker\"} == 1").size(), 2u);  // The victim is down.
+  // The settings the alerts read: the job's checkpoint.every_steps (2), the coordinator's
+  // heartbeat timeout (4 s).
+  EXPECT_FALSE(Query(&prom, "ulysses_checkpoint_every_steps == 2").empty());
+  EXPECT_FALSE(Query(&prom, "ulysses_heartbeat_timeout_seconds == 4").empty());
   (void)cluster.Ctl({"cancel", id});
+}
+
+// The heartbeat and store-read-only alerts of the PrometheusRule fire under injected faults:
+// a worker killed -9 (its heartbeats stop; the coordinator's heartbeat_timeout_s is 8 s, the
+// alert's threshold half of it), then a state store capped at 1 MiB filled by submissions
+// until a write fails for I/O. No job runs (the worker is dead before the submissions).
+TEST_F(LivePrometheusTest, HeartbeatAndStoreReadOnlyAlertsFireUnderInjectedFaults) {
+  if (!metrics::FileExists(kPrometheus)) GTEST_SKIP() << kPrometheus << " missing";
+  // The agent checks for the engine at start (no job runs on it here).
+  if (!metrics::FileExists(EngineBin())) GTEST_SKIP() << EngineBin() << " not built";
+  Cluster cluster;
+  const std::string config = cluster.dir() + "/coordinator-extra.yaml";
+  std::ofstream(config) << "state_max_bytes: 1048576\n";
+  cluster.StartCoordinator(/*heartbeat_timeout_s=*/8, {"--config", config});
+  ASSERT_GT(cluster.metrics_port(), 0) << cluster.Logs();
+  cluster.StartWorker("w0");
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(1, seconds(60))) << cluster.Logs();
+
+  const std::string rules_path = cluster.dir() + "/ulysses-rules.yml";
+  std::ofstream(rules_path) << PrometheusRuleRules();
+  const std::string config_path = cluster.dir() + "/prometheus.yml";
+  std::ofstream(config_path) << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                             << "rule_files: ['" << rules_path << "']\n"
+                             << "scrape_configs:\n"
+                             << "  - job_name: ulysses-coordinator\n"
+                             << "    static_configs: [{targets: ['127.0.0.1:"
+                             << cluster.metrics_port() << "']}]\n";
+  const int web = StartPrometheus(config_path, cluster.dir());
+  ASSERT_GT(web, 0);
+  httplib::Client prom("127.0.0.1", web);
+  prom.set_connection_timeout(2);
+  prom.set_read_timeout(10);
+
+  // Healthy first: the settings gauge and an on-time heartbeat are scraped, and the rules
+  // have been evaluated on them (the heartbeat rule's own expression answers), silently.
+  const std::string late =
+      "max_over_time(ulysses_worker_heartbeat_age_seconds[5m]) > on () group_left () "
+      "(0.5 * max(ulysses_heartbeat_timeout_seconds))";
+  auto deadline = std::chrono::steady_clock::now() + seconds(60);
+  while (std::chrono::steady_clock::now() < deadline &&
+         (Query(&prom, "ulysses_heartbeat_timeout_seconds == 8").empty() ||
+          Query(&prom, "ulysses_worker_heartbeat_age_seconds").empty() ||
+          Query(&prom, "ulysses_store_writable == 1").empty())) {
+    std::this_thread::sleep_for(milliseconds(250));
+  }
+  ASSERT_FALSE(Query(&prom, "ulysses_worker_heartbeat_age_seconds").empty()) << ReadFile(log_);
+  EXPECT_TRUE(Query(&prom, late).empty());
+  for (const auto& [name, state] : Alerts(&prom)) {
+    EXPECT_NE(name, "UlyssesWorkerHeartbeatStale") << state;
+    EXPECT_NE(name, "UlyssesStoreReadOnly") << state;
+  }
+
+  // Fault 1: the worker dies without a word.
+  cluster.worker("w0")->Kill9();
+  std::set<std::string> seen =
+      WaitForAlerts(&prom, {"UlyssesWorkerHeartbeatStale", "UlyssesWorkerLost"}, seconds(60));
+  EXPECT_TRUE(seen.count("UlyssesWorkerHeartbeatStale")) << ReadFile(log_) << cluster.Logs();
+  EXPECT_TRUE(seen.count("UlyssesWorkerLost")) << ReadFile(log_);
+
+  // Fault 2: the state store fills (specs with a 60 KB label against a 1 MiB cap) until a
+  // write fails.
+  const std::string fill = cluster.dir() + "/fill.yaml";
+  {
+    std::string spec = ReadFile(SourceDir() + "/configs/jobs/tiny-demo.yaml");
+    const std::string label = "    purpose: demo\n";
+    ASSERT_NE(spec.find(label), std::string::npos);
+    spec.replace(spec.find(label), label.size(),
+                 "    purpose: \"" + std::string(60000, 'n') + "\"\n");
+    std::ofstream(fill) << spec;
+  }
+  CommandResult refused;
+  bool full = false;
+  for (int i = 0; i < 60 && !full; ++i) {
+    full = cluster.Submit(fill, {absl::StrCat("metadata.name=fill-", i)}, &refused).empty();
+  }
+  ASSERT_TRUE(full) << "the capped store never filled";
+  // ulyssesctl retries; the last answer is the coordinator refusing while read-only.
+  EXPECT_NE((refused.out + refused.err).find("state store"), std::string::npos) << refused.err;
+  seen = WaitForAlerts(&prom, {"UlyssesStoreReadOnly"}, seconds(60));
+  EXPECT_TRUE(seen.count("UlyssesStoreReadOnly")) << ReadFile(log_) << cluster.Logs();
+  EXPECT_FALSE(Query(&prom, "ulysses_store_writable == 0").empty());
 }
 
 }  // namespace

@@ -127,14 +127,28 @@ Cluster::~Cluster() {
   if (std::getenv("ULYSSES_E2E_KEEP") == nullptr) ulysses::RemoveTree(dir_).IgnoreError();
 }
 
-void Cluster::StartCoordinator(double heartbeat_timeout_s) {
+void Cluster::StartCoordinator(double heartbeat_timeout_s, const std::vector<std::string>& extra) {
   if (coordinator_) dead_logs_ += "=== coordinator (previous)\n" + coordinator_->Output();
   const testing::DevCerts& certs = testing::TestCerts();
-  coordinator_ = Process::Start(
-      {BinDir() + "/ulysses-coordinator", "--listen", absl::StrCat("127.0.0.1:", port_),
-       "--state-dir", dir_ + "/state", "--metrics-listen", "127.0.0.1:0", "--heartbeat-timeout-s",
-       absl::StrCat(heartbeat_timeout_s), "--tls-cert", certs.server_cert, "--tls-key",
-       certs.server_key, "--tls-client-ca", certs.ca, "--data-root", data_root()});
+  std::vector<std::string> args = {BinDir() + "/ulysses-coordinator",
+                                   "--listen",
+                                   absl::StrCat("127.0.0.1:", port_),
+                                   "--state-dir",
+                                   dir_ + "/state",
+                                   "--metrics-listen",
+                                   "127.0.0.1:0",
+                                   "--heartbeat-timeout-s",
+                                   absl::StrCat(heartbeat_timeout_s),
+                                   "--tls-cert",
+                                   certs.server_cert,
+                                   "--tls-key",
+                                   certs.server_key,
+                                   "--tls-client-ca",
+                                   certs.ca,
+                                   "--data-root",
+                                   data_root()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  coordinator_ = Process::Start(args);
   if (!coordinator_) return;
   auto line = coordinator_->WaitForLine("listening grpc=", seconds(30));
   if (!line) return;

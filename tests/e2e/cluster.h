@@ -71,8 +71,9 @@ class Cluster {
   Cluster();
   ~Cluster();
 
-  // Starts (or restarts on the same port and state dir) the coordinator.
-  void StartCoordinator(double heartbeat_timeout_s = 4);
+  // Starts (or restarts on the same port and state dir) the coordinator. `extra`: more
+  // ulysses-coordinator flags (e.g. --config FILE).
+  void StartCoordinator(double heartbeat_timeout_s = 4, const std::vector<std::string>& extra = {});
   void KillCoordinator();
   std::string address() const;
   // The coordinator's bound metrics port (from its ready line; 0 before).

@@ -106,6 +106,66 @@ TEST(MetricsServerTest, HealthzReportsHealthCheck) {
   EXPECT_EQ(missing->status, 404);
 }
 
+// Readiness and liveness are separate answers: a server that is not ready (e.g. its store
+// is read-only) stays live, and /healthz follows readiness.
+TEST(MetricsServerTest, ReadyzAndLivezAnswerTheirOwnChecks) {
+  Registry registry;
+  absl::Status ready = absl::OkStatus();
+  absl::Status live = absl::OkStatus();
+  std::mutex mu;
+  MetricsServer server(
+      &registry, Loopback(),
+      [&] {
+        std::lock_guard<std::mutex> lock(mu);
+        return ready;
+      },
+      [&] {
+        std::lock_guard<std::mutex> lock(mu);
+        return live;
+      });
+  ASSERT_TRUE(server.Start().ok());
+  httplib::Client client("127.0.0.1", server.port());
+  for (const char* path : {"/readyz", "/livez", "/healthz"}) {
+    auto res = client.Get(path);
+    ASSERT_TRUE(res) << path;
+    EXPECT_EQ(res->status, 200) << path;
+    EXPECT_EQ(res->body, "ok\n") << path;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ready = absl::UnavailableError("store read-only");
+  }
+  auto not_ready = client.Get("/readyz");
+  ASSERT_TRUE(not_ready);
+  EXPECT_EQ(not_ready->status, 503);
+  EXPECT_THAT(not_ready->body, HasSubstr("store read-only"));
+  EXPECT_EQ(client.Get("/healthz")->status, 503);
+  EXPECT_EQ(client.Get("/livez")->status, 200);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ready = absl::OkStatus();
+    live = absl::UnavailableError("loop stalled");
+  }
+  auto dead = client.Get("/livez");
+  ASSERT_TRUE(dead);
+  EXPECT_EQ(dead->status, 503);
+  EXPECT_THAT(dead->body, HasSubstr("loop stalled"));
+  EXPECT_EQ(client.Get("/readyz")->status, 200);
+}
+
+// Without checks every probe endpoint answers ok (the worker's metrics server).
+TEST(MetricsServerTest, ProbesWithoutChecksAnswerOk) {
+  Registry registry;
+  MetricsServer server(&registry, Loopback());
+  ASSERT_TRUE(server.Start().ok());
+  httplib::Client client("127.0.0.1", server.port());
+  for (const char* path : {"/readyz", "/livez", "/healthz"}) {
+    auto res = client.Get(path);
+    ASSERT_TRUE(res) << path;
+    EXPECT_EQ(res->status, 200) << path;
+  }
+}
+
 TEST(MetricsServerTest, PortInUseIsAClearError) {
   Registry registry;
   MetricsServer first(&registry, Loopback());
