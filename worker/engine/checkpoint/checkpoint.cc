@@ -19,6 +19,7 @@
 #include "common/file_tree.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "worker/engine/checkpoint/checkpoint_internal.h"
 
 namespace ulysses::engine {
 namespace {
@@ -35,7 +36,7 @@ constexpr char kMagic[8] = {'U', 'L', 'Y', 'S', 'C', 'K', 'P', 'T'};
 constexpr uint32_t kVersion = 1;
 // Manifest version of a checkpoint holding pieces (NamedTensor::full_shape); readers take both.
 constexpr int kPieceManifestVersion = 2;
-constexpr int64_t kPrefixBytes = 32;
+constexpr int64_t kPrefixBytes = checkpoint_internal::kShardPrefixBytes;
 constexpr int64_t kAlign = 64;
 
 int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
@@ -409,6 +410,7 @@ absl::Status ListOwnedTensors(const std::string& dir,
       if (piece) next += Numel(e.shape);
       nlohmann::json j = {{"name", e.name},   {"shard", entry->first}, {"dtype", e.dtype},
                           {"shape", e.shape}, {"bytes", e.bytes},      {"crc32", e.crc32}};
+      j["offset"] = e.offset;  // byte offset in the shard: loaders read only what they keep
       if (piece) {
         j["full_shape"] = *e.full_shape;
         j["elem_offset"] = e.elem_offset;
@@ -462,7 +464,8 @@ absl::Status CommitManifest(const std::string& dir, const CheckpointState& state
                        {"dtype", e.dtype},
                        {"shape", e.shape},
                        {"bytes", e.bytes},
-                       {"crc32", e.crc32}});
+                       {"crc32", e.crc32},
+                       {"offset", e.offset}});  // byte offset in the shard (LoadCheckpointShare)
   }
   nlohmann::json manifest = {
       {"format", "ulysses-checkpoint"},
@@ -617,96 +620,51 @@ absl::StatusOr<int64_t> CheckpointBytes(const std::string& step_dir) {
   return manifest.value("total_bytes", int64_t{0});
 }
 
-absl::StatusOr<CheckpointState> LoadCheckpoint(const std::string& step_dir,
-                                               const std::string& expected_spec_hash) {
-  ASSIGN_OR_RETURN(nlohmann::json manifest, ReadManifest(step_dir));
-  CheckpointState state;
-  try {
-    state.stage = manifest.at("stage").get<int64_t>();
-    state.step_in_stage = manifest.at("step_in_stage").get<int64_t>();
-    state.global_step = manifest.at("global_step").get<int64_t>();
-    state.stage_complete = manifest.at("stage_complete").get<bool>();
-    state.spec_hash = manifest.at("spec_hash").get<std::string>();
-    state.extra = manifest.value("extra", nlohmann::json::object());
-  } catch (const nlohmann::json::exception& e) {
-    return absl::DataLossError(
-        absl::StrCat("checkpoint manifest in ", step_dir, " is malformed: ", e.what()));
-  }
-  if (!expected_spec_hash.empty() && state.spec_hash != expected_spec_hash) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", step_dir, " was written for spec hash ", state.spec_hash, ", this job is ",
-        expected_spec_hash, "; use a fresh checkpoint dir or the original spec"));
-  }
-  std::map<std::string, torch::Tensor> loaded;
-  const auto& shards = manifest["shards"];
-  for (size_t r = 0; r < shards.size(); ++r) {
-    const std::string path = (fs::path(step_dir) / shards[r].value("file", "")).string();
-    if (!fs::exists(path)) {
-      return absl::DataLossError(absl::StrCat("checkpoint shard ", path, " is missing"));
-    }
-    File f;
-    ASSIGN_OR_RETURN(ShardInfo info, ReadShardTable(path, f));
-    if (info.file_bytes != shards[r].value("bytes", int64_t{-1})) {
-      return absl::DataLossError(absl::StrCat(
-          "checkpoint shard ", path, " has ", info.file_bytes, " bytes, the manifest says ",
-          shards[r].value("bytes", int64_t{-1}), " (truncated or replaced)"));
-    }
-    for (const TableEntry& e : info.entries) {
-      ASSIGN_OR_RETURN(torch::ScalarType dtype, DtypeFromName(e.dtype));
-      torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(dtype));
-      if (t.numel() * static_cast<int64_t>(t.element_size()) != e.bytes) {
-        return absl::DataLossError(absl::StrCat("checkpoint shard ", path, ": tensor ", e.name,
-                                                " size does not match its shape"));
-      }
-      RETURN_IF_ERROR(f.ReadAt(t.data_ptr(), static_cast<size_t>(e.bytes), e.offset));
-      if (Crc32(t.data_ptr(), static_cast<size_t>(e.bytes)) != e.crc32) {
-        return absl::DataLossError(absl::StrCat(
-            "checkpoint shard ", path, ": crc32 mismatch in tensor ", e.name, " (corrupted data)"));
-      }
-      loaded[PieceKey(e.name, e.full_shape.has_value(), e.elem_offset)] = t;
-    }
-  }
-  // Pieces are reassembled into whole tensors (in the order of their first piece).
-  std::map<std::string, size_t> assembled;
-  for (const auto& entry : manifest["tensors"]) {
-    const std::string name = entry.value("name", "");
-    const bool piece = entry.contains("full_shape");
-    auto it = loaded.find(PieceKey(name, piece, entry.value("elem_offset", int64_t{0})));
-    if (it == loaded.end()) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", step_dir, ": tensor ", name,
-                                              " listed in the manifest is in no shard"));
-    }
-    if (entry.value("crc32", uint32_t{0}) != Crc32(it->second.data_ptr(), it->second.nbytes())) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", step_dir, ": tensor ", name,
-                                              " differs from the manifest's checksum"));
-    }
-    if (!piece) {
-      state.tensors.push_back({name, it->second});
-      continue;
-    }
-    std::vector<int64_t> full_shape;
-    try {
-      full_shape = entry.at("full_shape").get<std::vector<int64_t>>();
-    } catch (const nlohmann::json::exception& e) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", step_dir, ": piece of ", name,
-                                              " has a malformed full_shape: ", e.what()));
-    }
-    const int64_t offset = entry.value("elem_offset", int64_t{-1});
-    auto [slot, fresh] = assembled.try_emplace(name, state.tensors.size());
-    if (fresh) {
-      state.tensors.push_back(
-          {name, torch::zeros(full_shape, torch::TensorOptions().dtype(it->second.dtype()))});
-    }
-    torch::Tensor& whole = state.tensors[slot->second].tensor;
-    if (whole.sizes().vec() != full_shape || whole.scalar_type() != it->second.scalar_type() ||
-        offset < 0 || offset + it->second.numel() > whole.numel()) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", step_dir, ": piece of ", name,
-                                              " at element ", offset,
-                                              " does not fit the tensor's other pieces"));
-    }
-    whole.view({-1}).narrow(0, offset, it->second.numel()).copy_(it->second.reshape({-1}));
-  }
-  return state;
+// LoadCheckpoint, ReadCheckpointInfo, LoadCheckpointShare: checkpoint_load.cc.
+
+namespace checkpoint_internal {
+
+absl::StatusOr<nlohmann::json> ReadManifestJson(const std::string& step_dir) {
+  return ReadManifest(step_dir);
 }
+
+absl::StatusOr<torch::ScalarType> DtypeFromString(const std::string& name) {
+  return DtypeFromName(name);
+}
+
+std::string PieceKeyOf(const std::string& name, bool piece, int64_t elem_offset) {
+  return PieceKey(name, piece, elem_offset);
+}
+
+absl::Status CheckShardPrefix(const std::string& path, const char* prefix) {
+  if (std::memcmp(prefix, kMagic, 8) != 0) {
+    return absl::DataLossError(absl::StrCat("checkpoint shard ", path,
+                                            " has a bad magic (not a Ulysses checkpoint shard)"));
+  }
+  uint32_t version;
+  std::memcpy(&version, prefix + 8, 4);
+  if (version != kVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint shard ", path,
+                                                      " has format version ", version,
+                                                      "; this build reads version ", kVersion));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::map<std::string, int64_t>> ShardTableOffsets(const std::string& path,
+                                                                 int64_t* bytes_read) {
+  File f;
+  ASSIGN_OR_RETURN(ShardInfo info, ReadShardTable(path, f));
+  std::map<std::string, int64_t> out;
+  int64_t header = info.file_bytes;  // the header and table end where the first tensor starts
+  for (const TableEntry& e : info.entries) {
+    out[PieceKey(e.name, e.full_shape.has_value(), e.elem_offset)] = e.offset;
+    header = std::min(header, e.offset);
+  }
+  if (bytes_read != nullptr) *bytes_read += header;
+  return out;
+}
+
+}  // namespace checkpoint_internal
 
 }  // namespace ulysses::engine

@@ -5,8 +5,9 @@
 // index % world == r into its shard; rank 0 writes manifest.json LAST (tmp + fsync
 // + rename + dir fsync). A step directory is committed iff manifest.json exists,
 // so a crash at any point leaves the previous committed checkpoint as the latest.
-// Loading reads every shard listed in the manifest, so any sp/dp layout can resume
-// any checkpoint. Format details: docs/CHECKPOINTS.md.
+// The manifest records every entry's shard and byte offset, so a loader reads only the pieces that
+// overlap what it keeps (LoadCheckpointShare): any sp/dp/ZeRO layout resumes any checkpoint. Format
+// details: docs/CHECKPOINTS.md.
 //
 // Thread-safety: the functions hold no global state; concurrent saves into the
 // same root from different jobs are not supported. Errors name the file and what
@@ -17,8 +18,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <torch/types.h>
@@ -78,10 +82,80 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Checkp
 absl::StatusOr<std::string> LatestCommittedCheckpoint(const std::string& root);
 
 // Reads and verifies (magic, version, sizes, crc32 of every tensor) a committed
-// checkpoint. expected_spec_hash "" skips the spec check; otherwise a mismatch is
-// FailedPrecondition "checkpoint was written for spec hash X, this job is Y".
+// checkpoint: every tensor whole (LoadCheckpointShare requesting everything). expected_spec_hash ""
+// skips the spec check; otherwise a mismatch is FailedPrecondition "checkpoint was written for spec
+// hash X, this job is Y".
 absl::StatusOr<CheckpointState> LoadCheckpoint(const std::string& step_dir,
                                                const std::string& expected_spec_hash);
+
+// What a rank keeps of one checkpoint tensor (LoadCheckpointShare): the whole tensor's shape the
+// caller expects, and the flat elements [begin, end) it keeps (end < 0: the whole tensor).
+struct TensorShare {
+  std::vector<int64_t> shape;
+  int64_t begin = 0;
+  int64_t end = -1;
+};
+// By checkpoint name. Names not listed are not read; listed names the checkpoint lacks are
+// absent from the result (the caller decides whether that is an error).
+using ShareRequest = std::map<std::string, TensorShare>;
+
+// Bytes a load read from disk (deterministic: counted, not sampled).
+struct LoadStats {
+  int64_t metadata_bytes = 0;  // manifest, shard headers, and shard tables of old manifests
+  int64_t data_bytes = 0;      // tensor bytes
+};
+
+// The manifest alone: the state's metadata (stage, step, spec hash, extra) without tensors. Reads
+// no shard. Errors as LoadCheckpoint.
+absl::StatusOr<CheckpointState> ReadCheckpointInfo(const std::string& step_dir,
+                                                   const std::string& expected_spec_hash);
+
+// A committed checkpoint opened for reading by tensor: the manifest is read and checked once (as
+// LoadCheckpointShare does), then Read() fetches one tensor, or one range of it, at a time from the
+// pieces that overlap it (`ulysses-train export` streams a model through it). Not thread-safe.
+class CheckpointReader {
+ public:
+  struct TensorInfo {
+    torch::ScalarType dtype = torch::kFloat32;
+    std::vector<int64_t> shape;  // the whole tensor's
+  };
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(
+      const std::string& step_dir, const std::string& expected_spec_hash);
+  ~CheckpointReader();
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+
+  // The manifest's metadata (no tensors).
+  const CheckpointState& info() const;
+  // Every tensor name, in the manifest's order, with its dtype and whole shape.
+  const std::vector<std::pair<std::string, TensorInfo>>& tensors() const;
+  // FAILED_PRECONDITION naming the tensor, its file, both shapes and the fix when a requested
+  // tensor the checkpoint has is of another shape (or the range is outside it).
+  absl::Status Check(const ShareRequest& request) const;
+  // One tensor (whole, or the range of `share`); NOT_FOUND when the checkpoint lacks it.
+  absl::StatusOr<NamedTensor> Read(const std::string& name, const TensorShare& share);
+  // Bytes read so far, the manifest included.
+  const LoadStats& stats() const;
+
+ private:
+  struct Impl;
+  explicit CheckpointReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Reads only what `request` keeps, one tensor at a time, from the pieces that overlap it: a piece
+// inside the kept range is read straight into the result; one that straddles its edge is streamed
+// in bounded blocks (its CRC is still checked over every byte), so no whole tensor the rank does
+// not keep is ever assembled. A whole request comes back as a tensor of its shape, a range as a
+// piece (NamedTensor::full_shape, offset = begin) of end - begin elements, in the stored dtype.
+// Before any tensor byte is read, the manifest is checked: every shard exists with the size it
+// records, the pieces of every name tile it, every entry lies inside its shard, and every requested
+// name has the requested shape (FAILED_PRECONDITION naming the tensor, both shapes and the fix).
+// Manifests of older builds (no per-entry "offset") are read through each shard's table.
+absl::StatusOr<CheckpointState> LoadCheckpointShare(const std::string& step_dir,
+                                                    const std::string& expected_spec_hash,
+                                                    const ShareRequest& request,
+                                                    LoadStats* stats = nullptr);
 
 // Total bytes of the shard files listed in a committed step dir's manifest.
 absl::StatusOr<int64_t> CheckpointBytes(const std::string& step_dir);

@@ -1,14 +1,21 @@
 #include "worker/engine/hf/hf.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/file_tree.h"
 #include "common/status.h"
@@ -78,6 +85,33 @@ absl::Status WriteAtomically(const std::string& path,
     return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
   }
   return absl::OkStatus();
+}
+
+// config.json: the shape keys (with head_dim and rope_scaling) from the one shape writer, plus what
+// transformers' LlamaConfig wants to know about the rest of the architecture.
+absl::Status WriteHfConfig(const std::string& dir, const spec::ModelShape& model,
+                           const std::string& dtype_name) {
+  nlohmann::json config = spec::ModelShapeToJson(model);
+  config.update({
+      {"architectures", {"LlamaForCausalLM"}},
+      {"model_type", "llama"},
+      {"hidden_act", "silu"},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"mlp_bias", false},
+      {"initializer_range", 0.02},
+      {"pretraining_tp", 1},
+      {"use_cache", true},
+      {"torch_dtype", dtype_name},
+      {"max_position_embeddings", 131072},
+      {"bos_token_id", 1},
+      {"eos_token_id", 2},
+  });
+  const std::string text = config.dump(2) + "\n";
+  return WriteAtomically((fs::path(dir) / "config.json").string(), [&](std::ofstream& out) {
+    out << text;
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace
@@ -206,7 +240,11 @@ absl::StatusOr<std::vector<NamedTensor>> ReadSafetensors(const std::string& path
   return out;
 }
 
-absl::StatusOr<std::vector<NamedTensor>> LoadHfWeights(const std::string& dir) {
+namespace {
+
+// The safetensors files of an HF directory: those model.safetensors.index.json names (each must
+// exist), else every *.safetensors, sorted.
+absl::StatusOr<std::vector<std::string>> HfWeightFiles(const std::string& dir) {
   std::vector<std::string> files;
   const std::string index_path = (fs::path(dir) / "model.safetensors.index.json").string();
   if (fs::exists(index_path)) {
@@ -217,9 +255,16 @@ absl::StatusOr<std::vector<NamedTensor>> LoadHfWeights(const std::string& dir) {
     }
     std::set<std::string> unique;
     for (const auto& [name, file] : index["weight_map"].items()) {
-      if (!file.is_string()) {
+      if (!file.is_string() || file.get<std::string>().empty() ||
+          file.get<std::string>().find('/') != std::string::npos) {
         return absl::InvalidArgumentError(
-            absl::StrCat(index_path, ": weight_map[", name, "] is not a file name"));
+            absl::StrCat(index_path, ": weight_map[", name, "] is not a file name in ", dir));
+      }
+      const std::string path = (fs::path(dir) / file.get<std::string>()).string();
+      if (!fs::exists(path)) {
+        return absl::NotFoundError(absl::StrCat(
+            index_path, ": weight_map[", name, "] names ", file.get<std::string>(),
+            ", which is not in ", dir, " (copy the complete checkpoint, or fix the index)"));
       }
       unique.insert(file.get<std::string>());
     }
@@ -239,6 +284,13 @@ absl::StatusOr<std::vector<NamedTensor>> LoadHfWeights(const std::string& dir) {
   if (files.empty()) {
     return absl::NotFoundError(absl::StrCat("no *.safetensors files in ", dir));
   }
+  return files;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<NamedTensor>> LoadHfWeights(const std::string& dir) {
+  ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(dir));
   std::map<std::string, torch::Tensor> by_name;
   for (const std::string& file : files) {
     ASSIGN_OR_RETURN(std::vector<NamedTensor> tensors, ReadSafetensors(file));
@@ -260,6 +312,181 @@ absl::StatusOr<std::vector<NamedTensor>> LoadHfWeights(const std::string& dir) {
   std::vector<NamedTensor> out;
   for (auto& [name, t] : by_name) out.push_back({name, t});
   return out;
+}
+
+namespace {
+
+// One tensor of a safetensors file: where its bytes are.
+struct StoredTensor {
+  std::string file;
+  torch::ScalarType dtype = torch::kFloat32;
+  std::vector<int64_t> shape;
+  int64_t begin = 0;  // absolute byte offset in the file
+  int64_t bytes = 0;
+};
+
+// The header of one safetensors file (its bytes added to *header_bytes); every entry checked to lie
+// inside the file, whose size is taken from a stat.
+absl::Status ReadSafetensorsHeader(const std::string& path,
+                                   std::map<std::string, StoredTensor>& out,
+                                   int64_t* header_bytes) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open safetensors file ", path));
+  struct stat st;
+  uint64_t header_len = 0;
+  const bool sized = fstat(fd, &st) == 0 && st.st_size >= 8 && pread(fd, &header_len, 8, 0) == 8 &&
+                     header_len <= static_cast<uint64_t>(st.st_size - 8);
+  std::string text(sized ? header_len : 0, '\0');
+  const bool read =
+      sized && pread(fd, text.data(), header_len, 8) == static_cast<ssize_t>(header_len);
+  close(fd);
+  if (!read) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors file ", path, " is truncated or not safetensors (header length ",
+                     header_len, "); copy it again"));
+  }
+  *header_bytes += 8 + static_cast<int64_t>(header_len);
+  nlohmann::json header = nlohmann::json::parse(text, nullptr, false);
+  if (header.is_discarded() || !header.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("safetensors file ", path, ": header is not a JSON object"));
+  }
+  const int64_t data_begin = 8 + static_cast<int64_t>(header_len);
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const std::string& name = it.key();
+    auto fail = [&](const std::string& what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("safetensors file ", path, ": tensor ", name, ": ", what));
+    };
+    StoredTensor t;
+    t.file = path;
+    std::vector<int64_t> offsets;
+    std::string dtype;
+    try {
+      dtype = it.value().at("dtype").get<std::string>();
+      t.shape = it.value().at("shape").get<std::vector<int64_t>>();
+      offsets = it.value().at("data_offsets").get<std::vector<int64_t>>();
+    } catch (const nlohmann::json::exception& e) {
+      return fail(absl::StrCat("malformed entry: ", e.what()));
+    }
+    auto type = SafetensorsTypes().find(dtype);
+    if (type == SafetensorsTypes().end()) return fail(absl::StrCat("unsupported dtype ", dtype));
+    t.dtype = type->second;
+    int64_t numel = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0) return fail(absl::StrCat("negative dimension in shape ", ShapeString(t.shape)));
+      numel *= d;
+    }
+    if (offsets.size() != 2 || offsets[0] < 0 ||
+        offsets[1] - offsets[0] != numel * static_cast<int64_t>(c10::elementSize(t.dtype)) ||
+        data_begin + offsets[1] > st.st_size) {
+      return fail(absl::StrCat("data_offsets ", ShapeString(offsets), " do not hold shape ",
+                               ShapeString(t.shape), " ", dtype, " inside the ", st.st_size,
+                               "-byte file (truncated? copy it again)"));
+    }
+    t.begin = data_begin + offsets[0];
+    t.bytes = offsets[1] - offsets[0];
+    if (!out.emplace(name, t).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", name, " appears in ", path, " and ", out[name].file));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<NamedTensor>> LoadHfWeightsShare(const std::string& dir,
+                                                            const ShareRequest& request,
+                                                            LoadStats* stats) {
+  std::vector<NamedTensor> out;
+  RETURN_IF_ERROR(ForEachHfWeightShare(
+      dir, request,
+      [&](NamedTensor nt) {
+        out.push_back(std::move(nt));
+        return absl::OkStatus();
+      },
+      stats));
+  return out;
+}
+
+absl::Status ForEachHfWeightShare(const std::string& dir, const ShareRequest& request,
+                                  const std::function<absl::Status(NamedTensor)>& sink,
+                                  LoadStats* stats) {
+  ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(dir));
+  LoadStats read;
+  std::map<std::string, StoredTensor> stored;
+  for (const std::string& file : files) {
+    RETURN_IF_ERROR(ReadSafetensorsHeader(file, stored, &read.metadata_bytes));
+  }
+  // Everything requested is present, a weight dtype and of the model's shape before any read.
+  for (const auto& [name, want] : request) {
+    auto it = stored.find(name);
+    if (it == stored.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("init_from ", dir, ": tensor ", name,
+                                                     " is missing (is it a Llama checkpoint of "
+                                                     "this shape?)"));
+    }
+    const StoredTensor& t = it->second;
+    const auto st = t.dtype;
+    if (st != torch::kFloat32 && st != torch::kFloat16 && st != torch::kBFloat16 &&
+        st != torch::kFloat64) {
+      return absl::InvalidArgumentError(absl::StrCat(t.file, ": tensor ", name, " has dtype ",
+                                                     c10::toString(st),
+                                                     "; weights must be F32, F16, BF16 or F64"));
+    }
+    if (t.shape != want.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          t.file, ": tensor ", name, " has shape ", ShapeString(t.shape), " but the model needs ",
+          ShapeString(want.shape), " (model shape in the spec does not match)"));
+    }
+  }
+  for (const auto& [name, want] : request) {
+    const StoredTensor& t = stored.at(name);
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    const int64_t begin = want.end < 0 ? 0 : want.begin, end = want.end < 0 ? numel : want.end;
+    if (begin < 0 || begin > end || end > numel) {
+      return absl::InvalidArgumentError(absl::StrCat("LoadHfWeightsShare: range [", begin, ", ",
+                                                     end, ") of tensor ", name, " is outside its ",
+                                                     numel, " elements"));
+    }
+    const int64_t esize = static_cast<int64_t>(c10::elementSize(t.dtype));
+    torch::Tensor raw = torch::empty({end - begin}, torch::TensorOptions().dtype(t.dtype));
+    const int fd = open(t.file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open safetensors file ", t.file));
+    char* p = static_cast<char*>(raw.data_ptr());
+    int64_t left = (end - begin) * esize, at = t.begin + begin * esize;
+    while (left > 0) {
+      const ssize_t n = pread(fd, p, static_cast<size_t>(left), at);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        close(fd);
+        return absl::DataLossError(absl::StrCat("safetensors file ", t.file, ": tensor ", name,
+                                                ": read failed at byte ", at,
+                                                " (truncated? copy it again)"));
+      }
+      p += n;
+      left -= n;
+      at += n;
+    }
+    close(fd);
+    read.data_bytes += (end - begin) * esize;
+    NamedTensor nt;
+    nt.name = name;
+    nt.tensor = raw.to(torch::kFloat32);  // per tensor: the kept range only
+    if (want.end < 0) {
+      nt.tensor = nt.tensor.view(t.shape);  // [n] -> the tensor's shape
+    } else {
+      nt.full_shape = t.shape;
+      nt.offset = begin;
+    }
+    if (stats != nullptr) *stats = read;
+    RETURN_IF_ERROR(sink(std::move(nt)));
+  }
+  if (stats != nullptr) *stats = read;
+  return absl::OkStatus();
 }
 
 std::string HfConfigPath(const std::string& dir) {
@@ -333,31 +560,107 @@ absl::Status WriteHfDirectory(const std::string& dir, const spec::ModelShape& mo
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  // The shape keys (with head_dim and rope_scaling) from the one shape writer, plus what
-  // transformers' LlamaConfig wants to know about the rest of the architecture.
-  nlohmann::json config = spec::ModelShapeToJson(model);
-  config.update({
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
-      {"hidden_act", "silu"},
-      {"attention_bias", false},
-      {"attention_dropout", 0.0},
-      {"mlp_bias", false},
-      {"initializer_range", 0.02},
-      {"pretraining_tp", 1},
-      {"use_cache", true},
-      {"torch_dtype", dtype_name},
-      {"max_position_embeddings", 131072},
-      {"bos_token_id", 1},
-      {"eos_token_id", 2},
-  });
   RETURN_IF_ERROR(WriteSafetensors((fs::path(dir) / "model.safetensors").string(), converted,
                                    {{"format", "pt"}}));
-  const std::string text = config.dump(2) + "\n";
-  return WriteAtomically((fs::path(dir) / "config.json").string(), [&](std::ofstream& out) {
-    out << text;
-    return absl::OkStatus();
-  });
+  return WriteHfConfig(dir, model, dtype_name);
+}
+
+absl::StatusOr<HfWriteResult> WriteHfDirectoryStreaming(const std::string& dir,
+                                                        const spec::ModelShape& model,
+                                                        const HfTensorSource& fetch,
+                                                        torch::ScalarType dtype,
+                                                        int64_t max_file_bytes) {
+  ASSIGN_OR_RETURN(const std::string dtype_name, HfDtypeName(dtype));
+  if (max_file_bytes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_file_bytes: ", max_file_bytes, " must be >= 1"));
+  }
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype));
+  // Files in name order, each filled up to max_file_bytes (a larger tensor gets a file alone).
+  std::vector<std::vector<std::pair<std::string, std::vector<int64_t>>>> files(1);
+  int64_t in_file = 0;
+  for (const auto& [name, shape] : HfLlamaShapes(model)) {
+    int64_t bytes = esize;
+    for (int64_t d : shape) bytes *= d;
+    if (!files.back().empty() && in_file + bytes > max_file_bytes) {
+      files.emplace_back();
+      in_file = 0;
+    }
+    files.back().push_back({name, shape});
+    in_file += bytes;
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  ASSIGN_OR_RETURN(const std::string st_dtype, SafetensorsDtype(dtype));
+  HfWriteResult result;
+  nlohmann::json weight_map = nlohmann::json::object();
+  int64_t total = 0;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string file =
+        files.size() == 1 ? std::string("model.safetensors")
+                          : absl::StrFormat("model-%05d-of-%05d.safetensors", f + 1, files.size());
+    nlohmann::json header = {{"__metadata__", {{"format", "pt"}}}};
+    int64_t offset = 0;
+    for (const auto& [name, shape] : files[f]) {
+      int64_t bytes = esize;
+      for (int64_t d : shape) bytes *= d;
+      header[name] = {
+          {"dtype", st_dtype}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
+      offset += bytes;
+      weight_map[name] = file;
+    }
+    total += offset;
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');  // keep the data 8-byte aligned
+    // The header goes first (every offset is known); then each tensor is fetched, checked,
+    // converted, written and dropped before the next.
+    RETURN_IF_ERROR(WriteAtomically((fs::path(dir) / file).string(), [&](std::ofstream& out) {
+      const uint64_t len = text.size();  // little-endian host
+      out.write(reinterpret_cast<const char*>(&len), 8);
+      out.write(text.data(), static_cast<std::streamsize>(text.size()));
+      for (const auto& [name, shape] : files[f]) {
+        ASSIGN_OR_RETURN(torch::Tensor source, fetch(name));
+        if (source.sizes().vec() != shape) {
+          return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has shape ",
+                                                         ShapeString(source.sizes().vec()),
+                                                         ", expected ", ShapeString(shape)));
+        }
+        if (!source.is_floating_point()) {
+          return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has dtype ",
+                                                         c10::toString(source.scalar_type()),
+                                                         ", expected a floating-point type"));
+        }
+        source = source.detach().to(torch::kCPU);
+        torch::Tensor converted = source.to(dtype).contiguous();
+        if (!converted.isfinite().equal(source.isfinite())) {
+          const double largest = source.masked_select(source.isfinite()).abs().max().item<double>();
+          return absl::InvalidArgumentError(
+              absl::StrCat("tensor ", name, " has a value of magnitude ", largest, " that ",
+                           dtype_name, " cannot hold (export as bfloat16 or float32)"));
+        }
+        out.write(static_cast<const char*>(converted.data_ptr()),
+                  static_cast<std::streamsize>(converted.nbytes()));
+        result.largest_tensor_bytes =
+            std::max(result.largest_tensor_bytes, static_cast<int64_t>(converted.nbytes()));
+        ++result.tensors;
+      }
+      return absl::OkStatus();
+    }));
+    result.files.push_back(file);
+  }
+  if (files.size() > 1) {
+    const nlohmann::json index = {{"metadata", {{"total_size", total}}},
+                                  {"weight_map", weight_map}};
+    const std::string text = index.dump(2) + "\n";
+    RETURN_IF_ERROR(WriteAtomically((fs::path(dir) / "model.safetensors.index.json").string(),
+                                    [&](std::ofstream& out) {
+                                      out << text;
+                                      return absl::OkStatus();
+                                    }));
+  }
+  RETURN_IF_ERROR(WriteHfConfig(dir, model, dtype_name));
+  return result;
 }
 
 }  // namespace ulysses::engine

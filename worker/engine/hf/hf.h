@@ -2,7 +2,8 @@
 //
 // Reads config.json (LlamaConfig names) into spec::ModelShape, loads every
 // *.safetensors file of a directory (or the files named by
-// model.safetensors.index.json) converting F32/F16/BF16/F64 weights to float32,
+// model.safetensors.index.json) converting F32/F16/BF16/F64 weights to float32 (LoadHfWeightsShare:
+// only the byte ranges a rank keeps),
 // and writes a directory (config.json + model.safetensors in F32, BF16, F16 or F64) that
 // transformers.LlamaForCausalLM.from_pretrained and scripts/reference_llama.py load.
 //
@@ -13,6 +14,7 @@
 #ifndef ULYSSES_WORKER_ENGINE_HF_HF_H_
 #define ULYSSES_WORKER_ENGINE_HF_HF_H_
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -40,6 +42,23 @@ absl::StatusOr<spec::ModelShape> ReadHfConfig(const std::string& dir);
 // All tensors of dir's safetensors files, as contiguous float32 CPU tensors, sorted by name.
 absl::StatusOr<std::vector<NamedTensor>> LoadHfWeights(const std::string& dir);
 
+// Sharded import: reads only the byte ranges `request` keeps (by HF name: expected shape, flat
+// range) of dir's safetensors files (model.safetensors.index.json's, else every *.safetensors), one
+// tensor at a time through pread, converting each kept range to float32. Only headers and kept
+// ranges are read (counted in *stats); no file is read whole. Every requested tensor must be
+// present with its shape and a weight dtype (checked on the headers before any tensor byte is
+// read); an index naming a missing file is NOT_FOUND naming both. Whole requests come back in
+// their shape, ranges as pieces (NamedTensor::full_shape, offset = begin), in request order.
+absl::StatusOr<std::vector<NamedTensor>> LoadHfWeightsShare(const std::string& dir,
+                                                            const ShareRequest& request,
+                                                            LoadStats* stats = nullptr);
+
+// The same, handing each tensor to `sink` as soon as it is read (peak: one tensor), in request
+// (name) order; stops at the first error of sink.
+absl::Status ForEachHfWeightShare(const std::string& dir, const ShareRequest& request,
+                                  const std::function<absl::Status(NamedTensor)>& sink,
+                                  LoadStats* stats = nullptr);
+
 // config.json + model.safetensors with every weight converted to `dtype` (float32,
 // bfloat16, float16 or float64; config.json's torch_dtype says which). `weights` must be
 // exactly the HF Llama parameters of `model` (HfLlamaShapes), else InvalidArgument naming
@@ -50,6 +69,25 @@ absl::StatusOr<std::vector<NamedTensor>> LoadHfWeights(const std::string& dir);
 absl::Status WriteHfDirectory(const std::string& dir, const spec::ModelShape& model,
                               const std::vector<NamedTensor>& weights,
                               torch::ScalarType dtype = torch::kFloat32);
+
+// Streaming export: HfLlamaShapes(model)'s tensors, fetched one at a time (`fetch(name)` returns
+// the whole tensor in any floating dtype; it is checked, converted to `dtype`, written and dropped
+// before the next: peak = the largest tensor). One model.safetensors when the weights fit in
+// max_file_bytes, else model-0000k-of-0000n.safetensors files of at most that size each (a larger
+// tensor alone in its file) + model.safetensors.index.json, as Hugging Face shards; then
+// config.json. A failure leaves the files written so far (each complete or absent).
+using HfTensorSource = std::function<absl::StatusOr<torch::Tensor>(const std::string& name)>;
+struct HfWriteResult {
+  std::vector<std::string> files;  // safetensors file names, in order
+  int64_t tensors = 0;
+  int64_t largest_tensor_bytes = 0;  // the largest converted tensor held at once
+};
+inline constexpr int64_t kHfMaxFileBytes = int64_t{5} * 1000 * 1000 * 1000;  // HF's 5 GB shards
+absl::StatusOr<HfWriteResult> WriteHfDirectoryStreaming(const std::string& dir,
+                                                        const spec::ModelShape& model,
+                                                        const HfTensorSource& fetch,
+                                                        torch::ScalarType dtype,
+                                                        int64_t max_file_bytes = kHfMaxFileBytes);
 
 // The HF Llama parameter names and shapes for `model` (lm_head.weight absent when tied).
 std::map<std::string, std::vector<int64_t>> HfLlamaShapes(const spec::ModelShape& model);

@@ -8,10 +8,12 @@
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "tests/testing/temp_dir.h"
 
@@ -315,6 +317,193 @@ TEST(CheckpointTest, ForkedProcessesShareAFileBarrier) {
   auto loaded = LoadCheckpoint(*r, "abc123");
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   ExpectSameState(state, *loaded);
+}
+
+// ---- Sharded loading (LoadCheckpointShare) ----
+
+// A ZeRO-like checkpoint of `world` ranks: "model/w" [10, 7] float32 and "optim/m" [5] float64 in
+// pieces of ceil(n / world) elements (rank r owns [r*c, min(n, (r+1)*c)), none when empty), and a
+// whole "meta/ids" int64 [3] written by rank 0. Returns the step dir; `whole` gets the tensors.
+absl::StatusOr<std::string> SaveOwned(const std::string& root, int world,
+                                      std::map<std::string, torch::Tensor>& whole) {
+  torch::manual_seed(5);
+  whole = {{"model/w", torch::randn({10, 7})},
+           {"optim/m", torch::randn({5}, torch::kFloat64)},
+           {"meta/ids", torch::tensor({4, 5, 6}, torch::kInt64)}};
+  ThreadBarrier barrier(world);
+  std::vector<absl::StatusOr<std::string>> results(world, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      CheckpointState st;
+      st.global_step = 3;
+      st.spec_hash = "abc123";
+      for (const char* name : {"model/w", "optim/m"}) {
+        const torch::Tensor& t = whole.at(name);
+        const int64_t n = t.numel(), c = (n + world - 1) / world;
+        const int64_t begin = std::min(n, r * c), end = std::min(n, (r + 1) * c);
+        if (begin == end) continue;
+        NamedTensor nt;
+        nt.name = name;
+        nt.tensor = t.reshape({-1}).narrow(0, begin, end - begin).clone();  // [n] -> my piece
+        nt.full_shape = t.sizes().vec();
+        nt.offset = begin;
+        st.tensors.push_back(std::move(nt));
+      }
+      if (r == 0) st.tensors.push_back({"meta/ids", whole.at("meta/ids")});
+      results[r] = SaveCheckpoint(
+          root, st, r, world, 2, [&] { return barrier.Wait(); }, SaveMode::kOwned);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results[0];
+}
+
+nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+void WriteJson(const std::string& path, const nlohmann::json& j) {
+  std::ofstream(path) << j.dump();
+}
+
+TEST(CheckpointShareTest, ManifestRecordsEveryPiecesShardOffset) {
+  TempDir root;
+  std::map<std::string, torch::Tensor> whole;
+  auto dir = SaveOwned(root.path(), 4, whole);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const nlohmann::json manifest = ReadJson(*dir + "/manifest.json");
+  ASSERT_EQ(manifest["tensors"].size(), 4u + 3u + 1u);  // w: 4 pieces, m: 3 (rank 3 owns none)
+  for (const auto& t : manifest["tensors"]) {
+    ASSERT_TRUE(t.contains("offset")) << t.dump();
+    // The bytes at that offset are the entry's (its CRC matches).
+    std::ifstream in(*dir + "/shard-" + std::to_string(t["shard"].get<int>()) + "-of-4.bin",
+                     std::ios::binary);
+    std::string bytes(t["bytes"].get<size_t>(), '\0');
+    in.seekg(t["offset"].get<int64_t>());
+    in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    EXPECT_EQ(Crc32(bytes.data(), bytes.size()), t["crc32"].get<uint32_t>()) << t.dump();
+  }
+}
+
+TEST(CheckpointShareTest, ReadsOnlyThePiecesOverlappingTheKeptRange) {
+  TempDir root;
+  std::map<std::string, torch::Tensor> whole;
+  auto dir = SaveOwned(root.path(), 4, whole);  // model/w: pieces [0,18) [18,36) [36,54) [54,70)
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  ShareRequest request;
+  request["model/w"] = {{10, 7}, 20, 40};  // overlaps the pieces of ranks 1 and 2 only
+  request["optim/m"] = {{5}};              // whole: 3 pieces
+  request["not/there"] = {{1}};            // absent: no error, no tensor
+  LoadStats stats;
+  auto st = LoadCheckpointShare(*dir, "abc123", request, &stats);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(stats.data_bytes, (18 + 18) * 4 + 5 * 8);  // meta/ids and pieces 0, 3 never read
+  EXPECT_GT(stats.metadata_bytes, 0);
+  ASSERT_EQ(st->tensors.size(), 2u);
+  std::map<std::string, NamedTensor> got;
+  for (auto& t : st->tensors) got[t.name] = t;
+  const NamedTensor& w = got.at("model/w");
+  ASSERT_TRUE(w.full_shape.has_value());
+  EXPECT_EQ(*w.full_shape, (std::vector<int64_t>{10, 7}));
+  EXPECT_EQ(w.offset, 20);
+  EXPECT_TRUE(torch::equal(w.tensor, whole.at("model/w").reshape({-1}).narrow(0, 20, 20)));
+  EXPECT_FALSE(got.at("optim/m").full_shape.has_value());
+  EXPECT_TRUE(torch::equal(got.at("optim/m").tensor, whole.at("optim/m")));
+  // Every layout reads each stored byte at most once over its ranks: the four chunks of W=3.
+  int64_t total = 0;
+  for (int r = 0; r < 3; ++r) {
+    ShareRequest mine;
+    mine["model/w"] = {{10, 7}, std::min<int64_t>(70, r * 24), std::min<int64_t>(70, r * 24 + 24)};
+    LoadStats s;
+    auto part = LoadCheckpointShare(*dir, "", mine, &s);
+    ASSERT_TRUE(part.ok()) << part.status();
+    EXPECT_TRUE(torch::equal(part->tensors[0].tensor,
+                             whole.at("model/w").reshape({-1}).narrow(0, r * 24, r < 2 ? 24 : 22)));
+    EXPECT_LE(s.data_bytes, (24 + 2 * 18) * 4) << r;  // its range plus at most two edge pieces
+    total += s.data_bytes;
+  }
+  EXPECT_LT(total, 2 * 70 * 4);
+}
+
+TEST(CheckpointShareTest, RangeOfAWholeTensorStreamsItAndChecksItsCrc) {
+  TempDir root;
+  const CheckpointState state = MakeState(20);
+  auto dir = SaveParallel(root.path(), state, 2, 2);
+  ASSERT_TRUE(dir.ok());
+  ShareRequest request;
+  request["model/model.embed_tokens.weight"] = {{17, 8}, 30, 50};
+  LoadStats stats;
+  auto st = LoadCheckpointShare(*dir, "", request, &stats);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(stats.data_bytes, 17 * 8 * 4);  // the whole entry, for its CRC; only 20 kept
+  ASSERT_EQ(st->tensors.size(), 1u);
+  EXPECT_TRUE(
+      torch::equal(st->tensors[0].tensor, state.tensors[0].tensor.reshape({-1}).narrow(0, 30, 20)));
+}
+
+TEST(CheckpointShareTest, OldManifestWithoutOffsetsLoadsThroughTheShardTables) {
+  TempDir root;
+  std::map<std::string, torch::Tensor> whole;
+  auto dir = SaveOwned(root.path(), 4, whole);
+  ASSERT_TRUE(dir.ok());
+  auto before = LoadCheckpoint(*dir, "");
+  ASSERT_TRUE(before.ok()) << before.status();
+  nlohmann::json manifest = ReadJson(*dir + "/manifest.json");
+  for (auto& t : manifest["tensors"]) t.erase("offset");
+  WriteJson(*dir + "/manifest.json", manifest);
+  auto after = LoadCheckpoint(*dir, "");
+  ASSERT_TRUE(after.ok()) << after.status();
+  ExpectSameState(*before, *after);
+  EXPECT_TRUE(torch::equal(after->tensors[0].tensor, whole.at(after->tensors[0].name)));
+  ShareRequest request;
+  request["model/w"] = {{10, 7}, 0, 18};
+  LoadStats stats;
+  ASSERT_TRUE(LoadCheckpointShare(*dir, "", request, &stats).ok());
+  EXPECT_EQ(stats.data_bytes, 18 * 4);
+  EXPECT_GT(stats.metadata_bytes, static_cast<int64_t>(manifest.dump().size()));  // + the table
+}
+
+TEST(CheckpointShareTest, BadInputIsAnErrorNamingFileTensorAndFix) {
+  TempDir root;
+  std::map<std::string, torch::Tensor> whole;
+  auto dir = SaveOwned(root.path(), 4, whole);
+  ASSERT_TRUE(dir.ok());
+  // A model of another shape.
+  ShareRequest request;
+  request["model/w"] = {{7, 10}};
+  auto shape = LoadCheckpointShare(*dir, "", request);
+  ASSERT_FALSE(shape.ok());
+  EXPECT_EQ(shape.status().code(), absl::StatusCode::kFailedPrecondition);
+  for (const char* part : {"model/w", "[10, 7]", "[7, 10]", "shard-0-of-4.bin", "model_config"}) {
+    EXPECT_NE(shape.status().message().find(part), std::string::npos) << shape.status();
+  }
+  // Pieces that do not tile the tensor (a piece moved by one element).
+  const std::string path = *dir + "/manifest.json";
+  const nlohmann::json good = ReadJson(path);
+  nlohmann::json bad = good;
+  for (auto& t : bad["tensors"]) {
+    if (t["name"] == "model/w" && t["elem_offset"] == 36) t["elem_offset"] = 37;
+  }
+  WriteJson(path, bad);
+  request["model/w"] = {{10, 7}};
+  auto tiling = LoadCheckpointShare(*dir, "", request);
+  ASSERT_FALSE(tiling.ok());
+  EXPECT_EQ(tiling.status().code(), absl::StatusCode::kDataLoss);
+  for (const char* part : {"model/w", "do not tile", "manifest.json", "older step dir"}) {
+    EXPECT_NE(tiling.status().message().find(part), std::string::npos) << tiling.status();
+  }
+  // A truncated shard, even one this request would not read.
+  WriteJson(path, good);
+  fs::resize_file(*dir + "/shard-3-of-4.bin", fs::file_size(*dir + "/shard-3-of-4.bin") - 1);
+  request.clear();
+  request["meta/ids"] = {{3}};
+  auto truncated = LoadCheckpointShare(*dir, "", request);
+  ASSERT_FALSE(truncated.ok());
+  for (const char* part : {"shard-3-of-4.bin", "truncated", "older step dir"}) {
+    EXPECT_NE(truncated.status().message().find(part), std::string::npos) << truncated.status();
+  }
 }
 
 }  // namespace

@@ -220,6 +220,89 @@ TEST(HfTest, ShapeAndDtypeErrorsNameTheTensor) {
             std::string::npos);
 }
 
+// Sharded import: a multi-file checkpoint (index.json) reads like the single-file one, and a rank
+// reads only the headers and the byte ranges it keeps.
+TEST(HfShareTest, MultiFileEqualsSingleFileAndReadsOnlyKeptRanges) {
+  TempDir dir;
+  const spec::ModelSpec m = TinyModel(false);
+  torch::manual_seed(3);
+  const auto weights = RandomWeights(m, 0.02);
+  ASSERT_TRUE(WriteHfDirectory(dir.Sub("single"), m, weights, torch::kBFloat16).ok());
+  // The same weights in three files: layer 0, layer 1, the rest.
+  fs::create_directories(dir.Sub("multi"));
+  std::map<std::string, std::vector<NamedTensor>> files;
+  nlohmann::json index = {{"metadata", nlohmann::json::object()},
+                          {"weight_map", nlohmann::json::object()}};
+  for (const NamedTensor& w : weights) {
+    const std::string file = w.name.find("layers.0.") != std::string::npos   ? "a.safetensors"
+                             : w.name.find("layers.1.") != std::string::npos ? "b.safetensors"
+                                                                             : "c.safetensors";
+    files[file].push_back({w.name, w.tensor.to(torch::kBFloat16)});
+    index["weight_map"][w.name] = file;
+  }
+  for (const auto& [file, tensors] : files) {
+    ASSERT_TRUE(WriteSafetensors(dir.Sub("multi/" + file), tensors).ok());
+  }
+  std::ofstream(dir.Sub("multi/model.safetensors.index.json")) << index.dump();
+  ShareRequest whole;
+  for (const auto& [name, shape] : HfLlamaShapes(m)) whole[name].shape = shape;
+  LoadStats single_read, multi_read;
+  auto single = LoadHfWeightsShare(dir.Sub("single"), whole, &single_read);
+  auto multi = LoadHfWeightsShare(dir.Sub("multi"), whole, &multi_read);
+  ASSERT_TRUE(single.ok()) << single.status();
+  ASSERT_TRUE(multi.ok()) << multi.status();
+  ASSERT_EQ(single->size(), weights.size());
+  ASSERT_EQ(multi->size(), weights.size());
+  int64_t bf16_bytes = 0;
+  for (size_t i = 0; i < single->size(); ++i) {
+    SCOPED_TRACE((*single)[i].name);
+    EXPECT_EQ((*single)[i].name, (*multi)[i].name);
+    EXPECT_TRUE(torch::equal((*single)[i].tensor, (*multi)[i].tensor));
+    EXPECT_EQ((*single)[i].tensor.scalar_type(), torch::kFloat32);
+    bf16_bytes += (*single)[i].tensor.numel() * 2;
+  }
+  EXPECT_EQ(single_read.data_bytes, bf16_bytes);  // every stored byte once, in bf16
+  EXPECT_EQ(multi_read.data_bytes, bf16_bytes);
+  EXPECT_EQ(single_read.metadata_bytes + bf16_bytes,
+            static_cast<int64_t>(fs::file_size(dir.Sub("single/model.safetensors"))));
+  // A rank keeping the elements [100, 300) of the embeddings and nothing else reads 200 of them.
+  ShareRequest range;
+  range["model.embed_tokens.weight"] = {{64, 32}, 100, 300};
+  LoadStats range_read;
+  auto part = LoadHfWeightsShare(dir.Sub("multi"), range, &range_read);
+  ASSERT_TRUE(part.ok()) << part.status();
+  ASSERT_EQ(part->size(), 1u);
+  EXPECT_EQ(range_read.data_bytes, 200 * 2);
+  EXPECT_EQ((*part)[0].offset, 100);
+  EXPECT_TRUE(
+      torch::equal((*part)[0].tensor, (*single)[0].name == "lm_head.weight"
+                                          ? (*single)[1].tensor.reshape({-1}).narrow(0, 100, 200)
+                                          : (*single)[0].tensor.reshape({-1}).narrow(0, 100, 200)));
+  // Bad input names the file, the tensor and the fix, before any tensor byte is read.
+  ShareRequest wrong;
+  wrong["model.norm.weight"] = {{33}};
+  auto shape = LoadHfWeightsShare(dir.Sub("multi"), wrong);
+  ASSERT_FALSE(shape.ok());
+  for (const char* part : {"c.safetensors", "model.norm.weight", "[32]", "[33]", "spec"}) {
+    EXPECT_NE(shape.status().message().find(part), std::string::npos) << shape.status();
+  }
+  index["weight_map"]["model.norm.weight"] = "gone.safetensors";
+  std::ofstream(dir.Sub("multi/model.safetensors.index.json")) << index.dump();
+  auto missing = LoadHfWeightsShare(dir.Sub("multi"), whole);
+  ASSERT_FALSE(missing.ok());
+  for (const char* part : {"model.safetensors.index.json", "model.norm.weight", "gone.safetensors",
+                           "copy the complete checkpoint"}) {
+    EXPECT_NE(missing.status().message().find(part), std::string::npos) << missing.status();
+  }
+  fs::resize_file(dir.Sub("single/model.safetensors"),
+                  fs::file_size(dir.Sub("single/model.safetensors")) - 2);
+  auto truncated = LoadHfWeightsShare(dir.Sub("single"), whole);
+  ASSERT_FALSE(truncated.ok());
+  for (const char* part : {"model.safetensors", "truncated", "copy it again"}) {
+    EXPECT_NE(truncated.status().message().find(part), std::string::npos) << truncated.status();
+  }
+}
+
 TEST(HfTest, ConfigErrors) {
   TempDir dir;
   fs::create_directories(dir.Sub("c"));
