@@ -12,6 +12,7 @@
 #include "common/spec/job_spec_parser.h"
 #include "common/status.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/engine_spec.h"
 #include "coordinator/path_policy.h"
 #include "coordinator/quota.h"
 #include "coordinator/validation.h"
@@ -54,6 +55,13 @@ absl::StatusOr<JobRecord> NewJobRecord(const v1::SubmitJobRequest& request,
   JobRecord rec;
   rec.name = s.metadata.name;
   rec.spec_yaml = spec::ToYaml(s);
+  // Overrides can grow a document that was within the bound; the stored spec is bounded too.
+  if (static_cast<int64_t>(rec.spec_yaml.size()) > spec::kMaxSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "overrides: the spec with the overrides applied is ", rec.spec_yaml.size(),
+        " bytes, more than ", spec::kMaxSpecBytes,
+        " (put the values in the spec document and keep it under the limit)"));
+  }
   rec.priority = s.scheduling.priority;
   rec.max_failures = static_cast<int>(s.scheduling.max_failures);
   rec.max_infra_failures = static_cast<int>(s.scheduling.max_infra_failures);
@@ -137,9 +145,12 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
     std::vector<std::string> taken, taken_by;
     for (const auto& [other_id, other] : state_.jobs) {
       taken.push_back(other->rec.checkpoint_dir);
-      taken_by.push_back(other_id);
+      // Another tenant's job is not named (nor its directory) in the error.
+      taken_by.push_back(auth::MaySeeTenant(caller, other->rec.tenant) ? other_id : "");
     }
     ASSIGN_OR_RETURN(rec.checkpoint_dir, JobCheckpointDir(s, rec.id, roots, taken, taken_by));
+    // The spec a rank will run must carry exactly this directory (engine_spec.h).
+    RETURN_IF_ERROR(EngineSpecYaml(rec.spec_yaml, rec.checkpoint_dir).status());
   }
   rec.out_dir = config_.out_root + "/" + rec.id;
   rec.state = v1::JOB_STATE_UNSPECIFIED;
@@ -191,7 +202,8 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
                                                            const auth::Principal& caller) {
   int page_size = request.page_size() <= 0 ? 100 : std::min(request.page_size(), 1000);
   int64_t before = INT64_MAX;
-  if (!request.page_token().empty() && !absl::SimpleAtoi(request.page_token(), &before)) {
+  if (!request.page_token().empty() &&
+      (!absl::SimpleAtoi(request.page_token(), &before) || before < 1)) {
     return absl::InvalidArgumentError(absl::StrCat("page_token: \"", request.page_token(),
                                                    "\" is not a token from ListJobs (omit it)"));
   }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/contract/exit.h"
 #include "common/logging.h"
+#include "coordinator/engine_spec.h"
 #include "coordinator/failure_budget.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/views.h"
@@ -282,6 +283,13 @@ void JobMachine::Schedule(Txn& txn) {
 void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids,
                         const std::vector<int>& slots, Txn& txn) {
   JobRecord& rec = job.rec;
+  // The spec with the job's checkpoint directory written in as data (engine_spec.h), not a
+  // --set override the engine would parse again.
+  absl::StatusOr<std::string> engine_spec = EngineSpecYaml(rec.spec_yaml, rec.checkpoint_dir);
+  if (!engine_spec.ok()) {
+    SetState(job, v1::JOB_STATE_FAILED, std::string(engine_spec.status().message()), txn);
+    return;
+  }
   StageRecord& stage = rec.stages[rec.stage_index];
   const int64_t now = NowMs();
   rec.generation++;
@@ -320,7 +328,7 @@ void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids,
     a->mutable_ref()->set_rank(static_cast<int>(r));
     a->mutable_ref()->set_stage(stage.index);
     a->set_job_name(rec.name);
-    a->set_spec_yaml(rec.spec_yaml);
+    a->set_spec_yaml(*engine_spec);
     a->set_world_size(stage.world());
     a->set_sp(stage.sp);
     a->set_dp(stage.dp);
@@ -328,7 +336,6 @@ void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids,
     a->set_master_port(attempt.master_port);
     a->set_checkpoint_dir(rec.checkpoint_dir);
     a->set_out_dir(rec.out_dir);
-    a->add_overrides(absl::StrCat("spec.checkpoint.dir=", rec.checkpoint_dir));
     a->set_seq_len(stage.seq_len);
     a->set_steps(stage.steps);
     a->set_slot(slots[r]);

@@ -1,5 +1,9 @@
 #include "coordinator/store.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <sqlite3.h>
 
 #include <algorithm>
@@ -202,6 +206,12 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir, Store
         absl::StrCat("state dir \"", dir, "\": cannot create (", ec.message(), ")"));
   }
   std::string path = dir + "/coordinator.db";
+  // The store holds every spec, path and log: owner-only. SQLite gives its -wal and -shm
+  // files the database file's mode, so creating (or tightening) it 0600 covers all three.
+  if (int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600); fd >= 0) {
+    (void)::fchmod(fd, 0600);
+    ::close(fd);
+  }
   sqlite3* db = nullptr;
   int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
   if (rc != SQLITE_OK) {

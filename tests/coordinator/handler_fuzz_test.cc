@@ -347,6 +347,7 @@ TEST_F(HandlerFuzzTest, RandomProtosForEveryRpcAndMessageKindLeaveTheCoordinator
         << j.id() << ": " << cs.error_message();
   }
   fuzzer_worker.Disconnect();
+  ASSERT_TRUE(honest.CommitLast(*a));
   honest.Exited(a->ref(), 0);  // Finish the target: it holds the honest worker.
   ASSERT_TRUE(WaitState(*target, v1::JOB_STATE_SUCCEEDED));
   auto fresh = Submit(JobYaml("after-fuzz", "    - {seq_len: 256, steps: 2}\n"));
@@ -366,6 +367,7 @@ TEST_F(HandlerFuzzTest, RandomProtosForEveryRpcAndMessageKindLeaveTheCoordinator
     return false;
   }));
   b_worker->Started(b->ref());
+  ASSERT_TRUE(b_worker->CommitLast(*b));
   b_worker->Exited(b->ref(), 0);
   EXPECT_TRUE(WaitState(*fresh, v1::JOB_STATE_SUCCEEDED));
   EXPECT_TRUE(Serving());
