@@ -104,6 +104,8 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"max_streams_per_identity",
        [&](const YAML::Node& n) { c->max_streams_per_identity = n.as<int64_t>(); }},
       {"max_streams", [&](const YAML::Node& n) { c->max_streams = n.as<int64_t>(); }},
+      {"stream_queue_max_bytes",
+       [&](const YAML::Node& n) { c->stream_queue_max_bytes = n.as<int64_t>(); }},
       {"tls_reload_interval_s",
        [&](const YAML::Node& n) { c->tls_reload_interval_s = n.as<int64_t>(); }},
       {"data_roots",
@@ -282,6 +284,10 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   if (c->tls_reload_interval_s < 1 || c->tls_reload_interval_s > 86400) {
     e.push_back(absl::StrCat("tls_reload_interval_s: ", c->tls_reload_interval_s,
                              " is out of range (use 1..86400 seconds, e.g. 60)"));
+  }
+  if (c->stream_queue_max_bytes < (1 << 20) || c->stream_queue_max_bytes > (int64_t{1} << 30)) {
+    e.push_back(absl::StrCat("stream_queue_max_bytes: ", c->stream_queue_max_bytes,
+                             " is out of range (use 1048576 .. 1073741824, e.g. 4194304)"));
   }
   if (c->max_streams_per_identity < 1 || c->max_streams_per_identity > 100000) {
     e.push_back(absl::StrCat("max_streams_per_identity: ", c->max_streams_per_identity,

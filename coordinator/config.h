@@ -50,6 +50,10 @@ struct CoordinatorConfig {
   // in all, 1..100000 each, max_streams >= max_streams_per_identity.
   int64_t max_streams_per_identity = 64;
   int64_t max_streams = 4096;
+  // Bytes a stream's send queue may hold (1 MiB .. 1 GiB): a slower reader is cut with
+  // RESOURCE_EXHAUSTED, and a GetJobLogs tail sends at most half of it (the newest lines).
+  // Memory for streams is bounded by max_streams * (this + one message of <= 1 MiB).
+  int64_t stream_queue_max_bytes = 4 << 20;
   // Directories a spec's data.train / data.validation / model.init_from may name
   // (path_policy.h). Empty = specs may use synthetic data only. Resolved (absolute,
   // symlinks followed) by ValidateAndFinalize, as is checkpoint_root.
