@@ -32,6 +32,11 @@ void JobMachine::AddEvent(JobRt& job, v1::JobEvent event, bool persist, Txn& txn
   if (!job.watchers.empty()) txn.notify.emplace_back(&job, std::move(event));
 }
 
+std::string JobMachine::NameFor(const JobRt& other, const JobRt& shown_to) {
+  // Reasons and log lines are read by the job's tenant: another tenant's job stays unnamed.
+  return other.rec.tenant == shown_to.rec.tenant ? other.rec.id : "a job of another tenant";
+}
+
 void JobMachine::DropOldestLog(JobRt& job) {
   const int64_t bytes = LogLineBytes(job.logs.front());
   job.log_bytes -= bytes;
@@ -230,6 +235,7 @@ void JobMachine::Schedule(Txn& txn) {
     if (j->rec.last_checkpoint) since = std::max(since, j->rec.last_checkpoint->committed_ms);
     r.gpu_seconds_at_risk =
         static_cast<double>(a->worker_ids.size()) * std::max<int64_t>(0, now - since) / 1000.0;
+    r.tenant = j->rec.tenant;
     r.preemptible = j->rec.preemptible && j->rec.state == v1::JOB_STATE_RUNNING &&
                     j->preempting_for.empty() && !j->awaiting_reconnect;
     running.push_back(std::move(r));
@@ -265,7 +271,7 @@ void JobMachine::Schedule(Txn& txn) {
         reason = std::move(d.reason);
         for (auto& [vid, v] : state_.jobs) {
           if (v->preempting_for == job.rec.id) {
-            absl::StrAppend(&reason, "; preempting ", vid, " (it checkpoints first)");
+            absl::StrAppend(&reason, "; preempting ", NameFor(*v, job), " (it checkpoints first)");
           }
         }
         if (job.rec.state == v1::JOB_STATE_RECOVERING || job.rec.state == v1::JOB_STATE_PREEMPTED) {
@@ -448,7 +454,11 @@ void JobMachine::OnRankPreempted(JobRt& job, int rank, int exit_code, const std:
           ? absl::StrCat("rank ", rank, " preempted (exit ", exit_code, " after a checkpoint)")
           : absl::StrCat("rank ", rank, " preempted (it ", how, " instead of exiting ",
                          contract::kExitPreempted, " after a checkpoint)");
-  if (priority) absl::StrAppend(&why, " for ", job.preempting_for);
+  if (priority) {
+    const JobRt* for_job = state_.FindJob(job.preempting_for);
+    absl::StrAppend(&why, " for ",
+                    for_job == nullptr ? std::string("another job") : NameFor(*for_job, job));
+  }
   // The work lost: GPU-seconds since the last committed checkpoint (the preemption
   // checkpoint, when it was committed) or since the attempt started.
   double lost_gpu_seconds = 0;
@@ -486,7 +496,7 @@ void JobMachine::PreemptForPriority(JobRt& job, JobRt& for_job, double gpu_secon
   if (attempt == nullptr || attempt->ended() || !job.preempting_for.empty()) return;
   job.preempting_for = for_job.rec.id;
   const std::string why = absl::StrCat(
-      "preempted for ", for_job.rec.id, " (priority ", for_job.rec.priority, " > ",
+      "preempted for ", NameFor(for_job, job), " (priority ", for_job.rec.priority, " > ",
       job.rec.priority, "): checkpointing now; ", absl::StrFormat("%.1f", gpu_seconds_at_risk),
       " GPU-seconds since the last checkpoint at risk");
   for (WorkerRt* w : HoldingWorkers(job.rec.id, *attempt)) {
@@ -500,7 +510,8 @@ void JobMachine::PreemptForPriority(JobRt& job, JobRt& for_job, double gpu_secon
   SetState(job, v1::JOB_STATE_CHECKPOINTING, why, txn);
   v1::LogLine line;
   line.set_stream(v1::LOG_STREAM_COORDINATOR);
-  line.set_text(absl::StrCat("preempting ", job.rec.id, " (priority ", job.rec.priority, ", ",
+  line.set_text(absl::StrCat("preempting ", NameFor(job, for_job), " (priority ", job.rec.priority,
+                             ", ",
                              absl::StrFormat("%.1f", gpu_seconds_at_risk),
                              " GPU-seconds since its last checkpoint) to place this job"));
   AddLog(for_job, std::move(line), txn);

@@ -441,7 +441,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContex
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ListWorkers");
   absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kListWorkers);
   if (!caller.ok()) return FinishUnary(context, caller.status());
-  absl::StatusOr<v1::ListWorkersResponse> r = coordinator_->ListWorkers(*request);
+  absl::StatusOr<v1::ListWorkersResponse> r = coordinator_->ListWorkers(*request, *caller);
   if (r.ok()) *response = std::move(*r);
   return FinishUnary(context, r.status());
 }
