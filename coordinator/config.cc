@@ -101,6 +101,7 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"log_buffer_bytes_total",
        [&](const YAML::Node& n) { c->log_buffer_bytes_total = n.as<int64_t>(); }},
       {"lost_worker_ttl_s", [&](const YAML::Node& n) { c->lost_worker_ttl_s = n.as<double>(); }},
+      {"ended_job_ttl_s", [&](const YAML::Node& n) { c->ended_job_ttl_s = n.as<double>(); }},
       {"max_streams_per_identity",
        [&](const YAML::Node& n) { c->max_streams_per_identity = n.as<int64_t>(); }},
       {"max_streams", [&](const YAML::Node& n) { c->max_streams = n.as<int64_t>(); }},
@@ -276,6 +277,11 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
     e.push_back(absl::StrCat("log_buffer_bytes_total: ", c->log_buffer_bytes_total,
                              " is out of range (use log_buffer_bytes_per_job (",
                              c->log_buffer_bytes_per_job, ") .. 68719476736 bytes)"));
+  }
+  if (!(c->ended_job_ttl_s >= 0 && c->ended_job_ttl_s <= 10 * 365 * 24 * 3600.0)) {
+    e.push_back(absl::StrCat("ended_job_ttl_s: ", c->ended_job_ttl_s,
+                             " is out of range (use 0 to keep ended jobs, or up to 315360000 "
+                             "seconds, e.g. 604800 for a week)"));
   }
   if (!(c->lost_worker_ttl_s > 0 && c->lost_worker_ttl_s <= 30 * 24 * 3600)) {
     e.push_back(absl::StrCat("lost_worker_ttl_s: ", c->lost_worker_ttl_s,

@@ -46,6 +46,10 @@ struct CoordinatorConfig {
   int64_t log_buffer_bytes_per_job = 8 << 20;  // 64 KiB .. 1 GiB.
   int64_t log_buffer_bytes_total = 512 << 20;  // >= log_buffer_bytes_per_job, <= 64 GiB.
   double lost_worker_ttl_s = 3600;  // A worker LOST this long is forgotten (memory and SQLite).
+  // An ended job (SUCCEEDED, FAILED, CANCELLED) is deleted this long after it ended, from
+  // memory and SQLite (Kubernetes' ttlSecondsAfterFinished; its checkpoints stay on disk).
+  // 0 = kept until the tenant's quotas.max_jobs refuses new jobs.
+  double ended_job_ttl_s = 7 * 24 * 3600;
   // Open WatchJob / GetJobLogs-follow streams (stream_limits.h): per caller identity and
   // in all, 1..100000 each, max_streams >= max_streams_per_identity.
   int64_t max_streams_per_identity = 64;
@@ -59,7 +63,7 @@ struct CoordinatorConfig {
   // symlinks followed) by ValidateAndFinalize, as is checkpoint_root.
   std::vector<std::string> data_roots;
   QuotaPolicy quotas;           // Priority cap and per-tenant limits (quota.h).
-  int64_t state_max_bytes = 0;  // Cap of coordinator.db (0 = the disk is the limit).
+  int64_t state_max_bytes = int64_t{4} << 30;  // Cap of coordinator.db (0 = the disk's size).
 
   // Security (docs/SECURITY.md). TLS needs both tls_cert and tls_key (PEM files).
   std::string tls_cert;                // Server certificate chain.

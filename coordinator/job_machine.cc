@@ -96,6 +96,26 @@ void JobMachine::ExpireLostWorkers(int64_t now_steady_ms, Txn& txn) {
   }
 }
 
+void JobMachine::ExpireEndedJobs(int64_t now_ms, Txn& txn) {
+  if (config_.ended_job_ttl_s <= 0) return;
+  const int64_t ttl_ms = static_cast<int64_t>(config_.ended_job_ttl_s * 1000);
+  for (auto it = state_.jobs.begin(); it != state_.jobs.end();) {
+    JobRt& job = *it->second;
+    if (!job.rec.terminal() || now_ms - job.rec.finished_ms < ttl_ms || !job.watchers.empty() ||
+        !job.log_followers.empty() || txn.jobs.count(&job)) {
+      ++it;
+      continue;
+    }
+    ULOG(INFO) << job.rec.id << " deleted: ended " << StateName(job.rec.state)
+               << " more than ended_job_ttl_s " << config_.ended_job_ttl_s << "s ago (checkpoints "
+               << "stay in " << job.rec.checkpoint_dir << ")";
+    txn.batch.deleted_jobs.push_back(job.rec.id);
+    if (!job.rec.request_id.empty()) state_.job_by_request.erase(job.rec.request_id);
+    ForgetLogs(job);
+    it = state_.jobs.erase(it);
+  }
+}
+
 void JobMachine::SendTo(WorkerRt& worker, v1::CoordinatorMessage message, Txn& txn) {
   txn.outbound.emplace_back(&worker, std::move(message));
 }

@@ -81,6 +81,9 @@ class JobMachine {
   // Forgets workers LOST for longer than lost_worker_ttl_s (memory, and the store
   // through txn.batch.deleted_workers).
   void ExpireLostWorkers(int64_t now_steady_ms, Txn& txn);
+  // Deletes the jobs that ended more than ended_job_ttl_s ago (memory, and the store
+  // through txn.batch.deleted_jobs); call before any pointer to a job enters txn.
+  void ExpireEndedJobs(int64_t now_ms, Txn& txn);
   void SendTo(WorkerRt& worker, v1::CoordinatorMessage message, Txn& txn);
   // An Abort for `ref` with the abort grace period.
   void SendAbort(WorkerRt& worker, const v1::WorkRef& ref, const std::string& why, Txn& txn);

@@ -419,6 +419,25 @@ absl::Status Store::Write(const Batch& batch) {
   if (batch.empty()) return absl::OkStatus();
   auto body = [&]() -> absl::Status {
     for (const JobRecord& j : batch.jobs) RETURN_IF_ERROR(WriteJob(j));
+    if (!batch.deleted_jobs.empty()) {
+      // Job numbers are never reused (a new job must not get a deleted job's id, nor its
+      // default checkpoint directory, which stays on disk): keep the high-water mark.
+      RETURN_IF_ERROR(Exec(
+          "INSERT OR REPLACE INTO meta VALUES('max_job_number', max("
+          "COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE key='max_job_number'), 0), "
+          "COALESCE((SELECT MAX(number) FROM jobs), 0)))"));
+    }
+    for (const std::string& id : batch.deleted_jobs) {
+      for (const char* sql :
+           {"DELETE FROM jobs WHERE id=?", "DELETE FROM stages WHERE job_id=?",
+            "DELETE FROM attempts WHERE job_id=?", "DELETE FROM checkpoints WHERE job_id=?",
+            "DELETE FROM events WHERE job_id=?", "DELETE FROM submit_requests WHERE job_id=?"}) {
+        Stmt q(db_, sql);
+        RETURN_IF_ERROR(q.status());
+        q.Bind(1, id);
+        RETURN_IF_ERROR(q.Run());
+      }
+    }
     for (const std::string& id : batch.deleted_workers) {
       Stmt q(db_, "DELETE FROM workers WHERE id=?");
       RETURN_IF_ERROR(q.status());
@@ -607,6 +626,12 @@ absl::StatusOr<Store::Snapshot> Store::Load() {
       index[j.id] = snap.jobs.size();
       snap.jobs.push_back(std::move(j));
     }
+  }
+  {
+    Stmt q(db_, "SELECT CAST(value AS INTEGER) FROM meta WHERE key='max_job_number'");
+    RETURN_IF_ERROR(q.status());
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (row) snap.max_job_number = std::max(snap.max_job_number, q.Int(0));
   }
   {
     Stmt q(db_, "SELECT * FROM stages ORDER BY job_id, idx");

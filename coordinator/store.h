@@ -71,11 +71,13 @@ class Store {
     std::vector<JobRecord> jobs;
     std::vector<WorkerRecord> workers;          // Upserted.
     std::vector<std::string> deleted_workers;   // Worker ids removed (LOST past their TTL).
+    // Job ids removed with every row that names them (ended past ended_job_ttl_s).
+    std::vector<std::string> deleted_jobs;
     std::vector<CheckpointRecord> checkpoints;  // Inserted.
     std::vector<EventRecord> events;            // Inserted; older ones pruned per options.
     bool empty() const {
       return jobs.empty() && workers.empty() && deleted_workers.empty() && checkpoints.empty() &&
-             events.empty();
+             events.empty() && deleted_jobs.empty();
     }
   };
   absl::Status Write(const Batch& batch);

@@ -4,7 +4,9 @@
 // isolation, who cancelled/resumed, and worker identities (mutual TLS, worker tokens,
 // no takeover of a live worker's name).
 #include <grpcpp/grpcpp.h>
+#include <sqlite3.h>
 
+#include <filesystem>
 #include <functional>
 #include <string>
 
@@ -452,6 +454,75 @@ TEST_F(TenancyGrpcTest, PriorityCapsArePerTenantAndOnlyAnAdminGrantedPriorityPre
   const std::string alice_reason = GetJob(*alices).reason();
   EXPECT_FALSE(absl::StrContains(alice_reason, *bobs)) << alice_reason;
   EXPECT_FALSE(absl::StrContains(alice_reason, *urgent)) << alice_reason;
+}
+
+class RetentionGrpcTest : public SecurityGrpcTest {
+ protected:
+  void SetUp() override {
+    config_.ended_job_ttl_s = 5;  // Long enough to see them counted first.
+    config_.quotas.tenants["research"].max_jobs = 2;
+    SecurityGrpcTest::SetUp();
+  }
+  grpc::StatusCode GetCode(const std::string& id) {
+    v1::GetJobRequest req;
+    req.set_job_id(id);
+    v1::GetJobResponse resp;
+    return Run([&](grpc::ClientContext* c) { return jobs_->GetJob(c, req, &resp); }).error_code();
+  }
+  void CancelAs(const std::string& token, const std::string& id) {
+    auto stub = v1::JobService::NewStub(Channel(WithToken(token)));
+    v1::CancelJobRequest req;
+    req.set_job_id(id);
+    v1::CancelJobResponse resp;
+    ASSERT_TRUE(Run([&](grpc::ClientContext* c) { return stub->CancelJob(c, req, &resp); }).ok());
+  }
+  int64_t StoredRows(const std::string& id) {
+    sqlite3* db = nullptr;
+    int64_t n = -1;
+    if (sqlite3_open_v2((dir_.path() + "/coordinator.db").c_str(), &db, SQLITE_OPEN_READONLY,
+                        nullptr) == SQLITE_OK) {
+      sqlite3_stmt* q = nullptr;
+      const std::string sql = "SELECT (SELECT COUNT(*) FROM jobs WHERE id='" + id +
+                              "') + (SELECT COUNT(*) FROM events WHERE job_id='" + id + "')";
+      if (sqlite3_prepare_v2(db, sql.c_str(), -1, &q, nullptr) == SQLITE_OK &&
+          sqlite3_step(q) == SQLITE_ROW) {
+        n = sqlite3_column_int64(q, 0);
+      }
+      sqlite3_finalize(q);
+    }
+    sqlite3_close(db);
+    return n;
+  }
+};
+
+// Before: ended jobs were never deleted nor counted by any quota, so the store grew without
+// limit. Now they count against quotas.max_jobs until ended_job_ttl_s deletes them (rows
+// and all; their checkpoints stay on disk), and their numbers are never handed out again.
+TEST_F(RetentionGrpcTest, EndedJobsCountUntilTheirTtlDeletesThemAndIdsAreNotReused) {
+  auto one = SubmitAs(TestTokens::kAlice, "one");
+  auto two = SubmitAs(TestTokens::kAlice, "two");
+  ASSERT_TRUE(one.ok() && two.ok());
+  const std::string kept = GetJob(*two).checkpoint_dir() + "/step-00000001";
+  std::filesystem::create_directories(kept);
+  CancelAs(TestTokens::kAlice, *one);
+  CancelAs(TestTokens::kAlice, *two);
+  auto three = SubmitAs(TestTokens::kAlice, "three");  // Two stored, ended or not.
+  EXPECT_TRUE(absl::IsResourceExhausted(three.status())) << three.status();
+  EXPECT_TRUE(absl::StrContains(three.status().message(), "max_jobs")) << three.status();
+  EXPECT_GT(StoredRows(*two), 0);
+  ASSERT_TRUE(PollUntil([&] {
+    server_->coordinator()->TickForTesting();
+    return GetCode(*one) == grpc::StatusCode::NOT_FOUND &&
+           GetCode(*two) == grpc::StatusCode::NOT_FOUND;
+  }, std::chrono::seconds(60)));
+  EXPECT_EQ(StoredRows(*one), 0);
+  EXPECT_EQ(StoredRows(*two), 0);
+  EXPECT_TRUE(std::filesystem::exists(kept));  // Checkpoints are the user's: never deleted.
+  RestartServer();
+  EXPECT_EQ(GetCode(*two), grpc::StatusCode::NOT_FOUND);
+  auto after = SubmitAs(TestTokens::kAlice, "after");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(*after, "job-000003");  // Not job-000001 again (its directory is still there).
 }
 
 TEST_F(QuotaGrpcTest, ATenantsWaitingJobsAreCappedOthersAreNot) {
