@@ -224,6 +224,7 @@ class LogsReactor final
     // follow holds its queue.
     if (status.ok()) status = slot_.Take(limits, caller);
     if (status.ok()) status = coordinator_->GetJobLogs(request, *caller, this);
+    tail_.store(false);  // GetJobLogs sent the tail (if any) before it returned.
     if (!status.ok()) {
       EndAfterDrain(ToGrpcStatus(status));
       return;
@@ -237,8 +238,7 @@ class LogsReactor final
     constexpr int kChunkLines = 500;
     constexpr size_t kChunkBytes = 1 << 20;
     size_t first = 0;
-    if (tail_) {
-      tail_ = false;
+    if (tail_.exchange(false)) {
       int64_t budget = queue_bytes_ / 2;
       first = all.size();
       while (first > 0 && (budget -= static_cast<int64_t>(all[first - 1].ByteSizeLong())) >= 0) {
@@ -273,7 +273,7 @@ class LogsReactor final
   Coordinator* coordinator_;
   std::string job_id_;
   const int64_t queue_bytes_;
-  bool tail_ = true;  // The next OnLines is the tail (the Coordinator calls it first).
+  std::atomic<bool> tail_{true};  // OnLines from within GetJobLogs: the tail.
   StreamSlot slot_;
   RevocableCall revocable_;
 };

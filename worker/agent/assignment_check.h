@@ -21,7 +21,8 @@ struct WorkerRoots {
   std::vector<std::string> data_roots;
 };
 
-// OK when the rank's spec parses, its checkpoint.dir is the Assignment's checkpoint_dir,
+// OK when no roots are set (the check is opted into with --checkpoint-root/--data-root),
+// or when the rank's spec parses, its checkpoint.dir is the Assignment's checkpoint_dir,
 // and (where the roots are set) checkpoint.dir lies below checkpoint_root and data.train,
 // data.validation and model.init_from below one of data_roots. The error names the
 // field, the value and the fix.
