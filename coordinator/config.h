@@ -62,7 +62,7 @@ struct CoordinatorConfig {
   // (path_policy.h). Empty = specs may use synthetic data only. Resolved (absolute,
   // symlinks followed) by ValidateAndFinalize, as is checkpoint_root.
   std::vector<std::string> data_roots;
-  QuotaPolicy quotas;           // Priority cap and per-tenant limits (quota.h).
+  QuotaPolicy quotas;                          // Priority cap and per-tenant limits (quota.h).
   int64_t state_max_bytes = int64_t{4} << 30;  // Cap of coordinator.db (0 = the disk's size).
 
   // Security (docs/SECURITY.md). TLS needs both tls_cert and tls_key (PEM files).

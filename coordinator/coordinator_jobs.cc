@@ -57,10 +57,10 @@ absl::StatusOr<JobRecord> NewJobRecord(const v1::SubmitJobRequest& request,
   rec.spec_yaml = spec::ToYaml(s);
   // Overrides can grow a document that was within the bound; the stored spec is bounded too.
   if (static_cast<int64_t>(rec.spec_yaml.size()) > spec::kMaxSpecBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "overrides: the spec with the overrides applied is ", rec.spec_yaml.size(),
-        " bytes, more than ", spec::kMaxSpecBytes,
-        " (put the values in the spec document and keep it under the limit)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("overrides: the spec with the overrides applied is ", rec.spec_yaml.size(),
+                     " bytes, more than ", spec::kMaxSpecBytes,
+                     " (put the values in the spec document and keep it under the limit)"));
   }
   rec.priority = s.scheduling.priority;
   rec.max_failures = static_cast<int>(s.scheduling.max_failures);

@@ -531,8 +531,7 @@ void JobMachine::PreemptForPriority(JobRt& job, JobRt& for_job, double gpu_secon
   v1::LogLine line;
   line.set_stream(v1::LOG_STREAM_COORDINATOR);
   line.set_text(absl::StrCat("preempting ", NameFor(job, for_job), " (priority ", job.rec.priority,
-                             ", ",
-                             absl::StrFormat("%.1f", gpu_seconds_at_risk),
+                             ", ", absl::StrFormat("%.1f", gpu_seconds_at_risk),
                              " GPU-seconds since its last checkpoint) to place this job"));
   AddLog(for_job, std::move(line), txn);
 }

@@ -48,8 +48,8 @@ void CheckTenantQuota(const TenantQuota& q, const std::string& path,
                                    " is out of range (use 1..", kMaxQuota, ")"));
   }
   if (q.max_jobs < 1 || q.max_jobs > kMaxQuota) {
-    errors->push_back(absl::StrCat(path, ".max_jobs: ", q.max_jobs, " is out of range (use 1..",
-                                   kMaxQuota, ")"));
+    errors->push_back(
+        absl::StrCat(path, ".max_jobs: ", q.max_jobs, " is out of range (use 1..", kMaxQuota, ")"));
   }
   if (q.max_priority < -1 || q.max_priority > kMaxQuota) {
     errors->push_back(absl::StrCat(path, ".max_priority: ", q.max_priority,
@@ -92,9 +92,9 @@ absl::Status ParseQuotaPolicy(const YAML::Node& node, QuotaPolicy* policy) {
       try {
         policy->cross_tenant_preemption_priority = kv.second.as<int64_t>();
       } catch (const std::exception&) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "quotas.cross_tenant_preemption_priority: ", YAML::Dump(kv.second),
-            " is not an integer"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("quotas.cross_tenant_preemption_priority: ", YAML::Dump(kv.second),
+                         " is not an integer"));
       }
       continue;
     }
@@ -136,10 +136,9 @@ absl::Status ValidateQuotaPolicy(const QuotaPolicy& policy) {
   }
   if (policy.cross_tenant_preemption_priority < -1 ||
       policy.cross_tenant_preemption_priority > kMaxQuota + 1) {
-    errors.push_back(absl::StrCat("quotas.cross_tenant_preemption_priority: ",
-                                  policy.cross_tenant_preemption_priority,
-                                  " is out of range (use -1 for max_user_priority + 1, or 0..",
-                                  kMaxQuota + 1, ")"));
+    errors.push_back(absl::StrCat(
+        "quotas.cross_tenant_preemption_priority: ", policy.cross_tenant_preemption_priority,
+        " is out of range (use -1 for max_user_priority + 1, or 0..", kMaxQuota + 1, ")"));
   }
   CheckTenantQuota(policy.default_quota, "quotas.default", &errors);
   for (const auto& [tenant, q] : policy.tenants) {
@@ -153,10 +152,10 @@ absl::Status CheckPriority(int64_t priority, bool is_admin, const QuotaPolicy& p
                            const std::string& tenant) {
   const int64_t cap = policy.MaxPriority(tenant);
   if (is_admin || priority <= cap) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      "spec.scheduling.priority: ", priority, " is above ", cap,
-      ", the highest priority a non-admin ", tenant.empty() ? "" : "of this tenant ",
-      "may set (lower it, or ask an admin to submit the job)"));
+  return absl::PermissionDeniedError(
+      absl::StrCat("spec.scheduling.priority: ", priority, " is above ", cap,
+                   ", the highest priority a non-admin ", tenant.empty() ? "" : "of this tenant ",
+                   "may set (lower it, or ask an admin to submit the job)"));
 }
 
 absl::Status CheckStoredJobsQuota(const std::string& tenant, int64_t stored,

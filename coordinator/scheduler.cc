@@ -129,8 +129,7 @@ Placement PlaceGang(const GangRequest& request, const std::vector<IdleWorker>& i
 }
 
 std::vector<Victim> PlanPreemption(const QueuedJob& job, const std::vector<IdleWorker>& available,
-                                   std::vector<RunningJob> running,
-                                   int64_t cross_tenant_priority) {
+                                   std::vector<RunningJob> running, int64_t cross_tenant_priority) {
   std::vector<RunningJob> candidates;
   for (RunningJob& r : running) {
     const bool tenant_ok = r.tenant == job.tenant || job.priority >= cross_tenant_priority;

@@ -84,7 +84,7 @@ struct RunningJob {
   // when that is later): the work a failed preemption checkpoint would lose.
   double gpu_seconds_at_risk = 0;
   bool preemptible = false;  // RUNNING and spec.scheduling.preemptible.
-  std::string tenant;  // Another tenant's job is preempted only by an admin-granted priority.
+  std::string tenant;        // Another tenant's job is preempted only by an admin-granted priority.
 };
 
 // One job to preempt for the head job.

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <iterator>
-#include <deque>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -100,7 +100,8 @@ class QueuedWriter : public Base {
     }
     if (!queue_.empty()) {
       const Msg* next = &queue_.front();
-      queued_bytes_ = std::max<int64_t>(0, queued_bytes_ - static_cast<int64_t>(next->ByteSizeLong()));
+      queued_bytes_ =
+          std::max<int64_t>(0, queued_bytes_ - static_cast<int64_t>(next->ByteSizeLong()));
       lock.unlock();
       this->StartWrite(next);
       return;
@@ -121,7 +122,7 @@ class QueuedWriter : public Base {
 
  private:
   std::mutex write_mu_;
-  std::deque<Msg> queue_;  // front() is being written while writing_.
+  std::deque<Msg> queue_;     // front() is being written while writing_.
   int64_t queued_bytes_ = 0;  // Of the messages behind front() while writing_.
   int64_t max_queued_bytes_ = 0;
   bool writing_ = false;

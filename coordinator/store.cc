@@ -422,10 +422,10 @@ absl::Status Store::Write(const Batch& batch) {
     if (!batch.deleted_jobs.empty()) {
       // Job numbers are never reused (a new job must not get a deleted job's id, nor its
       // default checkpoint directory, which stays on disk): keep the high-water mark.
-      RETURN_IF_ERROR(Exec(
-          "INSERT OR REPLACE INTO meta VALUES('max_job_number', max("
-          "COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE key='max_job_number'), 0), "
-          "COALESCE((SELECT MAX(number) FROM jobs), 0)))"));
+      RETURN_IF_ERROR(
+          Exec("INSERT OR REPLACE INTO meta VALUES('max_job_number', max("
+               "COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE key='max_job_number'), 0), "
+               "COALESCE((SELECT MAX(number) FROM jobs), 0)))"));
     }
     for (const std::string& id : batch.deleted_jobs) {
       for (const char* sql :

@@ -69,8 +69,8 @@ class Store {
     // wrote or loaded them are written (a transition of a 64-stage job writes one stage
     // row, not 64).
     std::vector<JobRecord> jobs;
-    std::vector<WorkerRecord> workers;          // Upserted.
-    std::vector<std::string> deleted_workers;   // Worker ids removed (LOST past their TTL).
+    std::vector<WorkerRecord> workers;         // Upserted.
+    std::vector<std::string> deleted_workers;  // Worker ids removed (LOST past their TTL).
     // Job ids removed with every row that names them (ended past ended_job_ttl_s).
     std::vector<std::string> deleted_jobs;
     std::vector<CheckpointRecord> checkpoints;  // Inserted.

@@ -1,7 +1,7 @@
 // StreamLimits: caps the JobService streams (WatchJob and every GetJobLogs, a tail too:
-// an unread reply holds its queue as long as a follow) that are open on the coordinator, per caller identity and in total, so one
-// client (or one leaked script) cannot pin thousands of reactors and their queues.
-// A stream holds its slot from its start until its reactor is done. Thread-safe.
+// an unread reply holds its queue as long as a follow) that are open on the coordinator, per caller
+// identity and in total, so one client (or one leaked script) cannot pin thousands of reactors and
+// their queues. A stream holds its slot from its start until its reactor is done. Thread-safe.
 #ifndef ULYSSES_COORDINATOR_STREAM_LIMITS_H_
 #define ULYSSES_COORDINATOR_STREAM_LIMITS_H_
 

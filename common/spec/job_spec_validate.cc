@@ -93,9 +93,8 @@ void CheckMetadata(const JobSpec& s, Errors& e) {
         return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
       });
       if (control) {
-        e.Add(absl::StrCat("metadata.labels.", absl::CEscape(key)),
-              Quote(absl::CEscape(*text)), "has a control character",
-              "use printable text in label keys and values");
+        e.Add(absl::StrCat("metadata.labels.", absl::CEscape(key)), Quote(absl::CEscape(*text)),
+              "has a control character", "use printable text in label keys and values");
         break;
       }
     }

@@ -37,7 +37,9 @@ absl::Status CheckPathText(absl::string_view field, absl::string_view path) {
   for (size_t i = 0; i < path.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(path[i]);
     if (c < 0x20 || c == 0x7f) {
-      return Refuse(field, path, absl::StrCat("has a control character (byte ", c, " at offset ", i, ")"),
+      return Refuse(field, path,
+                    absl::StrCat("has a control character (byte ", static_cast<int>(c),
+                                 " at offset ", i, ")"),
                     "write a plain path: no NUL, newline, tab, escape or other control characters");
     }
   }
@@ -88,13 +90,14 @@ absl::StatusOr<std::string> ResolvePath(absl::string_view field, absl::string_vi
     struct stat st;
     const bool present = lstat(prefix.c_str(), &st) == 0;
     if (!present && (errno == ENOENT || errno == ENOTDIR)) break;
-    return Refuse(field, path,
-                  absl::StrCat("has a component ", Quoted(prefix), " that cannot be resolved (",
-                               present && S_ISLNK(st.st_mode) ? "a symbolic link whose target is missing or "
-                                                     "loops: "
-                                                   : "",
-                               std::strerror(resolve_errno), ")"),
-                  "point the link at an existing directory, or name the real path");
+    return Refuse(
+        field, path,
+        absl::StrCat("has a component ", Quoted(prefix), " that cannot be resolved (",
+                     present && S_ISLNK(st.st_mode) ? "a symbolic link whose target is missing or "
+                                                      "loops: "
+                                                    : "",
+                     std::strerror(resolve_errno), ")"),
+        "point the link at an existing directory, or name the real path");
   }
   std::string out = base;
   for (size_t i = existing; i < parts.size(); ++i) {

@@ -374,8 +374,7 @@ TEST_F(BoundsGrpcTest, UnrunnableSpecsHostileLabelsAndTokensAreRefusedAndTheStor
                  absl::StrCat("  name: labels\n  labels: {team: ", label, "}\n"));
     auto id = Submit(yaml);
     EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << label << id.status();
-    EXPECT_THAT(std::string(id.status().message()),
-                ::testing::HasSubstr("metadata.labels.team: "));
+    EXPECT_THAT(std::string(id.status().message()), ::testing::HasSubstr("metadata.labels.team: "));
   }
   // A document just under the bound (one large label) grown past it by overrides.
   v1::SubmitJobRequest grow;

@@ -241,8 +241,9 @@ TEST_F(FencingGrpcTest, AnEndedJobTakesNoLogsAndSucceedsOnlyWithItsFinalCheckpoi
   EXPECT_NE(job.state(), v1::JOB_STATE_SUCCEEDED);
   ASSERT_GE(job.attempts_size(), 1);
   EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_FAILED);
-  EXPECT_NE(job.attempts(0).reason().find("without a committed checkpoint of its last step (step 60"),
-            std::string::npos)
+  EXPECT_NE(
+      job.attempts(0).reason().find("without a committed checkpoint of its last step (step 60"),
+      std::string::npos)
       << job.attempts(0).reason();
   // The next attempt commits step 60 and exits 0: SUCCEEDED.
   auto a2 = r.worker->WaitAssignment();

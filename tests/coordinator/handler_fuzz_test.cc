@@ -22,8 +22,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/spec/path_confine.h"
 #include "common/grpc/grpc_util.h"
+#include "common/spec/path_confine.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/fake_worker.h"
 #include "tests/coordinator/grpc_fixture.h"
@@ -240,8 +240,8 @@ TEST_F(HandlerFuzzTest, RandomProtosForEveryRpcAndMessageKindLeaveTheCoordinator
   std::filesystem::create_directories(root);
   std::filesystem::create_symlink("/nonexistent-fuzz-target", root + "/dangling");
   const std::vector<std::string> hostile_paths = {
-      root + "/x #y",  root + "/x\\n",      root + "/x\\x1b[2J", " " + root + "/x",
-      root + "/x ",    root + "/x\\0y",     root + "/dangling/x", root + "/../../etc",
+      root + "/x #y",  root + "/x\\n",     root + "/x\\x1b[2J",  " " + root + "/x",
+      root + "/x ",    root + "/x\\0y",    root + "/dangling/x", root + "/../../etc",
       root + "/x\\ty", root + "/a: b [c]", root + "/fine"};
   const auto* kinds = v1::WorkerMessage::descriptor()->FindOneofByName("kind");
   ASSERT_NE(kinds, nullptr);
@@ -256,8 +256,8 @@ TEST_F(HandlerFuzzTest, RandomProtosForEveryRpcAndMessageKindLeaveTheCoordinator
           if (shape > 0) q.set_spec_yaml(JobYaml("fuzzed", "    - {seq_len: 64, steps: 1}\n"));
           if (shape == 2) {
             const std::string path = hostile_paths[fz.Pick(static_cast<int>(hostile_paths.size()))];
-            q.set_spec_yaml(q.spec_yaml() + (fz.Chance(2) ? "  checkpoint: {dir: \"" + path + "\"}\n"
-                                                          : ""));
+            q.set_spec_yaml(q.spec_yaml() +
+                            (fz.Chance(2) ? "  checkpoint: {dir: \"" + path + "\"}\n" : ""));
             if (fz.Chance(2)) q.add_overrides("spec.checkpoint.dir=" + path);
           }
           return jobs_->SubmitJob(c, q, p);

@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "gmock/gmock.h"
 #include "common/spec/job_spec_parser.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/grpc_fixture.h"
 #include "tests/coordinator/test_util.h"
@@ -17,8 +17,8 @@ namespace ulysses::coordinator {
 namespace {
 
 using ::testing::HasSubstr;
-using ::testing::Not;
 using testing::JobYaml;
+using ::testing::Not;
 
 class PathsGrpcTest : public testing::CoordinatorServerTest {
  protected:
@@ -134,7 +134,8 @@ TEST_F(PathsGrpcTest, AnotherTenantsCheckpointDirCannotBeReachedByTextTricks) {
 // A checkpoint dir the YAML of an override would misread (": " makes a mapping) reaches
 // the rank as the same string: the spec document carries it, no override re-parses it.
 TEST_F(PathsGrpcTest, TheRankReadsExactlyTheCheckedCheckpointDir) {
-  const std::string dir = config_.checkpoint_root + "/odd: name, [x] {y} 'q' \\\"z\\\" &a *b !c %d @e";
+  const std::string dir =
+      config_.checkpoint_root + "/odd: name, [x] {y} 'q' \\\"z\\\" &a *b !c %d @e";
   auto& w = AddWorker("w1");
   auto id = Submit(WithCheckpointDir("odd", dir));
   ASSERT_TRUE(id.ok()) << id.status();
@@ -144,7 +145,8 @@ TEST_F(PathsGrpcTest, TheRankReadsExactlyTheCheckedCheckpointDir) {
   EXPECT_EQ(a->checkpoint_dir(), want);
   spec::ParseOptions as_the_engine_reads_it;  // The document plus its --set overrides.
   as_the_engine_reads_it.overrides.assign(a->overrides().begin(), a->overrides().end());
-  absl::StatusOr<spec::JobSpec> rank_spec = spec::ParseJobSpec(a->spec_yaml(), as_the_engine_reads_it);
+  absl::StatusOr<spec::JobSpec> rank_spec =
+      spec::ParseJobSpec(a->spec_yaml(), as_the_engine_reads_it);
   ASSERT_TRUE(rank_spec.ok()) << rank_spec.status();
   EXPECT_EQ(rank_spec->checkpoint.dir, want);
 }

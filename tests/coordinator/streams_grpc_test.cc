@@ -1,8 +1,8 @@
 // Long-lived JobService streams and log buffers stay bounded (issues 9, 23): WatchJob and
 // every GetJobLogs stream are capped per caller identity and in total (StreamLimits),
 // freed when the client goes away; a reader slower than stream_queue_max_bytes is cut
-// with RESOURCE_EXHAUSTED; revoking a token ends its streams at the reload; a job's log buffer keeps at most
-// log_buffer_bytes_per_job, dropping its oldest lines. Real gRPC over TLS against an
+// with RESOURCE_EXHAUSTED; revoking a token ends its streams at the reload; a job's log buffer
+// keeps at most log_buffer_bytes_per_job, dropping its oldest lines. Real gRPC over TLS against an
 // in-process coordinator (grpc_fixture.h).
 #include <chrono>
 #include <memory>

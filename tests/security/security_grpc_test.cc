@@ -510,11 +510,13 @@ TEST_F(RetentionGrpcTest, EndedJobsCountUntilTheirTtlDeletesThemAndIdsAreNotReus
   EXPECT_TRUE(absl::IsResourceExhausted(three.status())) << three.status();
   EXPECT_TRUE(absl::StrContains(three.status().message(), "max_jobs")) << three.status();
   EXPECT_GT(StoredRows(*two), 0);
-  ASSERT_TRUE(PollUntil([&] {
-    server_->coordinator()->TickForTesting();
-    return GetCode(*one) == grpc::StatusCode::NOT_FOUND &&
-           GetCode(*two) == grpc::StatusCode::NOT_FOUND;
-  }, std::chrono::seconds(60)));
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        server_->coordinator()->TickForTesting();
+        return GetCode(*one) == grpc::StatusCode::NOT_FOUND &&
+               GetCode(*two) == grpc::StatusCode::NOT_FOUND;
+      },
+      std::chrono::seconds(60)));
   EXPECT_EQ(StoredRows(*one), 0);
   EXPECT_EQ(StoredRows(*two), 0);
   EXPECT_TRUE(std::filesystem::exists(kept));  // Checkpoints are the user's: never deleted.

@@ -10,8 +10,8 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -170,7 +170,8 @@ TEST(SecurityProcessTest, RevokingATokenEndsItsStreamsAndWorkerSessionAtTheReloa
   ASSERT_TRUE(w9.Register().ok());
   w9.Connect();
   w9.StartHeartbeats(std::chrono::milliseconds(200));
-  auto alice = v1::JobService::NewStub(MakeTestChannel(coord.port(), WithToken(TestTokens::kAlice)));
+  auto alice =
+      v1::JobService::NewStub(MakeTestChannel(coord.port(), WithToken(TestTokens::kAlice)));
   v1::SubmitJobRequest submit;
   submit.set_spec_yaml(JobYaml("watched", "    - {seq_len: 64, steps: 8, sp_degree: 2}\n"));
   v1::SubmitJobResponse submitted;
@@ -247,7 +248,8 @@ TEST(SecurityProcessTest, FortyUnreadLogStreamsStayWithinTheirMemoryBound) {
   ASSERT_TRUE(w1.Register().ok());
   w1.Connect();
   w1.StartHeartbeats(std::chrono::milliseconds(200));
-  auto alice = v1::JobService::NewStub(MakeTestChannel(coord.port(), WithToken(TestTokens::kAlice)));
+  auto alice =
+      v1::JobService::NewStub(MakeTestChannel(coord.port(), WithToken(TestTokens::kAlice)));
   v1::SubmitJobRequest submit;
   submit.set_spec_yaml(JobYaml("chatty", "    - {seq_len: 64, steps: 8}\n"));
   v1::SubmitJobResponse submitted;
@@ -270,7 +272,8 @@ TEST(SecurityProcessTest, FortyUnreadLogStreamsStayWithinTheirMemoryBound) {
   const int64_t before = RssBytes(coord.pid());
   ASSERT_GT(before, 0);
 
-  auto viewer = v1::JobService::NewStub(MakeTestChannel(coord.port(), WithToken(TestTokens::kViewer)));
+  auto viewer =
+      v1::JobService::NewStub(MakeTestChannel(coord.port(), WithToken(TestTokens::kViewer)));
   constexpr int kStreams = 40;
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
   std::vector<std::unique_ptr<grpc::ClientReader<v1::GetJobLogsResponse>>> readers;

@@ -122,7 +122,8 @@ TEST(WorkerTrustProcessTest, TheRankGetsTheCheckedDirTheAgentConfinesAndExit0Nee
                         "--checkpoint-root", root + "/w9", "--grace-period-s", "1"},
                        worker_log);
 
-  auto alice = v1::JobService::NewStub(MakeTestChannel(coord.port(), WithToken(TestTokens::kAlice)));
+  auto alice =
+      v1::JobService::NewStub(MakeTestChannel(coord.port(), WithToken(TestTokens::kAlice)));
   auto submit = [&](const std::string& name, const std::string& checkpoint) {
     v1::SubmitJobRequest req;
     std::string yaml = JobYaml(name, "    - {seq_len: 64, steps: 2}\n", "{max_failures: 1}");
@@ -137,9 +138,8 @@ TEST(WorkerTrustProcessTest, TheRankGetsTheCheckedDirTheAgentConfinesAndExit0Nee
   };
   auto wait_end = [&](const std::string& id) {
     v1::Job j;
-    EXPECT_TRUE(PollUntil(
-        [&] { return Ended(j = GetJobAs(coord.port(), TestTokens::kAlice, id)); },
-        std::chrono::seconds(60)))
+    EXPECT_TRUE(PollUntil([&] { return Ended(j = GetJobAs(coord.port(), TestTokens::kAlice, id)); },
+                          std::chrono::seconds(60)))
         << id << " did not end: " << j.reason() << "\n"
         << ReadFileOrEmpty(worker_log);
     return j;

@@ -52,10 +52,10 @@ absl::Status CheckAssignmentPaths(const v1::Assignment& a, const WorkerRoots& ro
       !st.ok()) {
     return st;
   }
-  for (const auto& [field, value] : {std::pair<std::string, std::string>{"spec.data.train",
-                                                                         s.data.train},
-                                     {"spec.data.validation", s.data.validation},
-                                     {"spec.model.init_from", s.model.init_from}}) {
+  for (const auto& [field, value] :
+       {std::pair<std::string, std::string>{"spec.data.train", s.data.train},
+        {"spec.data.validation", s.data.validation},
+        {"spec.model.init_from", s.model.init_from}}) {
     if (absl::Status st = Confine(field, value, roots.data_roots, false); !st.ok()) return st;
   }
   return absl::OkStatus();

@@ -23,10 +23,10 @@
 #include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "common/metrics/metrics_server.h"
+#include "common/spec/path_confine.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
-#include "common/spec/path_confine.h"
 #include "worker/agent/assignment_check.h"
 #include "worker/agent/child_supervisor.h"
 #include "worker/agent/devices.h"
@@ -695,9 +695,9 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
           CheckAssignmentPaths(a, WorkerRoots{config_.checkpoint_root, config_.data_roots});
       !paths.ok()) {
     ULOG(WARNING) << "refusing " << RefString(ref) << ": " << paths.message();
-    ReportExitLocked(ref, slot_index, contract::kExitBadInput, 0, false, false,
-                     absl::StrCat("worker ", config_.name, " refused the assignment: ",
-                                  paths.message()));
+    ReportExitLocked(
+        ref, slot_index, contract::kExitBadInput, 0, false, false,
+        absl::StrCat("worker ", config_.name, " refused the assignment: ", paths.message()));
     return;
   }
   Slot& slot = slots_[slot_index];

@@ -41,7 +41,7 @@ struct WorkerConfig {
   int capacity = 0;  // --capacity: CPU slots with --devices cpu (0 = one per device).
   // One slot per entry, each passed to its rank's ulysses-train --device. Filled by Validate.
   std::vector<std::string> devices;
-  std::string work_dir;                           // Spec files and job output. Required; created.
+  std::string work_dir;  // Spec files and job output. Required; created.
   // --checkpoint-root / --data-root: this worker's own roots; the agent refuses an
   // assignment whose paths lie outside them (assignment_check.h). Empty = not checked.
   std::string checkpoint_root;
