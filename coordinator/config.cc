@@ -101,9 +101,12 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"log_buffer_bytes_total",
        [&](const YAML::Node& n) { c->log_buffer_bytes_total = n.as<int64_t>(); }},
       {"lost_worker_ttl_s", [&](const YAML::Node& n) { c->lost_worker_ttl_s = n.as<double>(); }},
+      {"ended_job_ttl_s", [&](const YAML::Node& n) { c->ended_job_ttl_s = n.as<double>(); }},
       {"max_streams_per_identity",
        [&](const YAML::Node& n) { c->max_streams_per_identity = n.as<int64_t>(); }},
       {"max_streams", [&](const YAML::Node& n) { c->max_streams = n.as<int64_t>(); }},
+      {"stream_queue_max_bytes",
+       [&](const YAML::Node& n) { c->stream_queue_max_bytes = n.as<int64_t>(); }},
       {"tls_reload_interval_s",
        [&](const YAML::Node& n) { c->tls_reload_interval_s = n.as<int64_t>(); }},
       {"data_roots",
@@ -275,6 +278,11 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
                              " is out of range (use log_buffer_bytes_per_job (",
                              c->log_buffer_bytes_per_job, ") .. 68719476736 bytes)"));
   }
+  if (!(c->ended_job_ttl_s >= 0 && c->ended_job_ttl_s <= 10 * 365 * 24 * 3600.0)) {
+    e.push_back(absl::StrCat("ended_job_ttl_s: ", c->ended_job_ttl_s,
+                             " is out of range (use 0 to keep ended jobs, or up to 315360000 "
+                             "seconds, e.g. 604800 for a week)"));
+  }
   if (!(c->lost_worker_ttl_s > 0 && c->lost_worker_ttl_s <= 30 * 24 * 3600)) {
     e.push_back(absl::StrCat("lost_worker_ttl_s: ", c->lost_worker_ttl_s,
                              " is out of range (use 0 < seconds <= 2592000, e.g. 3600)"));
@@ -282,6 +290,10 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   if (c->tls_reload_interval_s < 1 || c->tls_reload_interval_s > 86400) {
     e.push_back(absl::StrCat("tls_reload_interval_s: ", c->tls_reload_interval_s,
                              " is out of range (use 1..86400 seconds, e.g. 60)"));
+  }
+  if (c->stream_queue_max_bytes < (1 << 20) || c->stream_queue_max_bytes > (int64_t{1} << 30)) {
+    e.push_back(absl::StrCat("stream_queue_max_bytes: ", c->stream_queue_max_bytes,
+                             " is out of range (use 1048576 .. 1073741824, e.g. 4194304)"));
   }
   if (c->max_streams_per_identity < 1 || c->max_streams_per_identity > 100000) {
     e.push_back(absl::StrCat("max_streams_per_identity: ", c->max_streams_per_identity,

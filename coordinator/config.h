@@ -46,16 +46,24 @@ struct CoordinatorConfig {
   int64_t log_buffer_bytes_per_job = 8 << 20;  // 64 KiB .. 1 GiB.
   int64_t log_buffer_bytes_total = 512 << 20;  // >= log_buffer_bytes_per_job, <= 64 GiB.
   double lost_worker_ttl_s = 3600;  // A worker LOST this long is forgotten (memory and SQLite).
+  // An ended job (SUCCEEDED, FAILED, CANCELLED) is deleted this long after it ended, from
+  // memory and SQLite (Kubernetes' ttlSecondsAfterFinished; its checkpoints stay on disk).
+  // 0 = kept until the tenant's quotas.max_jobs refuses new jobs.
+  double ended_job_ttl_s = 7 * 24 * 3600;
   // Open WatchJob / GetJobLogs-follow streams (stream_limits.h): per caller identity and
   // in all, 1..100000 each, max_streams >= max_streams_per_identity.
   int64_t max_streams_per_identity = 64;
   int64_t max_streams = 4096;
+  // Bytes a stream's send queue may hold (1 MiB .. 1 GiB): a slower reader is cut with
+  // RESOURCE_EXHAUSTED, and a GetJobLogs tail sends at most half of it (the newest lines).
+  // Memory for streams is bounded by max_streams * (this + one message of <= 1 MiB).
+  int64_t stream_queue_max_bytes = 4 << 20;
   // Directories a spec's data.train / data.validation / model.init_from may name
   // (path_policy.h). Empty = specs may use synthetic data only. Resolved (absolute,
   // symlinks followed) by ValidateAndFinalize, as is checkpoint_root.
   std::vector<std::string> data_roots;
-  QuotaPolicy quotas;           // Priority cap and per-tenant limits (quota.h).
-  int64_t state_max_bytes = 0;  // Cap of coordinator.db (0 = the disk is the limit).
+  QuotaPolicy quotas;                          // Priority cap and per-tenant limits (quota.h).
+  int64_t state_max_bytes = int64_t{4} << 30;  // Cap of coordinator.db (0 = the disk's size).
 
   // Security (docs/SECURITY.md). TLS needs both tls_cert and tls_key (PEM files).
   std::string tls_cert;                // Server certificate chain.

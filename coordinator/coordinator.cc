@@ -151,6 +151,7 @@ void Coordinator::TickLocked(Txn& txn) {
   const int64_t now = SteadyMs();
   // First, before any pointer to a worker enters txn.
   machine_.ExpireLostWorkers(now, txn);
+  machine_.ExpireEndedJobs(NowMs(), txn);
   const int64_t timeout_ms = static_cast<int64_t>(config_.heartbeat_timeout_s * 1000);
   for (auto& [id, w] : state_.workers) {
     if (w->state == v1::WORKER_STATE_LOST) continue;

@@ -92,7 +92,9 @@ class Coordinator {
                                     const auth::Principal& caller);
   absl::StatusOr<v1::Job> ResumeJob(const std::string& job_id, const auth::Principal& caller);
   // Pages ordered by worker id (validated here: page_token).
-  absl::StatusOr<v1::ListWorkersResponse> ListWorkers(const v1::ListWorkersRequest& request);
+  // Admins see every worker whole; others see no hosts and only their tenant's ranks.
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkers(const v1::ListWorkersRequest& request,
+                                                      const auth::Principal& caller);
   // Sends the snapshot event to `sink` and, unless the job already ended (then
   // sink->OnJobEnded() follows at once), registers it for every later event.
   absl::Status WatchJob(const std::string& job_id, const auth::Principal& caller,

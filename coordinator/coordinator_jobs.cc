@@ -12,6 +12,7 @@
 #include "common/spec/job_spec_parser.h"
 #include "common/status.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/engine_spec.h"
 #include "coordinator/path_policy.h"
 #include "coordinator/quota.h"
 #include "coordinator/validation.h"
@@ -54,6 +55,13 @@ absl::StatusOr<JobRecord> NewJobRecord(const v1::SubmitJobRequest& request,
   JobRecord rec;
   rec.name = s.metadata.name;
   rec.spec_yaml = spec::ToYaml(s);
+  // Overrides can grow a document that was within the bound; the stored spec is bounded too.
+  if (static_cast<int64_t>(rec.spec_yaml.size()) > spec::kMaxSpecBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("overrides: the spec with the overrides applied is ", rec.spec_yaml.size(),
+                     " bytes, more than ", spec::kMaxSpecBytes,
+                     " (put the values in the spec document and keep it under the limit)"));
+  }
   rec.priority = s.scheduling.priority;
   rec.max_failures = static_cast<int>(s.scheduling.max_failures);
   rec.max_infra_failures = static_cast<int>(s.scheduling.max_infra_failures);
@@ -87,7 +95,8 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   rec.tenant = caller.tenant;
   const PathRoots roots{config_.data_roots, config_.checkpoint_root};
   RETURN_IF_ERROR(CheckSpecPaths(s, roots));
-  RETURN_IF_ERROR(CheckPriority(s.scheduling.priority, caller.admin(), config_.quotas));
+  RETURN_IF_ERROR(
+      CheckPriority(s.scheduling.priority, caller.admin(), config_.quotas, caller.tenant));
   RETURN_IF_ERROR(CheckPreemptible(s.scheduling.preemptible, caller.admin()));
   v1::SubmitJobResponse response;
   response.set_canonical_spec_yaml(rec.spec_yaml);
@@ -127,19 +136,26 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
     return response;
   }
   int64_t waiting = 0;  // The tenant's jobs waiting for workers (quotas.max_queued_jobs).
+  int64_t stored = 0;   // Every job the store keeps for it, ended ones too (max_jobs).
   for (const auto& [other_id, other] : state_.jobs) {
-    if (other->rec.tenant == caller.tenant && IsQueued(other->rec.state)) ++waiting;
+    if (other->rec.tenant != caller.tenant) continue;
+    ++stored;
+    if (IsQueued(other->rec.state)) ++waiting;
   }
   RETURN_IF_ERROR(CheckQueuedQuota(caller.tenant, waiting, config_.quotas));
+  RETURN_IF_ERROR(CheckStoredJobsQuota(caller.tenant, stored, config_.quotas));
   rec.number = state_.next_job_number;
   rec.id = absl::StrFormat("job-%06d", rec.number);
   {  // One checkpoint directory per job: retention deletes old checkpoints in it.
     std::vector<std::string> taken, taken_by;
     for (const auto& [other_id, other] : state_.jobs) {
       taken.push_back(other->rec.checkpoint_dir);
-      taken_by.push_back(other_id);
+      // Another tenant's job is not named (nor its directory) in the error.
+      taken_by.push_back(auth::MaySeeTenant(caller, other->rec.tenant) ? other_id : "");
     }
     ASSIGN_OR_RETURN(rec.checkpoint_dir, JobCheckpointDir(s, rec.id, roots, taken, taken_by));
+    // The spec a rank will run must carry exactly this directory (engine_spec.h).
+    RETURN_IF_ERROR(EngineSpecYaml(rec.spec_yaml, rec.checkpoint_dir).status());
   }
   rec.out_dir = config_.out_root + "/" + rec.id;
   rec.state = v1::JOB_STATE_UNSPECIFIED;
@@ -191,7 +207,8 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
                                                            const auth::Principal& caller) {
   int page_size = request.page_size() <= 0 ? 100 : std::min(request.page_size(), 1000);
   int64_t before = INT64_MAX;
-  if (!request.page_token().empty() && !absl::SimpleAtoi(request.page_token(), &before)) {
+  if (!request.page_token().empty() &&
+      (!absl::SimpleAtoi(request.page_token(), &before) || before < 1)) {
     return absl::InvalidArgumentError(absl::StrCat("page_token: \"", request.page_token(),
                                                    "\" is not a token from ListJobs (omit it)"));
   }
@@ -269,7 +286,7 @@ absl::StatusOr<v1::Job> Coordinator::ResumeJob(const std::string& job_id,
 }
 
 absl::StatusOr<v1::ListWorkersResponse> Coordinator::ListWorkers(
-    const v1::ListWorkersRequest& request) {
+    const v1::ListWorkersRequest& request, const auth::Principal& caller) {
   RETURN_IF_ERROR(ValidateListWorkersRequest(request));
   const size_t page_size = request.page_size() == 0 ? 500 : std::min(request.page_size(), 1000);
   absl::MutexLock lock(&mu_);
@@ -283,6 +300,18 @@ absl::StatusOr<v1::ListWorkersResponse> Coordinator::ListWorkers(
   for (; it != state_.workers.end() && static_cast<size_t>(response.workers_size()) < page_size;
        ++it) {
     v1::Worker w = WorkerToProto(*it->second, now, now_unix);
+    if (!caller.admin()) {
+      // A tenant's view: the ranks of its own jobs only, and no hosts (infrastructure).
+      w.clear_host();
+      w.clear_running();
+      auto* ranks = w.mutable_running_ranks();
+      for (int i = ranks->size() - 1; i >= 0; --i) {
+        if (Visible(state_.FindJob(ranks->Get(i).ref().job_id()), caller) == nullptr) {
+          ranks->DeleteSubrange(i, 1);
+        }
+      }
+      if (w.running_ranks_size() > 0) *w.mutable_running() = w.running_ranks(0);
+    }
     bytes += w.ByteSizeLong();
     if (response.workers_size() > 0 && bytes > kMaxPageBytes) break;
     *response.add_workers() = std::move(w);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "common/contract/exit.h"
 #include "common/logging.h"
+#include "coordinator/engine_spec.h"
 #include "coordinator/failure_budget.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/views.h"
@@ -29,6 +30,11 @@ void JobMachine::AddEvent(JobRt& job, v1::JobEvent event, bool persist, Txn& txn
   job.events.push_back(event);
   while (job.events.size() > static_cast<size_t>(config_.event_history)) job.events.pop_front();
   if (!job.watchers.empty()) txn.notify.emplace_back(&job, std::move(event));
+}
+
+std::string JobMachine::NameFor(const JobRt& other, const JobRt& shown_to) {
+  // Reasons and log lines are read by the job's tenant: another tenant's job stays unnamed.
+  return other.rec.tenant == shown_to.rec.tenant ? other.rec.id : "a job of another tenant";
 }
 
 void JobMachine::DropOldestLog(JobRt& job) {
@@ -87,6 +93,26 @@ void JobMachine::ExpireLostWorkers(int64_t now_steady_ms, Txn& txn) {
                << config_.lost_worker_ttl_s << "s";
     txn.batch.deleted_workers.push_back(w.rec.id);
     it = state_.workers.erase(it);
+  }
+}
+
+void JobMachine::ExpireEndedJobs(int64_t now_ms, Txn& txn) {
+  if (config_.ended_job_ttl_s <= 0) return;
+  const int64_t ttl_ms = static_cast<int64_t>(config_.ended_job_ttl_s * 1000);
+  for (auto it = state_.jobs.begin(); it != state_.jobs.end();) {
+    JobRt& job = *it->second;
+    if (!job.rec.terminal() || now_ms - job.rec.finished_ms < ttl_ms || !job.watchers.empty() ||
+        !job.log_followers.empty() || txn.jobs.count(&job)) {
+      ++it;
+      continue;
+    }
+    ULOG(INFO) << job.rec.id << " deleted: ended " << StateName(job.rec.state)
+               << " more than ended_job_ttl_s " << config_.ended_job_ttl_s << "s ago (checkpoints "
+               << "stay in " << job.rec.checkpoint_dir << ")";
+    txn.batch.deleted_jobs.push_back(job.rec.id);
+    if (!job.rec.request_id.empty()) state_.job_by_request.erase(job.rec.request_id);
+    ForgetLogs(job);
+    it = state_.jobs.erase(it);
   }
 }
 
@@ -229,6 +255,7 @@ void JobMachine::Schedule(Txn& txn) {
     if (j->rec.last_checkpoint) since = std::max(since, j->rec.last_checkpoint->committed_ms);
     r.gpu_seconds_at_risk =
         static_cast<double>(a->worker_ids.size()) * std::max<int64_t>(0, now - since) / 1000.0;
+    r.tenant = j->rec.tenant;
     r.preemptible = j->rec.preemptible && j->rec.state == v1::JOB_STATE_RUNNING &&
                     j->preempting_for.empty() && !j->awaiting_reconnect;
     running.push_back(std::move(r));
@@ -264,7 +291,7 @@ void JobMachine::Schedule(Txn& txn) {
         reason = std::move(d.reason);
         for (auto& [vid, v] : state_.jobs) {
           if (v->preempting_for == job.rec.id) {
-            absl::StrAppend(&reason, "; preempting ", vid, " (it checkpoints first)");
+            absl::StrAppend(&reason, "; preempting ", NameFor(*v, job), " (it checkpoints first)");
           }
         }
         if (job.rec.state == v1::JOB_STATE_RECOVERING || job.rec.state == v1::JOB_STATE_PREEMPTED) {
@@ -282,6 +309,13 @@ void JobMachine::Schedule(Txn& txn) {
 void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids,
                         const std::vector<int>& slots, Txn& txn) {
   JobRecord& rec = job.rec;
+  // The spec with the job's checkpoint directory written in as data (engine_spec.h), not a
+  // --set override the engine would parse again.
+  absl::StatusOr<std::string> engine_spec = EngineSpecYaml(rec.spec_yaml, rec.checkpoint_dir);
+  if (!engine_spec.ok()) {
+    SetState(job, v1::JOB_STATE_FAILED, std::string(engine_spec.status().message()), txn);
+    return;
+  }
   StageRecord& stage = rec.stages[rec.stage_index];
   const int64_t now = NowMs();
   rec.generation++;
@@ -320,7 +354,7 @@ void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids,
     a->mutable_ref()->set_rank(static_cast<int>(r));
     a->mutable_ref()->set_stage(stage.index);
     a->set_job_name(rec.name);
-    a->set_spec_yaml(rec.spec_yaml);
+    a->set_spec_yaml(*engine_spec);
     a->set_world_size(stage.world());
     a->set_sp(stage.sp);
     a->set_dp(stage.dp);
@@ -328,7 +362,6 @@ void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids,
     a->set_master_port(attempt.master_port);
     a->set_checkpoint_dir(rec.checkpoint_dir);
     a->set_out_dir(rec.out_dir);
-    a->add_overrides(absl::StrCat("spec.checkpoint.dir=", rec.checkpoint_dir));
     a->set_seq_len(stage.seq_len);
     a->set_steps(stage.steps);
     a->set_slot(slots[r]);
@@ -441,7 +474,11 @@ void JobMachine::OnRankPreempted(JobRt& job, int rank, int exit_code, const std:
           ? absl::StrCat("rank ", rank, " preempted (exit ", exit_code, " after a checkpoint)")
           : absl::StrCat("rank ", rank, " preempted (it ", how, " instead of exiting ",
                          contract::kExitPreempted, " after a checkpoint)");
-  if (priority) absl::StrAppend(&why, " for ", job.preempting_for);
+  if (priority) {
+    const JobRt* for_job = state_.FindJob(job.preempting_for);
+    absl::StrAppend(&why, " for ",
+                    for_job == nullptr ? std::string("another job") : NameFor(*for_job, job));
+  }
   // The work lost: GPU-seconds since the last committed checkpoint (the preemption
   // checkpoint, when it was committed) or since the attempt started.
   double lost_gpu_seconds = 0;
@@ -479,7 +516,7 @@ void JobMachine::PreemptForPriority(JobRt& job, JobRt& for_job, double gpu_secon
   if (attempt == nullptr || attempt->ended() || !job.preempting_for.empty()) return;
   job.preempting_for = for_job.rec.id;
   const std::string why = absl::StrCat(
-      "preempted for ", for_job.rec.id, " (priority ", for_job.rec.priority, " > ",
+      "preempted for ", NameFor(for_job, job), " (priority ", for_job.rec.priority, " > ",
       job.rec.priority, "): checkpointing now; ", absl::StrFormat("%.1f", gpu_seconds_at_risk),
       " GPU-seconds since the last checkpoint at risk");
   for (WorkerRt* w : HoldingWorkers(job.rec.id, *attempt)) {
@@ -493,8 +530,8 @@ void JobMachine::PreemptForPriority(JobRt& job, JobRt& for_job, double gpu_secon
   SetState(job, v1::JOB_STATE_CHECKPOINTING, why, txn);
   v1::LogLine line;
   line.set_stream(v1::LOG_STREAM_COORDINATOR);
-  line.set_text(absl::StrCat("preempting ", job.rec.id, " (priority ", job.rec.priority, ", ",
-                             absl::StrFormat("%.1f", gpu_seconds_at_risk),
+  line.set_text(absl::StrCat("preempting ", NameFor(job, for_job), " (priority ", job.rec.priority,
+                             ", ", absl::StrFormat("%.1f", gpu_seconds_at_risk),
                              " GPU-seconds since its last checkpoint) to place this job"));
   AddLog(for_job, std::move(line), txn);
 }

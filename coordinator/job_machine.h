@@ -81,9 +81,14 @@ class JobMachine {
   // Forgets workers LOST for longer than lost_worker_ttl_s (memory, and the store
   // through txn.batch.deleted_workers).
   void ExpireLostWorkers(int64_t now_steady_ms, Txn& txn);
+  // Deletes the jobs that ended more than ended_job_ttl_s ago (memory, and the store
+  // through txn.batch.deleted_jobs); call before any pointer to a job enters txn.
+  void ExpireEndedJobs(int64_t now_ms, Txn& txn);
   void SendTo(WorkerRt& worker, v1::CoordinatorMessage message, Txn& txn);
   // An Abort for `ref` with the abort grace period.
   void SendAbort(WorkerRt& worker, const v1::WorkRef& ref, const std::string& why, Txn& txn);
+  // `other`'s id, or "a job of another tenant" when `shown_to` is of another tenant.
+  static std::string NameFor(const JobRt& other, const JobRt& shown_to);
   int64_t abort_grace_ms() const { return static_cast<int64_t>(config_.abort_grace_s * 1000); }
   // How long a preempted rank has to commit its checkpoint before SIGKILL:
   // preemption_grace_s, or cancel_grace_s when that is 0.

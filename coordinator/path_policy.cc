@@ -1,12 +1,5 @@
 #include "coordinator/path_policy.h"
 
-#include <limits.h>
-#include <stdlib.h>
-
-#include <cerrno>
-#include <cstring>
-#include <memory>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -17,12 +10,6 @@ namespace ulysses::coordinator {
 namespace {
 
 constexpr absl::string_view kCoordinatorDirPrefix = "job-";
-
-// realpath(3) of `path`, or "" when it does not exist (or cannot be resolved).
-std::string RealPathOrEmpty(const std::string& path) {
-  std::unique_ptr<char, decltype(&free)> resolved(realpath(path.c_str(), nullptr), &free);
-  return resolved ? std::string(resolved.get()) : std::string();
-}
 
 std::string Quoted(absl::string_view path) { return absl::StrCat("\"", path, "\""); }
 
@@ -47,56 +34,6 @@ absl::Status ConfineData(absl::string_view field, const std::string& value,
 }
 
 }  // namespace
-
-absl::StatusOr<std::string> ResolvePath(absl::string_view field, absl::string_view path) {
-  if (path.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": empty path (give an absolute path)"));
-  }
-  if (path.find('\0') != absl::string_view::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": path contains a NUL byte (give a plain absolute path)"));
-  }
-  if (path.front() != '/') {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", Quoted(path),
-                     " is relative (give an absolute path; the coordinator and "
-                     "workers do not share a working directory)"));
-  }
-  std::vector<absl::string_view> parts = absl::StrSplit(path.substr(1), '/');
-  if (!parts.empty() && parts.back().empty()) parts.pop_back();  // "/a/b/" -> "/a/b".
-  for (absl::string_view part : parts) {
-    if (part.empty() || part == "." || part == "..") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": ", Quoted(path), " has a \"", part.empty() ? "//" : part,
-                       "\" component (write the path without \".\", \"..\" or \"//\")"));
-    }
-  }
-  // Resolve the longest prefix that exists; keep the rest as written (it cannot
-  // contain links: it does not exist yet).
-  size_t existing = parts.size();
-  std::string base;
-  for (; existing > 0; --existing) {
-    std::string prefix =
-        absl::StrCat("/", absl::StrJoin(parts.begin(), parts.begin() + existing, "/"));
-    base = RealPathOrEmpty(prefix);
-    if (!base.empty()) break;
-  }
-  if (existing == 0) base = "/";
-  std::string out = base;
-  for (size_t i = existing; i < parts.size(); ++i) {
-    if (out.back() != '/') out += '/';
-    absl::StrAppend(&out, parts[i]);
-  }
-  return out;
-}
-
-bool IsWithin(absl::string_view path, absl::string_view root) {
-  if (root == "/") return absl::StartsWith(path, "/");
-  if (!absl::StartsWith(path, root)) return false;
-  return path.size() == root.size() || path[root.size()] == '/';
-}
-
-bool Overlaps(absl::string_view a, absl::string_view b) { return IsWithin(a, b) || IsWithin(b, a); }
 
 absl::Status CheckSpecPaths(const spec::JobSpec& spec, const PathRoots& roots) {
   RETURN_IF_ERROR(ConfineData("spec.data.train", spec.data.train, roots));
@@ -137,14 +74,15 @@ absl::StatusOr<std::string> JobCheckpointDir(const spec::JobSpec& spec, absl::st
   }
   for (size_t i = 0; i < taken.size(); ++i) {
     if (taken[i].empty() || !Overlaps(dir, taken[i])) continue;
-    std::string other = i < taken_by.size() ? taken_by[i] : std::string("another job");
-    return absl::FailedPreconditionError(
-        absl::StrCat("spec.checkpoint.dir: ", Quoted(dir), " overlaps ", Quoted(taken[i]),
-                     ", the checkpoint "
-                     "directory of ",
-                     other,
-                     " (each job needs its own directory: its retention deletes "
-                     "old checkpoints there; pick another name or leave checkpoint.dir unset)"));
+    // Another tenant's job and directory are never named: the caller learns only that
+    // the directory is taken.
+    const bool named = i < taken_by.size() && !taken_by[i].empty();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "spec.checkpoint.dir: ", Quoted(dir), " overlaps ",
+        named ? absl::StrCat(Quoted(taken[i]), ", the checkpoint directory of ", taken_by[i])
+              : std::string("the checkpoint directory of another job"),
+        " (each job needs its own directory: its retention deletes old checkpoints there; pick "
+        "another name or leave checkpoint.dir unset)"));
   }
   return dir;
 }

@@ -7,9 +7,10 @@
 //     name the coordinator gives its own per-job directories (`job-...`), and does not
 //     overlap (equal, contain or lie inside) another job's checkpoint directory;
 //   - a committed checkpoint a worker reports lies inside its job's checkpoint dir.
-// "Lies under" is decided on resolved paths: absolute, no "." or ".." components, and
-// symlinks in the part of the path that exists on the coordinator resolved, so a link
-// under a root that points outside it is outside.
+// "Lies under" is decided on resolved paths: absolute, no "." or ".." components, no
+// control characters, no leading/trailing whitespace, no '#' after whitespace, and every
+// component that exists on the coordinator resolved, so a link under a root that points
+// outside it is outside and a link that cannot be resolved (dangling) is refused.
 //
 // Pure functions over the file system's current state; thread-safe.
 #ifndef ULYSSES_COORDINATOR_PATH_POLICY_H_
@@ -23,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/spec/job_spec.h"
+#include "common/spec/path_confine.h"
 
 namespace ulysses::coordinator {
 
@@ -32,17 +34,10 @@ struct PathRoots {
   std::string checkpoint_root;
 };
 
-// `path` as an absolute path with every symlink in its longest existing prefix
-// resolved and the rest appended. InvalidArgument naming `field` when `path` is empty,
-// relative, has a "." / ".." / empty component, or a NUL byte.
-absl::StatusOr<std::string> ResolvePath(absl::string_view field, absl::string_view path);
-
-// True when `path` is `root` or lies below it, component-wise ("/data2" is not
-// under "/data"). Both must already be resolved.
-bool IsWithin(absl::string_view path, absl::string_view root);
-
-// True when one of the two resolved paths is, or lies within, the other.
-bool Overlaps(absl::string_view a, absl::string_view b);
+// ResolvePath, IsWithin, Overlaps: common/spec/path_confine.h (the worker agent uses them too).
+using spec::IsWithin;
+using spec::Overlaps;
+using spec::ResolvePath;
 
 // Checks every path a spec names (data.train, data.validation, model.init_from,
 // checkpoint.dir) against `roots`. Errors name the field, the value and the fix.
@@ -50,8 +45,9 @@ absl::Status CheckSpecPaths(const spec::JobSpec& spec, const PathRoots& roots);
 
 // The checkpoint directory of a new job `job_id`: the spec's checkpoint.dir resolved,
 // or <checkpoint_root>/<job_id>. FailedPrecondition when it overlaps one of `taken`
-// (the checkpoint dirs of the jobs the coordinator knows), naming the other job.
-// `taken_by` holds the job id of each entry of `taken`.
+// (the checkpoint dirs of the jobs the coordinator knows). `taken_by` holds the job id
+// of each entry of `taken` the caller may see, "" for another tenant's: the error names
+// the other job and its directory only when its id is given.
 absl::StatusOr<std::string> JobCheckpointDir(const spec::JobSpec& spec, absl::string_view job_id,
                                              const PathRoots& roots,
                                              absl::Span<const std::string> taken,

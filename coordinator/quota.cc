@@ -23,9 +23,15 @@ absl::Status ParseTenantQuota(const YAML::Node& node, const std::string& path, T
         q->max_queued_jobs = kv.second.as<int64_t>();
       } else if (key == "max_workers") {
         q->max_workers = kv.second.as<int64_t>();
+      } else if (key == "max_jobs") {
+        q->max_jobs = kv.second.as<int64_t>();
+      } else if (key == "max_priority") {
+        q->max_priority = kv.second.as<int64_t>();
       } else {
-        return absl::InvalidArgumentError(absl::StrCat(
-            path, ".", key, ": unknown setting (known: max_queued_jobs, max_workers)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ".", key,
+                         ": unknown setting (known: max_queued_jobs, max_workers, max_jobs, "
+                         "max_priority)"));
       }
     } catch (const std::exception&) {
       return absl::InvalidArgumentError(
@@ -41,6 +47,15 @@ void CheckTenantQuota(const TenantQuota& q, const std::string& path,
     errors->push_back(absl::StrCat(path, ".max_queued_jobs: ", q.max_queued_jobs,
                                    " is out of range (use 1..", kMaxQuota, ")"));
   }
+  if (q.max_jobs < 1 || q.max_jobs > kMaxQuota) {
+    errors->push_back(
+        absl::StrCat(path, ".max_jobs: ", q.max_jobs, " is out of range (use 1..", kMaxQuota, ")"));
+  }
+  if (q.max_priority < -1 || q.max_priority > kMaxQuota) {
+    errors->push_back(absl::StrCat(path, ".max_priority: ", q.max_priority,
+                                   " is out of range (use -1 for quotas.max_user_priority, or 0..",
+                                   kMaxQuota, ")"));
+  }
   if (q.max_workers < 0 || q.max_workers > kMaxQuota) {
     errors->push_back(absl::StrCat(path, ".max_workers: ", q.max_workers,
                                    " is out of range (use 0 for no limit, or up to ", kMaxQuota,
@@ -55,6 +70,16 @@ const TenantQuota& QuotaPolicy::For(const std::string& tenant) const {
   return it == tenants.end() ? default_quota : it->second;
 }
 
+int64_t QuotaPolicy::CrossTenantPreemptionPriority() const {
+  return cross_tenant_preemption_priority >= 0 ? cross_tenant_preemption_priority
+                                               : max_user_priority + 1;
+}
+
+int64_t QuotaPolicy::MaxPriority(const std::string& tenant) const {
+  const int64_t own = For(tenant).max_priority;
+  return own >= 0 ? own : max_user_priority;
+}
+
 absl::Status ParseQuotaPolicy(const YAML::Node& node, QuotaPolicy* policy) {
   if (node.IsNull()) return absl::OkStatus();
   if (!node.IsMap()) {
@@ -63,6 +88,16 @@ absl::Status ParseQuotaPolicy(const YAML::Node& node, QuotaPolicy* policy) {
   }
   for (const auto& kv : node) {
     const std::string key = kv.first.as<std::string>();
+    if (key == "cross_tenant_preemption_priority") {
+      try {
+        policy->cross_tenant_preemption_priority = kv.second.as<int64_t>();
+      } catch (const std::exception&) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("quotas.cross_tenant_preemption_priority: ", YAML::Dump(kv.second),
+                         " is not an integer"));
+      }
+      continue;
+    }
     if (key == "max_user_priority") {
       try {
         policy->max_user_priority = kv.second.as<int64_t>();
@@ -99,6 +134,12 @@ absl::Status ValidateQuotaPolicy(const QuotaPolicy& policy) {
     errors.push_back(absl::StrCat("quotas.max_user_priority: ", policy.max_user_priority,
                                   " is out of range (use 0..", kMaxQuota, ")"));
   }
+  if (policy.cross_tenant_preemption_priority < -1 ||
+      policy.cross_tenant_preemption_priority > kMaxQuota + 1) {
+    errors.push_back(absl::StrCat(
+        "quotas.cross_tenant_preemption_priority: ", policy.cross_tenant_preemption_priority,
+        " is out of range (use -1 for max_user_priority + 1, or 0..", kMaxQuota + 1, ")"));
+  }
   CheckTenantQuota(policy.default_quota, "quotas.default", &errors);
   for (const auto& [tenant, q] : policy.tenants) {
     CheckTenantQuota(q, "quotas.tenants." + tenant, &errors);
@@ -107,11 +148,25 @@ absl::Status ValidateQuotaPolicy(const QuotaPolicy& policy) {
   return absl::OkStatus();
 }
 
-absl::Status CheckPriority(int64_t priority, bool is_admin, const QuotaPolicy& policy) {
-  if (is_admin || priority <= policy.max_user_priority) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      "spec.scheduling.priority: ", priority, " is above ", policy.max_user_priority,
-      ", the highest priority a non-admin may set (lower it, or ask an admin to submit the job)"));
+absl::Status CheckPriority(int64_t priority, bool is_admin, const QuotaPolicy& policy,
+                           const std::string& tenant) {
+  const int64_t cap = policy.MaxPriority(tenant);
+  if (is_admin || priority <= cap) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat("spec.scheduling.priority: ", priority, " is above ", cap,
+                   ", the highest priority a non-admin ", tenant.empty() ? "" : "of this tenant ",
+                   "may set (lower it, or ask an admin to submit the job)"));
+}
+
+absl::Status CheckStoredJobsQuota(const std::string& tenant, int64_t stored,
+                                  const QuotaPolicy& policy) {
+  const TenantQuota& q = policy.For(tenant);
+  if (stored < q.max_jobs) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "tenant \"", tenant, "\" already has ", stored,
+      " stored jobs, its quota (ended jobs count until ended_job_ttl_s deletes them; an admin "
+      "can raise quotas.tenants.",
+      tenant, ".max_jobs = ", q.max_jobs, ")"));
 }
 
 absl::Status CheckPreemptible(bool preemptible, bool is_admin) {

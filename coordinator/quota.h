@@ -4,9 +4,10 @@
 //
 //   quotas:
 //     max_user_priority: 100        # priorities above need the admin role
-//     default: {max_queued_jobs: 100, max_workers: 0}   # 0 = no limit
+//     cross_tenant_preemption_priority: 101   # default: max_user_priority + 1
+//     default: {max_queued_jobs: 100, max_workers: 0, max_jobs: 10000}   # 0 = no limit
 //     tenants:
-//       research: {max_queued_jobs: 20, max_workers: 16}
+//       research: {max_queued_jobs: 20, max_workers: 16, max_priority: 50}
 //
 // Pure functions over plain values; thread-compatible.
 #ifndef ULYSSES_COORDINATOR_QUOTA_H_
@@ -27,14 +28,27 @@ namespace ulysses::coordinator {
 struct TenantQuota {
   int64_t max_queued_jobs = 100;  // PENDING/QUEUED/BACKOFF jobs at once (>= 1).
   int64_t max_workers = 0;        // Workers held by its running jobs (0 = no limit).
+  // Jobs the store keeps for the tenant, ended ones included until ended_job_ttl_s deletes
+  // them (1..1000000).
+  int64_t max_jobs = 10000;
+  // The highest priority its non-admins may set (-1 = quotas.max_user_priority).
+  int64_t max_priority = -1;
 };
 
 struct QuotaPolicy {
   int64_t max_user_priority = 100;  // Higher spec priorities need the admin role.
-  TenantQuota default_quota;        // For tenants not listed.
+  // A job preempts another tenant's jobs only with at least this priority (-1 =
+  // max_user_priority + 1: only a priority an admin granted). Within a tenant, any higher
+  // priority preempts.
+  int64_t cross_tenant_preemption_priority = -1;
+  TenantQuota default_quota;  // For tenants not listed.
   std::map<std::string, TenantQuota> tenants;
 
   const TenantQuota& For(const std::string& tenant) const;
+  // cross_tenant_preemption_priority with its default filled in.
+  int64_t CrossTenantPreemptionPriority() const;
+  // The priority cap of `tenant`'s non-admins.
+  int64_t MaxPriority(const std::string& tenant) const;
 };
 
 // Reads the `quotas` mapping (unknown keys are errors naming them).
@@ -42,8 +56,14 @@ absl::Status ParseQuotaPolicy(const YAML::Node& node, QuotaPolicy* policy);
 // Range checks, one line per problem: `quotas.<path>: <value> <problem> (<fix>)`.
 absl::Status ValidateQuotaPolicy(const QuotaPolicy& policy);
 
-// PERMISSION_DENIED when a non-admin asks for a priority above the cap.
-absl::Status CheckPriority(int64_t priority, bool is_admin, const QuotaPolicy& policy);
+// PERMISSION_DENIED when a non-admin asks for a priority above the cap (of `tenant`:
+// its max_priority, else max_user_priority).
+absl::Status CheckPriority(int64_t priority, bool is_admin, const QuotaPolicy& policy,
+                           const std::string& tenant = "");
+
+// RESOURCE_EXHAUSTED when `tenant` already stores `stored` jobs (its max_jobs).
+absl::Status CheckStoredJobsQuota(const std::string& tenant, int64_t stored,
+                                  const QuotaPolicy& policy);
 
 // PERMISSION_DENIED when a non-admin opts a job out of preemption
 // (spec.scheduling.preemptible: false).

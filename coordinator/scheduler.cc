@@ -129,10 +129,13 @@ Placement PlaceGang(const GangRequest& request, const std::vector<IdleWorker>& i
 }
 
 std::vector<Victim> PlanPreemption(const QueuedJob& job, const std::vector<IdleWorker>& available,
-                                   std::vector<RunningJob> running) {
+                                   std::vector<RunningJob> running, int64_t cross_tenant_priority) {
   std::vector<RunningJob> candidates;
   for (RunningJob& r : running) {
-    if (r.preemptible && r.priority < job.priority) candidates.push_back(std::move(r));
+    const bool tenant_ok = r.tenant == job.tenant || job.priority >= cross_tenant_priority;
+    if (r.preemptible && r.priority < job.priority && tenant_ok) {
+      candidates.push_back(std::move(r));
+    }
   }
   std::sort(candidates.begin(), candidates.end(), [](const RunningJob& a, const RunningJob& b) {
     if (a.gpu_seconds_at_risk != b.gpu_seconds_at_risk) {
@@ -163,7 +166,8 @@ std::vector<Victim> PlanPreemption(const QueuedJob& job, const std::vector<IdleW
   }
   std::vector<Victim> out;
   for (size_t i : chosen) {
-    out.push_back({candidates[i].id, candidates[i].priority, candidates[i].gpu_seconds_at_risk});
+    out.push_back({candidates[i].id, candidates[i].priority, candidates[i].gpu_seconds_at_risk,
+                   candidates[i].tenant});
   }
   return out;
 }
@@ -226,7 +230,9 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
         in_use[job.tenant] += needed;
       } else if (head != nullptr) {
         d.kind = QueueDecision::Kind::kBlocked;
-        d.reason = absl::StrCat("queued behind ", head->id, " (priority ", head->priority, ")");
+        d.reason = absl::StrCat("queued behind ",
+                                head->tenant == job.tenant ? head->id : "a job of another tenant",
+                                " (priority ", head->priority, ")");
       } else {
         d.kind = QueueDecision::Kind::kUnplaced;
         d.reason = absl::StrCat("stage ", job.stage_index, ": ", p.reason);
@@ -247,7 +253,9 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
             absl::StrAppend(&d.reason, "; priority ", job.priority,
                             " is a non-preempting class: waiting for running jobs to end");
           } else if (!later.placed) {
-            d.victims = PlanPreemption(job, soon, running);
+            d.victims = PlanPreemption(
+                job, soon, running,
+                quotas == nullptr ? INT64_MIN : quotas->CrossTenantPreemptionPriority());
             if (!d.victims.empty()) {
               std::set<std::string> victim_ids;
               for (const Victim& v : d.victims) victim_ids.insert(v.job_id);
@@ -260,8 +268,10 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
               d.kind = QueueDecision::Kind::kPreempt;
               std::string names;
               for (const Victim& v : d.victims) {
-                absl::StrAppend(&names, names.empty() ? "" : ", ", v.job_id, " (priority ",
-                                v.priority, ")");
+                // Another tenant's job is not named to this one.
+                absl::StrAppend(&names, names.empty() ? "" : ", ",
+                                v.tenant == job.tenant ? v.job_id : "a job of another tenant",
+                                " (priority ", v.priority, ")");
               }
               absl::StrAppend(&d.reason, "; preempting ", names);
             }

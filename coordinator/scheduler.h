@@ -84,6 +84,7 @@ struct RunningJob {
   // when that is later): the work a failed preemption checkpoint would lose.
   double gpu_seconds_at_risk = 0;
   bool preemptible = false;  // RUNNING and spec.scheduling.preemptible.
+  std::string tenant;        // Another tenant's job is preempted only by an admin-granted priority.
 };
 
 // One job to preempt for the head job.
@@ -91,6 +92,7 @@ struct Victim {
   std::string job_id;
   int64_t priority = 0;
   double gpu_seconds_at_risk = 0;
+  std::string tenant;
 };
 
 struct QueueDecision {
@@ -141,8 +143,11 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
 // those that lose the least work first (fewest GPU-seconds at risk; tie: lowest priority,
 // then the youngest), and only as many as needed (a victim whose workers turn out not to be
 // needed is dropped again). Empty when no set of candidates makes room (or none is needed).
+// Victims of another tenant than `job`'s only when job.priority >= `cross_tenant_priority`
+// (QuotaPolicy::CrossTenantPreemptionPriority; PlanQueue without quotas: no restriction).
 std::vector<Victim> PlanPreemption(const QueuedJob& job, const std::vector<IdleWorker>& available,
-                                   std::vector<RunningJob> running);
+                                   std::vector<RunningJob> running,
+                                   int64_t cross_tenant_priority = INT64_MIN);
 
 }  // namespace ulysses::coordinator
 

@@ -104,7 +104,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   ASSIGN_OR_RETURN(s->authenticator_, auth::Authenticator::Create(config.token_file, fixed));
   s->job_service_ = std::make_unique<JobServiceImpl>(
       s->coordinator_.get(), s->authenticator_.get(), *rpc_seconds,
-      StreamLimitsConfig{config.max_streams_per_identity, config.max_streams});
+      StreamLimitsConfig{config.max_streams_per_identity, config.max_streams,
+                         config.stream_queue_max_bytes});
   s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get(),
                                                            s->authenticator_.get(), *rpc_seconds);
 

@@ -1,11 +1,16 @@
 #include "coordinator/service.h"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/grpc/grpc_util.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -43,11 +48,31 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
 template <typename Base, typename Msg>
 class QueuedWriter : public Base {
  public:
+  // Bytes the queue may hold beyond the message being written (0 = unbounded): a reader
+  // slower than that is cut with RESOURCE_EXHAUSTED once that message is written.
+  void SetQueueBound(int64_t bytes) { max_queued_bytes_ = bytes; }
+
   void Enqueue(Msg message) {
     std::unique_lock<std::mutex> lock(write_mu_);
     if (finishing_) return;
+    const int64_t size = static_cast<int64_t>(message.ByteSizeLong());
+    if (max_queued_bytes_ > 0 && writing_ && queued_bytes_ + size > max_queued_bytes_) {
+      // Drop what waits (the message being written must stay until its OnWriteDone).
+      queue_.erase(std::next(queue_.begin()), queue_.end());
+      queued_bytes_ = 0;
+      finishing_ = true;
+      final_status_ = grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("the client reads too slowly: more than ", max_queued_bytes_,
+                       " bytes waited in this stream's send queue (stream_queue_max_bytes); "
+                       "read the stream continuously, or ask for fewer lines (tail_lines)"));
+      return;
+    }
     queue_.push_back(std::move(message));
-    if (writing_) return;
+    if (writing_) {
+      queued_bytes_ += size;
+      return;
+    }
     writing_ = true;
     const Msg* next = &queue_.front();
     lock.unlock();
@@ -75,10 +100,13 @@ class QueuedWriter : public Base {
     }
     if (!queue_.empty()) {
       const Msg* next = &queue_.front();
+      queued_bytes_ =
+          std::max<int64_t>(0, queued_bytes_ - static_cast<int64_t>(next->ByteSizeLong()));
       lock.unlock();
       this->StartWrite(next);
       return;
     }
+    queued_bytes_ = 0;
     writing_ = false;
     if (finishing_ && !finished_) {
       finished_ = true;
@@ -94,7 +122,9 @@ class QueuedWriter : public Base {
 
  private:
   std::mutex write_mu_;
-  std::deque<Msg> queue_;  // front() is being written while writing_.
+  std::deque<Msg> queue_;     // front() is being written while writing_.
+  int64_t queued_bytes_ = 0;  // Of the messages behind front() while writing_.
+  int64_t max_queued_bytes_ = 0;
   bool writing_ = false;
   bool finishing_ = false;
   bool finished_ = false;
@@ -122,22 +152,54 @@ class StreamSlot {
   std::string identity_;
 };
 
+// A stream's entry in the Authenticator's tracker: a reload that revokes the caller's
+// token ends the stream (`end`). Untracked when the reactor is done.
+class RevocableCall {
+ public:
+  void Track(const auth::Authenticator* auth, const auth::Principal& caller,
+             std::function<void()> end) {
+    auth_ = auth;
+    handle_ = auth->Track(caller, std::move(end));
+  }
+  void Untrack() {
+    if (auth_ != nullptr) auth_->Untrack(handle_);
+    auth_ = nullptr;
+  }
+  ~RevocableCall() { Untrack(); }
+
+ private:
+  const auth::Authenticator* auth_ = nullptr;
+  uint64_t handle_ = 0;
+};
+
+grpc::Status Revoked() {
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      "the token that opened this stream was revoked (ask an admin for a token: "
+                      "ulysses-coordinator token create)");
+}
+
 class WatchReactor final
     : public QueuedWriter<grpc::ServerWriteReactor<v1::JobEvent>, v1::JobEvent>,
       public JobEventSink {
  public:
-  WatchReactor(Coordinator* coordinator, StreamLimits* limits,
+  WatchReactor(Coordinator* coordinator, StreamLimits* limits, const auth::Authenticator* auth,
                const absl::StatusOr<auth::Principal>& caller, const v1::WatchJobRequest& request)
       : coordinator_(coordinator), job_id_(request.job_id()) {
+    SetQueueBound(limits->queue_bytes());
     absl::Status status = caller.status();
     if (status.ok()) status = ValidateWatchJobRequest(request);
     if (status.ok()) status = slot_.Take(limits, caller);
     if (status.ok()) status = coordinator_->WatchJob(job_id_, *caller, this);
-    if (!status.ok()) EndAfterDrain(ToGrpcStatus(status));
+    if (!status.ok()) {
+      EndAfterDrain(ToGrpcStatus(status));
+      return;
+    }
+    revocable_.Track(auth, *caller, [this] { EndAfterDrain(Revoked()); });
   }
   void OnEvent(const v1::JobEvent& event) override { Enqueue(event); }
   void OnJobEnded() override { EndAfterDrain(grpc::Status::OK); }
   void OnDone() override {
+    revocable_.Untrack();
     coordinator_->UnwatchJob(job_id_, this);
     delete this;
   }
@@ -146,27 +208,46 @@ class WatchReactor final
   Coordinator* coordinator_;
   std::string job_id_;
   StreamSlot slot_;
+  RevocableCall revocable_;
 };
 
 class LogsReactor final
     : public QueuedWriter<grpc::ServerWriteReactor<v1::GetJobLogsResponse>, v1::GetJobLogsResponse>,
       public LogSink {
  public:
-  LogsReactor(Coordinator* coordinator, StreamLimits* limits,
+  LogsReactor(Coordinator* coordinator, StreamLimits* limits, const auth::Authenticator* auth,
               const absl::StatusOr<auth::Principal>& caller, const v1::GetJobLogsRequest& request)
-      : coordinator_(coordinator), job_id_(request.job_id()) {
+      : coordinator_(coordinator), job_id_(request.job_id()), queue_bytes_(limits->queue_bytes()) {
+    SetQueueBound(queue_bytes_);
     absl::Status status = caller.status();
     if (status.ok()) status = ValidateGetJobLogsRequest(request);
-    // Only a follow stays open; a plain tail is a bounded reply.
-    if (status.ok() && request.follow()) status = slot_.Take(limits, caller);
+    // Every call holds a slot, a plain tail too: unread, it holds its reply as long as a
+    // follow holds its queue.
+    if (status.ok()) status = slot_.Take(limits, caller);
     if (status.ok()) status = coordinator_->GetJobLogs(request, *caller, this);
-    if (!status.ok()) EndAfterDrain(ToGrpcStatus(status));
+    tail_.store(false);  // GetJobLogs sent the tail (if any) before it returned.
+    if (!status.ok()) {
+      EndAfterDrain(ToGrpcStatus(status));
+      return;
+    }
+    revocable_.Track(auth, *caller, [this] { EndAfterDrain(Revoked()); });
   }
   // At most 500 lines and 1 MiB of lines per message (a line is at most 16 KiB,
-  // validation.h), far below the 4 MB a gRPC client accepts by default.
-  void OnLines(const std::vector<v1::LogLine>& lines) override {
+  // validation.h), far below the 4 MB a gRPC client accepts by default. The tail (the
+  // first call) sends the newest lines within half the queue bound.
+  void OnLines(const std::vector<v1::LogLine>& all) override {
     constexpr int kChunkLines = 500;
     constexpr size_t kChunkBytes = 1 << 20;
+    size_t first = 0;
+    if (tail_.exchange(false)) {
+      int64_t budget = queue_bytes_ / 2;
+      first = all.size();
+      while (first > 0 && (budget -= static_cast<int64_t>(all[first - 1].ByteSizeLong())) >= 0) {
+        --first;
+      }
+    }
+    const std::vector<v1::LogLine> lines(all.begin() + static_cast<std::ptrdiff_t>(first),
+                                         all.end());
     v1::GetJobLogsResponse response;
     size_t bytes = 0;
     for (const v1::LogLine& line : lines) {
@@ -184,6 +265,7 @@ class LogsReactor final
   }
   void OnJobEnded() override { EndAfterDrain(grpc::Status::OK); }
   void OnDone() override {
+    revocable_.Untrack();
     coordinator_->UnfollowLogs(job_id_, this);
     delete this;
   }
@@ -191,7 +273,10 @@ class LogsReactor final
  private:
   Coordinator* coordinator_;
   std::string job_id_;
+  const int64_t queue_bytes_;
+  std::atomic<bool> tail_{true};  // OnLines from within GetJobLogs: the tail.
   StreamSlot slot_;
+  RevocableCall revocable_;
 };
 
 class SessionReactor final
@@ -199,19 +284,25 @@ class SessionReactor final
                           v1::CoordinatorMessage>,
       public WorkerSink {
  public:
-  SessionReactor(Coordinator* coordinator, absl::StatusOr<auth::Principal> caller,
-                 metrics::HistogramFamily* rpc_seconds)
+  SessionReactor(Coordinator* coordinator, const auth::Authenticator* auth,
+                 absl::StatusOr<auth::Principal> caller, metrics::HistogramFamily* rpc_seconds)
       : coordinator_(coordinator), caller_(std::move(caller)), rpc_seconds_(rpc_seconds) {
     if (!caller_.ok()) {
       EndAfterDrain(ToGrpcStatus(caller_.status()));
       return;
     }
+    // A revoked worker token loses its session at the reload: no more assignments, and
+    // nothing it sends afterwards is processed.
+    revocable_.Track(auth, *caller_, [this] {
+      revoked_.store(true);
+      EndAfterDrain(Revoked());
+    });
     StartRead(&in_);
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {  // Client half-closed or the stream broke.
-      EndAfterDrain(grpc::Status::OK);
+    if (!ok || revoked_.load()) {  // Client half-closed, the stream broke, or revoked.
+      EndAfterDrain(revoked_.load() ? Revoked() : grpc::Status::OK);
       return;
     }
     if (!opened_) {
@@ -243,12 +334,15 @@ class SessionReactor final
   void Close(const absl::Status& status) override { EndAfterDrain(ToGrpcStatus(status)); }
 
   void OnDone() override {
+    revocable_.Untrack();
     if (opened_) coordinator_->CloseSession(worker_id_, session_);
     delete this;
   }
 
  private:
   Coordinator* coordinator_;
+  RevocableCall revocable_;
+  std::atomic<bool> revoked_{false};
   const absl::StatusOr<auth::Principal> caller_;
   metrics::HistogramFamily* rpc_seconds_;
   v1::WorkerMessage in_;
@@ -332,13 +426,13 @@ grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext*
 
 grpc::ServerWriteReactor<v1::JobEvent>* JobServiceImpl::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
-  return new WatchReactor(coordinator_, &streams_, auth_->Authorize(*context, auth::Rpc::kWatchJob),
-                          *request);
+  return new WatchReactor(coordinator_, &streams_, auth_,
+                          auth_->Authorize(*context, auth::Rpc::kWatchJob), *request);
 }
 
 grpc::ServerWriteReactor<v1::GetJobLogsResponse>* JobServiceImpl::GetJobLogs(
     grpc::CallbackServerContext* context, const v1::GetJobLogsRequest* request) {
-  return new LogsReactor(coordinator_, &streams_,
+  return new LogsReactor(coordinator_, &streams_, auth_,
                          auth_->Authorize(*context, auth::Rpc::kGetJobLogs), *request);
 }
 
@@ -348,7 +442,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContex
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ListWorkers");
   absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kListWorkers);
   if (!caller.ok()) return FinishUnary(context, caller.status());
-  absl::StatusOr<v1::ListWorkersResponse> r = coordinator_->ListWorkers(*request);
+  absl::StatusOr<v1::ListWorkersResponse> r = coordinator_->ListWorkers(*request, *caller);
   if (r.ok()) *response = std::move(*r);
   return FinishUnary(context, r.status());
 }
@@ -366,7 +460,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContex
 
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* WorkerServiceImpl::Session(
     grpc::CallbackServerContext* context) {
-  return new SessionReactor(coordinator_, auth_->Authorize(*context, auth::Rpc::kSession),
+  return new SessionReactor(coordinator_, auth_, auth_->Authorize(*context, auth::Rpc::kSession),
                             rpc_seconds_);
 }
 

@@ -33,7 +33,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
       : coordinator_(coordinator),
         auth_(auth),
         rpc_seconds_(rpc_seconds),
-        streams_(stream_limits.per_identity, stream_limits.total) {}
+        streams_(stream_limits.per_identity, stream_limits.total, stream_limits.queue_bytes) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const v1::SubmitJobRequest* request,

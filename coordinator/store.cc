@@ -1,5 +1,9 @@
 #include "coordinator/store.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <sqlite3.h>
 
 #include <algorithm>
@@ -202,6 +206,12 @@ absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir, Store
         absl::StrCat("state dir \"", dir, "\": cannot create (", ec.message(), ")"));
   }
   std::string path = dir + "/coordinator.db";
+  // The store holds every spec, path and log: owner-only. SQLite gives its -wal and -shm
+  // files the database file's mode, so creating (or tightening) it 0600 covers all three.
+  if (int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600); fd >= 0) {
+    (void)::fchmod(fd, 0600);
+    ::close(fd);
+  }
   sqlite3* db = nullptr;
   int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
   if (rc != SQLITE_OK) {
@@ -409,6 +419,25 @@ absl::Status Store::Write(const Batch& batch) {
   if (batch.empty()) return absl::OkStatus();
   auto body = [&]() -> absl::Status {
     for (const JobRecord& j : batch.jobs) RETURN_IF_ERROR(WriteJob(j));
+    if (!batch.deleted_jobs.empty()) {
+      // Job numbers are never reused (a new job must not get a deleted job's id, nor its
+      // default checkpoint directory, which stays on disk): keep the high-water mark.
+      RETURN_IF_ERROR(
+          Exec("INSERT OR REPLACE INTO meta VALUES('max_job_number', max("
+               "COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE key='max_job_number'), 0), "
+               "COALESCE((SELECT MAX(number) FROM jobs), 0)))"));
+    }
+    for (const std::string& id : batch.deleted_jobs) {
+      for (const char* sql :
+           {"DELETE FROM jobs WHERE id=?", "DELETE FROM stages WHERE job_id=?",
+            "DELETE FROM attempts WHERE job_id=?", "DELETE FROM checkpoints WHERE job_id=?",
+            "DELETE FROM events WHERE job_id=?", "DELETE FROM submit_requests WHERE job_id=?"}) {
+        Stmt q(db_, sql);
+        RETURN_IF_ERROR(q.status());
+        q.Bind(1, id);
+        RETURN_IF_ERROR(q.Run());
+      }
+    }
     for (const std::string& id : batch.deleted_workers) {
       Stmt q(db_, "DELETE FROM workers WHERE id=?");
       RETURN_IF_ERROR(q.status());
@@ -597,6 +626,12 @@ absl::StatusOr<Store::Snapshot> Store::Load() {
       index[j.id] = snap.jobs.size();
       snap.jobs.push_back(std::move(j));
     }
+  }
+  {
+    Stmt q(db_, "SELECT CAST(value AS INTEGER) FROM meta WHERE key='max_job_number'");
+    RETURN_IF_ERROR(q.status());
+    ASSIGN_OR_RETURN(bool row, q.Step());
+    if (row) snap.max_job_number = std::max(snap.max_job_number, q.Int(0));
   }
   {
     Stmt q(db_, "SELECT * FROM stages ORDER BY job_id, idx");

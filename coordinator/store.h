@@ -69,13 +69,15 @@ class Store {
     // wrote or loaded them are written (a transition of a 64-stage job writes one stage
     // row, not 64).
     std::vector<JobRecord> jobs;
-    std::vector<WorkerRecord> workers;          // Upserted.
-    std::vector<std::string> deleted_workers;   // Worker ids removed (LOST past their TTL).
+    std::vector<WorkerRecord> workers;         // Upserted.
+    std::vector<std::string> deleted_workers;  // Worker ids removed (LOST past their TTL).
+    // Job ids removed with every row that names them (ended past ended_job_ttl_s).
+    std::vector<std::string> deleted_jobs;
     std::vector<CheckpointRecord> checkpoints;  // Inserted.
     std::vector<EventRecord> events;            // Inserted; older ones pruned per options.
     bool empty() const {
       return jobs.empty() && workers.empty() && deleted_workers.empty() && checkpoints.empty() &&
-             events.empty();
+             events.empty() && deleted_jobs.empty();
     }
   };
   absl::Status Write(const Batch& batch);

@@ -1,7 +1,7 @@
-// StreamLimits: caps the long-lived JobService streams (WatchJob, and GetJobLogs with
-// follow) that stay open on the coordinator, per caller identity and in total, so one
-// client (or one leaked script) cannot pin thousands of reactors and their queues.
-// A stream holds its slot from its start until its reactor is done. Thread-safe.
+// StreamLimits: caps the JobService streams (WatchJob and every GetJobLogs, a tail too:
+// an unread reply holds its queue as long as a follow) that are open on the coordinator, per caller
+// identity and in total, so one client (or one leaked script) cannot pin thousands of reactors and
+// their queues. A stream holds its slot from its start until its reactor is done. Thread-safe.
 #ifndef ULYSSES_COORDINATOR_STREAM_LIMITS_H_
 #define ULYSSES_COORDINATOR_STREAM_LIMITS_H_
 
@@ -19,12 +19,16 @@ namespace ulysses::coordinator {
 struct StreamLimitsConfig {
   int64_t per_identity = 64;
   int64_t total = 4096;
+  int64_t queue_bytes = 4 << 20;  // Bytes one stream's send queue may hold.
 };
 
 class StreamLimits {
  public:
   // `per_identity` and `total` >= 1 (CoordinatorConfig validates them).
-  StreamLimits(int64_t per_identity, int64_t total) : per_identity_(per_identity), total_(total) {}
+  StreamLimits(int64_t per_identity, int64_t total, int64_t queue_bytes = 4 << 20)
+      : per_identity_(per_identity), total_(total), queue_bytes_(queue_bytes) {}
+  // The byte bound of each stream's send queue (StreamLimitsConfig::queue_bytes).
+  int64_t queue_bytes() const { return queue_bytes_; }
 
   // The key streams are counted under: the token's user and tenant, or the certificate's CN.
   static std::string IdentityOf(const auth::Principal& caller);
@@ -39,6 +43,7 @@ class StreamLimits {
  private:
   const int64_t per_identity_;
   const int64_t total_;
+  const int64_t queue_bytes_;
   mutable absl::Mutex mu_;
   std::map<std::string, int64_t> by_identity_ ABSL_GUARDED_BY(mu_);
   int64_t open_ ABSL_GUARDED_BY(mu_) = 0;

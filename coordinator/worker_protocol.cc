@@ -365,6 +365,15 @@ void WorkerProtocol::OnLogs(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
   const v1::LogBatch& b = m.logs();
   JobRt* job = Accept(w, m, b.ref(), Need::kHeld, /*abort=*/false, txn);
   if (job == nullptr) return;
+  // An ended job takes the last lines of the ranks still held (the agent sends them before
+  // its exit report); a worker that once ran it may not append to it afterwards.
+  if (job->rec.terminal() && w.SlotOf(b.ref()) < 0) {
+    Reject(w, m,
+           absl::FailedPreconditionError(absl::StrCat(
+               b.ref().job_id(), " has ended (", StateName(job->rec.state), "): no more logs")),
+           "job_not_running", txn);
+    return;
+  }
   for (const v1::LogLine& l : b.lines()) {
     v1::LogLine line = l;
     if (line.text().size() > kMaxLogLineBytes) {
@@ -481,10 +490,29 @@ void WorkerProtocol::OnExited(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn)
     outcome = contract::RankOutcome::kPreempted;
   }
   switch (outcome) {
-    case contract::RankOutcome::kSucceeded:
+    case contract::RankOutcome::kSucceeded: {
       job->done_ranks.insert(ref.rank());
-      if (job->done_ranks.size() == a->worker_ids.size()) machine_.CompleteStage(*job, txn);
+      if (job->done_ranks.size() != a->worker_ids.size()) break;
+      // The job's result is its final checkpoint: an exit 0 without it (a worker that
+      // claims success, an engine that skipped the commit) is a failure, not SUCCEEDED.
+      const StageRecord& stage = job->rec.stages[job->rec.stage_index];
+      const auto& last = job->rec.last_checkpoint;
+      const bool final_stage = job->rec.stage_index + 1 == static_cast<int>(job->rec.stages.size());
+      if (final_stage && (!last || last->stage != stage.index || last->step != stage.steps)) {
+        machine_.OnRankFailure(
+            *job, v1::ATTEMPT_OUTCOME_FAILED, x.exit_code(),
+            absl::StrCat("all ranks of the final stage ", stage.index,
+                         " exited 0 without a committed checkpoint of its last step (step ",
+                         stage.steps, "; the last committed is ",
+                         last ? absl::StrCat("stage ", last->stage, " step ", last->step)
+                              : std::string("none"),
+                         ")"),
+            "rank_failed", contract::FailureKind::kApplication, txn);
+        break;
+      }
+      machine_.CompleteStage(*job, txn);
       break;
+    }
     case contract::RankOutcome::kPreempted:
       machine_.OnRankPreempted(*job, ref.rank(), x.exit_code(), how, txn);
       break;

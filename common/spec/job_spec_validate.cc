@@ -1,11 +1,13 @@
 // ValidateJobSpec: every rule of docs/JOBSPEC.md, all errors collected, each line
 // `<path>: <value> <problem> (<fix>)`.
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/spec/job_spec_parser.h"
@@ -83,6 +85,19 @@ void CheckMetadata(const JobSpec& s, Errors& e) {
     e.Add("metadata.name", Quote(s.metadata.name), "is not a DNS-1123 label",
           "use at most 63 lowercase letters, digits and '-', starting and ending with a letter "
           "or digit, e.g. tiny-demo");
+  }
+  // Labels are shown in terminals and logs: no control characters (NUL, ESC, newlines).
+  for (const auto& [key, value] : s.metadata.labels) {
+    for (const std::string* text : {&key, &value}) {
+      const bool control = std::any_of(text->begin(), text->end(), [](char c) {
+        return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+      });
+      if (control) {
+        e.Add(absl::StrCat("metadata.labels.", absl::CEscape(key)), Quote(absl::CEscape(*text)),
+              "has a control character", "use printable text in label keys and values");
+        break;
+      }
+    }
   }
 }
 
@@ -222,6 +237,9 @@ std::string SeqLenSuggestion(int64_t seq_len, int64_t sp) {
   return internal::NearestMultiples(seq_len, unit);
 }
 
+constexpr int64_t kMaxSeqLen = int64_t{1} << 30;
+constexpr int64_t kMaxSteps = 1000000000;
+
 void CheckStage(const JobSpec& s, size_t i, Errors& e) {
   const StageSpec& st = s.stages[i];
   const std::string p = absl::StrCat("spec.stages[", i, "]");
@@ -237,8 +255,15 @@ void CheckStage(const JobSpec& s, size_t i, Errors& e) {
           absl::StrCat("is not greater than stages[", i - 1, "].seq_len ", s.stages[i - 1].seq_len),
           "stages expand the context: order them by strictly increasing seq_len");
   }
+  if (st.seq_len > kMaxSeqLen) {  // Sane upper bounds: a spec that can never run is refused.
+    e.Add(p + ".seq_len", absl::StrCat(st.seq_len), absl::StrCat("is more than ", kMaxSeqLen),
+          "no run holds more than 2^30 tokens per sequence; use a smaller seq_len");
+  }
   if (st.steps <= 0) {
     e.Add(p + ".steps", absl::StrCat(st.steps), "must be > 0", "use e.g. steps: 100");
+  } else if (st.steps > kMaxSteps) {
+    e.Add(p + ".steps", absl::StrCat(st.steps), absl::StrCat("is more than ", kMaxSteps),
+          "split the run into stages or jobs of at most 10^9 steps");
   }
   if (st.lr && *st.lr <= 0) {
     e.Add(p + ".lr", FormatDouble(*st.lr), "must be > 0",

@@ -31,9 +31,62 @@ absl::StatusOr<std::shared_ptr<const TokenSet>> Authenticator::Read() const {
 absl::Status Authenticator::Reload() {
   absl::StatusOr<std::shared_ptr<const TokenSet>> tokens = Read();
   if (!tokens.ok()) return tokens.status();
-  std::lock_guard<std::mutex> lock(mu_);
-  tokens_ = std::move(*tokens);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tokens_ = *tokens;
+  }
+  EndRevoked(**tokens);
   return absl::OkStatus();
+}
+
+namespace {
+bool Holds(const TokenSet& tokens, const std::string& sha256) {
+  for (const TokenEntry& e : tokens.entries()) {
+    if (e.sha256_hex == sha256) return true;
+  }
+  return false;
+}
+}  // namespace
+
+void Authenticator::EndRevoked(const TokenSet& tokens) const {
+  std::lock_guard<std::recursive_mutex> lock(calls_mu_);
+  std::vector<uint64_t> revoked;
+  for (const auto& [handle, call] : calls_) {
+    if (!Holds(tokens, call.first)) revoked.push_back(handle);
+  }
+  for (uint64_t handle : revoked) {
+    auto it = calls_.find(handle);  // An earlier `end` may have untracked it.
+    if (it == calls_.end()) continue;
+    std::function<void()> end = std::move(it->second.second);
+    calls_.erase(it);
+    end();
+  }
+}
+
+uint64_t Authenticator::Track(const Principal& caller, std::function<void()> end) const {
+  if (caller.token_sha256.empty()) return 0;
+  std::shared_ptr<const TokenSet> tokens;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tokens = tokens_;
+  }
+  std::lock_guard<std::recursive_mutex> lock(calls_mu_);
+  const uint64_t handle = next_call_++;
+  calls_[handle] = {caller.token_sha256, std::move(end)};
+  // Revoked between its authentication and now: end it like the reload would have.
+  if (!Holds(*tokens, caller.token_sha256)) EndRevoked(*tokens);
+  return handle;
+}
+
+void Authenticator::Untrack(uint64_t handle) const {
+  if (handle == 0) return;
+  std::lock_guard<std::recursive_mutex> lock(calls_mu_);
+  calls_.erase(handle);
+}
+
+size_t Authenticator::tracked() const {
+  std::lock_guard<std::recursive_mutex> lock(calls_mu_);
+  return calls_.size();
 }
 
 size_t Authenticator::token_count() const {

@@ -1,5 +1,6 @@
 // Authenticator: turns a gRPC call into a Principal and applies the permission
-// table (permissions.h). Thread-safe; Reload() swaps the token set atomically.
+// table (permissions.h). Thread-safe; Reload() swaps the token set atomically and ends
+// the streams and worker sessions opened with a token it revoked (Track()).
 //
 // - JobService calls authenticate with `authorization: Bearer <token>` metadata only.
 // - WorkerService calls authenticate with a verified client certificate when the
@@ -12,6 +13,8 @@
 
 #include <grpcpp/server_context.h>
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,6 +52,15 @@ class Authenticator {
   // Authenticate(), then the permission table for `rpc`.
   absl::StatusOr<Principal> Authorize(const grpc::ServerContextBase& context, Rpc rpc) const;
 
+  // Streams and sessions by the token that opened them, so that a reload revoking the
+  // token ends them (at the reload, not at their next reconnect). Track() registers
+  // `end` (thread-safe; called at most once, under the tracker's lock, so the caller's
+  // Untrack() waits for it) and returns a handle for Untrack(), 0 for a certificate
+  // caller (not revocable by a reload). A token already revoked is ended at once.
+  uint64_t Track(const Principal& caller, std::function<void()> end) const;
+  void Untrack(uint64_t handle) const;
+  size_t tracked() const;
+
   size_t token_count() const;
   const std::string& token_file() const { return token_file_; }
 
@@ -61,6 +73,13 @@ class Authenticator {
   const std::vector<TokenEntry> fixed_;
   mutable std::mutex mu_;
   std::shared_ptr<const TokenSet> tokens_;  // Guarded by mu_ (the set itself is immutable).
+  // Tracked calls: handle -> {token hash, end}. Recursive: an `end` may finish a stream
+  // whose OnDone (and Untrack) runs on the same thread.
+  mutable std::recursive_mutex calls_mu_;
+  mutable std::map<uint64_t, std::pair<std::string, std::function<void()>>> calls_;
+  mutable uint64_t next_call_ = 1;
+  // Ends the tracked calls whose token `tokens` does not hold.
+  void EndRevoked(const TokenSet& tokens) const;
 };
 
 }  // namespace ulysses::coordinator::auth

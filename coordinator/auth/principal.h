@@ -27,6 +27,9 @@ struct Principal {
   std::string tenant;  // Token tenant ("" for a client certificate).
   Role role = Role::kViewer;
   bool from_certificate = false;  // Authenticated by a verified client certificate.
+  // The SHA-256 (hex) of the token it authenticated with ("" for a certificate): a reload
+  // that revokes the token ends the streams and sessions it opened (authenticator.h).
+  std::string token_sha256;
 
   bool admin() const { return role == Role::kAdmin; }
   // The identity that owns a worker name: "worker:<name>" for a worker's certificate or

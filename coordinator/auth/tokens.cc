@@ -71,7 +71,7 @@ std::optional<Principal> TokenSet::Lookup(const std::string& token) const {
     if (want.size() != digest.size()) continue;
     // Constant time in the digest; every entry is compared (no early exit).
     bool match = CRYPTO_memcmp(want.data(), digest.data(), digest.size()) == 0;
-    if (match && !found) found = Principal{e.user, e.tenant, e.role, false};
+    if (match && !found) found = Principal{e.user, e.tenant, e.role, false, e.sha256_hex};
   }
   return found;
 }

@@ -3,6 +3,7 @@
 // the documented truncation), changes nothing (job state, stored progress), and leaves
 // the coordinator healthy (SERVING, still writing).
 #include <sqlite3.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <cmath>
@@ -352,6 +353,63 @@ TEST_F(BoundsGrpcTest, OversizedSpecsAreRefusedAndLeaveNoTrace) {
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(*ok, "job-000001");
   EXPECT_EQ(GetJob(*ok).max_failures(), 2147483647);
+  EXPECT_TRUE(Serving());
+}
+
+// Before: specs that can never run were accepted (steps 2^63-1, seq_len 2^62), labels kept
+// NUL and ESC, ListJobs took a negative page token, overrides grew a stored spec past the
+// document bound, and coordinator.db was created 0644.
+TEST_F(BoundsGrpcTest, UnrunnableSpecsHostileLabelsAndTokensAreRefusedAndTheStoreIsPrivate) {
+  auto steps = Submit(JobYaml("steps", "    - {seq_len: 256, steps: 9223372036854775807}\n"));
+  EXPECT_EQ(steps.status().code(), absl::StatusCode::kInvalidArgument) << steps.status();
+  EXPECT_THAT(std::string(steps.status().message()),
+              ::testing::HasSubstr("spec.stages[0].steps: 9223372036854775807 is more than"));
+  auto seq = Submit(JobYaml("seq", "    - {seq_len: 4611686018427387904, steps: 2}\n"));
+  EXPECT_EQ(seq.status().code(), absl::StatusCode::kInvalidArgument) << seq.status();
+  EXPECT_THAT(std::string(seq.status().message()),
+              ::testing::HasSubstr("spec.stages[0].seq_len: 4611686018427387904 is more than"));
+  for (const char* label : {"\"a\\0b\"", "\"\\e[2Jx\"", "\"a\\nb\""}) {
+    std::string yaml = JobYaml("labels", "    - {seq_len: 256, steps: 2}\n");
+    yaml.replace(yaml.find("  name: labels\n"), 15,
+                 absl::StrCat("  name: labels\n  labels: {team: ", label, "}\n"));
+    auto id = Submit(yaml);
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << label << id.status();
+    EXPECT_THAT(std::string(id.status().message()), ::testing::HasSubstr("metadata.labels.team: "));
+  }
+  // A document just under the bound (one large label) grown past it by overrides.
+  v1::SubmitJobRequest grow;
+  std::string big = JobYaml("grow", "    - {seq_len: 256, steps: 2}\n");
+  big.replace(big.find("  name: grow\n"), 13,
+              absl::StrCat("  name: grow\n  labels: {big: ", std::string(250000, 'b'), "}\n"));
+  grow.set_spec_yaml(big);
+  for (int i = 0; i < 16; ++i) {
+    grow.add_overrides(absl::StrCat("spec.metadata.labels.k", i, "=", std::string(4000, 'v')));
+  }
+  v1::SubmitJobResponse grown;
+  grpc::ClientContext grow_ctx;
+  SetDeadlineAfter(&grow_ctx, absl::Seconds(10));
+  absl::Status g = FromGrpcStatus(jobs_->SubmitJob(&grow_ctx, grow, &grown));
+  EXPECT_EQ(g.code(), absl::StatusCode::kInvalidArgument) << g;
+  EXPECT_THAT(std::string(g.message()), ::testing::HasSubstr("with the overrides applied is"));
+  for (const char* token : {"-5", "0"}) {
+    v1::ListJobsRequest req;
+    req.set_page_token(token);
+    v1::ListJobsResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(5));
+    EXPECT_EQ(jobs_->ListJobs(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << token;
+  }
+  v1::ListJobsResponse list;
+  grpc::ClientContext list_ctx;
+  SetDeadlineAfter(&list_ctx, absl::Seconds(5));
+  ASSERT_TRUE(jobs_->ListJobs(&list_ctx, v1::ListJobsRequest(), &list).ok());
+  EXPECT_EQ(list.jobs_size(), 0);
+  for (const char* file : {"/coordinator.db", "/coordinator.db-wal"}) {
+    struct stat st;
+    ASSERT_EQ(stat((dir_.path() + file).c_str(), &st), 0) << file;
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << file;
+  }
   EXPECT_TRUE(Serving());
 }
 

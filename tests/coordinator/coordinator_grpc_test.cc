@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc/grpc_util.h"
 #include "common/metrics/catalog.h"
+#include "common/spec/job_spec_parser.h"
 #include "coordinator/server.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -61,8 +62,12 @@ TEST_F(CoordinatorGrpcTest, SubmitAssignsRanksAndProgressShowsInGetJob) {
                                                       : "10.0.0.3";
   EXPECT_EQ(a0.master_addr(), rank0_host);
   EXPECT_EQ(a0.checkpoint_dir(), config_.checkpoint_root + "/" + *id);
-  ASSERT_EQ(a0.overrides_size(), 1);
-  EXPECT_EQ(a0.overrides(0), "spec.checkpoint.dir=" + a0.checkpoint_dir());
+  // The checkpoint directory is in the spec document itself, not an override the engine
+  // would parse again (engine_spec.h).
+  EXPECT_EQ(a0.overrides_size(), 0);
+  absl::StatusOr<spec::JobSpec> engine_spec = spec::ParseJobSpec(a0.spec_yaml());
+  ASSERT_TRUE(engine_spec.ok()) << engine_spec.status();
+  EXPECT_EQ(engine_spec->checkpoint.dir, a0.checkpoint_dir());
   EXPECT_NE(a0.spec_yaml().find("seq_len: 256"), std::string::npos);
   // The third worker got nothing.
   std::set<FakeWorker*> used = {assigned[0].first, assigned[1].first};
@@ -278,6 +283,7 @@ TEST_F(CoordinatorGrpcTest, AHighPriorityJobPreemptsARunningLowOne) {
   EXPECT_EQ(job.last_checkpoint().step(), 3);
   EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_PREEMPTED);
   // The high job finishes; the low one resumes (generation 2) on the same workers.
+  ASSERT_TRUE(second[0].first->CommitLast(second[0].second));
   for (auto& [rank, wa] : second) wa.first->Exited(wa.second.ref(), 0);
   ASSERT_TRUE(WaitState(*high, v1::JOB_STATE_SUCCEEDED));
   auto third = CollectAssignments({&w1, &w2}, 2);
@@ -311,6 +317,7 @@ TEST_F(CoordinatorGrpcTest, StageTransitionChangesGroupSize) {
   EXPECT_EQ(job.stage_index(), 1);
   EXPECT_EQ(job.stages(0).state(), v1::STAGE_STATE_COMPLETED);
   EXPECT_EQ(job.stages(1).state(), v1::STAGE_STATE_RUNNING);
+  ASSERT_TRUE(s1[0].first->CommitLast(s1[0].second));
   for (auto& [rank, wa] : s1) wa.first->Exited(wa.second.ref(), 0);
   ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_SUCCEEDED));
   EXPECT_EQ(GetJob(*id).stage_index(), 2);
@@ -429,6 +436,7 @@ TEST_F(CoordinatorGrpcTest, WatchJobStreamsSnapshotThenEventsAndEnds) {
   ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
   w1.Progress(a->ref(), 1, 3.0);
   w1.Progress(a->ref(), 2, 2.0);
+  ASSERT_TRUE(w1.CommitLast(*a));
   w1.Exited(a->ref(), 0);
   watcher.join();
   EXPECT_TRUE(final_status.ok()) << final_status.error_message();
@@ -531,6 +539,7 @@ TEST_F(CoordinatorGrpcTest, MetricsPassPromtool) {
   std::string report((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
   EXPECT_EQ(rc, 0) << report;
   // A finished job's per-job series are removed (bounded label sets).
+  ASSERT_TRUE(w1.CommitLast(*a));
   w1.Exited(a->ref(), 0);
   ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_SUCCEEDED));
   auto after = http.Get("/metrics");
@@ -638,6 +647,7 @@ TEST_F(CoordinatorGrpcTest, JobLevelGaugesFollowTheJobAndLeaveWithIt) {
   EXPECT_GE(SampleValue(scrape(), "ulysses_checkpoint_age_seconds" + job).value_or(-1), 0);
 
   // The job ends: every series naming it goes (bounded cardinality).
+  ASSERT_TRUE(w1.CommitLast(*a));
   w1.Exited(a->ref(), 0);
   ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_SUCCEEDED));
   body = scrape();

@@ -77,6 +77,7 @@ class CoordinatorProcess {
     return status;
   }
   void Signal(int sig) { kill(pid_, sig); }
+  pid_t pid() const { return pid_; }
   int port() const { return port_; }
 
  private:

@@ -174,6 +174,14 @@ class FakeWorker {
     Send(std::move(m), &seq);
     return seq;
   }
+  // Commits the checkpoint of the last step of `a`'s stage, as rank 0 of a finished stage
+  // does before it exits 0 (a job succeeds only with its final stage's checkpoint), and
+  // waits for the coordinator's Ack.
+  std::optional<v1::Ack> CommitLast(const v1::Assignment& a) {
+    return WaitAck(Checkpoint(a.ref(), a.steps(),
+                              a.checkpoint_dir() + "/stage" + std::to_string(a.ref().stage()) +
+                                  "-step-" + std::to_string(a.steps())));
+  }
   uint64_t Exited(const v1::WorkRef& ref, int exit_code, const std::string& error = "") {
     SetRunning(std::nullopt);
     v1::WorkerMessage m;

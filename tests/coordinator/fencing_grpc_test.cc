@@ -226,6 +226,38 @@ TEST_F(FencingGrpcTest, SucceededAndPendingJobsTakeNoCheckpoint) {
   EXPECT_EQ(Rejected("not_assigned"), 2);
 }
 
+// Before: the worker that ran a job could append log lines to it after it ended, and an
+// exit 0 without the final stage's checkpoint made the job SUCCEEDED.
+TEST_F(FencingGrpcTest, AnEndedJobTakesNoLogsAndSucceedsOnlyWithItsFinalCheckpoint) {
+  Running r = StartJob("honest", "claims");
+  ASSERT_NE(r.worker, nullptr);
+  const v1::WorkRef ref = r.assignment.ref();
+  // A checkpoint of an earlier step is not the result: exit 0 now is a failure.
+  auto ack = SendForAck(*r.worker, Checkpoint(ref, 30, r.assignment.checkpoint_dir() + "/s30"));
+  ASSERT_TRUE(ack && ack->result() == v1::ACK_CODE_OK);
+  r.worker->Exited(ref, 0);
+  ASSERT_TRUE(PollUntil([&] { return GetJob(r.id).failures() == 1; }));
+  v1::Job job = GetJob(r.id);
+  EXPECT_NE(job.state(), v1::JOB_STATE_SUCCEEDED);
+  ASSERT_GE(job.attempts_size(), 1);
+  EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_FAILED);
+  EXPECT_NE(
+      job.attempts(0).reason().find("without a committed checkpoint of its last step (step 60"),
+      std::string::npos)
+      << job.attempts(0).reason();
+  // The next attempt commits step 60 and exits 0: SUCCEEDED.
+  auto a2 = r.worker->WaitAssignment();
+  ASSERT_TRUE(a2.has_value());
+  r.worker->Started(a2->ref());
+  ASSERT_TRUE(r.worker->CommitLast(*a2));
+  r.worker->Exited(a2->ref(), 0);
+  ASSERT_TRUE(WaitState(r.id, v1::JOB_STATE_SUCCEEDED));
+  // Its worker no longer holds it: appended lines are refused and not stored.
+  ExpectStale(*r.worker, Log(a2->ref(), "appended after the end"), "has ended");
+  EXPECT_FALSE(HasLogLine(r.id, "appended after the end"));
+  EXPECT_EQ(Rejected("job_not_running"), 1);
+}
+
 TEST_F(FencingGrpcTest, StaleAndEndedGenerationsAreRejectedButLateLogsAreKept) {
   Running r = StartJob("honest", "restarts");
   ASSERT_NE(r.worker, nullptr);

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -19,8 +20,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc/grpc_util.h"
+#include "common/spec/path_confine.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/fake_worker.h"
 #include "tests/coordinator/grpc_fixture.h"
@@ -232,6 +235,14 @@ TEST_F(HandlerFuzzTest, RandomProtosForEveryRpcAndMessageKindLeaveTheCoordinator
   fz.known = {*target, "honest", "fuzzer", "w-honest", "job-000002", "target"};
   fz.live_ref = a->ref();
 
+  // Paths the confinement must refuse (or, the last ones, take as plain data).
+  const std::string root = config_.checkpoint_root;
+  std::filesystem::create_directories(root);
+  std::filesystem::create_symlink("/nonexistent-fuzz-target", root + "/dangling");
+  const std::vector<std::string> hostile_paths = {
+      root + "/x #y",  root + "/x\\n",     root + "/x\\x1b[2J",  " " + root + "/x",
+      root + "/x ",    root + "/x\\0y",    root + "/dangling/x", root + "/../../etc",
+      root + "/x\\ty", root + "/a: b [c]", root + "/fine"};
   const auto* kinds = v1::WorkerMessage::descriptor()->FindOneofByName("kind");
   ASSERT_NE(kinds, nullptr);
   constexpr int kRounds = 3000;
@@ -239,8 +250,16 @@ TEST_F(HandlerFuzzTest, RandomProtosForEveryRpcAndMessageKindLeaveTheCoordinator
     switch (round % 10) {
       case 0:
         Unary<v1::SubmitJobRequest, v1::SubmitJobResponse>(fz, [&](auto* c, auto& q, auto* p) {
-          // Half the time a valid document with hostile overrides, else random text.
-          if (fz.Chance(2)) q.set_spec_yaml(JobYaml("fuzzed", "    - {seq_len: 64, steps: 1}\n"));
+          // A valid document with hostile overrides, one naming a hostile checkpoint dir
+          // or data path (YAML escapes: the parsed string holds the raw bytes), or random text.
+          const int shape = fz.Pick(3);
+          if (shape > 0) q.set_spec_yaml(JobYaml("fuzzed", "    - {seq_len: 64, steps: 1}\n"));
+          if (shape == 2) {
+            const std::string path = hostile_paths[fz.Pick(static_cast<int>(hostile_paths.size()))];
+            q.set_spec_yaml(q.spec_yaml() +
+                            (fz.Chance(2) ? "  checkpoint: {dir: \"" + path + "\"}\n" : ""));
+            if (fz.Chance(2)) q.add_overrides("spec.checkpoint.dir=" + path);
+          }
           return jobs_->SubmitJob(c, q, p);
         });
         break;
@@ -322,6 +341,10 @@ TEST_F(HandlerFuzzTest, RandomProtosForEveryRpcAndMessageKindLeaveTheCoordinator
   ASSERT_TRUE(jobs_->ListJobs(&lctx, list, &jobs).ok());
   for (const v1::Job& j : jobs.jobs()) {
     EXPECT_TRUE(v1::JobState_IsValid(j.state())) << j.id();
+    // No accepted job holds a directory a second YAML or shell reading could change.
+    EXPECT_TRUE(spec::CheckPathText("checkpoint_dir", j.checkpoint_dir()).ok())
+        << j.id() << ": " << j.checkpoint_dir();
+    EXPECT_FALSE(absl::StartsWith(j.checkpoint_dir(), root + "/dangling")) << j.id();
     EXPECT_GE(j.restarts(), 0) << j.id();
     for (const v1::StageStatus& st : j.stages()) {
       EXPECT_TRUE(std::isfinite(st.progress().loss())) << j.id();
@@ -347,6 +370,7 @@ TEST_F(HandlerFuzzTest, RandomProtosForEveryRpcAndMessageKindLeaveTheCoordinator
         << j.id() << ": " << cs.error_message();
   }
   fuzzer_worker.Disconnect();
+  ASSERT_TRUE(honest.CommitLast(*a));
   honest.Exited(a->ref(), 0);  // Finish the target: it holds the honest worker.
   ASSERT_TRUE(WaitState(*target, v1::JOB_STATE_SUCCEEDED));
   auto fresh = Submit(JobYaml("after-fuzz", "    - {seq_len: 256, steps: 2}\n"));
@@ -366,6 +390,7 @@ TEST_F(HandlerFuzzTest, RandomProtosForEveryRpcAndMessageKindLeaveTheCoordinator
     return false;
   }));
   b_worker->Started(b->ref());
+  ASSERT_TRUE(b_worker->CommitLast(*b));
   b_worker->Exited(b->ref(), 0);
   EXPECT_TRUE(WaitState(*fresh, v1::JOB_STATE_SUCCEEDED));
   EXPECT_TRUE(Serving());

@@ -10,6 +10,7 @@
 #include "coordinator/failure_budget.h"
 #include "coordinator/worker_protocol.h"
 #include "gtest/gtest.h"
+#include "tests/coordinator/test_util.h"
 
 namespace ulysses::coordinator {
 namespace {
@@ -56,6 +57,7 @@ class JobMachineTest : public ::testing::Test {
     s.seq_len = 64;
     s.steps = 10;
     j->rec.stages = {s};
+    j->rec.spec_yaml = testing::JobYaml("unit", "    - {seq_len: 256, steps: 10}\n");
     job_ = j.get();
     state_.jobs[j->rec.id] = std::move(j);
   }
@@ -258,6 +260,7 @@ class FailureBudgetTest : public JobMachineTest {
     st.seq_len = 64;
     st.steps = 10;
     h->rec.stages = {st};
+    h->rec.spec_yaml = testing::JobYaml("high", "    - {seq_len: 64, steps: 10}\n");
     JobRt& out = *h;
     state_.jobs[out.rec.id] = std::move(h);
     return out;

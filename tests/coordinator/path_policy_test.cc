@@ -1,6 +1,8 @@
 #include "coordinator/path_policy.h"
 
+#include "absl/strings/escaping.h"
 #include "common/spec/job_spec_parser.h"
+#include "common/spec/path_confine.h"
 #include "coordinator/config.h"
 #include "tests/common/spec/spec_test_util.h"
 #include "yaml-cpp/yaml.h"
@@ -65,6 +67,36 @@ TEST_F(PathPolicyTest, ResolvePathFollowsLinksInTheExistingPrefixOnly) {
   EXPECT_EQ(*ResolvePath("f", base_ + "/data/escape/shadow"), base_ + "/secret/shadow");
   EXPECT_EQ(*ResolvePath("f", base_ + "/data/new/a/b"), base_ + "/data/new/a/b");
   EXPECT_EQ(*ResolvePath("f", base_ + "/data/"), base_ + "/data");
+}
+
+TEST_F(PathPolicyTest, PathsAYamlOrShellReaderCouldReadDifferentlyAreRefused) {
+  const std::string dir = base_ + "/ckpt/run";
+  for (const std::string& bad :
+       {dir + " #x", dir + "\n", dir + " ", " " + dir, dir + "\t", dir + std::string(1, '\0'),
+        dir + "\x1b[2J", dir + "\r", dir + "\x7f", "\t" + dir}) {
+    absl::Status st = spec::CheckPathText("spec.checkpoint.dir", bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << absl::CEscape(bad);
+    EXPECT_THAT(std::string(st.message()), HasSubstr("spec.checkpoint.dir: \"")) << st;
+    EXPECT_FALSE(ResolvePath("f", bad).ok()) << absl::CEscape(bad);
+  }
+  // What is data, not syntax, stays allowed.
+  for (const std::string& fine : {dir + "#x", dir + "/a: b", dir + "/[x] {y}", dir + "/\xc3\xa9"}) {
+    EXPECT_TRUE(spec::CheckPathText("f", fine).ok()) << fine;
+  }
+}
+
+TEST_F(PathPolicyTest, ALinkThatCannotBeResolvedIsRefusedNotJudgedByItsName) {
+  fs::create_symlink("/nonexistent-target-of-a-test/x", base_ + "/ckpt/dangling");
+  fs::create_symlink(base_ + "/ckpt/loop-b", base_ + "/ckpt/loop-a");
+  fs::create_symlink(base_ + "/ckpt/loop-a", base_ + "/ckpt/loop-b");
+  for (const std::string& bad :
+       {base_ + "/ckpt/dangling", base_ + "/ckpt/dangling/run", base_ + "/ckpt/loop-a/run"}) {
+    absl::StatusOr<std::string> r = ResolvePath("spec.checkpoint.dir", bad);
+    ASSERT_FALSE(r.ok()) << bad << " -> " << *r;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("cannot be resolved")) << bad;
+  }
+  // A path that does not exist yet (no link in it) is still fine.
+  EXPECT_EQ(*ResolvePath("f", base_ + "/ckpt/new/run"), base_ + "/ckpt/new/run");
 }
 
 TEST_F(PathPolicyTest, IsWithinComparesWholeComponents) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "common/spec/job_spec_parser.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/grpc_fixture.h"
@@ -17,6 +18,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::JobYaml;
+using ::testing::Not;
 
 class PathsGrpcTest : public testing::CoordinatorServerTest {
  protected:
@@ -36,6 +38,17 @@ class PathsGrpcTest : public testing::CoordinatorServerTest {
   std::string WithCheckpointDir(const std::string& name, const std::string& dir) {
     return JobYaml(name, "    - {seq_len: 64, steps: 2}\n") +
            absl::StrCat("  checkpoint: {dir: \"", dir, "\"}\n");
+  }
+  absl::StatusOr<std::string> SubmitAs(const std::string& token, const std::string& yaml) {
+    auto stub = v1::JobService::NewStub(Channel(testing::WithToken(token)));
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(yaml);
+    v1::SubmitJobResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    absl::Status st = FromGrpcStatus(stub->SubmitJob(&ctx, req, &resp));
+    if (!st.ok()) return st;
+    return resp.job_id();
   }
   int JobCount() {
     v1::ListJobsRequest req;
@@ -86,6 +99,76 @@ TEST_F(PathsGrpcTest, TwoJobsCannotShareACheckpointDir) {
   EXPECT_TRUE(absl::IsFailedPrecondition(nested.status())) << nested.status();
   EXPECT_EQ(JobCount(), 1);
   EXPECT_EQ(GetJob(*first).checkpoint_dir(), dir);
+}
+
+// Before: bob (tenant "other") named alice's directory with " #x", a trailing newline or
+// space; the coordinator's overlap check saw a different string, while the engine, which
+// got `--set spec.checkpoint.dir=<dir>` and parsed it as YAML again, used alice's
+// directory: bob resumed from her weights and his retention replaced her checkpoint. The
+// overlap error also named alice's job.
+TEST_F(PathsGrpcTest, AnotherTenantsCheckpointDirCannotBeReachedByTextTricks) {
+  using testing::TestTokens;
+  const std::string dir = config_.checkpoint_root + "/alice-run";
+  auto alice = SubmitAs(TestTokens::kAlice, WithCheckpointDir("alice", dir));
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  // YAML escapes inside the double-quoted scalar: the spec's string holds the raw bytes.
+  for (const std::string& trick : {dir + " #x", dir + "\\n", dir + " ", " " + dir, dir + "\\t",
+                                   dir + "\\r", dir + "\\x1b[2J", dir + "\\0"}) {
+    auto bob = SubmitAs(TestTokens::kBob, WithCheckpointDir("bob", trick));
+    EXPECT_TRUE(absl::IsInvalidArgument(bob.status())) << trick << ": " << bob.status();
+    EXPECT_THAT(std::string(bob.status().message()), HasSubstr("spec.checkpoint.dir:")) << trick;
+  }
+  // The plain name is taken; the error does not say by whom or where.
+  auto bob = SubmitAs(TestTokens::kBob, WithCheckpointDir("bob", dir + "/inside"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(bob.status())) << bob.status();
+  EXPECT_THAT(std::string(bob.status().message()), HasSubstr("another job"));
+  EXPECT_THAT(std::string(bob.status().message()), Not(HasSubstr(*alice)));
+  EXPECT_THAT(std::string(bob.status().message()), Not(HasSubstr("\"" + dir + "\"")));
+  // Alice herself is told which of her jobs holds it.
+  auto again = SubmitAs(TestTokens::kAlice, WithCheckpointDir("again", dir + "/inside"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(again.status())) << again.status();
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr(*alice));
+  EXPECT_EQ(JobCount(), 1);
+}
+
+// A checkpoint dir the YAML of an override would misread (": " makes a mapping) reaches
+// the rank as the same string: the spec document carries it, no override re-parses it.
+TEST_F(PathsGrpcTest, TheRankReadsExactlyTheCheckedCheckpointDir) {
+  const std::string dir =
+      config_.checkpoint_root + "/odd: name, [x] {y} 'q' \\\"z\\\" &a *b !c %d @e";
+  auto& w = AddWorker("w1");
+  auto id = Submit(WithCheckpointDir("odd", dir));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto a = w.WaitAssignment();
+  ASSERT_TRUE(a.has_value());
+  const std::string want = GetJob(*id).checkpoint_dir();
+  EXPECT_EQ(a->checkpoint_dir(), want);
+  spec::ParseOptions as_the_engine_reads_it;  // The document plus its --set overrides.
+  as_the_engine_reads_it.overrides.assign(a->overrides().begin(), a->overrides().end());
+  absl::StatusOr<spec::JobSpec> rank_spec =
+      spec::ParseJobSpec(a->spec_yaml(), as_the_engine_reads_it);
+  ASSERT_TRUE(rank_spec.ok()) << rank_spec.status();
+  EXPECT_EQ(rank_spec->checkpoint.dir, want);
+}
+
+// Before: a link whose target did not exist on the coordinator was judged by its own name
+// (inside the root); on a worker it may point anywhere.
+TEST_F(PathsGrpcTest, DanglingLinksAreRefused) {
+  std::filesystem::create_directories(config_.checkpoint_root);
+  std::filesystem::create_symlink("/nonexistent-target/for/this/test",
+                                  config_.checkpoint_root + "/dangling");
+  auto ckpt = Submit(WithCheckpointDir("dangling", config_.checkpoint_root + "/dangling/run"));
+  EXPECT_TRUE(absl::IsInvalidArgument(ckpt.status())) << ckpt.status();
+  EXPECT_THAT(std::string(ckpt.status().message()), HasSubstr("cannot be resolved"));
+  std::filesystem::create_symlink("/nonexistent-target/train.bin", data_root_ + "/train-link.bin");
+  auto data = Submit(WithTrain("dangling-data", data_root_ + "/train-link.bin"));
+  EXPECT_TRUE(absl::IsInvalidArgument(data.status())) << data.status();
+  EXPECT_THAT(std::string(data.status().message()),
+              HasSubstr("spec.data.train: \"" + data_root_ + "/train-link.bin\""));
+  std::filesystem::create_symlink("loop", data_root_ + "/loop");
+  auto loop = Submit(WithTrain("loop", data_root_ + "/loop/x.bin"));
+  EXPECT_TRUE(absl::IsInvalidArgument(loop.status())) << loop.status();
+  EXPECT_EQ(JobCount(), 0);
 }
 
 }  // namespace

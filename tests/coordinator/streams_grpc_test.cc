@@ -1,7 +1,8 @@
-// Long-lived JobService streams and log buffers stay bounded (issue 9): WatchJob and
-// GetJobLogs-follow streams are capped per caller identity and in total (StreamLimits),
-// freed when the client goes away; a job's log buffer keeps at most
-// log_buffer_bytes_per_job, dropping its oldest lines. Real gRPC over TLS against an
+// Long-lived JobService streams and log buffers stay bounded (issues 9, 23): WatchJob and
+// every GetJobLogs stream are capped per caller identity and in total (StreamLimits),
+// freed when the client goes away; a reader slower than stream_queue_max_bytes is cut
+// with RESOURCE_EXHAUSTED; revoking a token ends its streams at the reload; a job's log buffer
+// keeps at most log_buffer_bytes_per_job, dropping its oldest lines. Real gRPC over TLS against an
 // in-process coordinator (grpc_fixture.h).
 #include <chrono>
 #include <memory>
@@ -55,6 +56,7 @@ class StreamsGrpcTest : public testing::CoordinatorServerTest {
     config_.max_streams_per_identity = 2;
     config_.max_streams = 3;
     config_.log_buffer_bytes_per_job = 64 * 1024;
+    config_.stream_queue_max_bytes = 1 << 20;
     CoordinatorServerTest::SetUp();
   }
 
@@ -114,7 +116,8 @@ TEST_F(StreamsGrpcTest, WatchAndFollowStreamsAreCappedPerIdentityAndInTotal) {
                                 "token:research/alice: 2 of max_streams_per_identity 2"))
       << s3.error_message();
 
-  // A follow counts as a stream too; a plain tail does not.
+  // A follow counts as a stream too, and so does a plain tail (before: it did not, and 40
+  // unread tails held 240 MB).
   {
     grpc::ClientContext ctx;
     SetDeadlineAfter(&ctx, absl::Seconds(10));
@@ -133,7 +136,9 @@ TEST_F(StreamsGrpcTest, WatchAndFollowStreamsAreCappedPerIdentityAndInTotal) {
     auto tail = alice->GetJobLogs(&tail_ctx, req);
     while (tail->Read(&r)) {
     }
-    EXPECT_TRUE(tail->Finish().ok());
+    grpc::Status tail_end = tail->Finish();
+    EXPECT_EQ(tail_end.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << tail_end.error_message();
   }
 
   // Another identity has its own allowance, until the coordinator's total is reached.
@@ -155,6 +160,53 @@ TEST_F(StreamsGrpcTest, WatchAndFollowStreamsAreCappedPerIdentityAndInTotal) {
   Close(&again);
   Close(&w2);
   Close(&b1);
+  EXPECT_TRUE(Serving());
+}
+
+// Before: a stream's send queue had no byte bound: 10 followers that never read held
+// +102 MB. Now the queue holds at most stream_queue_max_bytes (1 MiB here) behind the
+// message being written, and the reader is told why it was cut.
+TEST_F(StreamsGrpcTest, AReaderThatDoesNotKeepUpIsCutWithResourceExhaustedNamingTheBound) {
+  testing::FakeWorker& w = AddWorker("w1");
+  auto id = Submit(JobYaml("chatty", "    - {seq_len: 256, steps: 60}\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto a = w.WaitAssignment();
+  ASSERT_TRUE(a.has_value());
+  w.Started(a->ref());
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
+  auto admin = StubFor(TestTokens::kAdmin);
+  grpc::ClientContext ctx;
+  v1::GetJobLogsRequest req;
+  req.set_job_id(*id);
+  req.set_follow(true);
+  auto follower = admin->GetJobLogs(&ctx, req);
+  ASSERT_TRUE(follower->WaitForInitialMetadata());  // The follow is registered.
+  // 16 MiB of log lines while the follower reads nothing.
+  for (int batch = 0; batch < 32; ++batch) {
+    v1::WorkerMessage m;
+    *m.mutable_logs()->mutable_ref() = a->ref();
+    for (int i = 0; i < 32; ++i) {
+      m.mutable_logs()->add_lines()->set_text(std::string(16000, 'a' + batch % 26));
+    }
+    ASSERT_TRUE(w.Send(std::move(m)));
+  }
+  // Everything the worker sent was taken (a heartbeat ack follows the batches).
+  v1::WorkerMessage hb;
+  hb.mutable_heartbeat()->set_request_ack(true);
+  ASSERT_TRUE(SendForAck(w, std::move(hb)).has_value());
+  // Reading now gets what was in flight, then the cut.
+  v1::GetJobLogsResponse r;
+  int64_t received = 0;
+  while (follower->Read(&r)) {
+    for (const v1::LogLine& l : r.lines()) received += static_cast<int64_t>(l.text().size());
+  }
+  grpc::Status end = follower->Finish();
+  EXPECT_EQ(end.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << end.error_message();
+  EXPECT_TRUE(absl::StrContains(end.error_message(), "more than 1048576 bytes"))
+      << end.error_message();
+  EXPECT_TRUE(absl::StrContains(end.error_message(), "stream_queue_max_bytes"));
+  EXPECT_LT(received, int64_t{16} << 20);
+  EXPECT_EQ(GetJob(*id).state(), v1::JOB_STATE_RUNNING);
   EXPECT_TRUE(Serving());
 }
 

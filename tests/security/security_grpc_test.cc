@@ -4,7 +4,9 @@
 // isolation, who cancelled/resumed, and worker identities (mutual TLS, worker tokens,
 // no takeover of a live worker's name).
 #include <grpcpp/grpcpp.h>
+#include <sqlite3.h>
 
+#include <filesystem>
 #include <functional>
 #include <string>
 
@@ -371,6 +373,159 @@ class QuotaGrpcTest : public SecurityGrpcTest {
     SecurityGrpcTest::SetUp();
   }
 };
+
+// Before: ListWorkers showed every tenant's running job ids and the worker hosts to users
+// and viewers.
+TEST_F(SecurityGrpcTest, WorkersShowOnlyTheCallersTenantsJobsAndHostsOnlyToAdmins) {
+  FakeWorker& w1 = AddWorker("w1", "", "10.7.7.7");
+  auto id = SubmitAs(TestTokens::kAlice, "alices");
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto a = w1.WaitAssignment();
+  ASSERT_TRUE(a.has_value());
+  w1.Started(a->ref());
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
+  auto workers_as = [&](const std::string& token) {
+    auto stub = v1::JobService::NewStub(Channel(WithToken(token)));
+    v1::ListWorkersResponse resp;
+    EXPECT_TRUE(Run([&](grpc::ClientContext* c) {
+                  return stub->ListWorkers(c, v1::ListWorkersRequest(), &resp);
+                }).ok());
+    EXPECT_EQ(resp.workers_size(), 1);
+    return resp.workers_size() == 1 ? resp.workers(0) : v1::Worker();
+  };
+  v1::Worker bob = workers_as(TestTokens::kBob);
+  EXPECT_EQ(bob.running_ranks_size(), 0) << bob.DebugString();
+  EXPECT_FALSE(bob.has_running());
+  EXPECT_EQ(bob.host(), "");
+  EXPECT_EQ(bob.state(), v1::WORKER_STATE_BUSY);  // Busy, but not with what.
+  for (const char* token : {TestTokens::kAlice, TestTokens::kViewer}) {
+    v1::Worker own = workers_as(token);
+    ASSERT_EQ(own.running_ranks_size(), 1) << token;
+    EXPECT_EQ(own.running_ranks(0).ref().job_id(), *id);
+    EXPECT_EQ(own.host(), "");
+  }
+  EXPECT_EQ(workers_as(TestTokens::kAdmin).host(), "10.7.7.7");
+}
+
+class TenancyGrpcTest : public SecurityGrpcTest {
+ protected:
+  void SetUp() override {
+    config_.quotas.tenants["research"].max_priority = 10;
+    SecurityGrpcTest::SetUp();
+  }
+  absl::StatusOr<std::string> SubmitWith(const std::string& token, const std::string& name,
+                                         const std::string& scheduling) {
+    return SubmitYamlAs(token, JobYaml(name, "    - {seq_len: 64, steps: 4}\n", scheduling));
+  }
+};
+
+// Before: max_user_priority (100) was the only cap, and any user could preempt another
+// tenant's jobs with it; preemption reasons named the other tenant's job.
+TEST_F(TenancyGrpcTest, PriorityCapsArePerTenantAndOnlyAnAdminGrantedPriorityPreemptsAcross) {
+  auto capped = SubmitWith(TestTokens::kAlice, "capped", "{priority: 20}");
+  EXPECT_TRUE(absl::IsPermissionDenied(capped.status())) << capped.status();
+  EXPECT_TRUE(absl::StrContains(capped.status().message(), "is above 10")) << capped.status();
+
+  FakeWorker& w1 = AddWorker("w1");
+  auto bobs = SubmitWith(TestTokens::kBob, "bobs", "{priority: 0}");
+  ASSERT_TRUE(bobs.ok()) << bobs.status();
+  auto a = w1.WaitAssignment();
+  ASSERT_TRUE(a.has_value());
+  w1.Started(a->ref());
+  ASSERT_TRUE(WaitState(*bobs, v1::JOB_STATE_RUNNING));
+  // Alice's higher user priority waits instead of preempting another tenant (scheduling
+  // runs within SubmitJob: the decision is made when it returns).
+  auto alices = SubmitWith(TestTokens::kAlice, "alices", "{priority: 10}");
+  ASSERT_TRUE(alices.ok()) << alices.status();
+  EXPECT_EQ(GetJob(*bobs).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(GetJob(*alices).state(), v1::JOB_STATE_PENDING);
+  // An admin-granted priority (above max_user_priority) preempts across tenants, unnamed.
+  auto urgent = SubmitWith(TestTokens::kAdmin, "urgent", "{priority: 500}");
+  ASSERT_TRUE(urgent.ok()) << urgent.status();
+  auto abort = w1.WaitAbort();
+  ASSERT_TRUE(abort.has_value());
+  EXPECT_TRUE(abort->preempt());
+  v1::Job bob = GetJob(*bobs);
+  EXPECT_EQ(bob.state(), v1::JOB_STATE_CHECKPOINTING);
+  EXPECT_TRUE(absl::StrContains(bob.reason(), "preempted for a job of another tenant"))
+      << bob.reason();
+  EXPECT_FALSE(absl::StrContains(bob.reason(), *urgent)) << bob.reason();
+  EXPECT_FALSE(absl::StrContains(GetJob(*urgent).reason(), *bobs)) << GetJob(*urgent).reason();
+  const std::string alice_reason = GetJob(*alices).reason();
+  EXPECT_FALSE(absl::StrContains(alice_reason, *bobs)) << alice_reason;
+  EXPECT_FALSE(absl::StrContains(alice_reason, *urgent)) << alice_reason;
+}
+
+class RetentionGrpcTest : public SecurityGrpcTest {
+ protected:
+  void SetUp() override {
+    config_.ended_job_ttl_s = 5;  // Long enough to see them counted first.
+    config_.quotas.tenants["research"].max_jobs = 2;
+    SecurityGrpcTest::SetUp();
+  }
+  grpc::StatusCode GetCode(const std::string& id) {
+    v1::GetJobRequest req;
+    req.set_job_id(id);
+    v1::GetJobResponse resp;
+    return Run([&](grpc::ClientContext* c) { return jobs_->GetJob(c, req, &resp); }).error_code();
+  }
+  void CancelAs(const std::string& token, const std::string& id) {
+    auto stub = v1::JobService::NewStub(Channel(WithToken(token)));
+    v1::CancelJobRequest req;
+    req.set_job_id(id);
+    v1::CancelJobResponse resp;
+    ASSERT_TRUE(Run([&](grpc::ClientContext* c) { return stub->CancelJob(c, req, &resp); }).ok());
+  }
+  int64_t StoredRows(const std::string& id) {
+    sqlite3* db = nullptr;
+    int64_t n = -1;
+    if (sqlite3_open_v2((dir_.path() + "/coordinator.db").c_str(), &db, SQLITE_OPEN_READONLY,
+                        nullptr) == SQLITE_OK) {
+      sqlite3_stmt* q = nullptr;
+      const std::string sql = "SELECT (SELECT COUNT(*) FROM jobs WHERE id='" + id +
+                              "') + (SELECT COUNT(*) FROM events WHERE job_id='" + id + "')";
+      if (sqlite3_prepare_v2(db, sql.c_str(), -1, &q, nullptr) == SQLITE_OK &&
+          sqlite3_step(q) == SQLITE_ROW) {
+        n = sqlite3_column_int64(q, 0);
+      }
+      sqlite3_finalize(q);
+    }
+    sqlite3_close(db);
+    return n;
+  }
+};
+
+// Before: ended jobs were never deleted nor counted by any quota, so the store grew without
+// limit. Now they count against quotas.max_jobs until ended_job_ttl_s deletes them (rows
+// and all; their checkpoints stay on disk), and their numbers are never handed out again.
+TEST_F(RetentionGrpcTest, EndedJobsCountUntilTheirTtlDeletesThemAndIdsAreNotReused) {
+  auto one = SubmitAs(TestTokens::kAlice, "one");
+  auto two = SubmitAs(TestTokens::kAlice, "two");
+  ASSERT_TRUE(one.ok() && two.ok());
+  const std::string kept = GetJob(*two).checkpoint_dir() + "/step-00000001";
+  std::filesystem::create_directories(kept);
+  CancelAs(TestTokens::kAlice, *one);
+  CancelAs(TestTokens::kAlice, *two);
+  auto three = SubmitAs(TestTokens::kAlice, "three");  // Two stored, ended or not.
+  EXPECT_TRUE(absl::IsResourceExhausted(three.status())) << three.status();
+  EXPECT_TRUE(absl::StrContains(three.status().message(), "max_jobs")) << three.status();
+  EXPECT_GT(StoredRows(*two), 0);
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        server_->coordinator()->TickForTesting();
+        return GetCode(*one) == grpc::StatusCode::NOT_FOUND &&
+               GetCode(*two) == grpc::StatusCode::NOT_FOUND;
+      },
+      std::chrono::seconds(60)));
+  EXPECT_EQ(StoredRows(*one), 0);
+  EXPECT_EQ(StoredRows(*two), 0);
+  EXPECT_TRUE(std::filesystem::exists(kept));  // Checkpoints are the user's: never deleted.
+  RestartServer();
+  EXPECT_EQ(GetCode(*two), grpc::StatusCode::NOT_FOUND);
+  auto after = SubmitAs(TestTokens::kAlice, "after");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(*after, "job-000003");  // Not job-000001 again (its directory is still there).
+}
 
 TEST_F(QuotaGrpcTest, ATenantsWaitingJobsAreCappedOthersAreNot) {
   EXPECT_TRUE(SubmitAs(TestTokens::kAlice, "one").ok());

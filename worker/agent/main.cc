@@ -28,6 +28,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--work-dir", config.work_dir, "Directory for spec files and job output")
       ->required();
+  app.add_option("--checkpoint-root", config.checkpoint_root,
+                 "Refuse assignments whose checkpoint.dir is not below this directory (as seen "
+                 "on this host; the coordinator's --checkpoint-root)");
+  app.add_option("--data-root", config.data_roots,
+                 "Refuse assignments whose data or init_from files are not below one of these "
+                 "(repeatable; the coordinator's --data-root)");
   app.add_option("--node", config.node_label, "Node / NVLink domain label (default: the name)");
   app.add_option("--engine-bin", config.engine_bin,
                  "ulysses-train binary (default: next to this binary)");

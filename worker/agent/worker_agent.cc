@@ -24,9 +24,11 @@
 #include "common/logging.h"
 #include "common/metrics/metrics_server.h"
 #include "common/process/cpu_share.h"
+#include "common/spec/path_confine.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
+#include "worker/agent/assignment_check.h"
 #include "worker/agent/child_supervisor.h"
 #include "worker/agent/devices.h"
 #include "worker/agent/worker_metrics.h"
@@ -129,6 +131,14 @@ std::string DefaultEngineBin() {
 
 }  // namespace
 
+namespace {
+std::vector<std::string> RootFlags(const WorkerConfig& c) {
+  std::vector<std::string> out = c.data_roots;
+  if (!c.checkpoint_root.empty()) out.push_back(c.checkpoint_root);
+  return out;
+}
+}  // namespace
+
 absl::Status WorkerConfig::Validate() {
   std::vector<std::string> errors;
   if (coordinator.empty() || coordinator.find(':') == std::string::npos) {
@@ -154,6 +164,11 @@ absl::Status WorkerConfig::Validate() {
           absl::StrCat("--work-dir: \"", work_dir, "\" cannot be created: ", ec.message()));
     } else {
       work_dir = fs::absolute(work_dir).string();
+    }
+  }
+  for (const std::string& root : RootFlags(*this)) {
+    if (absl::Status st = spec::CheckPathText("--checkpoint-root/--data-root", root); !st.ok()) {
+      errors.emplace_back(st.message());
     }
   }
   if (engine_bin.empty()) engine_bin = DefaultEngineBin();
@@ -681,6 +696,15 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
     lock.unlock();
     old.reset();  // Joins the supervisor thread (its exit report is queued).
     lock.lock();
+  }
+  if (absl::Status paths =
+          CheckAssignmentPaths(a, WorkerRoots{config_.checkpoint_root, config_.data_roots});
+      !paths.ok()) {
+    ULOG(WARNING) << "refusing " << RefString(ref) << ": " << paths.message();
+    ReportExitLocked(
+        ref, slot_index, contract::kExitBadInput, 0, false, false,
+        absl::StrCat("worker ", config_.name, " refused the assignment: ", paths.message()));
+    return;
   }
   Slot& slot = slots_[slot_index];
   const fs::path job_dir = fs::path(config_.work_dir) / "jobs" / ref.job_id();

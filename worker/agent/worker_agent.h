@@ -41,7 +41,11 @@ struct WorkerConfig {
   int capacity = 0;  // --capacity: CPU slots with --devices cpu (0 = one per device).
   // One slot per entry, each passed to its rank's ulysses-train --device. Filled by Validate.
   std::vector<std::string> devices;
-  std::string work_dir;                           // Spec files and job output. Required; created.
+  std::string work_dir;  // Spec files and job output. Required; created.
+  // --checkpoint-root / --data-root: this worker's own roots; the agent refuses an
+  // assignment whose paths lie outside them (assignment_check.h). Empty = not checked.
+  std::string checkpoint_root;
+  std::vector<std::string> data_roots;
   std::string node_label;                         // Node / NVLink domain label ("" = the name).
   std::string engine_bin;                         // ulysses-train path ("" = next to this binary).
   std::string advertise_host = "127.0.0.1";       // Address other ranks reach this worker on.
