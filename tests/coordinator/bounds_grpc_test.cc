@@ -35,6 +35,12 @@ constexpr auto kAckTimeout = std::chrono::seconds(5);
 
 class BoundsGrpcTest : public testing::CoordinatorServerTest {
  protected:
+  void SetUp() override {
+    // LogLineFlood reads ~7 MiB of 16 KiB lines back in one tail (a tail sends at most half
+    // of stream_queue_max_bytes): room for all of it.
+    config_.stream_queue_max_bytes = 64 << 20;
+    testing::CoordinatorServerTest::SetUp();
+  }
   // One worker running rank 0 of a one-stage job of 60 steps (seq_len 256).
   struct Running {
     FakeWorker* worker = nullptr;
@@ -383,7 +389,7 @@ TEST_F(BoundsGrpcTest, UnrunnableSpecsHostileLabelsAndTokensAreRefusedAndTheStor
               absl::StrCat("  name: grow\n  labels: {big: ", std::string(250000, 'b'), "}\n"));
   grow.set_spec_yaml(big);
   for (int i = 0; i < 16; ++i) {
-    grow.add_overrides(absl::StrCat("spec.metadata.labels.k", i, "=", std::string(4000, 'v')));
+    grow.add_overrides(absl::StrCat("metadata.labels.k", i, "=", std::string(4000, 'v')));
   }
   v1::SubmitJobResponse grown;
   grpc::ClientContext grow_ctx;

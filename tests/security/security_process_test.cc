@@ -192,7 +192,7 @@ TEST(SecurityProcessTest, RevokingATokenEndsItsStreamsAndWorkerSessionAtTheReloa
   logs_req.set_job_id(submitted.job_id());
   logs_req.set_follow(true);
   auto follow = alice->GetJobLogs(&logs_ctx, logs_req);
-  ASSERT_TRUE(follow->WaitForInitialMetadata());
+  follow->WaitForInitialMetadata();  // Registered: its tail came.
 
   // Revoke alice and w9; bob stays.
   absl::StatusOr<std::vector<auth::TokenEntry>> entries =
@@ -234,10 +234,11 @@ int64_t RssBytes(pid_t pid) {
   return -1;
 }
 
-// Before: GetJobLogs tails were not counted and a stream's queue had no byte bound: 40
-// tails of a full 8 MiB log buffer that a viewer never read took the coordinator's RSS
-// from 109 to 347 MB. Now each stream holds at most stream_queue_max_bytes (default 4 MiB;
-// a tail sends the newest half of it): the growth stays below 40 x 4 MiB = 160 MiB.
+// The stated bound of the memory 40 unread streams may take: each stream holds at most
+// stream_queue_max_bytes (default 4 MiB; a tail sends the newest half of it), so the growth
+// stays below 40 x 4 MiB = 160 MiB. (The issue measured 109 -> 347 MB before the bound; on a
+// loopback test box much of an unread reply sits in the client's HTTP/2 window instead, so
+// here the code before this bound grew +53 MiB and with it +21 MiB: printed below.)
 TEST(SecurityProcessTest, FortyUnreadLogStreamsStayWithinTheirMemoryBound) {
   TempDir dir;
   const std::string tokens = dir.Sub("tokens.yaml");
@@ -284,7 +285,7 @@ TEST(SecurityProcessTest, FortyUnreadLogStreamsStayWithinTheirMemoryBound) {
     contexts.push_back(std::make_unique<grpc::ClientContext>());
     SetDeadlineAfter(contexts.back().get(), absl::Seconds(60));
     readers.push_back(viewer->GetJobLogs(contexts.back().get(), req));
-    ASSERT_TRUE(readers.back()->WaitForInitialMetadata()) << i;  // The tail is queued.
+    readers.back()->WaitForInitialMetadata();  // The tail is queued.
   }
   const int64_t grown = RssBytes(coord.pid()) - before;
   std::cout << "coordinator RSS " << before / (1 << 20) << " MiB, +" << grown / (1 << 20)
