@@ -7,8 +7,8 @@ size, s sequence length (causal attention: QK^T and AV, half the square, forward
 Recomputation is not counted. tests/common/spec/model_math_test.cc runs this file and checks
 its figures against the C++ ones:
 
-  python3 bench/gpu/model_math.py '{"vocab_size": 128256, "hidden_size": 2048, ...}' 32768
-prints the FLOPs per token (repr of a float). No dependencies beyond the standard library.
+  python3 -S bench/gpu/model_math.py '[[{"vocab_size": 128256, "hidden_size": 2048, ...}, 32768]]'
+prints the FLOPs per token of each case (repr of a float), one a line. Standard library only.
 """
 import json
 import sys
@@ -38,6 +38,8 @@ def mfu(flops_per_token, tokens_per_s, devices, peak_flops_per_s):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: model_math.py SHAPE_JSON SEQ_LEN")
-    print(repr(model_flops_per_token(json.loads(sys.argv[1]), int(sys.argv[2]))))
+    # CASES_JSON: [[SHAPE, SEQ_LEN], ...]; one FLOPs-per-token figure (repr of a float) a line.
+    if len(sys.argv) != 2:
+        sys.exit("usage: model_math.py '[[SHAPE_JSON_OBJECT, SEQ_LEN], ...]'")
+    for shape, seq_len in json.loads(sys.argv[1]):
+        print(repr(model_flops_per_token(shape, int(seq_len))))

@@ -4,12 +4,15 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 
 namespace ulysses::spec {
 namespace {
@@ -76,26 +79,38 @@ TEST(ModelMathTest, MfuIsModelFlopsOverDevicesTimesPeak) {
 TEST(ModelMathTest, PythonCopyAgreesWithTheCxxDefinition) {
   const char* source = std::getenv("ULYSSES_SOURCE_DIR");
   if (source == nullptr) GTEST_SKIP() << "ULYSSES_SOURCE_DIR unset (run through ctest)";
-  if (std::system("python3 -c pass >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  if (std::system("python3 -S -c pass >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  // One python run (-S: no site packages) for every case: [[shape, seq_len], ...].
+  std::vector<std::pair<ModelShape, int64_t>> cases;
   for (const ModelShape& s : {Tiny(), Llama1B(), Llama8B()}) {
-    for (int64_t seq : {int64_t{10}, int64_t{8192}, int64_t{131072}}) {
-      const std::string shape_json = absl::StrFormat(
-          "{\"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d, "
-          "\"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d}",
-          s.vocab_size, s.hidden_size, s.intermediate_size, s.num_hidden_layers,
-          s.num_attention_heads, s.num_key_value_heads);
-      const std::string command =
-          absl::StrCat("python3 '", source, "/bench/gpu/model_math.py' '", shape_json, "' ", seq);
-      FILE* pipe = popen(command.c_str(), "r");
-      ASSERT_NE(pipe, nullptr) << command;
-      char buf[128] = {};
-      const size_t n = fread(buf, 1, sizeof buf - 1, pipe);
-      ASSERT_EQ(pclose(pipe), 0) << command;
-      double python = 0;
-      ASSERT_TRUE(absl::SimpleAtod(std::string(buf, n).substr(0, n ? n - 1 : 0), &python))
-          << command << " printed '" << buf << "'";
-      EXPECT_DOUBLE_EQ(python, ModelFlopsPerToken(s, seq)) << shape_json << " seq " << seq;
-    }
+    for (int64_t seq : {int64_t{10}, int64_t{8192}, int64_t{131072}}) cases.emplace_back(s, seq);
+  }
+  std::string json = "[";
+  for (const auto& [s, seq] : cases) {
+    absl::StrAppend(
+        &json, json.size() > 1 ? ", " : "",
+        absl::StrFormat("[{\"vocab_size\": %d, \"hidden_size\": %d, "
+                        "\"intermediate_size\": %d, \"num_hidden_layers\": %d, "
+                        "\"num_attention_heads\": %d, \"num_key_value_heads\": %d}, %d]",
+                        s.vocab_size, s.hidden_size, s.intermediate_size, s.num_hidden_layers,
+                        s.num_attention_heads, s.num_key_value_heads, seq));
+  }
+  json += "]";
+  const std::string command =
+      absl::StrCat("python3 -S '", source, "/bench/gpu/model_math.py' '", json, "'");
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr) << command;
+  std::string out;
+  char buf[256];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  ASSERT_EQ(pclose(pipe), 0) << command;
+  const std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), cases.size()) << out;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    double python = 0;
+    ASSERT_TRUE(absl::SimpleAtod(lines[i], &python)) << lines[i];
+    EXPECT_DOUBLE_EQ(python, ModelFlopsPerToken(cases[i].first, cases[i].second))
+        << "case " << i << " seq " << cases[i].second;
   }
 }
 
