@@ -219,13 +219,14 @@ TEST_F(PathPolicyTest, ConfigResolvesRootsAndRejectsBadOnes) {
 }
 
 // The shipped jobs (configs/jobs) are accepted by the shipped Kubernetes coordinator
-// config (deploy/k8s/coordinator-config.yaml): their paths lie under its roots. Its
-// /shared volume does not exist here, so this checks the lexical rules.
+// config (deploy/k8s/base/config/coordinator.yaml, the ConfigMap's file): their paths lie
+// under its roots. Its /shared volume does not exist here, so this checks the lexical rules.
 TEST(ShippedPathsTest, ShippedJobsFitTheDeployedCoordinatorsRoots) {
   const std::string source = spec::testing::SourceDir();
-  YAML::Node map = YAML::LoadFile(source + "/deploy/k8s/coordinator-config.yaml");
   CoordinatorConfig c;
-  ASSERT_TRUE(ApplyConfigYaml(map["data"]["coordinator.yaml"].as<std::string>(), &c).ok());
+  ASSERT_TRUE(ApplyConfigYaml(
+                  spec::testing::ReadFile(source + "/deploy/k8s/base/config/coordinator.yaml"), &c)
+                  .ok());
   c.state_dir = "/var/lib/ulysses";
   // The Deployment gives TLS by flags (--tls-cert ...), which this config alone lacks; its
   // 0.0.0.0 listen would be refused as plaintext here. Paths are what this test checks.

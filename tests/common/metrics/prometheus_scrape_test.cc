@@ -199,7 +199,7 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesOurServer) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
-  EXPECT_EQ(alert_rules, 11) << ReadFile(log_path);
+  EXPECT_EQ(alert_rules, 12) << ReadFile(log_path);
   EXPECT_EQ(healthy, alert_rules) << last_error;
 }
 
