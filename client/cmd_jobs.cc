@@ -230,10 +230,6 @@ int CmdResume(JobClient& client, const std::string& id, std::ostream& out, std::
   return contract::kExitOk;
 }
 
-namespace {
-
-// The client of the coordinator the flags, environment and config name; on a bad
-// config or credentials prints why, sets exit 2 and returns nullopt.
 std::optional<JobClient> ClientFor(CliContext& ctx) {
   ConnectionFlags flags;
   flags.config = ctx.config;
@@ -249,6 +245,8 @@ std::optional<JobClient> ClientFor(CliContext& ctx) {
   }
   return *std::move(client);
 }
+
+namespace {
 
 constexpr char kNeedsCoordinator[] =
     "Needs the coordinator: the current context of the config (ulyssesctl config --help),\n"

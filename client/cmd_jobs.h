@@ -8,11 +8,13 @@
 #ifndef ULYSSES_CLIENT_CMD_JOBS_H_
 #define ULYSSES_CLIENT_CMD_JOBS_H_
 
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "absl/time/time.h"
+#include "client/cli.h"
 #include "client/grpc_client.h"
 
 namespace ulysses::client {
@@ -42,6 +44,10 @@ int CmdLogs(JobClient& client, const std::string& id, int tail, bool follow, std
 int CmdCancel(JobClient& client, const std::string& id, const std::string& reason,
               std::ostream& out, std::ostream& err);
 int CmdResume(JobClient& client, const std::string& id, std::ostream& out, std::ostream& err);
+
+// The client of the coordinator the flags, environment and config name; on a bad
+// config or credentials prints why, sets exit 2 and returns nullopt.
+std::optional<JobClient> ClientFor(CliContext& ctx);
 
 // The subcommand registrations (AddSubmitCommand, AddGetCommand, ...) are declared
 // in client/commands.h and defined in cmd_jobs.cc on top of the functions above.

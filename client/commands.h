@@ -27,6 +27,7 @@ void AddLogsCommand(CLI::App& app, CliContext& ctx);
 void AddCancelCommand(CLI::App& app, CliContext& ctx);
 void AddResumeCommand(CLI::App& app, CliContext& ctx);
 void AddConfigCommand(CLI::App& app, CliContext& ctx);
+void AddAdminCommand(CLI::App& app, CliContext& ctx);  // client/cmd_admin.cc
 
 // Prints every line of a multi-line error to ctx.err as "<prefix>: <line>"
 // (no prefix when the line already starts with it).

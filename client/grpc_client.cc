@@ -1,7 +1,13 @@
 #include "client/grpc_client.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -125,6 +131,61 @@ absl::StatusOr<std::vector<v1::Worker>> JobClient::ListWorkers() {
       FromGrpcStatus(stub_->ListWorkers(&ctx, v1::ListWorkersRequest(), &response));
   if (!status.ok()) return status;
   return std::vector<v1::Worker>(response.workers().begin(), response.workers().end());
+}
+
+absl::StatusOr<v1::BackupStateChunk> JobClient::Backup(const std::string& to,
+                                                       absl::Duration timeout) {
+  const std::string tmp = to + ".tmp";
+  unlink(tmp.c_str());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--to: cannot create \"", tmp, "\" (",
+                                                   std::strerror(errno), "; check the path)"));
+  }
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, timeout);
+  std::unique_ptr<grpc::ClientReader<v1::BackupStateChunk>> reader =
+      stub_->BackupState(&ctx, v1::BackupStateRequest());
+  v1::BackupStateChunk chunk, last;
+  int64_t written = 0;
+  absl::Status io;
+  while (reader->Read(&chunk)) {
+    const std::string& data = chunk.data();
+    for (size_t off = 0; io.ok() && off < data.size();) {
+      const ssize_t n = write(fd, data.data() + off, data.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        io = absl::InternalError(absl::StrCat("writing \"", tmp, "\": ", std::strerror(errno)));
+        break;
+      }
+      off += static_cast<size_t>(n);
+    }
+    if (!io.ok()) {
+      ctx.TryCancel();
+      break;
+    }
+    written += static_cast<int64_t>(data.size());
+    last = std::move(chunk);
+    last.clear_data();
+  }
+  absl::Status status = FromGrpcStatus(reader->Finish());
+  if (io.ok() && fsync(fd) != 0) {
+    io = absl::InternalError(absl::StrCat("fsync \"", tmp, "\": ", std::strerror(errno)));
+  }
+  close(fd);
+  if (status.ok() && io.ok() && written != last.total_bytes()) {
+    io = absl::InternalError(absl::StrCat("the backup stream ended after ", written, " of ",
+                                          last.total_bytes(), " bytes; try again"));
+  }
+  if (status.ok() && io.ok() && std::rename(tmp.c_str(), to.c_str()) != 0) {
+    io = absl::InternalError(
+        absl::StrCat("cannot rename \"", tmp, "\" to \"", to, "\" (", std::strerror(errno), ")"));
+  }
+  if (!status.ok() || !io.ok()) {
+    unlink(tmp.c_str());
+    return status.ok() ? io : status;
+  }
+  return last;
 }
 
 absl::Status JobClient::Watch(const std::string& id, absl::Duration timeout,

@@ -52,6 +52,10 @@ class JobClient {
   absl::StatusOr<ulysses::v1::Job> Cancel(const std::string& id, const std::string& reason);
   absl::StatusOr<ulysses::v1::Job> Resume(const std::string& id);
   absl::StatusOr<std::vector<ulysses::v1::Worker>> ListWorkers();
+  // BackupState (admin): the coordinator's store, written to `to` (through <to>.tmp, mode
+  // 0600, renamed when every byte came). Returns the last chunk's figures (no data).
+  absl::StatusOr<ulysses::v1::BackupStateChunk> Backup(const std::string& to,
+                                                       absl::Duration timeout);
 
   // Streams WatchJob events to `on_event` until the server ends the stream (the job
   // ended), `on_event` returns false, or `timeout` passes.

@@ -1,5 +1,7 @@
 #include "common/logging.h"
 
+#include "common/log_format.h"
+
 #include <sys/time.h>
 #include <unistd.h>
 #include <cstdio>
@@ -25,6 +27,7 @@ struct LogState {
   std::mutex mu;
   LogLevel level = LevelFromEnv();
   LogSink sink;
+  LogFormat format = LogFormat::kText;
 };
 
 LogState& State() {
@@ -66,7 +69,96 @@ const char* Basename(const char* path) {
   return base;
 }
 
+const char* LevelName(char letter) {
+  switch (letter) {
+    case 'D':
+      return "debug";
+    case 'I':
+      return "info";
+    case 'W':
+      return "warning";
+    case 'E':
+      return "error";
+    case 'F':
+      return "fatal";
+  }
+  return "unknown";
+}
+
+void AppendJsonString(absl::string_view text, std::string* out) {
+  out->push_back('"');
+  for (const char c : text) {
+    switch (c) {
+      case '"':
+        out->append("\\\"");
+        break;
+      case '\\':
+        out->append("\\\\");
+        break;
+      case '\n':
+        out->append("\\n");
+        break;
+      case '\t':
+        out->append("\\t");
+        break;
+      case '\r':
+        out->append("\\r");
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          absl::StrAppendFormat(out, "\\u%04x", static_cast<int>(static_cast<unsigned char>(c)));
+        } else {
+          out->push_back(c);
+        }
+    }
+  }
+  out->push_back('"');
+}
+
 }  // namespace
+
+void SetLogFormat(LogFormat format) {
+  std::lock_guard<std::mutex> lock(State().mu);
+  State().format = format;
+}
+
+absl::Status SetLogFormatFromFlag(absl::string_view flag, absl::string_view value) {
+  if (value == "text") {
+    SetLogFormat(LogFormat::kText);
+  } else if (value == "json") {
+    SetLogFormat(LogFormat::kJson);
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": \"", value, "\" is not a log format (use text or json)"));
+  }
+  return absl::OkStatus();
+}
+
+std::string TextLogLineToJson(const std::string& line) {
+  // "<time> <letter> <pid> <source>] <msg>"
+  std::string out;
+  const size_t end = line.find("] ");
+  const size_t a = line.find(' ');
+  const size_t b = a == std::string::npos ? a : line.find(' ', a + 1);
+  const size_t c = b == std::string::npos ? b : line.find(' ', b + 1);
+  if (end == std::string::npos || c == std::string::npos || c > end || b != a + 2) {
+    out = "{\"msg\":";
+    AppendJsonString(line, &out);
+    out.push_back('}');
+    return out;
+  }
+  out = "{\"time\":";
+  AppendJsonString(absl::string_view(line).substr(0, a), &out);
+  absl::StrAppend(&out, ",\"level\":\"", LevelName(line[a + 1]), "\",\"pid\":");
+  const std::string pid = line.substr(b + 1, c - b - 1);
+  out.append(pid.find_first_not_of("0123456789") == std::string::npos && !pid.empty() ? pid : "0");
+  out.append(",\"source\":");
+  AppendJsonString(absl::string_view(line).substr(c + 1, end - c - 1), &out);
+  out.append(",\"msg\":");
+  AppendJsonString(absl::string_view(line).substr(end + 2), &out);
+  out.push_back('}');
+  return out;
+}
 
 void SetLogLevel(LogLevel level) {
   std::lock_guard<std::mutex> lock(State().mu);
@@ -106,7 +198,11 @@ LogMessage::~LogMessage() {
   LogSink sink;
   {
     std::lock_guard<std::mutex> lock(State().mu);
-    std::fprintf(stderr, "%s\n", line.c_str());
+    if (State().format == LogFormat::kJson) {
+      std::fprintf(stderr, "%s\n", TextLogLineToJson(line).c_str());
+    } else {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
     std::fflush(stderr);
     sink = State().sink;
   }

@@ -73,6 +73,7 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
        [&](const YAML::Node& n) { c->heartbeat_timeout_s = n.as<double>(); }},
       {"heartbeat_interval_s",
        [&](const YAML::Node& n) { c->heartbeat_interval_s = n.as<double>(); }},
+      {"lost_after_s", [&](const YAML::Node& n) { c->lost_after_s = n.as<double>(); }},
       {"reconnect_window_s", [&](const YAML::Node& n) { c->reconnect_window_s = n.as<double>(); }},
       {"checkpoint_root", [&](const YAML::Node& n) { c->checkpoint_root = n.as<std::string>(); }},
       {"out_root", [&](const YAML::Node& n) { c->out_root = n.as<std::string>(); }},
@@ -102,6 +103,8 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
        [&](const YAML::Node& n) { c->log_buffer_bytes_total = n.as<int64_t>(); }},
       {"lost_worker_ttl_s", [&](const YAML::Node& n) { c->lost_worker_ttl_s = n.as<double>(); }},
       {"ended_job_ttl_s", [&](const YAML::Node& n) { c->ended_job_ttl_s = n.as<double>(); }},
+      {"log_file_bytes_per_job",
+       [&](const YAML::Node& n) { c->log_file_bytes_per_job = n.as<int64_t>(); }},
       {"max_streams_per_identity",
        [&](const YAML::Node& n) { c->max_streams_per_identity = n.as<int64_t>(); }},
       {"max_streams", [&](const YAML::Node& n) { c->max_streams = n.as<int64_t>(); }},
@@ -209,10 +212,15 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   if (c->state_dir.empty()) {
     e.push_back("state_dir: empty (pass --state-dir DIR; SQLite state lives there)");
   }
-  if (!(c->heartbeat_timeout_s > 0 && c->heartbeat_timeout_s <= 10)) {
+  if (!(c->heartbeat_timeout_s > 0 && c->heartbeat_timeout_s <= 3600)) {
     e.push_back(absl::StrCat("heartbeat_timeout_s: ", c->heartbeat_timeout_s,
-                             " is out of range (use 0 < value <= 10 so lost workers are "
-                             "detected quickly)"));
+                             " is out of range (use 0 < seconds <= 3600, e.g. 10; a silent "
+                             "worker is SUSPECT after it and LOST after lost_after_s)"));
+  } else if (!(c->lost_after_s >= c->heartbeat_timeout_s && c->lost_after_s <= 86400)) {
+    e.push_back(absl::StrCat("lost_after_s: ", c->lost_after_s,
+                             " is out of range (use heartbeat_timeout_s (", c->heartbeat_timeout_s,
+                             ") .. 86400 seconds, e.g. 45 to ride out a 30 s network blip; "
+                             "equal to heartbeat_timeout_s turns the SUSPECT window off)"));
   }
   if (c->heartbeat_interval_s == 0) c->heartbeat_interval_s = c->heartbeat_timeout_s / 4;
   if (!(c->heartbeat_interval_s > 0 && c->heartbeat_interval_s <= c->heartbeat_timeout_s / 2)) {
@@ -282,6 +290,12 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
     e.push_back(absl::StrCat("ended_job_ttl_s: ", c->ended_job_ttl_s,
                              " is out of range (use 0 to keep ended jobs, or up to 315360000 "
                              "seconds, e.g. 604800 for a week)"));
+  }
+  if (c->log_file_bytes_per_job != 0 &&
+      (c->log_file_bytes_per_job < 64 * kKiB || c->log_file_bytes_per_job > 64 * kGiB)) {
+    e.push_back(absl::StrCat("log_file_bytes_per_job: ", c->log_file_bytes_per_job,
+                             " is out of range (use 0 for no log files, or 65536.."
+                             "68719476736 bytes, e.g. 67108864)"));
   }
   if (!(c->lost_worker_ttl_s > 0 && c->lost_worker_ttl_s <= 30 * 24 * 3600)) {
     e.push_back(absl::StrCat("lost_worker_ttl_s: ", c->lost_worker_ttl_s,

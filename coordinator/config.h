@@ -20,7 +20,13 @@ struct CoordinatorConfig {
   std::string listen = "127.0.0.1:50051";       // gRPC HOST:PORT (port 0 = pick one).
   std::string state_dir;                        // Required. SQLite lives here.
   std::string metrics_listen = "0.0.0.0:9091";  // Prometheus HOST:PORT ("" = off).
-  double heartbeat_timeout_s = 10;              // No message for this long -> worker LOST (<= 10).
+  double heartbeat_timeout_s = 10;  // No message for this long -> worker SUSPECT (no new work).
+  // No message for this long -> worker LOST: its attempts end and restart elsewhere. Sized
+  // so that a 30 s network blip (plus a heartbeat interval and scheduling slack) leaves the
+  // ranks running. A lost-peer exit (69) of a rank of its job makes a SUSPECT (or
+  // DISCONNECTED) worker LOST at once. heartbeat_timeout_s <= lost_after_s <= 86400 (equal: no
+  // suspicion window).
+  double lost_after_s = 45;
   double heartbeat_interval_s = 0;      // Told to workers; <= timeout / 2 (0 = timeout / 4).
   double reconnect_window_s = 0;        // After a coordinator restart, how long RECOVERING jobs
                                         // wait for their workers (0 = 2 * heartbeat_timeout_s).
@@ -45,6 +51,10 @@ struct CoordinatorConfig {
   // and over all jobs (lines dropped from the largest buffers first).
   int64_t log_buffer_bytes_per_job = 8 << 20;  // 64 KiB .. 1 GiB.
   int64_t log_buffer_bytes_total = 512 << 20;  // >= log_buffer_bytes_per_job, <= 64 GiB.
+  // Every job's log lines are also kept in <state_dir>/logs/<job id>/ (job_log_files.h),
+  // rotated to stay within this many bytes per job, and read back after a restart.
+  // 0 = no log files; else 65536 .. 68719476736.
+  int64_t log_file_bytes_per_job = 64 << 20;
   double lost_worker_ttl_s = 3600;  // A worker LOST this long is forgotten (memory and SQLite).
   // An ended job (SUCCEEDED, FAILED, CANCELLED) is deleted this long after it ended, from
   // memory and SQLite (Kubernetes' ttlSecondsAfterFinished; its checkpoints stay on disk).

@@ -33,6 +33,11 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
   options.max_bytes = config.state_max_bytes;
   ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(config.state_dir, options));
   std::unique_ptr<Coordinator> c(new Coordinator(config, std::move(store), registry));
+  {
+    absl::MutexLock lock(&c->mu_);
+    c->log_files_ =
+        std::make_unique<JobLogFiles>(config.state_dir + "/logs", config.log_file_bytes_per_job);
+  }
   RETURN_IF_ERROR(c->Recover());
   return c;
 }
@@ -44,10 +49,10 @@ absl::Status Coordinator::Recover() {
   ASSIGN_OR_RETURN(Store::Snapshot snap, store_->Load());
   state_.next_job_number = snap.max_job_number + 1;
   const int64_t now = SteadyMs();
-  // Workers known before the restart get reconnect_window_s (not heartbeat_timeout_s)
-  // to come back before they are declared LOST.
+  // Workers known before the restart get reconnect_window_s (when longer than
+  // lost_after_s) to come back before they are declared LOST.
   const int64_t grace_ms =
-      static_cast<int64_t>((config_.reconnect_window_s - config_.heartbeat_timeout_s) * 1000);
+      static_cast<int64_t>((config_.reconnect_window_s - config_.lost_after_s) * 1000);
   for (WorkerRecord& w : snap.workers) {
     auto rt = std::make_unique<WorkerRt>();
     rt->rec = std::move(w);
@@ -66,6 +71,8 @@ absl::Status Coordinator::Recover() {
       if (ev.ParseFromString(e.payload)) job.events.push_back(std::move(ev));
       job.next_event_seq = e.sequence + 1;
     }
+    // The job's log lines from before the restart (job_log_files.h).
+    machine_.RestoreLogs(job, log_files_->Load(job.rec.id));
     if (!job.rec.request_id.empty()) state_.job_by_request[job.rec.request_id] = job.rec.id;
     state_.jobs[job.rec.id] = std::move(rt);
     AttemptRecord* attempt = job.rec.current_attempt();
@@ -153,11 +160,17 @@ void Coordinator::TickLocked(Txn& txn) {
   machine_.ExpireLostWorkers(now, txn);
   machine_.ExpireEndedJobs(NowMs(), txn);
   const int64_t timeout_ms = static_cast<int64_t>(config_.heartbeat_timeout_s * 1000);
+  const int64_t lost_ms = static_cast<int64_t>(config_.lost_after_s * 1000);
   for (auto& [id, w] : state_.workers) {
     if (w->state == v1::WORKER_STATE_LOST) continue;
     int64_t age = now - w->last_seen_steady;
-    if (age > timeout_ms) {
-      machine_.OnWorkerLost(*w, absl::StrFormat("no heartbeat for %.1fs", age / 1000.0), txn);
+    if (age > lost_ms) {
+      machine_.OnWorkerLost(*w,
+                            absl::StrFormat("no message for %.1fs (lost_after_s %g)", age / 1000.0,
+                                            config_.lost_after_s),
+                            txn);
+    } else if (age > timeout_ms) {
+      machine_.OnWorkerSuspect(*w, age, txn);
     }
   }
   for (auto& [id, j] : state_.jobs) {
@@ -231,6 +244,7 @@ absl::Status Coordinator::CommitLocked(Txn& txn) {
   }
   // Durable: now the side effects, still under mu_ so that every stream sees them in
   // the order of the commits (sinks only enqueue).
+  if (log_files_ != nullptr) log_files_->Append(txn.log_files);
   for (auto& [worker, msg] : txn.outbound) {
     if (worker->sink != nullptr) {
       worker->sink->Send(msg);

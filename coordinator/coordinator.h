@@ -46,6 +46,7 @@
 #include "coordinator/auth/principal.h"
 #include "coordinator/config.h"
 #include "coordinator/coordinator_metrics.h"
+#include "coordinator/job_log_files.h"
 #include "coordinator/job_machine.h"
 #include "coordinator/runtime.h"
 #include "coordinator/store.h"
@@ -152,7 +153,8 @@ class Coordinator {
   std::atomic<bool> serving_{false};
 
   mutable absl::Mutex mu_;
-  std::unique_ptr<Store> store_ ABSL_GUARDED_BY(mu_);  // Not thread-safe itself.
+  std::unique_ptr<Store> store_ ABSL_GUARDED_BY(mu_);            // Not thread-safe itself.
+  std::unique_ptr<JobLogFiles> log_files_ ABSL_GUARDED_BY(mu_);  // <state_dir>/logs.
   State state_ ABSL_GUARDED_BY(mu_);
   // Operate on state_; every call needs mu_ (they hold references to state_).
   JobMachine machine_ ABSL_GUARDED_BY(mu_);

@@ -31,7 +31,7 @@ std::vector<metrics::CallbackSample> JobStateSamples(const std::map<v1::JobState
 std::vector<metrics::CallbackSample> WorkerStateSamples(
     const std::map<v1::WorkerState, int>& counts) {
   std::vector<metrics::CallbackSample> out;
-  for (int s = v1::WORKER_STATE_IDLE; s <= v1::WORKER_STATE_LOST; ++s) {
+  for (int s = v1::WORKER_STATE_IDLE; s <= v1::WORKER_STATE_SUSPECT; ++s) {
     auto state = static_cast<v1::WorkerState>(s);
     std::string name = v1::WorkerState_Name(state).substr(sizeof("WORKER_STATE_") - 1);
     auto it = counts.find(state);

@@ -4,15 +4,22 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/metrics/build_info.h"
 #include "common/status.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/validation.h"
+#include "coordinator/version_policy.h"
 
 namespace ulysses::coordinator {
 
 absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& request,
                                                            const auth::Principal& caller) {
   RETURN_IF_ERROR(ValidateRegisterRequest(request));  // Before the lock (and again inside).
+  // Version skew (version_policy.h). A peer that sends no version (test peers, tools from
+  // before versions were sent) is not checked.
+  if (!request.agent_version().empty()) {
+    RETURN_IF_ERROR(CheckPeerVersion("worker", request.agent_version(), metrics::BuildVersion()));
+  }
   if (!auth::MayActAsWorker(caller, request.name())) {
     return absl::PermissionDeniedError(absl::StrCat(
         "name: \"", request.name(), "\" is not the worker ", caller.Describe(),
@@ -29,8 +36,8 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
     // last_seen_steady is set ahead, so the reconnect window counts as live).
     const bool live =
         held->state != v1::WORKER_STATE_LOST &&
-        (held->sink != nullptr || SteadyMs() - held->last_seen_steady <
-                                      static_cast<int64_t>(config_.heartbeat_timeout_s * 1000));
+        (held->sink != nullptr ||
+         SteadyMs() - held->last_seen_steady < static_cast<int64_t>(config_.lost_after_s * 1000));
     if (live) {
       return absl::PermissionDeniedError(absl::StrCat(
           "name: worker \"", request.name(), "\" is live and held by another identity (",
@@ -89,7 +96,10 @@ void Coordinator::CloseSession(const std::string& worker_id, uint64_t session_id
   if (w == nullptr || w->session != session_id) return;
   w->sink = nullptr;
   w->session = 0;
-  if (w->state != v1::WORKER_STATE_LOST) w->state = v1::WORKER_STATE_DISCONNECTED;
+  // (A SUSPECT worker stays SUSPECT: it is still silent.)
+  if (w->state != v1::WORKER_STATE_LOST && w->state != v1::WORKER_STATE_SUSPECT) {
+    w->state = v1::WORKER_STATE_DISCONNECTED;
+  }
 }
 
 void Coordinator::OnWorkerMessage(const std::string& worker_id, uint64_t session_id,
@@ -97,8 +107,10 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, uint64_t session
   absl::MutexLock lock(&mu_);
   WorkerRt* w = state_.FindWorker(worker_id);
   if (w == nullptr || w->session != session_id) return;
-  w->last_seen_steady = SteadyMs();
+  const int64_t now = SteadyMs();
   Txn txn;
+  machine_.OnWorkerBack(*w, now - w->last_seen_steady, txn);  // Only when SUSPECT.
+  w->last_seen_steady = now;
   protocol_.OnMessage(*w, message, txn);
   // A rank that exited, or a heartbeat with a free slot, may free slots for the queue.
   if (message.has_exited() ||

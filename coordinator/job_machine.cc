@@ -77,7 +77,23 @@ void JobMachine::AddLog(JobRt& job, v1::LogLine line, Txn& txn) {
       }
     }
   }
+  txn.log_files.emplace_back(job.rec.id, line);
   if (!job.log_followers.empty()) txn.log_lines.emplace_back(&job, std::move(line));
+}
+
+void JobMachine::RestoreLogs(JobRt& job, std::vector<v1::LogLine> lines) {
+  for (v1::LogLine& line : lines) {
+    if (line.sequence() < job.next_log_seq) continue;  // Already there (or out of order).
+    job.next_log_seq = line.sequence() + 1;
+    const int64_t bytes = LogLineBytes(line);
+    job.logs.push_back(std::move(line));
+    job.log_bytes += bytes;
+    state_.log_bytes += bytes;
+    while (job.logs.size() > static_cast<size_t>(config_.log_buffer_lines) ||
+           (job.log_bytes > config_.log_buffer_bytes_per_job && job.logs.size() > 1)) {
+      DropOldestLog(job);
+    }
+  }
 }
 
 void JobMachine::ExpireLostWorkers(int64_t now_steady_ms, Txn& txn) {

@@ -62,8 +62,21 @@ class JobMachine {
   void PreemptForPriority(JobRt& job, JobRt& for_job, double gpu_seconds_at_risk, Txn& txn);
   // Every rank of the current stage exited 0.
   void CompleteStage(JobRt& job, Txn& txn);
-  // Heartbeat timeout: LOST, its session closed, its rank (if any) lost.
+  // Silent past lost_after_s (or SUSPECT when its job's ranks lost a peer): LOST, its
+  // session closed, its ranks (if any) lost.
   void OnWorkerLost(WorkerRt& worker, const std::string& why, Txn& txn);
+  // Worker liveness between heartbeat_timeout_s and lost_after_s (worker_liveness.cc).
+  // Silent for `silent_ms` > heartbeat_timeout_s: SUSPECT (no new work; its ranks keep
+  // running), a coordinator log line on each job it holds ranks of.
+  void OnWorkerSuspect(WorkerRt& worker, int64_t silent_ms, Txn& txn);
+  // A SUSPECT worker was heard from again after `silent_ms`: back to BUSY/IDLE (DISCONNECTED
+  // without a session), a log line on each job it holds ranks of. No-op unless SUSPECT.
+  void OnWorkerBack(WorkerRt& worker, int64_t silent_ms, Txn& txn);
+  // A rank of `attempt` reported a broken collective (exit 69): every SUSPECT or
+  // DISCONNECTED (session closed) worker of the attempt is the likely cause and is declared
+  // LOST now rather than after lost_after_s.
+  // True when one was (the attempt has then ended).
+  bool LoseSuspectPeers(const AttemptRecord& attempt, const std::string& why, Txn& txn);
   // After a coordinator restart: restarts the group when its workers did not all
   // reconnect by the deadline.
   void CheckReconnectDeadline(JobRt& job, int64_t now_steady_ms, Txn& txn);
@@ -76,6 +89,9 @@ class JobMachine {
   // line and byte bounds, and lines of the largest buffers beyond the total byte bound);
   // followers get the line after the commit.
   void AddLog(JobRt& job, v1::LogLine line, Txn& txn);
+  // After a restart: `lines` (oldest first, from JobLogFiles) into the job's buffer within
+  // its line and byte bounds; the next line's sequence follows the last.
+  void RestoreLogs(JobRt& job, std::vector<v1::LogLine> lines);
   // Removes a job's log buffer from the total (the job is being dropped).
   void ForgetLogs(JobRt& job);
   // Forgets workers LOST for longer than lost_worker_ttl_s (memory, and the store

@@ -160,6 +160,7 @@ struct Txn {
   std::vector<std::pair<WorkerRt*, v1::CoordinatorMessage>> outbound;  // To worker sessions.
   std::vector<std::pair<JobRt*, v1::JobEvent>> notify;                 // To WatchJob streams.
   std::vector<std::pair<JobRt*, v1::LogLine>> log_lines;               // To log followers.
+  std::vector<std::pair<std::string, v1::LogLine>> log_files;          // Every line: job log files.
   std::vector<JobRt*> ended;  // Jobs that reached a terminal state (streams end).
 };
 

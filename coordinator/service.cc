@@ -14,6 +14,7 @@
 #include "common/grpc/grpc_util.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "coordinator/backup_service.h"
 #include "coordinator/validation.h"
 
 namespace ulysses::coordinator {
@@ -445,6 +446,13 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContex
   absl::StatusOr<v1::ListWorkersResponse> r = coordinator_->ListWorkers(*request, *caller);
   if (r.ok()) *response = std::move(*r);
   return FinishUnary(context, r.status());
+}
+
+grpc::ServerWriteReactor<v1::BackupStateChunk>* JobServiceImpl::BackupState(
+    grpc::CallbackServerContext* context, const v1::BackupStateRequest* /*request*/) {
+  RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/BackupState");
+  return NewBackupReactor(auth_->Authorize(*context, auth::Rpc::kBackupState),
+                          coordinator_->config().state_dir);
 }
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContext* context,

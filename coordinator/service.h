@@ -57,6 +57,9 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
                                         const v1::ListWorkersRequest* request,
                                         v1::ListWorkersResponse* response) override;
+  // backup_service.h.
+  grpc::ServerWriteReactor<v1::BackupStateChunk>* BackupState(
+      grpc::CallbackServerContext* context, const v1::BackupStateRequest* request) override;
 
  private:
   Coordinator* coordinator_;

@@ -20,7 +20,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/logging.h"
 #include "common/status.h"
+#include "coordinator/backup.h"
 #include "coordinator/failure_budget.h"
 
 namespace ulysses::coordinator {
@@ -288,6 +290,20 @@ absl::Status Store::Migrate() {
                      kSchemaVersion, " (run a newer ulysses-coordinator)"));
   }
   if (version == kSchemaVersion) return absl::OkStatus();
+  if (version >= 1) {
+    // The rollback point of an upgrade (restore --rollback-to-backup): the file as the
+    // previous coordinator left it. No backup, no migration.
+    const std::string backup = MigrationBackupPath(path_, version);
+    absl::StatusOr<BackupInfo> made = CopyVerified(db_, path_, backup);
+    if (!made.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path_, ": cannot back up schema version ", version,
+                       " before migrating it to ", kSchemaVersion, ": ", made.status().message(),
+                       " (free space in the state dir, or restore a backup)"));
+    }
+    ULOG(INFO) << path_ << ": schema version " << version << " backed up to " << backup << " ("
+               << made->bytes << " bytes) before migrating to " << kSchemaVersion;
+  }
   RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
   std::vector<const char*> steps;
   if (version < 1) steps.insert(steps.end(), std::begin(kSchemaV1), std::end(kSchemaV1));

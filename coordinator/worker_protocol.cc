@@ -53,6 +53,7 @@ absl::StatusOr<WorkerProtocol::Registered> WorkerProtocol::Register(
   w.rec.host = request.host();
   w.rec.capacity = static_cast<int>(w.rec.devices.size());
   w.rec.last_seen_ms = NowMs();
+  machine_.OnWorkerBack(w, SteadyMs() - w.last_seen_steady, txn);  // Only when SUSPECT.
   w.last_seen_steady = SteadyMs();
   if (w.state == v1::WORKER_STATE_LOST) w.state = v1::WORKER_STATE_DISCONNECTED;
   w.lost_since_steady = 0;
@@ -471,6 +472,16 @@ void WorkerProtocol::OnExited(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn)
   AttemptRecord* a = f.attempt;
   Ack(w, m, absl::OkStatus(), txn);
   if (a->ended()) return;  // Already ended (aborted, cancelled): nothing more to decide.
+  // A broken collective while a peer's worker is silent: that worker is the likely cause
+  // (its attempt ends LOST now, an infrastructure failure, instead of after lost_after_s).
+  if (x.exit_code() == contract::kExitPeerLost && x.signal() == 0 && !x.aborted() &&
+      !x.preempted() && job->preempting_for.empty() &&
+      machine_.LoseSuspectPeers(*a,
+                                absl::StrCat("rank ", ref.rank(), " of ", ref.job_id(),
+                                             " lost a peer (exit ", contract::kExitPeerLost, ")"),
+                                txn)) {
+    return;
+  }
   std::string detail = x.error_message().empty()
                            ? ""
                            : absl::StrCat(": ", TruncateText(x.error_message(), kMaxReasonBytes));

@@ -20,6 +20,7 @@ constexpr Entry kTable[] = {
     {Rpc::kWatchJob, "/ulysses.v1.JobService/WatchJob", true, true, true, false},
     {Rpc::kGetJobLogs, "/ulysses.v1.JobService/GetJobLogs", true, true, true, false},
     {Rpc::kListWorkers, "/ulysses.v1.JobService/ListWorkers", true, true, true, false},
+    {Rpc::kBackupState, "/ulysses.v1.JobService/BackupState", true, false, false, false},
     {Rpc::kRegister, "/ulysses.v1.WorkerService/Register", true, false, false, true},
     {Rpc::kSession, "/ulysses.v1.WorkerService/Session", true, false, false, true},
 };

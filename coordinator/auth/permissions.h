@@ -18,12 +18,14 @@ enum class Rpc {
   kWatchJob,
   kGetJobLogs,
   kListWorkers,
+  kBackupState,
   kRegister,  // WorkerService/Register
   kSession,   // WorkerService/Session
 };
-inline constexpr Rpc kAllRpcs[] = {
-    Rpc::kSubmitJob, Rpc::kGetJob,     Rpc::kListJobs,    Rpc::kCancelJob, Rpc::kResumeJob,
-    Rpc::kWatchJob,  Rpc::kGetJobLogs, Rpc::kListWorkers, Rpc::kRegister,  Rpc::kSession};
+inline constexpr Rpc kAllRpcs[] = {Rpc::kSubmitJob,  Rpc::kGetJob,      Rpc::kListJobs,
+                                   Rpc::kCancelJob,  Rpc::kResumeJob,   Rpc::kWatchJob,
+                                   Rpc::kGetJobLogs, Rpc::kListWorkers, Rpc::kBackupState,
+                                   Rpc::kRegister,   Rpc::kSession};
 
 // "/ulysses.v1.JobService/SubmitJob", ...
 const char* RpcName(Rpc rpc);

@@ -1,5 +1,7 @@
 #include "common/logging.h"
 
+#include "common/log_format.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
@@ -32,6 +34,30 @@ TEST(LoggingTest, SinkSeesEnabledLinesOnly) {
   EXPECT_EQ(lines[0][4], '-');
   EXPECT_EQ(lines[0][10], 'T');
   EXPECT_EQ(lines[0][23], 'Z');
+}
+
+// --log-format json: one JSON object per line on stderr, the message escaped; the sink still
+// gets the text line.
+TEST(LoggingTest, JsonFormatWritesOneEscapedObjectPerLine) {
+  std::vector<std::string> sunk;
+  SetLogSink([&](LogLevel, const std::string& line) { sunk.push_back(line); });
+  ASSERT_TRUE(SetLogFormatFromFlag("--log-format", "json").ok());
+  ::testing::internal::CaptureStderr();
+  ULOG(WARNING) << "say \"hi\"\n\tnext \\ " << 7;
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(SetLogFormatFromFlag("--log-format", "text").ok());
+  SetLogSink(nullptr);
+  ASSERT_FALSE(err.empty());
+  EXPECT_EQ(err.find('\n'), err.size() - 1) << err;  // One line.
+  EXPECT_EQ(err.rfind("{\"time\":\"20", 0), 0u) << err;
+  EXPECT_NE(err.find("\",\"level\":\"warning\",\"pid\":"), std::string::npos) << err;
+  EXPECT_NE(err.find("\"source\":\"logging_test.cc:"), std::string::npos) << err;
+  EXPECT_NE(err.find("\"msg\":\"say \\\"hi\\\"\\n\\tnext \\\\ 7\"}"), std::string::npos) << err;
+  ASSERT_EQ(sunk.size(), 1u);
+  EXPECT_EQ(sunk[0].front(), '2') << "the sink gets the text line";
+  absl::Status bad = SetLogFormatFromFlag("--log-format", "xml");
+  EXPECT_EQ(bad.message(), "--log-format: \"xml\" is not a log format (use text or json)");
+  EXPECT_EQ(TextLogLineToJson("no prefix"), "{\"msg\":\"no prefix\"}");
 }
 
 }  // namespace

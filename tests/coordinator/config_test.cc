@@ -128,5 +128,44 @@ TEST(ConfigTest, StreamCapsAreBoundedAndTheTotalCoversOneIdentity) {
       << s;
 }
 
+// The SUSPECT window: heartbeat_timeout_s is no longer capped at 10 s, lost_after_s
+// (default 45: a 30 s blip stays below it) must cover it, and a bad pair names the field,
+// the value and the fix.
+TEST(ConfigTest, LostAfterCoversTheHeartbeatTimeoutWhichIsNoLongerCappedAtTenSeconds) {
+  TempDir dir;
+  CoordinatorConfig c = Base(dir);
+  EXPECT_EQ(c.heartbeat_timeout_s, 10);
+  EXPECT_EQ(c.lost_after_s, 45);
+  EXPECT_GT(c.lost_after_s, 30 + c.heartbeat_timeout_s / 4);
+  ASSERT_TRUE(ApplyConfigYaml("heartbeat_timeout_s: 20\nlost_after_s: 120\n", &c).ok());
+  EXPECT_TRUE(ValidateAndFinalize(&c).ok());
+  EXPECT_EQ(c.heartbeat_timeout_s, 20);
+  EXPECT_EQ(c.lost_after_s, 120);
+
+  CoordinatorConfig equal = Base(dir);  // No SUSPECT window: the old behaviour.
+  equal.heartbeat_timeout_s = 4;
+  equal.lost_after_s = 4;
+  EXPECT_TRUE(ValidateAndFinalize(&equal).ok());
+
+  CoordinatorConfig below = Base(dir);
+  below.heartbeat_timeout_s = 30;
+  below.lost_after_s = 20;
+  absl::Status s = ValidateAndFinalize(&below);
+  EXPECT_TRUE(absl::StrContains(s.message(),
+                                "lost_after_s: 20 is out of range (use heartbeat_timeout_s (30) "
+                                ".. 86400 seconds"))
+      << s;
+
+  CoordinatorConfig huge = Base(dir);
+  huge.lost_after_s = 100000;
+  s = ValidateAndFinalize(&huge);
+  EXPECT_TRUE(absl::StrContains(s.message(), "lost_after_s: 100000 is out of range")) << s;
+
+  CoordinatorConfig zero = Base(dir);
+  zero.heartbeat_timeout_s = 0;
+  s = ValidateAndFinalize(&zero);
+  EXPECT_TRUE(absl::StrContains(s.message(), "heartbeat_timeout_s: 0 is out of range")) << s;
+}
+
 }  // namespace
 }  // namespace ulysses::coordinator

@@ -102,7 +102,7 @@ TEST(CoordinatorMetricsTest, StateSamplesCoverEveryState) {
   EXPECT_EQ(jobs.back().value, 4);
   auto workers = WorkerStateSamples({});
   EXPECT_EQ(workers.front().label_values[0], "idle");
-  EXPECT_EQ(workers.back().label_values[0], "lost");
+  EXPECT_EQ(workers.back().label_values[0], "suspect");
 }
 
 }  // namespace

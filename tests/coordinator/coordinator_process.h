@@ -89,8 +89,9 @@ class CoordinatorProcess {
 };
 
 inline std::vector<std::string> PlainArgs(const std::string& state_dir) {
-  return {"--listen",         "127.0.0.1:0", "--state-dir",           state_dir,
-          "--metrics-listen", "127.0.0.1:0", "--heartbeat-timeout-s", "3"};
+  return {
+      "--listen",    "127.0.0.1:0",           "--state-dir", state_dir,        "--metrics-listen",
+      "127.0.0.1:0", "--heartbeat-timeout-s", "3",           "--lost-after-s", "3"};
 }
 
 // PlainArgs plus TLS (dev certificates), worker client certificates and `token_file`.

@@ -202,7 +202,7 @@ TEST(CoordinatorProcessTest, BadConfigExits2WithTheField) {
   TempDir dir;
   std::string cfg = dir.path() + "/c.yaml";
   FILE* f = fopen(cfg.c_str(), "w");
-  fputs("heartbeat_timeout_s: 60\n", f);
+  fputs("heartbeat_timeout_s: 5000\n", f);
   fclose(f);
   std::string cmd = CoordinatorBinary() + " --state-dir " + dir.path() + " --config " + cfg +
                     " 2>" + dir.path() + "/err.txt";
@@ -213,7 +213,8 @@ TEST(CoordinatorProcessTest, BadConfigExits2WithTheField) {
   char buf[1024] = {0};
   size_t n = fread(buf, 1, sizeof(buf) - 1, e);
   fclose(e);
-  EXPECT_NE(std::string(buf, n).find("heartbeat_timeout_s: 60 is out of range"), std::string::npos)
+  EXPECT_NE(std::string(buf, n).find("heartbeat_timeout_s: 5000 is out of range"),
+            std::string::npos)
       << std::string(buf, n);
 }
 
@@ -235,13 +236,13 @@ TEST(CoordinatorProcessTest, BadFlagsExit2) {
   }
 }
 
-// The config file says heartbeat_timeout_s 60 (out of range: alone it exits 2, see
+// The config file says heartbeat_timeout_s 5000 (out of range: alone it exits 2, see
 // above) and a state dir that cannot be created; the flags say 3 s and a good dir.
 // The daemon starts only if both flags won over the file.
 TEST(CoordinatorProcessTest, FlagsOverrideTheConfigFile) {
   TempDir dir;
   const std::string cfg = dir.path() + "/c.yaml";
-  std::ofstream(cfg) << "heartbeat_timeout_s: 60\nstate_dir: /proc/no-such-dir/state\n";
+  std::ofstream(cfg) << "heartbeat_timeout_s: 5000\nstate_dir: /proc/no-such-dir/state\n";
   CoordinatorProcess coord({"--config", cfg, "--listen", "127.0.0.1:0", "--metrics-listen",
                             "127.0.0.1:0", "--heartbeat-timeout-s", "3", "--state-dir",
                             dir.path() + "/state"});

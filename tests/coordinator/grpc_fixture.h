@@ -40,9 +40,11 @@ class CoordinatorServerTest : public ::testing::Test {
     // Short enough to test loss quickly, long enough for a loaded 2-core CI box.
     config_.heartbeat_timeout_s = 2;
     config_.heartbeat_interval_s = 0.2;
+    config_.lost_after_s = 2;  // No SUSPECT window unless Configure() opens one.
     config_.restart_backoff_base_s = 0.05;
     config_.restart_backoff_max_s = 0.2;
     UseTestSecurity(&config_, tokens_dir_.Sub("tokens.yaml"));
+    Configure(&config_);
     ASSERT_TRUE(ValidateAndFinalize(&config_).ok());
     auto server = CoordinatorServer::Start(config_);
     ASSERT_TRUE(server.ok()) << server.status();
@@ -50,6 +52,8 @@ class CoordinatorServerTest : public ::testing::Test {
     channel_ = Channel(WithToken(TestTokens::kAdmin));
     jobs_ = v1::JobService::NewStub(channel_);
   }
+  // A fixture's own settings, applied over the ones above before validation.
+  virtual void Configure(CoordinatorConfig*) {}
   void TearDown() override {
     workers_.clear();
     if (server_) server_->Shutdown();

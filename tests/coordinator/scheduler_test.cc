@@ -382,13 +382,13 @@ TEST(PlanQueueTest, BackfillRunsOnWorkersOutsideTheHeadsLabel) {
 TEST(ConfigTest, RejectsBadValuesWithActionableMessages) {
   CoordinatorConfig c;
   c.state_dir = "/tmp/x";
-  c.heartbeat_timeout_s = 30;
+  c.heartbeat_timeout_s = 5000;
   c.rendezvous_port_min = 3000;
   c.rendezvous_port_max = 2000;
   absl::Status s = ValidateAndFinalize(&c);
   ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   std::string m(s.message());
-  EXPECT_NE(m.find("heartbeat_timeout_s: 30 is out of range"), std::string::npos) << m;
+  EXPECT_NE(m.find("heartbeat_timeout_s: 5000 is out of range"), std::string::npos) << m;
   EXPECT_NE(m.find("rendezvous_port_min/rendezvous_port_max: 3000/2000"), std::string::npos) << m;
 }
 

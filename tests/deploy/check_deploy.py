@@ -313,6 +313,39 @@ class ManifestTest(unittest.TestCase):
         self.assertEqual({p["name"]: p["port"] for p in svc["spec"]["ports"]},
                          {"grpc": 50051, "metrics": 9090})
 
+    def test_backup_cronjob_example(self):
+        # deploy/k8s/examples/backup-cronjob.yaml (docs/OPERATIONS.md "Backup and restore"):
+        # backs up the coordinator's own state claim and state dir, on the coordinator's node
+        # (the claim is ReadWriteOnce), never two at once, into a claim of its own.
+        with open(os.path.join(K8S, "examples", "backup-cronjob.yaml"), encoding="utf-8") as f:
+            docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(f) if d}
+        cron = docs[("CronJob", "ulysses-coordinator-backup")]
+        self.assertEqual(cron["spec"]["concurrencyPolicy"], "Forbid")
+        pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        dep = self.get("Deployment", "ulysses-coordinator")
+        dep_pod = dep["spec"]["template"]["spec"]
+        (term,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        self.assertEqual(term["labelSelector"]["matchLabels"], dep["spec"]["selector"]["matchLabels"])
+        self.assertEqual(term["topologyKey"], "kubernetes.io/hostname")
+        self.assertEqual(pod["securityContext"]["runAsUser"], dep_pod["securityContext"]["runAsUser"])
+        (c,) = pod["containers"]
+        self.assertEqual(c["image"], dep_pod["containers"][0]["image"])
+        script = c["args"][0]
+        state_dir = next(a.split("=", 1)[1] for a in dep_pod["containers"][0]["args"]
+                         if a.startswith("--state-dir="))
+        self.assertIn(f"ulysses-coordinator backup --state-dir={state_dir} --to=", script)
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        self.assertEqual(mounts["state"], state_dir)
+        dep_volumes = {v["name"]: v for v in dep_pod["volumes"]}
+        self.assertEqual(volumes["state"]["persistentVolumeClaim"]["claimName"],
+                         dep_volumes["state"]["persistentVolumeClaim"]["claimName"])
+        backups = volumes["backups"]["persistentVolumeClaim"]["claimName"]
+        self.assertIn(("PersistentVolumeClaim", backups), docs)
+        self.assertNotEqual(backups, dep_volumes["state"]["persistentVolumeClaim"]["claimName"])
+        self.assertIn(f'--to="$name"', script)
+        self.assertIn(mounts["backups"], script.split("name=", 1)[1].split("\n", 1)[0])
+
     def test_workers(self):
         sts = self.get("StatefulSet", "ulysses-worker")
         headless = self.get("Service", sts["spec"]["serviceName"])

@@ -254,7 +254,7 @@ TEST_F(LivePrometheusTest, HeartbeatAndStoreReadOnlyAlertsFireUnderInjectedFault
   Cluster cluster;
   const std::string config = cluster.dir() + "/coordinator-extra.yaml";
   std::ofstream(config) << "state_max_bytes: 1048576\n";
-  cluster.StartCoordinator(/*heartbeat_timeout_s=*/8, {"--config", config});
+  cluster.StartCoordinator(/*heartbeat_timeout_s=*/8, /*lost_after_s=*/0, {"--config", config});
   ASSERT_GT(cluster.metrics_port(), 0) << cluster.Logs();
   cluster.StartWorker("w0");
   ASSERT_TRUE(cluster.WaitForIdleWorkers(1, seconds(60))) << cluster.Logs();

@@ -127,14 +127,15 @@ Cluster::~Cluster() {
   if (std::getenv("ULYSSES_E2E_KEEP") == nullptr) ulysses::RemoveTree(dir_).IgnoreError();
 }
 
-void Cluster::StartCoordinator(double heartbeat_timeout_s, const std::vector<std::string>& extra) {
+void Cluster::StartCoordinator(double heartbeat_timeout_s, double lost_after_s,
+                               const std::vector<std::string>& extra) {
   if (coordinator_) dead_logs_ += "=== coordinator (previous)\n" + coordinator_->Output();
   const testing::DevCerts& certs = testing::TestCerts();
-  std::vector<std::string> args = {BinDir() + "/ulysses-coordinator",
+  std::vector<std::string> argv = {BinDir() + "/ulysses-coordinator",
                                    "--listen",
                                    absl::StrCat("127.0.0.1:", port_),
                                    "--state-dir",
-                                   dir_ + "/state",
+                                   state_dir(),
                                    "--metrics-listen",
                                    "127.0.0.1:0",
                                    "--heartbeat-timeout-s",
@@ -147,8 +148,12 @@ void Cluster::StartCoordinator(double heartbeat_timeout_s, const std::vector<std
                                    certs.ca,
                                    "--data-root",
                                    data_root()};
-  args.insert(args.end(), extra.begin(), extra.end());
-  coordinator_ = Process::Start(args);
+  if (lost_after_s >= 0) {
+    argv.push_back("--lost-after-s");
+    argv.push_back(absl::StrCat(lost_after_s > 0 ? lost_after_s : heartbeat_timeout_s));
+  }
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  coordinator_ = Process::Start(argv);
   if (!coordinator_) return;
   auto line = coordinator_->WaitForLine("listening grpc=", seconds(30));
   if (!line) return;
@@ -157,7 +162,7 @@ void Cluster::StartCoordinator(double heartbeat_timeout_s, const std::vector<std
   const size_t metrics_at = line->find("metrics=");
   if (metrics_at != std::string::npos) metrics_port_ = std::atoi(line->c_str() + metrics_at + 8);
   // The admin token a coordinator without a token file creates.
-  token_file_ = dir_ + "/state/admin.token";
+  token_file_ = state_dir() + "/admin.token";
   std::ofstream config(config_path());
   config << "current-context: e2e\ncontexts:\n  - name: e2e\n    server: " << address()
          << "\n    ca: " << certs.ca << "\n    token_file: " << token_file_ << "\n";
@@ -253,7 +258,7 @@ bool Cluster::WaitForIdleWorkers(int n, milliseconds timeout) {
 
 int64_t Cluster::StoreRows(const std::string& table) const {
   sqlite3* db = nullptr;
-  const std::string path = dir_ + "/state/coordinator.db";
+  const std::string path = state_dir() + "/coordinator.db";
   int64_t rows = -1;
   if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) == SQLITE_OK) {
     sqlite3_stmt* stmt = nullptr;

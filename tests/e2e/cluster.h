@@ -71,9 +71,11 @@ class Cluster {
   Cluster();
   ~Cluster();
 
-  // Starts (or restarts on the same port and state dir) the coordinator. `extra`: more
-  // ulysses-coordinator flags (e.g. --config FILE).
-  void StartCoordinator(double heartbeat_timeout_s = 4, const std::vector<std::string>& extra = {});
+  // Starts (or restarts on the same port and state dir) the coordinator. `lost_after_s`:
+  // 0 = heartbeat_timeout_s (no SUSPECT window: a silent worker is LOST at once), < 0 = the
+  // coordinator's default (45 s). `extra`: more ulysses-coordinator flags.
+  void StartCoordinator(double heartbeat_timeout_s = 4, double lost_after_s = 0,
+                        const std::vector<std::string>& extra = {});
   void KillCoordinator();
   std::string address() const;
   // The coordinator's bound metrics port (from its ready line; 0 before).
@@ -105,6 +107,10 @@ class Cluster {
   bool WaitForIdleWorkers(int n, milliseconds timeout);
 
   const std::string& dir() const { return dir_; }
+  // The coordinator's --state-dir (default <dir>/state); a restore test points the next
+  // StartCoordinator at another one.
+  std::string state_dir() const { return state_dir_.empty() ? dir_ + "/state" : state_dir_; }
+  void set_state_dir(const std::string& path) { state_dir_ = path; }
   // The coordinator's data root (--data-root): job specs may name data files under it.
   std::string data_root() const { return dir_ + "/data"; }
   // Rows of `table` in the coordinator's SQLite store (-1 if it cannot be read).
@@ -114,6 +120,7 @@ class Cluster {
 
  private:
   std::string dir_;
+  std::string state_dir_;
   int port_ = 0;
   int metrics_port_ = 0;
   std::string token_file_;

@@ -83,6 +83,13 @@ class SecurityGrpcTest : public CoordinatorServerTest {
                       v1::ListWorkersResponse resp;
                       return stub->ListWorkers(ctx, v1::ListWorkersRequest(), &resp);
                     }});
+    rpcs.push_back({"BackupState", [stub](grpc::ClientContext* ctx) {
+                      auto reader = stub->BackupState(ctx, v1::BackupStateRequest());
+                      v1::BackupStateChunk chunk;
+                      while (reader->Read(&chunk)) {
+                      }
+                      return reader->Finish();
+                    }});
     return rpcs;
   }
 
@@ -186,7 +193,8 @@ TEST_F(SecurityGrpcTest, ViewerReadsItsTenantButCannotSubmitCancelOrResume) {
   for (const auto& [name, call] : JobRpcs(Channel(WithToken(TestTokens::kViewer)), *id)) {
     if (name == "WatchJob") continue;  // Of a live job: runs until its deadline.
     grpc::Status s = Run(call);
-    if (name == "SubmitJob" || name == "CancelJob" || name == "ResumeJob") {
+    if (name == "SubmitJob" || name == "CancelJob" || name == "ResumeJob" ||
+        name == "BackupState") {
       EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << name;
       EXPECT_TRUE(absl::StrContains(s.error_message(), "role viewer")) << s.error_message();
     } else {
@@ -209,6 +217,10 @@ TEST_F(SecurityGrpcTest, AnotherTenantsJobIsNotFoundForEveryRpcAndUnchanged) {
   for (const auto& [name, call] : JobRpcs(bob, *id)) {
     if (name == "SubmitJob" || name == "ListWorkers") continue;
     grpc::Status s = Run(call);
+    if (name == "BackupState") {  // Admins only.
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+      continue;
+    }
     if (name == "ListJobs") {
       EXPECT_TRUE(s.ok()) << s.error_message();
       continue;

@@ -9,6 +9,7 @@
 #include "CLI/CLI.hpp"
 #include "common/contract/cli11.h"
 #include "common/contract/exit.h"
+#include "common/log_format.h"
 #include "common/logging.h"
 #include "common/stop.h"
 #include "worker/agent/worker_agent.h"
@@ -66,8 +67,15 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--insecure", config.insecure,
                "Allow plaintext to a non-loopback coordinator (the token travels in clear)");
+  std::string log_format = "text";
+  app.add_option("--log-format", log_format,
+                 "text (default) or json: one JSON object per stderr line for log collectors");
   if (std::optional<int> exit_code = ulysses::contract::ParseCommandLine(app, argc, argv)) {
     return *exit_code;
+  }
+  if (absl::Status s = ulysses::SetLogFormatFromFlag("--log-format", log_format); !s.ok()) {
+    std::cerr << "ulysses-worker: " << s.message() << "\n";
+    return ulysses::contract::kExitBadInput;
   }
   if (const char* env = std::getenv("ULYSSES_TOKEN");
       config.token.empty() && config.token_file.empty() && env != nullptr) {

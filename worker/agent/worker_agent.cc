@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/logging.h"
+#include "common/metrics/build_info.h"
 #include "common/metrics/metrics_server.h"
 #include "common/process/cpu_share.h"
 #include "common/spec/path_confine.h"
@@ -41,7 +42,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr char kAgentVersion[] = "0.1.0";
 constexpr size_t kMaxOutbox = 20000;
 constexpr size_t kMaxPendingLogs = 5000;
 constexpr size_t kMaxLinesPerBatch = 500;
@@ -459,7 +459,7 @@ absl::Status WorkerAgent::Impl::Register() {
   for (const std::string& device : config_.devices) request.add_devices(device);
   request.set_host(config_.advertise_host);
   request.set_capacity(static_cast<int32_t>(config_.devices.size()));
-  request.set_agent_version(kAgentVersion);
+  request.set_agent_version(metrics::BuildVersion());  // Checked by the coordinator.
   std::vector<v1::RunningWork> reported;
   {
     std::lock_guard<std::mutex> lock(mu_);

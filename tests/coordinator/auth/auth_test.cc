@@ -196,6 +196,9 @@ TEST(PermissionsTest, TheTableGivesEachRoleExactlyItsRpcs) {
     EXPECT_TRUE(RoleMayCall(Role::kViewer, rpc));
     EXPECT_FALSE(RoleMayCall(Role::kWorker, rpc)) << RpcName(rpc);
   }
+  EXPECT_FALSE(RoleMayCall(Role::kUser, Rpc::kBackupState));  // Admins only.
+  EXPECT_FALSE(RoleMayCall(Role::kViewer, Rpc::kBackupState));
+  EXPECT_FALSE(RoleMayCall(Role::kWorker, Rpc::kBackupState));
   for (Rpc rpc : {Rpc::kRegister, Rpc::kSession}) {
     EXPECT_TRUE(RoleMayCall(Role::kWorker, rpc));
     EXPECT_FALSE(RoleMayCall(Role::kUser, rpc)) << RpcName(rpc);

@@ -1,0 +1,51 @@
+#include "coordinator/version_policy.h"
+
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace ulysses::coordinator {
+
+absl::StatusOr<Version> ParseVersion(absl::string_view text) {
+  const absl::string_view core = text.substr(0, text.find('-'));
+  std::vector<absl::string_view> parts = absl::StrSplit(core, '.');
+  Version v;
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &v.major) ||
+      !absl::SimpleAtoi(parts[1], &v.minor) || !absl::SimpleAtoi(parts[2], &v.patch) ||
+      v.major < 0 || v.minor < 0 || v.patch < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("version \"", text, "\" is not MAJOR.MINOR.PATCH"));
+  }
+  return v;
+}
+
+absl::Status CheckPeerVersion(absl::string_view kind, absl::string_view peer,
+                              absl::string_view own) {
+  absl::StatusOr<Version> mine = ParseVersion(own);
+  if (!mine.ok()) return absl::OkStatus();  // A development build ("unknown"): no policy.
+  const std::string accepted = mine->minor > 0
+                                   ? absl::StrCat(mine->major, ".", mine->minor - 1, ".x and ",
+                                                  mine->major, ".", mine->minor, ".x")
+                                   : absl::StrCat(mine->major, ".", mine->minor, ".x");
+  absl::StatusOr<Version> theirs = ParseVersion(peer);
+  if (!theirs.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kind, " version \"", peer, "\" is not a release version; this coordinator (",
+                     own, ") accepts ", accepted, " (run a released ulysses-", kind, ")"));
+  }
+  const bool same_major = theirs->major == mine->major;
+  if (same_major && (theirs->minor == mine->minor || theirs->minor + 1 == mine->minor)) {
+    return absl::OkStatus();
+  }
+  const bool newer = theirs->major > mine->major || (same_major && theirs->minor > mine->minor);
+  return absl::FailedPreconditionError(absl::StrCat(
+      kind, " version ", peer, " is not accepted by this coordinator (version ", own,
+      "; it accepts ", accepted, "): ",
+      newer ? absl::StrCat("upgrade the coordinator to ", theirs->major, ".", theirs->minor,
+                           " first, then the ", kind, "s")
+            : absl::StrCat("upgrade the ", kind, " to ", mine->major, ".", mine->minor)));
+}
+
+}  // namespace ulysses::coordinator

@@ -1,0 +1,34 @@
+// Which peer versions a coordinator accepts (docs/OPERATIONS.md "Upgrades and rollback",
+// version policy): releases are MAJOR.MINOR.PATCH (the CMake project version, which every
+// binary reports as metrics::BuildVersion()). A coordinator accepts workers of its own minor
+// version and of the previous one of the same major (0.4 accepts 0.3.x and 0.4.x), so the
+// coordinator is upgraded first and the workers follow; every other version is refused with
+// both versions and the fix.
+#ifndef ULYSSES_COORDINATOR_VERSION_POLICY_H_
+#define ULYSSES_COORDINATOR_VERSION_POLICY_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace ulysses::coordinator {
+
+struct Version {
+  int major = 0;
+  int minor = 0;
+  int patch = 0;
+};
+
+// "1.2.3" (a "-suffix" after the patch is ignored); InvalidArgument otherwise.
+absl::StatusOr<Version> ParseVersion(absl::string_view text);
+
+// OK when `peer` (the version a `kind` such as "worker" sent) may talk to a coordinator of
+// version `own`; FailedPrecondition naming both versions, what is accepted and the fix.
+absl::Status CheckPeerVersion(absl::string_view kind, absl::string_view peer,
+                              absl::string_view own);
+
+}  // namespace ulysses::coordinator
+
+#endif  // ULYSSES_COORDINATOR_VERSION_POLICY_H_

@@ -1,0 +1,281 @@
+// Worker liveness with a SUSPECT window (docs/COORDINATOR.md "Worker liveness"), through
+// the real gRPC API against an in-process coordinator (grpc_fixture.h): a worker silent
+// past heartbeat_timeout_s is SUSPECT (no new work, its ranks keep running, its job is not
+// restarted) and comes back without a restart when it speaks again; it is LOST after
+// lost_after_s, or at once when a rank of its job reports a broken collective (exit 69).
+// Also the version skew a coordinator accepts from workers (version_policy.h).
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "common/grpc/grpc_util.h"
+#include "common/metrics/build_info.h"
+#include "coordinator/version_policy.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "tests/coordinator/fake_worker.h"
+#include "tests/coordinator/grpc_fixture.h"
+#include "tests/coordinator/test_util.h"
+
+namespace ulysses::coordinator {
+namespace {
+
+using testing::FakeWorker;
+using testing::JobYaml;
+using testing::PollUntil;
+
+class LivenessGrpcTest : public testing::CoordinatorServerTest {
+ protected:
+  // Silent for 1 s: SUSPECT; LOST only after 60 s (longer than any test here waits), so a
+  // LOST below comes from the broken-collective rule, not the timer.
+  void Configure(CoordinatorConfig* c) override {
+    c->heartbeat_timeout_s = 1;
+    c->lost_after_s = 60;
+  }
+
+  v1::WorkerState StateOf(const std::string& name) {
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(5));
+    v1::ListWorkersResponse workers;
+    EXPECT_TRUE(jobs_->ListWorkers(&ctx, v1::ListWorkersRequest(), &workers).ok());
+    for (const v1::Worker& w : workers.workers()) {
+      if (w.name() == name) return w.state();
+    }
+    return v1::WORKER_STATE_UNSPECIFIED;
+  }
+
+  bool HasLogLine(const std::string& id, const std::string& text) {
+    for (const v1::LogLine& l : Logs(id)) {
+      if (absl::StrContains(l.text(), text)) return true;
+    }
+    return false;
+  }
+
+  // A 2-rank job running on two workers; returns rank -> (worker, assignment).
+  std::map<int, std::pair<FakeWorker*, v1::Assignment>> RunTwoRankJob(FakeWorker& a, FakeWorker& b,
+                                                                      std::string* id) {
+    auto submitted = Submit(JobYaml("blip", "    - {seq_len: 256, steps: 40, sp_degree: 2}\n"));
+    EXPECT_TRUE(submitted.ok()) << submitted.status();
+    *id = submitted.value_or("");
+    auto assigned = CollectAssignments({&a, &b}, 2);
+    EXPECT_EQ(assigned.size(), 2u);
+    for (auto& [rank, wa] : assigned) wa.first->Started(wa.second.ref());
+    EXPECT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
+    return assigned;
+  }
+};
+
+TEST_F(LivenessGrpcTest, ASilentWorkerIsSuspectGetsNoNewWorkAndComesBackWithoutARestart) {
+  FakeWorker& w1 = AddWorker("w1");
+  FakeWorker& w2 = AddWorker("w2");
+  std::string id;
+  auto assigned = RunTwoRankJob(w1, w2, &id);
+  ASSERT_EQ(assigned.size(), 2u);
+  FakeWorker* silent = assigned[1].first;
+  FakeWorker* speaking = assigned[0].first;
+  const std::string silent_name = silent == &w1 ? "w1" : "w2";
+
+  // The network cut: the session stays open, nothing arrives (a SIGSTOPped agent).
+  silent->StopHeartbeats();
+  ASSERT_TRUE(PollUntil([&] { return StateOf(silent_name) == v1::WORKER_STATE_SUSPECT; }));
+  // The other rank keeps reporting; the job is not restarted.
+  speaking->Progress(assigned[0].second.ref(), 3, 2.5);
+  ASSERT_TRUE(PollUntil([&] { return GetJob(id).stages(0).progress().step() == 3; }));
+  v1::Job job = GetJob(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_TRUE(HasLogLine(id, "worker " + silent_name + " SUSPECT")) << "no log line";
+
+  // No new work for a SUSPECT worker: an idle one that goes silent gets none, and gets
+  // the job once it speaks again.
+  FakeWorker& w3 = AddWorker("w3");
+  w3.StopHeartbeats();
+  ASSERT_TRUE(PollUntil([&] { return StateOf("w3") == v1::WORKER_STATE_SUSPECT; }));
+  auto small = Submit(JobYaml("small", "    - {seq_len: 256, steps: 4}\n"));
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_FALSE(w3.WaitAssignment(std::chrono::milliseconds(1500)))
+      << "a SUSPECT worker was given new work";
+  EXPECT_EQ(GetJob(*small).state(), v1::JOB_STATE_PENDING);
+  w3.StartHeartbeats(std::chrono::milliseconds(100));
+  auto a3 = w3.WaitAssignment(std::chrono::seconds(10));
+  ASSERT_TRUE(a3) << "the worker got no work after it came back";
+  EXPECT_EQ(a3->ref().job_id(), *small);
+
+  // The silent worker speaks again (the same session): BUSY, same generation, no abort.
+  silent->StartHeartbeats(std::chrono::milliseconds(100));
+  ASSERT_TRUE(PollUntil([&] { return StateOf(silent_name) == v1::WORKER_STATE_BUSY; }));
+  EXPECT_FALSE(speaking->WaitAbort(std::chrono::milliseconds(500)));
+  EXPECT_FALSE(silent->WaitAbort(std::chrono::milliseconds(10)));
+  job = GetJob(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.restarts(), 0);
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_TRUE(HasLogLine(id, "worker " + silent_name + " answered again after"));
+  for (auto& [rank, wa] : assigned) wa.first->Exited(wa.second.ref(), 0);
+  ASSERT_TRUE(WaitState(id, v1::JOB_STATE_SUCCEEDED));
+  EXPECT_EQ(GetJob(id).restarts(), 0);
+}
+
+TEST_F(LivenessGrpcTest, ABrokenCollectiveMakesTheSuspectWorkerLostAtOnceAndRestartsTheJobOnce) {
+  FakeWorker& w1 = AddWorker("w1");
+  FakeWorker& w2 = AddWorker("w2");
+  std::string id;
+  auto assigned = RunTwoRankJob(w1, w2, &id);
+  ASSERT_EQ(assigned.size(), 2u);
+  FakeWorker* silent = assigned[1].first;
+  FakeWorker* speaking = assigned[0].first;
+  const std::string silent_name = silent == &w1 ? "w1" : "w2";
+  silent->StopHeartbeats();
+  ASSERT_TRUE(PollUntil([&] { return StateOf(silent_name) == v1::WORKER_STATE_SUSPECT; }));
+  EXPECT_EQ(GetJob(id).restarts(), 0);
+
+  // Rank 0's collective with the silent worker's rank broke.
+  speaking->Exited(assigned[0].second.ref(), 69, "allreduce: connection reset by peer");
+  ASSERT_TRUE(PollUntil([&] { return StateOf(silent_name) == v1::WORKER_STATE_LOST; }))
+      << "the SUSPECT worker was not declared LOST (lost_after_s is 60 s)";
+  v1::Job job = GetJob(id);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_EQ(job.infra_failures(), 1);
+  EXPECT_EQ(job.failures(), 0);
+  ASSERT_GE(job.attempts_size(), 1);
+  EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_LOST);
+  EXPECT_TRUE(absl::StrContains(job.attempts(0).reason(), "while it was SUSPECT"))
+      << job.attempts(0).reason();
+  EXPECT_EQ(StateOf(speaking == &w1 ? "w1" : "w2"), v1::WORKER_STATE_IDLE);
+}
+
+// Without a SUSPECT worker a lost-peer exit is an ordinary infrastructure failure of the
+// rank: nobody is declared LOST.
+TEST_F(LivenessGrpcTest, ABrokenCollectiveWithEveryWorkerHeardFromLosesNoWorker) {
+  FakeWorker& w1 = AddWorker("w1");
+  FakeWorker& w2 = AddWorker("w2");
+  std::string id;
+  auto assigned = RunTwoRankJob(w1, w2, &id);
+  ASSERT_EQ(assigned.size(), 2u);
+  assigned[0].first->Exited(assigned[0].second.ref(), 69);
+  ASSERT_TRUE(PollUntil([&] { return GetJob(id).restarts() == 1; }));
+  EXPECT_EQ(GetJob(id).attempts(0).outcome(), v1::ATTEMPT_OUTCOME_FAILED);
+  EXPECT_NE(StateOf("w1"), v1::WORKER_STATE_LOST);
+  EXPECT_NE(StateOf("w2"), v1::WORKER_STATE_LOST);
+}
+
+class ShortLivenessGrpcTest : public testing::CoordinatorServerTest {
+ protected:
+  void Configure(CoordinatorConfig* c) override {
+    c->heartbeat_timeout_s = 1;
+    c->lost_after_s = 3;
+  }
+};
+
+TEST_F(ShortLivenessGrpcTest, ASilenceLongerThanLostAfterEndsTheAttemptOnce) {
+  FakeWorker& w1 = AddWorker("w1");
+  FakeWorker& w2 = AddWorker("w2");
+  auto id = Submit(JobYaml("cut", "    - {seq_len: 256, steps: 40, sp_degree: 2}\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto assigned = CollectAssignments({&w1, &w2}, 2);
+  ASSERT_EQ(assigned.size(), 2u);
+  for (auto& [rank, wa] : assigned) wa.first->Started(wa.second.ref());
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
+  FakeWorker* silent = assigned[1].first;
+  FakeWorker* speaking = assigned[0].first;
+  silent->StopHeartbeats();
+  auto abort = speaking->WaitAbort(std::chrono::seconds(15));
+  ASSERT_TRUE(abort) << "the survivor was not aborted after lost_after_s";
+  EXPECT_TRUE(absl::StrContains(abort->reason(), "lost_after_s 3")) << abort->reason();
+  v1::Job job = GetJob(*id);
+  EXPECT_EQ(job.restarts(), 1);
+  EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_LOST);
+}
+
+// Version skew (coordinator/version_policy.h): a worker of the previous minor version, as a
+// recorded RegisterRequest of release 0.0.9 (testdata/worker-0.0.9), registers with this
+// coordinator; versions outside the policy are refused naming both versions and the fix, and
+// leave no worker behind.
+class VersionSkewGrpcTest : public testing::CoordinatorServerTest {
+ protected:
+  absl::Status RegisterAs(const v1::RegisterRequest& request) {
+    auto stub = v1::WorkerService::NewStub(Channel(testing::WithWorkerCert(request.name())));
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    v1::RegisterResponse response;
+    return FromGrpcStatus(stub->Register(&ctx, request, &response));
+  }
+  bool Listed(const std::string& name) {
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(5));
+    v1::ListWorkersResponse workers;
+    EXPECT_TRUE(jobs_->ListWorkers(&ctx, v1::ListWorkersRequest(), &workers).ok());
+    for (const v1::Worker& w : workers.workers()) {
+      if (w.name() == name) return true;
+    }
+    return false;
+  }
+};
+
+TEST_F(VersionSkewGrpcTest, APreviousMinorWorkerRegistersAndOtherVersionsAreRefusedWithTheFix) {
+  const std::string own = metrics::BuildVersion();
+  if (own.rfind("0.1.", 0) != 0) {
+    GTEST_SKIP() << "this coordinator is " << own << ": record the previous release's worker "
+                 << "messages in tests/coordinator/testdata/ and point this test at them";
+  }
+  const char* source = std::getenv("ULYSSES_SOURCE_DIR");
+  ASSERT_NE(source, nullptr) << "ULYSSES_SOURCE_DIR is not set (run through ctest)";
+  std::ifstream in(std::string(source) +
+                   "/tests/coordinator/testdata/worker-0.0.9/register.textproto");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  v1::RegisterRequest recorded;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &recorded)) << text;
+  ASSERT_EQ(recorded.agent_version(), "0.0.9");
+  absl::Status s = RegisterAs(recorded);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(Listed("old-worker"));
+
+  v1::RegisterRequest current = recorded;
+  current.set_name("current-worker");
+  current.set_agent_version(own);
+  EXPECT_TRUE(RegisterAs(current).ok());
+
+  struct Refused {
+    std::string version, fix;
+  };
+  for (const Refused& r : {Refused{"0.2.0", "upgrade the coordinator to 0.2 first"},
+                           Refused{"1.1.0", "upgrade the coordinator to 1.1 first"},
+                           Refused{"0.1", "is not a release version"}}) {
+    SCOPED_TRACE(r.version);
+    v1::RegisterRequest request = recorded;
+    request.set_name("skewed-worker");
+    request.set_agent_version(r.version);
+    s = RegisterAs(request);
+    ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), r.version)) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), own)) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), r.fix)) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "accepts 0.0.x and 0.1.x")) << s;
+  }
+  EXPECT_FALSE(Listed("skewed-worker"));
+}
+
+TEST(VersionPolicyTest, TheOwnAndThePreviousMinorOfTheSameMajorAreAccepted) {
+  for (const char* ok : {"0.4.0", "0.4.7", "0.3.0", "0.3.12", "0.4.1-rc1"}) {
+    EXPECT_TRUE(CheckPeerVersion("worker", ok, "0.4.2").ok()) << ok;
+  }
+  for (const char* bad : {"0.2.9", "0.5.0", "1.4.2", "", "0.4", "x.y.z"}) {
+    EXPECT_EQ(CheckPeerVersion("worker", bad, "0.4.2").code(),
+              absl::StatusCode::kFailedPrecondition)
+        << bad;
+  }
+  absl::Status old = CheckPeerVersion("worker", "0.2.9", "0.4.2");
+  EXPECT_EQ(old.message(),
+            "worker version 0.2.9 is not accepted by this coordinator (version 0.4.2; it accepts "
+            "0.3.x and 0.4.x): upgrade the worker to 0.4");
+  EXPECT_TRUE(CheckPeerVersion("worker", "1.0.3", "1.0.0").ok());
+  EXPECT_FALSE(CheckPeerVersion("worker", "0.9.0", "1.0.0").ok());   // Another major.
+  EXPECT_TRUE(CheckPeerVersion("worker", "7.7.7", "unknown").ok());  // Development build.
+}
+
+}  // namespace
+}  // namespace ulysses::coordinator
