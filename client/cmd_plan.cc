@@ -80,6 +80,9 @@ nlohmann::ordered_json StageJson(size_t i, const StagePlan& p) {
           {"total_bytes_per_rank", static_cast<int64_t>(p.total_bytes())},
           {"device_bytes_per_rank", static_cast<int64_t>(p.device_bytes)},
           {"host_bytes_per_rank", static_cast<int64_t>(p.host_bytes)},
+          {"snapshot_host_bytes_per_rank", static_cast<int64_t>(p.snapshot_host_bytes)},
+          {"checkpoint_async", p.checkpoint_async},
+          {"checkpoint_mode_reason", p.checkpoint_reason},
           {"fits", p.fits},
           {"flops_per_rank_per_step", p.flops_per_rank},
           {"compute_seconds_per_step", p.compute_seconds},
@@ -148,6 +151,12 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
     Table fixed = MemoryHeader();
     AddMemoryRow(fixed, absl::StrCat(i, " fixed"), fix.plan);
     fixed.Print(out);
+  }
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (plans[i].checkpoint_reason.empty()) continue;
+    out << "stage " << i
+        << " checkpoints: " << (plans[i].checkpoint_async ? "asynchronous" : "synchronous") << " ("
+        << plans[i].checkpoint_reason << ")\n";
   }
   out << "\ntokens/rank = N/P; kv_heads = kv heads after replication for the exchange (Hkv');\n"
          "a2a/layer = forward all-to-all elements per layer per rank, (2*Hq + 2*Hkv')*D*N/P;\n"

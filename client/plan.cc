@@ -173,12 +173,14 @@ absl::StatusOr<DeviceSpec> ResolveDevice(const std::string& type, const std::str
   if (type == "h100" || type == "h200") {
     // H100 SXM 80 GB and H200 141 GB share the Hopper peaks (dense, no sparsity).
     d.memory_bytes = type == "h100" ? 80 * kGiB : 141e9;
+    d.host_memory_per_rank_bytes = 2048 * kGiB / 8;  // DGX/HGX H100 and H200: 2 TiB, 8 GPUs
     d.peak_flops_bf16 = 989e12;
     d.peak_flops_fp32 = 494.5e12;  // TF32
     d.peak_flops_fp64 = 67e12;
     d.a2a_bytes_per_s = 150e9;  // NVLink 4 within a node, effective all-to-all
   } else if (type == "a100-80g") {
     d.memory_bytes = 80 * kGiB;
+    d.host_memory_per_rank_bytes = 1024 * kGiB / 8;  // DGX A100: 1 TiB (2 TiB option), 8 GPUs
     d.peak_flops_bf16 = 312e12;
     d.peak_flops_fp32 = 156e12;  // TF32
     d.peak_flops_fp64 = 19.5e12;
@@ -270,6 +272,22 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s, const DeviceSpec* device)
       p.saved_activation_bytes = act.saved * overhead;
       p.working_bytes = act.working * overhead;
       p.host_bytes = state.host_optimizer + act.host;
+      p.snapshot_host_bytes =
+          spec::SnapshotBytesPerRank(counts, m.dtype, p.world, s.parallelism.zero_stage);
+      // The host memory left to a rank's snapshot after what the job keeps there (unknown
+      // without a device: the engine then decides from the memory it finds).
+      double host_per_rank = 0;
+      if (device != nullptr) {
+        host_per_rank =
+            device->host_memory_per_rank_bytes > 0
+                ? device->host_memory_per_rank_bytes - p.host_bytes
+                : device->host_memory_bytes / static_cast<double>(p.world) - p.total_bytes();
+        host_per_rank = std::max(host_per_rank, 1.0);
+      }
+      const spec::CheckpointModeChoice mode =
+          spec::ChooseCheckpointMode(s.checkpoint.async, p.snapshot_host_bytes, host_per_rank);
+      p.checkpoint_async = mode.async;
+      p.checkpoint_reason = mode.reason;
       if (device != nullptr) {
         const double tokens = static_cast<double>(p.seq_len) *
                               static_cast<double>(s.optimizer.grad_accum_steps) *

@@ -42,7 +42,10 @@ struct DeviceSpec {
   // True when memory_bytes came from the host (cpu without --gpu-memory): then it is
   // the host's memory shared by every rank of a stage (all ranks run on this host).
   bool memory_is_host_total = false;
+  // Host memory of the machine a rank runs on, per rank (cpu: the host's; GPUs: a typical node's
+  // memory over its 8 GPUs). Checked against the asynchronous checkpoint snapshot plus offloads.
   double host_memory_bytes = 0;
+  double host_memory_per_rank_bytes = 0;  // 0 = cpu: host_memory_bytes over the stage's ranks
 };
 
 // The device table: `type` one of h100, h200, a100-80g, cpu (else an error naming
@@ -72,6 +75,11 @@ struct StagePlan {
   double working_bytes = 0;           // Peak transient: one layer's backward or the loss.
   double runtime_bytes = 0;           // DeviceSpec::reserve_bytes.
   double host_bytes = 0;              // Moved to host memory by offload (GPU devices).
+  // Checkpoints (spec::ChooseCheckpointMode): the host memory of one rank's asynchronous
+  // snapshot, whether saves are asynchronous, and why (the fallback's reason names the fix).
+  double snapshot_host_bytes = 0;
+  bool checkpoint_async = true;
+  std::string checkpoint_reason;
   double model_state_bytes() const {
     return parameter_bytes + gradient_bytes + optimizer_bytes + gathered_bytes;
   }

@@ -20,7 +20,10 @@
 //   checkpoint.before_manifest   worker/engine/checkpoint SaveCheckpoint, rank 0, after
 //                                every rank's shard is written + fsynced and the
 //                                post-shard barrier passed, right before manifest.json
-//                                is written; step = the checkpoint's global_step.
+//                                is written; step = the checkpoint's global_step. In an
+//                                asynchronous save (async_checkpoint.h) the same point on
+//                                rank 0's writer thread, once every shard is on disk,
+//                                while the training thread goes on.
 #ifndef ULYSSES_COMMON_FAILPOINT_H_
 #define ULYSSES_COMMON_FAILPOINT_H_
 

@@ -73,12 +73,14 @@ ordered_json ToJson(const RankEvent& event) {
             return j;
           },
           [](const CheckpointEvent& e) {
-            return ordered_json{{"event", CheckpointEvent::kKind},
-                                {"stage", e.stage},
-                                {"step", e.step},
-                                {"path", e.path},
-                                {"bytes", e.bytes},
-                                {"seconds", e.seconds}};
+            ordered_json j{{"event", CheckpointEvent::kKind},
+                           {"stage", e.stage},
+                           {"step", e.step},
+                           {"path", e.path},
+                           {"bytes", e.bytes},
+                           {"seconds", e.seconds}};
+            if (e.blocked_seconds.has_value()) j["blocked_seconds"] = *e.blocked_seconds;
+            return j;
           },
           [](const EvalEvent& e) {
             ordered_json j{{"event", EvalEvent::kKind},
@@ -261,6 +263,7 @@ absl::StatusOr<RankEvent> ReadCheckpoint(FieldReader& r) {
   if (auto s = r.Path("path", &e.path); !s.ok()) return s;
   if (auto s = r.Int("bytes", -1, kNoMax, &e.bytes); !s.ok()) return s;
   if (auto s = r.Number("seconds", 0, kInf, &e.seconds); !s.ok()) return s;
+  if (auto s = r.OptionalNumber("blocked_seconds", 0, kInf, &e.blocked_seconds); !s.ok()) return s;
   return e;
 }
 
@@ -348,7 +351,7 @@ bool operator==(const StepEvent& a, const StepEvent& b) {
 }
 bool operator==(const CheckpointEvent& a, const CheckpointEvent& b) {
   return a.stage == b.stage && a.step == b.step && a.path == b.path && a.bytes == b.bytes &&
-         a.seconds == b.seconds;
+         a.seconds == b.seconds && a.blocked_seconds == b.blocked_seconds;
 }
 bool operator==(const EvalEvent& a, const EvalEvent& b) {
   return a.stage == b.stage && a.seq_len == b.seq_len && a.loss == b.loss &&

@@ -82,6 +82,9 @@ struct CheckpointEvent {
   std::string path;    // The checkpoint directory: non-empty, <= 4096 bytes, no control chars.
   int64_t bytes = -1;  // >= 0: total size on disk; -1 when it could not be measured.
   double seconds = 0;  // finite, >= 0: wall time of the save.
+  // optional, finite, >= 0: of `seconds`, the time training was blocked (a synchronous save:
+  // all of it; an asynchronous one: the wait for the previous save plus the host snapshot).
+  std::optional<double> blocked_seconds;
 };
 
 // The stage's evaluation.

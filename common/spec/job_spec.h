@@ -118,6 +118,10 @@ struct CheckpointSpec {
   std::string dir;          // Directory all ranks can read ("" = <out>/checkpoints).
   int64_t every_steps = 0;  // Also commit every N steps (0 = stage ends only).
   int64_t keep_last = 2;    // Committed checkpoints to retain (>= 1).
+  // Save in the background (worker/engine/checkpoint/async_checkpoint.h): training waits only for
+  // a host-memory snapshot. Unset = yes when the snapshot fits the host memory
+  // (DecideCheckpointAsync, memory_model.h); true / false force it.
+  std::optional<bool> async;
 };
 
 // Coordinator-side policy; ignored by ulysses-train.

@@ -144,6 +144,9 @@ void EmitCheckpointAndScheduling(YAML::Emitter& out, const JobSpec& s) {
   out << YAML::Key << "dir" << YAML::Value << s.checkpoint.dir;
   out << YAML::Key << "every_steps" << YAML::Value << s.checkpoint.every_steps;
   out << YAML::Key << "keep_last" << YAML::Value << s.checkpoint.keep_last;
+  if (s.checkpoint.async.has_value()) {
+    out << YAML::Key << "async" << YAML::Value << *s.checkpoint.async;
+  }
   out << YAML::EndMap;
   out << YAML::Key << "scheduling" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "priority" << YAML::Value << s.scheduling.priority;

@@ -126,6 +126,7 @@ const std::vector<SchemaEntry>& Schema() {
         {"spec.checkpoint.dir", Kind::kScalar},
         {"spec.checkpoint.every_steps", Kind::kScalar},
         {"spec.checkpoint.keep_last", Kind::kScalar},
+        {"spec.checkpoint.async", Kind::kScalar},
         {"spec.scheduling", Kind::kMap},
         {"spec.scheduling.priority", Kind::kScalar},
         {"spec.scheduling.max_failures", Kind::kScalar},
@@ -624,6 +625,8 @@ void ReadCheckpoint(const YAML::Node& node, Reader& r, CheckpointSpec* ckpt) {
   r.String(m, "dir", p, &ckpt->dir);
   r.Int(m, "every_steps", p, &ckpt->every_steps);
   r.Int(m, "keep_last", p, &ckpt->keep_last);
+  bool async = false;
+  if (r.Bool(m, "async", p, &async)) ckpt->async = async;
 }
 
 void ReadScheduling(const YAML::Node& node, Reader& r, SchedulingSpec* sched) {

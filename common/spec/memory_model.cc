@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
 namespace ulysses::spec {
 
 ParameterCounts CountParameters(const ModelShape& m) {
@@ -58,6 +61,65 @@ ModelStateBytes ModelStatePerRank(const ModelStateInputs& in) {
     out.gathered = unit * (b + g);
   }
   return out;
+}
+
+namespace {
+
+double OptimizerBytesPerParameter(double b) {
+  const bool low_precision = b == 2;
+  const double g = low_precision ? 4 : b;
+  return 2 * g + (low_precision ? 4 : 0);
+}
+
+std::string GiB(double bytes) {
+  return absl::StrFormat("%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+}
+
+}  // namespace
+
+double CheckpointStateBytes(const ParameterCounts& params, const std::string& dtype) {
+  const double b = static_cast<double>(DtypeBytes(dtype));
+  return params.total * (b + OptimizerBytesPerParameter(b));
+}
+
+double SnapshotBytesPerRank(const ParameterCounts& params, const std::string& dtype, int64_t world,
+                            int64_t zero_stage) {
+  const double w = static_cast<double>(std::max<int64_t>(1, world));
+  const double total = CheckpointStateBytes(params, dtype);
+  if (zero_stage >= 1 || w == 1) return total / w;
+  const double b = static_cast<double>(DtypeBytes(dtype));
+  const double largest = params.largest_unit * (b + OptimizerBytesPerParameter(b));
+  return std::min(total, total / w + largest);
+}
+
+CheckpointModeChoice ChooseCheckpointMode(std::optional<bool> requested, double snapshot_bytes,
+                                          double host_bytes_per_rank) {
+  CheckpointModeChoice c;
+  if (requested.has_value()) {
+    c.async = *requested;
+    c.reason = absl::StrCat(
+        "spec.checkpoint.async: ", c.async ? "true" : "false",
+        c.async ? absl::StrCat(" (snapshot ", GiB(snapshot_bytes), " of host memory per rank)")
+                : "");
+    return c;
+  }
+  if (host_bytes_per_rank <= 0) {
+    c.reason = absl::StrCat("default: asynchronous (snapshot ", GiB(snapshot_bytes),
+                            " per rank; host memory unknown)");
+    return c;
+  }
+  const double budget = kSnapshotHostShare * host_bytes_per_rank;
+  c.async = snapshot_bytes <= budget;
+  c.reason = c.async
+                 ? absl::StrCat("default: asynchronous (snapshot ", GiB(snapshot_bytes),
+                                " per rank fits half of the ", GiB(host_bytes_per_rank),
+                                " of host memory per rank)")
+                 : absl::StrCat(
+                       "default fell back to synchronous: the snapshot needs ", GiB(snapshot_bytes),
+                       " of host memory per rank, more than half of the ", GiB(host_bytes_per_rank),
+                       " per rank (add host memory, raise zero_stage or sp/dp to shrink each "
+                       "rank's part, or set spec.checkpoint.async=true to force it)");
+  return c;
 }
 
 }  // namespace ulysses::spec

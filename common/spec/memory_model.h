@@ -1,7 +1,8 @@
 // Per-rank model-state memory (parameters, gradients, optimizer state) of a
 // Llama model under a ZeRO stage: ONE formula shared by the planner
 // (client/plan.cc, `ulyssesctl plan`) and the engine's memory benchmark
-// (bench/), which checks it against measured bytes. Pure arithmetic.
+// (bench/), which checks it against measured bytes; the host memory of an asynchronous
+// checkpoint's snapshot and the choice it drives. Pure arithmetic.
 //
 // What the engine keeps per parameter element (AdamW, worker/engine/train/optimizer.h):
 //   parameter  b bytes (the model dtype: 8 fp64, 4 fp32, 2 bf16/fp16)
@@ -24,6 +25,7 @@
 #define ULYSSES_COMMON_SPEC_MEMORY_MODEL_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "common/spec/model_shape.h"
@@ -64,6 +66,33 @@ struct ModelStateBytes {
   double DeviceTotal() const { return parameters + gradients + optimizer + gathered; }
 };
 ModelStateBytes ModelStatePerRank(const ModelStateInputs& in);
+
+// Bytes of a checkpoint of the model state: the weights in their dtype, AdamW's two moments and
+// the fp32 masters of 16-bit weights (ModelStatePerRank's parameter + optimizer terms at stage 0).
+double CheckpointStateBytes(const ParameterCounts& params, const std::string& dtype);
+
+// Host memory one rank's asynchronous-checkpoint snapshot holds: the part of the checkpoint it
+// writes. ZeRO (stage >= 1) writes exactly its 1/W chunks; without ZeRO rank r writes the
+// tensors whose index % W == r, which is 1/W of the bytes give or take one tensor (bounded here
+// by the largest unit: an embedding or a decoder layer's weights with their optimizer state).
+double SnapshotBytesPerRank(const ParameterCounts& params, const std::string& dtype, int64_t world,
+                            int64_t zero_stage);
+
+// The share of a rank's host memory an asynchronous snapshot may take when the spec leaves
+// checkpoint.async unset; the rest stays for the data loader, offloaded state and the page cache.
+inline constexpr double kSnapshotHostShare = 0.5;
+
+// Whether checkpoints are saved asynchronously, and why (printed by `ulyssesctl plan`, logged by
+// the engine). `requested` is spec.checkpoint.async; when it is unset the save is asynchronous
+// iff snapshot_bytes <= kSnapshotHostShare * host_bytes_per_rank (the host memory left to each
+// rank of a node after what the job already keeps there). host_bytes_per_rank <= 0 = unknown:
+// asynchronous.
+struct CheckpointModeChoice {
+  bool async = true;
+  std::string reason;
+};
+CheckpointModeChoice ChooseCheckpointMode(std::optional<bool> requested, double snapshot_bytes,
+                                          double host_bytes_per_rank);
 
 }  // namespace ulysses::spec
 

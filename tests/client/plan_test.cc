@@ -309,6 +309,36 @@ TEST(PlanTest, DevicesHaveStatedMemory) {
   EXPECT_THAT(ResolveDevice("h100", "2GiB").status().message(), HasSubstr("runtime reserve"));
 }
 
+// The asynchronous checkpoint's snapshot is in the plan: an 8B model's 1/8 share fits an H100
+// node's host memory per GPU; a cpu host too small for it falls back with the reason and the fix;
+// an explicit spec.checkpoint.async wins either way.
+TEST(PlanTest, CheckpointSnapshotHostMemoryDecidesTheMode) {
+  spec::JobSpec job = Job("llama3-8b", 8192, 8);
+  const DeviceSpec gpu = Device("h100");
+  const StagePlan h100 = PlanJob(job, &gpu)[0];
+  // ~8.0e9 parameters x 14 bytes (bf16 weights, fp32 masters and moments) over 8 ranks, plus
+  // at most the largest unit (the 128k-token embedding with its optimizer state).
+  EXPECT_GT(h100.snapshot_host_bytes, 8.0e9 * 14 / 8);
+  EXPECT_LT(h100.snapshot_host_bytes, 8.1e9 * 14 / 8 + 1.1e9 * 14);
+  EXPECT_TRUE(h100.checkpoint_async) << h100.checkpoint_reason;
+  EXPECT_THAT(h100.checkpoint_reason, HasSubstr("default: asynchronous"));
+
+  DeviceSpec small = Device("cpu", "600GiB");  // per rank after the training state: too little
+  small.memory_is_host_total = true;
+  small.host_memory_bytes = 8 * 40 * kGiB;
+  const StagePlan cpu = PlanJob(job, &small)[0];
+  EXPECT_FALSE(cpu.checkpoint_async);
+  EXPECT_THAT(cpu.checkpoint_reason, HasSubstr("fell back to synchronous"));
+  EXPECT_THAT(cpu.checkpoint_reason, HasSubstr("spec.checkpoint.async=true"));
+
+  job.checkpoint.async = true;
+  EXPECT_TRUE(PlanJob(job, &small)[0].checkpoint_async);
+  job.checkpoint.async = false;
+  const StagePlan off = PlanJob(job, &gpu)[0];
+  EXPECT_FALSE(off.checkpoint_async);
+  EXPECT_EQ(off.checkpoint_reason, "spec.checkpoint.async: false");
+}
+
 // Every config in configs/jobs, as shipped, fits on 80 GB H100s by the planner's account.
 TEST(PlanTest, EveryShippedConfigFitsOnH100) {
   const char* dir = std::getenv("ULYSSES_SOURCE_DIR");

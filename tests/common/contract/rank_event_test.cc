@@ -50,6 +50,7 @@ TEST(RankEventTest, RoundTripsEveryKind) {
       StepEvent{0, 20, 20, 10.875, 98765.25, 1 << 20},
       CheckpointEvent{1, 0, "runs/x/checkpoints/step-00000000", -1, 0.0},
       CheckpointEvent{1, 8, "/ck/step-8", int64_t{1} << 40, 12.5},
+      CheckpointEvent{1, 9, "/ck/step-9", 4096, 12.5, 0.25},
       EvalEvent{0, 64, 4.5, std::nullopt},
       EvalEvent{0, 64, 4.5, 1.0},
       EvalEvent{0, 64, 4.5, std::nullopt, 6},
@@ -258,6 +259,9 @@ TEST(RankEventTest, RejectsOutOfRangeValues) {
             std::string::npos);
   EXPECT_NE(MustReject(ckpt_head + R"("path":"/ck","bytes":1,"seconds":-1})")
                 .find("checkpoint.seconds: -1 is out of range"),
+            std::string::npos);
+  EXPECT_NE(MustReject(ckpt_head + R"("path":"/ck","bytes":1,"seconds":1,"blocked_seconds":-1})")
+                .find("checkpoint.blocked_seconds: -1 is out of range"),
             std::string::npos);
 }
 

@@ -92,6 +92,7 @@ TEST(JobSpecParserTest, TinyDemoHasTheAgreedShape) {
   }
   EXPECT_EQ(spec->checkpoint.every_steps, 10);
   EXPECT_EQ(spec->checkpoint.keep_last, 2);
+  EXPECT_FALSE(spec->checkpoint.async.has_value());  // unset: decided from host memory
   EXPECT_EQ(spec->seed, 1234u);
 }
 
@@ -434,6 +435,8 @@ std::vector<BadCase> BadCases() {
        "spec.checkpoint.keep_last: 0 must be >= 1"},
       {"every_steps_negative", With("every_steps: 5", "every_steps: -5"),
        "spec.checkpoint.every_steps: -5 must be >= 0"},
+      {"async_not_bool", With("keep_last: 2", "keep_last: 2, async: sometimes"),
+       "spec.checkpoint.async: 'sometimes' is not a boolean (write true or false)"},
       {"no_data", With("{synthetic: {generator: random}}", "{}"),
        "spec.data: {} has no training data (set data.train to a uint32 token file, or "
        "data.synthetic.generator: random|needle)"},
@@ -618,7 +621,7 @@ TEST(JobSpecParserTest, OverridesApplyBeforeConversion) {
   options.overrides = {"spec.stages[1].steps=5000",        "spec.parallelism.sp_degree=4",
                        "spec.memory.tiled_mlp=true",       "metadata.labels.owner=alice",
                        "spec.optimizer.betas=[0.8, 0.99]", "spec.stages[0].lr=2.0e-4",
-                       "spec.checkpoint.dir=/tmp/ck"};
+                       "spec.checkpoint.dir=/tmp/ck",      "spec.checkpoint.async=false"};
   absl::StatusOr<JobSpec> spec = ParseJobSpec(kBase, options);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->stages[1].steps, 5000);
@@ -631,6 +634,7 @@ TEST(JobSpecParserTest, OverridesApplyBeforeConversion) {
   EXPECT_DOUBLE_EQ(spec->optimizer.beta2, 0.99);
   EXPECT_EQ(spec->stages[0].lr, 2.0e-4);
   EXPECT_EQ(spec->checkpoint.dir, "/tmp/ck");
+  EXPECT_EQ(spec->checkpoint.async, std::optional<bool>(false));
 }
 
 TEST(JobSpecParserTest, OverrideCreatesMissingSection) {
@@ -693,6 +697,7 @@ TEST(JobSpecParserTest, ToYamlRoundTrips) {
   odd.optimizer.eps = 1e-12;
   odd.model.rope_theta = 123456.789;
   odd.checkpoint.dir = "/tmp/with space/#hash";
+  odd.checkpoint.async = false;
   odd.scheduling.node_label = "gpu=h100";
   odd.seed = 18446744073709551615ULL;
   specs.push_back(odd);

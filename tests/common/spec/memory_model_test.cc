@@ -74,5 +74,30 @@ TEST(MemoryModelTest, OffloadMovesOptimizerToHost) {
   EXPECT_DOUBLE_EQ(b.host_optimizer, 1000 * 8 / 2.0 + 1000 * 4 / 2.0);
 }
 
+TEST(MemoryModelTest, CheckpointAndSnapshotBytes) {
+  const ParameterCounts c = Counts(1000, 100);  // largest unit 50
+  // fp32: 4 (weights) + 8 (moments); bf16: 2 + 8 + 4 (fp32 masters).
+  EXPECT_DOUBLE_EQ(CheckpointStateBytes(c, "float32"), 1000 * 12);
+  EXPECT_DOUBLE_EQ(CheckpointStateBytes(c, "bfloat16"), 1000 * 14);
+  EXPECT_DOUBLE_EQ(SnapshotBytesPerRank(c, "float32", 1, 0), 1000 * 12);
+  EXPECT_DOUBLE_EQ(SnapshotBytesPerRank(c, "float32", 4, 1), 1000 * 12 / 4.0);  // ZeRO chunks
+  // Without ZeRO a rank's tensor subset may exceed 1/W by up to the largest unit.
+  EXPECT_DOUBLE_EQ(SnapshotBytesPerRank(c, "float32", 4, 0), 1000 * 12 / 4.0 + 50 * 12);
+}
+
+TEST(MemoryModelTest, CheckpointModeFollowsTheSpecThenHostMemory) {
+  // Forced either way, whatever the memory.
+  EXPECT_FALSE(ChooseCheckpointMode(false, 1, 1e12).async);
+  EXPECT_EQ(ChooseCheckpointMode(false, 1, 1e12).reason, "spec.checkpoint.async: false");
+  EXPECT_TRUE(ChooseCheckpointMode(true, 1e12, 1).async);
+  // Unset: asynchronous while the snapshot fits half of the host memory per rank.
+  EXPECT_TRUE(ChooseCheckpointMode(std::nullopt, 50, 100).async);
+  const CheckpointModeChoice fallback = ChooseCheckpointMode(std::nullopt, 51, 100);
+  EXPECT_FALSE(fallback.async);
+  EXPECT_NE(fallback.reason.find("fell back to synchronous"), std::string::npos) << fallback.reason;
+  EXPECT_NE(fallback.reason.find("spec.checkpoint.async=true"), std::string::npos);
+  EXPECT_TRUE(ChooseCheckpointMode(std::nullopt, 1e15, 0).async);  // host memory unknown
+}
+
 }  // namespace
 }  // namespace ulysses::spec

@@ -103,6 +103,7 @@ inline void ExpectSpecEq(const JobSpec& a, const JobSpec& b) {
   EXPECT_EQ(a.checkpoint.dir, b.checkpoint.dir);
   EXPECT_EQ(a.checkpoint.every_steps, b.checkpoint.every_steps);
   EXPECT_EQ(a.checkpoint.keep_last, b.checkpoint.keep_last);
+  EXPECT_EQ(a.checkpoint.async, b.checkpoint.async);
   EXPECT_EQ(a.scheduling.priority, b.scheduling.priority);
   EXPECT_EQ(a.scheduling.max_failures, b.scheduling.max_failures);
   EXPECT_EQ(a.scheduling.max_preemptions, b.scheduling.max_preemptions);

@@ -20,6 +20,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "worker/engine/checkpoint/checkpoint_internal.h"
+#include "worker/engine/checkpoint/save_parts.h"
 
 namespace ulysses::engine {
 namespace {
@@ -553,28 +554,13 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Checkp
   // 2. Each rank writes its subset; the barrier is reached even on failure so that
   // rank 0 does not wait forever (it then finds the shard missing and does not commit).
   if (status.ok()) {
-    std::set<std::string> names;
-    std::vector<const NamedTensor*> mine;
-    for (size_t i = 0; i < state.tensors.size(); ++i) {
-      const NamedTensor& nt = state.tensors[i];
-      if (!names.insert(PieceKey(nt.name, nt.full_shape.has_value(), nt.offset)).second) {
-        status = absl::InvalidArgumentError(
-            absl::StrCat("duplicate checkpoint tensor name ", state.tensors[i].name));
-        break;
-      }
-      if (nt.full_shape && (nt.tensor.dim() != 1 || nt.offset < 0 ||
-                            nt.offset + nt.tensor.numel() > Numel(*nt.full_shape))) {
-        status = absl::InvalidArgumentError(
-            absl::StrCat("checkpoint piece ", nt.name, " at element ", nt.offset,
-                         " is not a 1-D range inside ", "its full shape"));
-        break;
-      }
-      if (mode == SaveMode::kOwned || static_cast<int>(i % world) == rank) mine.push_back(&nt);
-    }
+    absl::StatusOr<std::vector<const NamedTensor*>> mine =
+        checkpoint_internal::TensorsOfRank(state, rank, world, mode);
+    status = mine.status();
     const std::string shard = (fs::path(dir) / ShardName(rank, world)).string();
     if (status.ok()) {
       fs::remove(shard, ec);
-      status = WriteShard(shard, mine, rank, world);
+      status = WriteShard(shard, *mine, rank, world);
     }
   }
   RETURN_IF_ERROR(Annotate(barrier(), "checkpoint barrier (after shards)"));
@@ -592,18 +578,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Checkp
     return absl::InternalError(absl::StrCat("checkpoint ", dir, " was not committed by rank 0 (",
                                             manifest, " missing); see rank 0's log"));
   }
-  if (rank == 0) {
-    // Files of an earlier, uncommitted attempt with another world size are not in the manifest.
-    auto entries = ListDirectory(dir);
-    for (const DirEntry& entry : entries.ok() ? *entries : std::vector<DirEntry>{}) {
-      const std::string& name = entry.name;
-      if (name.rfind("shard-", 0) == 0 &&
-          name.find(absl::StrCat("-of-", world, ".bin")) == std::string::npos) {
-        fs::remove(fs::path(dir) / name, ec);
-      }
-    }
-    ApplyRetention(root, keep_last);
-  }
+  if (rank == 0) checkpoint_internal::AfterCommit(root, dir, world, keep_last);
   return dir;
 }
 
@@ -663,6 +638,60 @@ absl::StatusOr<std::map<std::string, int64_t>> ShardTableOffsets(const std::stri
   }
   if (bytes_read != nullptr) *bytes_read += header;
   return out;
+}
+
+// The building blocks an asynchronous save shares with SaveCheckpoint (save_parts.h).
+
+absl::StatusOr<std::vector<const NamedTensor*>> TensorsOfRank(const CheckpointState& state,
+                                                              int rank, int world, SaveMode mode) {
+  std::set<std::string> names;
+  std::vector<const NamedTensor*> mine;
+  for (size_t i = 0; i < state.tensors.size(); ++i) {
+    const NamedTensor& nt = state.tensors[i];
+    if (!names.insert(PieceKey(nt.name, nt.full_shape.has_value(), nt.offset)).second) {
+      return absl::InvalidArgumentError(absl::StrCat("duplicate checkpoint tensor name ", nt.name));
+    }
+    if (nt.full_shape && (nt.tensor.dim() != 1 || nt.offset < 0 ||
+                          nt.offset + nt.tensor.numel() > Numel(*nt.full_shape))) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint piece ", nt.name, " at element ",
+                                                     nt.offset, " is not a 1-D range inside ",
+                                                     "its full shape"));
+    }
+    if (mode == SaveMode::kOwned || static_cast<int>(i % world) == rank) mine.push_back(&nt);
+  }
+  return mine;
+}
+
+std::string ShardFileName(int rank, int world) { return ShardName(rank, world); }
+
+absl::Status WriteShardFile(const std::string& path, const std::vector<const NamedTensor*>& tensors,
+                            int rank, int world) {
+  return WriteShard(path, tensors, rank, world);
+}
+
+absl::Status WriteManifest(const std::string& dir, const CheckpointState& state, int world,
+                           SaveMode mode) {
+  return CommitManifest(dir, state, world, mode);
+}
+
+absl::Status SyncDirectory(const std::string& dir) { return SyncDir(dir); }
+
+absl::Status WriteSmallFileAtomic(const std::string& path, const std::string& bytes) {
+  return WriteFileAtomic(path, bytes);
+}
+
+void AfterCommit(const std::string& root, const std::string& dir, int world, int64_t keep_last) {
+  std::error_code ec;
+  // Files of an earlier, uncommitted attempt with another world size are not in the manifest.
+  auto entries = ListDirectory(dir);
+  for (const DirEntry& entry : entries.ok() ? *entries : std::vector<DirEntry>{}) {
+    const std::string& name = entry.name;
+    if (name.rfind("shard-", 0) == 0 &&
+        name.find(absl::StrCat("-of-", world, ".bin")) == std::string::npos) {
+      fs::remove(fs::path(dir) / name, ec);
+    }
+  }
+  ApplyRetention(root, keep_last);
 }
 
 }  // namespace checkpoint_internal

@@ -13,17 +13,20 @@
 #include <utility>
 #include <vector>
 
+#include <torch/cuda.h>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "common/spec/job_spec_parser.h"
 #include "common/spec/model_math.h"
+#include "common/spec/memory_model.h"
 #include "common/status.h"
 #include "common/stop.h"
 #include "worker/engine/data/batches.h"
 #include "worker/engine/data/dataset.h"
 #include "worker/engine/parallel/parallelize.h"
 #include "worker/engine/parallel/ulysses_attention.h"
+#include "worker/engine/train/checkpoint_saver.h"
 #include "worker/engine/train/guard.h"
 #include "worker/engine/train/model_io.h"
 #include "worker/engine/train/rank_events.h"
@@ -81,6 +84,13 @@ absl::StatusOr<RankSetup> SetUpRank(const spec::JobSpec& spec, const LlamaConfig
   attn.block_size = spec.memory.attention_block_size;
   s.attention = UlyssesAttentionFn(s.rt.groups.sp.get(), attn);
   return s;
+}
+
+// Ranks sharing this host's memory: a CPU run's ranks are processes of one host (the launcher, or
+// one worker's CPU slots); CUDA ranks share a node with at most one rank per visible device.
+int RanksOnThisHost(const torch::Device& device, int world_size) {
+  if (!device.is_cuda()) return world_size;
+  return std::max(1, std::min<int>(world_size, static_cast<int>(torch::cuda::device_count())));
 }
 
 json CheckpointExtra(const spec::JobSpec& spec, const LlamaConfig& config,
@@ -232,16 +242,27 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   const double peak = spec.StageLr(o.stage);
   const int64_t warmup = spec.StageWarmup(o.stage);
   Communicator& world = *rs.rt.groups.world;
-  std::optional<std::chrono::steady_clock::time_point> last_commit;  // By this run.
-  auto commit = [&](int64_t step_in_stage, bool complete) -> absl::Status {
+  // Synchronous or asynchronous saves (checkpoint_saver.h), agreed by every rank.
+  CheckpointSaver::Options so;
+  so.root = root;
+  so.keep_last = spec.checkpoint.keep_last;
+  so.async = spec.checkpoint.async;
+  so.snapshot_bytes = spec::SnapshotBytesPerRank(spec::CountParameters(config), spec.model.dtype,
+                                                 o.world_size, spec.parallelism.zero_stage);
+  so.ranks_on_host = RanksOnThisHost(rs.rt.device, o.world_size);
+  so.zero = zero != nullptr;
+  so.device = rs.rt.device;
+  so.commit_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(pc.timeout);
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointSaver> saver, CheckpointSaver::Create(so, world));
+  // periodic: may return before the files are written (asynchronous); else committed on return.
+  auto commit = [&](int64_t step_in_stage, bool complete, bool periodic) -> absl::Status {
     CommitPoint point{o.stage, step_in_stage, global_step, complete};
     json extra = CheckpointExtra(spec, config, rs.rt, trainer.loss_scaler());
     extra["data_cursor"] = cursor;
-    ASSIGN_OR_RETURN(CommitResult c,
-                     CommitTraining(spec, root, point, rs.model, adam, extra, world, zero.get()));
-    report.Checkpoint(o.stage, step_in_stage, c.path, c.seconds);
-    last_commit = std::chrono::steady_clock::now();
-    return absl::OkStatus();
+    CheckpointState state =
+        TrainingCheckpointState(spec, point, rs.model, adam, std::move(extra), zero.get());
+    return periodic ? saver->Periodic(std::move(state), report)
+                    : saver->Commit(std::move(state), report);
   };
 
   int64_t skipped_in_a_row = 0;
@@ -290,9 +311,11 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
     for (int i = 0; i < o.world_size; ++i) rank_seconds[i] = agreed[1 + i].item<float>();
     r.group = GroupFigures(rank_seconds);
     r.mfu = spec::Mfu(flops_per_token, r.tokens_per_s, o.world_size, o.peak_flops);
-    if (last_commit.has_value()) {
+    RETURN_IF_ERROR(saver->Poll(report));  // a background save that committed meanwhile
+    if (saver->last_commit().has_value()) {
       r.checkpoint_age_seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - *last_commit).count();
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - *saver->last_commit())
+              .count();
     }
     report.Step(r);
     if (skipped_in_a_row >= kMaxConsecutiveSkippedSteps) {
@@ -307,17 +330,17 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
     const bool periodic =
         spec.checkpoint.every_steps > 0 && (step + 1) % spec.checkpoint.every_steps == 0;
     if (stopping && !last) {
-      RETURN_IF_ERROR(commit(step + 1, false));
+      RETURN_IF_ERROR(commit(step + 1, false, /*periodic=*/false));
       return RankOutcome{true};
     }
-    if (periodic && !last) RETURN_IF_ERROR(commit(step + 1, false));
+    if (periodic && !last) RETURN_IF_ERROR(commit(step + 1, false, /*periodic=*/true));
     if (eval.every_steps > 0 && (step + 1) % eval.every_steps == 0 && !last) {
       RETURN_IF_ERROR(evaluate(step + 1));
     }
   }
 
   RETURN_IF_ERROR(evaluate(steps));  // the stage's evaluation, bounded by eval.max_sequences
-  RETURN_IF_ERROR(commit(steps, true));
+  RETURN_IF_ERROR(commit(steps, true, /*periodic=*/false));
   report.Done(o.stage, /*with_peak_rss=*/true);
   return RankOutcome{};
 }

@@ -163,7 +163,7 @@ void RankReporter::Eval(int stage, int64_t step, int64_t seq_len, const EvalResu
 }
 
 void RankReporter::Checkpoint(int stage, int64_t step_in_stage, const std::string& path,
-                              double seconds) {
+                              double seconds, std::optional<double> blocked_seconds) {
   if (!enabled_) return;
   absl::StatusOr<int64_t> bytes_or = CheckpointBytes(path);
   const int64_t bytes = bytes_or.ok() ? *bytes_or : -1;
@@ -173,6 +173,7 @@ void RankReporter::Checkpoint(int stage, int64_t step_in_stage, const std::strin
   event.path = path;
   event.bytes = bytes;
   event.seconds = seconds;
+  event.blocked_seconds = blocked_seconds;
   EmitEvent(event);
 }
 

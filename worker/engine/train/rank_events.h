@@ -67,7 +67,9 @@ class RankReporter {
   void Step(const StepReport& r);
   // `step`: steps of the stage done when the evaluation ran.
   void Eval(int stage, int64_t step, int64_t seq_len, const EvalResult& r);
-  void Checkpoint(int stage, int64_t step_in_stage, const std::string& path, double seconds);
+  // blocked_seconds: the part of `seconds` training waited for (contract::CheckpointEvent).
+  void Checkpoint(int stage, int64_t step_in_stage, const std::string& path, double seconds,
+                  std::optional<double> blocked_seconds = std::nullopt);
   void Done(int stage, bool with_peak_rss);
 
  private:

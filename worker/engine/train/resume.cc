@@ -58,12 +58,9 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& root, const std::string
   return plan;
 }
 
-absl::StatusOr<CommitResult> CommitTraining(const spec::JobSpec& spec, const std::string& root,
-                                            const CommitPoint& point,
-                                            model::LlamaForCausalLM& model, const AdamW& optimizer,
-                                            nlohmann::json extra, Communicator& world,
-                                            const ZeroSharding* zero) {
-  auto t0 = std::chrono::steady_clock::now();
+CheckpointState TrainingCheckpointState(const spec::JobSpec& spec, const CommitPoint& point,
+                                        model::LlamaForCausalLM& model, const AdamW& optimizer,
+                                        nlohmann::json extra, const ZeroSharding* zero) {
   CheckpointState state;
   state.stage = point.stage;
   state.step_in_stage = point.step_in_stage;
@@ -73,13 +70,24 @@ absl::StatusOr<CommitResult> CommitTraining(const spec::JobSpec& spec, const std
   if (zero != nullptr) {
     state.tensors = zero->OwnedCheckpointTensors();
   } else {
-    for (auto& [name, t] : Params(model)) {
-      state.tensors.push_back({kModelPrefix + name, t.detach().cpu()});
-    }
-    for (auto& [name, t] : optimizer.StateTensors()) state.tensors.push_back({name, t.cpu()});
+    // Views of the live tensors: a save copies only the ones its rank writes to the host.
+    for (auto& [name, t] : Params(model))
+      state.tensors.push_back({kModelPrefix + name, t.detach()});
+    for (auto& [name, t] : optimizer.StateTensors()) state.tensors.push_back({name, t.detach()});
   }
   extra["adam_steps"] = optimizer.step_count();
   state.extra = std::move(extra);
+  return state;
+}
+
+absl::StatusOr<CommitResult> CommitTraining(const spec::JobSpec& spec, const std::string& root,
+                                            const CommitPoint& point,
+                                            model::LlamaForCausalLM& model, const AdamW& optimizer,
+                                            nlohmann::json extra, Communicator& world,
+                                            const ZeroSharding* zero) {
+  auto t0 = std::chrono::steady_clock::now();
+  CheckpointState state =
+      TrainingCheckpointState(spec, point, model, optimizer, std::move(extra), zero);
   Communicator* w = &world;
   ASSIGN_OR_RETURN(std::string path,
                    SaveCheckpoint(

@@ -69,6 +69,13 @@ struct CommitResult {
   double seconds = 0;
 };
 
+// The state a checkpoint of this rank holds: model weights ("model/<name>"), AdamW state (with
+// ZeRO: the chunks this rank owns, as pieces) and `extra` plus adam_steps. The tensors are views of
+// the live training tensors (on the training device): copy them before the next step changes them.
+CheckpointState TrainingCheckpointState(const spec::JobSpec& spec, const CommitPoint& point,
+                                        model::LlamaForCausalLM& model, const AdamW& optimizer,
+                                        nlohmann::json extra, const ZeroSharding* zero);
+
 // Collective over `world`: saves model weights ("model/<name>"), AdamW state and `extra` (plus
 // adam_steps), keeping spec.checkpoint.keep_last committed checkpoints.
 absl::StatusOr<CommitResult> CommitTraining(const spec::JobSpec& spec, const std::string& root,

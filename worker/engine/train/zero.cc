@@ -262,7 +262,7 @@ std::vector<NamedTensor> ZeroSharding::OwnedCheckpointTensors() const {
     if (len == 0) return;
     NamedTensor nt;
     nt.name = name;
-    nt.tensor = chunk.detach().narrow(0, 0, len).cpu();
+    nt.tensor = chunk.detach().narrow(0, 0, len);  // a view: the save copies it to the host
     nt.full_shape = e.shape;
     nt.offset = rank_ * e.chunk;
     out.push_back(std::move(nt));

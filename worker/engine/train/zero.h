@@ -103,7 +103,8 @@ class ZeroSharding {
   absl::Status UpdateFromFullGrads(const std::vector<torch::Tensor>& grads, double lr);
 
   // Checkpoint pieces this rank owns: "model/<name>" and the AdamW state names (optimizer.h),
-  // each the flat elements [r*c, min(n, (r+1)*c)) of the whole tensor (absent when empty).
+  // each the flat elements [r*c, min(n, (r+1)*c)) of the whole tensor (absent when empty): views
+  // of the live chunks on the training device.
   std::vector<NamedTensor> OwnedCheckpointTensors() const;
   // Restores the owned AdamW state from whole checkpoint tensors (any layout that wrote them).
   absl::Status LoadOptimizerState(const std::map<std::string, torch::Tensor>& whole,

@@ -10,12 +10,14 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "tests/testing/temp_dir.h"
+#include "worker/engine/checkpoint/async_checkpoint.h"
 
 namespace ulysses::engine {
 namespace {
@@ -504,6 +506,193 @@ TEST(CheckpointShareTest, BadInputIsAnErrorNamingFileTensorAndFix) {
   for (const char* part : {"shard-3-of-4.bin", "truncated", "older step dir"}) {
     EXPECT_NE(truncated.status().message().find(part), std::string::npos) << truncated.status();
   }
+
+// ---- Asynchronous saves (async_checkpoint.h) ----
+
+std::string FileBytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Every file of a committed step dir, name -> bytes.
+std::map<std::string, std::string> DirFiles(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    files[e.path().filename().string()] = FileBytes(e.path());
+  }
+  return files;
+}
+
+// `world` ranks as threads, each with its own AsyncCheckpointer, saving `states` one after
+// another (Begin returns before the write; the next Begin waits for it). Each rank saves its own
+// deep copy of the state; `between` gets that copy on the rank's thread right after Begin
+// returned. Returns each rank's results of Poll() and, after the last save, Wait().
+std::vector<std::vector<absl::StatusOr<AsyncSaveDone>>> SaveAsyncParallel(
+    const std::string& root, const std::vector<CheckpointState>& states, int world,
+    SaveMode mode = SaveMode::kReplicated, std::function<void(CheckpointState&)> between = nullptr,
+    std::function<CheckpointState(int, const CheckpointState&)> per_rank = nullptr) {
+  ThreadBarrier barrier(world);
+  std::vector<std::vector<absl::StatusOr<AsyncSaveDone>>> results(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      AsyncCheckpointOptions o;
+      o.root = root;
+      o.rank = r;
+      o.world = world;
+      o.keep_last = 10;
+      o.mode = mode;
+      o.commit_timeout = std::chrono::seconds(30);
+      AsyncCheckpointer ckpt(o);
+      for (size_t k = 0; k < states.size(); ++k) {
+        CheckpointState mine = per_rank ? per_rank(r, states[k]) : states[k];
+        for (auto& nt : mine.tensors) nt.tensor = nt.tensor.clone();
+        absl::StatusOr<double> blocked = ckpt.Begin(mine, [&] { return barrier.Wait(); });
+        if (!blocked.ok()) {
+          results[r].push_back(blocked.status());
+          return;
+        }
+        if (between) between(mine);
+        if (k + 1 == states.size()) {
+          auto done = ckpt.Wait();
+          if (done) results[r].push_back(*done);
+        } else if (auto done = ckpt.Poll()) {
+          results[r].push_back(*done);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+TEST(AsyncCheckpointTest, AsyncAndSyncSavesWriteByteIdenticalFiles) {
+  TempDir sync_root, async_root;
+  const CheckpointState state = MakeState(40);
+  for (int world : {1, 3}) {
+    const std::string sub = "/w" + std::to_string(world);
+    auto sync_dir = SaveParallel(sync_root.path() + sub, state, world, 2);
+    ASSERT_TRUE(sync_dir.ok()) << sync_dir.status();
+    auto results = SaveAsyncParallel(async_root.path() + sub, {state}, world);
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(results[r].size(), 1u) << "rank " << r;
+      ASSERT_TRUE(results[r][0].ok()) << results[r][0].status();
+    }
+    const std::string async_dir = results[0][0]->path;
+    EXPECT_EQ(fs::path(async_dir).filename(), fs::path(*sync_dir).filename());
+    const auto sync_files = DirFiles(*sync_dir), async_files = DirFiles(async_dir);
+    EXPECT_EQ(sync_files.size(), static_cast<size_t>(world) + 1);  // shards + manifest
+    ASSERT_EQ(sync_files.size(), async_files.size());
+    for (const auto& [name, bytes] : sync_files) {
+      ASSERT_TRUE(async_files.count(name)) << name;
+      EXPECT_TRUE(async_files.at(name) == bytes) << name << " differs (world " << world << ")";
+    }
+  }
+}
+
+TEST(AsyncCheckpointTest, OwnedPiecesAsyncMatchSync) {
+  // ZeRO-style pieces: each rank saves its half of one tensor.
+  TempDir sync_root, async_root;
+  CheckpointState state = MakeState(41);
+  const torch::Tensor whole = torch::arange(10, torch::kFloat32);
+  auto rank_state = [&](int r, const CheckpointState& s) {
+    CheckpointState mine = s;
+    mine.tensors.clear();
+    NamedTensor piece;
+    piece.name = "model/w";
+    piece.tensor = whole.narrow(0, r * 5, 5);
+    piece.full_shape = std::vector<int64_t>{10};
+    piece.offset = r * 5;
+    mine.tensors.push_back(piece);
+    return mine;
+  };
+  ThreadBarrier barrier(2);
+  std::vector<absl::StatusOr<std::string>> sync(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      sync[r] = SaveCheckpoint(
+          sync_root.path(), rank_state(r, state), r, 2, 2, [&] { return barrier.Wait(); },
+          SaveMode::kOwned);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(sync[0].ok()) << sync[0].status();
+  auto results =
+      SaveAsyncParallel(async_root.path(), {state}, 2, SaveMode::kOwned, nullptr, rank_state);
+  ASSERT_EQ(results[0].size(), 1u);
+  ASSERT_TRUE(results[0][0].ok()) << results[0][0].status();
+  EXPECT_EQ(DirFiles(*sync[0]), DirFiles(results[0][0]->path));
+  auto loaded = LoadCheckpoint(results[0][0]->path, "abc123");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->tensors.size(), 1u);
+  EXPECT_TRUE(torch::equal(loaded->tensors[0].tensor, whole));
+}
+
+TEST(AsyncCheckpointTest, SnapshotIsTakenBeforeBeginReturns) {
+  // The training thread changes its tensors in place right after Begin: the checkpoint holds
+  // the values at Begin, for every save of a sequence of saves into one root.
+  TempDir root;
+  const std::vector<CheckpointState> states = {MakeState(50), MakeState(52), MakeState(54)};
+  auto results =
+      SaveAsyncParallel(root.path(), states, 2, SaveMode::kReplicated, [](CheckpointState& live) {
+        for (auto& nt : live.tensors) {
+          if (nt.tensor.numel() > 0) nt.tensor.add_(1);
+        }
+      });
+  for (int r = 0; r < 2; ++r) {
+    for (const auto& result : results[r]) ASSERT_TRUE(result.ok()) << result.status();
+  }
+  for (const CheckpointState& state : states) {
+    auto loaded = LoadCheckpoint(root.path() + "/" + StepDirName(state.global_step), "abc123");
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ExpectSameState(state, *loaded);
+  }
+  auto latest = LatestCommittedCheckpoint(root.path());
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(fs::path(*latest).filename().string(), StepDirName(54));
+}
+
+TEST(AsyncCheckpointTest, FailedShardOfOneRankFailsTheCommitAndKeepsThePrevious) {
+  TempDir root;
+  const CheckpointState good = MakeState(60);
+  ASSERT_TRUE(SaveParallel(root.path(), good, 2, 5).ok());
+  CheckpointState bad = MakeState(62);
+  // Index 1 is rank 1's in kReplicated: a dtype the format does not store fails its write.
+  bad.tensors[1].tensor = torch::zeros({2}, torch::kComplexFloat);
+  auto results = SaveAsyncParallel(root.path(), {bad}, 2);
+  ASSERT_EQ(results[0].size(), 1u);
+  ASSERT_FALSE(results[0][0].ok());
+  EXPECT_NE(results[0][0].status().message().find("rank 1 could not write its shard"),
+            std::string::npos)
+      << results[0][0].status();
+  EXPECT_NE(results[0][0].status().message().find("unsupported dtype"), std::string::npos)
+      << results[0][0].status();
+  ASSERT_EQ(results[1].size(), 1u);
+  EXPECT_FALSE(results[1][0].ok());
+  const std::string half = root.path() + "/" + StepDirName(62);
+  EXPECT_FALSE(fs::exists(half + "/manifest.json"));
+  auto latest = LatestCommittedCheckpoint(root.path());
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(fs::path(*latest).filename().string(), StepDirName(60));
+}
+
+TEST(AsyncCheckpointTest, NextBeginReturnsThePreviousSavesError) {
+  TempDir root;
+  CheckpointState bad = MakeState(70);
+  bad.tensors[0].tensor = torch::zeros({2}, torch::kComplexFloat);
+  AsyncCheckpointOptions o;
+  o.root = root.path();
+  AsyncCheckpointer ckpt(o);
+  ASSERT_TRUE(ckpt.Begin(bad, [] { return absl::OkStatus(); }).ok());
+  absl::StatusOr<double> next = ckpt.Begin(MakeState(72), [] { return absl::OkStatus(); });
+  ASSERT_FALSE(next.ok());
+  EXPECT_NE(next.status().message().find("previous asynchronous checkpoint failed"),
+            std::string::npos)
+      << next.status();
+  EXPECT_FALSE(fs::exists(root.path() + "/" + StepDirName(72)));
 }
 
 }  // namespace

@@ -9,7 +9,8 @@
 //   - kill -9 in the middle of a checkpoint save (shards written, no manifest; held
 //     there by the checkpoint.before_manifest failpoint): the previous checkpoint stays
 //     the latest and loads, a rerun resumes from it bit-identically and re-commits
-//     the half-written step.
+//     the half-written step; the same for an asynchronous save killed while its background
+//     writer holds it there, and asynchronous saves write the same bytes as synchronous ones.
 //   - export -> scripts/reference_llama.py loss == ulysses-train eval --init-from.
 //   - bad input: clear message, exit 2, nothing overwritten.
 //   - a packed, masked long-document job (data pack -> format: indexed) trains with micro-batches,
@@ -525,7 +526,8 @@ TEST_F(TrainE2eTest, PackedJobResumesOnAnotherLayoutReadingOnFromTheSameSequence
                                         "spec.parallelism.dp_degree=2"};
   auto kill_after_checkpoint = [&](const std::string& out) {
     std::vector<std::string> argv = {Bin()};
-    for (auto& a : TrainArgs(out, {})) argv.push_back(a);
+    // Synchronous saves: the step-5 line then comes after the step-4 commit.
+    for (auto& a : TrainArgs(out, {"spec.checkpoint.async=false"})) argv.push_back(a);
     Proc p = Start(argv, out, dir_);
     WaitForLines(out, 6, p);  // 5 steps + the eval at 3: the step-4 checkpoint is committed
     kill(-p.pid, SIGKILL);
@@ -571,9 +573,9 @@ TEST_F(TrainE2eTest, PackedJobResumesOnAnotherLayoutReadingOnFromTheSameSequence
 // and that the rerun re-commits step 4 with the uninterrupted run's tensors.
 TEST_F(TrainE2eTest, KillNineMidCheckpointSaveResumesFromPreviousCommit) {
   namespace ck = ulysses::engine;
-  const std::vector<std::string> sets = {"spec.parallelism.sp_degree=2", "spec.stages[0].steps=6",
-                                         "spec.checkpoint.every_steps=2",
-                                         "spec.checkpoint.keep_last=3"};
+  const std::vector<std::string> sets = {
+      "spec.parallelism.sp_degree=2", "spec.stages[0].steps=6", "spec.checkpoint.every_steps=2",
+      "spec.checkpoint.keep_last=3", "spec.checkpoint.async=false"};
   Result ref = RunCmd(TrainArgs("ref", sets), dir_, "ref");
   ASSERT_EQ(ref.code, 0) << ref.err;
   auto lref = Losses("ref");
@@ -656,6 +658,77 @@ TEST_F(TrainE2eTest, KillNineMidCheckpointSaveResumesFromPreviousCommit) {
     EXPECT_EQ(files,
               (std::vector<std::string>{"manifest.json", "shard-0-of-2.bin", "shard-1-of-2.bin"}))
         << dir;
+  }
+}
+
+// An asynchronous save killed during its background write: rank 0's writer thread is held by
+// the checkpoint.before_manifest failpoint at step 4 (both shards on disk, no manifest) while
+// training goes on; kill -9 of the whole tree. Step 2 stays the latest committed checkpoint; the
+// rerun resumes from it with losses bit-identical to an uninterrupted synchronous run, and every
+// checkpoint file it writes (asynchronous saves at 2 and 4... and the final one) is byte-identical
+// to the synchronous run's.
+TEST_F(TrainE2eTest, KillNineDuringAsyncWriteKeepsPreviousAndAsyncFilesMatchSync) {
+  namespace ck = ulysses::engine;
+  const std::vector<std::string> sets = {"spec.parallelism.sp_degree=2", "spec.stages[0].steps=6",
+                                         "spec.checkpoint.every_steps=2",
+                                         "spec.checkpoint.keep_last=3"};
+  std::vector<std::string> sync_sets = sets, async_sets = sets;
+  sync_sets.push_back("spec.checkpoint.async=false");
+  async_sets.push_back("spec.checkpoint.async=true");
+  Result ref = RunCmd(TrainArgs("ref", sync_sets), dir_, "ref");
+  ASSERT_EQ(ref.code, 0) << ref.err;
+  auto lref = Losses("ref");
+  ASSERT_EQ(lref.size(), 6u);
+
+  const fs::path ckpts = dir_ / "killed" / "checkpoints";
+  const fs::path marker = dir_ / "failpoint.hit";
+  std::vector<std::string> argv = {Bin()};
+  for (auto& a : TrainArgs("killed", async_sets)) argv.push_back(a);
+  Proc p = Start(argv, "killed", dir_,
+                 {"ULYSSES_FAILPOINT=checkpoint.before_manifest@4",
+                  "ULYSSES_FAILPOINT_MARKER=" + marker.string()});
+  const bool hit = WaitForFile(marker, p);
+  kill(-p.pid, SIGKILL);
+  EXPECT_EQ(Wait(p), 128 + SIGKILL);
+  ASSERT_TRUE(hit);
+  const std::string killed_err = ReadFile(p.err);
+  EXPECT_NE(killed_err.find("checkpoints are asynchronous (spec.checkpoint.async: true"),
+            std::string::npos)
+      << killed_err;
+  EXPECT_TRUE(fs::exists(ckpts / ck::StepDirName(4) / "shard-1-of-2.bin"));
+  EXPECT_FALSE(fs::exists(ckpts / ck::StepDirName(4) / ck::kManifestName));
+  const size_t lines_before = MetricLines("killed");
+  EXPECT_GE(lines_before, 4u);
+  EXPECT_LE(lines_before, 6u);  // the stage-end save waits for the held one
+  absl::StatusOr<std::string> latest = ck::LatestCommittedCheckpoint(ckpts.string());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(fs::path(*latest).filename().string(), ck::StepDirName(2));
+  ASSERT_TRUE(ck::LoadCheckpoint(*latest, "").ok());
+
+  Result resumed = RunCmd(TrainArgs("killed", async_sets), dir_, "resumed");
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  auto lk = Losses("killed", lines_before);
+  ASSERT_FALSE(lk.empty());
+  EXPECT_EQ(lk.begin()->first, 3);  // resumed from step 2
+  for (auto& [step, loss] : lk) EXPECT_EQ(loss, lref[step]) << "step " << step;  // bit-identical
+  int async_events = 0;
+  std::istringstream events(resumed.out);
+  for (std::string line; std::getline(events, line);) {
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.value("event", "") == "checkpoint") {
+      EXPECT_TRUE(j.contains("blocked_seconds")) << line;
+      ++async_events;
+    }
+  }
+  EXPECT_EQ(async_events, 2) << resumed.out;  // step 4 (asynchronous) and the stage end
+  for (int64_t step : {2, 4, 6}) {
+    const fs::path dir = ckpts / ck::StepDirName(step);
+    const fs::path ref_dir = dir_ / "ref" / "checkpoints" / ck::StepDirName(step);
+    for (const char* name : {"manifest.json", "shard-0-of-2.bin", "shard-1-of-2.bin"}) {
+      ASSERT_TRUE(fs::exists(dir / name)) << dir / name;
+      EXPECT_TRUE(ReadFile((dir / name).string()) == ReadFile((ref_dir / name).string()))
+          << "step " << step << " " << name << " differs from the synchronous run's";
+    }
   }
 }
 
