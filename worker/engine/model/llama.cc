@@ -213,6 +213,36 @@ torch::Tensor TiledCrossEntropySum(const torch::Tensor& hidden, const torch::Ten
                                           std::max<int64_t>(1, tile_tokens));
 }
 
+torch::Tensor InitialParameter(const std::string& name, c10::IntArrayRef shape, uint64_t seed) {
+  if (shape.size() == 1) return torch::ones(shape, torch::kFloat);  // RMSNorm weights
+  // FNV-1a of the name, mixed with the seed (splitmix64): one generator per parameter.
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (h | 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  at::Generator gen = at::detail::createCPUGenerator(z ^ (z >> 31));
+  torch::Tensor init = torch::empty(shape, torch::kFloat);
+  init.normal_(0.0, 0.02, gen);
+  return init;
+}
+
+LinearNoBiasImpl::LinearNoBiasImpl(int64_t in, int64_t out) {
+  weight = register_parameter("weight", torch::empty({out, in}));
+}
+
+torch::Tensor LinearNoBiasImpl::forward(const torch::Tensor& x) {
+  return torch::nn::functional::linear(x, weight);
+}
+
+TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t hidden) {
+  weight = register_parameter("weight", torch::empty({vocab, hidden}));
+}
+
+torch::Tensor TokenEmbeddingImpl::forward(const torch::Tensor& ids) {
+  return torch::embedding(weight, ids);
+}
+
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool fused) : eps_(eps), fused_(fused) {
   weight = register_parameter("weight", torch::ones({dim}));
 }
@@ -229,9 +259,7 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c) : config_(c) {
   const int64_t d = c.head_dim();
-  auto lin = [](int64_t in, int64_t out) {
-    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
-  };
+  auto lin = [](int64_t in, int64_t out) { return LinearNoBias(in, out); };
   q_proj = register_module("q_proj", lin(c.hidden_size, c.num_attention_heads * d));
   k_proj = register_module("k_proj", lin(c.hidden_size, c.num_key_value_heads * d));
   v_proj = register_module("v_proj", lin(c.hidden_size, c.num_key_value_heads * d));
@@ -256,9 +284,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, const MemoryOptions& memory)
     : memory_(memory), hidden_size_(c.hidden_size) {
-  auto lin = [](int64_t in, int64_t out) {
-    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
-  };
+  auto lin = [](int64_t in, int64_t out) { return LinearNoBias(in, out); };
   gate_proj = register_module("gate_proj", lin(c.hidden_size, c.intermediate_size));
   up_proj = register_module("up_proj", lin(c.hidden_size, c.intermediate_size));
   down_proj = register_module("down_proj", lin(c.intermediate_size, c.hidden_size));
@@ -306,7 +332,7 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, const MemoryOptions& memory)
     : config_(c), memory_(memory) {
-  embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  embed_tokens = register_module("embed_tokens", TokenEmbedding(c.vocab_size, c.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(c, memory));
   norm = register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps, memory.fused_rms_norm));
@@ -344,25 +370,14 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, const MemoryOpt
     : config_(c), memory_(memory) {
   model = register_module("model", LlamaModel(c, memory));
   if (!c.tie_word_embeddings) {
-    lm_head = register_module(
-        "lm_head",
-        torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+    lm_head = register_module("lm_head", LinearNoBias(c.hidden_size, c.vocab_size));
   }
 }
 
 void LlamaForCausalLMImpl::InitWeights(uint64_t seed) {
   torch::NoGradGuard no_grad;
-  at::Generator gen = at::detail::createCPUGenerator(seed);
   for (auto& item : named_parameters()) {
-    torch::Tensor& p = item.value();
-    torch::Tensor init;
-    if (p.dim() == 1) {
-      init = torch::ones(p.sizes(), torch::kFloat);  // RMSNorm weights
-    } else {
-      init = torch::empty(p.sizes(), torch::kFloat);
-      init.normal_(0.0, 0.02, gen);
-    }
-    p.copy_(init);
+    item.value().copy_(InitialParameter(item.key(), item.value().sizes(), seed));
   }
 }
 

@@ -128,6 +128,33 @@ torch::Tensor ReloadToDevice(const torch::Tensor& host, torch::Device device);
 torch::Tensor TiledCrossEntropySum(const torch::Tensor& hidden, const torch::Tensor& weight,
                                    const torch::Tensor& labels, int64_t tile_tokens);
 
+// The initial value of parameter `name` of `shape` for `seed`, fp32 on CPU: 1-D (RMSNorm) weights
+// are 1, matrices ~ N(0, 0.02) from a generator seeded by (seed, name) alone. A parameter's init
+// depends on no other parameter, dtype, device or layout: any rank can make any one tensor alone
+// (ZeRO-3 ranks generate one at a time and keep their chunk).
+torch::Tensor InitialParameter(const std::string& name, c10::IntArrayRef shape, uint64_t seed);
+
+// A bias-free linear layer: weight [out, in]. Construction allocates the weight without writing it
+// (InitWeights, a loader or ZeRO-3's sharded init writes or frees it), so a model under
+// construction holds no written whole-model copy. forward is torch::nn::Linear's without bias.
+class LinearNoBiasImpl : public torch::nn::Module {
+ public:
+  LinearNoBiasImpl(int64_t in, int64_t out);
+  torch::Tensor forward(const torch::Tensor& x);  // [..., in] -> [..., out]
+  torch::Tensor weight;
+};
+TORCH_MODULE(LinearNoBias);
+
+// Token embeddings: weight [vocab, H], allocated unwritten like LinearNoBias. forward is
+// torch::nn::Embedding's: ids [...] -> [..., H].
+class TokenEmbeddingImpl : public torch::nn::Module {
+ public:
+  TokenEmbeddingImpl(int64_t vocab, int64_t hidden);
+  torch::Tensor forward(const torch::Tensor& ids);
+  torch::Tensor weight;
+};
+TORCH_MODULE(TokenEmbedding);
+
 class RMSNormImpl : public torch::nn::Module {
  public:
   // fused: at::rms_norm where libtorch has it (MemoryOptions::fused_rms_norm).
@@ -147,7 +174,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   // x [b, s/p, H] -> [b, s/p, H]
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const AttentionFn& attention, const torch::Tensor& doc_ids);
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  LinearNoBias q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
   LlamaConfig config_;
@@ -159,7 +186,7 @@ class LlamaMLPImpl : public torch::nn::Module {
   LlamaMLPImpl(const LlamaConfig& config, const MemoryOptions& memory);
   // x [b, s/p, H] -> [b, s/p, H]; down(silu(gate(x)) * up(x)).
   torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  LinearNoBias gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 
  private:
   torch::Tensor Dense(const torch::Tensor& x);
@@ -186,7 +213,7 @@ class LlamaModelImpl : public torch::nn::Module {
   // shard), doc_ids [b, s] (global document layout, optional) -> [b, s/p, H] (final-normed).
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& position_ids,
                         const AttentionFn& attention, const torch::Tensor& doc_ids = {});
-  torch::nn::Embedding embed_tokens{nullptr};
+  TokenEmbedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
   // ZeRO per-layer gather/release (empty = none).
@@ -203,9 +230,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
  public:
   LlamaForCausalLMImpl(const LlamaConfig& config, const MemoryOptions& memory);
 
-  // Deterministic init from seed: every weight matrix ~ N(0, 0.02) drawn in fp32 on
-  // CPU in named_parameters() order from one generator; norm weights = 1. The same
-  // seed gives the same weights for every dtype, device and parallel layout.
+  // Deterministic init from seed, one parameter at a time (InitialParameter: keyed by the
+  // parameter's name, generated in fp32 on CPU and copied into the parameter's dtype and device).
+  // The same seed gives the same weights for every dtype, device and parallel layout.
   void InitWeights(uint64_t seed);
 
   // Final hidden states [b, s/p, H] of the local shard.
@@ -223,7 +250,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   const LlamaConfig& config() const { return config_; }
 
   LlamaModel model{nullptr};
-  torch::nn::Linear lm_head{nullptr};
+  LinearNoBias lm_head{nullptr};
 
  private:
   LlamaConfig config_;

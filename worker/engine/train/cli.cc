@@ -37,6 +37,7 @@ constexpr char kUsage[] =
     "  ulysses-train eval   -f JOB.yaml [--nproc N] [--checkpoint DIR | --init-from HFDIR]"
     " [--seq-len T]\n"
     "  ulysses-train export --checkpoint DIR --hf-out DIR [--dtype bf16|fp16|fp32|fp64]\n"
+    "                       [--max-file-bytes N]\n"
     "  ulysses-train rank   -f JOB.yaml --out DIR --stage I --rank R --world-size W"
     " --master-addr HOST --master-port PORT [--device cpu|cuda:N] [--backend auto|gloo|nccl]"
     " [--collective-timeout-s S] [--step-events rank0|all] [--peak-flops F]"
@@ -364,8 +365,16 @@ int EvalCommand(int argc, char** argv) {
 }
 
 int ExportCommand(int argc, char** argv) {
-  OR_FAIL(f, ParseFlags(argc, argv, 2, {"--checkpoint", "--hf-out", "--dtype"}));
+  OR_FAIL(f,
+          ParseFlags(argc, argv, 2, {"--checkpoint", "--hf-out", "--dtype", "--max-file-bytes"}));
   ExportOptions o;
+  if (f.Has("--max-file-bytes")) {
+    const std::string v = f.Get("--max-file-bytes");
+    if (!absl::SimpleAtoi(v, &o.max_file_bytes) || o.max_file_bytes < 1) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--max-file-bytes: '", v, "' is not a byte count >= 1 (default 5000000000, HF's 5 GB)")));
+    }
+  }
   o.dtype = f.Get("--dtype");
   if (f.Has("--dtype") && o.dtype.empty()) {
     return Fail(absl::InvalidArgumentError(
@@ -379,7 +388,10 @@ int ExportCommand(int argc, char** argv) {
   std::cout << nlohmann::json{{"hf_out", out},
                               {"dtype", result.dtype},
                               {"tensors", result.tensors},
-                              {"from_masters", result.from_masters}}
+                              {"from_masters", result.from_masters},
+                              {"files", result.files},
+                              {"largest_tensor_bytes", result.largest_tensor_bytes},
+                              {"bytes_read", result.bytes_read}}
                    .dump()
             << std::endl;
   return contract::kExitOk;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/spec/job_spec_parser.h"
 #include "common/spec/model_math.h"
 #include "common/spec/memory_model.h"
@@ -24,6 +26,7 @@
 #include "common/stop.h"
 #include "worker/engine/data/batches.h"
 #include "worker/engine/data/dataset.h"
+#include "worker/engine/hf/hf.h"
 #include "worker/engine/parallel/parallelize.h"
 #include "worker/engine/parallel/ulysses_attention.h"
 #include "worker/engine/train/checkpoint_saver.h"
@@ -64,8 +67,9 @@ struct RankSetup {
   AttentionCallback attention;
 };
 
+// structure_only: the model's parameters are allocated, not written (ZeRO-3 sharded init).
 absl::StatusOr<RankSetup> SetUpRank(const spec::JobSpec& spec, const LlamaConfig& config,
-                                    const ParallelConfig& pc) {
+                                    const ParallelConfig& pc, bool structure_only = false) {
   RETURN_IF_ERROR(CheckUlyssesHeads(config.num_attention_heads, config.num_key_value_heads, pc.sp));
   ASSIGN_OR_RETURN(torch::Dtype dtype, model::ParseDtype(spec.model.dtype));
   if (dtype == torch::kHalf && pc.device == "cpu") {
@@ -78,8 +82,12 @@ absl::StatusOr<RankSetup> SetUpRank(const spec::JobSpec& spec, const LlamaConfig
   }
   RankSetup s;
   ASSIGN_OR_RETURN(s.rt, Parallelize(pc));
-  ASSIGN_OR_RETURN(s.model,
-                   BuildModel(config, MemoryOptionsFromSpec(spec), spec.seed, s.rt.device, dtype));
+  if (structure_only) {
+    ASSIGN_OR_RETURN(s.model, BuildModelStructure(config, MemoryOptionsFromSpec(spec)));
+  } else {
+    ASSIGN_OR_RETURN(
+        s.model, BuildModel(config, MemoryOptionsFromSpec(spec), spec.seed, s.rt.device, dtype));
+  }
   AttentionOptions attn;
   attn.block_size = spec.memory.attention_block_size;
   s.attention = UlyssesAttentionFn(s.rt.groups.sp.get(), attn);
@@ -177,30 +185,67 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   }
   pc.timeout = std::chrono::seconds(
       ScaledCollectiveTimeoutSeconds(o.collective_timeout_s, checkpoint_bytes));
-  ASSIGN_OR_RETURN(RankSetup rs, SetUpRank(spec, config, pc));
+  const int zero_stage = static_cast<int>(spec.parallelism.zero_stage);
+  // ZeRO-3: no rank writes the whole model; each makes, imports or loads its chunks (zero.h).
+  const bool sharded_init = zero_stage == 3;
+  const bool import_hf = !plan.state && !spec.model.init_from.empty();
+  ASSIGN_OR_RETURN(RankSetup rs, SetUpRank(spec, config, pc, sharded_init));
   AdamW adam(AdamWConfigFromSpec(spec.optimizer));
   int64_t global_step = 0, start_step = 0;
   if (plan.state) {
-    RETURN_IF_ERROR(RestoreModel(*plan.state, plan.path, rs.model));
+    // This rank's share only (resume.h ResumeShare): its ZeRO chunks, or whole tensors it keeps.
+    LoadStats read;
+    ASSIGN_OR_RETURN(
+        CheckpointState share,
+        LoadCheckpointShare(plan.path, spec::SpecHash(spec),
+                            ResumeShare(rs.model, zero_stage, rs.rt.groups.world->rank(),
+                                        rs.rt.groups.world->size()),
+                            &read));
+    ULOG(INFO) << "rank " << o.rank << " resumed from " << plan.path << ": read " << read.data_bytes
+               << " tensor bytes + " << read.metadata_bytes << " metadata bytes";
+    plan.state->tensors = std::move(share.tensors);
+    if (zero_stage < 3) RETURN_IF_ERROR(RestoreModel(*plan.state, plan.path, rs.model));
     global_step = plan.state->global_step;
     if (plan.state->stage == o.stage) start_step = plan.state->step_in_stage;
-  } else if (!spec.model.init_from.empty()) {
+  } else if (import_hf && !sharded_init) {
     RETURN_IF_ERROR(LoadInitFrom(rs.model, spec.model.init_from));
+  }
+  // ZeRO-3 import: the byte ranges of this rank's chunks, by HF name (taken before the sharding
+  // frees the parameters' shapes).
+  ShareRequest import_share;
+  if (import_hf && sharded_init) {
+    for (auto& [name, share] : ResumeShare(rs.model, zero_stage, rs.rt.groups.world->rank(),
+                                           rs.rt.groups.world->size())) {
+      if (name.rfind(kModelPrefix, 0) == 0)
+        import_share[name.substr(sizeof(kModelPrefix) - 1)] = share;
+    }
   }
   // ZeRO (zero.h): shard the now-loaded weights over every rank of the stage.
   std::unique_ptr<ZeroSharding> zero;
-  if (spec.parallelism.zero_stage > 0) {
+  if (zero_stage > 0) {
     ZeroOptions zo;
-    zo.stage = static_cast<int>(spec.parallelism.zero_stage);
+    zo.stage = zero_stage;
     zo.offload_optimizer = spec.parallelism.offload_optimizer;
     zo.activation_checkpointing = spec.memory.activation_checkpointing;
+    zo.sharded_init = sharded_init;
+    if (!plan.state && !import_hf) zo.init_seed = spec.seed;  // else loaded over the chunks
+    ASSIGN_OR_RETURN(zo.dtype, model::ParseDtype(spec.model.dtype));
     ASSIGN_OR_RETURN(
         zero, ZeroSharding::Create(rs.model, rs.rt.groups.world.get(), &adam, zo, rs.rt.device));
+  }
+  if (!import_share.empty()) {
+    LoadStats read;
+    ASSIGN_OR_RETURN(std::vector<NamedTensor> pieces,
+                     LoadHfWeightsShare(spec.model.init_from, import_share, &read));
+    for (NamedTensor& nt : pieces) nt.name = kModelPrefix + nt.name;
+    RETURN_IF_ERROR(zero->LoadOwnedState(pieces, /*adam_steps=*/0));
+    ULOG(INFO) << "rank " << o.rank << " imported " << spec.model.init_from << ": read "
+               << read.data_bytes << " tensor bytes + " << read.metadata_bytes << " header bytes";
   }
   if (plan.state) {
     RETURN_IF_ERROR(RestoreOptimizer(*plan.state, rs.model, adam, zero.get()));
     // Weights and optimizer state live in the model and AdamW now: drop the loaded host copy
-    // (the whole checkpoint on every rank) instead of holding it for the rest of the run.
+    // (this rank's share) instead of holding it for the rest of the run.
     std::vector<NamedTensor>().swap(plan.state->tensors);
   }
 
@@ -358,7 +403,7 @@ absl::StatusOr<EvalResult> RunEvalRankImpl(const EvalOptions& o) {
   std::optional<CheckpointState> state;
   LlamaConfig config;
   if (!o.checkpoint.empty()) {
-    ASSIGN_OR_RETURN(CheckpointState st, LoadCheckpoint(o.checkpoint, ""));
+    ASSIGN_OR_RETURN(CheckpointState st, ReadCheckpointInfo(o.checkpoint, ""));
     if (!st.extra.contains("model_config")) {
       return absl::DataLossError(absl::StrCat("checkpoint ", o.checkpoint, ": no model_config"));
     }
@@ -379,8 +424,14 @@ absl::StatusOr<EvalResult> RunEvalRankImpl(const EvalOptions& o) {
   pc.device = o.device;
   ASSIGN_OR_RETURN(RankSetup rs, SetUpRank(spec, config, pc));
   if (state) {
+    // The weights alone (no optimizer state): every rank of an evaluation holds the whole model.
+    ShareRequest weights = ResumeShare(rs.model, /*zero_stage=*/0, 0, 1);
+    for (auto it = weights.begin(); it != weights.end();) {
+      it = it->first.rfind(kModelPrefix, 0) == 0 ? std::next(it) : weights.erase(it);
+    }
+    ASSIGN_OR_RETURN(CheckpointState loaded, LoadCheckpointShare(o.checkpoint, "", weights));
     RETURN_IF_ERROR(
-        LoadParams(rs.model, ModelTensors(*state), absl::StrCat("checkpoint ", o.checkpoint)));
+        LoadParams(rs.model, ModelTensors(loaded), absl::StrCat("checkpoint ", o.checkpoint)));
   } else if (!spec.model.init_from.empty()) {
     RETURN_IF_ERROR(LoadInitFrom(rs.model, spec.model.init_from));
   }
@@ -403,7 +454,7 @@ absl::StatusOr<int> FirstStageToRun(const spec::JobSpec& spec, const std::string
   ASSIGN_OR_RETURN(std::optional<std::string> latest,
                    FindLatestCheckpoint(CheckpointRoot(spec, out_dir)));
   if (!latest) return 0;
-  ASSIGN_OR_RETURN(CheckpointState st, LoadCheckpoint(*latest, spec::SpecHash(spec)));
+  ASSIGN_OR_RETURN(CheckpointState st, ReadCheckpointInfo(*latest, spec::SpecHash(spec)));
   return static_cast<int>(st.stage + (st.stage_complete ? 1 : 0));
 }
 

@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "common/contract/exit.h"
 #include "common/spec/job_spec.h"
+#include "worker/engine/hf/hf.h"  // kHfMaxFileBytes
 #include "worker/engine/train/evaluate.h"
 
 namespace ulysses::engine::train {
@@ -100,15 +101,23 @@ struct ExportOptions {
   // --dtype: bf16 | fp16 | fp32 | fp64, or the spec.model.dtype spellings bfloat16 | float16 |
   // float32 | float64. "" = the job's spec.model.dtype (the checkpoint's extra.dtype).
   std::string dtype;
+  // --max-file-bytes: above it the weights go to model-0000k-of-0000n.safetensors files of at
+  // most this size + model.safetensors.index.json (hf.h WriteHfDirectoryStreaming).
+  int64_t max_file_bytes = kHfMaxFileBytes;
 };
 
 struct ExportResult {
-  std::string dtype;         // what was written: float32 | bfloat16 | float16 | float64
-  int64_t tensors = 0;       // weights written
-  int64_t from_masters = 0;  // of them, taken from the fp32 masters (optim/master/<name>)
+  std::string dtype;                 // what was written: float32 | bfloat16 | float16 | float64
+  int64_t tensors = 0;               // weights written
+  int64_t from_masters = 0;          // of them, taken from the fp32 masters (optim/master/<name>)
+  std::vector<std::string> files;    // the safetensors files written
+  int64_t largest_tensor_bytes = 0;  // the most weight bytes held at once (one tensor)
+  int64_t bytes_read = 0;            // checkpoint tensor bytes read
 };
 
-// Writes config.json + model.safetensors in the chosen dtype. A weight is taken from its fp32
+// Writes config.json + model.safetensors (or sharded files + index above max_file_bytes) in the
+// chosen dtype, one tensor at a time: read from the checkpoint's pieces, converted, written,
+// dropped. A weight is taken from its fp32
 // master (optimizer.h, kMasterPrefix) when the checkpoint holds one and the chosen dtype is not
 // the weight's own: so an fp32 export of a bf16 job is the masters bit for bit, and an fp16
 // export rounds the masters once. In the weight's own dtype the stored weights are written as

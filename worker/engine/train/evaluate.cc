@@ -31,13 +31,21 @@ absl::StatusOr<EvalResult> Evaluate(model::LlamaForCausalLM& model,
   double loss_sum = 0;
   int64_t tokens = 0, correct = 0, acc_tokens = 0;
   torch::NoGradGuard no_grad;
-  for (int64_t i = rt.groups.dp_rank; i < num_sequences; i += rt.dp) {
-    ASSIGN_OR_RETURN(Sample sample, val.Get(i, seq_len));
+  // Every replica runs the same number of forward passes, ceil(n / dp): a forward may hold
+  // collectives over the whole world (ZeRO-3 gathers each layer's weights), so a replica that
+  // stopped early would leave its peers waiting in a gather while it waits in the final sum.
+  // A replica whose share is short re-evaluates sequence 0 as padding and counts nothing of it.
+  const int64_t rounds = (num_sequences + rt.dp - 1) / rt.dp;
+  for (int64_t round = 0; round < rounds; ++round) {
+    const int64_t i = round * rt.dp + rt.groups.dp_rank;
+    const bool counted = i < num_sequences;
+    ASSIGN_OR_RETURN(Sample sample, val.Get(counted ? i : 0, seq_len));
     ASSIGN_OR_RETURN(LocalShard shard, ShardSamples({sample}, rt.groups.sp_rank, rt.sp));
     RETURN_IF_ERROR(Guard("eval forward", [&] {
       torch::Tensor ids = shard.input_ids.to(rt.device), labels = shard.labels.to(rt.device);
       model::LossOutput out = model->Loss(ids, shard.position_ids.to(rt.device), labels, attention,
                                           labels.ne(model::kIgnoreIndex), shard.doc_ids);
+      if (!counted) return absl::OkStatus();  // padding: the collectives ran, nothing counts
       loss_sum += out.loss_sum.item<double>();
       tokens += out.tokens;
       correct += out.correct;

@@ -1,7 +1,10 @@
 // Evaluation of one rank of an (SP x DP) layout: validation loss, and retrieval accuracy where the
 // data scores target positions (synthetic needle data). Every rank returns the same global numbers.
 //
-// DP replica d evaluates sequences d, d + dp, ...; each SP group shards every sequence like
+// DP replica d evaluates sequences d, d + dp, ...; every replica runs ceil(n / dp) forward passes
+// (a short share is padded with a re-run of sequence 0 that counts nothing), so every rank enters
+// every collective of a forward even when n does not divide by dp (ZeRO-3 gathers layers over the
+// world). Each SP group shards every sequence like
 // training does; (loss sum, tokens, correct, scored) are summed over the world, so the result is
 // independent of the layout (evaluation under SP equals SP 1 up to float reassociation).
 // Not thread-safe; borrows its arguments. libtorch exceptions become a Status.

@@ -2,6 +2,7 @@
 // the dtype asked for (default: the job's), from the fp32 masters where they are more precise.
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -47,7 +48,7 @@ absl::StatusOr<ExportDtype> ParseExportDtype(const std::string& flag) {
 // The job's dtype: the checkpoint's extra.dtype (spec.model.dtype), or for a checkpoint written
 // before it was recorded, the dtype its model weights are stored in.
 absl::StatusOr<ExportDtype> JobDtype(const CheckpointState& st,
-                                     const std::map<std::string, torch::Tensor>& weights,
+                                     std::optional<torch::ScalarType> stored,
                                      const std::string& checkpoint) {
   if (st.extra.contains("dtype")) {
     const nlohmann::json& d = st.extra["dtype"];
@@ -58,15 +59,14 @@ absl::StatusOr<ExportDtype> JobDtype(const CheckpointState& st,
     return absl::DataLossError(absl::StrCat("checkpoint ", checkpoint, ": extra.dtype ", d.dump(),
                                             " is not a model dtype"));
   }
-  if (weights.empty()) {
+  if (!stored.has_value()) {
     return absl::DataLossError(absl::StrCat("checkpoint ", checkpoint, ": no model weights"));
   }
-  const torch::ScalarType stored = weights.begin()->second.scalar_type();
   for (const ExportDtype& d : {kBfloat16, kFloat16, kFloat32, kFloat64}) {
-    if (d.type == stored) return d;
+    if (d.type == *stored) return d;
   }
-  return absl::DataLossError(absl::StrCat("checkpoint ", checkpoint,
-                                          ": model weights are stored as ", c10::toString(stored)));
+  return absl::DataLossError(absl::StrCat(
+      "checkpoint ", checkpoint, ": model weights are stored as ", c10::toString(*stored)));
 }
 
 }  // namespace
@@ -87,43 +87,72 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const ExportOptions& o) {
   }
   ExportResult result;
   RETURN_IF_ERROR(Guard("ulysses-train export", [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(CheckpointState st, LoadCheckpoint(o.checkpoint, ""));
+    // The manifest only; then one tensor at a time (checkpoint.h CheckpointReader).
+    ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                     CheckpointReader::Open(o.checkpoint, ""));
+    const CheckpointState& st = reader->info();
     if (!st.extra.contains("model_config")) {
       return absl::DataLossError(absl::StrCat("checkpoint ", o.checkpoint, ": no model_config"));
     }
     ASSIGN_OR_RETURN(model::LlamaConfig config, ModelConfigFromJson(st.extra["model_config"]));
-    const std::map<std::string, torch::Tensor> weights = ModelTensors(st);
+    std::map<std::string, CheckpointReader::TensorInfo> stored;
+    for (const auto& [name, info] : reader->tensors()) stored[name] = info;
+    const std::string master_prefix = kMasterPrefix;
+    std::optional<torch::ScalarType> weight_dtype;
+    for (const auto& [name, info] : stored) {
+      if (name.rfind(kModelPrefix, 0) == 0) {
+        weight_dtype = info.dtype;
+        break;
+      }
+    }
     ExportDtype dtype = kFloat32;
     if (asked.has_value()) {
       dtype = *asked;
     } else {
-      ASSIGN_OR_RETURN(dtype, JobDtype(st, weights, o.checkpoint));
+      ASSIGN_OR_RETURN(dtype, JobDtype(st, weight_dtype, o.checkpoint));
     }
-    std::map<std::string, torch::Tensor> masters;
-    for (const NamedTensor& t : st.tensors) {
-      if (t.name.rfind(kMasterPrefix, 0) == 0) {
-        masters[t.name.substr(std::char_traits<char>::length(kMasterPrefix))] = t.tensor;
+    // Where each weight comes from, checked before anything is written: the master is the weight
+    // before rounding, the better source for any other dtype.
+    std::map<std::string, std::string> source;
+    for (const auto& [name, shape] : HfLlamaShapes(config)) {
+      auto weight = stored.find(kModelPrefix + name);
+      if (weight == stored.end()) {
+        return absl::DataLossError(absl::StrCat("checkpoint ", o.checkpoint, ": tensor ",
+                                                kModelPrefix, name, " is missing"));
       }
-    }
-    std::vector<NamedTensor> out;
-    for (const auto& [name, weight] : weights) {
-      auto master = masters.find(name);
-      // The master is the weight before rounding: the better source for any other dtype.
-      if (master != masters.end() && weight.scalar_type() != dtype.type) {
-        if (master->second.sizes() != weight.sizes()) {
-          return absl::DataLossError(absl::StrCat(
-              "checkpoint ", o.checkpoint, ": ", kMasterPrefix, name, " has shape ",
-              c10::str(master->second.sizes()), ", the weight has ", c10::str(weight.sizes())));
+      if (weight->second.shape != shape) {
+        return absl::DataLossError(
+            absl::StrCat("checkpoint ", o.checkpoint, ": ", weight->first, " has shape ",
+                         c10::str(c10::IntArrayRef(weight->second.shape)),
+                         ", its model_config needs ", c10::str(c10::IntArrayRef(shape))));
+      }
+      auto master = stored.find(master_prefix + name);
+      if (master != stored.end() && weight->second.dtype != dtype.type) {
+        if (master->second.shape != shape) {
+          return absl::DataLossError(
+              absl::StrCat("checkpoint ", o.checkpoint, ": ", kMasterPrefix, name, " has shape ",
+                           c10::str(c10::IntArrayRef(master->second.shape)), ", the weight has ",
+                           c10::str(c10::IntArrayRef(shape))));
         }
-        out.push_back({name, master->second});
+        source[name] = master->first;
         ++result.from_masters;
       } else {
-        out.push_back({name, weight});
+        source[name] = weight->first;
       }
     }
+    HfTensorSource fetch = [&](const std::string& name) -> absl::StatusOr<torch::Tensor> {
+      ASSIGN_OR_RETURN(NamedTensor nt, reader->Read(source.at(name), TensorShare{}));
+      return nt.tensor;
+    };
+    ASSIGN_OR_RETURN(
+        HfWriteResult written,
+        WriteHfDirectoryStreaming(o.hf_out, config, fetch, dtype.type, o.max_file_bytes));
     result.dtype = dtype.name;
-    result.tensors = static_cast<int64_t>(out.size());
-    return WriteHfDirectory(o.hf_out, config, out, dtype.type);
+    result.tensors = written.tensors;
+    result.files = written.files;
+    result.largest_tensor_bytes = written.largest_tensor_bytes;
+    result.bytes_read = reader->stats().data_bytes;
+    return absl::OkStatus();
   }));
   return result;
 }

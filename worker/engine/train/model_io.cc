@@ -45,9 +45,19 @@ absl::StatusOr<LlamaForCausalLM> BuildModel(const LlamaConfig& config,
                                             torch::Device device, torch::Dtype dtype) {
   LlamaForCausalLM model{nullptr};
   RETURN_IF_ERROR(Guard("building the model", [&] {
-    model = LlamaForCausalLM(config, memory);
-    model->InitWeights(seed);
+    model = LlamaForCausalLM(config, memory);  // parameters allocated, not written
     model->to(device, dtype);
+    model->InitWeights(seed);  // one parameter at a time, in its dtype and device
+    return absl::OkStatus();
+  }));
+  return model;
+}
+
+absl::StatusOr<LlamaForCausalLM> BuildModelStructure(const LlamaConfig& config,
+                                                     const model::MemoryOptions& memory) {
+  LlamaForCausalLM model{nullptr};
+  RETURN_IF_ERROR(Guard("building the model", [&] {
+    model = LlamaForCausalLM(config, memory);
     return absl::OkStatus();
   }));
   return model;
@@ -97,11 +107,24 @@ std::map<std::string, torch::Tensor> ModelTensors(const CheckpointState& state) 
   return out;
 }
 
-absl::Status LoadInitFrom(LlamaForCausalLM& model, const std::string& init_from) {
-  ASSIGN_OR_RETURN(std::vector<NamedTensor> weights, LoadHfWeights(init_from));
-  std::map<std::string, torch::Tensor> named;
-  for (auto& t : weights) named[t.name] = t.tensor;
-  return LoadParams(model, named, absl::StrCat("init_from ", init_from));
+absl::Status LoadInitFrom(LlamaForCausalLM& model, const std::string& init_from, LoadStats* stats) {
+  ShareRequest request;
+  std::map<std::string, torch::Tensor> params;
+  for (auto& [name, p] : Params(model)) {
+    request[name].shape = p.sizes().vec();
+    params[name] = p;
+  }
+  return Guard(absl::StrCat("init_from ", init_from), [&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    // One tensor at a time, straight into its parameter (converted to its dtype and device).
+    return ForEachHfWeightShare(
+        init_from, request,
+        [&](NamedTensor nt) {
+          params.at(nt.name).copy_(nt.tensor);
+          return absl::OkStatus();
+        },
+        stats);
+  });
 }
 
 }  // namespace ulysses::engine::train

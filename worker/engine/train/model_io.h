@@ -42,12 +42,19 @@ absl::StatusOr<model::LlamaConfig> ModelConfigFromJson(const nlohmann::json& j);
 // The memory options of the spec (activation checkpointing, tiled MLP/loss).
 model::MemoryOptions MemoryOptionsFromSpec(const spec::JobSpec& spec);
 
-// Builds the model on `device` in `dtype`, initialised from `seed` (identical weights for every
-// device, dtype and layout). Catches libtorch exceptions.
+// Builds the model on `device` in `dtype`, initialised from `seed` one parameter at a time
+// (model::InitialParameter: identical weights for every device, dtype and layout); no whole-model
+// copy is written besides the model itself. Catches libtorch exceptions.
 absl::StatusOr<model::LlamaForCausalLM> BuildModel(const model::LlamaConfig& config,
                                                    const model::MemoryOptions& memory,
                                                    uint64_t seed, torch::Device device,
                                                    torch::Dtype dtype);
+
+// The model's modules with their parameters allocated (CPU, fp32) but never written: host pages
+// nobody touches cost no memory. For ZeRO-3's sharded init (zero.h ZeroOptions::sharded_init),
+// which makes each rank's chunks and frees the parameters.
+absl::StatusOr<model::LlamaForCausalLM> BuildModelStructure(const model::LlamaConfig& config,
+                                                            const model::MemoryOptions& memory);
 
 // named_parameters() as (HF name, tensor) pairs, in registration order.
 NamedParams Params(model::LlamaForCausalLM& model);
@@ -61,8 +68,10 @@ absl::Status LoadParams(model::LlamaForCausalLM& model,
 // Model weights of a checkpoint by HF name (its "model/<hf name>" entries).
 std::map<std::string, torch::Tensor> ModelTensors(const CheckpointState& state);
 
-// Loads spec.model.init_from (an HF directory) into the model.
-absl::Status LoadInitFrom(model::LlamaForCausalLM& model, const std::string& init_from);
+// Loads spec.model.init_from (an HF directory) into the model's full parameters, one tensor at a
+// time through byte-range reads (hf.h ForEachHfWeightShare); bytes read go to *stats.
+absl::Status LoadInitFrom(model::LlamaForCausalLM& model, const std::string& init_from,
+                          LoadStats* stats = nullptr);
 
 }  // namespace ulysses::engine::train
 

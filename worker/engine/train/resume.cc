@@ -43,7 +43,7 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& root, const std::string
     }
     return plan;
   }
-  ASSIGN_OR_RETURN(CheckpointState st, LoadCheckpoint(*latest, spec_hash));
+  ASSIGN_OR_RETURN(CheckpointState st, ReadCheckpointInfo(*latest, spec_hash));
   if (st.stage > stage || (st.stage == stage && st.stage_complete)) {
     plan.stage_done = true;
     return plan;
@@ -100,6 +100,28 @@ absl::StatusOr<CommitResult> CommitTraining(const spec::JobSpec& spec, const std
   return r;
 }
 
+ShareRequest ResumeShare(model::LlamaForCausalLM& model, int zero_stage, int rank, int world) {
+  ShareRequest request;
+  for (auto& [name, p] : Params(model)) {
+    const ElementRange own = ZeroOwnedRange(p.numel(), rank, world);
+    const std::vector<int64_t> shape = p.sizes().vec();
+    auto share = [&own, &shape](bool whole) {
+      TensorShare t;
+      t.shape = shape;
+      if (!whole) {
+        t.begin = own.begin;
+        t.end = own.end;
+      }
+      return t;
+    };
+    request[kModelPrefix + name] = share(zero_stage < 3);
+    for (const char* prefix : {"optim/exp_avg/", "optim/exp_avg_sq/", kMasterPrefix}) {
+      request[prefix + name] = share(zero_stage == 0);
+    }
+  }
+  return request;
+}
+
 absl::Status RestoreModel(const CheckpointState& state, const std::string& path,
                           model::LlamaForCausalLM& model) {
   return LoadParams(model, ModelTensors(state), absl::StrCat("checkpoint ", path));
@@ -107,8 +129,6 @@ absl::Status RestoreModel(const CheckpointState& state, const std::string& path,
 
 absl::Status RestoreOptimizer(const CheckpointState& state, model::LlamaForCausalLM& model,
                               AdamW& optimizer, ZeroSharding* zero) {
-  std::map<std::string, torch::Tensor> named;
-  for (const auto& t : state.tensors) named[t.name] = t.tensor;
   int64_t adam_steps = 0;
   if (state.extra.contains("adam_steps")) {
     if (!state.extra["adam_steps"].is_number_integer() ||
@@ -117,7 +137,9 @@ absl::Status RestoreOptimizer(const CheckpointState& state, model::LlamaForCausa
     }
     adam_steps = state.extra["adam_steps"].get<int64_t>();
   }
-  if (zero != nullptr) return zero->LoadOptimizerState(named, adam_steps);
+  if (zero != nullptr) return zero->LoadOwnedState(state.tensors, adam_steps);
+  std::map<std::string, torch::Tensor> named;
+  for (const auto& t : state.tensors) named[t.name] = t.tensor;
   return optimizer.LoadState(Params(model), named, adam_steps);
 }
 

@@ -8,8 +8,8 @@
 // CommitTraining() is collective over the world: without ZeRO every rank passes its full
 // (replicated) model and optimizer state and checkpoint.h splits the writing; with ZeRO each rank
 // writes only the chunks it owns (SaveMode::kOwned pieces). RestoreTraining() loads model weights
-// and AdamW state from any committed checkpoint, whatever layout and ZeRO stage wrote it (pieces
-// come back as whole tensors; a ZeroSharding then keeps its chunks).
+// and AdamW state from any committed checkpoint, whatever layout and ZeRO stage wrote it; a rank
+// reads only the pieces overlapping what it keeps (ResumeShare).
 #ifndef ULYSSES_WORKER_ENGINE_TRAIN_RESUME_H_
 #define ULYSSES_WORKER_ENGINE_TRAIN_RESUME_H_
 
@@ -32,9 +32,11 @@ namespace ulysses::engine::train {
 absl::StatusOr<std::optional<std::string>> FindLatestCheckpoint(const std::string& root);
 
 struct ResumePlan {
-  bool stage_done = false;               // the stage already completed: nothing to run
-  std::optional<CheckpointState> state;  // set when resuming (mid-stage or from stage - 1)
-  std::string path;                      // the checkpoint `state` came from
+  bool stage_done = false;  // the stage already completed: nothing to run
+  // Set when resuming (mid-stage or from stage - 1): the manifest's metadata, WITHOUT tensors
+  // (ReadCheckpointInfo); each rank then reads only its share (ResumeShare).
+  std::optional<CheckpointState> state;
+  std::string path;  // the checkpoint `state` came from
 };
 
 absl::StatusOr<ResumePlan> PlanResume(const std::string& root, const std::string& spec_hash,
@@ -84,11 +86,18 @@ absl::StatusOr<CommitResult> CommitTraining(const spec::JobSpec& spec, const std
                                             nlohmann::json extra, Communicator& world,
                                             const ZeroSharding* zero = nullptr);
 
+// What rank `rank` of `world` keeps of a checkpoint for `model` (its full parameters, as built)
+// at ZeRO `zero_stage`: the model weights whole (stages 0-2) or its chunk (stage 3, zero.h
+// ZeroOwnedRange), the AdamW state whole (stage 0) or its chunks (stages 1-3). For
+// LoadCheckpointShare: a rank reads about its share of the checkpoint, whatever layout wrote it.
+ShareRequest ResumeShare(model::LlamaForCausalLM& model, int zero_stage, int rank, int world);
+
 // Restores model weights and optimizer state from a loaded checkpoint.
 absl::Status RestoreTraining(const CheckpointState& state, const std::string& path,
                              model::LlamaForCausalLM& model, AdamW& optimizer);
 // The two halves, for ZeRO: the whole weights into the (full) model before the ZeroSharding is
-// created, then the optimizer state (into `zero`'s chunks when set).
+// created (not at stage 3, whose share holds weight chunks), then the optimizer state, and at
+// stage 3 the weight chunks (into `zero`'s chunks when set: ZeroSharding::LoadOwnedState).
 absl::Status RestoreModel(const CheckpointState& state, const std::string& path,
                           model::LlamaForCausalLM& model);
 absl::Status RestoreOptimizer(const CheckpointState& state, model::LlamaForCausalLM& model,

@@ -32,6 +32,15 @@ void ThrowIfError(const absl::Status& s) { TORCH_CHECK(s.ok(), s.ToString()); }
 
 }  // namespace
 
+int64_t ZeroChunk(int64_t numel, int world) {
+  return std::max<int64_t>(1, (numel + world - 1) / world);
+}
+
+ElementRange ZeroOwnedRange(int64_t numel, int rank, int world) {
+  const int64_t c = ZeroChunk(numel, world);
+  return {std::min(numel, rank * c), std::min(numel, (rank + 1) * c)};
+}
+
 ZeroSharding::ZeroSharding(model::LlamaForCausalLM model, Communicator* world, AdamW* optimizer,
                            const ZeroOptions& options, torch::Device device)
     : model_(std::move(model)),
@@ -60,6 +69,9 @@ absl::StatusOr<std::unique_ptr<ZeroSharding>> ZeroSharding::Create(model::LlamaF
         "spec.parallelism.zero_stage: 3 needs spec.memory.activation_checkpointing: true (layers "
         "are re-gathered in backward by recomputing them)");
   }
+  if (options.sharded_init && options.stage != 3) {
+    return absl::InvalidArgumentError("ZeroOptions::sharded_init is for stage 3");
+  }
   std::unique_ptr<ZeroSharding> z(new ZeroSharding(model, world, optimizer, options, device));
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : Params(model)) {
@@ -68,16 +80,27 @@ absl::StatusOr<std::unique_ptr<ZeroSharding>> ZeroSharding::Create(model::LlamaF
     e.param = p;
     e.shape = p.sizes().vec();
     e.numel = p.numel();
-    e.chunk = std::max<int64_t>(1, (e.numel + z->size_ - 1) / z->size_);
+    e.chunk = ZeroChunk(e.numel, z->size_);
     e.unit = UnitOf(name);
-    e.shard = z->Slice(e, p);
+    optimizer->SetDecays(name, DecaysWeight(name, p));  // by the full shape
+    if (options.sharded_init) {
+      // One parameter at a time: its whole fp32 init, of which this rank keeps its chunk.
+      e.shard =
+          options.init_seed
+              ? z->Slice(
+                    e,
+                    model::InitialParameter(name, p.sizes(), *options.init_seed).to(options.dtype))
+              : torch::zeros({e.chunk}, torch::TensorOptions(options.dtype).device(device));
+      p.set_data(torch::empty({0}, torch::TensorOptions(options.dtype).device(device)));
+    } else {
+      e.shard = z->Slice(e, p);
+    }
     if (options.stage >= 2) {
       e.grad = torch::zeros(
           {e.chunk}, e.shard.options().dtype(IsLowPrecision(p) ? torch::kFloat : p.scalar_type()));
     }
     // Offloaded: AdamW updates a host copy (a distinct tensor even when the device is the CPU).
     e.target = options.offload_optimizer ? e.shard.to(torch::kCPU).clone() : e.shard;
-    optimizer->SetDecays(name, DecaysWeight(name, p));
     if (e.unit >= z->units_.size()) z->units_.resize(e.unit + 1);
     z->units_[e.unit].push_back(z->entries_.size());
     z->entries_.push_back(std::move(e));
@@ -282,19 +305,49 @@ std::vector<NamedTensor> ZeroSharding::OwnedCheckpointTensors() const {
   return out;
 }
 
-absl::Status ZeroSharding::LoadOptimizerState(const std::map<std::string, torch::Tensor>& whole,
-                                              int64_t adam_steps) {
-  std::map<std::string, torch::Tensor> chunks;
-  for (const Entry& e : entries_) {
-    for (const char* prefix : {"optim/exp_avg/", "optim/exp_avg_sq/", kMasterPrefix}) {
-      auto it = whole.find(prefix + e.name);
-      if (it == whole.end()) continue;
-      if (it->second.numel() != e.numel) {
+absl::Status ZeroSharding::LoadOwnedState(const std::vector<NamedTensor>& tensors,
+                                          int64_t adam_steps) {
+  std::map<std::string, const NamedTensor*> by_name;
+  for (const NamedTensor& t : tensors) by_name[t.name] = &t;
+  torch::NoGradGuard no_grad;
+  // The owned chunk [c] (zero padded) of a loaded whole tensor or owned piece.
+  auto chunk_of = [&](const Entry& e, const NamedTensor& t) -> absl::StatusOr<torch::Tensor> {
+    if (!t.full_shape) {
+      if (t.tensor.numel() != e.numel) {
         return absl::InvalidArgumentError(
-            absl::StrCat("checkpoint: ", it->first, " has shape ", c10::str(it->second.sizes()),
+            absl::StrCat("checkpoint: ", t.name, " has shape ", c10::str(t.tensor.sizes()),
                          ", parameter has ", c10::str(c10::IntArrayRef(e.shape))));
       }
-      chunks[it->first] = Slice(e, it->second);
+      return Slice(e, t.tensor);
+    }
+    const ElementRange own = ZeroOwnedRange(e.numel, rank_, size_);
+    if (*t.full_shape != e.shape || t.offset != own.begin ||
+        t.tensor.numel() != own.end - own.begin) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint: piece of ", t.name, " at element ", t.offset, " (", t.tensor.numel(),
+          " elements) is not rank ", rank_, "'s chunk [", own.begin, ", ", own.end, ")"));
+    }
+    // [len] -> [c] (zero padding, like Slice)
+    return torch::constant_pad_nd(t.tensor.reshape({-1}), {0, e.chunk - t.tensor.numel()})
+        .to(device_)
+        .clone();
+  };
+  std::map<std::string, torch::Tensor> chunks;
+  for (Entry& e : entries_) {
+    auto model_it = by_name.find(kModelPrefix + e.name);
+    if (model_it != by_name.end()) {
+      ASSIGN_OR_RETURN(torch::Tensor c, chunk_of(e, *model_it->second));
+      e.shard.copy_(c);
+      if (!e.target.is_same(e.shard)) e.target.copy_(e.shard);
+    } else if (options_.stage == 3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint: tensor ", kModelPrefix, e.name, " is missing"));
+    }
+    for (const char* prefix : {"optim/exp_avg/", "optim/exp_avg_sq/", kMasterPrefix}) {
+      auto it = by_name.find(prefix + e.name);
+      if (it == by_name.end()) continue;
+      ASSIGN_OR_RETURN(torch::Tensor c, chunk_of(e, *it->second));
+      chunks[it->first] = c;
     }
   }
   return optimizer_->LoadState(targets_, chunks, adam_steps);

@@ -25,8 +25,9 @@
 // path with the same numbers.
 //
 // Every stage equals stage 0 up to float reassociation (tests/worker/engine/train/zero_test.cc).
-// Checkpoints: each rank saves only its chunks as pieces (checkpoint.h NamedTensor::full_shape),
-// which loading reassembles into whole tensors, so any layout and stage resumes any checkpoint.
+// Checkpoints: each rank saves only its chunks as pieces (checkpoint.h NamedTensor::full_shape); a
+// resuming rank reads only the pieces overlapping its own chunks (resume.h ResumeShare), so any
+// layout and stage resumes any checkpoint without any rank holding the whole state.
 //
 // Not thread-safe; borrows the model, the world communicator and the AdamW object. Hooks set on
 // the model call back into this object: it must outlive the model's use.
@@ -39,6 +40,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,6 +59,14 @@ struct ZeroOptions {
   // The model's memory.activation_checkpointing: layers then reduce their gradient chunks in
   // backward (stage >= 2); stage 3 requires it.
   bool activation_checkpointing = false;
+  // Sharded init (stage 3): the model's parameters are allocated but never written
+  // (BuildModelStructure); Create makes each owned chunk one parameter at a time from
+  // model::InitialParameter(name, shape, *init_seed), or zeros when init_seed is unset (a resume
+  // overwrites them), converted to `dtype`, and frees the parameter. No rank ever writes a whole
+  // model: peak = owned chunks + the largest single parameter in fp32.
+  bool sharded_init = false;
+  std::optional<uint64_t> init_seed;
+  torch::Dtype dtype = torch::kFloat;
 };
 
 // Bytes of tensor storage a rank holds for its model state (bench/zero_memory).
@@ -66,10 +76,20 @@ struct ModelStateResidency {
   int64_t optimizer = 0;   // AdamW moments and masters (device or host)
 };
 
+// The chunk contract (defined once): a tensor of `numel` elements over `world` ranks has chunks of
+// ZeroChunk elements; rank r owns the flat elements [begin, end) (possibly empty for small
+// tensors).
+int64_t ZeroChunk(int64_t numel, int world);
+struct ElementRange {
+  int64_t begin = 0, end = 0;
+};
+ElementRange ZeroOwnedRange(int64_t numel, int rank, int world);
+
 class ZeroSharding {
  public:
-  // Takes the model with its FULL weights loaded (identical on every rank); keeps the owned
-  // chunks (and, at stage 3, frees the full weights). Collective-free.
+  // Takes the model with its FULL weights loaded (identical on every rank), or at stage 3 with
+  // ZeroOptions::sharded_init its unwritten structure; keeps the owned chunks (and, at stage 3,
+  // frees the full weights). Collective-free.
   static absl::StatusOr<std::unique_ptr<ZeroSharding>> Create(model::LlamaForCausalLM model,
                                                               Communicator* world, AdamW* optimizer,
                                                               const ZeroOptions& options,
@@ -106,9 +126,12 @@ class ZeroSharding {
   // each the flat elements [r*c, min(n, (r+1)*c)) of the whole tensor (absent when empty): views
   // of the live chunks on the training device.
   std::vector<NamedTensor> OwnedCheckpointTensors() const;
-  // Restores the owned AdamW state from whole checkpoint tensors (any layout that wrote them).
-  absl::Status LoadOptimizerState(const std::map<std::string, torch::Tensor>& whole,
-                                  int64_t adam_steps);
+  // Restores the owned state from loaded checkpoint tensors (any layout that wrote them): whole
+  // tensors are sliced, pieces (LoadCheckpointShare of this rank's ZeroOwnedRange) must be exactly
+  // the owned range. "model/<name>" tensors set the owned weight chunks (required at stage 3;
+  // stages 1-2 also load the whole weights into the model before Create); the AdamW state is
+  // restored from its whole tensors or pieces.
+  absl::Status LoadOwnedState(const std::vector<NamedTensor>& tensors, int64_t adam_steps);
 
   // Chunks, host copies and gradient chunk accumulators this object holds (not the module's
   // parameters, their .grad or the AdamW state).

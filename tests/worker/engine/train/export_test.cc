@@ -7,7 +7,9 @@
 //   - a bad --dtype is exit 2 naming the flag, the value and the choices, and writes nothing.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -224,6 +226,51 @@ TEST_F(ExportTest, Float32ExportOfABfloat16JobIsTheMastersBitForBit) {
   json f16 = Export(*bf16_ckpt_, "fp16", "masters-fp16");
   for (const NamedTensor& t : Written(f16)) {
     EXPECT_TRUE(torch::equal(t.tensor, masters[t.name].to(torch::kFloat16))) << t.name;
+  }
+}
+
+// Above --max-file-bytes the export is HF shards + index.json, holding exactly the single-file
+// export's weights; the export holds one tensor at a time and reads each stored weight once.
+TEST_F(ExportTest, ShardedExportAboveTheSizeLimitEqualsTheSingleFile) {
+  const fs::path dir(dir_->path());
+  json single = Export(*fp32_ckpt_, "fp32", "single");
+  Result r = Train({"export", "--checkpoint", *fp32_ckpt_, "--hf-out",
+                    (dir / "hf-sharded").string(), "--dtype", "fp32", "--max-file-bytes", "20000"},
+                   dir, "export-sharded");
+  ASSERT_EQ(r.code, 0) << r.err;
+  json sharded = json::parse(r.out);
+  ASSERT_GT(sharded["files"].size(), 2u);
+  char first[64];
+  std::snprintf(first, sizeof(first), "model-00001-of-%05zu.safetensors", sharded["files"].size());
+  EXPECT_EQ(sharded["files"][0], first);
+  const std::string out = (dir / "hf-sharded").string();
+  const json index = json::parse(ReadFile(out + "/model.safetensors.index.json"));
+  EXPECT_EQ(index["weight_map"].size(), sharded["tensors"].get<size_t>());
+  int64_t largest = 0, total = 0;
+  for (const auto& file : sharded["files"]) {
+    const int64_t size = static_cast<int64_t>(fs::file_size(out + "/" + file.get<std::string>()));
+    auto tensors = ReadSafetensors(out + "/" + file.get<std::string>());
+    ASSERT_TRUE(tensors.ok()) << tensors.status();
+    int64_t data = 0;
+    for (const NamedTensor& t : *tensors) {
+      EXPECT_EQ(index["weight_map"][t.name], file) << t.name;
+      data += static_cast<int64_t>(t.tensor.nbytes());
+      largest = std::max<int64_t>(largest, static_cast<int64_t>(t.tensor.nbytes()));
+    }
+    EXPECT_TRUE(data <= 20000 || tensors->size() == 1u) << file << " holds " << data;
+    total += data;
+    EXPECT_GT(size, data);
+  }
+  EXPECT_EQ(sharded["largest_tensor_bytes"], largest);
+  EXPECT_EQ(sharded["bytes_read"], total);  // fp32 weights, fp32 export: each byte read once
+  auto a = LoadHfWeights(single["hf_out"].get<std::string>());
+  auto b = LoadHfWeights(out);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(a->size(), b->size());
+  for (size_t i = 0; i < a->size(); ++i) {
+    EXPECT_EQ((*a)[i].name, (*b)[i].name);
+    EXPECT_TRUE(torch::equal((*a)[i].tensor, (*b)[i].tensor)) << (*a)[i].name;
   }
 }
 

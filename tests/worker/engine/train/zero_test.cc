@@ -40,6 +40,7 @@
 #include "worker/engine/parallel/communicator.h"
 #include "worker/engine/parallel/ulysses_attention.h"
 #include "worker/engine/train/engine.h"
+#include "worker/engine/train/evaluate.h"
 #include "worker/engine/train/model_io.h"
 #include "worker/engine/train/resume.h"
 #include "worker/engine/train/train_step.h"
@@ -77,8 +78,11 @@ int ChildMain(const ::ulysses::testing::ChildEnv& env) {
   model::MemoryOptions mem;
   mem.activation_checkpointing = checkpointing;
   mem.offload_activations = EnvInt("ZT_OFFLOAD_ACT", 0) != 0;
-  auto built = BuildModel(::ulysses::testing::TinyLlama(), mem, /*seed=*/99, torch::kCPU,
-                          bf16 ? torch::kBFloat16 : torch::kDouble);
+  // ZeRO-3 as the engine runs it: the sharded init (each rank makes only its chunks).
+  const bool sharded = zero_stage == 3;
+  auto built = sharded ? BuildModelStructure(::ulysses::testing::TinyLlama(), mem)
+                       : BuildModel(::ulysses::testing::TinyLlama(), mem, /*seed=*/99, torch::kCPU,
+                                    bf16 ? torch::kBFloat16 : torch::kDouble);
   CHILD_CHECK(env, built.ok(), built.status());
   model::LlamaForCausalLM m = *built;
   AdamWConfig ac;
@@ -86,10 +90,16 @@ int ChildMain(const ::ulysses::testing::ChildEnv& env) {
   AdamW adam(ac);
   std::optional<CheckpointState> resume;
   if (!Env("ZT_RESUME").empty()) {
-    auto st = LoadCheckpoint(Env("ZT_RESUME"), "");
+    // As the engine resumes: only this rank's share, then the weights it holds whole.
+    LoadStats read;
+    auto st = LoadCheckpointShare(Env("ZT_RESUME"), "",
+                                  ResumeShare(m, zero_stage, env.rank, env.world), &read);
     CHILD_CHECK(env, st.ok(), st.status());
     resume = std::move(*st);
-    CHILD_CHECK(env, RestoreModel(*resume, Env("ZT_RESUME"), m).ok(), "restore model");
+    if (zero_stage < 3) {
+      CHILD_CHECK(env, RestoreModel(*resume, Env("ZT_RESUME"), m).ok(), "restore model");
+    }
+    std::ofstream(absl::StrCat(Env("ZT_OUT"), ".read.", env.rank)) << read.data_bytes;
   }
   std::unique_ptr<ZeroSharding> zero;
   if (zero_stage > 0) {
@@ -97,6 +107,9 @@ int ChildMain(const ::ulysses::testing::ChildEnv& env) {
     zo.stage = zero_stage;
     zo.offload_optimizer = EnvInt("ZT_OFFLOAD_OPT", 0) != 0;
     zo.activation_checkpointing = checkpointing;
+    zo.sharded_init = sharded;
+    if (Env("ZT_RESUME").empty()) zo.init_seed = 99;
+    zo.dtype = bf16 ? torch::kBFloat16 : torch::kDouble;
     auto z = ZeroSharding::Create(m, groups->world.get(), &adam, zo, torch::kCPU);
     CHILD_CHECK(env, z.ok(), z.status());
     zero = std::move(*z);
@@ -115,6 +128,7 @@ int ChildMain(const ::ulysses::testing::ChildEnv& env) {
   if (resume) {
     absl::Status s = RestoreOptimizer(*resume, m, adam, zero.get());
     CHILD_CHECK(env, s.ok(), s);
+    resume.reset();  // the share lives in the model / ZeRO chunks now
   }
   Communicator* spc = groups->sp.get();
   AttentionOptions attn_opts;
@@ -150,6 +164,20 @@ int ChildMain(const ::ulysses::testing::ChildEnv& env) {
         CommitTraining(spec, Env("ZT_CKPT_OUT"), point, m, adam, extra, *groups->world, zero.get());
     CHILD_CHECK(env, c.ok(), c.status());
   }
+  if (EnvInt("ZT_EVAL", 0) > 0) {
+    // Evaluation over ZT_EVAL validation sequences, which need not divide over the replicas.
+    auto val = OpenSynthetic("random", Split::kValidation, 64, /*seed=*/7, EnvInt("ZT_EVAL", 0));
+    CHILD_CHECK(env, val.ok(), val.status());
+    ParallelRuntime rt;
+    rt.sp = sp;
+    rt.dp = dp;
+    rt.groups = std::move(*groups);  // the communicators stay where zero and trainer point
+    if (zero) CHILD_CHECK(env, zero->GatherOuter().ok(), "gather outer");
+    auto ev = Evaluate(m, attn, rt, **val, EnvInt("ZT_EVAL", 0), kSeq, false);
+    CHILD_CHECK(env, ev.ok(), ev.status());
+    if (zero) zero->ReleaseOuter();
+    if (env.rank == 0) out.push_back({ev->loss, ev->tokens});
+  }
   if (env.rank == 0) std::ofstream(Env("ZT_OUT")) << out.dump();
   if (env.rank == 0 && zero != nullptr && !Env("ZT_OBSERVE_OUT").empty()) {
     std::ofstream(Env("ZT_OBSERVE_OUT")) << nlohmann::json{
@@ -165,6 +193,7 @@ ULYSSES_RANK_CHILD_MAIN(ChildMain);
 
 struct Run {
   int world = 1, sp = 1, zero = 0, steps = 3, first_step = 0;
+  int eval = 0;  // validation sequences evaluated after training (0: none)
   bool checkpointing = false, offload = false;
   bool observe = false;  // record when the first gradient reduction runs (ZeRO >= 2)
   std::string dtype = "float64";
@@ -173,9 +202,11 @@ struct Run {
 
 struct Result {
   std::vector<double> loss, grad_norm, tokens;
-  std::map<std::string, torch::Tensor> tensors;  // the committed checkpoint's, when any
-  std::string checkpoint;                        // its step dir
-  nlohmann::json observed;                       // Run::observe: see ZT_OBSERVE_OUT
+  std::optional<std::pair<double, int64_t>> eval;  // (loss, tokens) when Run::eval > 0
+  std::vector<int64_t> read_bytes;                 // tensor bytes each rank read to resume
+  std::map<std::string, torch::Tensor> tensors;    // the committed checkpoint's, when any
+  std::string checkpoint;                          // its step dir
+  nlohmann::json observed;                         // Run::observe: see ZT_OBSERVE_OUT
 };
 
 Result Train(const Run& r) {
@@ -191,6 +222,7 @@ Result Train(const Run& r) {
                                   absl::StrCat("ZT_OFFLOAD_ACT=", r.offload ? 1 : 0),
                                   "ZT_DTYPE=" + r.dtype,
                                   "ZT_RESUME=" + r.resume,
+                                  absl::StrCat("ZT_EVAL=", r.eval),
                                   "ZT_CKPT_OUT=" + r.ckpt_out,
                                   "ZT_OBSERVE_OUT=" + (r.observe ? dir.Sub("observed.json") : "")};
   const auto results =
@@ -203,6 +235,16 @@ Result Train(const Run& r) {
   }
   std::ifstream in(out);
   nlohmann::json j = nlohmann::json::parse(in);
+  for (int i = 0; !r.resume.empty() && i < r.world; ++i) {
+    std::ifstream bytes(absl::StrCat(out, ".read.", i));
+    int64_t n = -1;
+    bytes >> n;
+    res.read_bytes.push_back(n);
+  }
+  if (r.eval > 0 && !j.empty()) {
+    res.eval = {j.back()[0].get<double>(), j.back()[1].get<int64_t>()};
+    j.erase(j.size() - 1);
+  }
   for (const auto& step : j) {
     res.loss.push_back(step[0].get<double>());
     res.grad_norm.push_back(step[1].get<double>());
@@ -396,6 +438,116 @@ TEST(ZeroTest, Zero3Sp4CheckpointResumesAtZero0Sp1AndBackAndExports) {
     // The HF round trip (export, then init_from) reads through fp32: equal to fp32 precision.
     const torch::Tensor& saved = z3.tensors.at(kModelPrefix + name);
     EXPECT_LE((p - saved).abs().max().item<double>(), 1e-6 * saved.abs().max().item<double>());
+  }
+}
+
+// The sharded init (each ZeRO-3 rank generates one parameter at a time and keeps its chunk) equals
+// the one-rank init bit for bit: the layout never changes the model.
+TEST(ZeroTest, Zero3ShardedInitAtSp2Dp2EqualsOneRankInitBitForBit) {
+  Roots roots;
+  const Result one = Train({.world = 1, .sp = 1, .steps = 0, .ckpt_out = roots.Get("one")});
+  const Result z3 = Train({.world = 4,
+                           .sp = 2,
+                           .zero = 3,
+                           .steps = 0,
+                           .checkpointing = true,
+                           .ckpt_out = roots.Get("z3")});
+  int compared = 0;
+  for (const auto& [name, t] : one.tensors) {
+    if (name.rfind(kModelPrefix, 0) != 0) continue;
+    SCOPED_TRACE(name);
+    ASSERT_EQ(z3.tensors.count(name), 1u);
+    EXPECT_TRUE(torch::equal(t, z3.tensors.at(name)));
+    ++compared;
+  }
+  EXPECT_EQ(compared, 21);
+  // Not vacuous: the weights are the seeded normals (and ones for norms), distinct per parameter.
+  EXPECT_FALSE(torch::equal(one.tensors.at("model/model.layers.0.self_attn.q_proj.weight"),
+                            one.tensors.at("model/model.layers.1.self_attn.q_proj.weight")));
+}
+
+// 3 (and 5) validation sequences over 2 or 4 replicas: some replicas have fewer sequences than
+// others. ZeRO-3 gathers every layer over the whole world inside the forward, so a replica that ran
+// fewer forwards deadlocked its peers (issue 24); every stage must finish and count each sequence
+// once, like one rank.
+TEST(ZeroTest, EvalWithUnevenSequencesOverReplicasMatchesOneRankAtEveryStage) {
+  for (int n : {3, 5}) {
+    const Result one = Train({.world = 1, .sp = 1, .steps = 1, .eval = n, .checkpointing = true});
+    ASSERT_TRUE(one.eval.has_value());
+    EXPECT_EQ(one.eval->second, n * kSeq);  // every label of every sequence, once
+    for (int sp : {2, 1}) {
+      for (int stage : {0, 1, 2, 3}) {
+        SCOPED_TRACE(absl::StrCat(n, " sequences, sp ", sp, " dp ", 4 / sp, " zero ", stage));
+        const Result r = Train(
+            {.world = 4, .sp = sp, .zero = stage, .steps = 1, .eval = n, .checkpointing = true});
+        ASSERT_TRUE(r.eval.has_value());
+        EXPECT_EQ(r.eval->second, one.eval->second);
+        EXPECT_NEAR(r.eval->first, one.eval->first, 1e-10 * one.eval->first);
+      }
+    }
+  }
+}
+
+// Tensor bytes rank `rank` of `world` must read to resume at `zero` from the checkpoint in
+// `step_dir`: the stored entries overlapping what it keeps (the manifest says where each is).
+int64_t ExpectedReadBytes(const std::string& step_dir, int zero, int rank, int world) {
+  std::ifstream in(step_dir + "/manifest.json");
+  const nlohmann::json manifest = nlohmann::json::parse(in);
+  int64_t bytes = 0;
+  for (const auto& t : manifest["tensors"]) {
+    const std::string name = t["name"];
+    const auto full = t.value("full_shape", t["shape"]).get<std::vector<int64_t>>();
+    int64_t n = 1, len = 1;
+    for (int64_t d : full) n *= d;
+    for (int64_t d : t["shape"].get<std::vector<int64_t>>()) len *= d;
+    const int64_t begin = t.value("elem_offset", int64_t{0}), end = begin + len;
+    const bool whole = name.rfind("model/", 0) == 0 ? zero < 3 : zero == 0;
+    const ElementRange own = whole ? ElementRange{0, n} : ZeroOwnedRange(n, rank, world);
+    if (begin < own.end && end > own.begin) bytes += t["bytes"].get<int64_t>();
+  }
+  return bytes;
+}
+
+// A ZeRO-3 sp4 checkpoint resumed at ZeRO-3 sp2xdp2 (same W, another SP/DP), ZeRO-3 over 2 ranks,
+// ZeRO-2 over 2 and ZeRO-1 over 4: each continues like the uninterrupted run, and each rank reads
+// exactly the stored pieces overlapping what it keeps (counted bytes, not RSS): at ZeRO-3 W=4 the
+// ranks read every byte once between them, at W=2 each about half.
+TEST(ZeroTest, ResumeReadsOnlyEachRanksShareInEveryLayout) {
+  Roots roots;
+  const Result straight = Train({.world = 1, .sp = 1, .steps = 4, .checkpointing = true});
+  const Result z3 = Train({.world = 4,
+                           .sp = 4,
+                           .zero = 3,
+                           .steps = 2,
+                           .checkpointing = true,
+                           .ckpt_out = roots.Get("z3")});
+  ASSERT_FALSE(z3.checkpoint.empty());
+  const int64_t total = ExpectedReadBytes(z3.checkpoint, 0, 0, 1);  // every tensor byte
+  struct Layout {
+    int world, sp, zero;
+  };
+  for (const Layout& l : {Layout{4, 2, 3}, Layout{2, 1, 3}, Layout{2, 2, 2}, Layout{4, 1, 1}}) {
+    SCOPED_TRACE(absl::StrCat("world ", l.world, " sp ", l.sp, " zero ", l.zero));
+    const Result r = Train({.world = l.world,
+                            .sp = l.sp,
+                            .zero = l.zero,
+                            .steps = 2,
+                            .first_step = 2,
+                            .checkpointing = true,
+                            .resume = z3.checkpoint});
+    ASSERT_EQ(r.loss.size(), 2u);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_NEAR(r.loss[i], straight.loss[2 + i], 1e-9 * straight.loss[2 + i]);
+    }
+    ASSERT_EQ(r.read_bytes.size(), static_cast<size_t>(l.world));
+    int64_t sum = 0;
+    for (int rank = 0; rank < l.world; ++rank) {
+      EXPECT_EQ(r.read_bytes[rank], ExpectedReadBytes(z3.checkpoint, l.zero, rank, l.world))
+          << "rank " << rank;
+      sum += r.read_bytes[rank];
+      if (l.zero == 3) EXPECT_LE(r.read_bytes[rank], total / l.world + total / 8) << rank;
+    }
+    if (l.zero == 3 && l.world == 4) EXPECT_EQ(sum, total);
   }
 }
 
