@@ -506,6 +506,7 @@ TEST(CheckpointShareTest, BadInputIsAnErrorNamingFileTensorAndFix) {
   for (const char* part : {"shard-3-of-4.bin", "truncated", "older step dir"}) {
     EXPECT_NE(truncated.status().message().find(part), std::string::npos) << truncated.status();
   }
+}
 
 // ---- Asynchronous saves (async_checkpoint.h) ----
 
