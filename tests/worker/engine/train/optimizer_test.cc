@@ -91,7 +91,10 @@ TEST(ClipTest, FoldedDivideAndClipEqualsTheTwoPassReference) {
     }
     const double norm = DivideAndClipGrads(grads, divisor, clip);
     EXPECT_NEAR(norm, want_norm, 1e-6 * want_norm) << "clip " << clip;
-    EXPECT_TRUE(torch::allclose(grads[0], reference[0], 1e-12, 0)) << "clip " << clip;
+    // The clip coefficient comes from one norm over every tensor, the fp32 one measured in fp32
+    // (_foreach_norm keeps the dtype): once clipping applies, fp64 values agree to fp32 precision.
+    const double fp64_rtol = clip > 0 && want_norm > clip ? 1e-6 : 1e-12;
+    EXPECT_TRUE(torch::allclose(grads[0], reference[0], fp64_rtol, 0)) << "clip " << clip;
     EXPECT_TRUE(torch::allclose(grads[1], reference[1], 1e-6, 0)) << "clip " << clip;
     EXPECT_TRUE(
         torch::allclose(grads[2].to(torch::kFloat), reference[2].to(torch::kFloat), 1e-2, 0))

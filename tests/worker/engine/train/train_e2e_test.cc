@@ -774,13 +774,21 @@ TEST_F(TrainE2eTest, BadInputIsRejectedWithExit2) {
   ASSERT_EQ(ok.code, 0) << ok.err;
   std::string ckpt;
   for (auto& e : fs::directory_iterator(dir_ / "c" / "checkpoints")) ckpt = e.path().string();
-  for (auto& e : fs::directory_iterator(ckpt)) {
-    if (e.path().extension() == ".bin") {
-      std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
-      f.seekp(static_cast<std::streamoff>(fs::file_size(e.path()) / 2));
-      f.write("garbage!", 8);
-    }
+  // Eval reads only the model's tensors (not the optimizer state), so the garbage goes inside
+  // one of them: the first model tensor the manifest lists, at its recorded byte offset.
+  json manifest = json::parse(ReadFile((fs::path(ckpt) / "manifest.json").string()));
+  bool corrupted = false;
+  for (const json& t : manifest["tensors"]) {
+    if (t["name"].get<std::string>().rfind("model/", 0) != 0) continue;
+    const fs::path shard =
+        fs::path(ckpt) / manifest["shards"][t["shard"].get<size_t>()]["file"].get<std::string>();
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(t["offset"].get<int64_t>()));
+    f.write("garbage!", 8);
+    corrupted = f.good();
+    break;
   }
+  ASSERT_TRUE(corrupted) << manifest.dump();
   Result ev = RunCmd({"eval", "-f", job_, "--checkpoint", ckpt}, dir_, "corrupt");
   EXPECT_EQ(ev.code, 2) << ev.err;
   EXPECT_FALSE(ev.err.empty());
