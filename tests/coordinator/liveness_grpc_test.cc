@@ -115,6 +115,7 @@ TEST_F(LivenessGrpcTest, ASilentWorkerIsSuspectGetsNoNewWorkAndComesBackWithoutA
   EXPECT_EQ(job.restarts(), 0);
   EXPECT_EQ(job.generation(), 1);
   EXPECT_TRUE(HasLogLine(id, "worker " + silent_name + " answered again after"));
+  ASSERT_TRUE(assigned[0].first->CommitLast(assigned[0].second));  // success needs it
   for (auto& [rank, wa] : assigned) wa.first->Exited(wa.second.ref(), 0);
   ASSERT_TRUE(WaitState(id, v1::JOB_STATE_SUCCEEDED));
   EXPECT_EQ(GetJob(id).restarts(), 0);
