@@ -99,6 +99,11 @@ absl::Status Coordinator::Recover() {
                       txn);
   }
   RETURN_IF_ERROR(CommitLocked(txn));
+  std::vector<std::string> known;  // Sorted: state_.jobs is a map.
+  for (const auto& [id, job] : state_.jobs) known.push_back(id);
+  if (const int stray = log_files_->RemoveExcept(known); stray > 0) {
+    ULOG(INFO) << "removed the log files of " << stray << " jobs the store does not hold";
+  }
   serving_ = true;
   ULOG(INFO) << "coordinator state recovered from " << store_->path() << ": " << state_.jobs.size()
              << " jobs, " << state_.workers.size() << " workers";
@@ -244,7 +249,10 @@ absl::Status Coordinator::CommitLocked(Txn& txn) {
   }
   // Durable: now the side effects, still under mu_ so that every stream sees them in
   // the order of the commits (sinks only enqueue).
-  if (log_files_ != nullptr) log_files_->Append(txn.log_files);
+  if (log_files_ != nullptr) {
+    log_files_->Append(txn.log_files);
+    for (const std::string& id : txn.batch.deleted_jobs) log_files_->Remove(id);
+  }
   for (auto& [worker, msg] : txn.outbound) {
     if (worker->sink != nullptr) {
       worker->sink->Send(msg);
