@@ -181,6 +181,7 @@ void Coordinator::TickLocked(Txn& txn) {
   for (auto& [id, j] : state_.jobs) {
     JobRt& job = *j;
     machine_.CheckReconnectDeadline(job, now, txn);
+    machine_.SettleGoodput(job, txn);
     if (job.progress_dirty && now - job.last_flush_steady >= 1000) {
       job.progress_dirty = false;
       job.last_flush_steady = now;
@@ -393,6 +394,14 @@ StateCounts Coordinator::Counts(CountsPart part) {
         if (j->rec.last_checkpoint) since = std::max(since, j->rec.last_checkpoint->committed_ms);
         if (since <= 0) continue;
         out.checkpoint_ages_s.emplace_back(id, std::max<int64_t>(0, now - since) / 1000.0);
+      }
+      break;
+    }
+    case CountsPart::kGoodput: {
+      const int64_t now = NowMs();
+      for (auto& [id, j] : state_.jobs) {
+        if (j->rec.terminal() || j->rec.goodput.generation == 0) continue;
+        out.goodput_ratios.emplace_back(id, GoodputToProto(j->rec.goodput, now).ratio());
       }
       break;
     }
