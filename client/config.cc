@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/metrics/build_info.h"
 #include "common/private_file.h"
 #include "yaml-cpp/yaml.h"
 
@@ -310,6 +311,7 @@ absl::StatusOr<Connection> ResolveConnection(const ConnectionFlags& flags) {
   }
 
   ChannelOptions& ch = conn.channel;
+  ch.version = metrics::BuildVersion();  // Checked by the coordinator's version policy.
   if (context != nullptr) {
     conn.context = context->name;
     ch.server = context->server;

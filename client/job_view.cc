@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/goodput_view.h"
 #include "common/spec/job_spec_parser.h"
 
 namespace ulysses::client {
@@ -242,6 +243,7 @@ json JobSummaryJson(const v1::Job& job) {
   j["last_checkpoint"] = job.has_last_checkpoint() && !job.last_checkpoint().path().empty()
                              ? CheckpointJson(job.last_checkpoint())
                              : json(nullptr);
+  j["goodput"] = GoodputJson(job.goodput());
   return j;
 }
 
@@ -425,7 +427,8 @@ bool ShownInTop(const v1::Job& job, bool include_ended) {
 std::vector<std::vector<std::string>> TopTable(const std::vector<v1::Job>& jobs,
                                                int64_t now_unix_ms, bool include_ended) {
   std::vector<std::vector<std::string>> rows = {{"JOB", "NAME", "STATE", "STAGE", "SEQ_LEN", "STEP",
-                                                 "LOSS", "TOK/S", "MFU", "SLOWEST", "CKPT_AGE"}};
+                                                 "LOSS", "TOK/S", "MFU", "SLOWEST", "CKPT_AGE",
+                                                 "GOODPUT"}};
   for (const v1::Job& job : jobs) {
     if (!ShownInTop(job, include_ended)) continue;
     const v1::StageStatus* stage = CurrentStage(job);
@@ -443,7 +446,7 @@ std::vector<std::vector<std::string>> TopTable(const std::vector<v1::Job>& jobs,
                     progress && p.has_slowest_rank()
                         ? absl::StrFormat("r%d %.3fs", p.slowest_rank(), p.slowest_step_seconds())
                         : "-",
-                    age.has_value() ? Duration(*age) : "-"});
+                    age.has_value() ? Duration(*age) : "-", GoodputCell(job.goodput())});
   }
   return rows;
 }
@@ -468,6 +471,8 @@ json TopJson(const std::vector<v1::Job>& jobs, int64_t now_unix_ms, bool include
     for (const auto& [key, value] : StepFigures(p)) j[key] = value.value_or(json(nullptr));
     const std::optional<double> age = CheckpointAgeSeconds(job, now_unix_ms);
     j["checkpoint_age_seconds"] = age.has_value() ? json(*age) : json(nullptr);
+    j["goodput_ratio"] =
+        job.goodput().allocated_gpu_seconds() > 0 ? json(job.goodput().ratio()) : json(nullptr);
     list.push_back(std::move(j));
   }
   return list;
@@ -519,6 +524,7 @@ void PrintJobDescription(const v1::Job& job, std::ostream& out) {
       << job.max_infra_failures() << " counting (since the last new checkpoint"
       << (job.failure_window_s() > 0 ? absl::StrCat(", within ", job.failure_window_s(), "s") : "")
       << ")" << (job.preemptible() ? "" : "; not preemptible") << "\n";
+  out << "Goodput:      " << GoodputText(job.goodput()) << "\n";
   out << "Checkpoints:  " << job.checkpoint_dir() << "\n";
   if (job.has_last_checkpoint() && !job.last_checkpoint().path().empty()) {
     out << "Last ckpt:    stage " << job.last_checkpoint().stage() << " step "

@@ -99,6 +99,11 @@ absl::Status Coordinator::Recover() {
                       txn);
   }
   RETURN_IF_ERROR(CommitLocked(txn));
+  std::vector<std::string> known;  // Sorted: state_.jobs is a map.
+  for (const auto& [id, job] : state_.jobs) known.push_back(id);
+  if (const int stray = log_files_->RemoveExcept(known); stray > 0) {
+    ULOG(INFO) << "removed the log files of " << stray << " jobs the store does not hold";
+  }
   serving_ = true;
   ULOG(INFO) << "coordinator state recovered from " << store_->path() << ": " << state_.jobs.size()
              << " jobs, " << state_.workers.size() << " workers";
@@ -176,6 +181,7 @@ void Coordinator::TickLocked(Txn& txn) {
   for (auto& [id, j] : state_.jobs) {
     JobRt& job = *j;
     machine_.CheckReconnectDeadline(job, now, txn);
+    machine_.SettleGoodput(job, txn);
     if (job.progress_dirty && now - job.last_flush_steady >= 1000) {
       job.progress_dirty = false;
       job.last_flush_steady = now;
@@ -244,7 +250,10 @@ absl::Status Coordinator::CommitLocked(Txn& txn) {
   }
   // Durable: now the side effects, still under mu_ so that every stream sees them in
   // the order of the commits (sinks only enqueue).
-  if (log_files_ != nullptr) log_files_->Append(txn.log_files);
+  if (log_files_ != nullptr) {
+    log_files_->Append(txn.log_files);
+    for (const std::string& id : txn.batch.deleted_jobs) log_files_->Remove(id);
+  }
   for (auto& [worker, msg] : txn.outbound) {
     if (worker->sink != nullptr) {
       worker->sink->Send(msg);
@@ -385,6 +394,14 @@ StateCounts Coordinator::Counts(CountsPart part) {
         if (j->rec.last_checkpoint) since = std::max(since, j->rec.last_checkpoint->committed_ms);
         if (since <= 0) continue;
         out.checkpoint_ages_s.emplace_back(id, std::max<int64_t>(0, now - since) / 1000.0);
+      }
+      break;
+    }
+    case CountsPart::kGoodput: {
+      const int64_t now = NowMs();
+      for (auto& [id, j] : state_.jobs) {
+        if (j->rec.terminal() || j->rec.goodput.generation == 0) continue;
+        out.goodput_ratios.emplace_back(id, GoodputToProto(j->rec.goodput, now).ratio());
       }
       break;
     }

@@ -253,6 +253,7 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id, const 
   Txn txn;
   machine_.EndAttempt(*job, v1::ATTEMPT_OUTCOME_ABORTED, 0, why,
                       static_cast<int64_t>(config_.cancel_grace_s * 1000), txn);
+  machine_.AccountCancel(*job);
   machine_.SetState(*job, v1::JOB_STATE_CANCELLED, why, txn, caller.user);
   RETURN_IF_ERROR(CommitLocked(txn));
   return JobToProto(job->rec, true);

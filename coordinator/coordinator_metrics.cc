@@ -65,6 +65,13 @@ std::unique_ptr<CoordinatorMetrics> CoordinatorMetrics::Register(
     m->preemptions->WithLabels({reason});
     m->preemption_lost_gpu_seconds->WithLabels({reason});
   }
+  m->productive_gpu_seconds =
+      must(metrics::RegisterCounter(registry, "ulysses_productive_gpu_seconds_total"));
+  m->lost_gpu_seconds = must(metrics::RegisterCounter(registry, "ulysses_lost_gpu_seconds_total"));
+  if (m->productive_gpu_seconds) m->productive_gpu_seconds->WithLabels({});
+  for (int r = 0; r < kLostReasons && m->lost_gpu_seconds; ++r) {
+    m->lost_gpu_seconds->WithLabels({LostReasonName(static_cast<LostReason>(r))});
+  }
   m->recovery = must(metrics::RegisterHistogram(registry, "ulysses_recovery_duration_seconds"));
   m->stage_transitions =
       must(metrics::RegisterCounter(registry, "ulysses_stage_transitions_total"));
@@ -102,7 +109,9 @@ std::unique_ptr<CoordinatorMetrics> CoordinatorMetrics::Register(
   }));
   auto per_key = [counts](CountsPart part) {
     StateCounts c = counts(part);
-    auto& pairs = part == CountsPart::kHeartbeats ? c.heartbeat_ages_s : c.checkpoint_ages_s;
+    auto& pairs = part == CountsPart::kHeartbeats       ? c.heartbeat_ages_s
+                  : part == CountsPart::kCheckpointAges ? c.checkpoint_ages_s
+                                                        : c.goodput_ratios;
     std::vector<metrics::CallbackSample> out;
     for (auto& [key, age] : pairs) out.push_back({{key}, age});
     return out;
@@ -113,6 +122,8 @@ std::unique_ptr<CoordinatorMetrics> CoordinatorMetrics::Register(
   check(metrics::RegisterCallbackGaugeFamily(registry, "ulysses_checkpoint_age_seconds", [per_key] {
     return per_key(CountsPart::kCheckpointAges);
   }));
+  check(metrics::RegisterCallbackGaugeFamily(registry, "ulysses_job_goodput_ratio",
+                                             [per_key] { return per_key(CountsPart::kGoodput); }));
   if (shared) {
     // build_info belongs to the process; registered once by whoever owns the registry.
     absl::Status s = metrics::RegisterBuildInfo(registry);
@@ -150,6 +161,18 @@ void CoordinatorMetrics::SetEval(const std::string& job_id, int stage_index, dou
   const std::string s = std::to_string(stage_index);
   if (eval_loss) eval_loss->WithLabels({job_id, s})->Set(loss_value);
   if (eval_accuracy && accuracy.has_value()) eval_accuracy->WithLabels({job_id, s})->Set(*accuracy);
+}
+
+void CoordinatorMetrics::CountGoodput(const GoodputDelta& delta) {
+  if (productive_gpu_seconds && delta.productive_gpu_s > 0) {
+    productive_gpu_seconds->WithLabels({})->Increment(delta.productive_gpu_s);
+  }
+  for (int r = 0; r < kLostReasons && lost_gpu_seconds; ++r) {
+    if (delta.lost_gpu_s[r] > 0) {
+      lost_gpu_seconds->WithLabels({LostReasonName(static_cast<LostReason>(r))})
+          ->Increment(delta.lost_gpu_s[r]);
+    }
+  }
 }
 
 void CoordinatorMetrics::CountRestart(const std::string& reason) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/metrics/metrics.h"
+#include "coordinator/goodput.h"
 #include "ulysses/v1/types.pb.h"
 
 namespace ulysses::coordinator {
@@ -23,10 +24,11 @@ struct StateCounts {
   int queued_jobs = 0;                                            // PENDING, PREEMPTED, RECOVERING.
   std::vector<std::pair<std::string, double>> heartbeat_ages_s;   // Per non-lost worker.
   std::vector<std::pair<std::string, double>> checkpoint_ages_s;  // Per running job.
+  std::vector<std::pair<std::string, double>> goodput_ratios;     // Per live job (goodput.h).
 };
 
 // Which part of StateCounts a gauge reads, so a scrape takes only what it needs.
-enum class CountsPart { kJobs, kWorkers, kQueue, kHeartbeats, kCheckpointAges };
+enum class CountsPart { kJobs, kWorkers, kQueue, kHeartbeats, kCheckpointAges, kGoodput };
 
 class CoordinatorMetrics {
  public:
@@ -57,17 +59,21 @@ class CoordinatorMetrics {
   metrics::GaugeFamily* store_writable = nullptr;      // 1 writable, 0 read-only.
   metrics::GaugeFamily* heartbeat_timeout = nullptr;   // Settings, no labels.
   metrics::GaugeFamily* cancel_grace = nullptr;
-  metrics::CounterFamily* store_write_errors = nullptr;  // {kind: io | refused}
-  metrics::GaugeFamily* steps = nullptr;                 // {job_id}
-  metrics::GaugeFamily* stage = nullptr;                 // {job_id}
-  metrics::GaugeFamily* seq_len = nullptr;               // {job_id}
-  metrics::GaugeFamily* group_size = nullptr;            // {job_id}
-  metrics::GaugeFamily* stage_eta = nullptr;             // {job_id}
-  metrics::GaugeFamily* eval_loss = nullptr;             // {job_id, stage}
-  metrics::GaugeFamily* eval_accuracy = nullptr;         // {job_id, stage}
-  metrics::GaugeFamily* checkpoint_every = nullptr;      // {job_id}
+  metrics::CounterFamily* store_write_errors = nullptr;      // {kind: io | refused}
+  metrics::GaugeFamily* steps = nullptr;                     // {job_id}
+  metrics::GaugeFamily* stage = nullptr;                     // {job_id}
+  metrics::GaugeFamily* seq_len = nullptr;                   // {job_id}
+  metrics::GaugeFamily* group_size = nullptr;                // {job_id}
+  metrics::GaugeFamily* stage_eta = nullptr;                 // {job_id}
+  metrics::GaugeFamily* eval_loss = nullptr;                 // {job_id, stage}
+  metrics::GaugeFamily* eval_accuracy = nullptr;             // {job_id, stage}
+  metrics::GaugeFamily* checkpoint_every = nullptr;          // {job_id}
+  metrics::CounterFamily* productive_gpu_seconds = nullptr;  // Goodput (goodput.h).
+  metrics::CounterFamily* lost_gpu_seconds = nullptr;        // {reason}
 
   // Null-safe helpers.
+  // What one goodput call classified (ulysses_productive/lost_gpu_seconds_total).
+  void CountGoodput(const GoodputDelta& delta);
   void CountRestart(const std::string& reason);
   void CountRejected(const std::string& reason);
   void SetStoreWritable(bool writable);

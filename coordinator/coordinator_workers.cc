@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "common/metrics/build_info.h"
 #include "common/status.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/validation.h"
@@ -15,11 +14,7 @@ namespace ulysses::coordinator {
 absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterRequest& request,
                                                            const auth::Principal& caller) {
   RETURN_IF_ERROR(ValidateRegisterRequest(request));  // Before the lock (and again inside).
-  // Version skew (version_policy.h). A peer that sends no version (test peers, tools from
-  // before versions were sent) is not checked.
-  if (!request.agent_version().empty()) {
-    RETURN_IF_ERROR(CheckPeerVersion("worker", request.agent_version(), metrics::BuildVersion()));
-  }
+  RETURN_IF_ERROR(CheckWorkerVersion(request.agent_version()));  // Version skew.
   if (!auth::MayActAsWorker(caller, request.name())) {
     return absl::PermissionDeniedError(absl::StrCat(
         "name: \"", request.name(), "\" is not the worker ", caller.Describe(),

@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_tree.h"
 #include "common/logging.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -90,6 +91,27 @@ absl::Status JobLogFiles::AppendJob(const std::string& job_id, const std::string
   }
   close(fd);
   return absl::OkStatus();
+}
+
+void JobLogFiles::Remove(const std::string& job_id) {
+  if (job_id.empty() || job_id == "." || job_id == ".." || job_id.find('/') != std::string::npos) {
+    return;  // Not a job id: never a path outside the logs directory.
+  }
+  if (absl::Status s = RemoveTree(JobDir(job_id)); !s.ok()) {
+    ULOG(ERROR) << "log files of deleted job " << job_id << ": " << s;
+  }
+}
+
+int JobLogFiles::RemoveExcept(const std::vector<std::string>& keep) {
+  absl::StatusOr<std::vector<DirEntry>> entries = ListDirectory(dir_);
+  if (!entries.ok()) return 0;  // No logs directory yet (NotFound) or unreadable.
+  int removed = 0;
+  for (const DirEntry& e : *entries) {
+    if (!e.is_directory || std::binary_search(keep.begin(), keep.end(), e.name)) continue;
+    Remove(e.name);
+    ++removed;
+  }
+  return removed;
 }
 
 std::vector<v1::LogLine> JobLogFiles::Load(const std::string& job_id) const {

@@ -8,7 +8,10 @@
 // lines. When log.jsonl would pass half of `bytes_per_job` it becomes log.1.jsonl (replacing
 // the previous one), so a job's files hold at most about `bytes_per_job`, newest lines kept.
 // Appends are not fsynced: a coordinator killed with -9 loses nothing (the page cache has
-// it); a host crash may lose the last lines.
+// it); a host crash may lose the last lines. A job's files go with its record: Remove() after
+// the commit that deleted it (ended_job_ttl_s), and RemoveExcept() at start for the directories
+// of jobs the store no longer holds (deleted by a coordinator killed before it removed them,
+// or newer than a restored backup: their ids would be handed out again).
 //
 // Not thread-safe: the Coordinator calls it under its mutex.
 #ifndef ULYSSES_COORDINATOR_JOB_LOG_FILES_H_
@@ -37,6 +40,10 @@ class JobLogFiles {
   std::vector<v1::LogLine> Load(const std::string& job_id) const;
   // The files of one job (its directory).
   std::string JobDir(const std::string& job_id) const { return dir_ + "/" + job_id; }
+  // Deletes the files of `job_id`; errors are logged (the files stay, nothing else changes).
+  void Remove(const std::string& job_id);
+  // Deletes every job directory whose name is not in `keep` (sorted); returns how many.
+  int RemoveExcept(const std::vector<std::string>& keep);
 
  private:
   absl::Status AppendJob(const std::string& job_id, const std::string& text);

@@ -356,6 +356,7 @@ void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids,
   attempt.master_port = AllocatePort();
   attempt.started_ms = now;
   rec.attempts.push_back(attempt);
+  AccountLaunch(job);
   job.started_ranks.clear();
   job.done_ranks.clear();
   if (metrics_.gang_wait && job.queued_since_steady > 0) {
@@ -409,6 +410,7 @@ void JobMachine::EndAttempt(JobRt& job, v1::AttemptOutcome outcome, int exit_cod
   attempt->ended_ms = NowMs();
   attempt->exit_code = exit_code;
   attempt->reason = reason;
+  AccountEnd(job, *attempt);
   job.preempting_for.clear();
   job.awaiting_reconnect = false;
   job.reconnected_ranks.clear();

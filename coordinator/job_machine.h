@@ -101,6 +101,17 @@ class JobMachine {
   // through txn.batch.deleted_jobs); call before any pointer to a job enters txn.
   void ExpireEndedJobs(int64_t now_ms, Txn& txn);
   void SendTo(WorkerRt& worker, v1::CoordinatorMessage message, Txn& txn);
+
+  // Goodput accounting (goodput.h; job_goodput.cc): each updates job.rec.goodput (written
+  // with the job by the caller's commit) and counts what it classified in the metrics.
+  void AccountLaunch(JobRt& job);  // After Launch added the attempt.
+  void AccountStep(JobRt& job, const v1::StepProgress& progress);  // Rank 0's step.
+  void AccountCommit(JobRt& job, int64_t generation, const v1::Checkpoint& checkpoint);
+  void AccountEnd(JobRt& job, const AttemptRecord& attempt);  // The attempt just ended.
+  void AccountCancel(JobRt& job);                             // Its attempt ended by a cancel.
+  // Settles the job's ended attempt once GoodputSettleMs() passed since its end (ticker).
+  void SettleGoodput(JobRt& job, Txn& txn);
+  int64_t GoodputSettleMs() const;
   // An Abort for `ref` with the abort grace period.
   void SendAbort(WorkerRt& worker, const v1::WorkRef& ref, const std::string& why, Txn& txn);
   // `other`'s id, or "a job of another tenant" when `shown_to` is of another tenant.
@@ -118,6 +129,9 @@ class JobMachine {
   // The workers (each once) that still hold ranks of `attempt` of job `job_id`.
   std::vector<WorkerRt*> HoldingWorkers(const std::string& job_id, const AttemptRecord& attempt);
 
+  // Starts accounting the job's live attempt when the record accounts another one (an
+  // attempt launched before goodput accounting).
+  void AdoptForGoodput(JobRt& job);
   int AllocatePort();
   void DropOldestLog(JobRt& job);
 

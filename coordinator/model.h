@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/goodput.h"
 #include "ulysses/v1/types.pb.h"
 
 namespace ulysses::coordinator {
@@ -110,6 +111,7 @@ struct JobRecord {
   // a retry returns this job and a different request with the same id is refused.
   std::string request_id;
   std::string request_hash;
+  GoodputRecord goodput;  // Where its GPU time went (goodput.h).
 
   bool terminal() const {
     return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||

@@ -127,6 +127,7 @@ struct JobRt {
   // spec.checkpoint.every_steps, read from rec.spec_yaml on the first progress report
   // (ulysses_checkpoint_every_steps); -1 until then.
   int64_t checkpoint_every_steps = -1;
+  GoodputSteps goodput_steps;  // Rank 0's step ends since the last commit (goodput.h).
 };
 
 // Everything the coordinator holds in memory.

@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "coordinator/backup_service.h"
 #include "coordinator/validation.h"
+#include "coordinator/version_policy.h"
 
 namespace ulysses::coordinator {
 namespace {
@@ -35,6 +36,15 @@ class RpcTimer {
   const char* method_;
   std::chrono::steady_clock::time_point start_;
 };
+
+// A JobService caller: authenticated and allowed `rpc`, then its version against the policy
+// (version_policy.h; after authentication, so an anonymous caller learns nothing).
+absl::StatusOr<auth::Principal> Admit(const auth::Authenticator& auth,
+                                      const grpc::ServerContextBase& context, auth::Rpc rpc) {
+  ASSIGN_OR_RETURN(auth::Principal caller, auth.Authorize(context, rpc));
+  RETURN_IF_ERROR(CheckClientVersion(context));
+  return caller;
+}
 
 grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
                                       const absl::Status& status) {
@@ -358,7 +368,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext*
                                                     const v1::SubmitJobRequest* request,
                                                     v1::SubmitJobResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/SubmitJob");
-  absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kSubmitJob);
+  absl::StatusOr<auth::Principal> caller = Admit(*auth_, *context, auth::Rpc::kSubmitJob);
   if (!caller.ok()) return FinishUnary(context, caller.status());
   if (absl::Status invalid = ValidateSubmitJobRequest(*request); !invalid.ok()) {
     return FinishUnary(context, invalid);
@@ -372,7 +382,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* co
                                                  const v1::GetJobRequest* request,
                                                  v1::GetJobResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/GetJob");
-  absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kGetJob);
+  absl::StatusOr<auth::Principal> caller = Admit(*auth_, *context, auth::Rpc::kGetJob);
   if (!caller.ok()) return FinishUnary(context, caller.status());
   if (absl::Status invalid = ValidateGetJobRequest(*request); !invalid.ok()) {
     return FinishUnary(context, invalid);
@@ -386,7 +396,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* 
                                                    const v1::ListJobsRequest* request,
                                                    v1::ListJobsResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ListJobs");
-  absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kListJobs);
+  absl::StatusOr<auth::Principal> caller = Admit(*auth_, *context, auth::Rpc::kListJobs);
   if (!caller.ok()) return FinishUnary(context, caller.status());
   if (absl::Status invalid = ValidateListJobsRequest(*request); !invalid.ok()) {
     return FinishUnary(context, invalid);
@@ -400,7 +410,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext*
                                                     const v1::CancelJobRequest* request,
                                                     v1::CancelJobResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/CancelJob");
-  absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kCancelJob);
+  absl::StatusOr<auth::Principal> caller = Admit(*auth_, *context, auth::Rpc::kCancelJob);
   if (!caller.ok()) return FinishUnary(context, caller.status());
   if (absl::Status invalid = ValidateCancelJobRequest(*request); !invalid.ok()) {
     return FinishUnary(context, invalid);
@@ -415,7 +425,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext*
                                                     const v1::ResumeJobRequest* request,
                                                     v1::ResumeJobResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ResumeJob");
-  absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kResumeJob);
+  absl::StatusOr<auth::Principal> caller = Admit(*auth_, *context, auth::Rpc::kResumeJob);
   if (!caller.ok()) return FinishUnary(context, caller.status());
   if (absl::Status invalid = ValidateResumeJobRequest(*request); !invalid.ok()) {
     return FinishUnary(context, invalid);
@@ -428,20 +438,20 @@ grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext*
 grpc::ServerWriteReactor<v1::JobEvent>* JobServiceImpl::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
   return new WatchReactor(coordinator_, &streams_, auth_,
-                          auth_->Authorize(*context, auth::Rpc::kWatchJob), *request);
+                          Admit(*auth_, *context, auth::Rpc::kWatchJob), *request);
 }
 
 grpc::ServerWriteReactor<v1::GetJobLogsResponse>* JobServiceImpl::GetJobLogs(
     grpc::CallbackServerContext* context, const v1::GetJobLogsRequest* request) {
   return new LogsReactor(coordinator_, &streams_, auth_,
-                         auth_->Authorize(*context, auth::Rpc::kGetJobLogs), *request);
+                         Admit(*auth_, *context, auth::Rpc::kGetJobLogs), *request);
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContext* context,
                                                       const v1::ListWorkersRequest* request,
                                                       v1::ListWorkersResponse* response) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ListWorkers");
-  absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kListWorkers);
+  absl::StatusOr<auth::Principal> caller = Admit(*auth_, *context, auth::Rpc::kListWorkers);
   if (!caller.ok()) return FinishUnary(context, caller.status());
   absl::StatusOr<v1::ListWorkersResponse> r = coordinator_->ListWorkers(*request, *caller);
   if (r.ok()) *response = std::move(*r);
@@ -451,7 +461,7 @@ grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContex
 grpc::ServerWriteReactor<v1::BackupStateChunk>* JobServiceImpl::BackupState(
     grpc::CallbackServerContext* context, const v1::BackupStateRequest* /*request*/) {
   RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/BackupState");
-  return NewBackupReactor(auth_->Authorize(*context, auth::Rpc::kBackupState),
+  return NewBackupReactor(Admit(*auth_, *context, auth::Rpc::kBackupState),
                           coordinator_->config().state_dir);
 }
 

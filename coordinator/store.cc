@@ -148,8 +148,7 @@ constexpr const char* kSchemaV1[] = {
       payload BLOB NOT NULL, PRIMARY KEY (job_id, sequence)))sql",
 };
 
-// Version 2 (appended columns, so SELECT * keeps the v1 columns first). Jobs from before
-// version 2 have no owner and tenant: only admins see them.
+// Version 2 (appended columns: SELECT * keeps v1's first). Older jobs: no owner/tenant (admins).
 constexpr const char* kSchemaV2[] = {
     "ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
     "ALTER TABLE jobs ADD COLUMN tenant TEXT NOT NULL DEFAULT ''",
@@ -181,6 +180,10 @@ constexpr const char* kSchemaV5[] = {
     "ALTER TABLE attempts ADD COLUMN node_labels TEXT NOT NULL DEFAULT ''",
     "ALTER TABLE workers ADD COLUMN devices TEXT NOT NULL DEFAULT ''",
 };
+
+// Version 6: goodput accounting (coordinator/goodput.h; '' = zeros: before accounting).
+constexpr const char* kSchemaV6[] = {
+    "ALTER TABLE jobs ADD COLUMN goodput TEXT NOT NULL DEFAULT ''"};
 
 bool SameStage(const StageRecord& a, const StageRecord& b) {
   return a.index == b.index && a.state == b.state && a.seq_len == b.seq_len && a.steps == b.steps &&
@@ -245,9 +248,8 @@ absl::Status Store::Probe() {
   if (sticky_error_.ok()) return absl::OkStatus();
   absl::Status s = Exec("BEGIN IMMEDIATE");
   if (s.ok()) {
-    // Headroom, not just any write: a tiny write can fit in a page that has room while
-    // the change that failed cannot. Take (and give back) as much as the largest record
-    // (a job of kProbeHeadroomBytes of spec) within the probe's transaction.
+    // Headroom (a tiny write may fit where the failed change cannot): take and give back
+    // as much as the largest record (a job of kProbeHeadroomBytes of spec).
     s = Exec(absl::StrCat("INSERT OR REPLACE INTO meta(key, value) VALUES('probe', zeroblob(",
                           kProbeHeadroomBytes, "))"));
     if (s.ok()) s = Exec("DELETE FROM meta WHERE key='probe'");
@@ -311,6 +313,7 @@ absl::Status Store::Migrate() {
   if (version < 3) steps.insert(steps.end(), std::begin(kSchemaV3), std::end(kSchemaV3));
   if (version < 4) steps.insert(steps.end(), std::begin(kSchemaV4), std::end(kSchemaV4));
   if (version < 5) steps.insert(steps.end(), std::begin(kSchemaV5), std::end(kSchemaV5));
+  if (version < 6) steps.insert(steps.end(), std::begin(kSchemaV6), std::end(kSchemaV6));
   for (const char* sql : steps) {
     if (absl::Status s = Exec(sql); !s.ok()) {
       (void)Exec("ROLLBACK");
@@ -325,7 +328,7 @@ absl::Status Store::Migrate() {
 absl::Status Store::WriteJob(const JobRecord& j) {
   Stmt q(db_,
          "INSERT OR REPLACE INTO jobs "
-         "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+         "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
   RETURN_IF_ERROR(q.status());
   int i = 1;
   q.Bind(i++, j.id);
@@ -359,6 +362,7 @@ absl::Status Store::WriteJob(const JobRecord& j) {
   q.Bind(i++, j.failure_window_s);
   q.Bind(i++, EncodeFailureMarks(j.recent_failures));
   q.Bind(i++, j.preemptible ? 1 : 0);
+  q.Bind(i++, EncodeGoodput(j.goodput));
   RETURN_IF_ERROR(q.Run());
   if (!j.request_id.empty()) {
     Stmt r(db_, "INSERT OR IGNORE INTO submit_requests VALUES(?,?,?)");
@@ -555,6 +559,7 @@ absl::StatusOr<JobRecord> ReadJobRow(Stmt& q) {
   j.failure_window_s = q.Int(c++);
   ASSIGN_OR_RETURN(j.recent_failures, DecodeFailureMarks(q.Text(c++)));
   j.preemptible = q.Int(c++) != 0;
+  ASSIGN_OR_RETURN(j.goodput, DecodeGoodput(q.Text(c++)));
   return j;
 }
 

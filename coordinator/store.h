@@ -36,7 +36,7 @@ namespace ulysses::coordinator {
 
 // 1: initial; 2: jobs.owner, jobs.tenant, workers.identity (auth); 3: submit_requests
 // (idempotent SubmitJob). Older files are migrated on open.
-inline constexpr int kSchemaVersion = 5;
+inline constexpr int kSchemaVersion = 6;
 
 struct StoreOptions {
   // Persisted events kept per job: after each write the oldest beyond this many are

@@ -477,8 +477,11 @@ absl::Status ValidateCheckpointCommitted(const v1::CheckpointCommitted& committe
   RETURN_IF_ERROR(CheckNoControl("checkpoint.checkpoint.path", c.path(), kPathFix));
   RETURN_IF_ERROR(CheckInt("checkpoint.checkpoint.bytes", c.bytes(), -1, kNoMax,
                            "the size on disk, or -1 when unknown"));
-  return CheckNumber("checkpoint.checkpoint.seconds", c.seconds(), 0, kInf,
-                     "the save's wall time in seconds");
+  RETURN_IF_ERROR(CheckNumber("checkpoint.checkpoint.seconds", c.seconds(), 0, kInf,
+                              "the save's wall time in seconds"));
+  if (!c.has_blocked_seconds()) return absl::OkStatus();
+  return CheckNumber("checkpoint.checkpoint.blocked_seconds", c.blocked_seconds(), 0, kInf,
+                     "the seconds training waited for the save, or leave it unset");
 }
 
 absl::Status ValidateEvalReport(const v1::EvalReport& report,

@@ -5,6 +5,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/grpc/channel.h"
+#include "common/metrics/build_info.h"
 
 namespace ulysses::coordinator {
 
@@ -33,7 +35,8 @@ absl::Status CheckPeerVersion(absl::string_view kind, absl::string_view peer,
   if (!theirs.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat(kind, " version \"", peer, "\" is not a release version; this coordinator (",
-                     own, ") accepts ", accepted, " (run a released ulysses-", kind, ")"));
+                     own, ") accepts ", accepted, " (run a released ",
+                     kind == "worker" ? "ulysses-worker" : kind, ")"));
   }
   const bool same_major = theirs->major == mine->major;
   if (same_major && (theirs->minor == mine->minor || theirs->minor + 1 == mine->minor)) {
@@ -44,8 +47,21 @@ absl::Status CheckPeerVersion(absl::string_view kind, absl::string_view peer,
       kind, " version ", peer, " is not accepted by this coordinator (version ", own,
       "; it accepts ", accepted, "): ",
       newer ? absl::StrCat("upgrade the coordinator to ", theirs->major, ".", theirs->minor,
-                           " first, then the ", kind, "s")
+                           " first (or use a ", kind, " of ", mine->major, ".", mine->minor, ")")
             : absl::StrCat("upgrade the ", kind, " to ", mine->major, ".", mine->minor)));
+}
+
+absl::Status CheckWorkerVersion(absl::string_view agent_version) {
+  if (agent_version.empty()) return absl::OkStatus();
+  return CheckPeerVersion("worker", agent_version, metrics::BuildVersion());
+}
+
+absl::Status CheckClientVersion(const grpc::ServerContextBase& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kVersionMetadata);
+  if (it == metadata.end()) return absl::OkStatus();
+  return CheckPeerVersion("ulyssesctl", absl::string_view(it->second.data(), it->second.size()),
+                          metrics::BuildVersion());
 }
 
 }  // namespace ulysses::coordinator

@@ -1,11 +1,16 @@
 // Which peer versions a coordinator accepts (docs/OPERATIONS.md "Upgrades and rollback",
 // version policy): releases are MAJOR.MINOR.PATCH (the CMake project version, which every
-// binary reports as metrics::BuildVersion()). A coordinator accepts workers of its own minor
-// version and of the previous one of the same major (0.4 accepts 0.3.x and 0.4.x), so the
-// coordinator is upgraded first and the workers follow; every other version is refused with
-// both versions and the fix.
+// binary reports as metrics::BuildVersion()). A coordinator accepts workers and ulyssesctl of
+// its own minor version and of the previous one of the same major (0.4 accepts 0.3.x and
+// 0.4.x), so the coordinator is upgraded first and the workers and clients follow; every other
+// version is refused with both versions and the fix. Workers send their version in
+// RegisterRequest.agent_version, ulyssesctl as `ulysses-version` call metadata
+// (kVersionMetadata, common/grpc/channel.h). A peer that sends none (a tool from before
+// versions were sent, grpcurl, test peers) is not checked.
 #ifndef ULYSSES_COORDINATOR_VERSION_POLICY_H_
 #define ULYSSES_COORDINATOR_VERSION_POLICY_H_
+
+#include <grpcpp/server_context.h>
 
 #include <string>
 
@@ -28,6 +33,12 @@ absl::StatusOr<Version> ParseVersion(absl::string_view text);
 // version `own`; FailedPrecondition naming both versions, what is accepted and the fix.
 absl::Status CheckPeerVersion(absl::string_view kind, absl::string_view peer,
                               absl::string_view own);
+
+// The policy against this build's version (metrics::BuildVersion()): a worker's
+// agent_version ("" = not sent: OK), and the `ulysses-version` metadata of a JobService call
+// (absent: OK).
+absl::Status CheckWorkerVersion(absl::string_view agent_version);
+absl::Status CheckClientVersion(const grpc::ServerContextBase& context);
 
 }  // namespace ulysses::coordinator
 

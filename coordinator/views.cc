@@ -150,6 +150,7 @@ v1::Job JobToProto(const JobRecord& r, bool full) {
   p.set_counting_failures(CountingFailures(r, /*infra=*/false, NowMs()));
   p.set_counting_infra_failures(CountingFailures(r, /*infra=*/true, NowMs()));
   p.set_preemptible(r.preemptible);
+  *p.mutable_goodput() = GoodputToProto(r.goodput, NowMs());
   return p;
 }
 

@@ -349,6 +349,7 @@ void WorkerProtocol::OnProgress(WorkerRt& w, const v1::WorkerMessage& m, Txn& tx
     job->last_progress_steady = now;
     job->last_progress_generation = ref.generation();
     metrics_.SetJobStage(job->rec.id, stage.index, stage.steps, stage.seq_len, stage.world());
+    machine_.AccountStep(*job, p);
     SetCheckpointEvery(*job);
     UpdateStageEta(*job, stage, p.step(), now);
     v1::JobEvent ev;
@@ -411,6 +412,7 @@ void WorkerProtocol::OnCheckpoint(WorkerRt& w, const v1::WorkerMessage& m, Txn& 
     rec.seconds = c.seconds();
     rec.committed_ms = NowMs();
     job->rec.last_checkpoint = rec;
+    machine_.AccountCommit(*job, ref.generation(), c);
     txn.batch.checkpoints.push_back(rec);
     txn.jobs.insert(job);
     if (metrics_.checkpoint_seconds) {

@@ -25,34 +25,41 @@ constexpr size_t kMaxPemBytes = 1 << 20;
 constexpr size_t kMaxTokenBytes = 4096;
 constexpr size_t kMaxServerBytes = 1024;
 
-// Adds `authorization: Bearer <token>` to the initial metadata of every call.
-class BearerInterceptor final : public grpc::experimental::Interceptor {
+// Adds `authorization: Bearer <token>` and the client's version to the initial metadata of
+// every call (each when set).
+class CallMetadataInterceptor final : public grpc::experimental::Interceptor {
  public:
-  explicit BearerInterceptor(std::string header) : header_(std::move(header)) {}
+  CallMetadataInterceptor(std::string authorization, std::string version)
+      : authorization_(std::move(authorization)), version_(std::move(version)) {}
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
-      methods->GetSendInitialMetadata()->emplace("authorization", header_);
+      auto* metadata = methods->GetSendInitialMetadata();
+      if (!authorization_.empty()) metadata->emplace("authorization", authorization_);
+      if (!version_.empty()) metadata->emplace(kVersionMetadata, version_);
     }
     methods->Proceed();
   }
 
  private:
-  const std::string header_;
+  const std::string authorization_;
+  const std::string version_;
 };
 
-class BearerInterceptorFactory final
+class CallMetadataInterceptorFactory final
     : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
-  explicit BearerInterceptorFactory(absl::string_view token)
-      : header_(absl::StrCat("Bearer ", token)) {}
+  CallMetadataInterceptorFactory(absl::string_view token, std::string version)
+      : authorization_(token.empty() ? "" : absl::StrCat("Bearer ", token)),
+        version_(std::move(version)) {}
   grpc::experimental::Interceptor* CreateClientInterceptor(
       grpc::experimental::ClientRpcInfo* /*info*/) override {
-    return new BearerInterceptor(header_);  // gRPC owns and deletes it.
+    return new CallMetadataInterceptor(authorization_, version_);  // gRPC owns and deletes it.
   }
 
  private:
-  const std::string header_;
+  const std::string authorization_;
+  const std::string version_;
 };
 
 // Reads a PEM file for `field` ("ca", "cert", "key"), bounded, checking it is PEM.
@@ -189,6 +196,14 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ChannelOptions&
   if (!options.token.empty()) {
     if (absl::Status status = ValidateToken(options.token, "token"); !status.ok()) return status;
   }
+  for (char c : options.version) {
+    if (c <= ' ' || c > '~') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("version: \"", options.version,
+                       "\" contains a space or control character (a release "
+                       "version is MAJOR.MINOR.PATCH)"));
+    }
+  }
 
   std::shared_ptr<grpc::ChannelCredentials> creds;
   if (!options.ca_file.empty()) {
@@ -217,8 +232,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ChannelOptions&
   }
 
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
-  if (!options.token.empty()) {
-    interceptors.push_back(std::make_unique<BearerInterceptorFactory>(options.token));
+  if (!options.token.empty() || !options.version.empty()) {
+    interceptors.push_back(
+        std::make_unique<CallMetadataInterceptorFactory>(options.token, options.version));
   }
   return grpc::experimental::CreateCustomChannelWithInterceptors(options.server, creds, args,
                                                                  std::move(interceptors));

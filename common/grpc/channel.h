@@ -9,6 +9,9 @@
 // - `token` is sent on every call as `authorization: Bearer <token>` metadata. A
 //   client interceptor adds it, not gRPC call credentials: those are dropped on
 //   plaintext channels, and the coordinator requires tokens in every mode.
+// - `version` (the client's release, metrics::BuildVersion()) is sent on every call as
+//   `ulysses-version` metadata (kVersionMetadata): the coordinator refuses versions outside
+//   its policy (coordinator/version_policy.h).
 //
 // Files are read once, here; errors name the field, the value and the fix. Stateless
 // and thread-safe; the channel is shared by every stub made from it.
@@ -27,6 +30,9 @@
 
 namespace ulysses {
 
+// The metadata key that carries a client's release version (MAJOR.MINOR.PATCH).
+inline constexpr char kVersionMetadata[] = "ulysses-version";
+
 struct ChannelOptions {
   std::string server;     // HOST:PORT, [V6]:PORT or a gRPC target (dns:///, ipv4:, unix:).
   std::string ca_file;    // PEM CA of the server certificate; "" = plaintext.
@@ -34,6 +40,7 @@ struct ChannelOptions {
   std::string key_file;   // PEM private key of cert_file.
   std::string token;      // Bearer token sent on every call; "" = none.
   bool insecure = false;  // Allow plaintext to a non-loopback server.
+  std::string version;    // Sent as kVersionMetadata on every call; "" = none.
 };
 
 // Checks `options` and builds the channel (it connects lazily). `args` are extra

@@ -55,6 +55,16 @@ std::vector<MetricDef> BuildCatalog() {
               "(or the attempt's start) to the preemption, by reason."),
       Histogram("ulysses_recovery_duration_seconds", {}, kCoordinator, waits,
                 "Time from a group breaking (RECOVERING) until it runs again."),
+      Counter("ulysses_productive_gpu_seconds_total", {}, kCoordinator,
+              "Goodput: GPU-seconds (ranks x seconds) of training steps that reached a committed "
+              "checkpoint, over every job."),
+      Counter("ulysses_lost_gpu_seconds_total", {"reason"}, kCoordinator,
+              "GPU-seconds allocated to jobs that did not end in a committed checkpoint, by "
+              "reason: failure, preemption, restart (launch to first step, exit after the last "
+              "commit), checkpoint_stall (training blocked by saves) or cancelled."),
+      Gauge("ulysses_job_goodput_ratio", kJob, kCoordinator,
+            "A live job's productive over allocated GPU-seconds, 0..1, over all its attempts; "
+            "computed at scrape time."),
       Counter("ulysses_stage_transitions_total", {}, kCoordinator,
               "Stages completed (moves to the next stage or success)."),
       Histogram("ulysses_checkpoint_save_duration_seconds", {}, kCoordinator, waits,

@@ -14,6 +14,7 @@
 
 #include "client/cli.h"
 #include "client/grpc_client.h"
+#include "common/metrics/build_info.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/certs.h"
@@ -293,6 +294,9 @@ TEST_F(CliCredentialsTest, SendsTheContextTokenOverTls) {
   testing::RecordingServer::Seen seen = server.seen();
   EXPECT_EQ(seen.transport, "ssl");
   EXPECT_EQ(seen.authorization, "Bearer ul_ctx_token");
+  // Every call carries ulyssesctl's release for the coordinator's version policy.
+  EXPECT_EQ(seen.version, metrics::BuildVersion());
+  EXPECT_FALSE(seen.version.empty());
 
   {
     ScopedEnv env(EnvVars{{"ULYSSES_TOKEN", "ul_env_token"}});

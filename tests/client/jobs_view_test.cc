@@ -93,9 +93,30 @@ TEST(JobViewTest, DetailJsonHasStagesAttemptsAndCheckpoints) {
 
 TEST(JobViewTest, DescriptionAndTablesNameTheJob) {
   std::ostringstream out;
-  PrintJobDescription(SampleJob(), out);
+  v1::Job job = SampleJob();
+  v1::Goodput* g = job.mutable_goodput();
+  g->set_allocated_gpu_seconds(200);
+  g->set_productive_gpu_seconds(150);
+  g->set_lost_failure_gpu_seconds(30);
+  g->set_lost_preemption_gpu_seconds(12);
+  g->set_lost_restart_gpu_seconds(4);
+  g->set_lost_checkpoint_stall_gpu_seconds(2);
+  g->set_uncommitted_gpu_seconds(2);
+  g->set_ratio(0.75);
+  PrintJobDescription(job, out);
   EXPECT_NE(out.str().find("job-000007 (tiny-demo)"), std::string::npos);
   EXPECT_NE(out.str().find("LOST"), std::string::npos);
+  EXPECT_NE(out.str().find("Goodput:      75.0% of 200.0 GPU-s productive; lost: failure 30.0, "
+                           "preemption 12.0, restart 4.0, checkpoint_stall 2.0, cancelled 0.0; "
+                           "uncommitted 2.0"),
+            std::string::npos)
+      << out.str();
+  const nlohmann::json j = JobSummaryJson(job);
+  EXPECT_DOUBLE_EQ(j["goodput"]["ratio"].get<double>(), 0.75);
+  EXPECT_DOUBLE_EQ(j["goodput"]["lost_gpu_seconds"]["preemption"].get<double>(), 12);
+  std::ostringstream none;
+  PrintJobDescription(SampleJob(), none);  // Nothing allocated yet.
+  EXPECT_NE(none.str().find("Goodput:      -\n"), std::string::npos) << none.str();
   std::ostringstream table;
   PrintJobsTable({SampleJob()}, table);
   EXPECT_NE(table.str().find("2/3"), std::string::npos) << table.str();
@@ -215,6 +236,9 @@ TEST(TopViewTest, RowsShowLiveFiguresOfJobsNotYetEnded) {
   p->set_slowest_rank(1);
   p->set_slowest_step_seconds(0.75);
   running.mutable_last_checkpoint()->mutable_committed_at()->set_seconds(1'700'000'000);
+  running.mutable_goodput()->set_allocated_gpu_seconds(400);
+  running.mutable_goodput()->set_productive_gpu_seconds(300);
+  running.mutable_goodput()->set_ratio(0.75);
   v1::Job queued;
   queued.set_id("job-000008");
   queued.set_name("waiting");
@@ -228,13 +252,14 @@ TEST(TopViewTest, RowsShowLiveFiguresOfJobsNotYetEnded) {
 
   const auto rows = TopTable({done, running, queued}, now_ms);
   ASSERT_EQ(rows.size(), 3u) << "header, the running and the queued job; not the ended one";
-  EXPECT_EQ(rows[0], (std::vector<std::string>{"JOB", "NAME", "STATE", "STAGE", "SEQ_LEN", "STEP",
-                                               "LOSS", "TOK/S", "MFU", "SLOWEST", "CKPT_AGE"}));
+  EXPECT_EQ(rows[0],
+            (std::vector<std::string>{"JOB", "NAME", "STATE", "STAGE", "SEQ_LEN", "STEP", "LOSS",
+                                      "TOK/S", "MFU", "SLOWEST", "CKPT_AGE", "GOODPUT"}));
   EXPECT_EQ(rows[1],
             (std::vector<std::string>{"job-000007", "tiny-demo", "RUNNING", "2/3", "2048", "4/10",
-                                      "2.5000", "1234", "25.0%", "r1 0.750s", "1m05s"}));
+                                      "2.5000", "1234", "25.0%", "r1 0.750s", "1m05s", "75.0%"}));
   EXPECT_EQ(rows[2], (std::vector<std::string>{"job-000008", "waiting", "PENDING", "1/1", "512",
-                                               "0/3", "-", "-", "-", "-", "-"}));
+                                               "0/3", "-", "-", "-", "-", "-", "-"}));
   // --all: the ended job too, in the given order.
   const auto all = TopTable({done, running, queued}, now_ms, /*include_ended=*/true);
   ASSERT_EQ(all.size(), 4u);
@@ -251,9 +276,10 @@ TEST(TopViewTest, RowsShowLiveFiguresOfJobsNotYetEnded) {
   EXPECT_DOUBLE_EQ(j[0]["slowest_step_seconds"].get<double>(), 0.75);
   EXPECT_DOUBLE_EQ(j[0]["median_step_seconds"].get<double>(), 0.5);
   EXPECT_DOUBLE_EQ(j[0]["checkpoint_age_seconds"].get<double>(), 65.4);
+  EXPECT_DOUBLE_EQ(j[0]["goodput_ratio"].get<double>(), 0.75);
   EXPECT_EQ(j[1]["id"], "job-000008");
   for (const char* key : {"mfu", "step_seconds", "median_step_seconds", "slowest_rank",
-                          "slowest_step_seconds", "checkpoint_age_seconds"}) {
+                          "slowest_step_seconds", "checkpoint_age_seconds", "goodput_ratio"}) {
     ASSERT_TRUE(j[1].contains(key)) << key;
     EXPECT_TRUE(j[1][key].is_null()) << key << ": " << j[1][key];
   }

@@ -217,10 +217,8 @@ TEST(BackupTest, AnUpgradeBacksUpThePreviousSchemaAndRollingBackRestoresIt) {
   const int previous = kSchemaVersion - 1;
   ASSERT_NO_FATAL_FAILURE(
       Sql(state + "/coordinator.db",
-          absl::StrCat("ALTER TABLE attempts DROP COLUMN slots; ALTER TABLE attempts DROP COLUMN "
-                       "devices; ALTER TABLE attempts DROP COLUMN node_labels; ALTER TABLE workers "
-                       "DROP COLUMN devices; UPDATE meta SET value='",
-                       previous, "' WHERE key='schema_version'")));
+          absl::StrCat("ALTER TABLE jobs DROP COLUMN goodput; UPDATE meta SET value='", previous,
+                       "' WHERE key='schema_version'")));
   EXPECT_TRUE(
       absl::StartsWith(NewestMigrationBackup(state).status().message(), "--rollback-to-backup:"));
   {

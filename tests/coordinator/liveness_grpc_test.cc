@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "common/grpc/channel.h"
 #include "common/grpc/grpc_util.h"
 #include "common/metrics/build_info.h"
 #include "coordinator/version_policy.h"
@@ -258,6 +259,51 @@ TEST_F(VersionSkewGrpcTest, APreviousMinorWorkerRegistersAndOtherVersionsAreRefu
     EXPECT_TRUE(absl::StrContains(s.message(), "accepts 0.0.x and 0.1.x")) << s;
   }
   EXPECT_FALSE(Listed("skewed-worker"));
+}
+
+// ulyssesctl sends its release as `ulysses-version` metadata (common/grpc/channel.h): the
+// same policy as for workers, on every JobService call; a call without it is not checked.
+TEST_F(VersionSkewGrpcTest, AClientOfThePreviousMinorIsServedAndOtherVersionsAreRefusedWithTheFix) {
+  const std::string own = metrics::BuildVersion();
+  if (own.rfind("0.1.", 0) != 0) {
+    GTEST_SKIP() << "this coordinator is " << own << ": update the versions below";
+  }
+  auto list = [&](const std::string& version) {
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    if (!version.empty()) ctx.AddMetadata(kVersionMetadata, version);
+    v1::ListJobsResponse response;
+    return FromGrpcStatus(jobs_->ListJobs(&ctx, v1::ListJobsRequest(), &response));
+  };
+  for (const std::string& ok : {std::string("0.0.9"), own, std::string("")}) {
+    absl::Status s = list(ok);
+    EXPECT_TRUE(s.ok()) << ok << ": " << s;
+  }
+  struct Refused {
+    std::string version, fix;
+  };
+  for (const Refused& r :
+       {Refused{"0.2.0", "upgrade the coordinator to 0.2 first (or use a ulyssesctl of 0.1)"},
+        Refused{"1.1.0", "upgrade the coordinator to 1.1 first"},
+        Refused{"0.1", "is not a release version"}}) {
+    SCOPED_TRACE(r.version);
+    absl::Status s = list(r.version);
+    ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "ulyssesctl version")) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), r.version)) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), own)) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), r.fix)) << s;
+  }
+  // Streams too (GetJobLogs): refused before anything is sent.
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, absl::Seconds(10));
+  ctx.AddMetadata(kVersionMetadata, "0.2.0");
+  v1::GetJobLogsRequest request;
+  request.set_job_id("job-000001");
+  auto reader = jobs_->GetJobLogs(&ctx, request);
+  v1::GetJobLogsResponse response;
+  EXPECT_FALSE(reader->Read(&response));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
 TEST(VersionPolicyTest, TheOwnAndThePreviousMinorOfTheSameMajorAreAccepted) {

@@ -280,7 +280,7 @@ TEST(StoreTest, OwnerTenantAndIdentityPersistAndSchema1IsMigrated) {
         "ALTER TABLE jobs DROP COLUMN owner", "ALTER TABLE jobs DROP COLUMN tenant",
         "ALTER TABLE workers DROP COLUMN identity", "ALTER TABLE attempts DROP COLUMN slots",
         "ALTER TABLE attempts DROP COLUMN devices", "ALTER TABLE attempts DROP COLUMN node_labels",
-        "ALTER TABLE workers DROP COLUMN devices",
+        "ALTER TABLE workers DROP COLUMN devices", "ALTER TABLE jobs DROP COLUMN goodput",
         "UPDATE meta SET value='1' WHERE key='schema_version'"}) {
     ASSERT_EQ(sqlite3_exec(db, sql, nullptr, nullptr, nullptr), SQLITE_OK) << sql;
   }
@@ -487,11 +487,12 @@ constexpr const char* kDropVersion4Columns =
     "max_infra_failures; ALTER TABLE jobs DROP COLUMN failure_window_s; ALTER TABLE jobs DROP "
     "COLUMN recent_failures; ALTER TABLE jobs DROP COLUMN preemptible";
 
-// Turns the store file in `dir` into an older one: runs `sql` (dropping what came later),
-// then sets its schema version.
-void Downgrade(const std::string& dir, const std::vector<std::string>& sql, int version) {
+// Turns the store file in `dir` into an older one: drops what schema 6 added (every caller
+// wants an older file), runs `sql` (dropping what came between), then sets its schema version.
+void Downgrade(const std::string& dir, std::vector<std::string> sql, int version) {
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open((dir + "/coordinator.db").c_str(), &db), SQLITE_OK);
+  sql.insert(sql.begin(), "ALTER TABLE jobs DROP COLUMN goodput");
   for (const std::string& statement : sql) {
     ASSERT_EQ(sqlite3_exec(db, statement.c_str(), nullptr, nullptr, nullptr), SQLITE_OK)
         << statement;
@@ -607,6 +608,42 @@ TEST(StoreTest, SlotsOfAttemptsAndWorkersRoundTripAndMigrateFromVersionFour) {
   EXPECT_TRUE(snap->jobs[0].attempts[0].devices.empty());
   ASSERT_EQ(snap->workers.size(), 1u);
   EXPECT_EQ(snap->workers[0].devices, (std::vector<std::string>(4, "cuda:0")));
+}
+
+// The goodput record (coordinator/goodput.h) is written with its job and read back whole; a
+// job of a schema-5 file (before goodput accounting) reads as a record of zeros.
+TEST(StoreTest, GoodputPersistsWithTheJobAndAVersionFiveFileIsMigrated) {
+  TempDir dir;
+  JobRecord j = MakeJob("job-000001", 1);
+  GoodputSteps steps;
+  GoodputStart(j.goodput, steps, 3, 2, 1'000);
+  GoodputStep(j.goodput, steps, 1, 0.5, 2'000);
+  GoodputCommit(j.goodput, steps, 1, 0.25, 2'500);
+  GoodputEnd(j.goodput, v1::ATTEMPT_OUTCOME_PREEMPTED, 4'000);
+  {
+    auto store = Store::Open(dir.path());
+    ASSERT_TRUE(store.ok()) << store.status();
+    Store::Batch b;
+    b.jobs.push_back(j);
+    ASSERT_TRUE((*store)->Write(b).ok());
+  }
+  {
+    auto store = Store::Open(dir.path());
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto snap = (*store)->Load();
+    ASSERT_TRUE(snap.ok()) << snap.status();
+    ASSERT_EQ(snap->jobs.size(), 1u);
+    EXPECT_EQ(EncodeGoodput(snap->jobs[0].goodput), EncodeGoodput(j.goodput));
+    EXPECT_GT(snap->jobs[0].goodput.productive_gpu_s, 0);
+  }
+  ASSERT_NO_FATAL_FAILURE(Downgrade(dir.path(), {}, 5));
+  auto store = Store::Open(dir.path());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto snap = (*store)->Load();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  ASSERT_EQ(snap->jobs.size(), 1u);
+  EXPECT_EQ(snap->jobs[0].goodput.generation, 0);
+  EXPECT_EQ(snap->jobs[0].goodput.productive_gpu_s, 0);
 }
 
 }  // namespace

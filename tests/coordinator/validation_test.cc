@@ -238,6 +238,12 @@ TEST(ValidationTest, EvalCheckpointExitedAndStartedBounds) {
   EXPECT_THAT(Message(ValidateCheckpointCommitted(c, stages)),
               StartsWith("checkpoint.checkpoint.seconds: -inf is not a finite number >= 0"));
   c.mutable_checkpoint()->set_seconds(1);
+  c.mutable_checkpoint()->set_blocked_seconds(0.5);
+  EXPECT_EQ(Message(ValidateCheckpointCommitted(c, stages)), "");
+  c.mutable_checkpoint()->set_blocked_seconds(-1);
+  EXPECT_THAT(Message(ValidateCheckpointCommitted(c, stages)),
+              StartsWith("checkpoint.checkpoint.blocked_seconds: -1 is not a finite number >= 0"));
+  c.mutable_checkpoint()->clear_blocked_seconds();
   c.mutable_checkpoint()->set_path(std::string(4097, 'p'));
   EXPECT_THAT(Message(ValidateCheckpointCommitted(c, stages)),
               StartsWith("checkpoint.checkpoint.path: 4097 bytes is longer than 4096"));

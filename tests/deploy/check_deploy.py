@@ -45,6 +45,9 @@ DASHBOARD_REQUIRED = {
     "ulysses_alltoall_seconds", "ulysses_alltoall_bytes_total", "ulysses_eval_accuracy",
     "ulysses_checkpoint_age_seconds", "ulysses_stage_eta_seconds", "ulysses_train_seq_len",
     "ulysses_train_group_size",
+    # Goodput (issue #26): per-job ratio, lost GPU-seconds by reason, productive.
+    "ulysses_job_goodput_ratio", "ulysses_lost_gpu_seconds_total",
+    "ulysses_productive_gpu_seconds_total",
 }
 
 # Recording + alerting rules in ulysses-rules.yml.

@@ -255,9 +255,31 @@ TEST_F(OpsE2ETest, ABackupTakenDuringAJobRestoresAfterAKill9AndTheJobContinues) 
   EXPECT_EQ(Step(job), 30);
 }
 
+// The goodput a finished job reports (docs/COORDINATOR.md "Goodput"): real ranks' steps and
+// checkpoint events (with the engine's blocked_seconds) through a real agent. Nothing failed,
+// was preempted or cancelled; the buckets add up to what was allocated.
+void ExpectCleanGoodput(const json& job) {
+  ASSERT_TRUE(job.contains("goodput")) << job.dump(2);
+  const json& g = job["goodput"];
+  const json& lost = g["lost_gpu_seconds"];
+  EXPECT_GT(g.value("productive_gpu_seconds", 0.0), 0) << g.dump();
+  EXPECT_GT(lost.value("checkpoint_stall", 0.0), 0) << "the saves' blocked_seconds: " << g.dump();
+  EXPECT_GT(lost.value("restart", 0.0), 0) << "launch to the first step: " << g.dump();
+  for (const char* cause : {"failure", "preemption", "cancelled"}) {
+    EXPECT_EQ(lost.value(cause, -1.0), 0) << cause << ": " << g.dump();
+  }
+  EXPECT_EQ(g.value("uncommitted_gpu_seconds", -1.0), 0) << g.dump();
+  double parts = g.value("productive_gpu_seconds", 0.0);
+  for (const auto& [cause, seconds] : lost.items()) parts += seconds.get<double>();
+  const double allocated = g.value("allocated_gpu_seconds", 0.0);
+  EXPECT_NEAR(parts, allocated, 1e-6) << g.dump();
+  EXPECT_NEAR(g.value("ratio", -1.0), g.value("productive_gpu_seconds", 0.0) / allocated, 1e-9);
+}
+
 // Durable logs (docs/OPERATIONS.md "Logs"): every job's lines (rank stdout/stderr, agent and
 // coordinator lines) are in <state_dir>/logs/<job>/log.jsonl and `ulyssesctl logs` shows the
-// same lines after a kill -9 and restart of the coordinator as before it.
+// same lines after a kill -9 and restart of the coordinator as before it. The jobs' goodput
+// (ExpectCleanGoodput) is the same after it too.
 TEST_F(OpsE2ETest, ACoordinatorRestartKeepsEveryJobsLogLines) {
   cluster_.StartCoordinator(4, 0);
   ASSERT_NE(cluster_.address(), "127.0.0.1:0") << cluster_.Logs();
@@ -268,6 +290,7 @@ TEST_F(OpsE2ETest, ACoordinatorRestartKeepsEveryJobsLogLines) {
   const std::vector<std::string> ids = {cluster_.Submit(spec, {}),
                                         cluster_.Submit(spec, {"spec.stages[0].sp_degree=1"})};
   std::vector<std::string> before;
+  std::vector<json> goodput;
   for (const std::string& id : ids) {
     ASSERT_FALSE(id.empty());
     json job = cluster_.WaitForJob(id, JobTerminal, seconds(300));
@@ -281,6 +304,8 @@ TEST_F(OpsE2ETest, ACoordinatorRestartKeepsEveryJobsLogLines) {
     EXPECT_GT(std::count(logs.out.begin(), logs.out.end(), '\n'), 5) << logs.out;
     EXPECT_NE(logs.out.find("SUCCEEDED"), std::string::npos) << logs.out;
     EXPECT_TRUE(std::ifstream(cluster_.state_dir() + "/logs/" + id + "/log.jsonl").good());
+    goodput.push_back(cluster_.Describe(id)["goodput"]);
+    ExpectCleanGoodput(cluster_.Describe(id));
   }
   cluster_.KillCoordinator();
   cluster_.StartCoordinator(4, 0);
@@ -289,6 +314,13 @@ TEST_F(OpsE2ETest, ACoordinatorRestartKeepsEveryJobsLogLines) {
     CommandResult logs = cluster_.Ctl({"logs", ids[i], "--tail", "-1"});
     ASSERT_EQ(logs.exit_code, 0) << logs.err;
     EXPECT_EQ(logs.out, before[i]) << "the log lines of " << ids[i] << " changed across a restart";
+    // The goodput record is durable too.
+    const json after = cluster_.Describe(ids[i])["goodput"];
+    for (const char* key : {"allocated_gpu_seconds", "productive_gpu_seconds", "ratio"}) {
+      EXPECT_NEAR(after.value(key, -1.0), goodput[i].value(key, -2.0), 1e-9) << key;
+    }
+    EXPECT_NEAR(after["lost_gpu_seconds"].value("checkpoint_stall", -1.0),
+                goodput[i]["lost_gpu_seconds"].value("checkpoint_stall", -2.0), 1e-9);
   }
 }
 

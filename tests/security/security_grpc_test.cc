@@ -7,6 +7,7 @@
 #include <sqlite3.h>
 
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 
@@ -537,6 +538,33 @@ TEST_F(RetentionGrpcTest, EndedJobsCountUntilTheirTtlDeletesThemAndIdsAreNotReus
   auto after = SubmitAs(TestTokens::kAlice, "after");
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(*after, "job-000003");  // Not job-000001 again (its directory is still there).
+}
+
+// A job's log files (<state_dir>/logs/<job>/, docs/OPERATIONS.md "Logs") go with its record
+// when ended_job_ttl_s deletes it; at a restart, directories of jobs the store does not hold
+// (a coordinator killed between the delete and the removal, a restored older backup) go too,
+// and those of stored jobs stay.
+TEST_F(RetentionGrpcTest, ALogDirectoryGoesWithItsExpiredJobAndStrayOnesAtARestart) {
+  auto ended = SubmitAs(TestTokens::kAlice, "ended");
+  auto live = SubmitAs(TestTokens::kAlice, "live");
+  ASSERT_TRUE(ended.ok() && live.ok());
+  const std::string logs = dir_.path() + "/logs/";
+  CancelAs(TestTokens::kAlice, *ended);
+  ASSERT_TRUE(std::filesystem::exists(logs + *ended + "/log.jsonl"));
+  ASSERT_TRUE(std::filesystem::exists(logs + *live + "/log.jsonl"));
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        server_->coordinator()->TickForTesting();
+        return GetCode(*ended) == grpc::StatusCode::NOT_FOUND;
+      },
+      std::chrono::seconds(60)));
+  EXPECT_FALSE(std::filesystem::exists(logs + *ended));
+  EXPECT_TRUE(std::filesystem::exists(logs + *live + "/log.jsonl"));
+  std::filesystem::create_directories(logs + "job-000099");
+  std::ofstream(logs + "job-000099/log.jsonl") << "{}\n";
+  RestartServer();
+  EXPECT_FALSE(std::filesystem::exists(logs + "job-000099"));
+  EXPECT_TRUE(std::filesystem::exists(logs + *live + "/log.jsonl"));
 }
 
 TEST_F(QuotaGrpcTest, ATenantsWaitingJobsAreCappedOthersAreNot) {

@@ -1,8 +1,8 @@
 // RecordingServer: a real in-process gRPC server on 127.0.0.1 whose JobService answers
 // ListWorkers (one worker, "w-recorded") and records what it saw of each caller: the
-// `authorization` metadata, the transport (insecure | ssl) and the client certificate's
-// common name. For client-side credential tests (channel, ulyssesctl); the coordinator's
-// own enforcement is tested against the real coordinator.
+// `authorization` and `ulysses-version` metadata, the transport (insecure | ssl) and the client
+// certificate's common name. For client-side credential tests (channel, ulyssesctl); the
+// coordinator's own enforcement is tested against the real coordinator.
 #ifndef ULYSSES_TESTS_TESTING_RECORDING_SERVER_H_
 #define ULYSSES_TESTS_TESTING_RECORDING_SERVER_H_
 
@@ -24,6 +24,7 @@ class RecordingServer final : public ulysses::v1::JobService::Service {
   struct Seen {
     int calls = 0;
     std::string authorization;  // Of the last call; "" when absent.
+    std::string version;        // The last call's `ulysses-version` metadata; "" when absent.
     std::string transport;      // "insecure" | "ssl".
     std::string client_cn;      // x509 common name of the client certificate; "" if none.
   };
@@ -67,6 +68,8 @@ class RecordingServer final : public ulysses::v1::JobService::Service {
     const auto& md = ctx->client_metadata();
     auto it = md.find("authorization");
     seen_.authorization = it == md.end() ? "" : std::string(it->second.data(), it->second.size());
+    it = md.find("ulysses-version");
+    seen_.version = it == md.end() ? "" : std::string(it->second.data(), it->second.size());
     auto auth = ctx->auth_context();
     seen_.transport.clear();
     seen_.client_cn.clear();

@@ -91,6 +91,7 @@ v1::Checkpoint ToProto(const contract::CheckpointEvent& e) {
   c.set_step(e.step);
   c.set_bytes(e.bytes);
   c.set_seconds(e.seconds);
+  if (e.blocked_seconds.has_value()) c.set_blocked_seconds(*e.blocked_seconds);
   return c;
 }
 v1::EvalResult ToProto(const contract::EvalEvent& e) {

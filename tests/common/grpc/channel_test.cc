@@ -87,6 +87,20 @@ TEST_F(ChannelTest, NoTokenSendsNoAuthorizationHeader) {
   ASSERT_TRUE(Call(Opts(Address())).ok());
   EXPECT_EQ(Seen().calls, 1);
   EXPECT_EQ(Seen().authorization, "");
+  EXPECT_EQ(Seen().version, "");
+}
+
+TEST_F(ChannelTest, TheVersionIsSentOnEveryCallAndABadOneIsRefused) {
+  StartServer(/*tls=*/false);
+  ChannelOptions options = Opts(Address());
+  options.version = "0.1.0";
+  ASSERT_TRUE(Call(options).ok());
+  EXPECT_EQ(Seen().version, "0.1.0");
+  EXPECT_EQ(Seen().authorization, "");  // A version alone adds no token.
+  options.version = "0.1 .0";
+  absl::Status bad = MakeChannel(options).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("version: \"0.1 .0\""), std::string::npos) << bad;
 }
 
 TEST_F(ChannelTest, TlsVerifiesTheServerAndSendsTheToken) {
