@@ -1,7 +1,5 @@
 #include "coordinator/config.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/net/host_port.h"
 #include "common/spec/job_spec.h"
 #include "coordinator/path_policy.h"
 #include "yaml-cpp/yaml.h"
@@ -33,25 +32,6 @@ struct SectionError : std::runtime_error {
 };
 
 }  // namespace
-
-absl::Status ParseHostPort(const std::string& field, const std::string& value, std::string* host,
-                           int* port) {
-  size_t colon = value.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": \"", value, "\" is not HOST:PORT (e.g. 0.0.0.0:50051)"));
-  }
-  std::string h = value.substr(0, colon);
-  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
-  int p = 0;
-  if (!absl::SimpleAtoi(value.substr(colon + 1), &p) || p < 0 || p > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": \"", value, "\" has no valid port (use 0..65535)"));
-  }
-  *host = h;
-  *port = p;
-  return absl::OkStatus();
-}
 
 absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c) {
   YAML::Node root;
@@ -158,14 +138,6 @@ absl::Status LoadConfigFile(const std::string& path, CoordinatorConfig* config) 
   return absl::OkStatus();
 }
 
-bool IsLoopbackHost(const std::string& host) {
-  if (host == "localhost") return true;
-  in_addr v4;
-  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6;
-  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
-}
-
 namespace {
 
 // A file setting must name a readable file.
@@ -181,11 +153,11 @@ void CheckReadable(const std::string& field, const std::string& path, std::vecto
 
 absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   std::vector<std::string> e;
-  std::string host;
-  int port = 0;
-  if (absl::Status s = ParseHostPort("listen", c->listen, &host, &port); !s.ok()) {
-    e.push_back(std::string(s.message()));
-  } else if (!c->tls() && !c->insecure && !IsLoopbackHost(host)) {
+  if (absl::StatusOr<net::HostPort> listen =
+          net::ParseHostPort("listen", c->listen, "0.0.0.0:50051");
+      !listen.ok()) {
+    e.push_back(std::string(listen.status().message()));
+  } else if (!c->tls() && !c->insecure && !net::IsLoopbackHost(listen->host)) {
     e.push_back(absl::StrCat("listen: \"", c->listen,
                              "\" is not a loopback address and TLS is off (set tls_cert and "
                              "tls_key, or pass --insecure to accept plaintext; tokens are sent "
@@ -204,9 +176,10 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   CheckReadable("tls_client_ca", c->tls_client_ca, &e);
   CheckReadable("token_file", c->token_file, &e);
   if (!c->metrics_listen.empty()) {
-    if (absl::Status s = ParseHostPort("metrics_listen", c->metrics_listen, &host, &port);
-        !s.ok()) {
-      e.push_back(std::string(s.message()));
+    if (absl::StatusOr<net::HostPort> at =
+            net::ParseHostPort("metrics_listen", c->metrics_listen, "0.0.0.0:9090");
+        !at.ok()) {
+      e.push_back(std::string(at.status().message()));
     }
   }
   if (c->state_dir.empty()) {

@@ -87,9 +87,6 @@ struct CoordinatorConfig {
   bool tls() const { return !tls_cert.empty(); }
 };
 
-// True for 127.0.0.0/8, ::1 and localhost.
-bool IsLoopbackHost(const std::string& host);
-
 // Reads a YAML mapping with the keys above into `config` (keys not present keep their
 // current value). Unknown keys are errors.
 absl::Status LoadConfigFile(const std::string& path, CoordinatorConfig* config);
@@ -98,10 +95,6 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* co
 // Checks every field and fills derived defaults (checkpoint_root, out_root,
 // reconnect_window_s). Collects all problems.
 absl::Status ValidateAndFinalize(CoordinatorConfig* config);
-
-// Splits "HOST:PORT" (IPv6 as "[::1]:50051"); port 0..65535.
-absl::Status ParseHostPort(const std::string& field, const std::string& value, std::string* host,
-                           int* port);
 
 }  // namespace ulysses::coordinator
 

@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "common/metrics/build_info.h"
 #include "common/metrics/catalog.h"
+#include "common/net/host_port.h"
 #include "common/status.h"
 #include "coordinator/auth/bootstrap.h"
 
@@ -75,9 +76,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
 // The address a local client dials: the listen host (a wildcard becomes loopback)
 // and the bound port.
 std::string LocalDialAddress(const CoordinatorConfig& config, int port) {
-  std::string host;
-  int unused = 0;
-  (void)ParseHostPort("listen", config.listen, &host, &unused);
+  absl::StatusOr<net::HostPort> listen = net::ParseHostPort("listen", config.listen, "");
+  std::string host = listen.ok() ? listen->host : "";
   if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
   if (host == "::") host = "::1";
   if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
@@ -129,7 +129,10 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 
   if (!config.metrics_listen.empty()) {
     metrics::MetricsServerConfig mc;
-    RETURN_IF_ERROR(ParseHostPort("metrics_listen", config.metrics_listen, &mc.host, &mc.port));
+    ASSIGN_OR_RETURN(net::HostPort metrics_at,
+                     net::ParseHostPort("metrics_listen", config.metrics_listen, "0.0.0.0:9090"));
+    mc.host = metrics_at.host;
+    mc.port = metrics_at.port;
     Coordinator* coordinator = s->coordinator_.get();
     // /readyz: the store accepts writes. /livez: the ticker turns (a read-only store does
     // not fail it: the coordinator recovers in place; deploy/k8s/base/coordinator.yaml).

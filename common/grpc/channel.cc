@@ -1,6 +1,5 @@
 #include "common/grpc/channel.h"
 
-#include <arpa/inet.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/client_interceptor.h>
@@ -17,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/net/host_port.h"
 
 namespace ulysses {
 namespace {
@@ -84,32 +84,6 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view f
   return text;
 }
 
-bool IsLoopbackHost(absl::string_view host) {
-  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
-  const std::string h(host);
-  in_addr v4;
-  if (inet_pton(AF_INET, h.c_str(), &v4) == 1) {
-    return (ntohl(v4.s_addr) >> 24) == 127;
-  }
-  in6_addr v6;
-  if (inet_pton(AF_INET6, h.c_str(), &v6) == 1) {
-    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
-    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
-  }
-  return false;
-}
-
-// "host:port", "[v6]:port", "v6" (no port) -> host.
-absl::string_view HostOf(absl::string_view address) {
-  if (absl::ConsumePrefix(&address, "[")) {
-    return address.substr(0, address.find(']'));
-  }
-  const size_t colon = address.rfind(':');
-  if (colon == absl::string_view::npos) return address;
-  if (address.find(':') != colon) return address;  // Bare IPv6, no port.
-  return address.substr(0, colon);
-}
-
 }  // namespace
 
 bool IsLoopbackTarget(absl::string_view server) {
@@ -119,7 +93,7 @@ bool IsLoopbackTarget(absl::string_view server) {
   if (absl::ConsumePrefix(&server, "ipv4:") || absl::ConsumePrefix(&server, "ipv6:")) {
     // A comma-separated address list: every address must be loopback.
     for (absl::string_view address : absl::StrSplit(server, ',')) {
-      if (!IsLoopbackHost(HostOf(address))) return false;
+      if (!net::IsLoopbackHost(net::HostOf(address))) return false;
     }
     return !server.empty();
   }
@@ -127,7 +101,7 @@ bool IsLoopbackTarget(absl::string_view server) {
     // dns:[//authority/]host[:port]
     if (absl::ConsumePrefix(&server, "//")) server = server.substr(server.find('/') + 1);
   }
-  return IsLoopbackHost(HostOf(server));
+  return net::IsLoopbackHost(net::HostOf(server));
 }
 
 absl::Status ValidateToken(absl::string_view token, absl::string_view field) {

@@ -24,6 +24,7 @@
 #include "common/logging.h"
 #include "common/metrics/build_info.h"
 #include "common/metrics/metrics_server.h"
+#include "common/net/host_port.h"
 #include "common/process/cpu_share.h"
 #include "common/spec/path_confine.h"
 #include "common/status.h"
@@ -182,12 +183,10 @@ absl::Status WorkerConfig::Validate() {
     errors.push_back("--advertise-host: empty (the address other ranks reach this worker on)");
   }
   if (!metrics_listen.empty()) {
-    const size_t colon = metrics_listen.rfind(':');
-    int port = -1;
-    if (colon == std::string::npos || colon == 0 ||
-        !absl::SimpleAtoi(metrics_listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
-      errors.push_back(absl::StrCat("--metrics-listen: \"", metrics_listen,
-                                    "\" is not HOST:PORT (e.g. 0.0.0.0:9091)"));
+    if (absl::StatusOr<net::HostPort> at =
+            net::ParseHostPort("--metrics-listen", metrics_listen, "0.0.0.0:9091");
+        !at.ok()) {
+      errors.push_back(std::string(at.status().message()));
     }
   }
   if (!(peak_flops >= 0) || !std::isfinite(peak_flops)) {
@@ -352,15 +351,11 @@ std::vector<v1::RunningWork> WorkerAgent::Impl::RunningRanksLocked() const {
 absl::Status WorkerAgent::Impl::StartMetrics() {
   if (config_.metrics_listen.empty()) return absl::OkStatus();
   ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Register(&registry_, config_.peak_flops));
-  const size_t colon = config_.metrics_listen.rfind(':');
+  ASSIGN_OR_RETURN(net::HostPort at,
+                   net::ParseHostPort("--metrics-listen", config_.metrics_listen, "0.0.0.0:9091"));
   metrics::MetricsServerConfig mc;
-  mc.host = config_.metrics_listen.substr(0, colon);
-  if (mc.host.size() >= 2 && mc.host.front() == '[')
-    mc.host = mc.host.substr(1, mc.host.size() - 2);
-  if (!absl::SimpleAtoi(config_.metrics_listen.substr(colon + 1), &mc.port)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics-listen: \"", config_.metrics_listen, "\" has no valid port"));
-  }
+  mc.host = at.host;
+  mc.port = at.port;
   metrics_server_ = std::make_unique<metrics::MetricsServer>(&registry_, mc);
   RETURN_IF_ERROR(metrics_server_->Start());
   ULOG(INFO) << "metrics on http://" << metrics_server_->address() << "/metrics";

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/net/host_port.h"
 #include "common/status.h"
 #include "worker/engine/parallel/gloo_communicator.h"
 #include "worker/engine/parallel/host_staging_communicator.h"
@@ -28,10 +29,6 @@ int ParseDevice(const std::string& device) {
     return index;
   }
   return -2;
-}
-
-bool IsLoopback(const std::string& addr) {
-  return addr == "localhost" || absl::StartsWith(addr, "127.") || addr == "::1";
 }
 
 }  // namespace
@@ -124,7 +121,7 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const CommConfig& config) {
 #endif
     ASSIGN_OR_RETURN(std::unique_ptr<Communicator> gloo,
                      internal::CreateGlooCommunicator(store, name, r, n, config.timeout,
-                                                      IsLoopback(config.master_addr)));
+                                                      net::IsLoopbackHost(config.master_addr)));
     // Gloo here reduces CPU tensors; ranks on a GPU stage theirs through host memory.
     if (ParseDevice(config.device) >= 0) return internal::WrapWithHostStaging(std::move(gloo));
     return gloo;

@@ -1,0 +1,62 @@
+#include "common/net/host_port.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include "absl/algorithm/container.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace ulysses::net {
+
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view field, absl::string_view value,
+                                       absl::string_view example) {
+  const size_t colon = value.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": \"", value, "\" is not HOST:PORT (e.g. ", example, ")"));
+  }
+  HostPort out;
+  absl::string_view host = value.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  } else if (host.find(':') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": \"", value, "\" is ambiguous (write an IPv6 host in brackets, e.g. [::1]:",
+        value.substr(colon + 1), ")"));
+  }
+  const absl::string_view port = value.substr(colon + 1);
+  if (port.empty() || !absl::c_all_of(port, absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(port, &out.port) || out.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": \"", value, "\" has no valid port (use 0..65535)"));
+  }
+  out.host = std::string(host);
+  return out;
+}
+
+bool IsLoopbackHost(absl::string_view host) {
+  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
+  const std::string h(host);
+  in_addr v4;
+  if (inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  if (inet_pton(AF_INET6, h.c_str(), &v6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+absl::string_view HostOf(absl::string_view address) {
+  if (absl::ConsumePrefix(&address, "[")) return address.substr(0, address.find(']'));
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos) return address;
+  if (address.find(':') != colon) return address;  // A bare IPv6 literal: no port.
+  return address.substr(0, colon);
+}
+
+}  // namespace ulysses::net
