@@ -4,23 +4,25 @@
 
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
 #include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
 #include <variant>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/metrics/build_info.h"
 #include "common/metrics/metrics_server.h"
@@ -58,9 +60,8 @@ class WorkerAgent::Impl {
 
   absl::Status Run();
   void RequestShutdown() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     shutdown_ = true;
-    cv_.notify_all();
   }
 
  private:
@@ -73,14 +74,24 @@ class WorkerAgent::Impl {
   void Handle(const v1::CoordinatorMessage& msg);
   void HandleAssignment(const v1::Assignment& assignment);
 
-  // All below require mu_ held.
-  void EnqueueLocked(v1::WorkerMessage msg);
-  void FlushLogsLocked();
-  void AddLogLocked(const v1::WorkRef& ref, v1::LogStream stream, std::string text);
-  void NoteLocked(const v1::WorkRef& ref, const std::string& text);
+  void EnqueueLocked(v1::WorkerMessage msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FlushLogsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddLogLocked(const v1::WorkRef& ref, v1::LogStream stream, std::string text)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteLocked(const v1::WorkRef& ref, const std::string& text)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `slot`: the slot the rank ran on (claimed until the report is acked).
   void ReportExitLocked(const v1::WorkRef& ref, int slot, int exit_code, int signal, bool preempted,
-                        bool aborted, const std::string& error);
+                        bool aborted, const std::string& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Await conditions (absl::Mutex re-evaluates them whenever mu_ is released).
+  // Shutdown drain: every report written and acked, no log line left.
+  bool DrainedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !session_broken_ && outbox_.empty() && inflight_.empty() && logs_.empty();
+  }
+  // The session writer has something to do before its next heartbeat.
+  bool WriterHasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return session_broken_ || !outbox_.empty();
+  }
 
   // Child callbacks (supervisor thread).
   void OnEvent(const v1::WorkRef& ref, const contract::RankEvent& event);
@@ -95,24 +106,25 @@ class WorkerAgent::Impl {
   std::unique_ptr<WorkerMetrics> metrics_;  // Null without --metrics-listen.
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool shutdown_ = false;  // Graceful shutdown requested.
-  bool stopping_ = false;  // Session loop must end.
-  std::string worker_id_;
-  milliseconds heartbeat_interval_{1000};
-  milliseconds liveness_timeout_{15000};  // No message from the coordinator this long: reconnect.
-  Clock::time_point last_received_;
-  std::deque<v1::WorkerMessage> outbox_;            // Not yet written (no seq).
-  std::map<uint64_t, v1::WorkerMessage> inflight_;  // Written, awaiting ack (this session).
+  absl::Mutex mu_;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;  // Graceful shutdown requested.
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // Session loop must end.
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  milliseconds heartbeat_interval_ ABSL_GUARDED_BY(mu_){1000};
+  // No message from the coordinator this long: reconnect.
+  milliseconds liveness_timeout_ ABSL_GUARDED_BY(mu_){15000};
+  Clock::time_point last_received_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::WorkerMessage> outbox_ ABSL_GUARDED_BY(mu_);  // Not yet written (no seq).
+  // Written, awaiting ack (this session).
+  std::map<uint64_t, v1::WorkerMessage> inflight_ ABSL_GUARDED_BY(mu_);
   struct PendingLog {
     v1::WorkRef ref;
     v1::LogLine line;
   };
-  std::deque<PendingLog> logs_;
-  uint64_t seq_ = 0;
-  bool session_broken_ = true;
-  grpc::ClientContext* session_ctx_ = nullptr;
+  std::deque<PendingLog> logs_ ABSL_GUARDED_BY(mu_);
+  uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool session_broken_ ABSL_GUARDED_BY(mu_) = true;
+  grpc::ClientContext* session_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
   // One per device (config_.devices): the rank it runs. A finished child is kept until the
   // slot's next assignment or shutdown (destroying it joins its supervisor thread).
   struct Slot {
@@ -121,17 +133,17 @@ class WorkerAgent::Impl {
     int64_t pid = 0;
     std::unique_ptr<ChildSupervisor> child;
   };
-  std::vector<Slot> slots_;
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
   // Exit reports not yet acked, with their slot: still claimed on re-registration, or the
   // coordinator would count those ranks as vanished.
-  std::vector<std::pair<v1::WorkRef, int>> unacked_exits_;
+  std::vector<std::pair<v1::WorkRef, int>> unacked_exits_ ABSL_GUARDED_BY(mu_);
 
-  bool AnyRunningLocked() const {
+  bool AnyRunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return std::any_of(slots_.begin(), slots_.end(),
                        [](const Slot& s) { return s.ref.has_value(); });
   }
   // Every rank it runs or whose exit is unacked, for Register and heartbeats.
-  std::vector<v1::RunningWork> RunningRanksLocked() const;
+  std::vector<v1::RunningWork> RunningRanksLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 std::vector<v1::RunningWork> WorkerAgent::Impl::RunningRanksLocked() const {
@@ -144,7 +156,8 @@ std::vector<v1::RunningWork> WorkerAgent::Impl::RunningRanksLocked() const {
     r.set_slot(static_cast<int>(i));
     out.push_back(std::move(r));
   }
-  for (const auto& [ref, slot] : unacked_exits_) {
+  for (const auto& [ref, exit_slot] : unacked_exits_) {
+    const int slot = exit_slot;  // A lambda cannot capture a structured binding in C++17.
     const bool running = std::any_of(out.begin(), out.end(),
                                      [&](const v1::RunningWork& r) { return r.slot() == slot; });
     if (running) continue;  // The slot runs a newer rank already.
@@ -186,13 +199,13 @@ absl::Status WorkerAgent::Impl::Run() {
                                              : "mutual TLS")
              << (config_.token.empty() ? ", no token" : ", token") << ")";
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (const std::string& device : config_.devices) slots_.push_back(Slot{device});
   }
   std::thread session_thread([this] { SessionLoop(); });
 
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return shutdown_; });
+  mu_.Lock();
+  mu_.Await(absl::Condition(&shutdown_));
   std::vector<ChildSupervisor*> stopping;
   for (Slot& slot : slots_) {
     if (!slot.ref) continue;
@@ -208,24 +221,24 @@ absl::Status WorkerAgent::Impl::Run() {
     stopping.push_back(slot.child.get());
   }
   if (!stopping.empty()) {
-    lock.unlock();
+    mu_.Unlock();
     // Bounded: the SIGKILL tier fires after the grace. The children stay owned by their
     // slots (assignments that arrive now are refused: shutdown_ is set).
     for (ChildSupervisor* child : stopping) child->Wait();
-    lock.lock();
+    mu_.Lock();
   }
   // Deliver the exit report (and the last logs) before leaving.
   FlushLogsLocked();
-  const bool drained = cv_.wait_for(lock, config_.report_drain, [&] {
-    return !session_broken_ && outbox_.empty() && inflight_.empty() && logs_.empty();
-  });
+  const bool drained = mu_.AwaitWithTimeout(absl::Condition(this, &Impl::DrainedLocked),
+                                            absl::FromChrono(config_.report_drain));
   if (!drained) ULOG(WARNING) << "shutting down with unacknowledged reports";
   stopping_ = true;
   if (session_ctx_ != nullptr) session_ctx_->TryCancel();
-  cv_.notify_all();
-  lock.unlock();
+  std::vector<Slot> slots;
+  slots.swap(slots_);
+  mu_.Unlock();
   session_thread.join();
-  slots_.clear();
+  slots.clear();  // Joins the supervisor threads (their callbacks lock mu_).
   if (metrics_server_) metrics_server_->Stop();
   ULOG(INFO) << "ulysses-worker " << config_.name << " stopped";
   return absl::OkStatus();
@@ -236,13 +249,13 @@ void WorkerAgent::Impl::SessionLoop() {
   std::mt19937 rng(std::random_device{}());
   while (true) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (stopping_) return;
     }
     const auto started = Clock::now();
     absl::Status status = Register();
     if (status.ok()) status = RunSession();
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return;
     if (Clock::now() - started > std::chrono::seconds(10)) backoff = config_.reconnect_min;
     const milliseconds wait(
@@ -250,7 +263,7 @@ void WorkerAgent::Impl::SessionLoop() {
     ULOG(WARNING) << "coordinator session ended (" << status << "); reconnecting in "
                   << wait.count() << " ms"
                   << (AnyRunningLocked() ? " (the ranks keep running)" : "");
-    cv_.wait_for(lock, wait, [&] { return stopping_; });
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::FromChrono(wait));
     backoff = std::min(backoff * 2, config_.reconnect_max);
   }
 }
@@ -266,7 +279,7 @@ absl::Status WorkerAgent::Impl::Register() {
   request.set_agent_version(metrics::BuildVersion());  // Checked by the coordinator.
   std::vector<v1::RunningWork> reported;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     // Ranks that ended while disconnected are still claimed until their exit reports are
     // acked, or the coordinator would count them as vanished.
     reported = RunningRanksLocked();
@@ -281,7 +294,7 @@ absl::Status WorkerAgent::Impl::Register() {
     return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                         absl::StrCat("Register: ", status.error_message()));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   worker_id_ = response.worker_id();
   if (response.heartbeat_interval_ms() > 0) {
     heartbeat_interval_ = milliseconds(response.heartbeat_interval_ms());
@@ -311,7 +324,7 @@ absl::Status WorkerAgent::Impl::RunSession() {
   std::unique_ptr<Stream> stream = stub_->Session(&ctx);
   v1::WorkerMessage hello;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     seq_ = 1;
     hello.set_seq(seq_);
     hello.mutable_hello()->set_worker_id(worker_id_);
@@ -326,21 +339,20 @@ absl::Status WorkerAgent::Impl::RunSession() {
     v1::CoordinatorMessage msg;
     while (stream->Read(&msg)) {
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         last_received_ = Clock::now();
       }
       Handle(msg);
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     session_broken_ = true;
-    cv_.notify_all();
   }
   if (writer.joinable()) writer.join();
   ctx.TryCancel();  // Finish() must not wait for a server that stopped answering.
   const grpc::Status status = stream->Finish();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   session_ctx_ = nullptr;
   // Unacknowledged reports go out again on the next session, in their original order.
   for (auto it = inflight_.rbegin(); it != inflight_.rend(); ++it) outbox_.push_front(it->second);
@@ -354,16 +366,16 @@ void WorkerAgent::Impl::WriterLoop(Stream* stream, grpc::ClientContext* ctx) {
   while (true) {
     std::vector<v1::WorkerMessage> batch;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       const auto wake = std::min(next_heartbeat, Clock::now() + kLogFlushInterval);
-      cv_.wait_until(lock, wake, [&] { return session_broken_ || !outbox_.empty(); });
+      mu_.AwaitWithTimeout(absl::Condition(this, &Impl::WriterHasWorkLocked),
+                           absl::FromChrono(wake - Clock::now()));
       if (session_broken_) return;
       if (Clock::now() - last_received_ > liveness_timeout_) {
         ULOG(WARNING) << "no message from the coordinator for " << liveness_timeout_.count()
                       << " ms: reconnecting";
         ctx->TryCancel();
         session_broken_ = true;
-        cv_.notify_all();
         return;
       }
       FlushLogsLocked();
@@ -391,14 +403,12 @@ void WorkerAgent::Impl::WriterLoop(Stream* stream, grpc::ClientContext* ctx) {
         if (NeedsAck(msg)) inflight_[msg.seq()] = msg;
         batch.push_back(std::move(msg));
       }
-      cv_.notify_all();  // The shutdown drain watches the outbox.
     }
     for (const auto& msg : batch) {
       if (!stream->Write(msg)) {
         ctx->TryCancel();  // Wakes the reader; the session is re-established.
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         session_broken_ = true;
-        cv_.notify_all();
         return;
       }
     }
@@ -412,7 +422,7 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
       return;
     case v1::CoordinatorMessage::kAbort: {
       const v1::Abort& abort = msg.abort();
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       // preempt: the coordinator makes room for a higher-priority job. SIGTERM, the rank
       // checkpoints and exits 75 (reported as preempted); this worker keeps taking work.
       const bool preempt = abort.preempt();
@@ -435,7 +445,7 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
       return;
     }
     case v1::CoordinatorMessage::kAck: {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (msg.ack().result() != v1::ACK_CODE_OK) {
         ULOG(WARNING) << "coordinator rejected report " << msg.ack().seq() << ": "
                       << v1::AckCode_Name(msg.ack().result()) << " " << msg.ack().message();
@@ -453,7 +463,6 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
         }
         inflight_.erase(it);
       }
-      cv_.notify_all();
       return;
     }
     case v1::CoordinatorMessage::kStop:
@@ -467,7 +476,7 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
 
 void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   const v1::WorkRef& ref = a.ref();
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (shutdown_) {
     ReportExitLocked(ref, a.slot(), contract::kExitPreempted, 0, /*preempted=*/true,
                      /*aborted=*/false, "worker is shutting down");
@@ -497,9 +506,9 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
       NoteLocked(*slot.ref, "replaced by a newer assignment: aborting");
       old->Stop(contract::StopRequest::kAbort, kReconnectAbortGrace);
     }
-    lock.unlock();
+    mu_.Unlock();
     old.reset();  // Joins the supervisor thread (its exit report is queued).
-    lock.lock();
+    mu_.Lock();
   }
   if (absl::Status paths =
           CheckAssignmentPaths(a, WorkerRoots{config_.checkpoint_root, config_.data_roots});
@@ -553,7 +562,7 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   };
   callbacks.on_log = [this, ref](const std::string& stream, const std::string& line) {
     ULOG(DEBUG) << "[" << ref.job_id() << " r" << ref.rank() << " " << stream << "] " << line;
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     AddLogLocked(ref, stream == "stderr" ? v1::LOG_STREAM_STDERR : v1::LOG_STREAM_STDOUT, line);
   };
   callbacks.on_exit = [this, ref, slot_index](const ChildResult& result) {
@@ -584,7 +593,7 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
 void WorkerAgent::Impl::OnEvent(const v1::WorkRef& ref, const contract::RankEvent& event) {
   const auto* step = std::get_if<contract::StepEvent>(&event);
   if (step != nullptr && metrics_ != nullptr) metrics_->OnStep(Labels(ref), *step);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (const auto* done = std::get_if<contract::DoneEvent>(&event)) {
     NoteLocked(ref, absl::StrCat("rank ", ref.rank(), " finished stage ", done->stage));
     return;
@@ -609,7 +618,7 @@ void WorkerAgent::Impl::OnBadEvent(const v1::WorkRef& ref, const std::string& li
                                    const absl::Status& error) {
   ULOG(WARNING) << RefString(ref) << ": ignoring a malformed event line: " << error.message()
                 << ": " << line;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   NoteLocked(ref, absl::StrCat("rank ", ref.rank(),
                                " printed a malformed event line (not reported, "
                                "kept as a log line): ",
@@ -630,7 +639,7 @@ void WorkerAgent::Impl::OnExit(const v1::WorkRef& ref, int slot_index, const Chi
              << contract::RankOutcomeName(result.outcome)
              << (result.sigkilled_by_agent ? " (SIGKILL after the grace period)" : "")
              << (error.empty() ? "" : ": ") << error;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   NoteLocked(ref,
              absl::StrCat("ulysses-train ", result.description, " (",
                           contract::RankOutcomeName(result.outcome), ")",
@@ -638,12 +647,12 @@ void WorkerAgent::Impl::OnExit(const v1::WorkRef& ref, int slot_index, const Chi
   ReportExitLocked(ref, slot_index, exit.exit_code, exit.signal,
                    result.stop_cause == contract::StopRequest::kPreempt,
                    result.stop_cause == contract::StopRequest::kAbort, error);
+  if (slot_index < 0 || slot_index >= static_cast<int>(slots_.size())) return;  // Shut down.
   Slot& slot = slots_[slot_index];
   if (slot.ref && SameWork(*slot.ref, ref) && slot.ref->rank() == ref.rank()) {
     slot.ref.reset();
     slot.pid = 0;
   }
-  cv_.notify_all();
 }
 
 void WorkerAgent::Impl::ReportExitLocked(const v1::WorkRef& ref, int slot, int exit_code,
@@ -672,7 +681,6 @@ void WorkerAgent::Impl::EnqueueLocked(v1::WorkerMessage msg) {
       }
     }
   }
-  cv_.notify_all();
 }
 
 void WorkerAgent::Impl::AddLogLocked(const v1::WorkRef& ref, v1::LogStream stream,
