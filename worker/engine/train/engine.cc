@@ -248,6 +248,10 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
     // (this rank's share) instead of holding it for the rest of the run.
     std::vector<NamedTensor>().swap(plan.state->tensors);
   }
+  // The start-up peak (ulyssesctl plan's init/import/resume columns; bench/state_memory.sh).
+  ULOG(INFO) << "rank " << o.rank << " state ready ("
+             << (plan.state ? "resume" : (import_hf ? "import" : "init")) << "): peak RSS "
+             << PeakRssBytes() << " bytes";
 
   Trainer trainer(rs.model, rs.attention, rs.rt.groups.world.get(), &adam, spec.optimizer.grad_clip,
                   rs.rt.device, zero.get());
