@@ -114,6 +114,7 @@ nlohmann::ordered_json StageJson(size_t i, const StagePlan& p) {
           {"host_peak_bytes_per_rank", static_cast<int64_t>(p.host_peak_bytes())},
           {"host_peak_phase", p.host_peak_phase()},
           {"host_limit_bytes_per_rank", static_cast<int64_t>(p.host_limit_bytes)},
+          {"export_bytes", static_cast<int64_t>(p.export_bytes)},
           {"nodes", p.nodes},
           {"fits", p.fits},
           {"flops_per_rank_per_step", p.flops_per_rank},

@@ -318,6 +318,7 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s, const DeviceSpec* device)
       auto host_side = [&](double host_part) { return host_is_device ? 0.0 : host_part; };
       p.resume_bytes = device_side(start.resume_device, start.resume_host);
       p.resume_host_bytes = host_side(start.resume_host);
+      p.export_bytes = start.export_host + (host_is_device ? p.runtime_bytes : 0);
       if (i == 0) {
         p.init_is_import = !m.init_from.empty();
         p.init_bytes = p.init_is_import ? device_side(start.import_device, start.import_host)

@@ -93,6 +93,8 @@ struct StagePlan {
   // Host memory per rank during the steady state: host_bytes plus what a save holds there (the
   // asynchronous snapshot, or a synchronous save's copies of the device state).
   double steady_host_bytes = 0;
+  // `ulysses-train export` of this stage's checkpoint: one host process (+ the baseline on cpu).
+  double export_bytes = 0;
   int64_t nodes = 1;  // ceil(world / devices_per_node)
   double model_state_bytes() const {
     return parameter_bytes + gradient_bytes + optimizer_bytes + gathered_bytes;

@@ -94,6 +94,7 @@ StartupBytes StartupPerRank(const ModelStateInputs& in) {
   const double share = z >= 3 ? p * (b + o) / w : (z >= 1 ? p * b + p * o / w : p * (b + o));
   out.resume_device = full_model + chunk_device + (offload ? 0 : optimizer);
   out.resume_host = share + kCheckpointStreamBlockBytes + chunk_host + (offload ? optimizer : 0);
+  out.export_host = 2 * b * largest;
   return out;
 }
 

@@ -88,6 +88,9 @@ struct StartupBytes {
   double init_device = 0, init_host = 0;
   double import_device = 0, import_host = 0;
   double resume_device = 0, resume_host = 0;
+  // `ulysses-train export` (one host process, worker/engine/train/export.cc): one whole tensor
+  // read from its pieces in the stored dtype and its converted copy being written: 2*b*L.
+  double export_host = 0;
 };
 // The bounded block a straddling checkpoint piece is streamed through (checkpoint_load.cc).
 inline constexpr double kCheckpointStreamBlockBytes = 4.0 * 1024 * 1024;

@@ -214,11 +214,8 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   // frees the parameters' shapes).
   ShareRequest import_share;
   if (import_hf && sharded_init) {
-    for (auto& [name, share] : ResumeShare(rs.model, zero_stage, rs.rt.groups.world->rank(),
-                                           rs.rt.groups.world->size())) {
-      if (name.rfind(kModelPrefix, 0) == 0)
-        import_share[name.substr(sizeof(kModelPrefix) - 1)] = share;
-    }
+    import_share =
+        ImportShare(rs.model, rs.rt.groups.world->rank(), rs.rt.groups.world->size());
   }
   // ZeRO (zero.h): shard the now-loaded weights over every rank of the stage.
   std::unique_ptr<ZeroSharding> zero;
