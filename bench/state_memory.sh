@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Peak RSS per rank while a rank builds its state, against `ulyssesctl plan --device-type cpu`
-# (issue 24): a 75.5M-parameter fp32 Llama (vocab 16384, hidden 768, intermediate 2048, 8 layers,
-# 12 q / 4 kv heads, untied), ZeRO-3 with activation checkpointing, at W = 1, 2, 4 ranks
+# (issue 24): an 81.8M-parameter fp32 Llama (vocab 4096, hidden 768, intermediate 2048, 12 layers,
+# 12 q / 4 kv heads, untied: the decoder layers hold 92 % of it), ZeRO-3 with activation checkpointing, at W = 1, 2, 4 ranks
 # (sp 1; sp 2; sp 2 x dp 2), CPU, seq_len 64, one step per stage:
 #   init    stage 0 from the seed (ZeroOptions::sharded_init)
 #   resume  stage 1 in new rank processes, from stage 0's final checkpoint
@@ -33,10 +33,10 @@ kind: TrainJob
 metadata: {name: $2}
 spec:
   model:
-    vocab_size: 16384
+    vocab_size: 4096
     hidden_size: 768
     intermediate_size: 2048
-    num_hidden_layers: 8
+    num_hidden_layers: 12
     num_attention_heads: 12
     num_key_value_heads: 4
     dtype: float32
