@@ -2,7 +2,7 @@
 # Peak RSS per rank while a rank builds its state, against `ulyssesctl plan --device-type cpu`
 # (issue 24): an 81.8M-parameter fp32 Llama (vocab 4096, hidden 768, intermediate 2048, 12 layers,
 # 12 q / 4 kv heads, untied: the decoder layers hold 92 % of it), ZeRO-3 with activation checkpointing, at W = 1, 2, 4 ranks
-# (sp 1; sp 2; sp 2 x dp 2), CPU, seq_len 64, one step per stage:
+# (sp 1; sp 2; sp 2 x dp 2), CPU, seq_len 64 then 128, one step per stage:
 #   init    stage 0 from the seed (ZeroOptions::sharded_init)
 #   resume  stage 1 in new rank processes, from stage 0's final checkpoint
 #   import  stage 0 of a second job with model.init_from = the HF export of that checkpoint
@@ -45,7 +45,7 @@ ${5:+    init_from: $5}
   parallelism: {sp_degree: $3, dp_degree: $4, zero_stage: 3}
   memory: {activation_checkpointing: true, tiled_loss: true, loss_tile_tokens: 64}
   eval: {every_steps: 0, max_sequences: 1}
-  stages: [{seq_len: 64, steps: 1}, {seq_len: 64, steps: 1}]
+  stages: [{seq_len: 64, steps: 1}, {seq_len: 128, steps: 1}]
   checkpoint: {every_steps: 0, keep_last: 2, async: false}
 YAML
 }
@@ -68,7 +68,7 @@ subprocess.run([sys.argv[1], "export", "--checkpoint", sys.argv[2], "--hf-out", 
 print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
 PY
   job "$D/import.yaml" "state-import-w$W" "$SP" "$DP" "$D/hf"
-  sed -i 's/stages: \[{seq_len: 64, steps: 1}, {seq_len: 64, steps: 1}\]/stages: [{seq_len: 64, steps: 1}]/' "$D/import.yaml"
+  sed -i 's/stages: \[{seq_len: 64, steps: 1}, {seq_len: 128, steps: 1}\]/stages: [{seq_len: 64, steps: 1}]/' "$D/import.yaml"
   "$CTL" plan -f "$D/import.yaml" --device-type cpu -o json > "$D/import_plan.json"
   "$TRAIN" train -f "$D/import.yaml" --out "$D/import_out" > "$D/import_events" 2> "$D/import_log"
   /usr/bin/python3 - "$W" "$D" "$RESULTS" \

@@ -1,5 +1,9 @@
 #include "worker/engine/train/zero.h"
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -92,6 +96,12 @@ absl::StatusOr<std::unique_ptr<ZeroSharding>> ZeroSharding::Create(model::LlamaF
                     model::InitialParameter(name, p.sizes(), *options.init_seed).to(options.dtype))
               : torch::zeros({e.chunk}, torch::TensorOptions(options.dtype).device(device));
       p.set_data(torch::empty({0}, torch::TensorOptions(options.dtype).device(device)));
+#ifdef __GLIBC__
+      // The whole parameter and its padded copy are freed here; glibc would keep their heap
+      // pages (below the chunks kept so far) resident, up to the model's size at W = 1
+      // (bench/state_memory.sh). Give them back: the peak stays chunks + one parameter.
+      malloc_trim(0);  // host memory on every device: InitialParameter makes it there
+#endif
     } else {
       e.shard = z->Slice(e, p);
     }

@@ -556,7 +556,7 @@ TEST(ZeroTest, ResumeReadsOnlyEachRanksShareInEveryLayout) {
 // exactly the bytes of its own chunks (plus headers), the ranks together every weight byte once,
 // and the pieces are the model's elements.
 TEST(ZeroTest, Zero3ImportReadsOnlyEachRanksShareOfTheHfFiles) {
-  TempDir dir;
+  ::ulysses::testing::TempDir dir;
   auto m = BuildModel(::ulysses::testing::TinyLlama(), {}, 7, torch::kCPU, torch::kFloat);
   ASSERT_TRUE(m.ok()) << m.status();
   std::map<std::string, torch::Tensor> params;
