@@ -173,9 +173,23 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
   memory.Print(out);
   out << "\npeaks per rank (init/import: stage 0 from nothing; resume: from a checkpoint):\n";
   PeaksTable(plans).Print(out);
+  // The job takes the most nodes any stage takes; the stage that cannot do with fewer says why.
+  int64_t most = 0;
+  std::string why;
   for (size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].nodes <= 1) continue;
-    out << "stage " << i << " needs " << ExplainNodes(job, i, device).text << "\n";
+    const NodeReason reason = ExplainNodes(job, i, device);
+    out << "stage " << i << " needs " << reason.text << "\n";
+    if (plans[i].nodes > most || (plans[i].nodes == most && why.empty() && !reason.fewer_fits)) {
+      most = plans[i].nodes;
+      why = reason.fewer_fits ? "" : absl::StrCat("stage ", i, " does not fit on fewer");
+    }
+  }
+  if (most > 1) {
+    out << "job: " << most << " nodes of " << device.devices_per_node << " " << device.type
+        << (why.empty() ? " (as the layout asks; every stage would fit on fewer)"
+                        : absl::StrCat(" (", why, ")"))
+        << "\n";
   }
   for (size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].fits) continue;

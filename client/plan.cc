@@ -527,6 +527,7 @@ NodeReason ExplainNodes(const spec::JobSpec& s, size_t stage, const DeviceSpec& 
   trial.stages[stage].sp_degree = sp;
   trial.stages[stage].dp_degree = dp;
   const StagePlan q = PlanJob(trial, &device)[stage];
+  r.fewer_fits = q.fits;
   const bool device_short = q.peak_bytes() > q.device_bytes;
   r.text = absl::StrCat(
       have, ": on ", p.nodes - 1, p.nodes - 1 == 1 ? " node" : " nodes", " (sp ", sp, " x dp ", dp,

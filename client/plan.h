@@ -127,6 +127,7 @@ struct StagePlan {
 struct NodeReason {
   int64_t nodes = 1;
   std::string text;  // one line, e.g. "2 nodes of 8 h100 (world 16 = sp 8 x dp 2): on 1 node ..."
+  bool fewer_fits = false;  // the stage would also fit on one node fewer
 };
 NodeReason ExplainNodes(const spec::JobSpec& spec, size_t stage, const DeviceSpec& device);
 

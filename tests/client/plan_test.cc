@@ -382,8 +382,9 @@ TEST(PlanTest, StartupPeaksMatchHandCountsForASmallShape) {
 // each, a job where it is the largest, a limit between it and the others fails the stage and a
 // limit above it passes. Dropping any one of them from the max would let the first case pass.
 TEST(PlanTest, EachPeakDecidesTheVerdictWhenItIsTheLargest) {
-  // Device side, resume: Llama-3.1-8B, ZeRO-3 fp32 over 4 ranks on cpu at a short sequence holds the loaded share (12 B per
-  // owned parameter) next to the chunks and moments (16 B) while restoring.
+  // Device side, resume: Llama-3.1-8B, ZeRO-3 fp32 over 4 ranks on cpu at a short sequence holds
+  // the loaded share (12 B per owned parameter) next to the chunks and moments (16 B) while
+  // restoring.
   {
     spec::JobSpec s = Job("llama3-8b", 1024, 4);
     s.parallelism.zero_stage = 3;
@@ -401,11 +402,12 @@ TEST(PlanTest, EachPeakDecidesTheVerdictWhenItIsTheLargest) {
     EXPECT_FALSE(PlanJob(s, &tight)[0].fits);
     tight.memory_bytes = p.resume_bytes * 1.01;
     EXPECT_TRUE(PlanJob(s, &tight)[0].fits);
-    EXPECT_THAT(CheckFits(s, [&] {
-                  DeviceSpec d = tight;
-                  d.memory_bytes = between;
-                  return d;
-                }())
+    EXPECT_THAT(CheckFits(s,
+                          [&] {
+                            DeviceSpec d = tight;
+                            d.memory_bytes = between;
+                            return d;
+                          }())
                     .message(),
                 HasSubstr("per rank at resume"));
   }
@@ -491,6 +493,8 @@ TEST(PlanTest, SeventyBillionAt256kNeedsTwoH100Nodes) {
   EXPECT_THAT(why.text, HasSubstr("2 nodes of 8 h100 (world 16 = sp 8 x dp 2): on 1 node "
                                   "(sp 8 x dp 1) a rank would need "));
   EXPECT_THAT(why.text, HasSubstr(": it does not fit"));
+  EXPECT_FALSE(why.fewer_fits);
+  EXPECT_TRUE(ExplainNodes(*job, 0, h100).fewer_fits);  // 32K alone would fit one node
   spec::JobSpec one_node = *job;
   one_node.parallelism.dp_degree = 1;
   EXPECT_FALSE(PlanJob(one_node, &h100)[2].fits);

@@ -214,8 +214,7 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   // frees the parameters' shapes).
   ShareRequest import_share;
   if (import_hf && sharded_init) {
-    import_share =
-        ImportShare(rs.model, rs.rt.groups.world->rank(), rs.rt.groups.world->size());
+    import_share = ImportShare(rs.model, rs.rt.groups.world->rank(), rs.rt.groups.world->size());
   }
   // ZeRO (zero.h): shard the now-loaded weights over every rank of the stage.
   std::unique_ptr<ZeroSharding> zero;
