@@ -54,7 +54,27 @@ void AddMemoryRow(Table& table, const std::string& name, const StagePlan& p) {
 
 Table MemoryHeader() {
   return Table({"stage", "params", "grads", "optimizer", "gathered", "act_saved", "act_peak",
-                "runtime", "total", "device", "host", "verdict"});
+                "runtime", "steady", "device", "host", "verdict"});
+}
+
+// Per stage: the start-up peaks next to the steady state, on the device and in host memory, the
+// largest of them (what FITS is decided on) and the nodes the stage's world takes.
+Table PeaksTable(const std::vector<StagePlan>& plans) {
+  Table table({"stage", "init", "resume", "steady", "peak", "device", "host_init", "host_resume",
+               "host_steady", "host_peak", "host_limit", "nodes", "verdict"});
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const StagePlan& p = plans[i];
+    const std::string init =
+        i == 0 ? absl::StrCat(Bytes(p.init_bytes), p.init_is_import ? " (import)" : "") : "-";
+    table.AddRow({absl::StrCat(i), init, Bytes(p.resume_bytes), Bytes(p.total_bytes()),
+                  absl::StrCat(Bytes(p.peak_bytes()), " (", p.peak_phase(), ")"),
+                  Bytes(p.device_bytes), i == 0 ? Bytes(p.init_host_bytes) : "-",
+                  Bytes(p.resume_host_bytes), Bytes(p.steady_host_bytes),
+                  absl::StrCat(Bytes(p.host_peak_bytes()), " (", p.host_peak_phase(), ")"),
+                  p.host_limit_bytes > 0 ? Bytes(p.host_limit_bytes) : "-", absl::StrCat(p.nodes),
+                  p.fits ? "FITS" : "DOES NOT FIT"});
+  }
+  return table;
 }
 
 nlohmann::ordered_json StageJson(size_t i, const StagePlan& p) {
@@ -83,6 +103,19 @@ nlohmann::ordered_json StageJson(size_t i, const StagePlan& p) {
           {"snapshot_host_bytes_per_rank", static_cast<int64_t>(p.snapshot_host_bytes)},
           {"checkpoint_async", p.checkpoint_async},
           {"checkpoint_mode_reason", p.checkpoint_reason},
+          {"init_bytes_per_rank", static_cast<int64_t>(p.init_bytes)},
+          {"init_is_import", p.init_is_import},
+          {"resume_bytes_per_rank", static_cast<int64_t>(p.resume_bytes)},
+          {"peak_bytes_per_rank", static_cast<int64_t>(p.peak_bytes())},
+          {"peak_phase", p.peak_phase()},
+          {"init_host_bytes_per_rank", static_cast<int64_t>(p.init_host_bytes)},
+          {"resume_host_bytes_per_rank", static_cast<int64_t>(p.resume_host_bytes)},
+          {"steady_host_bytes_per_rank", static_cast<int64_t>(p.steady_host_bytes)},
+          {"host_peak_bytes_per_rank", static_cast<int64_t>(p.host_peak_bytes())},
+          {"host_peak_phase", p.host_peak_phase()},
+          {"host_limit_bytes_per_rank", static_cast<int64_t>(p.host_limit_bytes)},
+          {"export_bytes", static_cast<int64_t>(p.export_bytes)},
+          {"nodes", p.nodes},
           {"fits", p.fits},
           {"flops_per_rank_per_step", p.flops_per_rank},
           {"compute_seconds_per_step", p.compute_seconds},
@@ -98,6 +131,7 @@ nlohmann::ordered_json PlanJson(const spec::JobSpec& job, const std::vector<Stag
     nlohmann::ordered_json row = StageJson(i, plans[i]);
     row["device_type"] = device.type;
     row["mfu_assumed"] = device.mfu;
+    if (plans[i].nodes > 1) row["nodes_reason"] = ExplainNodes(job, i, device).text;
     if (!plans[i].fits) {
       const FitFix fix = FindFix(job, i, device);
       row["fix"] = fix.found ? nlohmann::ordered_json(fix.changes) : nlohmann::ordered_json();
@@ -137,6 +171,26 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
   Table memory = MemoryHeader();
   for (size_t i = 0; i < plans.size(); ++i) AddMemoryRow(memory, absl::StrCat(i), plans[i]);
   memory.Print(out);
+  out << "\npeaks per rank (init/import: stage 0 from nothing; resume: from a checkpoint):\n";
+  PeaksTable(plans).Print(out);
+  // The job takes the most nodes any stage takes; the stage that cannot do with fewer says why.
+  int64_t most = 0;
+  std::string why;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (plans[i].nodes <= 1) continue;
+    const NodeReason reason = ExplainNodes(job, i, device);
+    out << "stage " << i << " needs " << reason.text << "\n";
+    if (plans[i].nodes > most || (plans[i].nodes == most && why.empty() && !reason.fewer_fits)) {
+      most = plans[i].nodes;
+      why = reason.fewer_fits ? "" : absl::StrCat("stage ", i, " does not fit on fewer");
+    }
+  }
+  if (most > 1) {
+    out << "job: " << most << " nodes of " << device.devices_per_node << " " << device.type
+        << (why.empty() ? " (as the layout asks; every stage would fit on fewer)"
+                        : absl::StrCat(" (", why, ")"))
+        << "\n";
+  }
   for (size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].fits) continue;
     const FitFix fix = FindFix(job, i, device);
@@ -163,7 +217,11 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
          "step_time = model FLOPs (6*params*tokens + attention, recompute included) / (peak * "
          "MFU) + all-to-all bytes / bandwidth;\n"
          "act_saved = held from forward to backward, act_peak = one layer's backward or the "
-         "loss; host = offloaded; formulas in docs/JOBSPEC.md, Plan\n";
+         "loss; host = offloaded; formulas in docs/JOBSPEC.md, Plan;\n"
+         "init/resume = a rank's peak while it makes, imports or loads its state (before the "
+         "first step); peak = the largest of init, resume and steady, the one checked;\n"
+         "host_* = host memory per rank (steady: offloaded state + a checkpoint save's "
+         "snapshot or copies); host_limit = a node's host memory per GPU\n";
 }
 
 void RunPlan(CliContext& ctx, const PlanOptions& opts) {

@@ -174,6 +174,7 @@ absl::StatusOr<DeviceSpec> ResolveDevice(const std::string& type, const std::str
     // H100 SXM 80 GB and H200 141 GB share the Hopper peaks (dense, no sparsity).
     d.memory_bytes = type == "h100" ? 80 * kGiB : 141e9;
     d.host_memory_per_rank_bytes = 2048 * kGiB / 8;  // DGX/HGX H100 and H200: 2 TiB, 8 GPUs
+    d.devices_per_node = 8;
     d.peak_flops_bf16 = 989e12;
     d.peak_flops_fp32 = 494.5e12;  // TF32
     d.peak_flops_fp64 = 67e12;
@@ -181,6 +182,7 @@ absl::StatusOr<DeviceSpec> ResolveDevice(const std::string& type, const std::str
   } else if (type == "a100-80g") {
     d.memory_bytes = 80 * kGiB;
     d.host_memory_per_rank_bytes = 1024 * kGiB / 8;  // DGX A100: 1 TiB (2 TiB option), 8 GPUs
+    d.devices_per_node = 8;
     d.peak_flops_bf16 = 312e12;
     d.peak_flops_fp32 = 156e12;  // TF32
     d.peak_flops_fp64 = 19.5e12;
@@ -216,6 +218,20 @@ absl::StatusOr<DeviceSpec> ResolveDevice(const std::string& type, const std::str
         " runtime reserve of ", FormatBytes(d.reserve_bytes), " (give the device's memory)"));
   }
   return d;
+}
+
+std::string StagePlan::peak_phase() const {
+  if (init_bytes > resume_bytes && init_bytes > total_bytes()) {
+    return init_is_import ? "import" : "init";
+  }
+  return resume_bytes > total_bytes() ? "resume" : "steady";
+}
+
+std::string StagePlan::host_peak_phase() const {
+  if (init_host_bytes > resume_host_bytes && init_host_bytes > steady_host_bytes) {
+    return init_is_import ? "import" : "init";
+  }
+  return resume_host_bytes > steady_host_bytes ? "resume" : "steady";
 }
 
 double ParameterCount(const spec::ModelSpec& m) { return spec::CountParameters(Shape(m)).total; }
@@ -288,6 +304,27 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s, const DeviceSpec* device)
           spec::ChooseCheckpointMode(s.checkpoint.async, p.snapshot_host_bytes, host_per_rank);
       p.checkpoint_async = mode.async;
       p.checkpoint_reason = mode.reason;
+      // A save holds in host memory the asynchronous snapshot, or (synchronous) the copies of
+      // what the device holds (the parameter chunk, device-resident optimizer state).
+      p.steady_host_bytes =
+          p.host_bytes + (p.checkpoint_async
+                              ? p.snapshot_host_bytes
+                              : (host_is_device ? 0 : p.parameter_bytes + p.optimizer_bytes));
+      // Start-up peaks (spec::StartupPerRank). On cpu the host is the device: the two add up.
+      const spec::StartupBytes start = spec::StartupPerRank(in);
+      auto device_side = [&](double device_part, double host_part) {
+        return (host_is_device ? device_part + host_part : device_part) + p.runtime_bytes;
+      };
+      auto host_side = [&](double host_part) { return host_is_device ? 0.0 : host_part; };
+      p.resume_bytes = device_side(start.resume_device, start.resume_host);
+      p.resume_host_bytes = host_side(start.resume_host);
+      p.export_bytes = start.export_host + (host_is_device ? p.runtime_bytes : 0);
+      if (i == 0) {
+        p.init_is_import = !m.init_from.empty();
+        p.init_bytes = p.init_is_import ? device_side(start.import_device, start.import_host)
+                                        : device_side(start.init_device, start.init_host);
+        p.init_host_bytes = host_side(p.init_is_import ? start.import_host : start.init_host);
+      }
       if (device != nullptr) {
         const double tokens = static_cast<double>(p.seq_len) *
                               static_cast<double>(s.optimizer.grad_accum_steps) *
@@ -306,7 +343,13 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s, const DeviceSpec* device)
         p.a2a_seconds = sent / device->a2a_bytes_per_s;
       }
     }
-    p.fits = device == nullptr || p.total_bytes() <= p.device_bytes;
+    if (device != nullptr) {
+      p.nodes = (p.world + device->devices_per_node - 1) / device->devices_per_node;
+      if (!device->host_is_device) p.host_limit_bytes = device->host_memory_per_rank_bytes;
+    }
+    p.fits = device == nullptr ||
+             (p.peak_bytes() <= p.device_bytes &&
+              (p.host_limit_bytes <= 0 || p.host_peak_bytes() <= p.host_limit_bytes));
     plans.push_back(p);
   }
   return plans;
@@ -450,6 +493,54 @@ FitFix FindFix(const spec::JobSpec& s, size_t stage, const DeviceSpec& device) {
   return best;
 }
 
+NodeReason ExplainNodes(const spec::JobSpec& s, size_t stage, const DeviceSpec& device) {
+  NodeReason r;
+  const StagePlan p = PlanJob(s, &device)[stage];
+  r.nodes = p.nodes;
+  if (p.nodes <= 1) return r;
+  const int64_t per_node = device.devices_per_node;
+  const std::string have = absl::StrCat(p.nodes, " nodes of ", per_node, " ", device.type,
+                                        " (world ", p.world, " = sp ", p.sp, " x dp ", p.dp, ")");
+  // One node fewer: the largest world that fits it, keeping sp (fewer DP replicas) when possible,
+  // else keeping dp (a smaller SP group).
+  const int64_t fewer = (p.nodes - 1) * per_node;
+  spec::JobSpec trial = s;
+  int64_t sp = p.sp, dp = p.dp;
+  if (p.sp <= fewer) {
+    dp = fewer / p.sp;
+  } else {
+    dp = 1;
+    sp = 0;
+    for (int64_t c = fewer; c >= 1; --c) {
+      if (spec::CheckUlyssesHeads(s.model.num_attention_heads, s.model.num_key_value_heads, c)
+              .ok() &&
+          p.seq_len % c == 0) {
+        sp = c;
+        break;
+      }
+    }
+  }
+  if (sp < 1 || dp < 1) {
+    r.text = absl::StrCat(have, ": no layout of ", fewer, " ranks is possible");
+    return r;
+  }
+  trial.stages[stage].sp_degree = sp;
+  trial.stages[stage].dp_degree = dp;
+  const StagePlan q = PlanJob(trial, &device)[stage];
+  r.fewer_fits = q.fits;
+  const bool device_short = q.peak_bytes() > q.device_bytes;
+  r.text = absl::StrCat(
+      have, ": on ", p.nodes - 1, p.nodes - 1 == 1 ? " node" : " nodes", " (sp ", sp, " x dp ", dp,
+      ") a rank would need ",
+      device_short
+          ? absl::StrCat(FormatBytes(q.peak_bytes()), " (", q.peak_phase(), ") of the ",
+                         FormatBytes(q.device_bytes), " of one ", device.type)
+          : absl::StrCat(FormatBytes(q.host_peak_bytes()), " of host memory (", q.host_peak_phase(),
+                         ") of the ", FormatBytes(q.host_limit_bytes), " per GPU of a node"),
+      q.fits ? " (it fits: the stage could use fewer nodes)" : ": it does not fit");
+  return r;
+}
+
 absl::Status CheckFits(const spec::JobSpec& s, const DeviceSpec& device) {
   const std::vector<StagePlan> plans = PlanJob(s, &device);
   std::vector<std::string> lines;
@@ -457,14 +548,22 @@ absl::Status CheckFits(const spec::JobSpec& s, const DeviceSpec& device) {
     const StagePlan& p = plans[i];
     if (p.fits) continue;
     const FitFix fix = FindFix(s, i, device);
+    const bool host_short = p.peak_bytes() <= p.device_bytes;
     lines.push_back(absl::StrCat(
         "spec.stages[", i, "]: seq_len ", p.seq_len, " at sp ", p.sp, " needs ",
-        FormatBytes(p.total_bytes()), " per rank (model state ", FormatBytes(p.model_state_bytes()),
-        ", activations ", FormatBytes(p.activation_bytes()), ", runtime ",
-        FormatBytes(p.runtime_bytes), "), more than the ", FormatBytes(p.device_bytes), " of one ",
-        device.type, " rank (",
+        host_short
+            ? absl::StrCat(FormatBytes(p.host_peak_bytes()), " of host memory per rank (",
+                           p.host_peak_phase(), "), more than the ",
+                           FormatBytes(p.host_limit_bytes), " per ", device.type, " of a node (")
+            : absl::StrCat(FormatBytes(p.peak_bytes()), " per rank at ", p.peak_phase(),
+                           " (steady ", FormatBytes(p.total_bytes()), ": model state ",
+                           FormatBytes(p.model_state_bytes()), ", activations ",
+                           FormatBytes(p.activation_bytes()), ", runtime ",
+                           FormatBytes(p.runtime_bytes), "; init ", FormatBytes(p.init_bytes),
+                           ", resume ", FormatBytes(p.resume_bytes), "), more than the ",
+                           FormatBytes(p.device_bytes), " of one ", device.type, " rank ("),
         fix.found ? absl::StrCat("fix: --set ", absl::StrJoin(fix.changes, " --set "), " needs ",
-                                 FormatBytes(fix.plan.total_bytes()))
+                                 FormatBytes(fix.plan.peak_bytes()))
                   : "no change of memory options or sp_degree makes it fit: use more memory",
         "; or --force to skip this check)"));
   }

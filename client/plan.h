@@ -8,6 +8,7 @@
 #ifndef ULYSSES_CLIENT_PLAN_H_
 #define ULYSSES_CLIENT_PLAN_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -46,6 +47,7 @@ struct DeviceSpec {
   // memory over its 8 GPUs). Checked against the asynchronous checkpoint snapshot plus offloads.
   double host_memory_bytes = 0;
   double host_memory_per_rank_bytes = 0;  // 0 = cpu: host_memory_bytes over the stage's ranks
+  int64_t devices_per_node = 1;           // GPUs of one node (8: DGX/HGX); cpu: 1 host
 };
 
 // The device table: `type` one of h100, h200, a100-80g, cpu (else an error naming
@@ -80,14 +82,37 @@ struct StagePlan {
   double snapshot_host_bytes = 0;
   bool checkpoint_async = true;
   std::string checkpoint_reason;
+  // Start-up peaks per rank (spec::StartupPerRank; runtime reserve included on the device side):
+  // stage 0's init (or init_from import) and every stage's resume (a stage > 0 resumes from the
+  // previous one's checkpoint; any stage resumes after a preemption). 0 when not applicable.
+  double init_bytes = 0;         // device, stage 0: seeded init or import
+  double init_host_bytes = 0;    // host, the same
+  bool init_is_import = false;   // spec.model.init_from is set
+  double resume_bytes = 0;       // device
+  double resume_host_bytes = 0;  // host
+  // Host memory per rank during the steady state: host_bytes plus what a save holds there (the
+  // asynchronous snapshot, or a synchronous save's copies of the device state).
+  double steady_host_bytes = 0;
+  // `ulysses-train export` of this stage's checkpoint: one host process (+ the baseline on cpu).
+  double export_bytes = 0;
+  int64_t nodes = 1;  // ceil(world / devices_per_node)
   double model_state_bytes() const {
     return parameter_bytes + gradient_bytes + optimizer_bytes + gathered_bytes;
   }
   double activation_bytes() const { return saved_activation_bytes + working_bytes; }
   double total_bytes() const { return model_state_bytes() + activation_bytes() + runtime_bytes; }
+  // The largest of steady state, init/import and resume: what FITS is decided on.
+  double peak_bytes() const { return std::max({total_bytes(), init_bytes, resume_bytes}); }
+  double host_peak_bytes() const {
+    return std::max({steady_host_bytes, init_host_bytes, resume_host_bytes});
+  }
+  // Which of them is the peak: "steady", "init", "import" or "resume".
+  std::string peak_phase() const;
+  std::string host_peak_phase() const;
   // Against the device (0 when no device was given).
-  double device_bytes = 0;  // Memory per rank the stage is checked against.
-  bool fits = true;
+  double device_bytes = 0;      // Memory per rank the stage is checked against.
+  double host_limit_bytes = 0;  // Host memory per rank (GPU devices; 0 = not checked).
+  bool fits = true;             // peak_bytes() <= device_bytes and host_peak_bytes() <= host limit
   // Step time: model FLOPs per rank per optimizer step (recomputation included),
   // compute seconds at peak * mfu, all-to-all seconds at the stated bandwidth.
   double flops_per_rank = 0;
@@ -95,6 +120,16 @@ struct StagePlan {
   double a2a_seconds = 0;
   double step_seconds() const { return compute_seconds + a2a_seconds; }
 };
+
+// Why a stage needs its nodes: re-planned on one node fewer (dp, else sp, shrunk to fit the
+// GPUs), what it would need and that it does not fit. Empty when the stage needs one node or the
+// smaller layout is not possible (then `layout` says so).
+struct NodeReason {
+  int64_t nodes = 1;
+  std::string text;  // one line, e.g. "2 nodes of 8 h100 (world 16 = sp 8 x dp 2): on 1 node ..."
+  bool fewer_fits = false;  // the stage would also fit on one node fewer
+};
+NodeReason ExplainNodes(const spec::JobSpec& spec, size_t stage, const DeviceSpec& device);
 
 // Parameters of the model (delegates to spec::CountParameters).
 double ParameterCount(const spec::ModelSpec& model);

@@ -22,6 +22,7 @@ ParameterCounts CountParameters(const ModelShape& m) {
   c.total = embeddings + static_cast<double>(m.num_hidden_layers) * c.per_layer + h;
   c.largest_unit = std::max(c.per_layer, c.embedding);
   c.outer = embeddings + h;
+  c.largest_tensor = std::max({c.embedding, h * inter, hq * d * h});
   return c;
 }
 
@@ -60,6 +61,40 @@ ModelStateBytes ModelStatePerRank(const ModelStateInputs& in) {
   } else if (in.zero_stage >= 3) {
     out.gathered = unit * (b + g);
   }
+  return out;
+}
+
+StartupBytes StartupPerRank(const ModelStateInputs& in) {
+  const double p = in.params.total;
+  const double largest = in.params.largest_tensor;
+  const double w = static_cast<double>(std::max<int64_t>(1, in.world));
+  const double b = static_cast<double>(DtypeBytes(in.dtype));
+  const bool low_precision = b == 2;
+  const double g = low_precision ? 4 : b;
+  const double o = 2 * g + (low_precision ? 4 : 0);
+  const int64_t z = in.zero_stage;
+  const bool offload = in.offload_optimizer && z >= 1;
+  // The owned chunks Create makes (zero.h): parameter chunk b, gradient chunk g (stage >= 2), the
+  // host copy AdamW updates when offloading.
+  const double chunk_device = z >= 1 ? p * b / w + (z >= 2 ? p * g / w : 0) : 0;
+  const double chunk_host = offload ? p * b / w : 0;
+  // The full model of stages 0-2 (seeded one parameter at a time); none at stage 3.
+  const double full_model = z >= 3 ? 0 : p * b;
+  // AdamW state (moments and fp32 masters) once restored.
+  const double optimizer = z >= 1 ? p * o / w : p * o;
+  StartupBytes out;
+  // One parameter made whole in fp32 (InitialParameter), converted to the dtype (none for fp32),
+  // zero-padded for the chunk split (stages 1-3): host memory.
+  const double one_init = largest * (4 + (b == 4 ? 0 : b) + (z >= 1 ? b : 0));
+  out.init_device = full_model + chunk_device;
+  out.init_host = chunk_host + one_init;
+  out.import_device = out.init_device;
+  out.import_host = z >= 3 ? chunk_host + p * 4 / w + largest * 4 / w
+                           : chunk_host + std::max(one_init, largest * (4 + 4));
+  const double share = z >= 3 ? p * (b + o) / w : (z >= 1 ? p * b + p * o / w : p * (b + o));
+  out.resume_device = full_model + chunk_device + (offload ? 0 : optimizer);
+  out.resume_host = share + kCheckpointStreamBlockBytes + chunk_host + (offload ? optimizer : 0);
+  out.export_host = 2 * b * largest;
   return out;
 }
 

@@ -34,11 +34,12 @@ namespace ulysses::spec {
 
 // Parameter counts of a model shape (embeddings, decoder layers, final norm, lm_head).
 struct ParameterCounts {
-  double total = 0;         // P
-  double per_layer = 0;     // One decoder layer.
-  double embedding = 0;     // embed_tokens (and lm_head, each, when untied).
-  double largest_unit = 0;  // max(per_layer, embedding).
-  double outer = 0;         // O: embeddings + final norm + lm_head (untied).
+  double total = 0;           // P
+  double per_layer = 0;       // One decoder layer.
+  double embedding = 0;       // embed_tokens (and lm_head, each, when untied).
+  double largest_unit = 0;    // max(per_layer, embedding).
+  double outer = 0;           // O: embeddings + final norm + lm_head (untied).
+  double largest_tensor = 0;  // The largest single parameter: max(V*H, H*I, Hq*D*H).
 };
 ParameterCounts CountParameters(const ModelShape& shape);
 
@@ -66,6 +67,34 @@ struct ModelStateBytes {
   double DeviceTotal() const { return parameters + gradients + optimizer + gathered; }
 };
 ModelStateBytes ModelStatePerRank(const ModelStateInputs& in);
+
+// Per-rank peaks while a rank builds its state, before its first step (what the engine does,
+// worker/engine/train/engine.cc RunRankImpl, zero.cc Create/LoadOwnedState, checkpoint_load.cc).
+// `device` is what the accelerator holds, `host` the host memory (on a cpu device the two add
+// up). P = parameters, W = world, L = the largest tensor, b/g/o as above, S = a rank's share of
+// the checkpoint (resume.h ResumeShare: (b+o)P/W at stage 3, b*P + o*P/W at 1-2, (b+o)P at 0).
+//   init (seeded):  stage 3 (sharded init): device (b+g)P/W; host: the offloaded chunk copy b*P/W
+//                   and one parameter made whole in fp32, converted and padded (L*(4+2b)).
+//                   stages 0-2: the full model b*P (+ the chunks (b [+g])P/W), one fp32 tensor.
+//   import (init_from): stage 3: as init, plus every kept range read as fp32 (4*P/W) on the host.
+//                   stages 0-2: as init, plus one tensor read and converted (L*(4+4)) at a time.
+//   resume:         the loaded share S on the host next to the state being restored: the model
+//                   (b*P at 0-2, chunks at 3), the chunks and gradient chunks, and the AdamW state
+//                   (o*P/W, o*P at stage 0) where it lives (host when offloaded); plus one
+//                   streaming block. S is dropped before the first step.
+// AdamW moments do not exist before the first step except on resume; gradients (stages 0-1) not
+// before the first backward. The asynchronous checkpoint snapshot is steady state, not here.
+struct StartupBytes {
+  double init_device = 0, init_host = 0;
+  double import_device = 0, import_host = 0;
+  double resume_device = 0, resume_host = 0;
+  // `ulysses-train export` (one host process, worker/engine/train/export.cc): one whole tensor
+  // read from its pieces in the stored dtype and its converted copy being written: 2*b*L.
+  double export_host = 0;
+};
+// The bounded block a straddling checkpoint piece is streamed through (checkpoint_load.cc).
+inline constexpr double kCheckpointStreamBlockBytes = 4.0 * 1024 * 1024;
+StartupBytes StartupPerRank(const ModelStateInputs& in);
 
 // Bytes of a checkpoint of the model state: the weights in their dtype, AdamW's two moments and
 // the fp32 masters of 16-bit weights (ModelStatePerRank's parameter + optimizer terms at stage 0).

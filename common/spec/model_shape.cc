@@ -272,6 +272,13 @@ const std::vector<std::pair<std::string, ModelShape>>& Presets() {
     llama3_8b.tie_word_embeddings = false;
     llama3_8b.rope_scaling = llama3;
     p->emplace_back("llama3-8b", llama3_8b);
+    ModelShape llama3_70b = llama3_8b;  // Llama-3.1-70B
+    llama3_70b.hidden_size = 8192;
+    llama3_70b.intermediate_size = 28672;
+    llama3_70b.num_hidden_layers = 80;
+    llama3_70b.num_attention_heads = 64;
+    llama3_70b.num_key_value_heads = 8;
+    p->emplace_back("llama3-70b", llama3_70b);
     return p;
   }();
   return *presets;

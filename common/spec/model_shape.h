@@ -104,8 +104,8 @@ bool ShapeFieldEquals(const ModelShape& a, const ModelShape& b, const std::strin
 // The model part of a job spec (spec.model): a shape plus where it and the
 // weights come from.
 struct ModelSpec : ModelShape {
-  std::string preset;             // "tiny", "llama3-1b", "llama3-8b", or "" (explicit).
-  std::string init_from;          // HF directory (config.json + *.safetensors), or "".
+  std::string preset;     // "tiny", "llama3-1b", "llama3-8b", "llama3-70b" or "" (explicit).
+  std::string init_from;  // HF directory (config.json + *.safetensors), or "".
   std::string dtype = "float32";  // float32 | bfloat16 | float16 | float64 (float64: tests).
   // Shape keys (ShapeFieldKeys) the document left out while init_from is set and no
   // preset is given: the engine reads them from init_from's config.json
@@ -113,7 +113,7 @@ struct ModelSpec : ModelShape {
   std::set<std::string> from_init;
 };
 
-// The preset names, in the order of messages ("tiny", "llama3-1b", "llama3-8b").
+// The preset names, in the order of messages ("tiny", "llama3-1b", "llama3-8b", "llama3-70b").
 std::vector<std::string> ModelPresetNames();
 
 // Overwrites every shape field with the preset's; "" does nothing; an unknown

@@ -10,6 +10,7 @@ ULYSSES_METRICS_CATALOG_TOOL at the metrics_catalog_dump binary (default: build/
 import base64
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -715,16 +716,23 @@ def plan(config):
 
 
 def host_bytes_per_rank(row):
-    """Host memory one rank may hold (an upper bound): what it keeps there during a step
-    (host_bytes: the offloaded optimizer state and parameter chunk copy, the offloaded
-    activations) plus what a checkpoint save copies there from the device. A save
-    (worker/engine/train/resume.cc CommitTraining, zero.cc OwnedCheckpointTensors) copies
-    the parameters the rank saves (its ZeRO chunk; every parameter without ZeRO) and the
-    optimizer state the device holds (none when offloaded: that is already host memory),
-    at most parameter_bytes + optimizer_bytes. Activations and a save never coexist (a save
-    runs between steps), so the sum over-counts, never under-counts."""
-    return (row["host_bytes_per_rank"] + row["parameter_bytes_per_rank"] +
-            row["optimizer_bytes_per_rank"])
+    """Host memory one rank may hold (an upper bound), as `ulyssesctl plan` prints it: the
+    largest of the steady state (host_bytes: offloaded optimizer state, parameter chunk copy
+    and activations; plus a checkpoint save's asynchronous snapshot, or a synchronous save's
+    copies of the device state), the stage-0 init/import and the resume (the loaded share of
+    the checkpoint next to the state being restored: common/spec/memory_model.h
+    StartupPerRank)."""
+    return row["host_peak_bytes_per_rank"]
+
+
+def single_node(rows):
+    """True when every stage of a planned job runs on one node (the planner's `nodes`)."""
+    return all(row["nodes"] == 1 for row in rows)
+
+
+def pod_memory_need(rows, gpus, shm):
+    """A worker pod's memory for a job: its ranks' largest host peak x GPUs + /dev/shm."""
+    return gpus * max(host_bytes_per_rank(row) for row in rows) + shm
 
 
 class Rendered:
@@ -902,15 +910,16 @@ def check_memory(r, plans):
     limit, request = res.get("limits", {}).get("memory"), res.get("requests", {}).get("memory")
     if limit is None or request != limit:
         return [f"memory requests {request} != limits {limit}"]
-    per_rank, which = max((host_bytes_per_rank(row), f"{name} stage {row['stage']}")
+    per_rank, which = max((host_bytes_per_rank(row), f"{name} stage {row['stage']} "
+                           f"({row['host_peak_phase']})")
                           for name, rows in plans.items() for row in rows)
     found = mount_for("/dev/shm", r.worker, r.worker_pod)
     shm = quantity_bytes(((found or (None, {}))[1].get("emptyDir") or {}).get("sizeLimit", "0"))
     need = r.gpus() * per_rank + shm
     if quantity_bytes(limit) < need:
         problems.append(f"memory limit {limit} < {need / 2**30:.1f} GiB: {r.gpus()} ranks x "
-                        f"{per_rank / 2**30:.1f} GiB ({which}: host-resident state + a checkpoint "
-                        f"save's copies) + /dev/shm {shm / 2**30:.0f} GiB (tmpfs counts against it)")
+                        f"{per_rank / 2**30:.1f} GiB ({which}: the planner's host peak per rank) "
+                        f"+ /dev/shm {shm / 2**30:.0f} GiB (tmpfs counts against it)")
     return problems
 
 
@@ -958,7 +967,14 @@ class DeployMatchesJobsTest(unittest.TestCase):
     def setUpClass(cls):
         cls.objects = render()
         cls.jobs = shipped_jobs()
-        cls.plans = {name: plan(os.path.join(JOBS, name)) for name in cls.jobs}
+        all_plans = {name: plan(os.path.join(JOBS, name)) for name in cls.jobs}
+        # The base deployment runs the one-node jobs (plus a spare node); a multi-node job
+        # (configs/jobs/llama3-70b-256k.yaml) needs more replicas and pod memory, which
+        # docs/DEPLOY.md "Multi-node jobs" states from the same plan (checked below).
+        cls.multi_node = {n: rows for n, rows in all_plans.items() if not single_node(rows)}
+        cls.plans = {n: rows for n, rows in all_plans.items() if single_node(rows)}
+        cls.all_jobs = cls.jobs
+        cls.jobs = {n: j for n, j in cls.jobs.items() if n in cls.plans}
 
     def rendered(self, mutate=None):
         objects = json.loads(json.dumps(self.objects))
@@ -974,7 +990,7 @@ class DeployMatchesJobsTest(unittest.TestCase):
             "dev_shm": lambda r: check_dev_shm(r),
             "pod_security": lambda r: check_worker_restricted(r),
             "capacity": lambda r: check_capacity(r, self.jobs),
-            "mounts": lambda r: check_mounts(r, self.jobs),
+            "mounts": lambda r: check_mounts(r, self.all_jobs),
             "namespace": lambda r: check_no_namespace_in_containers(r),
             "memory": lambda r: check_memory(r, self.plans),
             "grace": lambda r: check_grace(r, self.plans),
@@ -982,11 +998,25 @@ class DeployMatchesJobsTest(unittest.TestCase):
         }
 
     def test_shipped_configs_and_plans_agree(self):
-        self.assertEqual(len(self.jobs), len(os.listdir(JOBS)))
+        self.assertEqual(len(self.all_jobs), len(os.listdir(JOBS)))
         for name, job in self.jobs.items():
             worlds = stage_worlds(job["spec"])
             self.assertEqual([row["world_size"] for row in self.plans[name]], worlds, name)
         self.assertEqual(max(max(stage_worlds(j["spec"])) for j in self.jobs.values()), 8)
+        self.assertIn("llama3-70b-256k.yaml", self.multi_node)
+
+    def test_multi_node_jobs_state_their_pods_in_deploy_md(self):
+        """Each multi-node job's replicas (nodes + a spare) and pod memory, derived from its
+        plan (GPUs x the largest host peak per rank + /dev/shm), are in docs/DEPLOY.md."""
+        r = self.rendered()
+        found = mount_for("/dev/shm", r.worker, r.worker_pod)
+        shm = quantity_bytes(((found or (None, {}))[1].get("emptyDir") or {}).get("sizeLimit", "0"))
+        doc = read_text(os.path.join(ROOT, "docs", "DEPLOY.md"))
+        for name, rows in self.multi_node.items():
+            need_gib = math.ceil(pod_memory_need(rows, r.gpus(), shm) / 2**30)
+            nodes = max(row["nodes"] for row in rows)
+            line = f"`configs/jobs/{name}`: replicas {nodes + 1}, memory {need_gib}Gi"
+            self.assertIn(line, doc, f"docs/DEPLOY.md must state {line!r} (from ulyssesctl plan)")
 
     def test_one_worker_pod_per_node(self):
         self.assertEqual(check_one_worker_per_node(self.rendered()), [])
@@ -1004,7 +1034,7 @@ class DeployMatchesJobsTest(unittest.TestCase):
         self.assertEqual(check_capacity(self.rendered(), self.jobs), [])
 
     def test_every_config_path_is_mounted_in_both_pods(self):
-        self.assertEqual(check_mounts(self.rendered(), self.jobs), [])
+        self.assertEqual(check_mounts(self.rendered(), self.all_jobs), [])
 
     def test_no_namespace_in_containers(self):
         self.assertEqual(check_no_namespace_in_containers(self.rendered()), [])

@@ -138,6 +138,17 @@ TEST(JobSpecParserTest, PresetsFillShapeAndExplicitFieldsWin) {
        500000.0,
        false,
        {"llama3", 8.0, 1.0, 4.0, 8192}},
+      // Meta's config.json of Llama-3.1-70B.
+      {"llama3-70b",
+       128256,
+       8192,
+       28672,
+       80,
+       64,
+       8,
+       500000.0,
+       false,
+       {"llama3", 8.0, 1.0, 4.0, 8192}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.preset);
@@ -168,8 +179,9 @@ TEST(JobSpecParserTest, PresetsFillShapeAndExplicitFieldsWin) {
   EXPECT_EQ(spec->model.hidden_size, 256);
   ModelSpec unknown;
   unknown.preset = "llama9";
-  EXPECT_THAT(std::string(ApplyModelPreset(unknown).message()),
-              HasSubstr("'llama9' is not a known preset (use tiny, llama3-1b or llama3-8b"));
+  EXPECT_THAT(
+      std::string(ApplyModelPreset(unknown).message()),
+      HasSubstr("'llama9' is not a known preset (use tiny, llama3-1b, llama3-8b or llama3-70b"));
 }
 
 TEST(JobSpecParserTest, KvHeadsDefaultToQueryHeads) {
@@ -395,7 +407,8 @@ std::vector<BadCase> BadCases() {
        "spec.model.dtype: 'fp8' is not a supported dtype (use float32, bfloat16, float16 or "
        "float64)"},
       {"unknown_preset", With("{preset: tiny}", "{preset: llama9}"),
-       "spec.model.preset: 'llama9' is not a known preset (use tiny, llama3-1b or llama3-8b"},
+       "spec.model.preset: 'llama9' is not a known preset (use tiny, llama3-1b, llama3-8b or "
+       "llama3-70b"},
       {"zero3_without_checkpointing",
        With("{sp_degree: 2, dp_degree: 1}", "{sp_degree: 2, zero_stage: 3}"),
        "spec.parallelism.zero_stage: 3 needs memory.activation_checkpointing (ZeRO-3 re-gathers "

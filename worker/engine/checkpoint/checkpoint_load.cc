@@ -133,9 +133,21 @@ absl::StatusOr<Layout> ParseLayout(const nlohmann::json& manifest, const std::st
       return absl::DataLossError(absl::StrCat("checkpoint shard ", path, " is missing"));
     }
     if (st.st_size != layout.shard_bytes[r]) {
+      // The first tensor whose bytes the file no longer holds (offsets of older manifests are
+      // only in the shard's table: then the shard alone is named).
+      const Entry* cut = nullptr;
+      for (const Entry& e : entries) {
+        if (e.shard != static_cast<int>(r) || e.offset < 0 || e.offset + e.bytes <= st.st_size) {
+          continue;
+        }
+        if (cut == nullptr || e.offset < cut->offset) cut = &e;
+      }
       return absl::DataLossError(absl::StrCat(
           "checkpoint shard ", path, " has ", st.st_size, " bytes, the manifest says ",
           layout.shard_bytes[r],
+          cut != nullptr ? absl::StrCat(": tensor ", cut->name, " (bytes [", cut->offset, ", ",
+                                        cut->offset + cut->bytes, ")) is cut")
+                         : "",
           " (truncated or replaced; resume from an older step dir or remove this one)"));
     }
   }

@@ -214,11 +214,7 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   // frees the parameters' shapes).
   ShareRequest import_share;
   if (import_hf && sharded_init) {
-    for (auto& [name, share] : ResumeShare(rs.model, zero_stage, rs.rt.groups.world->rank(),
-                                           rs.rt.groups.world->size())) {
-      if (name.rfind(kModelPrefix, 0) == 0)
-        import_share[name.substr(sizeof(kModelPrefix) - 1)] = share;
-    }
+    import_share = ImportShare(rs.model, rs.rt.groups.world->rank(), rs.rt.groups.world->size());
   }
   // ZeRO (zero.h): shard the now-loaded weights over every rank of the stage.
   std::unique_ptr<ZeroSharding> zero;
@@ -248,6 +244,10 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
     // (this rank's share) instead of holding it for the rest of the run.
     std::vector<NamedTensor>().swap(plan.state->tensors);
   }
+  // The start-up peak (ulyssesctl plan's init/import/resume columns; bench/state_memory.sh).
+  ULOG(INFO) << "rank " << o.rank << " state ready ("
+             << (plan.state ? "resume" : (import_hf ? "import" : "init")) << "): peak RSS "
+             << PeakRssBytes() << " bytes";
 
   Trainer trainer(rs.model, rs.attention, rs.rt.groups.world.get(), &adam, spec.optimizer.grad_clip,
                   rs.rt.device, zero.get());

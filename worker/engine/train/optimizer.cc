@@ -143,7 +143,9 @@ absl::Status AdamW::LoadState(const NamedParams& params,
               absl::StrCat("checkpoint: ", kMasterPrefix, name, " has shape ",
                            c10::str(it->second.sizes()), ", parameter has ", c10::str(p.sizes())));
         }
-        master_[name] = it->second.to(p.device(), torch::kFloat).clone();
+        // One copy on the parameter's device (not a transfer and then a clone of it).
+        master_[name] = it->second.to(p.device(), torch::kFloat, /*non_blocking=*/false,
+                                      /*copy=*/true);
       }
     }
     for (auto [prefix, dst] : {std::make_pair("optim/exp_avg/", &exp_avg_),
@@ -158,7 +160,7 @@ absl::Status AdamW::LoadState(const NamedParams& params,
                                                        c10::str(it->second.sizes()),
                                                        ", parameter has ", c10::str(p.sizes())));
       }
-      (*dst)[name] = it->second.to(p.device(), StateType(p)).clone();
+      (*dst)[name] = it->second.to(p.device(), StateType(p), /*non_blocking=*/false, /*copy=*/true);
     }
   }
   return absl::OkStatus();

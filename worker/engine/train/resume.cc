@@ -122,6 +122,14 @@ ShareRequest ResumeShare(model::LlamaForCausalLM& model, int zero_stage, int ran
   return request;
 }
 
+ShareRequest ImportShare(model::LlamaForCausalLM& model, int rank, int world) {
+  ShareRequest request;
+  for (auto& [name, share] : ResumeShare(model, /*zero_stage=*/3, rank, world)) {
+    if (name.rfind(kModelPrefix, 0) == 0) request[name.substr(sizeof(kModelPrefix) - 1)] = share;
+  }
+  return request;
+}
+
 absl::Status RestoreModel(const CheckpointState& state, const std::string& path,
                           model::LlamaForCausalLM& model) {
   return LoadParams(model, ModelTensors(state), absl::StrCat("checkpoint ", path));

@@ -92,6 +92,10 @@ absl::StatusOr<CommitResult> CommitTraining(const spec::JobSpec& spec, const std
 // LoadCheckpointShare: a rank reads about its share of the checkpoint, whatever layout wrote it.
 ShareRequest ResumeShare(model::LlamaForCausalLM& model, int zero_stage, int rank, int world);
 
+// What rank `rank` of `world` reads of a Hugging Face directory at ZeRO-3 (spec.model.init_from):
+// the byte ranges of its weight chunks, by HF name (ResumeShare's "model/" entries).
+ShareRequest ImportShare(model::LlamaForCausalLM& model, int rank, int world);
+
 // Restores model weights and optimizer state from a loaded checkpoint.
 absl::Status RestoreTraining(const CheckpointState& state, const std::string& path,
                              model::LlamaForCausalLM& model, AdamW& optimizer);

@@ -1,5 +1,9 @@
 #include "worker/engine/train/zero.h"
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -92,6 +96,12 @@ absl::StatusOr<std::unique_ptr<ZeroSharding>> ZeroSharding::Create(model::LlamaF
                     model::InitialParameter(name, p.sizes(), *options.init_seed).to(options.dtype))
               : torch::zeros({e.chunk}, torch::TensorOptions(options.dtype).device(device));
       p.set_data(torch::empty({0}, torch::TensorOptions(options.dtype).device(device)));
+#ifdef __GLIBC__
+      // The whole parameter and its padded copy are freed here; glibc would keep their heap
+      // pages (below the chunks kept so far) resident, up to the model's size at W = 1
+      // (bench/state_memory.sh). Give them back: the peak stays chunks + one parameter.
+      malloc_trim(0);  // host memory on every device: InitialParameter makes it there
+#endif
     } else {
       e.shard = z->Slice(e, p);
     }
@@ -310,15 +320,18 @@ absl::Status ZeroSharding::LoadOwnedState(const std::vector<NamedTensor>& tensor
   std::map<std::string, const NamedTensor*> by_name;
   for (const NamedTensor& t : tensors) by_name[t.name] = &t;
   torch::NoGradGuard no_grad;
-  // The owned chunk [c] (zero padded) of a loaded whole tensor or owned piece.
-  auto chunk_of = [&](const Entry& e, const NamedTensor& t) -> absl::StatusOr<torch::Tensor> {
+  // The owned chunk [c] (zero padded) of a loaded whole tensor or owned piece, on `device`. A piece
+  // that is the whole chunk already on `device` is used as it is (the caller copies it): a resume
+  // holds its loaded share once, not once more as chunks.
+  auto chunk_of = [&](const Entry& e, const NamedTensor& t,
+                      torch::Device device) -> absl::StatusOr<torch::Tensor> {
     if (!t.full_shape) {
       if (t.tensor.numel() != e.numel) {
         return absl::InvalidArgumentError(
             absl::StrCat("checkpoint: ", t.name, " has shape ", c10::str(t.tensor.sizes()),
                          ", parameter has ", c10::str(c10::IntArrayRef(e.shape))));
       }
-      return Slice(e, t.tensor);
+      return Slice(e, t.tensor).to(device);
     }
     const ElementRange own = ZeroOwnedRange(e.numel, rank_, size_);
     if (*t.full_shape != e.shape || t.offset != own.begin ||
@@ -327,16 +340,16 @@ absl::Status ZeroSharding::LoadOwnedState(const std::vector<NamedTensor>& tensor
           "checkpoint: piece of ", t.name, " at element ", t.offset, " (", t.tensor.numel(),
           " elements) is not rank ", rank_, "'s chunk [", own.begin, ", ", own.end, ")"));
     }
+    torch::Tensor flat = t.tensor.reshape({-1});  // [len]
+    if (flat.numel() == e.chunk && flat.device() == device) return flat;
     // [len] -> [c] (zero padding, like Slice)
-    return torch::constant_pad_nd(t.tensor.reshape({-1}), {0, e.chunk - t.tensor.numel()})
-        .to(device_)
-        .clone();
+    return torch::constant_pad_nd(flat, {0, e.chunk - flat.numel()}).to(device);
   };
   std::map<std::string, torch::Tensor> chunks;
   for (Entry& e : entries_) {
     auto model_it = by_name.find(kModelPrefix + e.name);
     if (model_it != by_name.end()) {
-      ASSIGN_OR_RETURN(torch::Tensor c, chunk_of(e, *model_it->second));
+      ASSIGN_OR_RETURN(torch::Tensor c, chunk_of(e, *model_it->second, device_));
       e.shard.copy_(c);
       if (!e.target.is_same(e.shard)) e.target.copy_(e.shard);
     } else if (options_.stage == 3) {
@@ -346,7 +359,8 @@ absl::Status ZeroSharding::LoadOwnedState(const std::vector<NamedTensor>& tensor
     for (const char* prefix : {"optim/exp_avg/", "optim/exp_avg_sq/", kMasterPrefix}) {
       auto it = by_name.find(prefix + e.name);
       if (it == by_name.end()) continue;
-      ASSIGN_OR_RETURN(torch::Tensor c, chunk_of(e, *it->second));
+      // Where AdamW keeps it (the host when offloading): LoadState copies it there once.
+      ASSIGN_OR_RETURN(torch::Tensor c, chunk_of(e, *it->second, e.target.device()));
       chunks[it->first] = c;
     }
   }

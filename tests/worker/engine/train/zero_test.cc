@@ -37,6 +37,7 @@
 #include "worker/engine/checkpoint/checkpoint.h"
 #include "worker/engine/data/batches.h"
 #include "worker/engine/data/dataset.h"
+#include "worker/engine/hf/hf.h"
 #include "worker/engine/parallel/communicator.h"
 #include "worker/engine/parallel/ulysses_attention.h"
 #include "worker/engine/train/engine.h"
@@ -549,6 +550,50 @@ TEST(ZeroTest, ResumeReadsOnlyEachRanksShareInEveryLayout) {
     }
     if (l.zero == 3 && l.world == 4) EXPECT_EQ(sum, total);
   }
+}
+
+// A ZeRO-3 import (spec.model.init_from): each rank of 4 reads from a multi-file HF directory
+// exactly the bytes of its own chunks (plus headers), the ranks together every weight byte once,
+// and the pieces are the model's elements.
+TEST(ZeroTest, Zero3ImportReadsOnlyEachRanksShareOfTheHfFiles) {
+  ::ulysses::testing::TempDir dir;
+  auto m = BuildModel(::ulysses::testing::TinyLlama(), {}, 7, torch::kCPU, torch::kFloat);
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::map<std::string, torch::Tensor> params;
+  int64_t total = 0;
+  for (auto& [name, p] : Params(*m)) {
+    params[name] = p.detach();
+    total += p.numel() * 4;
+  }
+  auto written = WriteHfDirectoryStreaming(
+      dir.path() + "/hf", ::ulysses::testing::TinyLlama(),
+      [&](const std::string& name) -> absl::StatusOr<torch::Tensor> { return params.at(name); },
+      torch::kFloat32, /*max_file_bytes=*/total / 3);
+  ASSERT_TRUE(written.ok()) << written.status();
+  ASSERT_GE(written->files.size(), 3u);  // model.safetensors.index.json and its files
+  const int world = 4;
+  int64_t sum = 0;
+  for (int rank = 0; rank < world; ++rank) {
+    SCOPED_TRACE(absl::StrCat("rank ", rank));
+    const ShareRequest request = ImportShare(*m, rank, world);
+    int64_t expected = 0;
+    for (const auto& [name, share] : request) expected += (share.end - share.begin) * 4;
+    LoadStats read;
+    auto pieces = LoadHfWeightsShare(dir.path() + "/hf", request, &read);
+    ASSERT_TRUE(pieces.ok()) << pieces.status();
+    EXPECT_EQ(read.data_bytes, expected);
+    EXPECT_LE(read.data_bytes, total / world + total / 8);
+    EXPECT_GT(read.metadata_bytes, 0);
+    for (const NamedTensor& t : *pieces) {
+      const ElementRange own = ZeroOwnedRange(params.at(t.name).numel(), rank, world);
+      EXPECT_EQ(t.offset, own.begin) << t.name;
+      EXPECT_TRUE(torch::equal(
+          t.tensor, params.at(t.name).reshape({-1}).narrow(0, own.begin, own.end - own.begin)))
+          << t.name;
+    }
+    sum += read.data_bytes;
+  }
+  EXPECT_EQ(sum, total);
 }
 
 TEST(ZeroTest, Bf16Zero3TrainsLikeBf16Zero0) {
