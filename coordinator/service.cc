@@ -21,10 +21,11 @@
 namespace ulysses::coordinator {
 namespace {
 
+// Observes an RPC's handling time under its method name (the auth::RpcName table).
 class RpcTimer {
  public:
-  RpcTimer(metrics::HistogramFamily* family, const char* method)
-      : family_(family), method_(method), start_(std::chrono::steady_clock::now()) {}
+  RpcTimer(metrics::HistogramFamily* family, auth::Rpc rpc)
+      : family_(family), method_(auth::RpcName(rpc)), start_(std::chrono::steady_clock::now()) {}
   ~RpcTimer() {
     if (family_ == nullptr) return;
     std::chrono::duration<double> d = std::chrono::steady_clock::now() - start_;
@@ -51,6 +52,26 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
+}
+
+// The one JobService unary handler: timed under the RPC's name, the caller admitted for it,
+// the request bounds-checked by `validate` (validation.h; null: none), then `call(caller)`
+// fills the response and its status finishes the call.
+template <typename Request, typename Call>
+grpc::ServerUnaryReactor* HandleUnary(grpc::CallbackServerContext* context,
+                                      const auth::Authenticator& auth,
+                                      metrics::HistogramFamily* rpc_seconds, auth::Rpc rpc,
+                                      const Request& request,
+                                      absl::Status (*validate)(const Request&), Call call) {
+  RpcTimer timer(rpc_seconds, rpc);
+  absl::StatusOr<auth::Principal> caller = Admit(auth, *context, rpc);
+  if (!caller.ok()) return FinishUnary(context, caller.status());
+  if (validate != nullptr) {
+    if (absl::Status invalid = validate(request); !invalid.ok()) {
+      return FinishUnary(context, invalid);
+    }
+  }
+  return FinishUnary(context, call(*caller));
 }
 
 // Serialises writes on a server stream: messages are queued and written one at a
@@ -335,7 +356,7 @@ class SessionReactor final
       session_ = *session;
       opened_ = true;
     } else {
-      RpcTimer timer(rpc_seconds_, "/ulysses.v1.WorkerService/Session");
+      RpcTimer timer(rpc_seconds_, auth::Rpc::kSession);
       coordinator_->OnWorkerMessage(worker_id_, session_, in_);
     }
     StartRead(&in_);
@@ -367,72 +388,55 @@ class SessionReactor final
 grpc::ServerUnaryReactor* JobServiceImpl::SubmitJob(grpc::CallbackServerContext* context,
                                                     const v1::SubmitJobRequest* request,
                                                     v1::SubmitJobResponse* response) {
-  RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/SubmitJob");
-  absl::StatusOr<auth::Principal> caller = Admit(*auth_, *context, auth::Rpc::kSubmitJob);
-  if (!caller.ok()) return FinishUnary(context, caller.status());
-  if (absl::Status invalid = ValidateSubmitJobRequest(*request); !invalid.ok()) {
-    return FinishUnary(context, invalid);
-  }
-  absl::StatusOr<v1::SubmitJobResponse> r = coordinator_->SubmitJob(*request, *caller);
-  if (r.ok()) *response = std::move(*r);
-  return FinishUnary(context, r.status());
+  return HandleUnary(context, *auth_, rpc_seconds_, auth::Rpc::kSubmitJob, *request,
+                     &ValidateSubmitJobRequest, [&](const auth::Principal& caller) -> absl::Status {
+                       ASSIGN_OR_RETURN(*response, coordinator_->SubmitJob(*request, caller));
+                       return absl::OkStatus();
+                     });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::GetJob(grpc::CallbackServerContext* context,
                                                  const v1::GetJobRequest* request,
                                                  v1::GetJobResponse* response) {
-  RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/GetJob");
-  absl::StatusOr<auth::Principal> caller = Admit(*auth_, *context, auth::Rpc::kGetJob);
-  if (!caller.ok()) return FinishUnary(context, caller.status());
-  if (absl::Status invalid = ValidateGetJobRequest(*request); !invalid.ok()) {
-    return FinishUnary(context, invalid);
-  }
-  absl::StatusOr<v1::Job> r = coordinator_->GetJob(*request, *caller);
-  if (r.ok()) *response->mutable_job() = std::move(*r);
-  return FinishUnary(context, r.status());
+  return HandleUnary(context, *auth_, rpc_seconds_, auth::Rpc::kGetJob, *request,
+                     &ValidateGetJobRequest, [&](const auth::Principal& caller) -> absl::Status {
+                       ASSIGN_OR_RETURN(*response->mutable_job(),
+                                        coordinator_->GetJob(*request, caller));
+                       return absl::OkStatus();
+                     });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ListJobs(grpc::CallbackServerContext* context,
                                                    const v1::ListJobsRequest* request,
                                                    v1::ListJobsResponse* response) {
-  RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ListJobs");
-  absl::StatusOr<auth::Principal> caller = Admit(*auth_, *context, auth::Rpc::kListJobs);
-  if (!caller.ok()) return FinishUnary(context, caller.status());
-  if (absl::Status invalid = ValidateListJobsRequest(*request); !invalid.ok()) {
-    return FinishUnary(context, invalid);
-  }
-  absl::StatusOr<v1::ListJobsResponse> r = coordinator_->ListJobs(*request, *caller);
-  if (r.ok()) *response = std::move(*r);
-  return FinishUnary(context, r.status());
+  return HandleUnary(context, *auth_, rpc_seconds_, auth::Rpc::kListJobs, *request,
+                     &ValidateListJobsRequest, [&](const auth::Principal& caller) -> absl::Status {
+                       ASSIGN_OR_RETURN(*response, coordinator_->ListJobs(*request, caller));
+                       return absl::OkStatus();
+                     });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::CancelJob(grpc::CallbackServerContext* context,
                                                     const v1::CancelJobRequest* request,
                                                     v1::CancelJobResponse* response) {
-  RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/CancelJob");
-  absl::StatusOr<auth::Principal> caller = Admit(*auth_, *context, auth::Rpc::kCancelJob);
-  if (!caller.ok()) return FinishUnary(context, caller.status());
-  if (absl::Status invalid = ValidateCancelJobRequest(*request); !invalid.ok()) {
-    return FinishUnary(context, invalid);
-  }
-  absl::StatusOr<v1::Job> r =
-      coordinator_->CancelJob(request->job_id(), request->reason(), *caller);
-  if (r.ok()) *response->mutable_job() = std::move(*r);
-  return FinishUnary(context, r.status());
+  return HandleUnary(context, *auth_, rpc_seconds_, auth::Rpc::kCancelJob, *request,
+                     &ValidateCancelJobRequest, [&](const auth::Principal& caller) -> absl::Status {
+                       ASSIGN_OR_RETURN(
+                           *response->mutable_job(),
+                           coordinator_->CancelJob(request->job_id(), request->reason(), caller));
+                       return absl::OkStatus();
+                     });
 }
 
 grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext* context,
                                                     const v1::ResumeJobRequest* request,
                                                     v1::ResumeJobResponse* response) {
-  RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ResumeJob");
-  absl::StatusOr<auth::Principal> caller = Admit(*auth_, *context, auth::Rpc::kResumeJob);
-  if (!caller.ok()) return FinishUnary(context, caller.status());
-  if (absl::Status invalid = ValidateResumeJobRequest(*request); !invalid.ok()) {
-    return FinishUnary(context, invalid);
-  }
-  absl::StatusOr<v1::Job> r = coordinator_->ResumeJob(request->job_id(), *caller);
-  if (r.ok()) *response->mutable_job() = std::move(*r);
-  return FinishUnary(context, r.status());
+  return HandleUnary(context, *auth_, rpc_seconds_, auth::Rpc::kResumeJob, *request,
+                     &ValidateResumeJobRequest, [&](const auth::Principal& caller) -> absl::Status {
+                       ASSIGN_OR_RETURN(*response->mutable_job(),
+                                        coordinator_->ResumeJob(request->job_id(), caller));
+                       return absl::OkStatus();
+                     });
 }
 
 grpc::ServerWriteReactor<v1::JobEvent>* JobServiceImpl::WatchJob(
@@ -450,17 +454,17 @@ grpc::ServerWriteReactor<v1::GetJobLogsResponse>* JobServiceImpl::GetJobLogs(
 grpc::ServerUnaryReactor* JobServiceImpl::ListWorkers(grpc::CallbackServerContext* context,
                                                       const v1::ListWorkersRequest* request,
                                                       v1::ListWorkersResponse* response) {
-  RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/ListWorkers");
-  absl::StatusOr<auth::Principal> caller = Admit(*auth_, *context, auth::Rpc::kListWorkers);
-  if (!caller.ok()) return FinishUnary(context, caller.status());
-  absl::StatusOr<v1::ListWorkersResponse> r = coordinator_->ListWorkers(*request, *caller);
-  if (r.ok()) *response = std::move(*r);
-  return FinishUnary(context, r.status());
+  return HandleUnary(context, *auth_, rpc_seconds_, auth::Rpc::kListWorkers, *request,
+                     &ValidateListWorkersRequest,
+                     [&](const auth::Principal& caller) -> absl::Status {
+                       ASSIGN_OR_RETURN(*response, coordinator_->ListWorkers(*request, caller));
+                       return absl::OkStatus();
+                     });
 }
 
 grpc::ServerWriteReactor<v1::BackupStateChunk>* JobServiceImpl::BackupState(
     grpc::CallbackServerContext* context, const v1::BackupStateRequest* /*request*/) {
-  RpcTimer timer(rpc_seconds_, "/ulysses.v1.JobService/BackupState");
+  RpcTimer timer(rpc_seconds_, auth::Rpc::kBackupState);
   return NewBackupReactor(Admit(*auth_, *context, auth::Rpc::kBackupState),
                           coordinator_->config().state_dir);
 }
@@ -468,7 +472,7 @@ grpc::ServerWriteReactor<v1::BackupStateChunk>* JobServiceImpl::BackupState(
 grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContext* context,
                                                       const v1::RegisterRequest* request,
                                                       v1::RegisterResponse* response) {
-  RpcTimer timer(rpc_seconds_, "/ulysses.v1.WorkerService/Register");
+  RpcTimer timer(rpc_seconds_, auth::Rpc::kRegister);
   absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kRegister);
   if (!caller.ok()) return FinishUnary(context, caller.status());
   absl::StatusOr<v1::RegisterResponse> r = coordinator_->Register(*request, *caller);
