@@ -6,6 +6,8 @@
 //     uninterrupted run (same layout).
 //   - SIGTERM -> exit 75 with a committed checkpoint; resuming at another sp
 //     degree continues within tolerance of the uninterrupted run.
+//   - SIGTERM with a grace shorter than a (held) step: exit 75 within the grace, the last finished
+//     step committed, the rerun resumes from it bit-identically.
 //   - kill -9 in the middle of a checkpoint save (shards written, no manifest; held
 //     there by the checkpoint.before_manifest failpoint): the previous checkpoint stays
 //     the latest and loads, a rerun resumes from it bit-identically and re-commits
@@ -730,6 +732,53 @@ TEST_F(TrainE2eTest, KillNineDuringAsyncWriteKeepsPreviousAndAsyncFilesMatchSync
           << "step " << step << " " << name << " differs from the synchronous run's";
     }
   }
+}
+
+// A preemption notice shorter than a step (worker/engine/train/preemption.h): every rank's
+// training thread is held in step 4 by the train.step failpoint (a step that never ends) while
+// the asynchronous save of step 3 is in flight; SIGTERM to `ulysses-train train --stop-grace-s 5`
+// (which forwards it with no deadline of its own, so a rank that waited for its step would never
+// exit). The ranks leave on their own with exit 75, step 3 (the last finished step) committed and
+// reported, and a rerun resumes at step 4 with losses bit-identical to an uninterrupted run.
+TEST_F(TrainE2eTest, SigtermShorterThanAStepExits75WithTheLastFinishedStepCommitted) {
+  const std::vector<std::string> sets = {"spec.parallelism.sp_degree=2", "spec.stages[0].steps=6",
+                                         "spec.checkpoint.every_steps=1",
+                                         "spec.checkpoint.async=true"};
+  Result ref = RunCmd(TrainArgs("ref", sets), dir_, "ref");
+  ASSERT_EQ(ref.code, 0) << ref.err;
+  auto lref = Losses("ref");
+  ASSERT_EQ(lref.size(), 6u);
+
+  const fs::path marker = dir_ / "failpoint.hit";
+  std::vector<std::string> argv = {Bin()};
+  for (auto& a : TrainArgs("term", sets)) argv.push_back(a);
+  argv.insert(argv.end(), {"--stop-grace-s", "5"});
+  Proc p = Start(argv, "term", dir_,
+                 {"ULYSSES_FAILPOINT=train.step@4", "ULYSSES_FAILPOINT_MARKER=" + marker.string()});
+  ASSERT_TRUE(WaitForFile(marker, p));
+  kill(p.pid, SIGTERM);
+  const int code = Wait(p);
+  const std::string err = ReadFile(p.err), out = ReadFile(p.out);
+  ASSERT_EQ(code, 75) << err;
+  EXPECT_NE(err.find("end within the grace; exiting 75"), std::string::npos) << err;
+  EXPECT_EQ(LatestCommittedStep("term"), 3) << err;
+  EXPECT_EQ(MetricLines("term"), 3u);  // step 4 never finished
+  // Step 3's save was in flight when the step hung: the leaving rank 0 reported its commit.
+  bool reported = false;
+  std::istringstream events(out);
+  for (std::string line; std::getline(events, line);) {
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    reported = reported || (!j.is_discarded() && j.value("event", "") == "checkpoint" &&
+                            j.value("step", -1) == 3);
+  }
+  EXPECT_TRUE(reported) << out;
+
+  Result resumed = RunCmd(TrainArgs("term", sets), dir_, "resumed");
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  auto lt = Losses("term", 3);
+  ASSERT_FALSE(lt.empty());
+  EXPECT_EQ(lt.begin()->first, 4) << "the rerun did not resume from step 3";
+  for (auto& [step, loss] : lt) EXPECT_EQ(loss, lref[step]) << "step " << step;  // bit-identical
 }
 
 TEST_F(TrainE2eTest, BadInputIsRejectedWithExit2) {
