@@ -24,6 +24,10 @@
 //                                asynchronous save (async_checkpoint.h) the same point on
 //                                rank 0's writer thread, once every shard is on disk,
 //                                while the training thread goes on.
+//   train.step                   worker/engine/train engine.cc, every rank's training thread at
+//                                the start of a step (before its batches); step = the global
+//                                step it would complete. A step that never ends: the
+//                                preemption watch (train/preemption.h) must leave anyway.
 #ifndef ULYSSES_COMMON_FAILPOINT_H_
 #define ULYSSES_COMMON_FAILPOINT_H_
 

@@ -49,7 +49,9 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const SpawnOpt
   signal(SIGPIPE, SIG_DFL);
   if (options.stdout_fd >= 0) dup2(options.stdout_fd, STDOUT_FILENO);
   if (options.stderr_fd >= 0) dup2(options.stderr_fd, STDERR_FILENO);
-  if (options.stdin_from_dev_null) {
+  if (options.stdin_fd >= 0) {
+    dup2(options.stdin_fd, STDIN_FILENO);
+  } else if (options.stdin_from_dev_null) {
     const int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, STDIN_FILENO);
   }

@@ -26,6 +26,7 @@ struct SpawnOptions {
   int stdout_fd = -1;    // Becomes the child's stdout; -1 = inherit.
   int stderr_fd = -1;    // Becomes the child's stderr; -1 = inherit.
   bool stdin_from_dev_null = false;
+  int stdin_fd = -1;  // Becomes the child's stdin (before stdin_from_dev_null); -1 = not.
   // The child leads a new process group (pgid = pid), so KillTiers(-pid) reaches
   // everything it spawns, and a terminal's Ctrl-C does not reach it directly.
   bool own_process_group = false;

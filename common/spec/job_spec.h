@@ -117,7 +117,13 @@ struct StageSpec {
 struct CheckpointSpec {
   std::string dir;          // Directory all ranks can read ("" = <out>/checkpoints).
   int64_t every_steps = 0;  // Also commit every N steps (0 = stage ends only).
-  int64_t keep_last = 2;    // Committed checkpoints to retain (>= 1).
+  // every_steps: auto. The coordinator picks the interval (Young/Daly, sqrt(2 C MTBF): C the
+  // measured blocking cost of a checkpoint, MTBF the failure rate it observed for the job's group
+  // size) and sends it with the assignment and when it changes (docs/JOBSPEC.md "Checkpoint
+  // interval"). Only under a coordinator; not with every_seconds.
+  bool every_steps_auto = false;
+  int64_t every_seconds = 0;  // Also commit once N seconds passed since the last one (0 = off).
+  int64_t keep_last = 2;      // Committed checkpoints to retain (>= 1).
   // Save in the background (worker/engine/checkpoint/async_checkpoint.h): training waits only for
   // a host-memory snapshot. Unset = yes when the snapshot fits the host memory
   // (DecideCheckpointAsync, memory_model.h); true / false force it.

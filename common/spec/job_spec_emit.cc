@@ -142,7 +142,14 @@ void EmitStages(YAML::Emitter& out, const std::vector<StageSpec>& stages) {
 void EmitCheckpointAndScheduling(YAML::Emitter& out, const JobSpec& s) {
   out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "dir" << YAML::Value << s.checkpoint.dir;
-  out << YAML::Key << "every_steps" << YAML::Value << s.checkpoint.every_steps;
+  if (s.checkpoint.every_steps_auto) {
+    out << YAML::Key << "every_steps" << YAML::Value << "auto";
+  } else {
+    out << YAML::Key << "every_steps" << YAML::Value << s.checkpoint.every_steps;
+  }
+  if (s.checkpoint.every_seconds != 0) {
+    out << YAML::Key << "every_seconds" << YAML::Value << s.checkpoint.every_seconds;
+  }
   out << YAML::Key << "keep_last" << YAML::Value << s.checkpoint.keep_last;
   if (s.checkpoint.async.has_value()) {
     out << YAML::Key << "async" << YAML::Value << *s.checkpoint.async;

@@ -125,6 +125,7 @@ const std::vector<SchemaEntry>& Schema() {
         {"spec.checkpoint", Kind::kMap},
         {"spec.checkpoint.dir", Kind::kScalar},
         {"spec.checkpoint.every_steps", Kind::kScalar},
+        {"spec.checkpoint.every_seconds", Kind::kScalar},
         {"spec.checkpoint.keep_last", Kind::kScalar},
         {"spec.checkpoint.async", Kind::kScalar},
         {"spec.scheduling", Kind::kMap},
@@ -623,7 +624,13 @@ void ReadCheckpoint(const YAML::Node& node, Reader& r, CheckpointSpec* ckpt) {
     return;
   }
   r.String(m, "dir", p, &ckpt->dir);
-  r.Int(m, "every_steps", p, &ckpt->every_steps);
+  if (auto it = m.find("every_steps");
+      it != m.end() && it->second.IsScalar() && it->second.Scalar() == "auto") {
+    ckpt->every_steps_auto = true;
+  } else {
+    r.Int(m, "every_steps", p, &ckpt->every_steps);
+  }
+  r.Int(m, "every_seconds", p, &ckpt->every_seconds);
   r.Int(m, "keep_last", p, &ckpt->keep_last);
   bool async = false;
   if (r.Bool(m, "async", p, &async)) ckpt->async = async;

@@ -22,6 +22,8 @@ using internal::Quote;
 constexpr int64_t kNeedleMinVocab = 64;
 constexpr int64_t kNeedleMinSeqLen = 64;
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+// Ten years: a larger interval is a typo (and keeps the seconds exact in a double).
+constexpr int64_t kMaxCheckpointSeconds = int64_t{10} * 365 * 86400;
 
 class Errors {
  public:
@@ -357,6 +359,17 @@ void CheckCheckpointAndScheduling(const JobSpec& s, Errors& e) {
   if (s.checkpoint.every_steps < 0) {
     e.Add("spec.checkpoint.every_steps", absl::StrCat(s.checkpoint.every_steps), "must be >= 0",
           "use 0 to checkpoint only at stage ends");
+  }
+  if (s.checkpoint.every_seconds < 0 || s.checkpoint.every_seconds > kMaxCheckpointSeconds) {
+    e.Add("spec.checkpoint.every_seconds", absl::StrCat(s.checkpoint.every_seconds),
+          absl::StrCat("is outside 0..", kMaxCheckpointSeconds),
+          "use e.g. 1800 (seconds between checkpoints), or 0 for none by time");
+  }
+  if (s.checkpoint.every_steps_auto && s.checkpoint.every_seconds != 0) {
+    e.Add("spec.checkpoint.every_steps", "auto",
+          absl::StrCat("is given with spec.checkpoint.every_seconds: ", s.checkpoint.every_seconds,
+                       " (auto picks the interval itself)"),
+          "keep one of the two: every_steps: auto, or every_seconds: N");
   }
   if (s.checkpoint.keep_last < 1) {
     e.Add("spec.checkpoint.keep_last", absl::StrCat(s.checkpoint.keep_last), "must be >= 1",

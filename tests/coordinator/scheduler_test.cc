@@ -2,9 +2,11 @@
 #include "coordinator/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <tuple>
 
+#include "coordinator/checkpoint_interval.h"
 #include "coordinator/config.h"
 #include "gtest/gtest.h"
 
@@ -458,4 +460,61 @@ TEST(ConfigTest, ResourceBoundsAreValidated) {
 }
 
 }  // namespace
+// every_steps: auto picks the Young/Daly interval sqrt(2 C M) for an injected cost C and
+// failure data: M from the prior alone, then from observed failures, scaled by the group size.
+TEST(CheckpointIntervalTest, AutoPicksTheYoungDalyIntervalForInjectedCostAndMtbf) {
+  IntervalInputs in;
+  in.auto_interval = true;
+  in.group_gpus = 8;
+  in.prior_gpu_mtbf_s = 8.0e6;  // one failure per 8e6 GPU-seconds: 1e6 s for 8 GPUs
+  // No cost measured yet: every step (the first checkpoint measures it).
+  IntervalChoice c = ChooseCheckpointInterval(in);
+  EXPECT_EQ(c.every_steps, 1);
+  EXPECT_EQ(c.every_seconds, 0);
+  EXPECT_NE(c.reason.find("until a checkpoint's cost is measured"), std::string::npos) << c.reason;
+  // C = 2 s, M = 1e6 s (the prior): T = sqrt(2 x 2 x 1e6) = 2000 s.
+  in.cost_seconds = 2.0;
+  c = ChooseCheckpointInterval(in);
+  EXPECT_EQ(c.every_steps, 0);
+  EXPECT_DOUBLE_EQ(c.mtbf_seconds, 1.0e6);
+  EXPECT_DOUBLE_EQ(c.every_seconds, 2000.0);
+  EXPECT_NE(c.reason.find("sqrt(2 x C 2.000 s x MTBF 1000000 s for 8 GPUs"), std::string::npos)
+      << c.reason;
+  // Observed: 3 failures in 2.4e7 GPU-seconds (with the prior: 4 in 3.2e7, one per 8e6 per GPU
+  // stays) ... then 7 in 1.6e7 (with the prior: 8 in 2.4e7: one per 3e6 GPU-seconds, 3.75e5 s
+  // for 8 GPUs): T = sqrt(2 x 2 x 3.75e5) = sqrt(1.5e6).
+  in.observed_gpu_seconds = 2.4e7;
+  in.observed_failures = 3;
+  EXPECT_DOUBLE_EQ(ChooseCheckpointInterval(in).every_seconds, 2000.0);
+  in.observed_gpu_seconds = 1.6e7;
+  in.observed_failures = 7;
+  c = ChooseCheckpointInterval(in);
+  EXPECT_DOUBLE_EQ(c.mtbf_seconds, 3.75e5);
+  EXPECT_DOUBLE_EQ(c.every_seconds, std::sqrt(1.5e6));
+  // Twice the GPUs, half the MTBF: the interval shrinks by sqrt(2).
+  in.group_gpus = 16;
+  EXPECT_DOUBLE_EQ(ChooseCheckpointInterval(in).every_seconds, std::sqrt(0.75e6));
+  EXPECT_DOUBLE_EQ(YoungDalySeconds(2.0, 1.0e6), 2000.0);
+  EXPECT_DOUBLE_EQ(YoungDalySeconds(0.0, 1.0e6), 0.0);
+  // The spec's own interval passes through.
+  IntervalInputs fixed;
+  fixed.spec_every_steps = 20;
+  c = ChooseCheckpointInterval(fixed);
+  EXPECT_EQ(c.every_steps, 20);
+  EXPECT_EQ(c.reason, "the job spec");
+}
+
+TEST(CheckpointIntervalTest, SmallMovesAreNotSent) {
+  IntervalChoice sent;
+  sent.every_seconds = 1000;
+  IntervalChoice next = sent;
+  next.every_seconds = 1090;
+  EXPECT_FALSE(IntervalChanged(sent, next));
+  next.every_seconds = 1200;
+  EXPECT_TRUE(IntervalChanged(sent, next));
+  IntervalChoice steps;
+  steps.every_steps = 1;
+  EXPECT_TRUE(IntervalChanged(steps, sent));  // measuring -> by time
+}
+
 }  // namespace ulysses::coordinator

@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,13 +65,22 @@ absl::StatusOr<std::unique_ptr<ChildSupervisor>> ChildSupervisor::Start(
     close(out_pipe[1]);
     return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
   }
+  // The control channel (common/contract/rank_control.h): the child's stdin. Never blocks the
+  // agent: a child that does not read it (no --control stdin) just fills the pipe.
+  int in_pipe[2];
+  if (pipe2(in_pipe, O_CLOEXEC) != 0) {
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) close(fd);
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  }
+  fcntl(in_pipe[1], F_SETFL, fcntl(in_pipe[1], F_GETFL) | O_NONBLOCK);
   std::unique_ptr<ChildSupervisor> self(
       new ChildSupervisor(out_pipe[0], err_pipe[0], std::move(callbacks)));
+  self->in_fd_ = in_pipe[1];
   process::SpawnOptions options;
   options.work_dir = work_dir;
   options.stdout_fd = out_pipe[1];
   options.stderr_fd = err_pipe[1];
-  options.stdin_from_dev_null = true;
+  options.stdin_fd = in_pipe[0];
   options.own_process_group = true;
   options.die_with_parent = true;
   options.exec_error_prefix = "ulysses-worker: exec of the engine binary failed";
@@ -97,6 +108,7 @@ absl::StatusOr<std::unique_ptr<ChildSupervisor>> ChildSupervisor::Start(
   }
   close(out_pipe[1]);
   close(err_pipe[1]);
+  close(in_pipe[0]);
   if (me->pid_ < 0) {
     me->thread_.join();
     return me->spawn_error_;
@@ -110,6 +122,27 @@ ChildSupervisor::ChildSupervisor(int out_fd, int err_fd, ChildCallbacks callback
 ChildSupervisor::~ChildSupervisor() {
   Stop(contract::StopRequest::kAbort, std::chrono::milliseconds(0));
   if (thread_.joinable()) thread_.join();
+  if (in_fd_ >= 0) close(in_fd_);
+}
+
+bool ChildSupervisor::SendLine(const std::string& line) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (result_.has_value() || in_fd_ < 0) return false;
+  const std::string text = line + "\n";
+  // A child that exited but is not reaped yet: EPIPE, and a SIGPIPE that must not end the agent
+  // (blocked on this thread, then taken back).
+  sigset_t pipe_set, old_set;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_set, &old_set);
+  const ssize_t n = write(in_fd_, text.data(), text.size());
+  const int err = errno;
+  if (n < 0 && err == EPIPE) {
+    const timespec zero{0, 0};
+    sigtimedwait(&pipe_set, nullptr, &zero);
+  }
+  pthread_sigmask(SIG_SETMASK, &old_set, nullptr);
+  return n == static_cast<ssize_t>(text.size());
 }
 
 void ChildSupervisor::Stop(contract::StopRequest stop, std::chrono::milliseconds grace) {
@@ -257,6 +290,16 @@ std::vector<std::string> BuildRankArgv(const RankLaunch& launch) {
   if (launch.intra_op_threads > 0) {
     argv.push_back("--intra-op-threads");
     argv.push_back(absl::StrCat(launch.intra_op_threads));
+  }
+  if (launch.control_stdin) {
+    argv.push_back("--control");
+    argv.push_back("stdin");
+  }
+  if (launch.stop_grace_s > 0) {
+    char grace[32];
+    std::snprintf(grace, sizeof(grace), "%.3f", launch.stop_grace_s);
+    argv.push_back("--stop-grace-s");
+    argv.push_back(grace);
   }
   for (const auto& set : launch.overrides) {
     argv.push_back("--set");

@@ -82,6 +82,11 @@ class ChildSupervisor {
   bool Running();
   pid_t pid() const { return pid_; }  // Set before Start() returns.
 
+  // Writes `line` and a newline to the child's stdin (the control channel of `ulysses-train
+  // rank --control stdin`, common/contract/rank_control.h) without blocking. False when the
+  // child is gone or the pipe is full (a line is small; a child reading it never fills it).
+  bool SendLine(const std::string& line);
+
  private:
   ChildSupervisor(int out_fd, int err_fd, ChildCallbacks callbacks);
   void Loop();  // The supervisor thread.
@@ -91,6 +96,7 @@ class ChildSupervisor {
   absl::Status spawn_error_;  // Why the spawn failed; written before pid_.
   int out_fd_;
   int err_fd_;
+  int in_fd_ = -1;  // The write end of the child's stdin.
   ChildCallbacks callbacks_;
   std::string stderr_tail_;  // Supervisor thread only.
 
@@ -117,6 +123,10 @@ struct RankLaunch {
   int collective_timeout_s = 0;        // > 0: --collective-timeout-s (0 = the engine's 60 s).
   double peak_flops = 0;               // > 0: --peak-flops (the step events then carry mfu).
   int intra_op_threads = 0;            // > 0: --intra-op-threads (0 = libtorch's default).
+  bool control_stdin = false;          // --control stdin (the agent sends interval updates).
+  // > 0: --stop-grace-s, the agent's --grace-period-s (SIGTERM -> SIGKILL): the rank leaves
+  // within it even mid-step (worker/engine/train/preemption.h).
+  double stop_grace_s = 0;
 };
 std::vector<std::string> BuildRankArgv(const RankLaunch& launch);
 

@@ -549,6 +549,8 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   launch.device = slot.device;
   launch.collective_timeout_s = config_.collective_timeout_s;
   launch.peak_flops = config_.peak_flops;
+  // The rank leaves within the grace even mid-step (worker/engine/train/preemption.h).
+  launch.stop_grace_s = config_.grace_period.count() / 1000.0;
   launch.intra_op_threads =
       config_.intra_op_threads > 0
           ? config_.intra_op_threads

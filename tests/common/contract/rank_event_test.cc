@@ -3,7 +3,11 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "common/contract/rank_control.h"
 #include "gtest/gtest.h"
 
 namespace ulysses::contract {
@@ -269,6 +273,56 @@ TEST(RankEventTest, NonFiniteValuesDoNotSurviveTheWire) {
   const std::string line =
       SerializeRankEvent(StepEvent{0, 1, 2, std::numeric_limits<double>::quiet_NaN(), 1.0, 8});
   EXPECT_NE(MustReject(line).find("step.loss: null"), std::string::npos) << line;
+}
+
+// The --control stdin line (rank_control.h): round trip, and every broken field named.
+TEST(RankControlTest, IntervalLinesRoundTripAndBrokenOnesNameTheField) {
+  CheckpointIntervalControl c;
+  c.version = 3;
+  c.every_steps = 0;
+  c.every_seconds = 1234.5;
+  c.reason = "auto: every 1234.5 s";
+  absl::StatusOr<std::string> line = SerializeRankControl(c);
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(*line,
+            "{\"control\":\"checkpoint_interval\",\"version\":3,\"every_steps\":0,"
+            "\"every_seconds\":1234.5,\"reason\":\"auto: every 1234.5 s\"}");
+  absl::StatusOr<CheckpointIntervalControl> back = ParseRankControlLine(*line + "\r");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == c);
+  const std::string ok_tail = R"(,"every_steps":1,"every_seconds":0,"reason":"r"})";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"not json", "not a JSON object"},
+      {R"({"control":"stop","version":1})", "control: \"stop\""},
+      {R"({"control":"checkpoint_interval","version":0)" + ok_tail, "version: 0"},
+      {R"({"control":"checkpoint_interval","version":16777216)" + ok_tail, "version: 16777216"},
+      {R"({"control":"checkpoint_interval","version":1.5)" + ok_tail, "version: 1.5"},
+      {R"({"control":"checkpoint_interval","version":1,"every_steps":-1,"every_seconds":0,)"
+       R"("reason":"r"})",
+       "every_steps: -1"},
+      {R"({"control":"checkpoint_interval","version":1,"every_steps":1,"every_seconds":null,)"
+       R"("reason":"r"})",
+       "every_seconds: null"},
+      {R"({"control":"checkpoint_interval","version":1,"every_steps":1,"every_seconds":1e12,)"
+       R"("reason":"r"})",
+       "every_seconds: 1e+12"},
+      {R"({"control":"checkpoint_interval","version":1,"every_steps":1,"every_seconds":0,)"
+       R"("reason":"a\nb"})",
+       "reason: a control character"},
+      {R"({"control":"checkpoint_interval","version":1,"every_steps":1,"every_seconds":0,)"
+       R"("reason":"r","extra":1})",
+       "extra: unknown field"},
+      {R"({"control":"checkpoint_interval","version":1,"every_steps":1,"reason":"r"})",
+       "every_seconds: missing"},
+  };
+  for (const auto& [text, needle] : bad) {
+    absl::StatusOr<CheckpointIntervalControl> parsed = ParseRankControlLine(text);
+    ASSERT_FALSE(parsed.ok()) << text;
+    EXPECT_NE(std::string(parsed.status().message()).find(needle), std::string::npos)
+        << text << " -> " << parsed.status();
+  }
+  c.version = 0;
+  EXPECT_FALSE(SerializeRankControl(c).ok());  // the writer checks too
 }
 
 }  // namespace

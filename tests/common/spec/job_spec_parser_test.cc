@@ -448,6 +448,14 @@ std::vector<BadCase> BadCases() {
        "spec.checkpoint.keep_last: 0 must be >= 1"},
       {"every_steps_negative", With("every_steps: 5", "every_steps: -5"),
        "spec.checkpoint.every_steps: -5 must be >= 0"},
+      {"every_steps_auto_with_every_seconds",
+       With("every_steps: 5", "every_steps: auto, every_seconds: 600"),
+       "spec.checkpoint.every_steps: auto is given with spec.checkpoint.every_seconds: 600 (auto "
+       "picks the interval itself) (keep one of the two: every_steps: auto, or every_seconds: N)"},
+      {"every_seconds_negative", With("every_steps: 5", "every_seconds: -1"),
+       "spec.checkpoint.every_seconds: -1 is outside 0..315360000"},
+      {"every_steps_word", With("every_steps: 5", "every_steps: often"),
+       "spec.checkpoint.every_steps: 'often' is not an integer"},
       {"async_not_bool", With("keep_last: 2", "keep_last: 2, async: sometimes"),
        "spec.checkpoint.async: 'sometimes' is not a boolean (write true or false)"},
       {"no_data", With("{synthetic: {generator: random}}", "{}"),
@@ -517,6 +525,26 @@ std::vector<BadCase> BadCases() {
        With("{seq_len: 1024, steps: 10}", "{seq_len: 1024, steps: 10, eval: {every_steps: -2}}"),
        "spec.stages[0].eval.every_steps: -2 must be >= 0"},
   };
+}
+
+// every_steps: auto and every_seconds parse, survive ToYaml (the coordinator stores and sends
+// the emitted spec) and leave the spec hash alone (an interval is not training).
+TEST(JobSpecParserTest, CheckpointIntervalByTimeAndAutoRoundTrip) {
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(With("every_steps: 5", "every_steps: auto"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->checkpoint.every_steps_auto);
+  EXPECT_EQ(spec->checkpoint.every_seconds, 0);
+  absl::StatusOr<JobSpec> again = ParseJobSpec(ToYaml(*spec));
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << ToYaml(*spec);
+  EXPECT_TRUE(again->checkpoint.every_steps_auto);
+  absl::StatusOr<JobSpec> timed = ParseJobSpec(With("every_steps: 5", "every_seconds: 1800"));
+  ASSERT_TRUE(timed.ok()) << timed.status();
+  EXPECT_FALSE(timed->checkpoint.every_steps_auto);
+  EXPECT_EQ(timed->checkpoint.every_seconds, 1800);
+  absl::StatusOr<JobSpec> timed_again = ParseJobSpec(ToYaml(*timed));
+  ASSERT_TRUE(timed_again.ok()) << timed_again.status();
+  EXPECT_EQ(timed_again->checkpoint.every_seconds, 1800);
+  EXPECT_EQ(SpecHash(*spec), SpecHash(*timed));
 }
 
 TEST(JobSpecParserTest, BadSpecsGiveExactMessages) {

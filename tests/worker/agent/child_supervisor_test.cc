@@ -305,6 +305,11 @@ TEST(ChildSupervisorTest, BuildsTheRankArgvOfTheContract) {
   std::vector<std::string> with_threads = with_peak;
   with_threads.insert(with_threads.end() - 2, {"--intra-op-threads", "4"});
   EXPECT_EQ(BuildRankArgv(launch), with_threads);
+  // The agent's --grace-period-s: the rank leaves within it even mid-step.
+  launch.stop_grace_s = 2.5;
+  std::vector<std::string> with_grace = with_threads;
+  with_grace.insert(with_grace.end() - 2, {"--stop-grace-s", "2.500"});
+  EXPECT_EQ(BuildRankArgv(launch), with_grace);
 }
 
 }  // namespace

@@ -191,6 +191,11 @@ std::optional<absl::StatusOr<AsyncSaveDone>> AsyncCheckpointer::Wait() {
   return out;
 }
 
+bool AsyncCheckpointer::WaitIdleUntil(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_until(lock, deadline, [&] { return !busy_; });
+}
+
 void AsyncCheckpointer::WriterLoop() {
   while (true) {
     std::unique_ptr<Job> job;

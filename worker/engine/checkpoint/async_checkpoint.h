@@ -28,8 +28,9 @@
 // a failure marker, is there, bounded by `commit_timeout`.
 //
 // Thread-safety: one AsyncCheckpointer per rank; its methods are called from one (training)
-// thread. The destructor waits for the shard write in flight and abandons a commit still waiting
-// for other ranks (their shards never come when the job is failing).
+// thread, except Poll and WaitIdleUntil (any thread). The destructor waits for the shard write in
+// flight and abandons a commit still waiting for other ranks (their shards never come when the job
+// is failing).
 #ifndef ULYSSES_WORKER_ENGINE_CHECKPOINT_ASYNC_CHECKPOINT_H_
 #define ULYSSES_WORKER_ENGINE_CHECKPOINT_ASYNC_CHECKPOINT_H_
 
@@ -88,6 +89,11 @@ class AsyncCheckpointer {
 
   // Blocks until no save is in flight; returns the one that finished (nullopt: none was pending).
   std::optional<absl::StatusOr<AsyncSaveDone>> Wait();
+
+  // Blocks until no save is in flight or `deadline` passes; true when none is. Unlike the other
+  // methods callable from any thread (the preemption watch, train/preemption.h); collects
+  // nothing (Poll, also thread-safe, does).
+  bool WaitIdleUntil(std::chrono::steady_clock::time_point deadline);
 
   // Seconds the training thread spent waiting for a previous save in Begin (all saves).
   double waited_seconds() const { return waited_seconds_; }

@@ -90,6 +90,7 @@ absl::Status CheckpointSaver::SaveSync(CheckpointState state, RankReporter& repo
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report.Checkpoint(static_cast<int>(state.stage), state.step_in_stage, path, seconds, seconds);
+  last_save_seconds_ = seconds;
   last_commit_ = std::chrono::steady_clock::now();
   return absl::OkStatus();
 }
@@ -102,6 +103,7 @@ absl::Status CheckpointSaver::Report(std::optional<absl::StatusOr<AsyncSaveDone>
   // Only rank 0's report is printed (RankReporter); its save finished with the commit.
   report.Checkpoint(static_cast<int>(d.stage), d.step_in_stage, d.path, d.total_seconds,
                     d.blocked_seconds);
+  last_save_seconds_ = d.total_seconds;
   last_commit_ = std::chrono::steady_clock::now();
   return absl::OkStatus();
 }
@@ -118,6 +120,21 @@ absl::Status CheckpointSaver::Periodic(CheckpointState state, RankReporter& repo
 absl::Status CheckpointSaver::Commit(CheckpointState state, RankReporter& report) {
   if (async_) RETURN_IF_ERROR(Report(async_->Wait(), report));
   return SaveSync(std::move(state), report);
+}
+
+bool CheckpointSaver::DrainBeforeExit(std::chrono::steady_clock::time_point deadline,
+                                      RankReporter& report) {
+  if (!async_) return true;
+  const bool idle = async_->WaitIdleUntil(deadline);
+  std::optional<absl::StatusOr<AsyncSaveDone>> done = async_->Poll();
+  if (done.has_value() && done->ok()) {
+    const AsyncSaveDone& d = **done;
+    report.Checkpoint(static_cast<int>(d.stage), d.step_in_stage, d.path, d.total_seconds,
+                      d.blocked_seconds);
+  } else if (done.has_value()) {
+    ULOG(ERROR) << "the asynchronous checkpoint in flight failed: " << done->status();
+  }
+  return idle;
 }
 
 absl::Status CheckpointSaver::Poll(RankReporter& report) {

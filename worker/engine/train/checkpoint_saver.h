@@ -13,6 +13,7 @@
 #ifndef ULYSSES_WORKER_ENGINE_TRAIN_CHECKPOINT_SAVER_H_
 #define ULYSSES_WORKER_ENGINE_TRAIN_CHECKPOINT_SAVER_H_
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -66,6 +67,14 @@ class CheckpointSaver {
   // Reports a background save that finished since the last call; its error if it failed.
   absl::Status Poll(RankReporter& report);
 
+  // Seconds of the last save from start to durable (synchronous or background; 0 = none yet).
+  // Any thread.
+  double last_save_seconds() const { return last_save_seconds_.load(); }
+  // The preemption watch's thread (preemption.h), with the training thread stuck in a step:
+  // waits until `deadline` for the background save in flight, if any, and reports it when it
+  // committed. True when no save is left in flight. The process exits right after.
+  bool DrainBeforeExit(std::chrono::steady_clock::time_point deadline, RankReporter& report);
+
  private:
   CheckpointSaver(const Options& options, Communicator& world) : options_(options), world_(world) {}
   absl::Status Report(std::optional<absl::StatusOr<AsyncSaveDone>> done, RankReporter& report);
@@ -76,6 +85,7 @@ class CheckpointSaver {
   std::unique_ptr<AsyncCheckpointer> async_;
   std::string reason_;
   std::optional<std::chrono::steady_clock::time_point> last_commit_;
+  std::atomic<double> last_save_seconds_{0};
 };
 
 }  // namespace ulysses::engine::train

@@ -33,7 +33,7 @@ namespace {
 constexpr char kUsage[] =
     "usage:\n"
     "  ulysses-train train  -f JOB.yaml [--nproc N] [--out DIR] [--device cpu|cuda|cuda:N]"
-    " [--peak-flops F] [--intra-op-threads N] [--set spec.path=value ...]\n"
+    " [--peak-flops F] [--intra-op-threads N] [--stop-grace-s G] [--set spec.path=value ...]\n"
     "  ulysses-train eval   -f JOB.yaml [--nproc N] [--checkpoint DIR | --init-from HFDIR]"
     " [--seq-len T]\n"
     "  ulysses-train export --checkpoint DIR --hf-out DIR [--dtype bf16|fp16|fp32|fp64]\n"
@@ -41,7 +41,8 @@ constexpr char kUsage[] =
     "  ulysses-train rank   -f JOB.yaml --out DIR --stage I --rank R --world-size W"
     " --master-addr HOST --master-port PORT [--device cpu|cuda:N] [--backend auto|gloo|nccl]"
     " [--collective-timeout-s S] [--step-events rank0|all] [--peak-flops F]"
-    " [--progress-line off|stderr] [--intra-op-threads N] [--set ...]\n"
+    " [--progress-line off|stderr] [--intra-op-threads N] [--stop-grace-s G]"
+    " [--control none|stdin] [--set ...]\n"
     "  ulysses-train data pack --out PREFIX (--jsonl FILE | --from-flat FILE (--doc-len N | --eos "
     "ID))"
     " [--vocab-size V]\n";
@@ -105,6 +106,18 @@ absl::StatusOr<int> IntraOpThreadsFlag(const Flags& f, int def) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--intra-op-threads: ", v, " is outside 0..", process::kMaxIntraOpThreads,
         " (each rank's libtorch threads: its share of the cores; 0 = libtorch's default)"));
+  }
+  return v;
+}
+
+// --stop-grace-s: seconds from SIGTERM to SIGKILL, 0..86400; 0 (no deadline) when absent.
+absl::StatusOr<double> StopGraceFlag(const Flags& f) {
+  if (!f.Has("--stop-grace-s")) return 0.0;
+  double v = 0;
+  if (!absl::SimpleAtod(f.Get("--stop-grace-s"), &v) || !std::isfinite(v) || v < 0 || v > 86400) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--stop-grace-s: '", f.Get("--stop-grace-s"),
+        "' is not seconds in 0..86400 (the time from SIGTERM to SIGKILL, e.g. 30; 0 = none)"));
   }
   return v;
 }
@@ -185,7 +198,7 @@ int RankCommand(int argc, char** argv) {
                         {"-f", "--out", "--stage", "--rank", "--world-size", "--master-addr",
                          "--master-port", "--device", "--backend", "--collective-timeout-s",
                          "--step-events", "--peak-flops", "--progress-line", "--intra-op-threads",
-                         "--set"}));
+                         "--stop-grace-s", "--control", "--set"}));
   RankOptions o;
   OR_FAIL(job, Required(f, "-f"));
   OR_FAIL(out, Required(f, "--out"));
@@ -229,6 +242,15 @@ int RankCommand(int argc, char** argv) {
   o.progress_line = progress_line == "stderr";
   OR_FAIL(threads, IntraOpThreadsFlag(f, 0));
   o.intra_op_threads = threads;
+  OR_FAIL(grace, StopGraceFlag(f));
+  o.stop_grace_s = grace;
+  const std::string control = f.Get("--control", "none");
+  if (control != "none" && control != "stdin") {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--control: \"", control,
+        "\" is not none or stdin (stdin: read checkpoint interval updates, one JSON line each)")));
+  }
+  o.control_stdin = control == "stdin";
   o.overrides = f.sets;
   if (world > 1 && port <= 0) {
     return Fail(absl::InvalidArgumentError("--master-port: required when --world-size > 1"));
@@ -241,9 +263,10 @@ int RankCommand(int argc, char** argv) {
 int TrainCommand(int argc, char** argv) {
   OR_FAIL(f, ParseFlags(argc, argv, 2,
                         {"-f", "--nproc", "--out", "--device", "--peak-flops", "--intra-op-threads",
-                         "--set"}));
+                         "--stop-grace-s", "--set"}));
   OR_FAIL(job, Required(f, "-f"));
   OR_FAIL(nproc, IntFlag(f, "--nproc", 0));
+  OR_FAIL(stop_grace, StopGraceFlag(f));
   OR_FAIL(peak_flops, PeakFlopsFlag(f));
   OR_FAIL(explicit_threads, IntraOpThreadsFlag(f, 0));
   spec::ParseOptions popts;
@@ -300,6 +323,10 @@ int TrainCommand(int argc, char** argv) {
       if (threads > 0) {
         a.push_back("--intra-op-threads");
         a.push_back(std::to_string(threads));
+      }
+      if (stop_grace > 0) {  // SIGTERM: each rank leaves within the grace (preemption.h)
+        a.push_back("--stop-grace-s");
+        a.push_back(f.Get("--stop-grace-s"));
       }
       for (const auto& s : f.sets) {
         a.push_back("--set");

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/failpoint.h"
 #include "common/logging.h"
 #include "common/spec/job_spec_parser.h"
 #include "common/spec/memory_model.h"
@@ -30,8 +31,10 @@
 #include "worker/engine/parallel/parallelize.h"
 #include "worker/engine/parallel/ulysses_attention.h"
 #include "worker/engine/train/checkpoint_saver.h"
+#include "worker/engine/train/checkpoint_schedule.h"
 #include "worker/engine/train/guard.h"
 #include "worker/engine/train/model_io.h"
+#include "worker/engine/train/preemption.h"
 #include "worker/engine/train/rank_events.h"
 #include "worker/engine/train/resume.h"
 #include "worker/engine/train/train_step.h"
@@ -299,6 +302,11 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   so.device = rs.rt.device;
   so.commit_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(pc.timeout);
   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointSaver> saver, CheckpointSaver::Create(so, world));
+  // Periodic checkpoints by steps, time or the supervisor's interval (checkpoint_schedule.h).
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointSchedule> schedule,
+                   CheckpointSchedule::Create(spec.checkpoint, o.control_stdin, o.rank));
+  // A preemption notice shorter than a step (preemption.h): leave within the grace.
+  PreemptionWatch watch(o.stop_grace_s, o.rank, saver.get(), &report);
   // periodic: may return before the files are written (asynchronous); else committed on return.
   auto commit = [&](int64_t step_in_stage, bool complete, bool periodic) -> absl::Status {
     CommitPoint point{o.stage, step_in_stage, global_step, complete};
@@ -315,6 +323,8 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   StepMeter meter(rs.rt.device, rs.rt.groups.sp.get(), flops_per_token);
   for (int64_t step = start_step; step < steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
+    watch.NoteStepBegin();
+    HangAtFailpoint("train.step", global_step + 1);  // tests: a step that does not end
     meter.Begin();
     ASSIGN_OR_RETURN(std::vector<LocalShard> batches,
                      StepMicroBatches(*train_data, layout, cursor));
@@ -338,20 +348,30 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
     r.data_cursor = step_cursor;
     r.stats = stats;
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    watch.NoteStepEnd(r.seconds);
     r.tokens_per_s =
         static_cast<double>(stage.seq_len * layout.GlobalBatch()) / std::max(r.seconds, 1e-9);
     r.rank = meter.Finish(stats,
                           static_cast<double>(stage.seq_len * layout.GlobalBatch()) / o.world_size);
     // One collective per step, after the timed phases (the figures above exclude it): agree on
-    // a stop (slot 0, max of the flags) and learn every rank's step seconds (slot 1 + rank;
-    // the others' slots are 0, so the max is an all-gather).
-    torch::Tensor agreed = torch::zeros({1 + o.world_size}, torch::kFloat32);
+    // a stop (slot 0, max of the flags), learn every rank's step seconds (slot 1 + rank; the
+    // others' slots are 0, so the max is an all-gather) and agree on the periodic checkpoint
+    // (the schedule's slots after those).
+    const int64_t sched_slot = 1 + o.world_size;
+    torch::Tensor agreed = torch::zeros({sched_slot + CheckpointSchedule::kSlots}, torch::kFloat32);
     agreed[0] = StopRequested() ? 1.0f : 0.0f;
     agreed[1 + o.rank] = static_cast<float>(r.rank->step_seconds);
+    {
+      float slots[CheckpointSchedule::kSlots];
+      schedule->Fill(slots, std::chrono::steady_clock::now());
+      for (int i = 0; i < CheckpointSchedule::kSlots; ++i) agreed[sched_slot + i] = slots[i];
+    }
     agreed = agreed.to(rs.rt.device);
     RETURN_IF_ERROR(world.AllReduceMax(agreed));
-    agreed = agreed.cpu();
+    agreed = agreed.cpu().contiguous();
     const bool stopping = agreed[0].item<float>() > 0;
+    const bool periodic =
+        schedule->Decide(agreed.data_ptr<float>() + sched_slot, /*step_in_stage=*/step + 1);
     std::vector<double> rank_seconds(o.world_size);
     for (int i = 0; i < o.world_size; ++i) rank_seconds[i] = agreed[1 + i].item<float>();
     r.group = GroupFigures(rank_seconds);
@@ -372,13 +392,15 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
           "optimizer.grad_clip, use bfloat16 instead of float16, or check the data)"));
     }
     const bool last = step + 1 == steps;
-    const bool periodic =
-        spec.checkpoint.every_steps > 0 && (step + 1) % spec.checkpoint.every_steps == 0;
     if (stopping && !last) {
       RETURN_IF_ERROR(commit(step + 1, false, /*periodic=*/false));
       return RankOutcome{true};
     }
-    if (periodic && !last) RETURN_IF_ERROR(commit(step + 1, false, /*periodic=*/true));
+    if (periodic && !last) {
+      watch.NoteOtherBegin();
+      schedule->Saved(std::chrono::steady_clock::now());
+      RETURN_IF_ERROR(commit(step + 1, false, /*periodic=*/true));
+    }
     if (eval.every_steps > 0 && (step + 1) % eval.every_steps == 0 && !last) {
       RETURN_IF_ERROR(evaluate(step + 1));
     }

@@ -62,6 +62,13 @@ struct RankOptions {
   // the launchers pass each local rank its share of the cores (common/process/cpu_share.h).
   // 0 = libtorch's default (a thread per core: N local ranks oversubscribe the cores N times).
   int intra_op_threads = 0;
+  // --stop-grace-s G: SIGTERM is followed by SIGKILL after G seconds (the worker agent's
+  // --grace-period-s): the rank exits 75 within it even when a step is longer (preemption.h).
+  // 0 = no deadline: the rank stops at the next step boundary, however long that takes.
+  double stop_grace_s = 0;
+  // --control stdin: read checkpoint interval updates from stdin (common/contract/rank_control.h;
+  // the worker agent's channel to a running rank). Needed by spec.checkpoint.every_steps: auto.
+  bool control_stdin = false;
 };
 
 struct RankOutcome {

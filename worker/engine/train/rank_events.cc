@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -23,7 +24,12 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 // Every stdout event goes through the one protocol definition (common/contract/rank_event.h).
-void EmitEvent(const contract::RankEvent& event) { contract::WriteRankEvent(std::cout, event); }
+// Serialised: the preemption watch (preemption.h) may report a checkpoint from its own thread.
+std::mutex g_stdout_mu;
+void EmitEvent(const contract::RankEvent& event) {
+  std::lock_guard<std::mutex> lock(g_stdout_mu);
+  contract::WriteRankEvent(std::cout, event);
+}
 
 void AppendMetrics(const std::string& out_dir, const json& line) {
   std::error_code ec;
@@ -121,6 +127,7 @@ void RankReporter::Step(const StepReport& r) {
   if (!std::isfinite(r.stats.loss)) {
     // The protocol carries finite losses only; a skipped non-finite step is a log line
     // (metrics.jsonl records it with "skipped").
+    std::lock_guard<std::mutex> lock(g_stdout_mu);
     std::cout << "step " << r.step_in_stage << " of stage " << r.stage
               << " skipped: non-finite loss" << std::endl;
   }

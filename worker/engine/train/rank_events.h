@@ -2,7 +2,8 @@
 // the worker agent). Step events carry the rank's own per-rank figures; rank 0 prints them, and
 // so does every rank run with `--step-events all` (the worker agent's per-rank metrics). Rank 0
 // also prints eval, checkpoint and done events and writes the run's metrics.jsonl (one object
-// per optimizer step, one {"eval": ...} per stage). Not thread-safe.
+// per optimizer step, one {"eval": ...} per stage). Not thread-safe, except Checkpoint(), which
+// the preemption watch (preemption.h) may call from its thread (stdout lines are serialised).
 #ifndef ULYSSES_WORKER_ENGINE_TRAIN_RANK_EVENTS_H_
 #define ULYSSES_WORKER_ENGINE_TRAIN_RANK_EVENTS_H_
 

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -111,6 +112,31 @@ void ExpectSameState(const CheckpointState& a, const CheckpointState& b) {
 TEST(CheckpointTest, Crc32KnownValue) {
   EXPECT_EQ(Crc32("123456789", 9), 0xCBF43926u);
   EXPECT_EQ(Crc32("6789", 4, Crc32("12345", 5)), 0xCBF43926u);
+  EXPECT_EQ(Crc32("The quick brown fox jumps over the lazy dog", 43), 0x414FA339u);
+}
+
+// The eight-bytes-at-a-time CRC equals the bitwise definition at every length and alignment
+// (the 8-byte loop, its tail, and chaining through the initial value).
+TEST(CheckpointTest, Crc32MatchesBitwiseDefinitionAtEveryLengthAndAlignment) {
+  auto bitwise = [](const uint8_t* p, size_t n, uint32_t crc) {
+    crc = ~crc;
+    for (size_t i = 0; i < n; ++i) {
+      crc ^= p[i];
+      for (int k = 0; k < 8; ++k) crc = (crc & 1) ? 0xEDB88320u ^ (crc >> 1) : crc >> 1;
+    }
+    return ~crc;
+  };
+  std::vector<uint8_t> bytes(300);
+  uint32_t x = 12345;
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>((x = x * 1103515245u + 12345u) >> 16);
+  for (size_t offset = 0; offset < 8; ++offset) {
+    for (size_t n = 0; n + offset <= 80; ++n) {
+      ASSERT_EQ(Crc32(bytes.data() + offset, n), bitwise(bytes.data() + offset, n, 0))
+          << "offset " << offset << " length " << n;
+    }
+  }
+  const uint32_t head = Crc32(bytes.data(), 97);
+  EXPECT_EQ(Crc32(bytes.data() + 97, 203, head), bitwise(bytes.data(), 300, 0));
 }
 
 TEST(CheckpointTest, RoundTripAcrossWorldSizes) {

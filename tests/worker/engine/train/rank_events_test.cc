@@ -1,10 +1,12 @@
-// The group figures of a step and the progress line (worker/engine/train/rank_events.h).
+// The group figures of a step and the progress line (worker/engine/train/rank_events.h); the
+// preemption decision (worker/engine/train/preemption.h).
 #include "worker/engine/train/rank_events.h"
 
 #include <cmath>
 #include <limits>
 
 #include "gtest/gtest.h"
+#include "worker/engine/train/preemption.h"
 
 namespace ulysses::engine::train {
 namespace {
@@ -37,6 +39,41 @@ TEST(ProgressLineTest, ShowsTheFiguresTheEventHas) {
   EXPECT_EQ(ProgressLine(e, 12.4),
             "stage 0 step 3/10 seq_len 256 loss 4.1523 tok/s 1234 mfu 12.3% slowest r1 0.520s "
             "(median 0.480s) ckpt 12s ago");
+}
+
+// A step that ends, with its save, before the deadline is finished and committed; one that
+// does not, one that is overdue (no estimate) and one whose length is unknown are left.
+TEST(PreemptionTest, FinishesTheStepOnlyWhenItAndItsSaveFitTheGrace) {
+  PreemptionView v;
+  v.in_step = true;
+  v.since_begin = 4;
+  v.step_seconds = 10;
+  v.save_seconds = 3;
+  v.seconds_left = 9.5;  // 6 s of step + 3 s of save fit
+  EXPECT_EQ(DecidePreemption(v), PreemptionAction::kFinishStep);
+  v.seconds_left = 8.5;  // they do not
+  EXPECT_EQ(DecidePreemption(v), PreemptionAction::kLeaveNow);
+  v.seconds_left = 1000;
+  v.since_begin = 16;  // overdue (> 1.5 typical steps): no estimate of its end
+  EXPECT_EQ(DecidePreemption(v), PreemptionAction::kLeaveNow);
+  v.since_begin = 14;  // late but not overdue: what is left counts as 0
+  EXPECT_EQ(DecidePreemption(v), PreemptionAction::kFinishStep);
+  v.step_seconds = 0;  // the first step: its length is unknown
+  EXPECT_EQ(DecidePreemption(v), PreemptionAction::kLeaveNow);
+  // Between steps (saving, evaluating) the stop waits for the end of the next step.
+  v.in_step = false;
+  v.since_begin = 0.5;
+  v.step_seconds = 10;
+  v.seconds_left = 13.5;  // a whole step (10 s) and its save (3 s)
+  EXPECT_EQ(DecidePreemption(v), PreemptionAction::kFinishStep);
+  v.seconds_left = 12.5;
+  EXPECT_EQ(DecidePreemption(v), PreemptionAction::kLeaveNow);
+  EXPECT_NE(DescribePreemption(v, PreemptionAction::kLeaveNow).find("running step is lost"),
+            std::string::npos);
+  // The margin before SIGKILL: 10 % of the grace, at most 2 s.
+  EXPECT_DOUBLE_EQ(PreemptionMarginSeconds(5), 0.5);
+  EXPECT_DOUBLE_EQ(PreemptionMarginSeconds(120), 2.0);
+  EXPECT_DOUBLE_EQ(PreemptionMarginSeconds(0), 0.0);
 }
 
 }  // namespace

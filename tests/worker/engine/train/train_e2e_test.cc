@@ -6,6 +6,9 @@
 //     uninterrupted run (same layout).
 //   - SIGTERM -> exit 75 with a committed checkpoint; resuming at another sp
 //     degree continues within tolerance of the uninterrupted run.
+//   - SIGTERM with a grace shorter than a (held) step: exit 75 within the grace, the last finished
+//     step committed, the rerun resumes from it bit-identically.
+//   - a running rank takes a new checkpoint interval from its --control stdin channel.
 //   - kill -9 in the middle of a checkpoint save (shards written, no manifest; held
 //     there by the checkpoint.before_manifest failpoint): the previous checkpoint stays
 //     the latest and loads, a rerun resumes from it bit-identically and re-commits
@@ -29,6 +32,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -730,6 +734,118 @@ TEST_F(TrainE2eTest, KillNineDuringAsyncWriteKeepsPreviousAndAsyncFilesMatchSync
           << "step " << step << " " << name << " differs from the synchronous run's";
     }
   }
+}
+
+// A preemption notice shorter than a step (worker/engine/train/preemption.h): every rank's
+// training thread is held in step 4 by the train.step failpoint (a step that never ends) while
+// the asynchronous save of step 3 is in flight; SIGTERM to `ulysses-train train --stop-grace-s 5`
+// (which forwards it with no deadline of its own, so a rank that waited for its step would never
+// exit). The ranks leave on their own with exit 75, step 3 (the last finished step) committed and
+// reported, and a rerun resumes at step 4 with losses bit-identical to an uninterrupted run.
+TEST_F(TrainE2eTest, SigtermShorterThanAStepExits75WithTheLastFinishedStepCommitted) {
+  const std::vector<std::string> sets = {"spec.parallelism.sp_degree=2", "spec.stages[0].steps=6",
+                                         "spec.checkpoint.every_steps=1",
+                                         "spec.checkpoint.async=true"};
+  Result ref = RunCmd(TrainArgs("ref", sets), dir_, "ref");
+  ASSERT_EQ(ref.code, 0) << ref.err;
+  auto lref = Losses("ref");
+  ASSERT_EQ(lref.size(), 6u);
+
+  const fs::path marker = dir_ / "failpoint.hit";
+  std::vector<std::string> argv = {Bin()};
+  for (auto& a : TrainArgs("term", sets)) argv.push_back(a);
+  argv.insert(argv.end(), {"--stop-grace-s", "5"});
+  Proc p = Start(argv, "term", dir_,
+                 {"ULYSSES_FAILPOINT=train.step@4", "ULYSSES_FAILPOINT_MARKER=" + marker.string()});
+  ASSERT_TRUE(WaitForFile(marker, p));
+  kill(p.pid, SIGTERM);
+  const int code = Wait(p);
+  const std::string err = ReadFile(p.err), out = ReadFile(p.out);
+  ASSERT_EQ(code, 75) << err;
+  EXPECT_NE(err.find("end within the grace; exiting 75"), std::string::npos) << err;
+  EXPECT_EQ(LatestCommittedStep("term"), 3) << err;
+  EXPECT_EQ(MetricLines("term"), 3u);  // step 4 never finished
+  // Step 3's save was in flight when the step hung: the leaving rank 0 reported its commit.
+  bool reported = false;
+  std::istringstream events(out);
+  for (std::string line; std::getline(events, line);) {
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    reported = reported || (!j.is_discarded() && j.value("event", "") == "checkpoint" &&
+                            j.value("step", -1) == 3);
+  }
+  EXPECT_TRUE(reported) << out;
+
+  Result resumed = RunCmd(TrainArgs("term", sets), dir_, "resumed");
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  auto lt = Losses("term", 3);
+  ASSERT_FALSE(lt.empty());
+  EXPECT_EQ(lt.begin()->first, 4) << "the rerun did not resume from step 3";
+  for (auto& [step, loss] : lt) EXPECT_EQ(loss, lref[step]) << "step " << step;  // bit-identical
+}
+
+// The supervisor's channel to a running rank (`--control stdin`, common/contract/rank_control.h):
+// a rank started without a periodic interval gets a line that breaks the protocol (logged,
+// ignored) and then "every 3 steps"; it applies it at a step boundary (its log names the step)
+// and from there commits every third step, none before.
+TEST_F(TrainE2eTest, ARunningRankTakesANewCheckpointIntervalFromItsControlChannel) {
+  int in[2];
+  ASSERT_EQ(pipe(in), 0);
+  const fs::path out = dir_ / "ctl";
+  const std::string err_path = (dir_ / "ctl.err").string();
+  const std::vector<std::string> argv = {Bin(),       "rank",
+                                         "-f",        job_,
+                                         "--out",     out.string(),
+                                         "--control", "stdin",
+                                         "--set",     "spec.checkpoint.every_steps=0",
+                                         "--set",     "spec.stages[0].steps=30"};
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  Proc p;
+  p.err = err_path;
+  p.out = (dir_ / "ctl.out").string();
+  p.pid = fork();
+  if (p.pid == 0) {
+    setpgid(0, 0);
+    dup2(in[0], 0);
+    int o = open(p.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int e = open(p.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(o, 1);
+    dup2(e, 2);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(in[0]);
+  WaitForLines("ctl", 2, p);
+  const std::string lines =
+      "{\"control\":\"checkpoint_interval\",\"version\":0,\"every_steps\":1,\"every_seconds\":0,"
+      "\"reason\":\"bad\"}\n"
+      "{\"control\":\"checkpoint_interval\",\"version\":1,\"every_steps\":3,\"every_seconds\":0,"
+      "\"reason\":\"test\"}\n";
+  ASSERT_EQ(write(in[1], lines.data(), lines.size()), static_cast<ssize_t>(lines.size()));
+  ASSERT_EQ(Wait(p), 0) << ReadFile(p.err);
+  close(in[1]);
+  const std::string err = ReadFile(p.err);
+  EXPECT_NE(err.find("checkpoint_interval.version: 0"), std::string::npos) << err;
+  const std::string applied = "checkpoint interval version 1 from step ";
+  const size_t at = err.find(applied);
+  ASSERT_NE(at, std::string::npos) << err;
+  const int from = std::atoi(err.c_str() + at + applied.size());
+  ASSERT_GT(from, 2);
+  ASSERT_LT(from, 27) << "the stage ended before the interval arrived";
+  std::set<int64_t> committed;
+  std::istringstream events(ReadFile(p.out));
+  for (std::string line; std::getline(events, line);) {
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.value("event", "") == "checkpoint")
+      committed.insert(j["step"].get<int64_t>());
+  }
+  std::set<int64_t> want;
+  for (int64_t step = from; step < 30; ++step) {
+    if (step % 3 == 0) want.insert(step);
+  }
+  want.insert(30);  // the stage end
+  EXPECT_EQ(committed, want) << "applied from step " << from;
 }
 
 TEST_F(TrainE2eTest, BadInputIsRejectedWithExit2) {
