@@ -81,6 +81,15 @@ absl::StatusOr<JobRecord> NewJobRecord(const v1::SubmitJobRequest& request,
   if (rec.stages.empty()) {
     return absl::InvalidArgumentError("spec.stages: empty (add at least one {seq_len, steps})");
   }
+  // The ranks of an `auto` job wait for the coordinator's interval (worker/engine/train/
+  // checkpoint_schedule.h); this coordinator does not compute and send one yet, so the job
+  // would fail at its first rank. Refused here, with the reason, leaving no trace.
+  if (s.checkpoint.every_steps_auto) {
+    return absl::InvalidArgumentError(
+        "spec.checkpoint.every_steps: \"auto\" is not served by this coordinator yet (it does "
+        "not send checkpoint intervals to ranks); use every_steps: N or every_seconds: N "
+        "(docs/JOBSPEC.md \"Checkpoint interval\")");
+  }
   *parsed_out = std::move(*parsed);
   return rec;
 }

@@ -70,6 +70,26 @@ TEST_F(JobsApiGrpcTest, SubmitWithARequestIdIsIdempotentAcrossRestarts) {
   EXPECT_EQ(CountJobs(), 4);
 }
 
+// The coordinator does not send checkpoint intervals yet: `every_steps: auto` would fail at the
+// job's first rank, so it is refused at submission, naming the field and the fix.
+TEST_F(JobsApiGrpcTest, AnAutoCheckpointIntervalIsRefusedAtSubmitAndLeavesNoTrace) {
+  const std::string yaml =
+      JobYaml("auto", "    - {seq_len: 256, steps: 4}\n") + "  checkpoint: {every_steps: auto}\n";
+  auto refused = SubmitWithId(yaml, "req-auto");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  const std::string m(refused.status().message());
+  EXPECT_NE(m.find("spec.checkpoint.every_steps: \"auto\""), std::string::npos) << m;
+  EXPECT_NE(m.find("use every_steps: N or every_seconds: N"), std::string::npos) << m;
+  EXPECT_EQ(CountJobs(), 0);
+  // A fixed interval by time is served.
+  auto timed = SubmitWithId(
+      JobYaml("timed", "    - {seq_len: 256, steps: 4}\n") + "  checkpoint: {every_seconds: 600}\n",
+      "req-timed");
+  ASSERT_TRUE(timed.ok()) << timed.status();
+  EXPECT_EQ(CountJobs(), 1);
+}
+
 TEST_F(JobsApiGrpcTest, TheSameRequestIdWithAnotherSpecIsRefusedNamingTheJob) {
   auto first = SubmitWithId(JobYaml("a", "    - {seq_len: 256, steps: 4}\n"), "req-1");
   ASSERT_TRUE(first.ok());
