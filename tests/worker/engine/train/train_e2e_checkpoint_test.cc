@@ -1,0 +1,290 @@
+// End-to-end tests of ulysses-train's checkpoint and preemption paths (the rig:
+// train_e2e_fixture.h):
+//   - kill -9 in the middle of a checkpoint save (shards written, no manifest; held
+//     there by the checkpoint.before_manifest failpoint): the previous checkpoint stays
+//     the latest and loads, a rerun resumes from it bit-identically and re-commits
+//     the half-written step; the same for an asynchronous save killed while its background
+//     writer holds it there, and asynchronous saves write the same bytes as synchronous ones.
+//   - SIGTERM with a grace shorter than a (held) step: exit 75 within the grace, the last finished
+//     step committed, the rerun resumes from it bit-identically.
+//   - a running rank takes a new checkpoint interval from its --control stdin channel.
+#include "tests/worker/engine/train/train_e2e_fixture.h"
+
+namespace {
+
+using namespace ulysses::testing::train_e2e;  // NOLINT: the rig's vocabulary.
+
+TEST_F(TrainE2eTest, KillNineMidCheckpointSaveResumesFromPreviousCommit) {
+  namespace ck = ulysses::engine;
+  const std::vector<std::string> sets = {
+      "spec.parallelism.sp_degree=2", "spec.stages[0].steps=6", "spec.checkpoint.every_steps=2",
+      "spec.checkpoint.keep_last=3", "spec.checkpoint.async=false"};
+  Result ref = RunCmd(TrainArgs("ref", sets), dir_, "ref");
+  ASSERT_EQ(ref.code, 0) << ref.err;
+  auto lref = Losses("ref");
+  ASSERT_EQ(lref.size(), 6u);
+
+  const fs::path ckpts = dir_ / "killed" / "checkpoints";
+  const fs::path half = ckpts / ck::StepDirName(4);
+  const fs::path marker = dir_ / "failpoint.hit";
+  std::vector<std::string> argv = {Bin()};
+  for (auto& a : TrainArgs("killed", sets)) argv.push_back(a);
+  Proc p = Start(argv, "killed", dir_,
+                 {"ULYSSES_FAILPOINT=checkpoint.before_manifest@4",
+                  "ULYSSES_FAILPOINT_MARKER=" + marker.string()});
+  const bool hit = WaitForFile(marker, p);
+  kill(-p.pid, SIGKILL);  // Launcher and both ranks: they share the process group.
+  const int killed_code = Wait(p);
+  ASSERT_TRUE(hit);
+  EXPECT_EQ(killed_code, 128 + SIGKILL);
+  const std::string killed_err = ReadFile(p.err);
+  EXPECT_NE(killed_err.find("is ARMED"), std::string::npos) << killed_err;
+  EXPECT_NE(killed_err.find("failpoint checkpoint.before_manifest reached at step 4"),
+            std::string::npos)
+      << killed_err;
+
+  // The kill landed mid-save: both shards of step 4 written, no manifest.
+  EXPECT_TRUE(fs::exists(half / "shard-0-of-2.bin"));
+  EXPECT_TRUE(fs::exists(half / "shard-1-of-2.bin"));
+  EXPECT_FALSE(fs::exists(half / ck::kManifestName));
+  EXPECT_FALSE(fs::exists(half / "manifest.json.tmp"));
+  const size_t lines_before = MetricLines("killed");
+  EXPECT_EQ(lines_before, 4u) << "steps 1-4 were logged before the save of step 4";
+
+  // 1. The previous checkpoint is still the latest committed one, and it is intact.
+  absl::StatusOr<std::string> latest = ck::LatestCommittedCheckpoint(ckpts.string());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(fs::path(*latest).filename().string(), ck::StepDirName(2));
+  absl::StatusOr<ck::CheckpointState> prev = ck::LoadCheckpoint(*latest, "");
+  ASSERT_TRUE(prev.ok()) << prev.status();
+  EXPECT_EQ(prev->global_step, 2);
+  EXPECT_FALSE(prev->stage_complete);
+  EXPECT_EQ(ck::LoadCheckpoint(half.string(), "").status().code(), absl::StatusCode::kNotFound);
+  json ev = EvalJson(RunCmd({"eval", "-f", job_, "--checkpoint", *latest}, dir_, "evalprev"));
+  EXPECT_GT(ev["tokens"].get<int64_t>(), 0);
+
+  // 2. The same command (failpoint off) resumes from step 2 and finishes; the losses it
+  // logs for steps 3-6 are bit-identical to the uninterrupted run's.
+  Result resumed = RunCmd(TrainArgs("killed", sets), dir_, "resumed");
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_EQ(resumed.err.find("failpoint"), std::string::npos) << resumed.err;
+  std::vector<int64_t> steps;
+  std::istringstream events(resumed.out);
+  for (std::string line; std::getline(events, line);) {
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.value("event", "") == "step")
+      steps.push_back(j["step"].get<int64_t>());
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{3, 4, 5, 6}));
+  auto lk = Losses("killed", lines_before);
+  ASSERT_EQ(lk.size(), 4u);
+  for (auto& [step, loss] : lk) EXPECT_EQ(loss, lref[step]) << "step " << step;  // bit-identical
+
+  // 3. The half-written step was re-committed; every checkpoint matches the uninterrupted
+  // run's tensor for tensor (crc32s in the manifest) and has no leftover files.
+  latest = ck::LatestCommittedCheckpoint(ckpts.string());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(fs::path(*latest).filename().string(), ck::StepDirName(6));
+  for (int64_t step : {2, 4, 6}) {
+    const fs::path dir = ckpts / ck::StepDirName(step);
+    absl::StatusOr<ck::CheckpointState> st = ck::LoadCheckpoint(dir.string(), "");
+    ASSERT_TRUE(st.ok()) << st.status();
+    EXPECT_EQ(st->global_step, step);
+    json mk = json::parse(ReadFile((dir / ck::kManifestName).string()));
+    json mr = json::parse(
+        ReadFile((dir_ / "ref" / "checkpoints" / ck::StepDirName(step) / ck::kManifestName)));
+    EXPECT_EQ(mk["tensors"], mr["tensors"]) << "step " << step;
+    EXPECT_EQ(mk["total_bytes"], mr["total_bytes"]) << "step " << step;
+    std::vector<std::string> files;
+    for (auto& e : fs::directory_iterator(dir)) files.push_back(e.path().filename().string());
+    std::sort(files.begin(), files.end());
+    EXPECT_EQ(files,
+              (std::vector<std::string>{"manifest.json", "shard-0-of-2.bin", "shard-1-of-2.bin"}))
+        << dir;
+  }
+}
+
+// An asynchronous save killed during its background write: rank 0's writer thread is held by
+// the checkpoint.before_manifest failpoint at step 4 (both shards on disk, no manifest) while
+// training goes on; kill -9 of the whole tree. Step 2 stays the latest committed checkpoint; the
+// rerun resumes from it with losses bit-identical to an uninterrupted synchronous run, and every
+// checkpoint file it writes (asynchronous saves at 2 and 4... and the final one) is byte-identical
+// to the synchronous run's.
+TEST_F(TrainE2eTest, KillNineDuringAsyncWriteKeepsPreviousAndAsyncFilesMatchSync) {
+  namespace ck = ulysses::engine;
+  const std::vector<std::string> sets = {"spec.parallelism.sp_degree=2", "spec.stages[0].steps=6",
+                                         "spec.checkpoint.every_steps=2",
+                                         "spec.checkpoint.keep_last=3"};
+  std::vector<std::string> sync_sets = sets, async_sets = sets;
+  sync_sets.push_back("spec.checkpoint.async=false");
+  async_sets.push_back("spec.checkpoint.async=true");
+  Result ref = RunCmd(TrainArgs("ref", sync_sets), dir_, "ref");
+  ASSERT_EQ(ref.code, 0) << ref.err;
+  auto lref = Losses("ref");
+  ASSERT_EQ(lref.size(), 6u);
+
+  const fs::path ckpts = dir_ / "killed" / "checkpoints";
+  const fs::path marker = dir_ / "failpoint.hit";
+  std::vector<std::string> argv = {Bin()};
+  for (auto& a : TrainArgs("killed", async_sets)) argv.push_back(a);
+  Proc p = Start(argv, "killed", dir_,
+                 {"ULYSSES_FAILPOINT=checkpoint.before_manifest@4",
+                  "ULYSSES_FAILPOINT_MARKER=" + marker.string()});
+  const bool hit = WaitForFile(marker, p);
+  kill(-p.pid, SIGKILL);
+  EXPECT_EQ(Wait(p), 128 + SIGKILL);
+  ASSERT_TRUE(hit);
+  const std::string killed_err = ReadFile(p.err);
+  EXPECT_NE(killed_err.find("checkpoints are asynchronous (spec.checkpoint.async: true"),
+            std::string::npos)
+      << killed_err;
+  EXPECT_TRUE(fs::exists(ckpts / ck::StepDirName(4) / "shard-1-of-2.bin"));
+  EXPECT_FALSE(fs::exists(ckpts / ck::StepDirName(4) / ck::kManifestName));
+  const size_t lines_before = MetricLines("killed");
+  EXPECT_GE(lines_before, 4u);
+  EXPECT_LE(lines_before, 6u);  // the stage-end save waits for the held one
+  absl::StatusOr<std::string> latest = ck::LatestCommittedCheckpoint(ckpts.string());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(fs::path(*latest).filename().string(), ck::StepDirName(2));
+  ASSERT_TRUE(ck::LoadCheckpoint(*latest, "").ok());
+
+  Result resumed = RunCmd(TrainArgs("killed", async_sets), dir_, "resumed");
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  auto lk = Losses("killed", lines_before);
+  ASSERT_FALSE(lk.empty());
+  EXPECT_EQ(lk.begin()->first, 3);  // resumed from step 2
+  for (auto& [step, loss] : lk) EXPECT_EQ(loss, lref[step]) << "step " << step;  // bit-identical
+  int async_events = 0;
+  std::istringstream events(resumed.out);
+  for (std::string line; std::getline(events, line);) {
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.value("event", "") == "checkpoint") {
+      EXPECT_TRUE(j.contains("blocked_seconds")) << line;
+      ++async_events;
+    }
+  }
+  EXPECT_EQ(async_events, 2) << resumed.out;  // step 4 (asynchronous) and the stage end
+  for (int64_t step : {2, 4, 6}) {
+    const fs::path dir = ckpts / ck::StepDirName(step);
+    const fs::path ref_dir = dir_ / "ref" / "checkpoints" / ck::StepDirName(step);
+    for (const char* name : {"manifest.json", "shard-0-of-2.bin", "shard-1-of-2.bin"}) {
+      ASSERT_TRUE(fs::exists(dir / name)) << dir / name;
+      EXPECT_TRUE(ReadFile((dir / name).string()) == ReadFile((ref_dir / name).string()))
+          << "step " << step << " " << name << " differs from the synchronous run's";
+    }
+  }
+}
+
+// A preemption notice shorter than a step (worker/engine/train/preemption.h): every rank's
+// training thread is held in step 4 by the train.step failpoint (a step that never ends) while
+// the asynchronous save of step 3 is in flight; SIGTERM to `ulysses-train train --stop-grace-s 5`
+// (which forwards it with no deadline of its own, so a rank that waited for its step would never
+// exit). The ranks leave on their own with exit 75, step 3 (the last finished step) committed and
+// reported, and a rerun resumes at step 4 with losses bit-identical to an uninterrupted run.
+TEST_F(TrainE2eTest, SigtermShorterThanAStepExits75WithTheLastFinishedStepCommitted) {
+  const std::vector<std::string> sets = {"spec.parallelism.sp_degree=2", "spec.stages[0].steps=6",
+                                         "spec.checkpoint.every_steps=1",
+                                         "spec.checkpoint.async=true"};
+  Result ref = RunCmd(TrainArgs("ref", sets), dir_, "ref");
+  ASSERT_EQ(ref.code, 0) << ref.err;
+  auto lref = Losses("ref");
+  ASSERT_EQ(lref.size(), 6u);
+
+  const fs::path marker = dir_ / "failpoint.hit";
+  std::vector<std::string> argv = {Bin()};
+  for (auto& a : TrainArgs("term", sets)) argv.push_back(a);
+  argv.insert(argv.end(), {"--stop-grace-s", "5"});
+  Proc p = Start(argv, "term", dir_,
+                 {"ULYSSES_FAILPOINT=train.step@4", "ULYSSES_FAILPOINT_MARKER=" + marker.string()});
+  ASSERT_TRUE(WaitForFile(marker, p));
+  kill(p.pid, SIGTERM);
+  const int code = Wait(p);
+  const std::string err = ReadFile(p.err), out = ReadFile(p.out);
+  ASSERT_EQ(code, 75) << err;
+  EXPECT_NE(err.find("end within the grace; exiting 75"), std::string::npos) << err;
+  EXPECT_EQ(LatestCommittedStep("term"), 3) << err;
+  EXPECT_EQ(MetricLines("term"), 3u);  // step 4 never finished
+  // Step 3's save was in flight when the step hung: the leaving rank 0 reported its commit.
+  bool reported = false;
+  std::istringstream events(out);
+  for (std::string line; std::getline(events, line);) {
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    reported = reported || (!j.is_discarded() && j.value("event", "") == "checkpoint" &&
+                            j.value("step", -1) == 3);
+  }
+  EXPECT_TRUE(reported) << out;
+
+  Result resumed = RunCmd(TrainArgs("term", sets), dir_, "resumed");
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  auto lt = Losses("term", 3);
+  ASSERT_FALSE(lt.empty());
+  EXPECT_EQ(lt.begin()->first, 4) << "the rerun did not resume from step 3";
+  for (auto& [step, loss] : lt) EXPECT_EQ(loss, lref[step]) << "step " << step;  // bit-identical
+}
+
+// The supervisor's channel to a running rank (`--control stdin`, common/contract/rank_control.h):
+// a rank started without a periodic interval gets a line that breaks the protocol (logged,
+// ignored) and then "every 3 steps"; it applies it at a step boundary (its log names the step)
+// and from there commits every third step, none before.
+TEST_F(TrainE2eTest, ARunningRankTakesANewCheckpointIntervalFromItsControlChannel) {
+  int in[2];
+  ASSERT_EQ(pipe(in), 0);
+  const fs::path out = dir_ / "ctl";
+  const std::string err_path = (dir_ / "ctl.err").string();
+  const std::vector<std::string> argv = {Bin(),       "rank",
+                                         "-f",        job_,
+                                         "--out",     out.string(),
+                                         "--control", "stdin",
+                                         "--set",     "spec.checkpoint.every_steps=0",
+                                         "--set",     "spec.stages[0].steps=30"};
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  Proc p;
+  p.err = err_path;
+  p.out = (dir_ / "ctl.out").string();
+  p.pid = fork();
+  if (p.pid == 0) {
+    setpgid(0, 0);
+    dup2(in[0], 0);
+    int o = open(p.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int e = open(p.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(o, 1);
+    dup2(e, 2);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(in[0]);
+  WaitForLines("ctl", 2, p);
+  const std::string lines =
+      "{\"control\":\"checkpoint_interval\",\"version\":0,\"every_steps\":1,\"every_seconds\":0,"
+      "\"reason\":\"bad\"}\n"
+      "{\"control\":\"checkpoint_interval\",\"version\":1,\"every_steps\":3,\"every_seconds\":0,"
+      "\"reason\":\"test\"}\n";
+  ASSERT_EQ(write(in[1], lines.data(), lines.size()), static_cast<ssize_t>(lines.size()));
+  ASSERT_EQ(Wait(p), 0) << ReadFile(p.err);
+  close(in[1]);
+  const std::string err = ReadFile(p.err);
+  EXPECT_NE(err.find("checkpoint_interval.version: 0"), std::string::npos) << err;
+  const std::string applied = "checkpoint interval version 1 from step ";
+  const size_t at = err.find(applied);
+  ASSERT_NE(at, std::string::npos) << err;
+  const int from = std::atoi(err.c_str() + at + applied.size());
+  ASSERT_GT(from, 2);
+  ASSERT_LT(from, 27) << "the stage ended before the interval arrived";
+  std::set<int64_t> committed;
+  std::istringstream events(ReadFile(p.out));
+  for (std::string line; std::getline(events, line);) {
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.value("event", "") == "checkpoint")
+      committed.insert(j["step"].get<int64_t>());
+  }
+  std::set<int64_t> want;
+  for (int64_t step = from; step < 30; ++step) {
+    if (step % 3 == 0) want.insert(step);
+  }
+  want.insert(30);  // the stage end
+  EXPECT_EQ(committed, want) << "applied from step " << from;
+}
+
+}  // namespace
