@@ -6,6 +6,19 @@
 namespace ulysses::agent {
 namespace {
 
+// Runs ulysses-worker with `flags` to its exit; returns its exit description and output.
+std::pair<std::string, std::string> RunWorkerWithFlags(const std::vector<std::string>& flags) {
+  std::string out;
+  ChildCallbacks cb;
+  cb.on_log = [&out](const std::string&, const std::string& line) { out += line + "\n"; };
+  std::vector<std::string> argv = {BinDir() + "/ulysses-worker"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  auto worker = ChildSupervisor::Start(argv, "", std::move(cb));
+  if (!worker.ok()) return {std::string(worker.status().message()), ""};
+  ChildResult result = (*worker)->Wait();
+  return {result.description, out};
+}
+
 TEST_F(WorkerAgentTest, FlagsCli11RejectsExit2) {
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"--coordinator", "127.0.0.1:1", "--name", "x", "--work-dir",
@@ -23,6 +36,7 @@ TEST_F(WorkerAgentTest, FlagsCli11RejectsExit2) {
   }
 }
 
+// Values that parse but are invalid: the config's own validation.
 TEST_F(WorkerAgentTest, RejectsBadFlagsWithTheFlagName) {
   auto [exit, out] = RunWorkerWithFlags({"--coordinator", "nohostport", "--name", "x", "--work-dir",
                                          work_dir_, "--device", "tpu", "--engine-bin",

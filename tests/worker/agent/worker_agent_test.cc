@@ -374,20 +374,5 @@ TEST_F(WorkerAgentTest, ARankThatEndedWhileDisconnectedIsClaimedUntilItsExitIsAc
   EXPECT_EQ(Exited(peer->service.Messages())->exit_code(), 0);
 }
 
-// Runs ulysses-worker with `flags` to its exit; returns its exit description and output.
-std::pair<std::string, std::string> RunWorkerWithFlags(const std::vector<std::string>& flags) {
-  std::string out;
-  ChildCallbacks cb;
-  cb.on_log = [&out](const std::string&, const std::string& line) { out += line + "\n"; };
-  std::vector<std::string> argv = {BinDir() + "/ulysses-worker"};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  auto worker = ChildSupervisor::Start(argv, "", std::move(cb));
-  if (!worker.ok()) return {std::string(worker.status().message()), ""};
-  ChildResult result = (*worker)->Wait();
-  return {result.description, out};
-}
-
-// Values that parse but are invalid: the config's own validation.
-
 }  // namespace
 }  // namespace ulysses::agent

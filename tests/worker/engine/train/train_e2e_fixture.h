@@ -59,7 +59,7 @@ struct Proc {
 // Starts argv in its own process group, stdout/stderr to files. `env` ("K=V") is added
 // to this process's environment for the child only (ahead of it, so it wins getenv);
 // ULYSSES_FAILPOINT* is never inherited: only a child given it in `env` gets it.
-Proc Start(const std::vector<std::string>& argv, const std::string& tag, const fs::path& dir,
+inline Proc Start(const std::vector<std::string>& argv, const std::string& tag, const fs::path& dir,
            const std::vector<std::string>& env = {}) {
   Proc p;
   p.out = (dir / (tag + ".out")).string();
