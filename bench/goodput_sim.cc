@@ -106,6 +106,7 @@ struct Event {
   Ev kind;
   int node = -1;
   int64_t generation = 0;  // kStepEnd / kLaunched: which attempt (stale ones are dropped).
+  int64_t epoch = 0;       // Node events: the node's up-period they were drawn in.
   bool operator>(const Event& o) const { return t > o.t; }
 };
 
@@ -118,8 +119,10 @@ class Sim {
     rec_.failure_window_s = 86400;
     const double node_fail_rate = kGpusPerNode / kLlama3GpuMtbfSeconds * sc.failure_scale;
     for (int n = 0; n < o_.nodes; ++n) {
-      Push({Exp(node_fail_rate), Ev::kNodeFail, n});
-      if (o_.spot_per_node_day > 0) Push({Exp(o_.spot_per_node_day / 86400.0), Ev::kSpotNotice, n});
+      Push({Exp(node_fail_rate), Ev::kNodeFail, n, 0, 0});
+      if (o_.spot_per_node_day > 0) {
+        Push({Exp(o_.spot_per_node_day / 86400.0), Ev::kSpotNotice, n, 0, 0});
+      }
     }
     Push({0, Ev::kSchedule});
   }
@@ -154,6 +157,7 @@ class Sim {
     bool up = true;
     bool main = false;    // Holds ranks of the measured job.
     bool filler = false;  // Holds a preemptible 8-GPU job.
+    int64_t epoch = 0;    // Up-periods so far: failure and reclaim draws belong to one.
   };
 
   static int64_t Ms(double t) { return static_cast<int64_t>(std::llround(t * 1000.0)); }
@@ -161,6 +165,10 @@ class Sim {
   void Push(Event e) { events_.push(e); }
 
   void Handle(const Event& e) {
+    // A failure or reclaim drawn in an earlier up-period of its node (it went down since).
+    if ((e.kind == Ev::kNodeFail || e.kind == Ev::kSpotNotice) && e.epoch != nodes_[e.node].epoch) {
+      return;
+    }
     switch (e.kind) {
       case Ev::kNodeFail:
         NodeDown(e.node, /*notice=*/false);
@@ -171,11 +179,13 @@ class Sim {
         Push({Exp(1.0 / (o_.spot_return_h * 3600)), Ev::kNodeBack, e.node});
         break;
       case Ev::kNodeBack: {
-        nodes_[e.node].up = true;
+        Node& node = nodes_[e.node];
+        node.up = true;
+        ++node.epoch;
         const double rate = kGpusPerNode / kLlama3GpuMtbfSeconds * sc_.failure_scale;
-        Push({Exp(rate), Ev::kNodeFail, e.node});
+        Push({Exp(rate), Ev::kNodeFail, e.node, 0, node.epoch});
         if (o_.spot_per_node_day > 0) {
-          Push({Exp(o_.spot_per_node_day / 86400.0), Ev::kSpotNotice, e.node});
+          Push({Exp(o_.spot_per_node_day / 86400.0), Ev::kSpotNotice, e.node, 0, node.epoch});
         }
         Schedule();
         break;

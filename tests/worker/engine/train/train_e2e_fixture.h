@@ -60,7 +60,7 @@ struct Proc {
 // to this process's environment for the child only (ahead of it, so it wins getenv);
 // ULYSSES_FAILPOINT* is never inherited: only a child given it in `env` gets it.
 inline Proc Start(const std::vector<std::string>& argv, const std::string& tag, const fs::path& dir,
-           const std::vector<std::string>& env = {}) {
+                  const std::vector<std::string>& env = {}) {
   Proc p;
   p.out = (dir / (tag + ".out")).string();
   p.err = (dir / (tag + ".err")).string();
