@@ -325,9 +325,6 @@ def secret_files(container, pod_spec, pod_name=None):
     return files
 
 
-KUBECTL = shutil.which("kubectl")
-OPENSSL = shutil.which("openssl")
-SECRETS_SCRIPT = os.path.join(ROOT, "scripts", "k8s_secrets.sh")
 
 
 @unittest.skipUnless(KUBECTL and OPENSSL and os.path.exists(os.path.join(ROOT, "scripts", "dev_certs.sh")),

@@ -174,3 +174,35 @@ def load_manifests():
 CONFIG_MAP = "ulysses-coordinator-config"
 # Cluster-scoped kinds kustomize does not put in a namespace.
 CLUSTER_SCOPED = {"Namespace", "PriorityClass", "StorageClass"}
+
+KUBECTL = shutil.which("kubectl")
+OPENSSL = shutil.which("openssl")
+SECRETS_SCRIPT = os.path.join(ROOT, "scripts", "k8s_secrets.sh")
+
+JOBS = os.path.join(ROOT, "configs", "jobs")
+CLI_TOOL = os.environ.get("ULYSSES_CLI_TOOL") or os.path.join(ROOT, "build", "bin", "ulyssesctl")
+GPU = "nvidia.com/gpu"
+QUANTITY_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+                  "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "": 1}
+
+
+def quantity_bytes(q):
+    """A Kubernetes memory quantity ("512Gi", "16G", "1024") in bytes."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGTP]i|[kMGTP])?", str(q))
+    if not m:
+        raise ValueError(f"unsupported quantity {q!r}")
+    return float(m.group(1)) * QUANTITY_UNITS[m.group(2) or ""]
+
+
+def render(path=None):
+    """The objects `kubectl kustomize PATH` renders (a real render; default deploy/k8s/base)."""
+    path = path or BASE
+    if not KUBECTL:
+        raise AssertionError("kubectl not found: the deploy contracts are checked on the "
+                             "rendered kustomization (Debian package kubernetes-client, "
+                             "scripts/bootstrap.sh)")
+    rc, out = run([KUBECTL, "kustomize", path])
+    if rc != 0:
+        raise AssertionError(f"kubectl kustomize {path} failed (components and labels: need "
+                             f"kustomize >= v4, kubectl >= 1.21):\n{out}")
+    return [d for d in yaml.safe_load_all(out) if d]
