@@ -58,10 +58,11 @@ cmake -S . -B "$BUILD_DIR" -G Ninja \
   -DCMAKE_SHARED_LINKER_FLAGS="-Wl,--disable-new-dtags" \
   "${NCCL_ARGS[@]}" "$@"
 # TARGETS="a b ...": build only these (scripts/gpu/run_checks.sh builds what its steps run).
+# -k 0: a unit that fails to compile does not stop the others, so one build lists every error.
 read -r -a targets <<< "${TARGETS:-}"
 if [ ${#targets[@]} -gt 0 ]; then
-  cmake --build "$BUILD_DIR" -j"$(nproc)" --target "${targets[@]}"
+  cmake --build "$BUILD_DIR" -j"$(nproc)" --target "${targets[@]}" -- -k 0
 else
-  cmake --build "$BUILD_DIR" -j"$(nproc)"
+  cmake --build "$BUILD_DIR" -j"$(nproc)" -- -k 0
 fi
 echo "build_engine: built into $BUILD_DIR/bin"
