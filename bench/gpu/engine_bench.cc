@@ -5,7 +5,7 @@
 //   engine_bench --device cuda:0 --shape llama3.2-1b|llama3.1-8b|tiny --dtype bfloat16
 //       --seq 8192,32768,131072
 //       [--steps 3] [--warmup 1] [--ac] [--tiled-mlp] [--tiled-loss] [--loss-tile 8192]
-//       [--offload-activations] [--fuse-gate-up] [--fused-rms-norm]
+//       [--offload-activations] [--fuse-gate-up] [--no-fused-rms-norm]
 //       [--max-seq START] [--max-seq-limit N] [--max-seq-step-budget SECONDS]
 //       [--profile-seq 32768 --profile-trace FILE]
 //
@@ -59,7 +59,7 @@ struct Args {
   std::vector<int64_t> seqs;
   int steps = 3, warmup = 1;
   bool ac = false, tiled_mlp = false, tiled_loss = false;
-  bool offload_activations = false, fuse_gate_up = false, fused_rms_norm = false;
+  bool offload_activations = false, fuse_gate_up = false, fused_rms_norm = true;
   int64_t loss_tile = 8192, mlp_tile = 0;
   int64_t max_seq = 0, max_seq_limit = 4 << 20;
   double max_seq_step_budget = 120;
@@ -109,8 +109,10 @@ Args ParseArgs(int argc, char** argv) {
       a.offload_activations = true;
     else if (f == "--fuse-gate-up")
       a.fuse_gate_up = true;
-    else if (f == "--fused-rms-norm")
+    else if (f == "--fused-rms-norm")  // the default (MemoryOptions)
       a.fused_rms_norm = true;
+    else if (f == "--no-fused-rms-norm")
+      a.fused_rms_norm = false;
     else if (f == "--loss-tile")
       a.loss_tile = ParseInt(f, value());
     else if (f == "--mlp-tile")

@@ -57,6 +57,9 @@ MAX_SEQ_BUDGET=${MAX_SEQ_BUDGET:-60}
 GPU_NAME=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null || echo unknown)}
 export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+# The tests that run a Python reference (engine_hf_test) use this interpreter: the venv's, which
+# has numpy and torch (/usr/bin/python3 there has neither).
+export ULYSSES_PYTHON=${ULYSSES_PYTHON:-$(command -v "$PY")}
 failed=0
 START=$SECONDS
 
@@ -219,7 +222,7 @@ for s in "${STEPS[@]}"; do
       step engine-throughput 60 record engine engine --shape llama3.2-1b \
         --seq "${SEQS_UNTILED:-8192,32768}" $THROUGHPUT_FLAGS
       # shellcheck disable=SC2086
-      step engine-throughput-tiled 60 record engine engine --shape llama3.2-1b \
+      step engine-throughput-tiled 120 record engine engine --shape llama3.2-1b \
         --seq "${SEQS_TILED:-131072}" $THROUGHPUT_FLAGS --tiled-loss
       step hf-throughput 90 record hf "$PY" bench/gpu/hf_bench.py --seq "$SEQS" ;;
     profile) step profile 60 do_profile ;;

@@ -378,7 +378,10 @@ TEST(HfTest, AcceptsLlama31ConfigJson) {
 double RunReference(const std::string& hf, const std::string& tokens, int64_t seq_len) {
   const char* src = std::getenv("ULYSSES_SOURCE_DIR");
   const std::string script = std::string(src ? src : ".") + "/scripts/reference_llama.py";
-  const std::string cmd = "/usr/bin/python3 " + script + " --hf " + hf + " --tokens " + tokens +
+  // The interpreter on PATH (the GPU machine's venv holds numpy; /usr/bin/python3 there does not),
+  // or ULYSSES_PYTHON.
+  const char* py = std::getenv("ULYSSES_PYTHON");
+  const std::string cmd = std::string(py ? py : "python3") + " " + script + " --hf " + hf + " --tokens " + tokens +
                           " --seq-len " + std::to_string(seq_len);
   FILE* pipe = popen(cmd.c_str(), "r");
   EXPECT_NE(pipe, nullptr);
