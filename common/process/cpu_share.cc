@@ -22,4 +22,6 @@ int IntraOpThreadShare(int cores, int local_ranks) {
   return std::max(1, std::max(cores, 1) / std::max(local_ranks, 1));
 }
 
+std::vector<std::string> RankEnvironmentDefaults() { return {"OMP_WAIT_POLICY=PASSIVE"}; }
+
 }  // namespace ulysses::process

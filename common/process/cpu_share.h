@@ -5,6 +5,9 @@
 #ifndef ULYSSES_COMMON_PROCESS_CPU_SHARE_H_
 #define ULYSSES_COMMON_PROCESS_CPU_SHARE_H_
 
+#include <string>
+#include <vector>
+
 namespace ulysses::process {
 
 // The CPUs this process may run on (sched_getaffinity, which cpusets and `taskset` narrow),
@@ -14,6 +17,15 @@ int UsableCores();
 // max(1, cores / local_ranks): each of `local_ranks` ranks sharing `cores` CPUs gets the same
 // whole number of threads (local_ranks < 1 counts as 1).
 int IntraOpThreadShare(int cores, int local_ranks);
+
+// The environment every rank starts with unless the variable is already set (SpawnOptions::
+// env_defaults; the launchers of ranks pass it). OMP_WAIT_POLICY=PASSIVE: an OpenMP thread
+// that reaches a barrier sleeps instead of spinning (libgomp's default spins first). Ranks share
+// a machine's cores with each other, with their own Gloo and checkpoint-writer threads and with
+// OpenBLAS's pool, so a spinning thread takes the core another needs: the needle job's first
+// stage ran 12x faster with it on a 2-core machine with a build beside it (docs/BENCHMARKS.md
+// "Threads"). libgomp reads it once when it loads, so it must be set before exec, not by the rank.
+std::vector<std::string> RankEnvironmentDefaults();
 
 // The largest --intra-op-threads a rank accepts.
 inline constexpr int kMaxIntraOpThreads = 1024;

@@ -7,9 +7,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+
+extern char** environ;
 
 namespace ulysses::process {
 namespace {
@@ -28,6 +31,20 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const SpawnOpt
   std::vector<char*> cargv;
   for (const std::string& arg : argv) cargv.push_back(const_cast<char*>(arg.c_str()));
   cargv.push_back(nullptr);
+  // The child's environment: this process's, plus each default whose name is unset here.
+  std::vector<std::string> added;
+  for (const std::string& entry : options.env_defaults) {
+    const size_t eq = entry.find('=');
+    if (eq == 0 || eq == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("env default '", entry, "' is not NAME=VALUE"));
+    }
+    if (std::getenv(entry.substr(0, eq).c_str()) == nullptr) added.push_back(entry);
+  }
+  std::vector<char*> cenv;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) cenv.push_back(*e);
+  for (std::string& entry : added) cenv.push_back(entry.data());
+  cenv.push_back(nullptr);
   const char* cwd = options.work_dir.empty() ? nullptr : options.work_dir.c_str();
   const std::string exec_error = options.exec_error_prefix + ": ";
   const pid_t parent = getpid();
@@ -60,7 +77,7 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const SpawnOpt
     WriteStderr("cannot chdir to the work dir\n");
     _exit(127);
   }
-  execv(cargv[0], cargv.data());
+  execve(cargv[0], cargv.data(), cenv.data());
   const char* reason = strerror(errno);
   WriteStderr(exec_error.c_str());
   WriteStderr(reason);

@@ -37,6 +37,9 @@ struct SpawnOptions {
   // Prefix of the line the child writes to its stderr when exec fails (it then exits
   // 127): "<prefix>: <strerror>".
   std::string exec_error_prefix = "exec failed";
+  // "NAME=VALUE" entries added to the child's environment when NAME is not set in this
+  // process's (the child otherwise inherits this process's environment as it is).
+  std::vector<std::string> env_defaults;
 };
 
 // Forks and execs argv (argv[0] is a path; no PATH search). The child starts with

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/process/cpu_share.h"
 
 namespace ulysses::agent {
 namespace {
@@ -84,6 +85,7 @@ absl::StatusOr<std::unique_ptr<ChildSupervisor>> ChildSupervisor::Start(
   options.own_process_group = true;
   options.die_with_parent = true;
   options.exec_error_prefix = "ulysses-worker: exec of the engine binary failed";
+  options.env_defaults = process::RankEnvironmentDefaults();
   // The supervisor thread must be the spawning thread (PDEATHSIG follows the parent
   // *thread*), so the thread spawns, publishes the pid, then runs the loop.
   ChildSupervisor* me = self.get();

@@ -7,10 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/process/cpu_share.h"
 #include "gtest/gtest.h"
@@ -125,6 +127,32 @@ TEST(ProcessTest, RunsInTheWorkDirWithRedirectedStdoutAndOwnGroup) {
   out.CloseWrite();
   EXPECT_EQ(out.All(), "/tmp\nleader\nend\n");
   EXPECT_EQ(ProcessExitOf(Reap(pid)).exit_code, 0);
+}
+
+// env_defaults fill in what this process leaves unset and never override what it sets; the
+// rest of the environment is inherited.
+TEST(ProcessTest, EnvDefaultsApplyOnlyToUnsetVariables) {
+  ASSERT_EQ(setenv("ULYSSES_TEST_SET", "parent", 1), 0);
+  ASSERT_EQ(unsetenv("ULYSSES_TEST_UNSET"), 0);
+  Pipe out;
+  SpawnOptions options;
+  options.stdout_fd = out.write;
+  options.env_defaults = {"ULYSSES_TEST_SET=default", "ULYSSES_TEST_UNSET=default"};
+  const pid_t pid = MustSpawn(
+      {"/bin/sh", "-c", "echo \"$ULYSSES_TEST_SET $ULYSSES_TEST_UNSET ${PATH:+path}\""}, options);
+  out.CloseWrite();
+  EXPECT_EQ(out.All(), "parent default path\n");
+  EXPECT_EQ(ProcessExitOf(Reap(pid)).exit_code, 0);
+  EXPECT_EQ(std::getenv("ULYSSES_TEST_UNSET"), nullptr);  // This process's own is untouched.
+
+  options.env_defaults = {"=x"};
+  EXPECT_EQ(Spawn({"/bin/true"}, options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Every rank sleeps at OpenMP barriers unless its operator chose otherwise.
+TEST(ProcessTest, RanksStartWithPassiveOpenMpWaits) {
+  const std::vector<std::string> defaults = RankEnvironmentDefaults();
+  EXPECT_NE(std::find(defaults.begin(), defaults.end(), "OMP_WAIT_POLICY=PASSIVE"), defaults.end());
 }
 
 TEST(KillTiersTest, SigtermFirstAndSigkillOnlyAfterTheGrace) {

@@ -10,6 +10,7 @@
 
 #include "common/contract/exit.h"
 #include "common/logging.h"
+#include "common/process/cpu_share.h"
 #include "common/process/process.h"
 #include "common/stop.h"
 
@@ -41,6 +42,7 @@ int RunProcesses(const std::vector<std::vector<std::string>>& argvs) {
   InstallStopSignalHandlers();
   process::SpawnOptions options;
   options.exec_error_prefix = "ulysses-train: exec failed";
+  options.env_defaults = process::RankEnvironmentDefaults();
   std::vector<Rank> ranks;
   for (const auto& argv : argvs) {
     absl::StatusOr<pid_t> pid = process::Spawn(argv, options);

@@ -378,11 +378,11 @@ TEST(HfTest, AcceptsLlama31ConfigJson) {
 double RunReference(const std::string& hf, const std::string& tokens, int64_t seq_len) {
   const char* src = std::getenv("ULYSSES_SOURCE_DIR");
   const std::string script = std::string(src ? src : ".") + "/scripts/reference_llama.py";
-  // The interpreter on PATH (the GPU machine's venv holds numpy; /usr/bin/python3 there does not),
-  // or ULYSSES_PYTHON.
+  // Debian's interpreter, where scripts/bootstrap.sh installs numpy and torch; ULYSSES_PYTHON
+  // overrides it (scripts/gpu/run_checks.sh: the GPU machine's venv, which has them).
   const char* py = std::getenv("ULYSSES_PYTHON");
-  const std::string cmd = std::string(py ? py : "python3") + " " + script + " --hf " + hf + " --tokens " + tokens +
-                          " --seq-len " + std::to_string(seq_len);
+  const std::string cmd = std::string(py ? py : "/usr/bin/python3") + " " + script + " --hf " + hf +
+                          " --tokens " + tokens + " --seq-len " + std::to_string(seq_len);
   FILE* pipe = popen(cmd.c_str(), "r");
   EXPECT_NE(pipe, nullptr);
   std::string out;
