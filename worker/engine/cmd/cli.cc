@@ -1,4 +1,4 @@
-#include "worker/engine/train/cli.h"
+#include "worker/engine/cmd/cli.h"
 
 #include <chrono>
 #include <cmath>
@@ -25,7 +25,7 @@
 #include "worker/engine/parallel/rendezvous_port.h"
 #include "worker/engine/train/device_memory.h"
 #include "worker/engine/train/engine.h"
-#include "worker/engine/train/launcher.h"
+#include "worker/engine/cmd/launcher.h"
 
 namespace ulysses::engine::train {
 namespace {

@@ -8,8 +8,8 @@
 //          --master-port PORT [--device cpu|cuda:N] [--set ...]
 // Returns the process exit code (common/contract/exit.h: 0 ok, 75 preempted, 2 bad
 // input including bad flags, 1 failure).
-#ifndef ULYSSES_WORKER_ENGINE_TRAIN_CLI_H_
-#define ULYSSES_WORKER_ENGINE_TRAIN_CLI_H_
+#ifndef ULYSSES_WORKER_ENGINE_CMD_CLI_H_
+#define ULYSSES_WORKER_ENGINE_CMD_CLI_H_
 
 namespace ulysses::engine::train {
 
@@ -17,4 +17,4 @@ int UlyssesTrainMain(int argc, char** argv);
 
 }  // namespace ulysses::engine::train
 
-#endif  // ULYSSES_WORKER_ENGINE_TRAIN_CLI_H_
+#endif  // ULYSSES_WORKER_ENGINE_CMD_CLI_H_

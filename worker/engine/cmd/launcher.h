@@ -7,8 +7,8 @@
 // Not thread-safe (uses waitpid on its own children). On return no child is left
 // running: a child failure makes the launcher stop the others (SIGTERM, then
 // SIGKILL after a grace period).
-#ifndef ULYSSES_WORKER_ENGINE_TRAIN_LAUNCHER_H_
-#define ULYSSES_WORKER_ENGINE_TRAIN_LAUNCHER_H_
+#ifndef ULYSSES_WORKER_ENGINE_CMD_LAUNCHER_H_
+#define ULYSSES_WORKER_ENGINE_CMD_LAUNCHER_H_
 
 #include <string>
 #include <vector>
@@ -29,4 +29,4 @@ int RunProcesses(const std::vector<std::vector<std::string>>& argvs);
 
 }  // namespace ulysses::engine::train
 
-#endif  // ULYSSES_WORKER_ENGINE_TRAIN_LAUNCHER_H_
+#endif  // ULYSSES_WORKER_ENGINE_CMD_LAUNCHER_H_

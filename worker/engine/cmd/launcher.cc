@@ -1,4 +1,4 @@
-#include "worker/engine/train/launcher.h"
+#include "worker/engine/cmd/launcher.h"
 
 #include <signal.h>
 #include <sys/wait.h>

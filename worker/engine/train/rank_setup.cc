@@ -1,0 +1,94 @@
+#include "worker/engine/train/rank_setup.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <torch/cuda.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_parser.h"
+#include "common/status.h"
+#include "worker/engine/train/model_io.h"
+
+namespace ulysses::engine::train {
+
+using json = nlohmann::json;
+using model::LlamaConfig;
+
+absl::StatusOr<spec::JobSpec> LoadSpec(const std::string& path,
+                                       const std::vector<std::string>& overrides) {
+  spec::ParseOptions opts;
+  opts.overrides = overrides;
+  return spec::LoadJobSpecFile(path, opts);
+}
+
+AdamWConfig AdamWConfigFromSpec(const spec::OptimizerSpec& o) {
+  AdamWConfig c;
+  c.beta1 = o.beta1;
+  c.beta2 = o.beta2;
+  c.eps = o.eps;
+  c.weight_decay = o.weight_decay;
+  return c;
+}
+
+absl::StatusOr<RankSetup> SetUpRank(const spec::JobSpec& spec, const LlamaConfig& config,
+                                    const ParallelConfig& pc, bool structure_only) {
+  RETURN_IF_ERROR(CheckUlyssesHeads(config.num_attention_heads, config.num_key_value_heads, pc.sp));
+  ASSIGN_OR_RETURN(torch::Dtype dtype, model::ParseDtype(spec.model.dtype));
+  if (dtype == torch::kHalf && pc.device == "cpu") {
+    return absl::InvalidArgumentError(
+        "spec.model.dtype: float16 on a CPU device: libtorch has no float16 matrix products on "
+        "CPU (use bfloat16 or float32 on CPU; float16 runs on cuda devices)");
+  }
+  if (spec.memory.attention_block_size <= 0) {
+    return absl::InvalidArgumentError("spec.memory.attention_block_size: must be > 0");
+  }
+  RankSetup s;
+  ASSIGN_OR_RETURN(s.rt, Parallelize(pc));
+  if (structure_only) {
+    ASSIGN_OR_RETURN(s.model, BuildModelStructure(config, MemoryOptionsFromSpec(spec)));
+  } else {
+    ASSIGN_OR_RETURN(
+        s.model, BuildModel(config, MemoryOptionsFromSpec(spec), spec.seed, s.rt.device, dtype));
+  }
+  AttentionOptions attn;
+  attn.block_size = spec.memory.attention_block_size;
+  s.attention = UlyssesAttentionFn(s.rt.groups.sp.get(), attn);
+  return s;
+}
+
+int RanksOnThisHost(const torch::Device& device, int world_size) {
+  if (!device.is_cuda()) return world_size;
+  return std::max(1, std::min<int>(world_size, static_cast<int>(torch::cuda::device_count())));
+}
+
+json CheckpointExtra(const spec::JobSpec& spec, const LlamaConfig& config,
+                     const ParallelRuntime& rt, const LossScaler& scaler) {
+  json extra{{"seed", spec.seed},
+             {"sp_degree", rt.sp},
+             {"dp_degree", rt.dp},
+             {"model_config", ModelConfigToJson(config)},
+             {"dtype", spec.model.dtype}};
+  if (scaler.enabled) {
+    extra["loss_scale"] = scaler.scale;
+    extra["loss_scale_good_steps"] = scaler.good_steps;
+  }
+  return extra;
+}
+
+absl::Status RestoreLossScale(const json& extra, LossScaler& scaler) {
+  if (!scaler.enabled || !extra.contains("loss_scale")) return absl::OkStatus();
+  const json& scale = extra["loss_scale"];
+  const json& good = extra.value("loss_scale_good_steps", json(0));
+  if (!scale.is_number() || !good.is_number_integer() || !(scale.get<double>() > 0) ||
+      !std::isfinite(scale.get<double>()) || good.get<int64_t>() < 0) {
+    return absl::DataLossError(absl::StrCat("checkpoint extra.loss_scale: ", scale.dump(),
+                                            " / loss_scale_good_steps: ", good.dump(),
+                                            " are not a positive finite scale and a count"));
+  }
+  scaler.scale = scale.get<double>();
+  scaler.good_steps = good.get<int64_t>();
+  return absl::OkStatus();
+}
+
+}  // namespace ulysses::engine::train

@@ -1,0 +1,55 @@
+// What a training rank and an evaluation rank both build: the job spec with its --set
+// overrides, the process groups and model of one rank (parallelize.h, model_io.h), and the
+// small conversions between the spec, AdamW and a checkpoint's extra. Internal to the engine
+// (engine.cc, rank_state.cc, stage_loop.cc).
+#ifndef ULYSSES_WORKER_ENGINE_TRAIN_RANK_SETUP_H_
+#define ULYSSES_WORKER_ENGINE_TRAIN_RANK_SETUP_H_
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/spec/job_spec.h"
+#include "worker/engine/model/llama.h"
+#include "worker/engine/parallel/parallelize.h"
+#include "worker/engine/parallel/ulysses_attention.h"
+#include "worker/engine/train/optimizer.h"
+#include "worker/engine/train/train_step.h"
+
+namespace ulysses::engine::train {
+
+// The job file with its --set overrides applied, validated (common/spec).
+absl::StatusOr<spec::JobSpec> LoadSpec(const std::string& path,
+                                       const std::vector<std::string>& overrides);
+
+AdamWConfig AdamWConfigFromSpec(const spec::OptimizerSpec& o);
+
+// The model and parallelism of one rank, ready to train or evaluate.
+struct RankSetup {
+  ParallelRuntime rt;
+  model::LlamaForCausalLM model{nullptr};
+  AttentionCallback attention;
+};
+
+// Rendezvous (pc) and the model in spec.model.dtype on pc.device. structure_only: the model's
+// parameters are allocated, not written (ZeRO-3 sharded init).
+absl::StatusOr<RankSetup> SetUpRank(const spec::JobSpec& spec, const model::LlamaConfig& config,
+                                    const ParallelConfig& pc, bool structure_only = false);
+
+// Ranks sharing this host's memory: a CPU run's ranks are processes of one host (the launcher, or
+// one worker's CPU slots); CUDA ranks share a node with at most one rank per visible device.
+int RanksOnThisHost(const torch::Device& device, int world_size);
+
+// A training checkpoint's `extra`: seed, layout, model config, dtype and the float16 loss scale.
+nlohmann::json CheckpointExtra(const spec::JobSpec& spec, const model::LlamaConfig& config,
+                               const ParallelRuntime& rt, const LossScaler& scaler);
+
+// Restores the float16 loss scale from a checkpoint's extra (absent: keep the initial scale).
+absl::Status RestoreLossScale(const nlohmann::json& extra, LossScaler& scaler);
+
+}  // namespace ulysses::engine::train
+
+#endif  // ULYSSES_WORKER_ENGINE_TRAIN_RANK_SETUP_H_
