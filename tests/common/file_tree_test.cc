@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "tests/testing/files.h"
 #include "tests/testing/temp_dir.h"
 
 namespace ulysses {
@@ -31,10 +32,7 @@ void WriteFile(const std::string& path, const std::string& text) {
 
 void MakeDir(const std::string& path) { ASSERT_EQ(mkdir(path.c_str(), 0755), 0) << path; }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using ::ulysses::testing::ReadFile;
 
 TEST(RemoveTreeTest, RemovesNestedDirectoriesFilesAndEmptyDirs) {
   TempDir tmp;

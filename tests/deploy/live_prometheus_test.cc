@@ -29,6 +29,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/common/metrics/subprocess_for_test.h"
 #include "tests/e2e/cluster.h"
+#include "tests/testing/files.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ulysses::e2e {
@@ -37,10 +38,7 @@ namespace {
 using nlohmann::json;
 constexpr char kPrometheus[] = "/usr/bin/prometheus";
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+using ::ulysses::testing::ReadFile;
 
 // The shipped rules with windows short enough for a test: the stall window 15m -> 5s,
 // the recording interval 30s -> 2s, every `for:` -> 1s. Everything else (expressions,

@@ -18,6 +18,7 @@
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tests/common/metrics/subprocess_for_test.h"
+#include "tests/testing/files.h"
 
 namespace ulysses {
 namespace metrics {
@@ -63,10 +64,7 @@ void Terminate(pid_t pid, std::chrono::seconds grace) {
   waitpid(pid, nullptr, 0);
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+using ::ulysses::testing::ReadFile;
 
 // Runs an instant query; returns the value of the single result, or "" if the
 // query failed or did not return exactly one series.

@@ -13,6 +13,7 @@
 
 #include "common/spec/job_spec.h"
 #include "gtest/gtest.h"
+#include "tests/testing/files.h"
 
 namespace ulysses::spec::testing {
 
@@ -39,12 +40,7 @@ inline std::vector<std::string> ShippedSpecs() {
   return paths;
 }
 
-inline std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
+using ::ulysses::testing::ReadFile;
 
 // Every field of `a` equals the one of `b` (reports each difference).
 inline void ExpectSpecEq(const JobSpec& a, const JobSpec& b) {

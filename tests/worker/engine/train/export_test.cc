@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/testing/files.h"
 #include "tests/testing/temp_dir.h"
 #include "worker/engine/checkpoint/checkpoint.h"
 #include "worker/engine/hf/hf.h"
@@ -32,12 +33,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using ::ulysses::testing::TempDir;
 
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using ::ulysses::testing::ReadFile;
 
 struct Result {
   int code = -1;

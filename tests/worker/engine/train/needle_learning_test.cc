@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_tree.h"
+#include "tests/testing/files.h"
 #include "worker/engine/data/dataset.h"
 
 namespace ulysses {
@@ -36,12 +37,7 @@ std::string Env(const char* name, const char* fallback) {
   return v ? v : fallback;
 }
 
-std::string ReadFile(const fs::path& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using ::ulysses::testing::ReadFile;
 
 TEST(NeedleLearningTest, RetrievalRisesFarAboveChanceAtEveryStage) {
   const std::string bin = Env("ULYSSES_BIN_DIR", "build/bin") + "/ulysses-train";

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_tree.h"
+#include "tests/testing/files.h"
 #include "worker/engine/hf/hf.h"
 
 namespace ulysses::engine {
@@ -36,12 +37,7 @@ std::string Env(const char* name, const char* fallback) {
   return v != nullptr ? v : fallback;
 }
 
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using ::ulysses::testing::ReadFile;
 
 struct Result {
   int code = -1;

@@ -26,6 +26,7 @@
 
 #include "common/file_tree.h"
 #include "tests/testing/documents.h"
+#include "tests/testing/files.h"
 #include "worker/engine/checkpoint/checkpoint.h"
 
 extern char** environ;
@@ -44,12 +45,7 @@ inline std::string Src() {
   return d ? d : ".";
 }
 
-inline std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using ::ulysses::testing::ReadFile;
 
 struct Proc {
   pid_t pid = -1;
