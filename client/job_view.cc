@@ -289,11 +289,53 @@ int64_t GlobalBatch(const spec::JobSpec& s, size_t i) {
   return s.optimizer.micro_batch_size * s.optimizer.grad_accum_steps * s.StageDp(i);
 }
 
+// spec.checkpoint.every_steps: auto's interval (Job.checkpoint_interval): what and why.
+std::string IntervalText(const v1::CheckpointInterval& i) {
+  std::string every;
+  if (i.every_steps() > 0) absl::StrAppend(&every, "every ", i.every_steps(), " step(s)");
+  if (i.every_seconds() > 0) {
+    absl::StrAppend(&every, every.empty() ? "" : ", ",
+                    absl::StrFormat("every %.1f s", i.every_seconds()));
+  }
+  return absl::StrCat(every.empty() ? "stage ends only" : every, " (auto, version ", i.version(),
+                      ")");
+}
+std::string IntervalWhy(const v1::CheckpointInterval& i) {
+  const std::string mtbf = absl::StrFormat("MTBF %.0f s for %d GPU(s) (%s)", i.mtbf_seconds(),
+                                           i.group_gpus(), i.mtbf_source());
+  if (i.cost_source() == "none") {
+    return absl::StrCat("C not measured yet: every step until the first checkpoint; ", mtbf);
+  }
+  std::string why = absl::StrFormat("T = sqrt(2 x C x MTBF) = %.1f s; C %.3f s (%s); %s",
+                                    i.interval_seconds(), i.cost_seconds(), i.cost_source(), mtbf);
+  if (i.step_seconds() > 0) {
+    absl::StrAppend(&why, absl::StrFormat("; step %.3f s", i.step_seconds()));
+  } else {
+    absl::StrAppend(&why, "; no step time yet (sent in seconds)");
+  }
+  return why;
+}
+json IntervalJson(const v1::CheckpointInterval& i) {
+  return {{"version", i.version()},
+          {"every_steps", i.every_steps()},
+          {"every_seconds", i.every_seconds()},
+          {"interval_seconds", i.interval_seconds()},
+          {"cost_seconds", i.cost_seconds()},
+          {"cost_source", i.cost_source()},
+          {"mtbf_seconds", i.mtbf_seconds()},
+          {"mtbf_source", i.mtbf_source()},
+          {"step_seconds", i.step_seconds()},
+          {"group_gpus", i.group_gpus()},
+          {"reason", i.reason()}};
+}
+
 }  // namespace
 
 json JobDetailJson(const v1::Job& job) {
   json j = JobSummaryJson(job);
   j["checkpoint_dir"] = job.checkpoint_dir();
+  if (job.has_checkpoint_interval())
+    j["checkpoint_interval"] = IntervalJson(job.checkpoint_interval());
   j["max_failures"] = job.max_failures();
   j["max_preemptions"] = job.max_preemptions();
   j["infra_failures"] = job.infra_failures();
@@ -526,6 +568,10 @@ void PrintJobDescription(const v1::Job& job, std::ostream& out) {
       << ")" << (job.preemptible() ? "" : "; not preemptible") << "\n";
   out << "Goodput:      " << GoodputText(job.goodput()) << "\n";
   out << "Checkpoints:  " << job.checkpoint_dir() << "\n";
+  if (job.has_checkpoint_interval()) {
+    out << "Ckpt every:   " << IntervalText(job.checkpoint_interval()) << "\n";
+    out << "  why:        " << IntervalWhy(job.checkpoint_interval()) << "\n";
+  }
   if (job.has_last_checkpoint() && !job.last_checkpoint().path().empty()) {
     out << "Last ckpt:    stage " << job.last_checkpoint().stage() << " step "
         << job.last_checkpoint().step() << "  " << job.last_checkpoint().path() << "\n";

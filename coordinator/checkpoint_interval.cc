@@ -7,6 +7,11 @@
 #include "absl/strings/str_format.h"
 
 namespace ulysses::coordinator {
+namespace {
+
+bool Positive(std::optional<double> v) { return v.has_value() && std::isfinite(*v) && *v > 0; }
+
+}  // namespace
 
 double YoungDalySeconds(double cost_seconds, double mtbf_seconds) {
   if (!(cost_seconds > 0) || !(mtbf_seconds > 0)) return 0;
@@ -28,33 +33,60 @@ IntervalChoice ChooseCheckpointInterval(const IntervalInputs& in) {
     c.reason = "the job spec";
     return c;
   }
-  c.mtbf_seconds = GroupMtbfSeconds(in.prior_gpu_mtbf_s, in.observed_gpu_seconds,
-                                    in.observed_failures, in.group_gpus);
+  const int64_t gpus = std::max<int64_t>(1, in.group_gpus);
+  const int64_t failures = std::max<int64_t>(0, in.observed_failures);
+  const double gpu_seconds =
+      std::isfinite(in.observed_gpu_seconds) ? std::max(0.0, in.observed_gpu_seconds) : 0.0;
+  c.mtbf_seconds = GroupMtbfSeconds(in.prior_gpu_mtbf_s, gpu_seconds, failures, gpus);
+  c.mtbf_source = failures > 0 ? "measured" : "prior";
   const std::string mtbf = absl::StrFormat(
-      "MTBF %.0f s for %d GPUs (%d failures in %.0f GPU-seconds observed + prior of one per %.0f "
-      "GPU-seconds)",
-      c.mtbf_seconds, in.group_gpus, in.observed_failures, in.observed_gpu_seconds,
-      in.prior_gpu_mtbf_s);
-  if (!in.cost_seconds.has_value()) {
+      "MTBF %.0f s for %d GPUs (%s: %d failures in %.1f GPU-hours observed for groups of %d, "
+      "prior one per %.0f GPU-hours)",
+      c.mtbf_seconds, gpus, c.mtbf_source, failures, gpu_seconds / 3600.0, gpus,
+      in.prior_gpu_mtbf_s / 3600.0);
+  if (Positive(in.cost_seconds)) {
+    c.cost_seconds = *in.cost_seconds;
+    c.cost_source = "measured";
+  } else if (in.cost_seconds.has_value()) {
+    // A measured cost of 0 (an asynchronous save that blocked for less than the clock's
+    // resolution) is counted as 1 ms: the interval stays finite and positive.
+    c.cost_seconds = 1e-3;
+    c.cost_source = "measured";
+  } else if (Positive(in.prior_cost_seconds)) {
+    c.cost_seconds = *in.prior_cost_seconds;
+    c.cost_source = "prior";
+  } else {
+    c.cost_source = "none";
     c.every_steps = 1;
     c.reason = absl::StrCat("auto: every step until a checkpoint's cost is measured; ", mtbf);
     return c;
   }
-  // A measured cost of 0 (an asynchronous save that blocked for less than the clock's
-  // resolution) is counted as 1 ms: the interval stays finite and positive.
-  const double cost = std::max(*in.cost_seconds, 1e-3);
-  c.every_seconds = std::min(YoungDalySeconds(cost, c.mtbf_seconds), 315360000.0);
-  c.reason =
-      absl::StrFormat("auto: every %.1f s = sqrt(2 x C %.3f s x %s)", c.every_seconds, cost, mtbf);
+  c.cost_seconds = std::max(c.cost_seconds, 1e-3);
+  c.interval_seconds =
+      std::min(YoungDalySeconds(c.cost_seconds, c.mtbf_seconds), kMaxIntervalSeconds);
+  const std::string t = absl::StrFormat("T = sqrt(2 x C %.3f s (%s) x %s) = %.1f s", c.cost_seconds,
+                                        c.cost_source, mtbf, c.interval_seconds);
+  if (Positive(in.step_seconds)) {
+    c.step_seconds = *in.step_seconds;
+    const double steps = std::round(c.interval_seconds / c.step_seconds);
+    c.every_steps =
+        static_cast<int64_t>(std::clamp(steps, 1.0, static_cast<double>(kMaxIntervalSteps)));
+    c.reason = absl::StrFormat("auto: every %d steps = %s / step %.3f s", c.every_steps, t,
+                               c.step_seconds);
+  } else {
+    c.every_seconds = std::max(c.interval_seconds, 1e-3);
+    c.reason = absl::StrCat("auto: ", t, " (no step time measured yet)");
+  }
   return c;
 }
 
 bool IntervalChanged(const IntervalChoice& sent, const IntervalChoice& next) {
-  if ((sent.every_steps > 0) != (next.every_steps > 0)) return true;
-  if (sent.every_steps != next.every_steps) return true;
-  const double a = sent.every_seconds, b = next.every_seconds;
-  if ((a > 0) != (b > 0)) return true;
-  return a > 0 && std::abs(a - b) > 0.1 * a;
+  auto moved = [](double a, double b) {
+    if ((a > 0) != (b > 0)) return true;
+    return a > 0 && std::abs(a - b) > 0.1 * a;
+  };
+  return moved(static_cast<double>(sent.every_steps), static_cast<double>(next.every_steps)) ||
+         moved(sent.every_seconds, next.every_seconds);
 }
 
 }  // namespace ulysses::coordinator

@@ -69,6 +69,10 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"abort_grace_s", [&](const YAML::Node& n) { c->abort_grace_s = n.as<double>(); }},
       {"cancel_grace_s", [&](const YAML::Node& n) { c->cancel_grace_s = n.as<double>(); }},
       {"preemption_grace_s", [&](const YAML::Node& n) { c->preemption_grace_s = n.as<double>(); }},
+      {"checkpoint_mtbf_prior_gpu_hours",
+       [&](const YAML::Node& n) { c->checkpoint_mtbf_prior_gpu_hours = n.as<double>(); }},
+      {"checkpoint_cost_prior_s",
+       [&](const YAML::Node& n) { c->checkpoint_cost_prior_s = n.as<double>(); }},
       {"non_preempting_priorities",
        [&](const YAML::Node& n) { c->non_preempting_priorities = n.as<std::vector<int64_t>>(); }},
       {"event_history", [&](const YAML::Node& n) { c->event_history = n.as<int64_t>(); }},
@@ -226,6 +230,17 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   if (!(c->preemption_grace_s >= 0 && c->preemption_grace_s <= 86400)) {
     e.push_back(absl::StrCat("preemption_grace_s: ", c->preemption_grace_s,
                              " is out of range (use 0..86400 seconds; 0 = cancel_grace_s)"));
+  }
+  if (!(c->checkpoint_mtbf_prior_gpu_hours > 0 && c->checkpoint_mtbf_prior_gpu_hours <= 1e9)) {
+    e.push_back(
+        absl::StrCat("checkpoint_mtbf_prior_gpu_hours: ", c->checkpoint_mtbf_prior_gpu_hours,
+                     " is out of range (use GPU-hours per failure in (0, 1e9], e.g. "
+                     "50677, Llama 3's observed rate)"));
+  }
+  if (!(c->checkpoint_cost_prior_s >= 0 && c->checkpoint_cost_prior_s <= 86400)) {
+    e.push_back(absl::StrCat("checkpoint_cost_prior_s: ", c->checkpoint_cost_prior_s,
+                             " is out of range (use the seconds one checkpoint blocks training, "
+                             "0..86400; 0 = measure it at the first step)"));
   }
   std::set<int64_t> seen_priorities;
   for (int64_t p : c->non_preempting_priorities) {

@@ -81,15 +81,6 @@ absl::StatusOr<JobRecord> NewJobRecord(const v1::SubmitJobRequest& request,
   if (rec.stages.empty()) {
     return absl::InvalidArgumentError("spec.stages: empty (add at least one {seq_len, steps})");
   }
-  // The ranks of an `auto` job wait for the coordinator's interval (worker/engine/train/
-  // checkpoint_schedule.h); this coordinator does not compute and send one yet, so the job
-  // would fail at its first rank. Refused here, with the reason, leaving no trace.
-  if (s.checkpoint.every_steps_auto) {
-    return absl::InvalidArgumentError(
-        "spec.checkpoint.every_steps: \"auto\" is not served by this coordinator yet (it does "
-        "not send checkpoint intervals to ranks); use every_steps: N or every_seconds: N "
-        "(docs/JOBSPEC.md \"Checkpoint interval\")");
-  }
   *parsed_out = std::move(*parsed);
   return rec;
 }
@@ -197,6 +188,12 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const v1::GetJobRequest& request,
   JobRt* rt = Visible(state_.FindJob(request.job_id()), caller);
   if (rt == nullptr) return JobNotFound(request.job_id());
   v1::Job job = JobToProto(rt->rec, true);
+  if (rt->interval.sent.has_value()) {
+    // every_steps: auto (job_interval.cc): what the current attempt's ranks were sent, in
+    // memory only.
+    *job.mutable_checkpoint_interval() =
+        IntervalToProto(*rt->interval.sent, rt->interval.version, rt->interval.group_gpus);
+  }
   if (request.include_events()) {
     // The newest events within kMaxEventsViewBytes, in sequence order.
     size_t bytes = 0;

@@ -362,10 +362,12 @@ void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids,
   if (metrics_.gang_wait && job.queued_since_steady > 0) {
     metrics_.gang_wait->WithLabels()->Observe((SteadyMs() - job.queued_since_steady) / 1000.0);
   }
+  const std::optional<v1::CheckpointInterval> interval = LaunchInterval(job, stage.world());
   for (size_t r = 0; r < worker_ids.size(); ++r) {
     WorkerRt& w = *state_.workers[worker_ids[r]];
     v1::CoordinatorMessage msg;
     v1::Assignment* a = msg.mutable_assignment();
+    if (interval.has_value()) *a->mutable_checkpoint_interval() = *interval;
     a->mutable_ref()->set_job_id(rec.id);
     a->mutable_ref()->set_generation(rec.generation);
     a->mutable_ref()->set_rank(static_cast<int>(r));
@@ -385,6 +387,13 @@ void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids,
     w.slots[slots[r]] = a->ref();
     w.state = v1::WORKER_STATE_BUSY;
     SendTo(w, std::move(msg), txn);
+  }
+  if (interval.has_value()) {
+    v1::LogLine line;
+    line.set_stream(v1::LOG_STREAM_COORDINATOR);
+    line.set_text(absl::StrCat("checkpoint interval version ", interval->version(),
+                               " assigned: ", interval->reason()));
+    AddLog(job, std::move(line), txn);
   }
   for (const std::string& warning : PlacementWarnings(attempt, stage.sp)) {
     v1::LogLine line;

@@ -10,6 +10,7 @@
 #define ULYSSES_COORDINATOR_JOB_MACHINE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,10 @@
 #include "coordinator/runtime.h"
 
 namespace ulysses::coordinator {
+
+// `c` as sent (version 1..kMaxControlVersion) and shown (GetJob).
+v1::CheckpointInterval IntervalToProto(const IntervalChoice& c, int64_t version,
+                                       int64_t group_gpus);
 
 class JobMachine {
  public:
@@ -112,6 +117,15 @@ class JobMachine {
   // Settles the job's ended attempt once GoodputSettleMs() passed since its end (ticker).
   void SettleGoodput(JobRt& job, Txn& txn);
   int64_t GoodputSettleMs() const;
+  // spec.checkpoint.every_steps: auto (job_interval.cc; policy: checkpoint_interval.h).
+  // The interval for the assignments of a new group of `group_gpus` ranks (remembered in
+  // job.interval as sent); nullopt for a job with the spec's own interval.
+  std::optional<v1::CheckpointInterval> LaunchInterval(JobRt& job, int64_t group_gpus);
+  // Rank 0 reported a periodic checkpoint that blocked training `blocked_seconds` (C), or a
+  // step of `step_seconds`: a new choice that moved enough goes to the running ranks
+  // (CheckpointIntervalUpdate) with a coordinator log line. No-op for other jobs.
+  void OnCheckpointCost(JobRt& job, double blocked_seconds, Txn& txn);
+  void OnStepSeconds(JobRt& job, double step_seconds, Txn& txn);
   // An Abort for `ref` with the abort grace period.
   void SendAbort(WorkerRt& worker, const v1::WorkRef& ref, const std::string& why, Txn& txn);
   // `other`'s id, or "a job of another tenant" when `shown_to` is of another tenant.
@@ -133,6 +147,7 @@ class JobMachine {
   // attempt launched before goodput accounting).
   void AdoptForGoodput(JobRt& job);
   int AllocatePort();
+  void SendIntervalIfChanged(JobRt& job, Txn& txn);
   void DropOldestLog(JobRt& job);
 
   const CoordinatorConfig& config_;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "coordinator/checkpoint_interval.h"
 #include "coordinator/model.h"
 #include "coordinator/store.h"
 #include "ulysses/v1/job_service.pb.h"
@@ -128,6 +129,9 @@ struct JobRt {
   // (ulysses_checkpoint_every_steps); -1 until then.
   int64_t checkpoint_every_steps = -1;
   GoodputSteps goodput_steps;  // Rank 0's step ends since the last commit (goodput.h).
+  // spec.checkpoint.every_steps: auto: the interval sent to the ranks and its measured inputs
+  // (job_interval.cc). In memory only.
+  JobIntervalState interval;
 };
 
 // Everything the coordinator holds in memory.

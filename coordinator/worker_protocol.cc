@@ -289,8 +289,10 @@ void WorkerProtocol::SetCheckpointEvery(JobRt& job) {
     absl::StatusOr<spec::JobSpec> s = spec::ParseJobSpec(job.rec.spec_yaml, {});
     job.checkpoint_every_steps = s.ok() ? s->checkpoint.every_steps : 0;
   }
-  metrics_.checkpoint_every->WithLabels({job.rec.id})
-      ->Set(static_cast<double>(job.checkpoint_every_steps));
+  // every_steps: auto: the interval the ranks were sent (0 while it is by time).
+  const int64_t every =
+      job.interval.sent.has_value() ? job.interval.sent->every_steps : job.checkpoint_every_steps;
+  metrics_.checkpoint_every->WithLabels({job.rec.id})->Set(static_cast<double>(every));
 }
 
 void WorkerProtocol::UpdateStageEta(JobRt& job, const StageRecord& stage, int64_t step,
@@ -350,6 +352,9 @@ void WorkerProtocol::OnProgress(WorkerRt& w, const v1::WorkerMessage& m, Txn& tx
     job->last_progress_generation = ref.generation();
     metrics_.SetJobStage(job->rec.id, stage.index, stage.steps, stage.seq_len, stage.world());
     machine_.AccountStep(*job, p);
+    if (p.has_step_seconds() && ref.generation() == job->rec.generation) {
+      machine_.OnStepSeconds(*job, p.step_seconds(), txn);
+    }
     SetCheckpointEvery(*job);
     UpdateStageEta(*job, stage, p.step(), now);
     v1::JobEvent ev;
@@ -424,6 +429,12 @@ void WorkerProtocol::OnCheckpoint(WorkerRt& w, const v1::WorkerMessage& m, Txn& 
     v1::JobEvent ev;
     *ev.mutable_checkpoint() = CheckpointToProto(rec);
     machine_.AddEvent(*job, std::move(ev), true, txn);
+    // every_steps: auto's cost C: periodic saves of the current stage (the stage end's save
+    // is synchronous and not what the interval trades against).
+    const StageRecord& stage = job->rec.stages[job->rec.stage_index];
+    if (c.has_blocked_seconds() && ref.stage() == stage.index && c.step() < stage.steps) {
+      machine_.OnCheckpointCost(*job, c.blocked_seconds(), txn);
+    }
   }
   Ack(w, m, absl::OkStatus(), txn);
 }

@@ -112,7 +112,8 @@ std::vector<MetricDef> BuildCatalog() {
             "Estimated seconds until the current stage's last step, from the step rate between "
             "the last two progress reports."),
       Gauge("ulysses_checkpoint_every_steps", kJob, kCoordinator,
-            "The live job's checkpoint.every_steps (0: it checkpoints at stage ends only)."),
+            "The live job's checkpoint.every_steps (0: it checkpoints at stage ends only); "
+            "under every_steps: auto, the steps of the interval the coordinator sent."),
       Gauge("ulysses_checkpoint_age_seconds", kJob, kCoordinator,
             "Seconds since the running job's last committed checkpoint (since its start when it "
             "has none): the training a preemption or failure would lose now."),

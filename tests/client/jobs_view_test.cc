@@ -123,6 +123,49 @@ TEST(JobViewTest, DescriptionAndTablesNameTheJob) {
   EXPECT_NE(table.str().find("4/10"), std::string::npos) << table.str();
 }
 
+// every_steps: auto: describe shows the interval the coordinator chose and why (T, C, MTBF and
+// their sources), in text and JSON; a job without one shows no such line.
+TEST(JobViewTest, DescribeShowsTheAutoCheckpointIntervalAndWhy) {
+  v1::Job job = SampleJob();
+  v1::CheckpointInterval* i = job.mutable_checkpoint_interval();
+  i->set_version(3);
+  i->set_every_steps(671);
+  i->set_interval_seconds(1341.6);
+  i->set_cost_seconds(0.5);
+  i->set_cost_source("measured");
+  i->set_mtbf_seconds(1.8e6);
+  i->set_mtbf_source("prior");
+  i->set_step_seconds(2);
+  i->set_group_gpus(2);
+  i->set_reason("auto: every 671 steps");
+  std::ostringstream out;
+  PrintJobDescription(job, out);
+  EXPECT_NE(out.str().find("Ckpt every:   every 671 step(s) (auto, version 3)\n"
+                           "  why:        T = sqrt(2 x C x MTBF) = 1341.6 s; C 0.500 s (measured); "
+                           "MTBF 1800000 s for 2 GPU(s) (prior); step 2.000 s\n"),
+            std::string::npos)
+      << out.str();
+  const nlohmann::json j = JobDetailJson(job)["checkpoint_interval"];
+  EXPECT_EQ(j["version"], 3);
+  EXPECT_EQ(j["every_steps"], 671);
+  EXPECT_EQ(j["cost_source"], "measured");
+  EXPECT_EQ(j["mtbf_source"], "prior");
+  EXPECT_DOUBLE_EQ(j["mtbf_seconds"].get<double>(), 1.8e6);
+  EXPECT_EQ(j["reason"], "auto: every 671 steps");
+  // Before a cost is measured: every step, and why.
+  i->set_cost_source("none");
+  i->set_every_steps(1);
+  std::ostringstream first;
+  PrintJobDescription(job, first);
+  EXPECT_NE(first.str().find("C not measured yet: every step until the first checkpoint"),
+            std::string::npos)
+      << first.str();
+  std::ostringstream plain;
+  PrintJobDescription(SampleJob(), plain);
+  EXPECT_EQ(plain.str().find("Ckpt every:"), std::string::npos) << plain.str();
+  EXPECT_FALSE(JobDetailJson(SampleJob()).contains("checkpoint_interval"));
+}
+
 // describe shows what the job trains on from the spec GetJob returns (include_spec): data,
 // batch (micro-batch x accumulation x dp per stage) and evaluation bounds, per stage too.
 TEST(JobViewTest, DescribeShowsDataBatchAndEvalFromTheSpec) {

@@ -3,10 +3,12 @@
 // Txn for the commit.
 #include "coordinator/job_machine.h"
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "coordinator/failure_budget.h"
 #include "coordinator/worker_protocol.h"
 #include "gtest/gtest.h"
@@ -98,6 +100,8 @@ TEST_F(JobMachineTest, LaunchAssignsEveryRankAndSendsNothingBeforeTheCommit) {
   EXPECT_EQ(txn.batch.events.size(), 2u);  // attempt_started + state_change.
   EXPECT_TRUE(sinks_["w-a"].sent.empty());
   EXPECT_TRUE(sinks_["w-b"].sent.empty());
+  // The spec's own interval: no interval, no control channel.
+  EXPECT_FALSE(txn.outbound[0].second.assignment().has_checkpoint_interval());
 }
 
 TEST_F(JobMachineTest, SetStateQueuesItsLogLineForAfterTheCommit) {
@@ -568,6 +572,148 @@ TEST_F(JobMachineTest, LostWorkersAreForgottenAfterTheirTtl) {
   Txn later;
   machine_.ExpireLostWorkers(SteadyMs() + 3'600'000, later);
   EXPECT_TRUE(state_.workers.count("w-b"));
+}
+
+// --- every_steps: auto (job_interval.cc, policy coordinator/checkpoint_interval.h). ---
+
+class AutoIntervalTest : public JobMachineTest {
+ protected:
+  AutoIntervalTest() {
+    job_->rec.spec_yaml = testing::JobYaml("unit", "    - {seq_len: 256, steps: 10}\n") +
+                          "  checkpoint: {every_steps: auto}\n";
+    job_->rec.checkpoint_dir = "/ckpt/job-000001";
+    config_.checkpoint_mtbf_prior_gpu_hours = 1000;  // 3.6e6 GPU-seconds; 1.8e6 s for 2 GPUs
+  }
+  // Rank 0's report (from w-a) of `m`'s kind, through the worker protocol.
+  Txn Report(v1::WorkerMessage m) {
+    m.set_seq(++seq_);
+    Txn txn;
+    protocol_.OnMessage(*state_.workers["w-a"], m, txn);
+    return txn;
+  }
+  v1::WorkRef Rank0() const {
+    v1::WorkRef ref;
+    ref.set_job_id(job_->rec.id);
+    ref.set_generation(job_->rec.generation);
+    ref.set_rank(0);
+    ref.set_stage(0);
+    return ref;
+  }
+  Txn Checkpoint(int64_t step, double blocked_seconds) {
+    v1::WorkerMessage m;
+    *m.mutable_checkpoint()->mutable_ref() = Rank0();
+    v1::Checkpoint* c = m.mutable_checkpoint()->mutable_checkpoint();
+    c->set_path(absl::StrCat("/ckpt/job-000001/step-", step));
+    c->set_stage(0);
+    c->set_step(step);
+    c->set_seconds(blocked_seconds + 1);
+    c->set_blocked_seconds(blocked_seconds);
+    return Report(m);
+  }
+  Txn Step(int64_t step, double step_seconds) {
+    v1::WorkerMessage m;
+    *m.mutable_progress()->mutable_ref() = Rank0();
+    v1::StepProgress* p = m.mutable_progress()->mutable_progress();
+    p->set_stage(0);
+    p->set_step(step);
+    p->set_steps(10);
+    p->set_loss(1.0);
+    p->set_step_seconds(step_seconds);
+    return Report(m);
+  }
+  // The interval updates in `txn`, one per worker holding ranks.
+  static std::vector<v1::CheckpointInterval> Updates(const Txn& txn) {
+    std::vector<v1::CheckpointInterval> out;
+    for (const auto& [w, m] : txn.outbound) {
+      if (m.has_checkpoint_interval()) out.push_back(m.checkpoint_interval().interval());
+    }
+    return out;
+  }
+  uint64_t seq_ = 0;
+};
+
+// C from nothing (every step), then measured from rank 0's checkpoint report; M from the
+// configured prior; converted to steps by the measured step time; each change goes to both
+// workers with a new version and is what GetJob shows.
+TEST_F(AutoIntervalTest, TheCoordinatorSendsYoungDalyFromMeasuredCostAndPriorMtbf) {
+  Txn launch;
+  machine_.Launch(*job_, {"w-a", "w-b"}, {0, 0}, launch);
+  ASSERT_EQ(launch.outbound.size(), 2u);
+  for (const auto& [w, m] : launch.outbound) {
+    ASSERT_TRUE(m.assignment().has_checkpoint_interval()) << m.DebugString();
+    const v1::CheckpointInterval& i = m.assignment().checkpoint_interval();
+    EXPECT_EQ(i.version(), 1);
+    EXPECT_EQ(i.every_steps(), 1);  // No cost known (checkpoint_cost_prior_s: 0).
+    EXPECT_EQ(i.cost_source(), "none");
+    EXPECT_EQ(i.mtbf_source(), "prior");
+    EXPECT_NEAR(i.mtbf_seconds(), 1.8e6, 1.0);
+    EXPECT_EQ(i.group_gpus(), 2);
+  }
+  // The stage end's save and a save of another stage are not the periodic cost.
+  EXPECT_TRUE(Updates(Checkpoint(10, 50.0)).empty());
+  // Rank 0's first periodic checkpoint blocked 0.5 s: T = sqrt(2 x 0.5 x 1.8e6) s, in seconds
+  // (no step time yet), to both workers.
+  Txn measured = Checkpoint(1, 0.5);
+  std::vector<v1::CheckpointInterval> u = Updates(measured);
+  ASSERT_EQ(u.size(), 2u);
+  EXPECT_EQ(u[0].version(), 2);
+  EXPECT_EQ(u[0].cost_source(), "measured");
+  EXPECT_DOUBLE_EQ(u[0].cost_seconds(), 0.5);
+  EXPECT_EQ(u[0].every_steps(), 0);
+  EXPECT_NEAR(u[0].every_seconds(), std::sqrt(1.8e6), 1e-3);
+  EXPECT_NEAR(u[0].interval_seconds(), std::sqrt(1.8e6), 1e-3);
+  EXPECT_NE(u[0].reason().find("sqrt(2 x C 0.500 s (measured)"), std::string::npos)
+      << u[0].reason();
+  // A step time converts it to steps: 1341.6 s / 2 s = 671 steps.
+  u = Updates(Step(2, 2.0));
+  ASSERT_EQ(u.size(), 2u);
+  EXPECT_EQ(u[0].version(), 3);
+  EXPECT_EQ(u[0].every_steps(), 671);
+  EXPECT_EQ(u[0].every_seconds(), 0);
+  EXPECT_DOUBLE_EQ(u[0].step_seconds(), 2.0);
+  // A small move is not sent: step 2.1 s smoothed to 2.025 s (663 steps, 1 % off).
+  EXPECT_TRUE(Updates(Step(3, 2.1)).empty());
+  // A second checkpoint measuring 2 s: the mean C is 1.25 s, T = sqrt(2 x 1.25 x 1.8e6) s.
+  u = Updates(Checkpoint(4, 2.0));
+  ASSERT_EQ(u.size(), 2u);
+  EXPECT_EQ(u[0].version(), 4);
+  EXPECT_DOUBLE_EQ(u[0].cost_seconds(), 1.25);
+  EXPECT_EQ(u[0].every_steps(), std::llround(std::sqrt(4.5e6) / 2.025));
+  ASSERT_TRUE(job_->interval.sent.has_value());
+  EXPECT_EQ(job_->interval.version, 4);
+}
+
+// M from the failures observed for groups of the job's size (another job's failed 2-rank
+// attempt of an hour; a 1-rank attempt does not count), and C from the configured prior
+// before a measurement.
+TEST_F(AutoIntervalTest, ObservedFailuresForTheGroupSizeAndACostPriorSetTheFirstInterval) {
+  config_.checkpoint_cost_prior_s = 8;
+  auto other = std::make_unique<JobRt>();
+  other->rec.id = "job-000009";
+  AttemptRecord failed;
+  failed.worker_ids = {"x", "y"};
+  failed.started_ms = 1'000;
+  failed.ended_ms = 1'000 + 3'600'000;
+  failed.outcome = v1::ATTEMPT_OUTCOME_FAILED;
+  AttemptRecord single;
+  single.worker_ids = {"x"};
+  single.started_ms = 1'000;
+  single.ended_ms = 1'000 + 3'600'000;
+  single.outcome = v1::ATTEMPT_OUTCOME_LOST;
+  other->rec.attempts = {failed, single};
+  state_.jobs[other->rec.id] = std::move(other);
+  Txn launch;
+  machine_.Launch(*job_, {"w-a", "w-b"}, {0, 0}, launch);
+  ASSERT_EQ(launch.outbound.size(), 2u);
+  const v1::CheckpointInterval& i = launch.outbound[0].second.assignment().checkpoint_interval();
+  // (3.6e6 prior + 7200 observed GPU-seconds) / (1 + 1 failure) / 2 GPUs.
+  const double mtbf = (3.6e6 + 7200) / 2 / 2;
+  EXPECT_EQ(i.mtbf_source(), "measured");
+  EXPECT_NEAR(i.mtbf_seconds(), mtbf, 1.0);
+  EXPECT_EQ(i.cost_source(), "prior");
+  EXPECT_DOUBLE_EQ(i.cost_seconds(), 8);
+  EXPECT_NEAR(i.every_seconds(), std::sqrt(2 * 8 * mtbf), 1e-2);
+  EXPECT_EQ(i.every_steps(), 0);
 }
 
 }  // namespace

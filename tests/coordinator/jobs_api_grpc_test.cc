@@ -1,6 +1,7 @@
 // JobService behaviour added for issue 9 through the real gRPC API (grpc_fixture.h):
 // idempotent SubmitJob (request_id, durable across a coordinator restart) and paged
 // ListWorkers.
+#include <optional>
 #include <set>
 #include <string>
 
@@ -13,6 +14,7 @@
 namespace ulysses::coordinator {
 namespace {
 
+using testing::FakeWorker;
 using testing::JobYaml;
 
 class JobsApiGrpcTest : public testing::CoordinatorServerTest {
@@ -70,24 +72,55 @@ TEST_F(JobsApiGrpcTest, SubmitWithARequestIdIsIdempotentAcrossRestarts) {
   EXPECT_EQ(CountJobs(), 4);
 }
 
-// The coordinator does not send checkpoint intervals yet: `every_steps: auto` would fail at the
-// job's first rank, so it is refused at submission, naming the field and the fix.
-TEST_F(JobsApiGrpcTest, AnAutoCheckpointIntervalIsRefusedAtSubmitAndLeavesNoTrace) {
+// `every_steps: auto` is accepted and stored (the canonical spec keeps it, across a restart);
+// its assignment carries the coordinator's interval, a measured checkpoint cost sends a new one
+// over the worker's session, and GetJob shows it with its inputs.
+TEST_F(JobsApiGrpcTest, AnAutoCheckpointIntervalIsAcceptedStoredAndSentWithTheAssignment) {
   const std::string yaml =
       JobYaml("auto", "    - {seq_len: 256, steps: 4}\n") + "  checkpoint: {every_steps: auto}\n";
-  auto refused = SubmitWithId(yaml, "req-auto");
-  ASSERT_FALSE(refused.ok());
-  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
-  const std::string m(refused.status().message());
-  EXPECT_NE(m.find("spec.checkpoint.every_steps: \"auto\""), std::string::npos) << m;
-  EXPECT_NE(m.find("use every_steps: N or every_seconds: N"), std::string::npos) << m;
-  EXPECT_EQ(CountJobs(), 0);
-  // A fixed interval by time is served.
-  auto timed = SubmitWithId(
-      JobYaml("timed", "    - {seq_len: 256, steps: 4}\n") + "  checkpoint: {every_seconds: 600}\n",
-      "req-timed");
-  ASSERT_TRUE(timed.ok()) << timed.status();
+  auto accepted = SubmitWithId(yaml, "req-auto");
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_NE(accepted->canonical_spec_yaml().find("every_steps: auto"), std::string::npos)
+      << accepted->canonical_spec_yaml();
   EXPECT_EQ(CountJobs(), 1);
+  FakeWorker& w = AddWorker("w0");
+  std::optional<v1::Assignment> a = w.WaitAssignment();
+  ASSERT_TRUE(a.has_value());
+  ASSERT_TRUE(a->has_checkpoint_interval()) << a->DebugString();
+  EXPECT_EQ(a->checkpoint_interval().version(), 1);
+  EXPECT_EQ(a->checkpoint_interval().every_steps(), 1);  // C not measured yet
+  EXPECT_EQ(a->checkpoint_interval().mtbf_source(), "prior");
+  // Rank 0's first periodic checkpoint blocked 0.25 s: a new interval comes down the session.
+  v1::WorkerMessage m;
+  *m.mutable_checkpoint()->mutable_ref() = a->ref();
+  v1::Checkpoint* c = m.mutable_checkpoint()->mutable_checkpoint();
+  c->set_path(a->checkpoint_dir() + "/step-00000001");
+  c->set_stage(0);
+  c->set_step(1);
+  c->set_seconds(1.0);
+  c->set_blocked_seconds(0.25);
+  std::optional<v1::Ack> ack = SendForAck(w, m);
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->result(), v1::ACK_CODE_OK) << ack->message();
+  std::optional<v1::CoordinatorMessage> update =
+      w.WaitFor([](const v1::CoordinatorMessage& x) { return x.has_checkpoint_interval(); });
+  ASSERT_TRUE(update.has_value());
+  const v1::CheckpointInterval& i = update->checkpoint_interval().interval();
+  EXPECT_EQ(update->checkpoint_interval().ref().job_id(), accepted->job_id());
+  EXPECT_EQ(i.version(), 2);
+  EXPECT_EQ(i.cost_source(), "measured");
+  EXPECT_DOUBLE_EQ(i.cost_seconds(), 0.25);
+  EXPECT_GT(i.every_seconds(), 0);
+  const v1::Job job = GetJob(accepted->job_id());
+  ASSERT_TRUE(job.has_checkpoint_interval());
+  EXPECT_EQ(job.checkpoint_interval().version(), 2);
+  EXPECT_EQ(job.checkpoint_interval().reason(), i.reason());
+  // Stored: after a restart the same request finds the job and its spec.
+  RestartServer();
+  auto again = SubmitWithId(yaml, "req-auto");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->job_id(), accepted->job_id());
+  EXPECT_NE(again->canonical_spec_yaml().find("every_steps: auto"), std::string::npos);
 }
 
 TEST_F(JobsApiGrpcTest, TheSameRequestIdWithAnotherSpecIsRefusedNamingTheJob) {

@@ -435,6 +435,35 @@ TEST(ConfigTest, PreemptionSettingsAreValidated) {
   EXPECT_TRUE(ValidateAndFinalize(&ok).ok());
 }
 
+// every_steps: auto's priors: named with the value and the range, NaN included.
+TEST(ConfigTest, CheckpointIntervalPriorsAreValidated) {
+  CoordinatorConfig c;
+  ASSERT_TRUE(ApplyConfigYaml("state_dir: /tmp/x\ncheckpoint_mtbf_prior_gpu_hours: 0\n"
+                              "checkpoint_cost_prior_s: .nan\n",
+                              &c)
+                  .ok());
+  absl::Status s = ValidateAndFinalize(&c);
+  ASSERT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  const std::string m(s.message());
+  EXPECT_NE(m.find("checkpoint_mtbf_prior_gpu_hours: 0 is out of range (use GPU-hours per "
+                   "failure in (0, 1e9]"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("checkpoint_cost_prior_s: nan is out of range"), std::string::npos) << m;
+  CoordinatorConfig ok;
+  ASSERT_TRUE(ApplyConfigYaml("state_dir: /tmp/x\ncheckpoint_mtbf_prior_gpu_hours: 1000\n"
+                              "checkpoint_cost_prior_s: 30\n",
+                              &ok)
+                  .ok());
+  EXPECT_TRUE(ValidateAndFinalize(&ok).ok());
+  EXPECT_DOUBLE_EQ(ok.checkpoint_mtbf_prior_gpu_hours, 1000);
+  EXPECT_DOUBLE_EQ(ok.checkpoint_cost_prior_s, 30);
+  CoordinatorConfig defaults;
+  defaults.state_dir = "/tmp/x";
+  EXPECT_TRUE(ValidateAndFinalize(&defaults).ok());
+  EXPECT_DOUBLE_EQ(defaults.checkpoint_mtbf_prior_gpu_hours * 3600, kLlama3GpuMtbfSeconds);
+}
+
 TEST(ConfigTest, ResourceBoundsAreValidated) {
   CoordinatorConfig c;
   c.state_dir = "/tmp/x";
@@ -461,41 +490,80 @@ TEST(ConfigTest, ResourceBoundsAreValidated) {
 
 }  // namespace
 // every_steps: auto picks the Young/Daly interval sqrt(2 C M) for an injected cost C and
-// failure data: M from the prior alone, then from observed failures, scaled by the group size.
+// failure data: C from the configured prior, then measured; M from the prior alone, then from
+// observed failures, scaled by the group size; seconds until a step time is measured, then steps.
 TEST(CheckpointIntervalTest, AutoPicksTheYoungDalyIntervalForInjectedCostAndMtbf) {
   IntervalInputs in;
   in.auto_interval = true;
   in.group_gpus = 8;
   in.prior_gpu_mtbf_s = 8.0e6;  // one failure per 8e6 GPU-seconds: 1e6 s for 8 GPUs
-  // No cost measured yet: every step (the first checkpoint measures it).
+  // No cost measured and no prior: every step (the first checkpoint measures it).
   IntervalChoice c = ChooseCheckpointInterval(in);
   EXPECT_EQ(c.every_steps, 1);
   EXPECT_EQ(c.every_seconds, 0);
+  EXPECT_EQ(c.cost_source, "none");
+  EXPECT_EQ(c.mtbf_source, "prior");
   EXPECT_NE(c.reason.find("until a checkpoint's cost is measured"), std::string::npos) << c.reason;
-  // C = 2 s, M = 1e6 s (the prior): T = sqrt(2 x 2 x 1e6) = 2000 s.
+  // The configured prior C = 8 s, M = 1e6 s (the prior): T = sqrt(2 x 8 x 1e6) = 4000 s, sent
+  // in seconds (no step time yet).
+  in.prior_cost_seconds = 8.0;
+  c = ChooseCheckpointInterval(in);
+  EXPECT_EQ(c.cost_source, "prior");
+  EXPECT_DOUBLE_EQ(c.cost_seconds, 8.0);
+  EXPECT_EQ(c.every_steps, 0);
+  EXPECT_DOUBLE_EQ(c.interval_seconds, 4000.0);
+  EXPECT_DOUBLE_EQ(c.every_seconds, 4000.0);
+  // Measured C = 2 s replaces the prior: T = sqrt(2 x 2 x 1e6) = 2000 s.
   in.cost_seconds = 2.0;
   c = ChooseCheckpointInterval(in);
-  EXPECT_EQ(c.every_steps, 0);
+  EXPECT_EQ(c.cost_source, "measured");
   EXPECT_DOUBLE_EQ(c.mtbf_seconds, 1.0e6);
   EXPECT_DOUBLE_EQ(c.every_seconds, 2000.0);
-  EXPECT_NE(c.reason.find("sqrt(2 x C 2.000 s x MTBF 1000000 s for 8 GPUs"), std::string::npos)
+  EXPECT_NE(c.reason.find("sqrt(2 x C 2.000 s (measured) x MTBF 1000000 s for 8 GPUs (prior"),
+            std::string::npos)
       << c.reason;
+  // A measured step time converts T to steps: 2000 s / 3 s = 666.7 -> 667 steps.
+  in.step_seconds = 3.0;
+  c = ChooseCheckpointInterval(in);
+  EXPECT_EQ(c.every_steps, 667);
+  EXPECT_EQ(c.every_seconds, 0);
+  EXPECT_DOUBLE_EQ(c.step_seconds, 3.0);
+  // A step longer than T: every step.
+  in.step_seconds = 5000.0;
+  EXPECT_EQ(ChooseCheckpointInterval(in).every_steps, 1);
+  in.step_seconds.reset();
   // Observed: 3 failures in 2.4e7 GPU-seconds (with the prior: 4 in 3.2e7, one per 8e6 per GPU
   // stays) ... then 7 in 1.6e7 (with the prior: 8 in 2.4e7: one per 3e6 GPU-seconds, 3.75e5 s
   // for 8 GPUs): T = sqrt(2 x 2 x 3.75e5) = sqrt(1.5e6).
   in.observed_gpu_seconds = 2.4e7;
   in.observed_failures = 3;
-  EXPECT_DOUBLE_EQ(ChooseCheckpointInterval(in).every_seconds, 2000.0);
+  c = ChooseCheckpointInterval(in);
+  EXPECT_EQ(c.mtbf_source, "measured");
+  EXPECT_DOUBLE_EQ(c.every_seconds, 2000.0);
   in.observed_gpu_seconds = 1.6e7;
   in.observed_failures = 7;
   c = ChooseCheckpointInterval(in);
   EXPECT_DOUBLE_EQ(c.mtbf_seconds, 3.75e5);
   EXPECT_DOUBLE_EQ(c.every_seconds, std::sqrt(1.5e6));
+  // GPU-seconds run without a failure raise M above the prior (source still "prior").
+  in.observed_failures = 0;
+  in.observed_gpu_seconds = 8.0e6;
+  c = ChooseCheckpointInterval(in);
+  EXPECT_EQ(c.mtbf_source, "prior");
+  EXPECT_DOUBLE_EQ(c.mtbf_seconds, 2.0e6);
+  in.observed_gpu_seconds = 1.6e7;
+  in.observed_failures = 7;
   // Twice the GPUs, half the MTBF: the interval shrinks by sqrt(2).
   in.group_gpus = 16;
   EXPECT_DOUBLE_EQ(ChooseCheckpointInterval(in).every_seconds, std::sqrt(0.75e6));
   EXPECT_DOUBLE_EQ(YoungDalySeconds(2.0, 1.0e6), 2000.0);
   EXPECT_DOUBLE_EQ(YoungDalySeconds(0.0, 1.0e6), 0.0);
+  // Out-of-range inputs stay within what a rank accepts: a measured 0 counts as 1 ms, a huge
+  // cost is capped at ten years.
+  in.cost_seconds = 0.0;
+  EXPECT_DOUBLE_EQ(ChooseCheckpointInterval(in).cost_seconds, 1e-3);
+  in.cost_seconds = 1e300;
+  EXPECT_DOUBLE_EQ(ChooseCheckpointInterval(in).every_seconds, kMaxIntervalSeconds);
   // The spec's own interval passes through.
   IntervalInputs fixed;
   fixed.spec_every_steps = 20;
@@ -515,6 +583,14 @@ TEST(CheckpointIntervalTest, SmallMovesAreNotSent) {
   IntervalChoice steps;
   steps.every_steps = 1;
   EXPECT_TRUE(IntervalChanged(steps, sent));  // measuring -> by time
+  IntervalChoice more = steps;
+  more.every_steps = 2;
+  EXPECT_TRUE(IntervalChanged(steps, more));  // 1 -> 2 steps
+  steps.every_steps = 600;
+  more.every_steps = 640;
+  EXPECT_FALSE(IntervalChanged(steps, more));  // within 10 %
+  more.every_steps = 700;
+  EXPECT_TRUE(IntervalChanged(steps, more));
 }
 
 }  // namespace ulysses::coordinator

@@ -385,6 +385,68 @@ TEST_F(E2ETest, SigtermToAWorkerCheckpointsAndCountsAsAPreemption) {
   EXPECT_EQ(job["preemptions"], 1) << job.dump(2);
 }
 
+// every_steps: auto end to end (coordinator/job_interval.cc): the assignment carries "every
+// step" (no checkpoint cost measured yet, checkpoint_cost_prior_s 0); rank 0's first periodic
+// checkpoint reports its blocking cost, the coordinator sends the Young/Daly interval (minutes
+// at the default failure prior, far longer than this stage) through the worker to the running
+// rank, which applies it at a step boundary (its log names the step): from there no periodic
+// checkpoint until the stage ends. describe shows the interval and why.
+TEST_F(E2ETest, AutoIntervalChangesInARunningJobWhenTheCoordinatorSendsANewOne) {
+  StartWorkers(1);
+  ASSERT_TRUE(cluster_.WaitForIdleWorkers(1, seconds(30))) << cluster_.Logs();
+  constexpr int kSteps = 40;
+  const std::string id = cluster_.Submit(
+      DemoSpec(),
+      {absl::StrCat("spec.stages[0].steps=", kSteps), "spec.checkpoint.every_steps=auto",
+       "spec.data.synthetic.validation_sequences=2", "spec.stages[1].steps=1",
+       "spec.stages[1].sp_degree=1", "spec.stages[2].steps=1", "spec.stages[2].sp_degree=1"});
+  ASSERT_FALSE(id.empty());
+  // Stage 0 done (its checkpoint reports come before its ranks' exits): what it shows is in.
+  json job = cluster_.WaitForJob(
+      id, [](const json& j) { return j.value("stage", 0) >= 1 || JobTerminal(j); }, seconds(300));
+  ASSERT_GE(job.value("stage", 0), 1) << job.dump(2);
+  ASSERT_NE(JobState(job), "FAILED") << job.dump(2);
+  // The steps of stage 0 the rank applied versions 1 (the assignment's) and 2 (the update)
+  // from, in its log lines (versions grow over the job: later stages' assignments are 3+).
+  const std::string logs = cluster_.Ctl({"logs", id, "--tail", "-1"}).out;
+  auto applied_from = [&](int version) {
+    const std::string line = absl::StrCat("checkpoint interval version ", version, " from step ");
+    const size_t at = logs.find(line);
+    return at == std::string::npos ? -1 : std::atoi(logs.c_str() + at + line.size());
+  };
+  const int first = applied_from(1), from = applied_from(2);
+  ASSERT_GT(first, 0) << logs;
+  ASSERT_GT(from, first) << "the update was not applied in stage 0\n" << logs;
+  ASSERT_LE(from, kSteps) << "the stage ended before the new interval arrived";
+  // Stage 0's committed checkpoints, from the job's events.
+  std::set<int64_t> steps;
+  for (const json& e : job["events"]) {
+    if (e.value("type", "") == "checkpoint" && e["checkpoint"].value("stage", -1) == 0) {
+      steps.insert(e["checkpoint"].value("step", int64_t{-1}));
+    }
+  }
+  for (int step = first; step < from; ++step) {
+    EXPECT_EQ(steps.count(step), 1u) << "every step until the new interval: none at " << step
+                                     << " (applied from " << from << ")\n"
+                                     << job.dump(2);
+  }
+  for (int step = from; step < kSteps; ++step) {
+    EXPECT_EQ(steps.count(step), 0u) << "a checkpoint at " << step << " after the interval "
+                                     << "changed (from step " << from << ")";
+  }
+  EXPECT_EQ(steps.count(kSteps), 1u) << "the stage end commits";
+  // describe: the interval sent last and why, in text and JSON.
+  const std::string text = cluster_.Ctl({"describe", id}).out;
+  EXPECT_NE(text.find("Ckpt every:   every "), std::string::npos) << text;
+  EXPECT_NE(text.find("(measured); MTBF "), std::string::npos) << text;
+  const json interval = job["checkpoint_interval"];
+  ASSERT_TRUE(interval.is_object()) << job.dump(2);
+  EXPECT_GE(interval.value("version", 0), 2) << interval.dump();
+  EXPECT_EQ(interval.value("cost_source", ""), "measured") << interval.dump();
+  EXPECT_EQ(interval.value("mtbf_source", ""), "prior") << interval.dump();
+  EXPECT_GT(interval.value("interval_seconds", 0.0), 60.0) << interval.dump();
+}
+
 TEST_F(E2ETest, JobFinishesAcrossACoordinatorKillAndRestart) {
   StartWorkers(2);
   ASSERT_TRUE(cluster_.WaitForIdleWorkers(2, seconds(30))) << cluster_.Logs();

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/contract/rank_control.h"
 
 namespace ulysses::agent {
 
@@ -65,6 +66,15 @@ v1::EvalResult ToProto(const contract::EvalEvent& e) {
   if (e.accuracy.has_value()) r.set_accuracy(*e.accuracy);
   r.set_step(e.step.value_or(0));
   return r;
+}
+
+absl::StatusOr<std::string> IntervalControlLine(const v1::CheckpointInterval& interval) {
+  contract::CheckpointIntervalControl c;
+  c.version = interval.version();
+  c.every_steps = interval.every_steps();
+  c.every_seconds = interval.every_seconds();
+  c.reason = interval.reason();
+  return contract::SerializeRankControl(c);
 }
 
 std::string LastLines(const std::string& tail) {

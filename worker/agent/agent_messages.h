@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "common/contract/rank_event.h"
 #include "google/protobuf/timestamp.pb.h"
 #include "ulysses/v1/worker_service.pb.h"
@@ -24,6 +25,10 @@ std::string RefString(const ::ulysses::v1::WorkRef& ref);
 ::ulysses::v1::StepProgress ToProto(const contract::StepEvent& e);
 ::ulysses::v1::Checkpoint ToProto(const contract::CheckpointEvent& e);
 ::ulysses::v1::EvalResult ToProto(const contract::EvalEvent& e);
+// The coordinator's checkpoint interval as a `--control stdin` line for a rank
+// (common/contract/rank_control.h, without the newline); the contract's checks (version,
+// finite and in-range values, reason) are this message's validation: an error names the field.
+absl::StatusOr<std::string> IntervalControlLine(const ::ulysses::v1::CheckpointInterval& interval);
 // The last non-empty stderr lines (at most two, 500 chars): the job's failure reason.
 std::string LastLines(const std::string& tail);
 // The metric labels of a rank's series.

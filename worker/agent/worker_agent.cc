@@ -465,6 +465,29 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
       }
       return;
     }
+    case v1::CoordinatorMessage::kCheckpointInterval: {
+      // every_steps: auto: a new interval for the ranks of a running generation, written to
+      // each one's --control stdin; they apply it at a step boundary once all hold it.
+      const v1::CheckpointIntervalUpdate& u = msg.checkpoint_interval();
+      absl::StatusOr<std::string> line = IntervalControlLine(u.interval());
+      absl::MutexLock lock(&mu_);
+      int sent = 0;
+      for (Slot& slot : slots_) {
+        if (!slot.ref || !SameWork(*slot.ref, u.ref()) || slot.child == nullptr) continue;
+        ++sent;
+        if (!line.ok()) {
+          NoteLocked(*slot.ref, absl::StrCat("refused a checkpoint interval from the coordinator: ",
+                                             line.status().message()));
+        } else if (!slot.child->SendLine(*line)) {
+          NoteLocked(*slot.ref, "could not pass the new checkpoint interval to the rank");
+        }
+      }
+      if (sent == 0) {
+        ULOG(INFO) << "ignoring a checkpoint interval for " << u.ref().job_id() << " gen "
+                   << u.ref().generation() << ": not running it";
+      }
+      return;
+    }
     case v1::CoordinatorMessage::kStop:
       ULOG(INFO) << "coordinator asked this worker to stop: " << msg.stop().reason();
       RequestShutdown();
@@ -519,6 +542,20 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
         absl::StrCat("worker ", config_.name, " refused the assignment: ", paths.message()));
     return;
   }
+  // every_steps: auto: the coordinator's interval, checked before the rank starts.
+  std::optional<std::string> interval_line;
+  if (a.has_checkpoint_interval()) {
+    absl::StatusOr<std::string> line = IntervalControlLine(a.checkpoint_interval());
+    if (!line.ok()) {
+      ULOG(WARNING) << "refusing " << RefString(ref) << ": " << line.status().message();
+      ReportExitLocked(
+          ref, slot_index, contract::kExitBadInput, 0, false, false,
+          absl::StrCat("worker ", config_.name,
+                       " refused the assignment's checkpoint interval: ", line.status().message()));
+      return;
+    }
+    interval_line = *std::move(line);
+  }
   Slot& slot = slots_[slot_index];
   const fs::path job_dir = fs::path(config_.work_dir) / "jobs" / ref.job_id();
   const fs::path attempt_dir =
@@ -556,6 +593,7 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
           ? config_.intra_op_threads
           : process::IntraOpThreadShare(process::UsableCores(), static_cast<int>(slots_.size()));
   launch.overrides.assign(a.overrides().begin(), a.overrides().end());
+  launch.control_stdin = interval_line.has_value();  // interval updates (kCheckpointInterval)
 
   ChildCallbacks callbacks;
   callbacks.on_event = [this, ref](const contract::RankEvent& event) { OnEvent(ref, event); };
@@ -580,6 +618,10 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   slot.child = std::move(*child);
   slot.ref = ref;
   slot.pid = slot.child->pid();
+  // The pipe holds the line until the rank's control reader takes it.
+  if (interval_line.has_value() && !slot.child->SendLine(*interval_line)) {
+    NoteLocked(ref, "could not pass the checkpoint interval to the rank (its stdin is closed)");
+  }
   ULOG(INFO) << "started " << RefString(ref) << " on slot " << slot_index << " (" << slot.device
              << "; world " << launch.world_size << ", seq_len " << a.seq_len() << ", master "
              << launch.master_addr << ":" << launch.master_port << ") as pid " << slot.pid;
