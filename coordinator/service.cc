@@ -26,15 +26,22 @@ class RpcTimer {
  public:
   RpcTimer(metrics::HistogramFamily* family, auth::Rpc rpc)
       : family_(family), method_(auth::RpcName(rpc)), start_(std::chrono::steady_clock::now()) {}
+  // The child resolved once (every Session message: no label lookup per message).
+  explicit RpcTimer(metrics::Histogram* child)
+      : child_(child), start_(std::chrono::steady_clock::now()) {}
   ~RpcTimer() {
-    if (family_ == nullptr) return;
     std::chrono::duration<double> d = std::chrono::steady_clock::now() - start_;
-    family_->WithLabels({method_})->Observe(d.count());
+    if (child_ != nullptr) {
+      child_->Observe(d.count());
+    } else if (family_ != nullptr) {
+      family_->WithLabels({method_})->Observe(d.count());
+    }
   }
 
  private:
-  metrics::HistogramFamily* family_;
-  const char* method_;
+  metrics::HistogramFamily* family_ = nullptr;
+  metrics::Histogram* child_ = nullptr;
+  const char* method_ = "";
   std::chrono::steady_clock::time_point start_;
 };
 
@@ -317,8 +324,8 @@ class SessionReactor final
       public WorkerSink {
  public:
   SessionReactor(Coordinator* coordinator, const auth::Authenticator* auth,
-                 absl::StatusOr<auth::Principal> caller, metrics::HistogramFamily* rpc_seconds)
-      : coordinator_(coordinator), caller_(std::move(caller)), rpc_seconds_(rpc_seconds) {
+                 absl::StatusOr<auth::Principal> caller, metrics::Histogram* message_seconds)
+      : coordinator_(coordinator), caller_(std::move(caller)), message_seconds_(message_seconds) {
     if (!caller_.ok()) {
       EndAfterDrain(ToGrpcStatus(caller_.status()));
       return;
@@ -356,7 +363,7 @@ class SessionReactor final
       session_ = *session;
       opened_ = true;
     } else {
-      RpcTimer timer(rpc_seconds_, auth::Rpc::kSession);
+      RpcTimer timer(message_seconds_);
       coordinator_->OnWorkerMessage(worker_id_, session_, in_);
     }
     StartRead(&in_);
@@ -376,7 +383,7 @@ class SessionReactor final
   RevocableCall revocable_;
   std::atomic<bool> revoked_{false};
   const absl::StatusOr<auth::Principal> caller_;
-  metrics::HistogramFamily* rpc_seconds_;
+  metrics::Histogram* message_seconds_;  // rpc_seconds{method="Session"}; null: no metrics.
   v1::WorkerMessage in_;
   bool opened_ = false;  // Only touched from OnReadDone/OnDone (serialised by gRPC).
   std::string worker_id_;
@@ -483,7 +490,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContex
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* WorkerServiceImpl::Session(
     grpc::CallbackServerContext* context) {
   return new SessionReactor(coordinator_, auth_, auth_->Authorize(*context, auth::Rpc::kSession),
-                            rpc_seconds_);
+                            session_seconds_.get());
 }
 
 }  // namespace ulysses::coordinator
