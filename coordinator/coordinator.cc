@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "coordinator/deferred_writes.h"
 
 namespace ulysses::coordinator {
 
@@ -148,7 +149,10 @@ void Coordinator::TickerLoop() {
     const int64_t now = SteadyMs();
     const bool scan_workers = now - last_worker_scan_ms_ >= WorkerScanMs();
     if (scan_workers) last_worker_scan_ms_ = now;
-    Tick(scan_workers);
+    {
+      DeferredWrites deferred;  // Aborts, assignments, events: written after mu_ is released.
+      Tick(scan_workers);
+    }
     last_tick_ms_ = SteadyMs();
     ticker_mu_.Lock();
   }

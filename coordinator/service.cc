@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/backup_service.h"
+#include "coordinator/deferred_writes.h"
 #include "coordinator/validation.h"
 #include "coordinator/version_policy.h"
 
@@ -71,6 +72,7 @@ grpc::ServerUnaryReactor* HandleUnary(grpc::CallbackServerContext* context,
                                       const Request& request,
                                       absl::Status (*validate)(const Request&), Call call) {
   RpcTimer timer(rpc_seconds, rpc);
+  DeferredWrites deferred;  // Messages to workers and watchers start after mu_ is released.
   absl::StatusOr<auth::Principal> caller = Admit(auth, *context, rpc);
   if (!caller.ok()) return FinishUnary(context, caller.status());
   if (validate != nullptr) {
@@ -85,7 +87,7 @@ grpc::ServerUnaryReactor* HandleUnary(grpc::CallbackServerContext* context,
 // time; EndAfterDrain() finishes the stream once the queue is empty. Thread-safe.
 // Base is grpc::ServerWriteReactor<Msg> or grpc::ServerBidiReactor<In, Msg>.
 template <typename Base, typename Msg>
-class QueuedWriter : public Base {
+class QueuedWriter : public Base, public WriteStarter {
  public:
   // Bytes the queue may hold beyond the message being written (0 = unbounded): a reader
   // slower than that is cut with RESOURCE_EXHAUSTED once that message is written.
@@ -113,7 +115,17 @@ class QueuedWriter : public Base {
       return;
     }
     writing_ = true;
+    // Inside a DeferredWrites scope (the coordinator's mutex may be held): started at its
+    // end. While writing_ with no write started nothing finishes the stream, so it lives.
+    if (DeferredWrites::Defer(this)) return;
     const Msg* next = &queue_.front();
+    lock.unlock();
+    this->StartWrite(next);
+  }
+
+  void StartQueuedWrite() override {
+    std::unique_lock<std::mutex> lock(write_mu_);
+    const Msg* next = &queue_.front();  // Only OnWriteDone pops, after this write.
     lock.unlock();
     this->StartWrite(next);
   }
@@ -340,6 +352,7 @@ class SessionReactor final
   }
 
   void OnReadDone(bool ok) override {
+    DeferredWrites deferred;       // Acks and assignments start after mu_ is released.
     if (!ok || revoked_.load()) {  // Client half-closed, the stream broke, or revoked.
       EndAfterDrain(revoked_.load() ? Revoked() : grpc::Status::OK);
       return;
@@ -480,6 +493,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContex
                                                       const v1::RegisterRequest* request,
                                                       v1::RegisterResponse* response) {
   RpcTimer timer(rpc_seconds_, auth::Rpc::kRegister);
+  DeferredWrites deferred;
   absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kRegister);
   if (!caller.ok()) return FinishUnary(context, caller.status());
   absl::StatusOr<v1::RegisterResponse> r = coordinator_->Register(*request, *caller);
