@@ -31,8 +31,8 @@ class DeferredWrites {
   DeferredWrites() { ++Depth(); }
   ~DeferredWrites() {
     if (--Depth() > 0) return;
-    // A started write may complete and queue further kicks only on other threads (gRPC
-    // callbacks), so this list is final once swapped out.
+    // The depth is 0 again: a message queued while these writes start (by a callback run
+    // inline on this thread) starts its own write at once, so nothing waits for a kick.
     std::vector<WriteStarter*> starters;
     starters.swap(Pending());
     for (WriteStarter* s : starters) s->StartQueuedWrite();
