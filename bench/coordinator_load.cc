@@ -14,6 +14,7 @@
 // without it the channels are loopback plaintext.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -76,6 +77,10 @@ class Latencies {
     std::lock_guard<std::mutex> lock(mu_);
     samples_.clear();
   }
+  size_t count() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return samples_.size();
+  }
 
  private:
   std::mutex mu_;
@@ -106,7 +111,11 @@ class SimWorker final : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Co
     uint64_t seq = next_seq_++;
     out_.set_seq(seq);
     out_.mutable_heartbeat()->set_request_ack(true);
-    sent_[seq] = Clock::now();
+    // A fixed ring of send times (no allocation per heartbeat): an ack older than
+    // kInFlight heartbeats is not timed (it is counted unanswered at the end).
+    Sent& slot = sent_[seq % kInFlight];
+    if (slot.seq != 0) unanswered_++;  // Its ack never came.
+    slot = {seq, Clock::now()};
     lock.unlock();
     StartWrite(&out_);
     return true;
@@ -121,10 +130,10 @@ class SimWorker final : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Co
     if (!ok) return;
     if (in_.has_ack()) {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = sent_.find(in_.ack().seq());
-      if (it != sent_.end()) {
-        heartbeat_->Add(std::chrono::duration<double>(Clock::now() - it->second).count());
-        sent_.erase(it);
+      Sent& slot = sent_[in_.ack().seq() % kInFlight];
+      if (slot.seq == in_.ack().seq() && slot.seq != 0) {
+        heartbeat_->Add(std::chrono::duration<double>(Clock::now() - slot.at).count());
+        slot.seq = 0;
       }
     } else if (in_.has_assignment()) {
       assignments_++;
@@ -149,6 +158,19 @@ class SimWorker final : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Co
     return done_;
   }
   int assignments() const { return assignments_.load(); }
+  // Heartbeats whose ack has not come (those still in flight included).
+  int64_t unanswered() {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t n = unanswered_;
+    for (const Sent& s : sent_) n += s.seq != 0 ? 1 : 0;
+    return n;
+  }
+  // Forgets the heartbeats sent so far (the end of the warm-up).
+  void ResetUnanswered() {
+    std::lock_guard<std::mutex> lock(mu_);
+    unanswered_ = 0;
+    for (Sent& s : sent_) s.seq = 0;
+  }
   std::string final_status() {
     std::lock_guard<std::mutex> lock(mu_);
     return absl::StrCat(final_.error_code(), " ", final_.error_message());
@@ -165,14 +187,47 @@ class SimWorker final : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Co
   bool done_ = false;
   grpc::Status final_;
   uint64_t next_seq_ = 1;
-  std::map<uint64_t, Clock::time_point> sent_;
+  struct Sent {
+    uint64_t seq = 0;  // 0: none waiting.
+    Clock::time_point at;
+  };
+  static constexpr int kInFlight = 8;
+  Sent sent_[kInFlight];
+  int64_t unanswered_ = 0;
   std::atomic<int> assignments_{0};
 };
 
 struct ProcStat {
-  double cpu_seconds = 0;
+  double user_s = 0;
+  double sys_s = 0;
   double rss_mib = 0;
 };
+
+// This process's own CPU (the load generator), user and system.
+ProcStat SelfCpu() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  ProcStat out;
+  out.user_s = u.ru_utime.tv_sec + u.ru_utime.tv_usec / 1e6;
+  out.sys_s = u.ru_stime.tv_sec + u.ru_stime.tv_usec / 1e6;
+  return out;
+}
+
+// "user U s + sys S s = P % of one core" over `wall` seconds.
+std::string CpuLine(const ProcStat& a, const ProcStat& b, double wall) {
+  const double user = b.user_s - a.user_s, sys = b.sys_s - a.sys_s;
+  char buf[160];
+  snprintf(buf, sizeof(buf), "user %.2f s + sys %.2f s = %.1f%% of one core", user, sys,
+           100.0 * (user + sys) / wall);
+  return buf;
+}
+
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return one + " " + five + " " + fifteen;
+}
 
 ProcStat ReadProc(pid_t pid) {
   ProcStat out;
@@ -186,7 +241,8 @@ ProcStat ReadProc(pid_t pid) {
     while (rest >> tok) f.push_back(tok);
     // Fields after ")" start at field 3 (state); utime = field 14, stime = field 15.
     if (f.size() > 13) {
-      out.cpu_seconds = (std::stod(f[11]) + std::stod(f[12])) / sysconf(_SC_CLK_TCK);
+      out.user_s = std::stod(f[11]) / sysconf(_SC_CLK_TCK);
+      out.sys_s = std::stod(f[12]) / sysconf(_SC_CLK_TCK);
     }
   }
   std::ifstream status("/proc/" + std::to_string(pid) + "/status");
@@ -194,6 +250,27 @@ ProcStat ReadProc(pid_t pid) {
   while (std::getline(status, line)) {
     if (line.rfind("VmRSS:", 0) == 0) out.rss_mib = std::stod(line.substr(6)) / 1024.0;
   }
+  return out;
+}
+
+// Workers by state, over every page of ListWorkers.
+std::map<std::string, int> WorkerStates(v1::JobService::Stub* jobs) {
+  std::map<std::string, int> out;
+  v1::ListWorkersRequest req;
+  req.set_page_size(1000);
+  do {
+    v1::ListWorkersResponse resp;
+    grpc::ClientContext ctx;
+    Authorize(&ctx);
+    SetDeadlineAfter(&ctx, absl::Seconds(30));
+    grpc::Status s = jobs->ListWorkers(&ctx, req, &resp);
+    if (!s.ok()) {
+      out["(ListWorkers failed: " + s.error_message() + ")"]++;
+      break;
+    }
+    for (const v1::Worker& w : resp.workers()) out[v1::WorkerState_Name(w.state())]++;
+    req.set_page_token(resp.next_page_token());
+  } while (!req.page_token().empty());
   return out;
 }
 
@@ -217,14 +294,19 @@ int main(int argc, char** argv) {
   int core = 0;
   std::string bin;
   bool tls = false;
+  bool check = false;
   app.add_option("--workers", workers, "Simulated workers");
   app.add_flag("--tls", tls, "Serve and connect over TLS (dev certs; run from the repo root)");
   app.add_option("--seconds", seconds, "Measurement window");
   app.add_option("--warmup", warmup, "Seconds of load before measuring");
   app.add_option("--heartbeat-s", heartbeat_s, "Heartbeat period per worker");
   app.add_option("--submit-per-s", submit_per_s, "Job submissions per second");
-  app.add_option("--channels", channels, "gRPC channels (TCP connections) for the workers");
+  app.add_option("--channels", channels,
+                 "gRPC channels (TCP connections, TLS sessions) for the workers; 0 = one each");
   app.add_option("--core", core, "Pin the coordinator with taskset -c CORE (-1 = no pinning)");
+  app.add_flag("--check", check,
+               "Exit 1 unless every heartbeat was answered, no session ended early and no "
+               "worker is LOST or SUSPECT at the end (the ctest regression)");
   app.add_option("--coordinator", bin, "ulysses-coordinator binary (default: next to this one)");
   if (std::optional<int> exit_code = ulysses::contract::ParseCommandLine(app, argc, argv)) {
     return *exit_code;
@@ -294,6 +376,7 @@ int main(int argc, char** argv) {
     std::getline(token_in, g_token);
   }
   const std::string target = absl::StrCat("127.0.0.1:", port);
+  if (channels <= 0 || channels > workers) channels = workers;
   std::vector<std::shared_ptr<grpc::Channel>> chans;
   for (int i = 0; i < channels; ++i) {
     grpc::ChannelArguments args;
@@ -312,8 +395,37 @@ int main(int argc, char** argv) {
   auto jobs = v1::JobService::NewStub(chans[0]);
 
   Latencies reg_lat, hb_lat, submit_lat, get_lat, list_workers_lat;
-  // Register every worker (4 threads).
+  // Register every worker (4 threads), each opening its session at once (a worker
+  // silent for heartbeat_timeout_s after its Register would be SUSPECT).
   std::vector<std::string> ids(workers);
+  std::vector<std::unique_ptr<SimWorker>> sims(workers);
+  // What the heartbeat thread sees of `sims` while they are being registered.
+  std::unique_ptr<std::atomic<SimWorker*>[]> live(new std::atomic<SimWorker*>[workers]);
+  for (int i = 0; i < workers; ++i) live[i] = nullptr;
+  std::atomic<bool> stop{false};
+  std::atomic<long> skipped{0};
+  // Heartbeats: worker i fires at offset i/N of each period, in 5 ms batches (from the
+  // first registration on).
+  std::thread beat([&] {
+    auto start = Clock::now();
+    const auto period = std::chrono::duration<double>(heartbeat_s);
+    long tick = 0;
+    while (!stop) {
+      auto slot_start =
+          start + std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(5) * tick);
+      std::this_thread::sleep_until(slot_start);
+      // Integer slots so every worker fires exactly once per period.
+      const long slots = std::max<long>(1, std::lround(period.count() / 0.005));
+      const long slot = tick % slots;
+      const int lo = static_cast<int>((slot * workers + slots - 1) / slots);
+      const int hi = static_cast<int>(((slot + 1) * workers + slots - 1) / slots);
+      for (int i = lo; i < hi; ++i) {
+        SimWorker* sim = live[i].load(std::memory_order_acquire);
+        if (sim != nullptr && !sim->Heartbeat()) skipped++;
+      }
+      ++tick;
+    }
+  });
   {
     std::vector<std::thread> ts;
     for (int t = 0; t < 4; ++t) {
@@ -332,38 +444,14 @@ int main(int argc, char** argv) {
           grpc::Status s = wstubs[i % channels]->Register(&ctx, req, &resp);
           reg_lat.Add(std::chrono::duration<double>(Clock::now() - t0).count());
           if (s.ok()) ids[i] = resp.worker_id();
+          sims[i] = std::make_unique<SimWorker>(wstubs[i % channels].get(), ids[i], &hb_lat);
+          live[i].store(sims[i].get(), std::memory_order_release);
         }
       });
     }
     for (auto& t : ts) t.join();
   }
-  std::vector<std::unique_ptr<SimWorker>> sims;
-  for (int i = 0; i < workers; ++i) {
-    sims.push_back(std::make_unique<SimWorker>(wstubs[i % channels].get(), ids[i], &hb_lat));
-  }
 
-  std::atomic<bool> stop{false};
-  std::atomic<long> skipped{0};
-  // Heartbeats: worker i fires at offset i/N of each period, in 5 ms batches.
-  std::thread beat([&] {
-    auto start = Clock::now();
-    const auto period = std::chrono::duration<double>(heartbeat_s);
-    long tick = 0;
-    while (!stop) {
-      auto slot_start =
-          start + std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(5) * tick);
-      std::this_thread::sleep_until(slot_start);
-      // Integer slots so every worker fires exactly once per period.
-      const long slots = std::max<long>(1, std::lround(period.count() / 0.005));
-      const long slot = tick % slots;
-      const int lo = static_cast<int>((slot * workers + slots - 1) / slots);
-      const int hi = static_cast<int>(((slot + 1) * workers + slots - 1) / slots);
-      for (int i = lo; i < hi; ++i) {
-        if (!sims[i]->Heartbeat()) skipped++;
-      }
-      ++tick;
-    }
-  });
   // Users: submissions plus reads.
   std::atomic<int> submitted{0};
   std::thread user([&] {
@@ -417,14 +505,24 @@ int main(int argc, char** argv) {
   get_lat.Clear();
   list_workers_lat.Clear();
   skipped = 0;
-  ProcStat p0 = ReadProc(pid);
+  for (auto& s : sims) s->ResetUnanswered();
+  const std::string load_before = LoadAverage();
+  ProcStat p0 = ReadProc(pid), g0 = SelfCpu();
   auto t0 = Clock::now();
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-  ProcStat p1 = ReadProc(pid);
+  ProcStat p1 = ReadProc(pid), g1 = SelfCpu();
   double wall = std::chrono::duration<double>(Clock::now() - t0).count();
   stop = true;
   beat.join();
   user.join();
+  // The last heartbeats' acks (up to 5 s) before counting the unanswered ones.
+  int64_t unanswered = 0;
+  for (auto until = Clock::now() + std::chrono::seconds(5);;) {
+    unanswered = 0;
+    for (auto& s : sims) unanswered += s->unanswered();
+    if (unanswered == 0 || Clock::now() > until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   int dead = 0, assigned = 0;
   std::map<std::string, int> end_reasons;
   for (auto& s : sims) {
@@ -447,13 +545,41 @@ int main(int argc, char** argv) {
       "jobs submitted: %d; assignments received: %d\n",
       skipped.load(), dead, submitted.load(), assigned);
   for (const auto& [why, n] : end_reasons) printf("  session ended: %d x [%s]\n", n, why.c_str());
-  printf("coordinator CPU: %.1f%% of one core over %.1fs; RSS %.1f MiB\n",
-         100.0 * (p1.cpu_seconds - p0.cpu_seconds) / wall, wall, p1.rss_mib);
+  const std::map<std::string, int> states = WorkerStates(jobs.get());
+  printf("workers at the end:");
+  for (const auto& [state, n] : states) printf(" %s %d", state.c_str(), n);
+  printf("\n");
+  printf("heartbeats unanswered (no ack within 5 s of the end): %lld\n",
+         static_cast<long long>(unanswered));
+  printf("coordinator CPU: %s over %.1fs; RSS %.1f MiB\n", CpuLine(p0, p1, wall).c_str(), wall,
+         p1.rss_mib);
+  printf("generator CPU:   %s (of %u cores)\n", CpuLine(g0, g1, wall).c_str(),
+         std::thread::hardware_concurrency());
+  printf("load average: %s at the start, %s at the end\n", load_before.c_str(),
+         LoadAverage().c_str());
 
   for (auto& s : sims) s->Close();
   kill(pid, SIGTERM);
   int status = 0;
   waitpid(pid, &status, 0);
   ulysses::RemoveTree(state_dir).IgnoreError();
+  if (check) {
+    const int lost = states.count("WORKER_STATE_LOST") ? states.at("WORKER_STATE_LOST") : 0;
+    const int suspect =
+        states.count("WORKER_STATE_SUSPECT") ? states.at("WORKER_STATE_SUSPECT") : 0;
+    const long registered =
+        std::count_if(ids.begin(), ids.end(), [](auto& id) { return !id.empty(); });
+    if (unanswered != 0 || skipped != 0 || dead != 0 || lost != 0 || suspect != 0 ||
+        registered != workers || hb_lat.count() == 0) {
+      fprintf(stderr,
+              "--check failed: %lld heartbeats unanswered, %ld skipped, %d sessions ended early, "
+              "%d workers "
+              "LOST, %d SUSPECT, %ld of %d registered, %zu heartbeats answered\n",
+              static_cast<long long>(unanswered), skipped.load(), dead, lost, suspect, registered,
+              workers, hb_lat.count());
+      return 1;
+    }
+    printf("--check passed\n");
+  }
   return 0;
 }

@@ -205,9 +205,11 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
                              " must be > 0 and <= heartbeat_timeout_s / 2 (",
                              c->heartbeat_timeout_s / 2, ")"));
   }
-  if (c->reconnect_window_s < 0) {
+  if (!(c->reconnect_window_s >= 0 && c->reconnect_window_s <= 86400)) {
     e.push_back(absl::StrCat("reconnect_window_s: ", c->reconnect_window_s,
-                             " is negative (use 0 for the default)"));
+                             " is out of range (use 0 .. 86400 seconds; 0 = 2 x "
+                             "heartbeat_timeout_s; size it to the time all workers need to "
+                             "reconnect after a coordinator restart)"));
   }
   if (!(c->restart_backoff_base_s >= 0 && c->restart_backoff_max_s >= c->restart_backoff_base_s)) {
     e.push_back(

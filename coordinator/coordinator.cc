@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "coordinator/deferred_writes.h"
 
 namespace ulysses::coordinator {
 
@@ -145,28 +146,41 @@ void Coordinator::TickerLoop() {
     ticker_mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(100));
     if (stop_) break;
     ticker_mu_.Unlock();
-    TickForTesting();
+    const int64_t now = SteadyMs();
+    const bool scan_workers = now - last_worker_scan_ms_ >= WorkerScanMs();
+    if (scan_workers) last_worker_scan_ms_ = now;
+    {
+      DeferredWrites deferred;  // Aborts, assignments, events: written after mu_ is released.
+      Tick(scan_workers);
+    }
     last_tick_ms_ = SteadyMs();
     ticker_mu_.Lock();
   }
 }
 
-void Coordinator::TickForTesting() {
+void Coordinator::TickForTesting() { Tick(/*scan_workers=*/true); }
+
+int64_t Coordinator::WorkerScanMs() const {
+  return std::clamp<int64_t>(static_cast<int64_t>(config_.heartbeat_timeout_s * 100), 100, 1000);
+}
+
+void Coordinator::Tick(bool scan_workers) {
   absl::MutexLock lock(&mu_);
   if (!serving_) ProbeStoreLocked();
   Txn txn;
-  TickLocked(txn);
+  TickLocked(txn, scan_workers);
   (void)CommitLocked(txn);
 }
 
-void Coordinator::TickLocked(Txn& txn) {
+void Coordinator::TickLocked(Txn& txn, bool scan_workers) {
   const int64_t now = SteadyMs();
   // First, before any pointer to a worker enters txn.
-  machine_.ExpireLostWorkers(now, txn);
+  if (scan_workers) machine_.ExpireLostWorkers(now, txn);
   machine_.ExpireEndedJobs(NowMs(), txn);
   const int64_t timeout_ms = static_cast<int64_t>(config_.heartbeat_timeout_s * 1000);
   const int64_t lost_ms = static_cast<int64_t>(config_.lost_after_s * 1000);
   for (auto& [id, w] : state_.workers) {
+    if (!scan_workers) break;
     if (w->state == v1::WORKER_STATE_LOST) continue;
     int64_t age = now - w->last_seen_steady;
     if (age > lost_ms) {

@@ -133,7 +133,14 @@ class Coordinator {
                        metrics::Registry* registry);
   absl::Status Recover();
   void TickerLoop();
-  void TickLocked(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One tick. The per-worker scans (forgetting long-LOST workers, SUSPECT / LOST) run
+  // when `scan_workers`: the ticker does them every WorkerScanMs(), not every 100 ms
+  // (each is a walk over every worker: 25,000 at scale).
+  void Tick(bool scan_workers) ABSL_LOCKS_EXCLUDED(mu_);
+  void TickLocked(Txn& txn, bool scan_workers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // heartbeat_timeout_s / 10, within 100 ms .. 1 s: a silent worker is SUSPECT or LOST at
+  // most this late.
+  int64_t WorkerScanMs() const;
   // Writes txn to the store; on success flushes its side effects (sends, events, log
   // lines, ended streams) and clears it.
   absl::Status CommitLocked(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -162,6 +169,7 @@ class Coordinator {
 
   // SteadyMs() at Start() and after every tick of the ticker thread (LivenessAt).
   std::atomic<int64_t> last_tick_ms_{0};
+  int64_t last_worker_scan_ms_ = 0;  // Only the ticker thread touches it.
   absl::Mutex ticker_mu_;
   bool stop_ ABSL_GUARDED_BY(ticker_mu_) = false;
   std::thread ticker_;

@@ -103,14 +103,21 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, uint64_t session
   WorkerRt* w = state_.FindWorker(worker_id);
   if (w == nullptr || w->session != session_id) return;
   const int64_t now = SteadyMs();
+  const size_t slots_before = w->slots.size();
+  const v1::WorkerState state_before = w->state;
   Txn txn;
   machine_.OnWorkerBack(*w, now - w->last_seen_steady, txn);  // Only when SUSPECT.
   w->last_seen_steady = now;
   protocol_.OnMessage(*w, message, txn);
-  // A rank that exited, or a heartbeat with a free slot, may free slots for the queue.
-  if (message.has_exited() ||
-      (message.has_heartbeat() && w->slots.size() < static_cast<size_t>(w->rec.capacity)))
+  // A rank that exited, or a heartbeat that freed a slot or made the worker schedulable
+  // again, may let the queue move: a scheduling pass now. A heartbeat that changed nothing
+  // leaves it to the ticker's pass (every 100 ms): a pass walks every queued job and, while
+  // one waits, every worker, which per heartbeat of 25,000 workers would be quadratic.
+  const bool has_free_slot = w->slots.size() < static_cast<size_t>(w->rec.capacity);
+  const bool changed = w->slots.size() < slots_before || w->state != state_before;
+  if (message.has_exited() || (message.has_heartbeat() && has_free_slot && changed)) {
     machine_.Schedule(txn);
+  }
   (void)CommitLocked(txn);
 }
 

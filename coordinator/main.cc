@@ -16,6 +16,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "common/contract/cli11.h"
 #include "common/contract/exit.h"
 #include "common/log_format.h"
@@ -34,6 +35,11 @@ void OnSighup(int) { g_reload.store(true); }
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Debian's Abseil is built with Mutex deadlock detection on: every lock taken while
+  // another is held walks a lock graph (absl GraphCycles), about 2 % of the coordinator's
+  // CPU under worker load (docs/BENCHMARKS.md "Coordinator at scale"). The lock order is
+  // checked at compile time instead (scripts/thread_safety.sh).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   using ulysses::coordinator::CoordinatorConfig;
   CLI::App app{"ulysses-coordinator: schedules Ulysses training jobs onto workers"};
   std::string listen, state_dir, metrics_listen, config_file, checkpoint_root;
@@ -42,6 +48,7 @@ int main(int argc, char** argv) {
   std::string log_format = "text";
   double heartbeat_timeout_s = -1;
   double lost_after_s = -1;
+  double reconnect_window_s = -1;
   app.add_option("--listen", listen, "gRPC HOST:PORT (default 127.0.0.1:50051)");
   app.add_option("--state-dir", state_dir, "Directory for the SQLite state (required)");
   app.add_option("--metrics-listen", metrics_listen,
@@ -59,6 +66,9 @@ int main(int argc, char** argv) {
   app.add_option("--lost-after-s", lost_after_s,
                  "Seconds without a worker message before it is LOST and its jobs restart "
                  "(>= --heartbeat-timeout-s; default 45)");
+  app.add_option("--reconnect-window-s", reconnect_window_s,
+                 "After a restart, seconds no known worker is declared LOST and RECOVERING jobs "
+                 "wait for their workers (default 2 x --heartbeat-timeout-s)");
   app.add_option("--tls-cert", tls_cert, "Server certificate (PEM); with --tls-key enables TLS");
   app.add_option("--tls-key", tls_key, "Server private key (PEM)");
   app.add_option("--tls-client-ca", tls_client_ca,
@@ -176,6 +186,7 @@ int main(int argc, char** argv) {
   if (!checkpoint_root.empty()) config.checkpoint_root = checkpoint_root;
   if (heartbeat_timeout_s >= 0) config.heartbeat_timeout_s = heartbeat_timeout_s;
   if (lost_after_s >= 0) config.lost_after_s = lost_after_s;
+  if (reconnect_window_s >= 0) config.reconnect_window_s = reconnect_window_s;
   if (!tls_cert.empty()) config.tls_cert = tls_cert;
   if (!tls_key.empty()) config.tls_key = tls_key;
   if (!tls_client_ca.empty()) config.tls_client_ca = tls_client_ca;

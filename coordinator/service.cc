@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/backup_service.h"
+#include "coordinator/deferred_writes.h"
 #include "coordinator/validation.h"
 #include "coordinator/version_policy.h"
 
@@ -26,15 +27,22 @@ class RpcTimer {
  public:
   RpcTimer(metrics::HistogramFamily* family, auth::Rpc rpc)
       : family_(family), method_(auth::RpcName(rpc)), start_(std::chrono::steady_clock::now()) {}
+  // The child resolved once (every Session message: no label lookup per message).
+  explicit RpcTimer(metrics::Histogram* child)
+      : child_(child), start_(std::chrono::steady_clock::now()) {}
   ~RpcTimer() {
-    if (family_ == nullptr) return;
     std::chrono::duration<double> d = std::chrono::steady_clock::now() - start_;
-    family_->WithLabels({method_})->Observe(d.count());
+    if (child_ != nullptr) {
+      child_->Observe(d.count());
+    } else if (family_ != nullptr) {
+      family_->WithLabels({method_})->Observe(d.count());
+    }
   }
 
  private:
-  metrics::HistogramFamily* family_;
-  const char* method_;
+  metrics::HistogramFamily* family_ = nullptr;
+  metrics::Histogram* child_ = nullptr;
+  const char* method_ = "";
   std::chrono::steady_clock::time_point start_;
 };
 
@@ -64,6 +72,7 @@ grpc::ServerUnaryReactor* HandleUnary(grpc::CallbackServerContext* context,
                                       const Request& request,
                                       absl::Status (*validate)(const Request&), Call call) {
   RpcTimer timer(rpc_seconds, rpc);
+  DeferredWrites deferred;  // Messages to workers and watchers start after mu_ is released.
   absl::StatusOr<auth::Principal> caller = Admit(auth, *context, rpc);
   if (!caller.ok()) return FinishUnary(context, caller.status());
   if (validate != nullptr) {
@@ -78,7 +87,7 @@ grpc::ServerUnaryReactor* HandleUnary(grpc::CallbackServerContext* context,
 // time; EndAfterDrain() finishes the stream once the queue is empty. Thread-safe.
 // Base is grpc::ServerWriteReactor<Msg> or grpc::ServerBidiReactor<In, Msg>.
 template <typename Base, typename Msg>
-class QueuedWriter : public Base {
+class QueuedWriter : public Base, public WriteStarter {
  public:
   // Bytes the queue may hold beyond the message being written (0 = unbounded): a reader
   // slower than that is cut with RESOURCE_EXHAUSTED once that message is written.
@@ -106,7 +115,17 @@ class QueuedWriter : public Base {
       return;
     }
     writing_ = true;
+    // Inside a DeferredWrites scope (the coordinator's mutex may be held): started at its
+    // end. While writing_ with no write started nothing finishes the stream, so it lives.
+    if (DeferredWrites::Defer(this)) return;
     const Msg* next = &queue_.front();
+    lock.unlock();
+    this->StartWrite(next);
+  }
+
+  void StartQueuedWrite() override {
+    std::unique_lock<std::mutex> lock(write_mu_);
+    const Msg* next = &queue_.front();  // Only OnWriteDone pops, after this write.
     lock.unlock();
     this->StartWrite(next);
   }
@@ -317,8 +336,8 @@ class SessionReactor final
       public WorkerSink {
  public:
   SessionReactor(Coordinator* coordinator, const auth::Authenticator* auth,
-                 absl::StatusOr<auth::Principal> caller, metrics::HistogramFamily* rpc_seconds)
-      : coordinator_(coordinator), caller_(std::move(caller)), rpc_seconds_(rpc_seconds) {
+                 absl::StatusOr<auth::Principal> caller, metrics::Histogram* message_seconds)
+      : coordinator_(coordinator), caller_(std::move(caller)), message_seconds_(message_seconds) {
     if (!caller_.ok()) {
       EndAfterDrain(ToGrpcStatus(caller_.status()));
       return;
@@ -333,6 +352,7 @@ class SessionReactor final
   }
 
   void OnReadDone(bool ok) override {
+    DeferredWrites deferred;       // Acks and assignments start after mu_ is released.
     if (!ok || revoked_.load()) {  // Client half-closed, the stream broke, or revoked.
       EndAfterDrain(revoked_.load() ? Revoked() : grpc::Status::OK);
       return;
@@ -356,7 +376,7 @@ class SessionReactor final
       session_ = *session;
       opened_ = true;
     } else {
-      RpcTimer timer(rpc_seconds_, auth::Rpc::kSession);
+      RpcTimer timer(message_seconds_);
       coordinator_->OnWorkerMessage(worker_id_, session_, in_);
     }
     StartRead(&in_);
@@ -376,7 +396,7 @@ class SessionReactor final
   RevocableCall revocable_;
   std::atomic<bool> revoked_{false};
   const absl::StatusOr<auth::Principal> caller_;
-  metrics::HistogramFamily* rpc_seconds_;
+  metrics::Histogram* message_seconds_;  // rpc_seconds{method="Session"}; null: no metrics.
   v1::WorkerMessage in_;
   bool opened_ = false;  // Only touched from OnReadDone/OnDone (serialised by gRPC).
   std::string worker_id_;
@@ -473,6 +493,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContex
                                                       const v1::RegisterRequest* request,
                                                       v1::RegisterResponse* response) {
   RpcTimer timer(rpc_seconds_, auth::Rpc::kRegister);
+  DeferredWrites deferred;
   absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kRegister);
   if (!caller.ok()) return FinishUnary(context, caller.status());
   absl::StatusOr<v1::RegisterResponse> r = coordinator_->Register(*request, *caller);
@@ -483,7 +504,7 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContex
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* WorkerServiceImpl::Session(
     grpc::CallbackServerContext* context) {
   return new SessionReactor(coordinator_, auth_, auth_->Authorize(*context, auth::Rpc::kSession),
-                            rpc_seconds_);
+                            session_seconds_.get());
 }
 
 }  // namespace ulysses::coordinator

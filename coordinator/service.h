@@ -15,6 +15,8 @@
 #ifndef ULYSSES_COORDINATOR_SERVICE_H_
 #define ULYSSES_COORDINATOR_SERVICE_H_
 
+#include <memory>
+
 #include "common/metrics/metrics.h"
 #include "coordinator/auth/authenticator.h"
 #include "coordinator/coordinator.h"
@@ -72,7 +74,12 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
  public:
   WorkerServiceImpl(Coordinator* coordinator, const auth::Authenticator* auth,
                     metrics::HistogramFamily* rpc_seconds)
-      : coordinator_(coordinator), auth_(auth), rpc_seconds_(rpc_seconds) {}
+      : coordinator_(coordinator),
+        auth_(auth),
+        rpc_seconds_(rpc_seconds),
+        session_seconds_(rpc_seconds == nullptr
+                             ? nullptr
+                             : rpc_seconds->WithLabels({auth::RpcName(auth::Rpc::kSession)})) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const v1::RegisterRequest* request,
@@ -84,6 +91,8 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
   Coordinator* coordinator_;
   const auth::Authenticator* auth_;
   metrics::HistogramFamily* rpc_seconds_;
+  // Its Session child, resolved once: observed per worker message.
+  const std::shared_ptr<metrics::Histogram> session_seconds_;
 };
 
 }  // namespace ulysses::coordinator

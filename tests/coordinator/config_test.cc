@@ -1,5 +1,6 @@
 // CoordinatorConfig: the security settings (TLS files, client CA, token file, --insecure)
 // and the loopback rule for plaintext, each problem named with its field and fix.
+#include <cmath>
 #include <fstream>
 #include <string>
 
@@ -155,6 +156,26 @@ TEST(ConfigTest, LostAfterCoversTheHeartbeatTimeoutWhichIsNoLongerCappedAtTenSec
   zero.heartbeat_timeout_s = 0;
   s = ValidateAndFinalize(&zero);
   EXPECT_TRUE(absl::StrContains(s.message(), "heartbeat_timeout_s: 0 is out of range")) << s;
+}
+
+// reconnect_window_s: 0 takes 2 x heartbeat_timeout_s, a YAML value is kept, and a value
+// out of 0..86400 (or not a number) names the field, the value and the range.
+TEST(ConfigTest, ReconnectWindowDefaultsToTwoTimeoutsAndIsBounded) {
+  TempDir dir;
+  CoordinatorConfig c = Base(dir);
+  ASSERT_TRUE(ValidateAndFinalize(&c).ok());
+  EXPECT_EQ(c.reconnect_window_s, 2 * c.heartbeat_timeout_s);
+  CoordinatorConfig set = Base(dir);
+  ASSERT_TRUE(ApplyConfigYaml("reconnect_window_s: 300\n", &set).ok());
+  ASSERT_TRUE(ValidateAndFinalize(&set).ok());
+  EXPECT_EQ(set.reconnect_window_s, 300);
+  for (double bad : {-1.0, 100000.0, std::nan("")}) {
+    CoordinatorConfig b = Base(dir);
+    b.reconnect_window_s = bad;
+    absl::Status s = ValidateAndFinalize(&b);
+    EXPECT_TRUE(absl::StrContains(s.message(), "reconnect_window_s: ")) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "is out of range (use 0 .. 86400 seconds")) << s;
+  }
 }
 
 }  // namespace

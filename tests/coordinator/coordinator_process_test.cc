@@ -10,7 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc/grpc_util.h"
@@ -234,6 +237,67 @@ TEST(CoordinatorProcessTest, BadFlagsExit2) {
     const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_FALSE(err.empty()) << "no message on stderr";
   }
+}
+
+// Worker name -> state, from ListWorkers (one page: the tests register a few).
+std::map<std::string, v1::WorkerState> WorkerStates(v1::JobService::Stub* stub) {
+  v1::ListWorkersResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, absl::Seconds(5));
+  std::map<std::string, v1::WorkerState> out;
+  if (!stub->ListWorkers(&ctx, v1::ListWorkersRequest(), &resp).ok()) return out;
+  for (const v1::Worker& w : resp.workers()) out[w.name()] = w.state();
+  return out;
+}
+
+// After a restart the workers the store knows are not declared LOST within
+// reconnect_window_s (10 s here), although they stay silent longer than lost_after_s (3 s):
+// one that reconnects in the window is IDLE again; one that never does is LOST once the
+// window has passed.
+TEST(CoordinatorProcessTest, NoWorkerIsLostWithinTheReconnectWindowAfterARestart) {
+  TempDir dir;
+  const std::string tokens = TokensFile(dir);
+  std::vector<std::string> args = SecureArgs(dir.path(), tokens);
+  args.insert(args.end(), {"--reconnect-window-s", "10"});
+  {
+    CoordinatorProcess coord(args);
+    ASSERT_TRUE(coord.ReadPorts());
+    FakeWorker w1(MakeTestChannel(coord.port(), WithWorkerCert("w1")), "w1");
+    FakeWorker w2(MakeTestChannel(coord.port(), WithWorkerCert("w2")), "w2");
+    for (FakeWorker* w : {&w1, &w2}) {
+      ASSERT_TRUE(w->Register().ok());
+      w->Connect();
+    }
+    coord.Signal(SIGKILL);
+    coord.Wait();
+    w1.Disconnect();
+    w2.Disconnect();
+  }
+  CoordinatorProcess coord(args);
+  ASSERT_TRUE(coord.ReadPorts());
+  const auto serving = std::chrono::steady_clock::now();
+  auto stub = v1::JobService::NewStub(MakeTestChannel(coord.port(), WithToken(TestTokens::kAdmin)));
+  // 5 s: past lost_after_s and the SUSPECT timeout (3 s) plus ticks, inside the window.
+  int polls = 0;
+  while (std::chrono::steady_clock::now() - serving < std::chrono::seconds(5)) {
+    const std::map<std::string, v1::WorkerState> states = WorkerStates(stub.get());
+    ASSERT_EQ(states.size(), 2u) << "ListWorkers failed or lost a worker";
+    for (const auto& [name, state] : states) {
+      ASSERT_NE(state, v1::WORKER_STATE_LOST) << name << " LOST inside the reconnect window";
+    }
+    ++polls;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GT(polls, 10);
+  FakeWorker w1(MakeTestChannel(coord.port(), WithWorkerCert("w1")), "w1");
+  ASSERT_TRUE(w1.Register().ok());
+  w1.Connect();
+  w1.StartHeartbeats(std::chrono::milliseconds(200));
+  EXPECT_TRUE(PollUntil([&] { return WorkerStates(stub.get())["w1"] == v1::WORKER_STATE_IDLE; }));
+  // w2 never comes back: LOST once the window has passed.
+  EXPECT_TRUE(PollUntil([&] { return WorkerStates(stub.get())["w2"] == v1::WORKER_STATE_LOST; },
+                        std::chrono::seconds(20)));
+  EXPECT_EQ(WorkerStates(stub.get())["w1"], v1::WORKER_STATE_IDLE);
 }
 
 // The config file says heartbeat_timeout_s 5000 (out of range: alone it exits 2, see
