@@ -72,7 +72,9 @@ TEST_F(CoordinatorGrpcTest, SubmitAssignsRanksAndProgressShowsInGetJob) {
   // The third worker got nothing.
   std::set<FakeWorker*> used = {assigned[0].first, assigned[1].first};
   for (FakeWorker* w : {&w1, &w2, &w3}) {
-    if (!used.count(w)) EXPECT_FALSE(w->WaitAssignment(std::chrono::milliseconds(300)));
+    if (!used.count(w)) {
+      EXPECT_FALSE(w->WaitAssignment(std::chrono::milliseconds(300)));
+    }
   }
   EXPECT_EQ(GetJob(*id).state(), v1::JOB_STATE_SCHEDULING);
 
