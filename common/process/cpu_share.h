@@ -24,7 +24,8 @@ int IntraOpThreadShare(int cores, int local_ranks);
 // a machine's cores with each other, with their own Gloo and checkpoint-writer threads and with
 // OpenBLAS's pool, so a spinning thread takes the core another needs: the needle job's first
 // stage ran 7-12x faster with it on a 2-core machine at load ~10 (bench/omp_wait.sh,
-// docs/BENCHMARKS.md "OpenMP wait policy"). libgomp reads it once when it loads, so it must be set before exec, not by the rank.
+// docs/BENCHMARKS.md "OpenMP wait policy"). libgomp reads it once when it loads, so it must be set
+// before exec, not by the rank.
 std::vector<std::string> RankEnvironmentDefaults();
 
 // The largest --intra-op-threads a rank accepts.

@@ -21,11 +21,11 @@
 #include "common/spec/job_spec_parser.h"
 #include "common/status.h"
 #include "common/stop.h"
+#include "worker/engine/cmd/launcher.h"
 #include "worker/engine/data/indexed.h"
 #include "worker/engine/parallel/rendezvous_port.h"
 #include "worker/engine/train/device_memory.h"
 #include "worker/engine/train/engine.h"
-#include "worker/engine/cmd/launcher.h"
 
 namespace ulysses::engine::train {
 namespace {
