@@ -249,9 +249,14 @@ TEST_F(OpsE2ETest, ABackupTakenDuringAJobRestoresAfterAKill9AndTheJobContinues) 
   job = cluster_.WaitForJob(id, JobTerminal, seconds(600));
   ASSERT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
   EXPECT_LE(job.value("restarts", 99), 1) << job.dump(2);
-  // Training went on from the backup's checkpoint or later, not from the start.
+  // Training went on from the backup's checkpoint or later, not from the start: a step reported
+  // after the restart is past it. The ranks keep training while the coordinator is away and may
+  // finish the stage before it is back; the next generation then finds the stage complete and
+  // reports no step (a restart from the start would report step 1).
   const int64_t first = FirstStepAfter(job, "coordinator restarted");
-  EXPECT_GT(first, ckpt_at_backup) << job["events"].dump(1);
+  if (first != -1) {
+    EXPECT_GT(first, ckpt_at_backup) << job["events"].dump(1);
+  }
   EXPECT_EQ(Step(job), 30);
 }
 
