@@ -83,7 +83,7 @@ IntervalChoice ChooseCheckpointInterval(const IntervalInputs& in) {
 bool IntervalChanged(const IntervalChoice& sent, const IntervalChoice& next) {
   auto moved = [](double a, double b) {
     if ((a > 0) != (b > 0)) return true;
-    return a > 0 && std::abs(a - b) > 0.1 * a;
+    return a > 0 && std::abs(a - b) > kIntervalResendFraction * a;
   };
   return moved(static_cast<double>(sent.every_steps), static_cast<double>(next.every_steps)) ||
          moved(sent.every_seconds, next.every_seconds);

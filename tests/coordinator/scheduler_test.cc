@@ -576,9 +576,9 @@ TEST(CheckpointIntervalTest, SmallMovesAreNotSent) {
   IntervalChoice sent;
   sent.every_seconds = 1000;
   IntervalChoice next = sent;
-  next.every_seconds = 1090;
+  next.every_seconds = 1240;
   EXPECT_FALSE(IntervalChanged(sent, next));
-  next.every_seconds = 1200;
+  next.every_seconds = 1300;
   EXPECT_TRUE(IntervalChanged(sent, next));
   IntervalChoice steps;
   steps.every_steps = 1;
@@ -587,9 +587,9 @@ TEST(CheckpointIntervalTest, SmallMovesAreNotSent) {
   more.every_steps = 2;
   EXPECT_TRUE(IntervalChanged(steps, more));  // 1 -> 2 steps
   steps.every_steps = 600;
-  more.every_steps = 640;
-  EXPECT_FALSE(IntervalChanged(steps, more));  // within 10 %
-  more.every_steps = 700;
+  more.every_steps = 740;
+  EXPECT_FALSE(IntervalChanged(steps, more));  // within 25 %
+  more.every_steps = 760;
   EXPECT_TRUE(IntervalChanged(steps, more));
 }
 

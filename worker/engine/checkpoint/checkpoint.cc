@@ -21,6 +21,7 @@
 #include "common/status.h"
 #include "worker/engine/checkpoint/checkpoint_internal.h"
 #include "worker/engine/checkpoint/save_parts.h"
+#include "worker/engine/checkpoint/shard_writer.h"
 
 namespace ulysses::engine {
 namespace {
@@ -239,20 +240,15 @@ absl::Status WriteShard(const std::string& path, const std::vector<const NamedTe
   std::memcpy(prefix.data() + 24, &data_off, 8);
 
   const std::string tmp = path + ".tmp";
-  File f;
-  RETURN_IF_ERROR(f.Open(tmp, O_WRONLY | O_CREAT | O_TRUNC));
-  RETURN_IF_ERROR(f.Write(prefix.data(), prefix.size()));
-  RETURN_IF_ERROR(f.Write(table_text.data(), table_text.size()));
-  int64_t pos = kPrefixBytes + static_cast<int64_t>(table_text.size());
-  const std::string zeros(kAlign, '\0');
+  ASSIGN_OR_RETURN(std::unique_ptr<SequentialFileWriter> f, SequentialFileWriter::Create(tmp));
+  RETURN_IF_ERROR(f->Append(prefix.data(), prefix.size()));
+  RETURN_IF_ERROR(f->Append(table_text.data(), table_text.size()));
   for (size_t i = 0; i < cpu.size(); ++i) {
     const int64_t offset = table["tensors"][i]["offset"].get<int64_t>();
-    RETURN_IF_ERROR(f.Write(zeros.data(), static_cast<size_t>(offset - pos)));
-    RETURN_IF_ERROR(f.Write(cpu[i].data_ptr(), static_cast<size_t>(sizes[i])));
-    pos = offset + sizes[i];
+    RETURN_IF_ERROR(f->AppendZeros(static_cast<size_t>(offset - f->bytes())));
+    RETURN_IF_ERROR(f->Append(cpu[i].data_ptr(), static_cast<size_t>(sizes[i])));
   }
-  RETURN_IF_ERROR(f.Sync());
-  RETURN_IF_ERROR(f.Close());
+  RETURN_IF_ERROR(f->Finish());
   if (std::rename(tmp.c_str(), path.c_str()) != 0) return ErrnoError("cannot rename to", path);
   return SyncDir(fs::path(path).parent_path().string());
 }
