@@ -372,10 +372,11 @@ absl::StatusOr<Store::Snapshot> Store::Load() {
     return it == index.end() ? nullptr : &snap.jobs[it->second];
   };
   {
+    const int job_id = StagesTable().Index("job_id");
     Stmt q(db_, SelectSql(StagesTable()) + " ORDER BY job_id, idx");
     RETURN_IF_ERROR(q.status());
     RETURN_IF_ERROR(ForEachRow(q, [&]() -> absl::Status {
-      JobRecord* job = job_of(q, StagesTable().Index("job_id"));
+      JobRecord* job = job_of(q, job_id);
       if (job == nullptr) return absl::OkStatus();
       ASSIGN_OR_RETURN(StageRecord stage, ReadStage(q));
       job->stages.push_back(std::move(stage));
@@ -383,10 +384,11 @@ absl::StatusOr<Store::Snapshot> Store::Load() {
     }));
   }
   {
+    const int job_id = AttemptsTable().Index("job_id");
     Stmt q(db_, SelectSql(AttemptsTable()) + " ORDER BY job_id, generation");
     RETURN_IF_ERROR(q.status());
     RETURN_IF_ERROR(ForEachRow(q, [&]() -> absl::Status {
-      JobRecord* job = job_of(q, AttemptsTable().Index("job_id"));
+      JobRecord* job = job_of(q, job_id);
       if (job == nullptr) return absl::OkStatus();
       ASSIGN_OR_RETURN(AttemptRecord attempt, ReadAttempt(q));
       job->attempts.push_back(std::move(attempt));
