@@ -126,7 +126,7 @@ absl::Status SqliteError(int rc, absl::string_view what, absl::string_view messa
 int SqliteResultCode(const absl::Status& status) {
   auto payload = status.GetPayload(kSqliteCodeUrl);  // absl::optional<absl::Cord>
   int rc = 0;
-  if (!payload || !absl::SimpleAtoi(std::string(*payload), &rc)) return 0;
+  if (!payload || !absl::SimpleAtoi(payload->Flatten(), &rc)) return 0;
   return rc;
 }
 
