@@ -34,8 +34,8 @@ struct sqlite3;
 
 namespace ulysses::coordinator {
 
-// 1: initial; 2: jobs.owner, jobs.tenant, workers.identity (auth); 3: submit_requests
-// (idempotent SubmitJob). Older files are migrated on open.
+// What each version added: coordinator/store_schema.cc (the column lists). Older files are
+// migrated on open.
 inline constexpr int kSchemaVersion = 6;
 
 struct StoreOptions {
