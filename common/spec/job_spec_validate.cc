@@ -10,6 +10,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/dtype.h"
 #include "common/spec/job_spec_parser.h"
 #include "common/spec/spec_util.h"
 
@@ -118,8 +119,11 @@ void CheckModel(const JobSpec& s, Errors& e) {
             "set the field, or set init_from");
     }
   }
-  CheckChoice(e, "spec.model.dtype", m.dtype, {"float32", "bfloat16", "float16", "float64"},
-              "dtype");
+  std::vector<std::string> weight_dtypes;  // common/dtype.h
+  for (const DtypeInfo& d : kDtypes) {
+    if (d.weight) weight_dtypes.emplace_back(d.name);
+  }
+  CheckChoice(e, "spec.model.dtype", m.dtype, weight_dtypes, "dtype");
 }
 
 // sp_degree at `path` against the head counts (skipped when heads are unknown or

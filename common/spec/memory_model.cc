@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/dtype.h"
 
 namespace ulysses::spec {
 
@@ -27,13 +28,8 @@ ParameterCounts CountParameters(const ModelShape& m) {
 }
 
 int64_t DtypeBytes(const std::string& dtype) {
-  if (dtype == "float64") {
-    return 8;
-  }
-  if (dtype == "bfloat16" || dtype == "float16") {
-    return 2;
-  }
-  return 4;
+  const DtypeInfo* d = FindDtype(dtype);
+  return d != nullptr ? d->bytes : 4;
 }
 
 ModelStateBytes ModelStatePerRank(const ModelStateInputs& in) {

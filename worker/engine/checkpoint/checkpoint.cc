@@ -22,6 +22,7 @@
 #include "worker/engine/checkpoint/checkpoint_internal.h"
 #include "worker/engine/checkpoint/save_parts.h"
 #include "worker/engine/checkpoint/shard_writer.h"
+#include "worker/engine/model/torch_dtype.h"
 
 namespace ulysses::engine {
 namespace {
@@ -52,41 +53,17 @@ absl::Status ErrnoError(const std::string& what, const std::string& path) {
 }
 
 absl::StatusOr<std::string> DtypeName(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat32:
-      return std::string("float32");
-    case torch::kFloat64:
-      return std::string("float64");
-    case torch::kFloat16:
-      return std::string("float16");
-    case torch::kBFloat16:
-      return std::string("bfloat16");
-    case torch::kInt64:
-      return std::string("int64");
-    case torch::kInt32:
-      return std::string("int32");
-    case torch::kInt16:
-      return std::string("int16");
-    case torch::kInt8:
-      return std::string("int8");
-    case torch::kUInt8:
-      return std::string("uint8");
-    case torch::kBool:
-      return std::string("bool");
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", c10::toString(t)));
+  const DtypeInfo* d = DtypeOf(t);
+  if (d == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", c10::toString(t)));
   }
+  return std::string(d->name);
 }
 
 absl::StatusOr<torch::ScalarType> DtypeFromName(const std::string& name) {
-  static const std::map<std::string, torch::ScalarType> kTypes = {
-      {"float32", torch::kFloat32},   {"float64", torch::kFloat64}, {"float16", torch::kFloat16},
-      {"bfloat16", torch::kBFloat16}, {"int64", torch::kInt64},     {"int32", torch::kInt32},
-      {"int16", torch::kInt16},       {"int8", torch::kInt8},       {"uint8", torch::kUInt8},
-      {"bool", torch::kBool}};
-  auto it = kTypes.find(name);
-  if (it == kTypes.end()) return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", name));
-  return it->second;
+  const DtypeInfo* d = FindDtype(name);
+  if (d == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", name));
+  return TorchType(*d);
 }
 
 class File {

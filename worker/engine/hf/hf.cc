@@ -17,48 +17,33 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/dtype.h"
 #include "common/file_tree.h"
 #include "common/status.h"
+#include "worker/engine/model/torch_dtype.h"
 
 namespace ulysses::engine {
 namespace {
 
 namespace fs = std::filesystem;
 
-const std::map<std::string, torch::ScalarType>& SafetensorsTypes() {
-  static const auto* kTypes = new std::map<std::string, torch::ScalarType>{
-      {"F32", torch::kFloat32},   {"F64", torch::kFloat64}, {"F16", torch::kFloat16},
-      {"BF16", torch::kBFloat16}, {"I64", torch::kInt64},   {"I32", torch::kInt32},
-      {"I16", torch::kInt16},     {"I8", torch::kInt8},     {"U8", torch::kUInt8},
-      {"BOOL", torch::kBool}};
-  return *kTypes;
-}
-
 absl::StatusOr<std::string> SafetensorsDtype(torch::ScalarType t) {
-  for (const auto& [name, type] : SafetensorsTypes()) {
-    if (type == t) return name;
+  const DtypeInfo* d = DtypeOf(t);
+  if (d == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype ", c10::toString(t), " has no safetensors equivalent"));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("dtype ", c10::toString(t), " has no safetensors equivalent"));
+  return std::string(d->safetensors);
 }
 
 // HF's torch_dtype names of the dtypes a directory can be written in.
 absl::StatusOr<std::string> HfDtypeName(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat32:
-      return std::string("float32");
-    case torch::kBFloat16:
-      return std::string("bfloat16");
-    case torch::kFloat16:
-      return std::string("float16");
-    case torch::kFloat64:
-      return std::string("float64");
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("dtype ", c10::toString(t),
-                       " is not a weight dtype (float32, bfloat16, float16 or "
-                       "float64)"));
+  const DtypeInfo* d = DtypeOf(t);
+  if (d == nullptr || !d->weight) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dtype ", c10::toString(t), " is not a weight dtype (", WeightDtypeList(), ")"));
   }
+  return std::string(d->name);
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
@@ -213,8 +198,8 @@ absl::StatusOr<std::vector<NamedTensor>> ReadSafetensors(const std::string& path
     } catch (const nlohmann::json::exception& e) {
       return fail(absl::StrCat("malformed entry: ", e.what()));
     }
-    auto type = SafetensorsTypes().find(dtype);
-    if (type == SafetensorsTypes().end()) return fail(absl::StrCat("unsupported dtype ", dtype));
+    const DtypeInfo* type = FindSafetensorsDtype(dtype);
+    if (type == nullptr) return fail(absl::StrCat("unsupported dtype ", dtype));
     if (offsets.size() != 2 || offsets[0] < 0 || offsets[1] < offsets[0] ||
         offsets[1] > data_bytes) {
       return fail(absl::StrCat("data_offsets ", ShapeString(offsets), " outside the ", data_bytes,
@@ -225,7 +210,7 @@ absl::StatusOr<std::vector<NamedTensor>> ReadSafetensors(const std::string& path
       if (d < 0) return fail(absl::StrCat("negative dimension in shape ", ShapeString(shape)));
       numel *= d;
     }
-    torch::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(type->second));
+    torch::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(TorchType(*type)));
     if (static_cast<int64_t>(t.nbytes()) != offsets[1] - offsets[0]) {
       return fail(absl::StrCat("shape ", ShapeString(shape), " with dtype ", dtype, " needs ",
                                t.nbytes(), " bytes but data_offsets span ",
@@ -296,11 +281,10 @@ absl::StatusOr<std::vector<NamedTensor>> LoadHfWeights(const std::string& dir) {
     ASSIGN_OR_RETURN(std::vector<NamedTensor> tensors, ReadSafetensors(file));
     for (NamedTensor& nt : tensors) {
       const auto st = nt.tensor.scalar_type();
-      if (st != torch::kFloat32 && st != torch::kFloat16 && st != torch::kBFloat16 &&
-          st != torch::kFloat64) {
+      if (const DtypeInfo* d = DtypeOf(st); d == nullptr || !d->weight) {
         return absl::InvalidArgumentError(absl::StrCat(file, ": tensor ", nt.name, " has dtype ",
-                                                       c10::toString(st),
-                                                       "; weights must be F32, F16, BF16 or F64"));
+                                                       c10::toString(st), "; weights must be ",
+                                                       WeightDtypeList(/*safetensors=*/true)));
       }
       if (by_name.count(nt.name)) {
         return absl::InvalidArgumentError(
@@ -370,9 +354,9 @@ absl::Status ReadSafetensorsHeader(const std::string& path,
     } catch (const nlohmann::json::exception& e) {
       return fail(absl::StrCat("malformed entry: ", e.what()));
     }
-    auto type = SafetensorsTypes().find(dtype);
-    if (type == SafetensorsTypes().end()) return fail(absl::StrCat("unsupported dtype ", dtype));
-    t.dtype = type->second;
+    const DtypeInfo* type = FindSafetensorsDtype(dtype);
+    if (type == nullptr) return fail(absl::StrCat("unsupported dtype ", dtype));
+    t.dtype = TorchType(*type);
     int64_t numel = 1;
     for (int64_t d : t.shape) {
       if (d < 0) return fail(absl::StrCat("negative dimension in shape ", ShapeString(t.shape)));

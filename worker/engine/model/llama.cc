@@ -7,6 +7,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype.h"
+#include "worker/engine/model/torch_dtype.h"
 #include "worker/engine/torch_compat.h"
 
 namespace ulysses::engine::model {
@@ -128,12 +130,11 @@ class TiledCrossEntropyFunction : public torch::autograd::Function<TiledCrossEnt
 }  // namespace
 
 absl::StatusOr<torch::Dtype> ParseDtype(const std::string& name) {
-  if (name == "float32" || name.empty()) return torch::kFloat;
-  if (name == "float64") return torch::kDouble;
-  if (name == "bfloat16") return torch::kBFloat16;
-  if (name == "float16") return torch::kHalf;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "spec.model.dtype: '", name, "' is not a dtype (use float32, bfloat16, float16 or float64)"));
+  if (name.empty()) return torch::kFloat;
+  const DtypeInfo* d = FindDtype(name);
+  if (d != nullptr && d->weight) return TorchType(*d);
+  return absl::InvalidArgumentError(
+      absl::StrCat("spec.model.dtype: '", name, "' is not a dtype (use ", WeightDtypeList(), ")"));
 }
 
 torch::Tensor RopeInverseFrequencies(const LlamaConfig& c) {

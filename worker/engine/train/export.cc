@@ -9,9 +9,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype.h"
 #include "common/status.h"
 #include "worker/engine/hf/hf.h"
 #include "worker/engine/model/llama.h"
+#include "worker/engine/model/torch_dtype.h"
 #include "worker/engine/train/engine.h"
 #include "worker/engine/train/guard.h"
 #include "worker/engine/train/model_io.h"
@@ -22,27 +24,23 @@ namespace {
 
 struct ExportDtype {
   torch::ScalarType type = torch::kFloat32;
-  const char* name = "float32";  // the spec.model.dtype spelling
+  std::string name = "float32";  // the spec.model.dtype spelling (common/dtype.h)
 };
 
-constexpr ExportDtype kBfloat16{torch::kBFloat16, "bfloat16"};
-constexpr ExportDtype kFloat16{torch::kFloat16, "float16"};
-constexpr ExportDtype kFloat32{torch::kFloat32, "float32"};
-constexpr ExportDtype kFloat64{torch::kFloat64, "float64"};
+ExportDtype ExportDtypeOf(const DtypeInfo& d) { return {TorchType(d), std::string(d.name)}; }
 
-// --dtype: the short names and the spec.model.dtype spellings.
+// --dtype: the weight dtypes of common/dtype.h by name, or their short names.
 absl::StatusOr<ExportDtype> ParseExportDtype(const std::string& flag) {
-  static const auto* kDtypes = new std::map<std::string, ExportDtype>{
-      {"bf16", kBfloat16}, {"bfloat16", kBfloat16}, {"fp16", kFloat16}, {"float16", kFloat16},
-      {"fp32", kFloat32},  {"float32", kFloat32},   {"fp64", kFloat64}, {"float64", kFloat64}};
-  auto it = kDtypes->find(flag);
-  if (it == kDtypes->end()) {
+  static const auto* kShort = new std::map<std::string, std::string>{
+      {"bf16", "bfloat16"}, {"fp16", "float16"}, {"fp32", "float32"}, {"fp64", "float64"}};
+  auto alias = kShort->find(flag);
+  const DtypeInfo* d = FindDtype(alias == kShort->end() ? flag : alias->second);
+  if (d == nullptr || !d->weight) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--dtype: '", flag,
-        "' is not an export dtype (use bf16, fp16, fp32 or fp64, or bfloat16, float16, float32, "
-        "float64; leave it out to export in the job's spec.model.dtype)"));
+        "--dtype: '", flag, "' is not an export dtype (use bf16, fp16, fp32 or fp64, or ",
+        WeightDtypeList(), "; leave it out to export in the job's spec.model.dtype)"));
   }
-  return it->second;
+  return ExportDtypeOf(*d);
 }
 
 // The job's dtype: the checkpoint's extra.dtype (spec.model.dtype), or for a checkpoint written
@@ -62,9 +60,7 @@ absl::StatusOr<ExportDtype> JobDtype(const CheckpointState& st,
   if (!stored.has_value()) {
     return absl::DataLossError(absl::StrCat("checkpoint ", checkpoint, ": no model weights"));
   }
-  for (const ExportDtype& d : {kBfloat16, kFloat16, kFloat32, kFloat64}) {
-    if (d.type == *stored) return d;
-  }
+  if (const DtypeInfo* d = DtypeOf(*stored); d != nullptr && d->weight) return ExportDtypeOf(*d);
   return absl::DataLossError(absl::StrCat(
       "checkpoint ", checkpoint, ": model weights are stored as ", c10::toString(*stored)));
 }
@@ -105,7 +101,7 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const ExportOptions& o) {
         break;
       }
     }
-    ExportDtype dtype = kFloat32;
+    ExportDtype dtype;
     if (asked.has_value()) {
       dtype = *asked;
     } else {
