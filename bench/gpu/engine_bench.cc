@@ -2,7 +2,7 @@
 // the longest sequence a model shape trains at. The same Trainer step ulysses-train runs: random
 // token ids, bf16 (or any dtype) parameters with fp32 masters, AdamW, the spec's memory options.
 //
-//   engine_bench --device cuda:0 --shape llama3.2-1b|llama3.1-8b|tiny --dtype bfloat16
+//   engine_bench --device cuda:0 --shape llama3-1b|llama3-8b|tiny (spec presets) --dtype bfloat16
 //       --seq 8192,32768,131072
 //       [--steps 3] [--warmup 1] [--ac] [--tiled-mlp] [--tiled-loss] [--loss-tile 8192]
 //       [--offload-activations] [--fuse-gate-up] [--no-fused-rms-norm]
@@ -35,6 +35,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/spec/model_math.h"
+#include "common/spec/model_shape.h"
 #include "worker/engine/parallel/attention.h"
 #include "worker/engine/parallel/parallelize.h"
 #include "worker/engine/torch_compat.h"
@@ -135,37 +136,14 @@ Args ParseArgs(int argc, char** argv) {
   return a;
 }
 
+// --shape: a spec.model preset (common/spec/model_shape.h), or the Hugging Face names the
+// GPU runs have used for the two Llama presets.
 model::LlamaConfig Shape(const std::string& name) {
-  model::LlamaConfig c;
-  if (name == "llama3.2-1b") {
-    c.vocab_size = 128256;
-    c.hidden_size = 2048;
-    c.intermediate_size = 8192;
-    c.num_hidden_layers = 16;
-    c.num_attention_heads = 32;
-    c.num_key_value_heads = 8;
-    c.rope_theta = 500000;
-    c.tie_word_embeddings = true;
-  } else if (name == "llama3.1-8b") {
-    c.vocab_size = 128256;
-    c.hidden_size = 4096;
-    c.intermediate_size = 14336;
-    c.num_hidden_layers = 32;
-    c.num_attention_heads = 32;
-    c.num_key_value_heads = 8;
-    c.rope_theta = 500000;
-    c.tie_word_embeddings = false;
-  } else if (name == "tiny") {
-    c.vocab_size = 256;
-    c.hidden_size = 256;
-    c.intermediate_size = 512;
-    c.num_hidden_layers = 4;
-    c.num_attention_heads = 8;
-    c.num_key_value_heads = 4;
-  } else {
-    Usage("--shape: '" + name + "' is not llama3.2-1b, llama3.1-8b or tiny");
-  }
-  return c;
+  spec::ModelSpec m;
+  m.preset = name == "llama3.2-1b" ? "llama3-1b" : name == "llama3.1-8b" ? "llama3-8b" : name;
+  const absl::Status s = spec::ApplyModelPreset(m);
+  if (!s.ok()) Usage("--shape: " + std::string(s.message()) + " (or llama3.2-1b, llama3.1-8b)");
+  return static_cast<const model::LlamaConfig&>(m);
 }
 
 void Sync(const torch::Device& d) {

@@ -27,15 +27,18 @@ from transformers import LlamaConfig, LlamaForCausalLM
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model_math  # noqa: E402  (bench/gpu/model_math.py)
 
+# The spec presets llama3-1b and llama3-8b (common/spec/model_shape.cc; engine_bench --shape takes
+# these names too), as a literal: tests/common/spec/model_math_test.cc checks them against the
+# presets without importing this file.
 SHAPES = {
-    "llama3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                        num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                        rope_theta=500000.0, tie_word_embeddings=True, rms_norm_eps=1e-5,
-                        head_dim=64),
-    "llama3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                        rope_theta=500000.0, tie_word_embeddings=False, rms_norm_eps=1e-5,
-                        head_dim=128),
+    "llama3.2-1b": {"vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
+                    "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+                    "rope_theta": 500000.0, "tie_word_embeddings": True, "rms_norm_eps": 1e-5,
+                    "head_dim": 64},
+    "llama3.1-8b": {"vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+                    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                    "rope_theta": 500000.0, "tie_word_embeddings": False, "rms_norm_eps": 1e-5,
+                    "head_dim": 128},
 }
 SHAPE_NAME = "llama3.2-1b"
 SHAPE = SHAPES[SHAPE_NAME]  # main() selects --shape before building the model.

@@ -13,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/spec/model_shape.h"
+#include "nlohmann/json.hpp"
 
 namespace ulysses::spec {
 namespace {
@@ -111,6 +113,51 @@ TEST(ModelMathTest, PythonCopyAgreesWithTheCxxDefinition) {
     ASSERT_TRUE(absl::SimpleAtod(lines[i], &python)) << lines[i];
     EXPECT_DOUBLE_EQ(python, ModelFlopsPerToken(cases[i].first, cases[i].second))
         << "case " << i << " seq " << cases[i].second;
+  }
+}
+
+// bench/gpu/hf_bench.py builds transformers' model from its own SHAPES (it cannot link the C++):
+// they are the spec presets engine_bench takes, field for field (rope scaling aside: it changes
+// the inverse frequencies computed once, not a step's work).
+TEST(ModelMathTest, HfBenchShapesAreTheSpecPresets) {
+  const char* source = std::getenv("ULYSSES_SOURCE_DIR");
+  if (source == nullptr) GTEST_SKIP() << "ULYSSES_SOURCE_DIR unset (run through ctest)";
+  if (std::system("python3 -S -c pass >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  // The SHAPES literal, read without importing the file (it imports torch and transformers).
+  const std::string command = absl::StrCat(
+      "python3 -S -c 'import ast, json, sys\n"
+      "for n in ast.parse(open(sys.argv[1]).read()).body:\n"
+      "    if isinstance(n, ast.Assign) and getattr(n.targets[0], \"id\", \"\") == \"SHAPES\":\n"
+      "        print(json.dumps(ast.literal_eval(n.value)))' '",
+      source, "/bench/gpu/hf_bench.py'");
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr) << command;
+  std::string out;
+  char buf[256];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  ASSERT_EQ(pclose(pipe), 0) << command;
+  const nlohmann::json shapes = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(shapes.is_object()) << out;
+  const std::pair<const char*, const char*> kNames[] = {{"llama3.2-1b", "llama3-1b"},
+                                                        {"llama3.1-8b", "llama3-8b"}};
+  ASSERT_EQ(shapes.size(), std::size(kNames)) << out;
+  for (const auto& [hf_name, preset] : kNames) {
+    SCOPED_TRACE(hf_name);
+    ASSERT_TRUE(shapes.contains(hf_name)) << out;
+    const nlohmann::json& h = shapes[hf_name];
+    ModelSpec m;
+    m.preset = preset;
+    ASSERT_TRUE(ApplyModelPreset(m).ok());
+    EXPECT_EQ(h.value("vocab_size", 0), m.vocab_size);
+    EXPECT_EQ(h.value("hidden_size", 0), m.hidden_size);
+    EXPECT_EQ(h.value("intermediate_size", 0), m.intermediate_size);
+    EXPECT_EQ(h.value("num_hidden_layers", 0), m.num_hidden_layers);
+    EXPECT_EQ(h.value("num_attention_heads", 0), m.num_attention_heads);
+    EXPECT_EQ(h.value("num_key_value_heads", 0), m.num_key_value_heads);
+    EXPECT_EQ(h.value("head_dim", 0), m.hidden_size / m.num_attention_heads);
+    EXPECT_EQ(h.value("rope_theta", 0.0), m.rope_theta);
+    EXPECT_EQ(h.value("rms_norm_eps", 0.0), m.rms_norm_eps);
+    EXPECT_EQ(h.value("tie_word_embeddings", !m.tie_word_embeddings), m.tie_word_embeddings);
   }
 }
 
