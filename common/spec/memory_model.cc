@@ -153,4 +153,63 @@ CheckpointModeChoice ChooseCheckpointMode(std::optional<bool> requested, double 
   return c;
 }
 
+ActivationBytes ActivationBytesPerRank(const ActivationInputs& in) {
+  const ModelShape& m = in.shape;
+  const double b = static_cast<double>(DtypeBytes(in.dtype));
+  const double u = std::max(b, 4.0);  // RMSNorm and logits upcast to fp32 (fp64 stays)
+  // Tokens a rank holds per micro-batch: micro_batch_size rows of N/P.
+  const double n = static_cast<double>(in.tokens);
+  const double h = static_cast<double>(m.hidden_size);
+  const double inter = static_cast<double>(m.intermediate_size);
+  const double layers = static_cast<double>(m.num_hidden_layers);
+  const double d = static_cast<double>(m.head_dim());
+  const double hq = static_cast<double>(m.num_attention_heads);
+  const double hkv = static_cast<double>(m.num_key_value_heads);
+  const double hx = static_cast<double>(in.kv_heads_exchanged);
+  const double vocab = static_cast<double>(m.vocab_size);
+  const bool ckpt = in.activation_checkpointing;
+  const bool tiled_mlp = in.tiled_mlp;
+  const double mlp_tile = std::min(n, h);  // the engine's MLP tile: H tokens
+  // One layer's saved tensors per token (elements x bytes): two RMSNorms (fp32 input
+  // copy + normalized), q and k before RoPE and rotated, the attention inputs after the
+  // exchange (n*(Hq + 2Hkv')*D), its output and log-sum-exp, o_proj's input (a second
+  // copy after the return exchange when P > 1), and the MLP's gate, silu, up and product
+  // (a tile input only with tiled_mlp).
+  const double per_token_layer = 2 * h * (u + b) + 2 * h * b + 2 * hkv * d * b +
+                                 (hq + 2 * hx) * d * b + (in.sp > 1 ? 2 : 1) * h * b + hq * b +
+                                 (tiled_mlp ? 0 : 4 * inter * b);
+  const double layer_saved = n * per_token_layer;
+  const double final_norm = n * h * (u + b);
+  ActivationBytes a;
+  // Checkpointing keeps each layer's input; offload_activations moves them to the host
+  // (on a GPU) and keeps two layers' inputs on the device for the transfer.
+  const double ckpt_inputs = layers * n * h * b;
+  if (ckpt) {
+    if (in.offload_activations) {
+      a.saved = final_norm + 2 * n * h * b;
+      a.host = ckpt_inputs;
+    } else {
+      a.saved = final_norm + ckpt_inputs;
+    }
+  } else {
+    a.saved = final_norm + layers * layer_saved;
+  }
+  // Backward of one layer: its recomputed forward (checkpointing), gradients in flight
+  // (4 n*H), the attention backward's copies (5 n*H + 4 n*Hkv'*D), the all-to-all send and
+  // receive buffers (P > 1), and the MLP's gradients (3 n*I) or one tile recomputed with
+  // its gradients (7 t*I).
+  const double a2a = in.sp > 1 ? 2 * n * (hq + 2 * hx) * d * b : 0;
+  const double mlp = tiled_mlp ? 7 * mlp_tile * inter * b : 3 * n * inter * b;
+  const double layer_working =
+      (ckpt ? layer_saved : 0) + n * b * (4 * h + 5 * h + 4 * hx * d) + a2a + mlp;
+  // The loss: with tiled_loss, one tile's fp32 logits, softmax and the bf16 gradient plus
+  // the full lm_head gradient and the hidden gradient; without, the whole [n, V] logits
+  // in the dtype, fp32 and log-softmax and its gradient.
+  const double tile = in.tiled_loss ? std::min(n, static_cast<double>(in.loss_tile_tokens)) : n;
+  const double loss_working = in.tiled_loss ? tile * vocab * (2 * u + b) + vocab * h * b + n * h * b
+                                            : n * vocab * (b + 3 * u) + n * h * b;
+  a.working = std::max(layer_working, loss_working);
+  return a;
+}
+
 }  // namespace ulysses::spec

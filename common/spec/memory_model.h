@@ -1,8 +1,9 @@
-// Per-rank model-state memory (parameters, gradients, optimizer state) of a
-// Llama model under a ZeRO stage: ONE formula shared by the planner
-// (client/plan.cc, `ulyssesctl plan`) and the engine's memory benchmark
-// (bench/), which checks it against measured bytes; the host memory of an asynchronous
-// checkpoint's snapshot and the choice it drives. Pure arithmetic.
+// The model's memory math, in one place (FLOPs are in model_math.h, dtype sizes in
+// common/dtype.h): parameter counts; per-rank model-state memory (parameters, gradients,
+// optimizer state) of a Llama model under a ZeRO stage; activation bytes per micro-batch; the
+// host memory of an asynchronous checkpoint's snapshot and the choice it drives. Shared by the
+// planner (client/plan.cc, `ulyssesctl plan`), the engine (checkpoint mode, ZeRO buffers) and
+// the memory benchmarks (bench/), which check it against measured bytes. Pure arithmetic.
 //
 // What the engine keeps per parameter element (AdamW, worker/engine/train/optimizer.h):
 //   parameter  b bytes (the model dtype: 8 fp64, 4 fp32, 2 bf16/fp16)
@@ -122,6 +123,27 @@ struct CheckpointModeChoice {
 };
 CheckpointModeChoice ChooseCheckpointMode(std::optional<bool> requested, double snapshot_bytes,
                                           double host_bytes_per_rank);
+
+// Activation bytes per rank for one micro-batch (docs/JOBSPEC.md, "Plan"; derived from
+// worker/engine/model/llama.cc and parallel/attention.cc: what autograd saves per layer).
+struct ActivationInputs {
+  ModelShape shape;
+  std::string dtype = "float32";
+  int64_t tokens = 0;                     // tokens a rank holds per micro-batch: micro_batch x N/P
+  int64_t sp = 1;                         // Ulysses degree P
+  int64_t kv_heads_exchanged = 0;         // UlyssesKvHeadsExchanged: Hkv, or P when replicated
+  bool activation_checkpointing = false;  // spec.memory
+  bool tiled_mlp = false;
+  bool tiled_loss = false;
+  int64_t loss_tile_tokens = 0;
+  bool offload_activations = false;  // checkpointed inputs to host memory (on an accelerator)
+};
+struct ActivationBytes {
+  double saved = 0;    // Held from forward to backward on the device.
+  double working = 0;  // Peak transient on top of it.
+  double host = 0;     // Offloaded to host memory.
+};
+ActivationBytes ActivationBytesPerRank(const ActivationInputs& in);
 
 }  // namespace ulysses::spec
 
