@@ -92,7 +92,7 @@ absl::StatusOr<std::unique_ptr<ChildSupervisor>> ChildSupervisor::Start(
   me->thread_ = std::thread([me, argv, options] {
     absl::StatusOr<pid_t> pid = process::Spawn(argv, options);
     {
-      std::lock_guard<std::mutex> lock(me->mu_);
+      absl::MutexLock lock(&me->mu_);
       if (pid.ok()) {
         me->pid_ = *pid;
         me->tiers_ = process::KillTiers(-*pid);  // The child leads its own group.
@@ -100,13 +100,13 @@ absl::StatusOr<std::unique_ptr<ChildSupervisor>> ChildSupervisor::Start(
         me->spawn_error_ = pid.status();
         me->pid_ = -1;
       }
-      me->cv_.notify_all();
     }
     if (pid.ok()) me->Loop();
   });
   {
-    std::unique_lock<std::mutex> lock(me->mu_);
-    me->cv_.wait(lock, [&] { return me->pid_ != 0; });
+    absl::MutexLock lock(&me->mu_);
+    me->mu_.Await(absl::Condition(
+        +[](pid_t* pid) { return *pid != 0; }, &me->pid_));
   }
   close(out_pipe[1]);
   close(err_pipe[1]);
@@ -128,7 +128,7 @@ ChildSupervisor::~ChildSupervisor() {
 }
 
 bool ChildSupervisor::SendLine(const std::string& line) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (result_.has_value() || in_fd_ < 0) return false;
   const std::string text = line + "\n";
   // A child that exited but is not reaped yet: EPIPE, and a SIGPIPE that must not end the agent
@@ -148,7 +148,7 @@ bool ChildSupervisor::SendLine(const std::string& line) {
 }
 
 void ChildSupervisor::Stop(contract::StopRequest stop, std::chrono::milliseconds grace) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (result_.has_value() || pid_ <= 0) return;
   // The first request wins: an abort that follows a preemption (the group breaking up
   // because of it) must not turn the preemption into an abort.
@@ -157,23 +157,26 @@ void ChildSupervisor::Stop(contract::StopRequest stop, std::chrono::milliseconds
     ULOG(INFO) << "sent SIGTERM to child pid " << pid_ << " (SIGKILL in " << grace.count()
                << " ms if it has not exited)";
   }
-  cv_.notify_all();
+  ++stop_calls_;
 }
 
 std::optional<ChildResult> ChildSupervisor::Wait(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout, [&] { return result_.has_value(); });
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(
+                           +[](std::optional<ChildResult>* r) { return r->has_value(); }, &result_),
+                       absl::FromChrono(timeout));
   return result_;
 }
 
 ChildResult ChildSupervisor::Wait() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return result_.has_value(); });
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](std::optional<ChildResult>* r) { return r->has_value(); }, &result_));
   return *result_;
 }
 
 bool ChildSupervisor::Running() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return !result_.has_value();
 }
 
@@ -217,8 +220,12 @@ void ChildSupervisor::Loop() {
         }
       }
     } else if (!reaped) {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(50));
+      // No pipe left to poll: wait 50 ms for the child, or less when Stop() is called.
+      absl::MutexLock lock(&mu_);
+      const uint64_t calls = stop_calls_;
+      auto stop_called = [this, calls]()
+                             ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_calls_ != calls; };
+      mu_.AwaitWithTimeout(absl::Condition(&stop_called), absl::Milliseconds(50));
     }
     if (!reaped) {
       const pid_t r = waitpid(pid_, &status, WNOHANG);
@@ -228,7 +235,7 @@ void ChildSupervisor::Loop() {
       }
     }
     if (!reaped) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (tiers_.Enforce()) {
         ULOG(WARNING) << "child pid " << pid_ << " did not exit in its grace period: SIGKILL";
       }
@@ -245,7 +252,7 @@ void ChildSupervisor::Loop() {
   ChildResult result;
   result.wait_status = status;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     result.stop_cause = stop_cause_;
     result.sigkilled_by_agent = tiers_.kill_sent();
   }
@@ -253,9 +260,8 @@ void ChildSupervisor::Loop() {
   result.description = process::DescribeWaitStatus(status);
   result.stderr_tail = stderr_tail_;
   if (callbacks_.on_exit) callbacks_.on_exit(result);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   result_ = result;
-  cv_.notify_all();
 }
 
 std::vector<std::string> BuildRankArgv(const RankLaunch& launch) {

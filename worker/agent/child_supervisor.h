@@ -21,16 +21,16 @@
 #include <sys/types.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/contract/exit.h"
 #include "common/contract/rank_event.h"
 #include "common/process/process.h"
@@ -92,7 +92,9 @@ class ChildSupervisor {
   void Loop();  // The supervisor thread.
   void HandleLine(bool is_stdout, std::string line);
 
-  pid_t pid_ = 0;  // Written once by the thread before Start() returns (-1: spawn failed).
+  // Written once by the supervisor thread under mu_, before Start() returns (-1: spawn failed);
+  // read-only after that.
+  pid_t pid_ = 0;
   absl::Status spawn_error_;  // Why the spawn failed; written before pid_.
   int out_fd_;
   int err_fd_;
@@ -100,11 +102,11 @@ class ChildSupervisor {
   ChildCallbacks callbacks_;
   std::string stderr_tail_;  // Supervisor thread only.
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  contract::StopRequest stop_cause_ = contract::StopRequest::kNone;  // GUARDED_BY(mu_)
-  process::KillTiers tiers_{0};        // GUARDED_BY(mu_); targets the child's group.
-  std::optional<ChildResult> result_;  // GUARDED_BY(mu_)
+  absl::Mutex mu_;
+  contract::StopRequest stop_cause_ ABSL_GUARDED_BY(mu_) = contract::StopRequest::kNone;
+  process::KillTiers tiers_ ABSL_GUARDED_BY(mu_){0};  // Targets the child's group.
+  uint64_t stop_calls_ ABSL_GUARDED_BY(mu_) = 0;      // Wakes the loop to enforce tiers_.
+  std::optional<ChildResult> result_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 
