@@ -226,7 +226,7 @@ std::shared_ptr<T> Family<T>::WithLabels(const std::vector<std::string>& label_v
                            "); updates to this child are not exported"));
     return make_child_();
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = children_.find(label_values);
   if (it == children_.end()) {
     it = children_.emplace(label_values, make_child_()).first;
@@ -236,13 +236,13 @@ std::shared_ptr<T> Family<T>::WithLabels(const std::vector<std::string>& label_v
 
 template <typename T>
 bool Family<T>::Remove(const std::vector<std::string>& label_values) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return children_.erase(label_values) > 0;
 }
 
 template <typename T>
 size_t Family<T>::RemoveIf(const std::function<bool(const std::vector<std::string>&)>& match) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   size_t removed = 0;
   for (auto it = children_.begin(); it != children_.end();) {
     if (match(it->first)) {
@@ -257,13 +257,13 @@ size_t Family<T>::RemoveIf(const std::function<bool(const std::vector<std::strin
 
 template <typename T>
 void Family<T>::Clear() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   children_.clear();
 }
 
 template <typename T>
 size_t Family<T>::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return children_.size();
 }
 
@@ -271,7 +271,7 @@ template <typename T>
 FamilySnapshot Family<T>::Collect() const {
   std::vector<std::pair<std::vector<std::string>, std::shared_ptr<T>>> children;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     children.assign(children_.begin(), children_.end());
   }
   FamilySnapshot out{name_, help_, type_, {}};
@@ -375,7 +375,7 @@ absl::Status ValidateBuckets(const std::string& metric, const std::vector<double
 absl::Status Registry::Insert(const std::string& name, MetricType type,
                               std::unique_ptr<internal::FamilyBase> family) {
   std::vector<std::string> series = SeriesNames(name, type);
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (const std::string& s : series) {
     if (series_names_.count(s) > 0) {
       return absl::AlreadyExistsError(
@@ -465,7 +465,7 @@ absl::Status Registry::AddCallbackGaugeFamily(const std::string& name, const std
 std::vector<FamilySnapshot> Registry::Collect() const {
   std::vector<const internal::FamilyBase*> families;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (const auto& [name, family] : families_) {
       families.push_back(family.get());
     }

@@ -25,13 +25,14 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/metrics/text_format.h"
 
 namespace ulysses {
@@ -145,8 +146,8 @@ class Family final : public internal::FamilyBase {
   const MetricType type_;
   const std::vector<std::string> label_names_;
   const std::function<std::shared_ptr<T>()> make_child_;
-  mutable std::mutex mu_;
-  std::map<std::vector<std::string>, std::shared_ptr<T>> children_;  // Guarded by mu_.
+  mutable absl::Mutex mu_;
+  std::map<std::vector<std::string>, std::shared_ptr<T>> children_ ABSL_GUARDED_BY(mu_);
 };
 
 using CounterFamily = Family<Counter>;
@@ -211,9 +212,9 @@ class Registry {
   absl::Status Insert(const std::string& name, MetricType type,
                       std::unique_ptr<internal::FamilyBase> family);
 
-  mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<internal::FamilyBase>> families_;  // Guarded by mu_.
-  std::set<std::string> series_names_;  // Every exported series name. Guarded by mu_.
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<internal::FamilyBase>> families_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> series_names_ ABSL_GUARDED_BY(mu_);  // Every exported series name.
 };
 
 // Validation used by Registry, exposed for tests and for callers that build names.

@@ -14,7 +14,10 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
   std::unique_ptr<Authenticator> a(new Authenticator(std::move(token_file), std::move(fixed)));
   absl::StatusOr<std::shared_ptr<const TokenSet>> tokens = a->Read();
   if (!tokens.ok()) return tokens.status();
-  a->tokens_ = std::move(*tokens);
+  {
+    absl::MutexLock lock(&a->mu_);  // Not shared yet; the lock keeps the analysis exact.
+    a->tokens_ = std::move(*tokens);
+  }
   return a;
 }
 
@@ -32,7 +35,7 @@ absl::Status Authenticator::Reload() {
   absl::StatusOr<std::shared_ptr<const TokenSet>> tokens = Read();
   if (!tokens.ok()) return tokens.status();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     tokens_ = *tokens;
   }
   EndRevoked(**tokens);
@@ -67,7 +70,7 @@ uint64_t Authenticator::Track(const Principal& caller, std::function<void()> end
   if (caller.token_sha256.empty()) return 0;
   std::shared_ptr<const TokenSet> tokens;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     tokens = tokens_;
   }
   std::lock_guard<std::recursive_mutex> lock(calls_mu_);
@@ -90,14 +93,14 @@ size_t Authenticator::tracked() const {
 }
 
 size_t Authenticator::token_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return tokens_->entries().size();
 }
 
 std::optional<Principal> Authenticator::LookupToken(const std::string& token) const {
   std::shared_ptr<const TokenSet> tokens;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     tokens = tokens_;
   }
   return tokens->Lookup(token);

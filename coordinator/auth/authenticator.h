@@ -20,8 +20,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/auth/permissions.h"
 #include "coordinator/auth/principal.h"
 #include "coordinator/auth/tokens.h"
@@ -71,8 +73,8 @@ class Authenticator {
 
   const std::string token_file_;
   const std::vector<TokenEntry> fixed_;
-  mutable std::mutex mu_;
-  std::shared_ptr<const TokenSet> tokens_;  // Guarded by mu_ (the set itself is immutable).
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const TokenSet> tokens_ ABSL_GUARDED_BY(mu_);  // The set itself is immutable.
   // Tracked calls: handle -> {token hash, end}. Recursive: an `end` may finish a stream
   // whose OnDone (and Untrack) runs on the same thread.
   mutable std::recursive_mutex calls_mu_;
