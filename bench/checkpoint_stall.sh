@@ -5,6 +5,10 @@
 # Three runs of STEPS steps each: no periodic checkpoint, a synchronous one every step, an
 # asynchronous one every step (all three also commit the stage-end checkpoint).
 # Usage: bench/checkpoint_stall.sh [BUILD_DIR=build] [STEPS=8] [RANKS=1] [CKPT_DIR=mktemp]
+#        [THREADS=0]
+# THREADS: each rank's --intra-op-threads (0: libtorch's default, every core). With every core
+# training, the background writer's CPU (CRC-32, staging copies) is taken from the steps; fewer
+# threads than cores leave it a core, as host cores are spare on a GPU node.
 # Prints one JSON line per run: the median step seconds (the step's own time from metrics.jsonl,
 # which in the asynchronous run includes any slowdown from the writer thread sharing the cores),
 # the mean blocked seconds of the periodic checkpoints (checkpoint events' blocked_seconds) and
@@ -20,6 +24,7 @@ RANKS="${3:-1}"
 BIN="$BUILD_DIR/bin/ulysses-train"
 WORK="$(mktemp -d)"
 CKPT="${4:-$WORK}"
+THREADS="${5:-0}"
 trap 'rm -rf "$WORK"' EXIT
 run() {  # name every_steps async
   mkdir -p "$CKPT/$1"
@@ -36,7 +41,8 @@ spec:
   stages: [{seq_len: 256, steps: $STEPS}]
   checkpoint: {dir: $CKPT/$1/ckpt, every_steps: $2, keep_last: 1, async: $3}
 YAML
-  "$BIN" train -f "$WORK/$1.yaml" --out "$WORK/$1.out" > "$WORK/$1.events"
+  "$BIN" train -f "$WORK/$1.yaml" --out "$WORK/$1.out" --intra-op-threads "$THREADS" \
+    > "$WORK/$1.events"
   /usr/bin/python3 - "$1" "$WORK/$1.out/metrics.jsonl" "$WORK/$1.events" <<'PY'
 import json, sys
 name, metrics, events = sys.argv[1:]

@@ -10,8 +10,8 @@ PACKAGES=(
   # control plane
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libyaml-cpp-dev libsqlite3-dev libcpp-httplib-dev libcli11-dev nlohmann-json3-dev
-  # engine: libtorch (CPU, with c10d Gloo + TCPStore) and an optimized BLAS for it
-  libtorch-dev libopenblas0-pthread
+  # engine: libtorch (CPU, with c10d Gloo + TCPStore), an optimized BLAS for it, zlib (CRC-32)
+  libtorch-dev libopenblas0-pthread zlib1g-dev
   # c10d ProcessGroupGloo.hpp includes <gloo/...> headers (ulysses_engine_parallel)
   libgloo-dev
   # tests and benchmarks: gtest/gmock, google benchmark, promtool/prometheus for the

@@ -2,6 +2,9 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#ifdef ULYSSES_HAVE_ZLIB
+#include <zlib.h>
+#endif
 #include <unistd.h>
 
 #include <algorithm>
@@ -482,11 +485,16 @@ void ApplyRetention(const std::string& root, int64_t keep_last) {
 
 }  // namespace
 
-// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), eight bytes at a time ("slicing by 8":
-// table k gives the CRC of a byte followed by k zero bytes): the same values as the byte-at-a-time
-// loop it replaces, several times faster (every save and load checksums every tensor byte;
-// docs/BENCHMARKS.md "Checkpoint stall"). Little-endian loads; big-endian hosts take the byte loop.
+// CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320; zlib's crc32). With zlib (the build
+// links it where found) its crc32_z, which runs several bytes per cycle; without, eight bytes
+// at a time ("slicing by 8": table k gives the CRC of a byte followed by k zero bytes). Both
+// give the values of the byte-at-a-time definition; every save and load checksums every tensor
+// byte (docs/BENCHMARKS.md "Checkpoint stall"). Little-endian loads; big-endian hosts without
+// zlib take the byte loop.
 uint32_t Crc32(const void* data, size_t size, uint32_t crc) {
+#ifdef ULYSSES_HAVE_ZLIB
+  return static_cast<uint32_t>(crc32_z(crc, static_cast<const Bytef*>(data), size));
+#else
   static const auto kTables = [] {
     std::array<std::array<uint32_t, 256>, 8> t{};
     for (uint32_t i = 0; i < 256; ++i) {
@@ -514,6 +522,7 @@ uint32_t Crc32(const void* data, size_t size, uint32_t crc) {
 #endif
   for (; size > 0; ++p, --size) crc = t[0][(crc ^ *p) & 0xFF] ^ (crc >> 8);
   return ~crc;
+#endif
 }
 
 std::string StepDirName(int64_t global_step) { return absl::StrFormat("step-%08d", global_step); }
