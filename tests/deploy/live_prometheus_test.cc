@@ -27,9 +27,10 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
-#include "tests/common/metrics/subprocess_for_test.h"
 #include "tests/e2e/cluster.h"
 #include "tests/testing/files.h"
+#include "tests/testing/net.h"
+#include "tests/testing/poll.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ulysses::e2e {
@@ -76,7 +77,7 @@ class LivePrometheusTest : public ::testing::Test {
 
   // Starts Prometheus on `config`; returns its web port (0 on failure).
   int StartPrometheus(const std::string& config, const std::string& dir) {
-    const int port = metrics::FreeLoopbackPort();
+    const int port = ::ulysses::testing::FreeLoopbackPort();
     log_ = dir + "/prometheus.log";
     prometheus_pid_ = fork();
     if (prometheus_pid_ == 0) {
@@ -100,16 +101,16 @@ class LivePrometheusTest : public ::testing::Test {
   std::set<std::string> WaitForAlerts(httplib::Client* client, const std::set<std::string>& want,
                                       seconds timeout) {
     std::set<std::string> seen;
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      for (const auto& [name, state] : Alerts(client)) {
-        if (state == "pending" || state == "firing") seen.insert(name);
-      }
-      bool all = true;
-      for (const std::string& w : want) all = all && seen.count(w) > 0;
-      if (all) break;
-      std::this_thread::sleep_for(milliseconds(250));
-    }
+    ::ulysses::testing::PollUntil(
+        [&] {
+          for (const auto& [name, state] : Alerts(client)) {
+            if (state == "pending" || state == "firing") seen.insert(name);
+          }
+          bool all = true;
+          for (const std::string& w : want) all = all && seen.count(w) > 0;
+          return all;
+        },
+        timeout, milliseconds(250));
     return seen;
   }
 
@@ -140,15 +141,15 @@ class LivePrometheusTest : public ::testing::Test {
 };
 
 TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) {
-  if (!metrics::FileExists(kPrometheus)) GTEST_SKIP() << kPrometheus << " missing";
-  if (!metrics::FileExists(EngineBin())) GTEST_SKIP() << EngineBin() << " not built";
+  if (!::ulysses::testing::IsExecutable(kPrometheus)) GTEST_SKIP() << kPrometheus << " missing";
+  if (!::ulysses::testing::IsExecutable(EngineBin())) GTEST_SKIP() << EngineBin() << " not built";
   Cluster cluster;
   cluster.StartCoordinator(/*heartbeat_timeout_s=*/4);
   ASSERT_GT(cluster.metrics_port(), 0) << cluster.Logs();
   std::vector<std::string> names = {"w0", "w1", "w2"};
   std::vector<std::string> worker_targets;
   for (const std::string& name : names) {
-    const int port = metrics::FreeLoopbackPort();
+    const int port = ::ulysses::testing::FreeLoopbackPort();
     worker_targets.push_back(absl::StrCat("'127.0.0.1:", port, "'"));
     cluster.StartWorker(
         name, 30, {"--metrics-listen", absl::StrCat("127.0.0.1:", port), "--peak-flops", "1e11"});
@@ -192,15 +193,8 @@ TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) 
   cluster.worker(victim)->Kill9();
 
   // Worker lost and the job stalled while it recovers: pending or firing.
-  std::set<std::string> seen;
-  auto deadline = std::chrono::steady_clock::now() + seconds(60);
-  while (std::chrono::steady_clock::now() < deadline &&
-         !(seen.count("UlyssesWorkerLost") && seen.count("UlyssesTrainingStalled"))) {
-    for (const auto& [name, state] : Alerts(&prom)) {
-      if (state == "pending" || state == "firing") seen.insert(name);
-    }
-    std::this_thread::sleep_for(milliseconds(250));
-  }
+  const std::set<std::string> seen =
+      WaitForAlerts(&prom, {"UlyssesWorkerLost", "UlyssesTrainingStalled"}, seconds(60));
   EXPECT_TRUE(seen.count("UlyssesWorkerLost")) << ReadFile(log_);
   EXPECT_TRUE(seen.count("UlyssesTrainingStalled")) << ReadFile(log_);
 
@@ -225,13 +219,14 @@ TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) 
   }
   ASSERT_GT(exprs.size(), 30u);
   std::set<std::string> empty(exprs.begin(), exprs.end());
-  deadline = std::chrono::steady_clock::now() + seconds(90);
-  while (!empty.empty() && std::chrono::steady_clock::now() < deadline) {
-    for (auto it = empty.begin(); it != empty.end();) {
-      it = Query(&prom, *it).empty() ? std::next(it) : empty.erase(it);
-    }
-    if (!empty.empty()) std::this_thread::sleep_for(milliseconds(500));
-  }
+  ::ulysses::testing::PollUntil(
+      [&] {
+        for (auto it = empty.begin(); it != empty.end();) {
+          it = Query(&prom, *it).empty() ? std::next(it) : empty.erase(it);
+        }
+        return empty.empty();
+      },
+      seconds(90), milliseconds(500));
   for (const std::string& expr : empty) ADD_FAILURE() << "no data: " << expr;
   EXPECT_EQ(Query(&prom, "up{job=\"ulysses-worker\"} == 1").size(), 2u);  // The victim is down.
   // The settings the alerts read: the job's checkpoint.every_steps (2), the coordinator's
@@ -246,9 +241,9 @@ TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) 
 // alert's threshold half of it), then a state store capped at 1 MiB filled by submissions
 // until a write fails for I/O. No job runs (the worker is dead before the submissions).
 TEST_F(LivePrometheusTest, HeartbeatAndStoreReadOnlyAlertsFireUnderInjectedFaults) {
-  if (!metrics::FileExists(kPrometheus)) GTEST_SKIP() << kPrometheus << " missing";
+  if (!::ulysses::testing::IsExecutable(kPrometheus)) GTEST_SKIP() << kPrometheus << " missing";
   // The agent checks for the engine at start (no job runs on it here).
-  if (!metrics::FileExists(EngineBin())) GTEST_SKIP() << EngineBin() << " not built";
+  if (!::ulysses::testing::IsExecutable(EngineBin())) GTEST_SKIP() << EngineBin() << " not built";
   Cluster cluster;
   const std::string config = cluster.dir() + "/coordinator-extra.yaml";
   std::ofstream(config) << "state_max_bytes: 1048576\n";
@@ -277,13 +272,13 @@ TEST_F(LivePrometheusTest, HeartbeatAndStoreReadOnlyAlertsFireUnderInjectedFault
   const std::string late =
       "max_over_time(ulysses_worker_heartbeat_age_seconds[5m]) > on () group_left () "
       "(0.5 * max(ulysses_heartbeat_timeout_seconds))";
-  auto deadline = std::chrono::steady_clock::now() + seconds(60);
-  while (std::chrono::steady_clock::now() < deadline &&
-         (Query(&prom, "ulysses_heartbeat_timeout_seconds == 8").empty() ||
-          Query(&prom, "ulysses_worker_heartbeat_age_seconds").empty() ||
-          Query(&prom, "ulysses_store_writable == 1").empty())) {
-    std::this_thread::sleep_for(milliseconds(250));
-  }
+  ::ulysses::testing::PollUntil(
+      [&] {
+        return !Query(&prom, "ulysses_heartbeat_timeout_seconds == 8").empty() &&
+               !Query(&prom, "ulysses_worker_heartbeat_age_seconds").empty() &&
+               !Query(&prom, "ulysses_store_writable == 1").empty();
+      },
+      seconds(60), milliseconds(250));
   ASSERT_FALSE(Query(&prom, "ulysses_worker_heartbeat_age_seconds").empty()) << ReadFile(log_);
   EXPECT_TRUE(Query(&prom, late).empty());
   for (const auto& [name, state] : Alerts(&prom)) {
@@ -309,7 +304,7 @@ TEST_F(LivePrometheusTest, HeartbeatAndStoreReadOnlyAlertsFireUnderInjectedFault
                  "    purpose: \"" + std::string(60000, 'n') + "\"\n");
     std::ofstream(fill) << spec;
   }
-  CommandResult refused;
+  Result refused;
   bool full = false;
   for (int i = 0; i < 60 && !full; ++i) {
     full = cluster.Submit(fill, {absl::StrCat("metadata.name=fill-", i)}, &refused).empty();
