@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -96,6 +97,28 @@ class LivePrometheusTest : public ::testing::Test {
     return prometheus_pid_ > 0 ? port : 0;
   }
 
+  // Prometheus with the shipped rules (short windows) scraping deploy/k8s/prometheus/
+  // prometheus.yml's jobs with static loopback targets: the cluster's coordinator and, when
+  // given, `worker_targets` ("'HOST:PORT'"). Returns its web port (0 on failure).
+  int StartPrometheusOn(const Cluster& cluster, const std::vector<std::string>& worker_targets) {
+    const std::string rules_path = cluster.dir() + "/ulysses-rules.yml";
+    std::ofstream(rules_path) << PrometheusRuleRules();
+    const std::string config_path = cluster.dir() + "/prometheus.yml";
+    std::ofstream config(config_path);
+    config << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+           << "rule_files: ['" << rules_path << "']\n"
+           << "scrape_configs:\n"
+           << "  - job_name: ulysses-coordinator\n"
+           << "    static_configs: [{targets: ['127.0.0.1:" << cluster.metrics_port() << "']}]\n";
+    if (!worker_targets.empty()) {
+      config << "  - job_name: ulysses-worker\n"
+             << "    static_configs: [{targets: [" << absl::StrJoin(worker_targets, ", ")
+             << "]}]\n";
+    }
+    config.close();
+    return StartPrometheus(config_path, cluster.dir());
+  }
+
   // Polls the active alerts until every name in `want` is pending or firing (or `timeout`);
   // returns the names seen.
   std::set<std::string> WaitForAlerts(httplib::Client* client, const std::set<std::string>& want,
@@ -156,20 +179,7 @@ TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) 
   }
   ASSERT_TRUE(cluster.WaitForIdleWorkers(3, seconds(60))) << cluster.Logs();
 
-  const std::string rules_path = cluster.dir() + "/ulysses-rules.yml";
-  std::ofstream(rules_path) << PrometheusRuleRules();
-  // deploy/k8s/prometheus/prometheus.yml's two jobs, with static loopback targets.
-  const std::string config_path = cluster.dir() + "/prometheus.yml";
-  std::ofstream(config_path) << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-                             << "rule_files: ['" << rules_path << "']\n"
-                             << "scrape_configs:\n"
-                             << "  - job_name: ulysses-coordinator\n"
-                             << "    static_configs: [{targets: ['127.0.0.1:"
-                             << cluster.metrics_port() << "']}]\n"
-                             << "  - job_name: ulysses-worker\n"
-                             << "    static_configs: [{targets: [" << worker_targets[0] << ", "
-                             << worker_targets[1] << ", " << worker_targets[2] << "]}]\n";
-  const int web = StartPrometheus(config_path, cluster.dir());
+  const int web = StartPrometheusOn(cluster, worker_targets);
   ASSERT_GT(web, 0);
   httplib::Client prom("127.0.0.1", web);
   prom.set_connection_timeout(2);
@@ -252,16 +262,7 @@ TEST_F(LivePrometheusTest, HeartbeatAndStoreReadOnlyAlertsFireUnderInjectedFault
   cluster.StartWorker("w0");
   ASSERT_TRUE(cluster.WaitForIdleWorkers(1, seconds(60))) << cluster.Logs();
 
-  const std::string rules_path = cluster.dir() + "/ulysses-rules.yml";
-  std::ofstream(rules_path) << PrometheusRuleRules();
-  const std::string config_path = cluster.dir() + "/prometheus.yml";
-  std::ofstream(config_path) << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-                             << "rule_files: ['" << rules_path << "']\n"
-                             << "scrape_configs:\n"
-                             << "  - job_name: ulysses-coordinator\n"
-                             << "    static_configs: [{targets: ['127.0.0.1:"
-                             << cluster.metrics_port() << "']}]\n";
-  const int web = StartPrometheus(config_path, cluster.dir());
+  const int web = StartPrometheusOn(cluster, {});
   ASSERT_GT(web, 0);
   httplib::Client prom("127.0.0.1", web);
   prom.set_connection_timeout(2);
