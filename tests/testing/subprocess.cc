@@ -63,9 +63,12 @@ Result Run(const std::vector<std::string>& argv, const RunOptions& options) {
   FILE* in = nullptr;
   if (options.stdin_data.has_value()) {
     in = std::tmpfile();
-    if (in != nullptr) {
-      std::fwrite(options.stdin_data->data(), 1, options.stdin_data->size(), in);
-      std::fflush(in);
+    if (in == nullptr ||
+        std::fwrite(options.stdin_data->data(), 1, options.stdin_data->size(), in) !=
+            options.stdin_data->size() ||
+        std::fflush(in) != 0) {
+      ADD_FAILURE() << "cannot stage stdin: " << strerror(errno);
+    } else {
       std::rewind(in);
     }
   }
@@ -103,6 +106,7 @@ Result Run(const std::vector<std::string>& argv, const RunOptions& options) {
     }
     const int ready = poll(fds, 2, static_cast<int>(left));
     if (ready < 0 && errno != EINTR) break;
+    if (ready <= 0) continue;  // Interrupted, or the deadline (checked above) came.
     for (int i = 0; i < 2; ++i) {
       if (fds[i].fd < 0 || fds[i].revents == 0) continue;
       char buf[4096];

@@ -186,9 +186,9 @@ struct PeerServer {
       const auto& certs = ::ulysses::testing::TestCerts({"w1", "w2"});
       grpc::SslServerCredentialsOptions ssl(
           GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-      ssl.pem_root_certs = ::ulysses::testing::ReadFileOrEmpty(certs.ca);
-      ssl.pem_key_cert_pairs.push_back({::ulysses::testing::ReadFileOrEmpty(certs.server_key),
-                                        ::ulysses::testing::ReadFileOrEmpty(certs.server_cert)});
+      ssl.pem_root_certs = ::ulysses::testing::ReadFile(certs.ca);
+      ssl.pem_key_cert_pairs.push_back({::ulysses::testing::ReadFile(certs.server_key),
+                                        ::ulysses::testing::ReadFile(certs.server_cert)});
       creds = grpc::SslServerCredentials(ssl);
     }
     grpc::ServerBuilder builder;
