@@ -5,6 +5,8 @@
 #define ULYSSES_TESTS_TESTING_TRAINER_H_
 
 #include <chrono>
+#include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -24,12 +26,16 @@ inline Result RunTrainer(const std::vector<std::string>& args,
 }
 
 // scripts/reference_llama.py (float64, independent of the engine) on an HF directory and a
-// token file: it prints one JSON object with the loss and the tokens counted.
+// token file: it prints one JSON object with the loss and the tokens counted. The interpreter
+// is Debian's, where scripts/bootstrap.sh installs numpy and torch; $ULYSSES_PYTHON overrides
+// it (scripts/gpu/run_checks.sh: the GPU machine's venv, which has them).
 inline Result RunReferenceLlama(const std::string& hf_dir, const std::string& tokens,
-                                int seq_len = 128) {
-  return Run({"/usr/bin/python3", SourceDir() + "/scripts/reference_llama.py", "--hf", hf_dir,
-              "--tokens", tokens, "--seq-len", std::to_string(seq_len)},
-             {.timeout = std::chrono::minutes(5)});
+                                int64_t seq_len = 128) {
+  const char* python = std::getenv("ULYSSES_PYTHON");
+  return Run(
+      {python != nullptr ? python : "/usr/bin/python3", SourceDir() + "/scripts/reference_llama.py",
+       "--hf", hf_dir, "--tokens", tokens, "--seq-len", std::to_string(seq_len)},
+      {.timeout = std::chrono::minutes(5)});
 }
 
 }  // namespace ulysses::testing
