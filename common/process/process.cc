@@ -31,7 +31,15 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const SpawnOpt
   std::vector<char*> cargv;
   for (const std::string& arg : argv) cargv.push_back(const_cast<char*>(arg.c_str()));
   cargv.push_back(nullptr);
-  // The child's environment: this process's, plus each default whose name is unset here.
+  // The child's environment: options.env or this process's, plus each default whose name is
+  // unset there.
+  std::vector<char*> cenv;
+  if (options.env.has_value()) {
+    for (const std::string& entry : *options.env) cenv.push_back(const_cast<char*>(entry.c_str()));
+  } else {
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) cenv.push_back(*e);
+  }
+  const size_t base = cenv.size();
   std::vector<std::string> added;
   for (const std::string& entry : options.env_defaults) {
     const size_t eq = entry.find('=');
@@ -39,10 +47,10 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const SpawnOpt
       return absl::InvalidArgumentError(
           absl::StrCat("env default '", entry, "' is not NAME=VALUE"));
     }
-    if (std::getenv(entry.substr(0, eq).c_str()) == nullptr) added.push_back(entry);
+    bool set = false;
+    for (size_t i = 0; i < base && !set; ++i) set = strncmp(cenv[i], entry.c_str(), eq + 1) == 0;
+    if (!set) added.push_back(entry);
   }
-  std::vector<char*> cenv;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) cenv.push_back(*e);
   for (std::string& entry : added) cenv.push_back(entry.data());
   cenv.push_back(nullptr);
   const char* cwd = options.work_dir.empty() ? nullptr : options.work_dir.c_str();

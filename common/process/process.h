@@ -37,8 +37,10 @@ struct SpawnOptions {
   // Prefix of the line the child writes to its stderr when exec fails (it then exits
   // 127): "<prefix>: <strerror>".
   std::string exec_error_prefix = "exec failed";
-  // "NAME=VALUE" entries added to the child's environment when NAME is not set in this
-  // process's (the child otherwise inherits this process's environment as it is).
+  // The child's whole environment ("NAME=VALUE" entries); nullopt = this process's.
+  std::optional<std::vector<std::string>> env;
+  // "NAME=VALUE" entries added to the child's environment when NAME is not set in it (in
+  // `env`, or else in this process's; the child otherwise gets that environment as it is).
   std::vector<std::string> env_defaults;
 };
 

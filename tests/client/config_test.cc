@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/certs.h"
 #include "tests/testing/recording_server.h"
+#include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
 namespace ulysses::client {
@@ -260,17 +261,17 @@ TEST(AuthHintTest, SaysHowToGetATokenOrThatItWasRefused) {
 // ulyssesctl (in-process RunCli) with a TLS context: the server sees TLS and the token.
 class CliCredentialsTest : public ::testing::Test {
  protected:
-  struct Result {
-    int code;
-    std::string out, err;
-  };
+  using Result = testing::Result;  // What a subprocess run gives, from RunCli in-process.
   Result Cli(std::vector<std::string> args) {
     args.insert(args.begin(), "ulyssesctl");
     std::vector<const char*> argv;
     for (const auto& a : args) argv.push_back(a.c_str());
     std::ostringstream out, err;
-    const int code = RunCli(static_cast<int>(argv.size()), argv.data(), out, err);
-    return {code, out.str(), err.str()};
+    Result r;
+    r.exit_code = RunCli(static_cast<int>(argv.size()), argv.data(), out, err);
+    r.out = out.str();
+    r.err = err.str();
+    return r;
   }
   testing::TempDir dir_;
 };
@@ -285,11 +286,11 @@ TEST_F(CliCredentialsTest, SendsTheContextTokenOverTls) {
   Result set =
       Cli({"--config", config, "config", "set-context", "tls", "--server",
            server.address("localhost"), "--ca", certs.ca, "--token-file", dir_.Sub("tok")});
-  ASSERT_EQ(set.code, 0) << set.err;
+  ASSERT_EQ(set.exit_code, 0) << set.err;
   EXPECT_THAT(set.out, HasSubstr("Context \"tls\" created"));
 
   Result get = Cli({"--config", config, "get", "workers", "-o", "json"});
-  ASSERT_EQ(get.code, 0) << get.err;
+  ASSERT_EQ(get.exit_code, 0) << get.err;
   EXPECT_THAT(get.out, HasSubstr("w-recorded"));
   testing::RecordingServer::Seen seen = server.seen();
   EXPECT_EQ(seen.transport, "ssl");
@@ -300,16 +301,16 @@ TEST_F(CliCredentialsTest, SendsTheContextTokenOverTls) {
 
   {
     ScopedEnv env(EnvVars{{"ULYSSES_TOKEN", "ul_env_token"}});
-    ASSERT_EQ(Cli({"--config", config, "get", "workers"}).code, 0);
+    ASSERT_EQ(Cli({"--config", config, "get", "workers"}).exit_code, 0);
     EXPECT_EQ(server.seen().authorization, "Bearer ul_env_token");
   }
   // A context without a CA to a non-loopback server is refused before any call.
   ASSERT_EQ(
       Cli({"--config", config, "config", "set-context", "remote", "--server", "10.9.8.7:50051"})
-          .code,
+          .exit_code,
       0);
   Result remote = Cli({"--config", config, "--context", "remote", "get", "workers"});
-  EXPECT_EQ(remote.code, 2);
+  EXPECT_EQ(remote.exit_code, 2);
   EXPECT_THAT(remote.err, HasSubstr("error: server: \"10.9.8.7:50051\" is not a loopback"));
   EXPECT_EQ(server.seen().calls, 2);
 }
@@ -319,32 +320,34 @@ TEST_F(CliCredentialsTest, ConfigVerbsEditTheFile) {
   const std::string config = dir_.Sub("cfg.yaml");
   Write(dir_, "tok", "ul_t\n");
   Result empty = Cli({"--config", config, "config", "get-contexts"});
-  EXPECT_EQ(empty.code, 0);
+  EXPECT_EQ(empty.exit_code, 0);
   EXPECT_THAT(empty.out, HasSubstr("No contexts in " + config));
 
   Result no_server = Cli({"--config", config, "config", "set-context", "a"});
-  EXPECT_EQ(no_server.code, 2);
+  EXPECT_EQ(no_server.exit_code, 2);
   EXPECT_THAT(no_server.err, HasSubstr("--server is required"));
   Result bad_token = Cli({"--config", config, "config", "set-context", "a", "--server", "h:1",
                           "--token-file", dir_.Sub("none")});
-  EXPECT_EQ(bad_token.code, 2);
+  EXPECT_EQ(bad_token.exit_code, 2);
   EXPECT_THAT(bad_token.err, HasSubstr("--token-file: cannot read"));
 
   ASSERT_EQ(Cli({"--config", config, "config", "set-context", "a", "--server", "h:1",
                  "--token-file", dir_.Sub("tok")})
-                .code,
+                .exit_code,
             0);
-  ASSERT_EQ(Cli({"--config", config, "config", "set-context", "b", "--server", "h:2"}).code, 0);
+  ASSERT_EQ(Cli({"--config", config, "config", "set-context", "b", "--server", "h:2"}).exit_code,
+            0);
   EXPECT_EQ(Cli({"--config", config, "config", "current-context"}).out, "a\n");
   Result use_missing = Cli({"--config", config, "config", "use-context", "c"});
-  EXPECT_EQ(use_missing.code, 2);
+  EXPECT_EQ(use_missing.exit_code, 2);
   EXPECT_THAT(use_missing.err, HasSubstr("\"c\" is not in " + config + " (have: a, b;"));
-  ASSERT_EQ(Cli({"--config", config, "config", "use-context", "b"}).code, 0);
+  ASSERT_EQ(Cli({"--config", config, "config", "use-context", "b"}).exit_code, 0);
   Result list = Cli({"--config", config, "config", "get-contexts"});
   EXPECT_THAT(list.out, HasSubstr("*       b "));
   EXPECT_THAT(list.out, HasSubstr("file:" + dir_.Sub("tok")));
   // Changing one field keeps the others.
-  ASSERT_EQ(Cli({"--config", config, "config", "set-context", "a", "--server", "h:9"}).code, 0);
+  ASSERT_EQ(Cli({"--config", config, "config", "set-context", "a", "--server", "h:9"}).exit_code,
+            0);
   absl::StatusOr<ClientConfig> loaded = LoadClientConfig(config);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->current_context, "b");

@@ -1,19 +1,12 @@
 // Runs the real build/bin/ulyssesctl binary ($ULYSSES_BIN_DIR) as a subprocess on
 // the shipped specs and on bad input, checking exit codes, stdout and stderr.
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_split.h"
@@ -22,8 +15,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-
-extern char** environ;
+#include "tests/testing/subprocess.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ulysses::client {
 namespace {
@@ -31,26 +24,11 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct Result {
-  int exit_code = -1;  // -1 when killed by a signal.
-  int signal = 0;
-  std::string out;
-  std::string err;
-};
+using ::ulysses::testing::Result;
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
+std::string Example(const std::string& name) {
+  return ::ulysses::testing::SourceDir() + "/configs/jobs/" + name;
 }
-
-std::string SourceDir() {
-  const char* dir = std::getenv("ULYSSES_SOURCE_DIR");
-  return dir != nullptr ? dir : ".";
-}
-
-std::string Example(const std::string& name) { return SourceDir() + "/configs/jobs/" + name; }
 
 class UlyssesctlTest : public ::testing::Test {
  protected:
@@ -59,10 +37,7 @@ class UlyssesctlTest : public ::testing::Test {
     ASSERT_NE(bin, nullptr) << "ULYSSES_BIN_DIR must point at build/bin";
     binary_ = std::string(bin) + "/ulyssesctl";
     ASSERT_TRUE(std::filesystem::exists(binary_)) << binary_;
-    dir_ = std::filesystem::temp_directory_path() /
-           ("ulyssesctl_test_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::create_directories(dir_);
+    dir_ = ::ulysses::testing::FreshTestDir("ulyssesctl_test");
   }
   void TearDown() override { ulysses::RemoveTree(dir_).IgnoreError(); }
 
@@ -72,68 +47,16 @@ class UlyssesctlTest : public ::testing::Test {
     return path;
   }
 
-  // Runs ulyssesctl with `args` (and extra environment), bounded to 30 s.
+  // Runs ulyssesctl with `args` (and extra environment), bounded to 30 s; the caller's
+  // ULYSSES_COORDINATOR is not passed on.
   Result Run(const std::vector<std::string>& args,
              const std::map<std::string, std::string>& env = {}) {
-    const std::string out_path = (dir_ / "stdout").string();
-    const std::string err_path = (dir_ / "stderr").string();
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    std::vector<std::string> argv_storage = {binary_};
-    argv_storage.insert(argv_storage.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (std::string& a : argv_storage) {
-      argv.push_back(a.data());
-    }
-    argv.push_back(nullptr);
-    std::vector<std::string> env_storage;
-    for (char** e = environ; *e != nullptr; ++e) {
-      const std::string entry = *e;
-      const std::string key = entry.substr(0, entry.find('='));
-      if (env.count(key) == 0 && key != "ULYSSES_COORDINATOR") {
-        env_storage.push_back(entry);
-      }
-    }
-    for (const auto& [key, value] : env) {
-      env_storage.push_back(key + "=" + value);
-    }
-    std::vector<char*> envp;
-    for (std::string& e : env_storage) {
-      envp.push_back(e.data());
-    }
-    envp.push_back(nullptr);
-    pid_t pid = 0;
-    Result result;
-    const int rc = posix_spawn(&pid, binary_.c_str(), &actions, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&actions);
-    EXPECT_EQ(rc, 0) << "posix_spawn failed";
-    if (rc != 0) {
-      return result;
-    }
-    int status = 0;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        ADD_FAILURE() << "ulyssesctl did not finish in 30 s";
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    if (WIFEXITED(status)) {
-      result.exit_code = WEXITSTATUS(status);
-    }
-    if (WIFSIGNALED(status)) {
-      result.signal = WTERMSIG(status);
-    }
-    result.out = ReadAll(out_path);
-    result.err = ReadAll(err_path);
-    return result;
+    std::vector<std::string> argv = {binary_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    ::ulysses::testing::RunOptions options;
+    options.unset_env = {"ULYSSES_COORDINATOR"};
+    for (const auto& [key, value] : env) options.env.push_back(key + "=" + value);
+    return ::ulysses::testing::Run(argv, options);
   }
 
   std::string binary_;

@@ -81,10 +81,10 @@ inline std::shared_ptr<grpc::Channel> MakeTestChannel(int port, const TestChanne
                                                   ? ::ulysses::testing::TestCerts()
                                                   : ::ulysses::testing::TestCerts({o.worker_cert});
   grpc::SslCredentialsOptions ssl;
-  ssl.pem_root_certs = ::ulysses::testing::ReadFileOrEmpty(certs.ca);
+  ssl.pem_root_certs = ::ulysses::testing::ReadFile(certs.ca);
   if (!o.worker_cert.empty()) {
-    ssl.pem_cert_chain = ::ulysses::testing::ReadFileOrEmpty(certs.WorkerCert(o.worker_cert));
-    ssl.pem_private_key = ::ulysses::testing::ReadFileOrEmpty(certs.WorkerKey(o.worker_cert));
+    ssl.pem_cert_chain = ::ulysses::testing::ReadFile(certs.WorkerCert(o.worker_cert));
+    ssl.pem_private_key = ::ulysses::testing::ReadFile(certs.WorkerKey(o.worker_cert));
   }
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::SslCredentials(ssl);
   if (!o.token.empty()) {

@@ -21,6 +21,7 @@
 #include "coordinator/store.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/test_util.h"
+#include "tests/testing/files.h"
 
 namespace ulysses::coordinator {
 namespace {
@@ -150,11 +151,7 @@ TEST(BackupTest, CorruptTruncatedForeignAndNewerFilesAreRefusedWithTheReason) {
   }
   const std::string good = dir.path() + "/good.db";
   ASSERT_TRUE(BackupStore(state, good).ok());
-  std::string bytes;
-  {
-    std::ifstream in(good, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
+  std::string bytes = ::ulysses::testing::ReadFile(good);
   ASSERT_GT(bytes.size(), 8u * 4096);
   auto write = [&](const std::string& name, const std::string& content) {
     const std::string path = dir.path() + "/" + name;

@@ -24,6 +24,7 @@
 #include "tests/coordinator/fake_worker.h"
 #include "tests/coordinator/grpc_fixture.h"
 #include "tests/coordinator/test_util.h"
+#include "tests/testing/subprocess.h"
 #include "ulysses/v1/job_service.grpc.pb.h"
 
 namespace ulysses::coordinator {
@@ -534,12 +535,9 @@ TEST_F(CoordinatorGrpcTest, MetricsPassPromtool) {
     EXPECT_NE(body.find(needle), std::string::npos) << needle << "\n" << body;
   }
   EXPECT_NE(body.find("ulysses_train_loss{job_id=\"" + *id + "\"} 4.5"), std::string::npos);
-  std::string file = dir_.path() + "/metrics.txt";
-  std::ofstream(file) << body;
-  int rc = std::system(("promtool check metrics < " + file + " > " + file + ".out 2>&1").c_str());
-  std::ifstream out(file + ".out");
-  std::string report((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(rc, 0) << report;
+  const ::ulysses::testing::Result check =
+      ::ulysses::testing::Run({"/usr/bin/promtool", "check", "metrics"}, {.stdin_data = body});
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
   // A finished job's per-job series are removed (bounded label sets).
   ASSERT_TRUE(w1.CommitLast(*a));
   w1.Exited(a->ref(), 0);

@@ -22,6 +22,7 @@
 #include "tests/coordinator/coordinator_process.h"
 #include "tests/coordinator/fake_worker.h"
 #include "tests/coordinator/test_util.h"
+#include "tests/testing/subprocess.h"
 #include "ulysses/v1/job_service.grpc.pb.h"
 
 namespace ulysses::coordinator {
@@ -207,35 +208,24 @@ TEST(CoordinatorProcessTest, BadConfigExits2WithTheField) {
   FILE* f = fopen(cfg.c_str(), "w");
   fputs("heartbeat_timeout_s: 5000\n", f);
   fclose(f);
-  std::string cmd = CoordinatorBinary() + " --state-dir " + dir.path() + " --config " + cfg +
-                    " 2>" + dir.path() + "/err.txt";
-  int rc = std::system(cmd.c_str());
-  ASSERT_TRUE(WIFEXITED(rc));
-  EXPECT_EQ(WEXITSTATUS(rc), 2);
-  FILE* e = fopen((dir.path() + "/err.txt").c_str(), "r");
-  char buf[1024] = {0};
-  size_t n = fread(buf, 1, sizeof(buf) - 1, e);
-  fclose(e);
-  EXPECT_NE(std::string(buf, n).find("heartbeat_timeout_s: 5000 is out of range"),
-            std::string::npos)
-      << std::string(buf, n);
+  const ::ulysses::testing::Result r =
+      ::ulysses::testing::Run({CoordinatorBinary(), "--state-dir", dir.path(), "--config", cfg});
+  EXPECT_EQ(r.exit_code, 2) << r.description;
+  EXPECT_NE(r.err.find("heartbeat_timeout_s: 5000 is out of range"), std::string::npos) << r.err;
 }
 
 // Flags CLI11 rejects are bad input too: exit 2 (not CLI11's own 100+ codes).
 TEST(CoordinatorProcessTest, BadFlagsExit2) {
   TempDir dir;
-  for (const std::string& flags :
-       {std::string("--state-dir ") + dir.path() + " --no-such-flag",
-        std::string("--state-dir ") + dir.path() + " --heartbeat-timeout-s ten"}) {
-    SCOPED_TRACE(flags);
-    const std::string err_file = dir.path() + "/err.txt";
-    const std::string cmd = CoordinatorBinary() + " " + flags + " 2>" + err_file;
-    const int rc = std::system(cmd.c_str());
-    ASSERT_TRUE(WIFEXITED(rc));
-    EXPECT_EQ(WEXITSTATUS(rc), 2);
-    std::ifstream in(err_file);
-    const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    EXPECT_FALSE(err.empty()) << "no message on stderr";
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--no-such-flag"},
+        std::vector<std::string>{"--heartbeat-timeout-s", "ten"}}) {
+    SCOPED_TRACE(flags.front());
+    std::vector<std::string> argv = {CoordinatorBinary(), "--state-dir", dir.path()};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    const ::ulysses::testing::Result r = ::ulysses::testing::Run(argv);
+    EXPECT_EQ(r.exit_code, 2) << r.description;
+    EXPECT_FALSE(r.err.empty()) << "no message on stderr";
   }
 }
 

@@ -21,6 +21,7 @@
 #include "tests/coordinator/fake_worker.h"
 #include "tests/coordinator/grpc_fixture.h"
 #include "tests/coordinator/test_util.h"
+#include "tests/testing/files.h"
 
 namespace ulysses::coordinator {
 namespace {
@@ -226,9 +227,8 @@ TEST_F(VersionSkewGrpcTest, APreviousMinorWorkerRegistersAndOtherVersionsAreRefu
   }
   const char* source = std::getenv("ULYSSES_SOURCE_DIR");
   ASSERT_NE(source, nullptr) << "ULYSSES_SOURCE_DIR is not set (run through ctest)";
-  std::ifstream in(std::string(source) +
-                   "/tests/coordinator/testdata/worker-0.0.9/register.textproto");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = ::ulysses::testing::ReadFile(
+      std::string(source) + "/tests/coordinator/testdata/worker-0.0.9/register.textproto");
   v1::RegisterRequest recorded;
   ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &recorded)) << text;
   ASSERT_EQ(recorded.agent_version(), "0.0.9");

@@ -1,29 +1,18 @@
-// Small helpers shared by the coordinator tests: polling with a deadline and job
-// documents (temp dirs: tests/testing/temp_dir.h).
+// Small helpers shared by the coordinator tests: job documents (polling with a deadline:
+// tests/testing/poll.h; temp dirs: tests/testing/temp_dir.h).
 #ifndef ULYSSES_TESTS_COORDINATOR_TEST_UTIL_H_
 #define ULYSSES_TESTS_COORDINATOR_TEST_UTIL_H_
 
-#include <chrono>
-#include <functional>
 #include <string>
-#include <thread>
 
+#include "tests/testing/poll.h"
 #include "tests/testing/temp_dir.h"
 
 namespace ulysses::coordinator::testing {
 
 using ::ulysses::testing::TempDir;
 
-// Polls `pred` every 10 ms until it holds or `timeout` passes. Returns the last result.
-inline bool PollUntil(const std::function<bool()>& pred,
-                      std::chrono::milliseconds timeout = std::chrono::seconds(15)) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return pred();
-}
+using ::ulysses::testing::PollUntil;  // tests/testing/poll.h
 
 // A valid TrainJob document with the given stages ("{seq_len: 64, steps: 4, sp_degree: 2}").
 inline std::string JobYaml(const std::string& name, const std::string& stages,

@@ -18,6 +18,7 @@
 #include "tests/coordinator/auth_channel.h"
 #include "tests/coordinator/test_util.h"
 #include "tests/testing/certs.h"
+#include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 #include "ulysses/v1/job_service.grpc.pb.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
@@ -26,16 +27,16 @@ namespace ulysses::coordinator {
 namespace {
 
 namespace fs = std::filesystem;
-using ::ulysses::testing::ReadFileOrEmpty;
+using ::ulysses::testing::ReadFile;
 using ::ulysses::testing::TempDir;
 
 // Runs scripts/dev_certs.sh into `dir` (a fresh CA each time) with a worker "w1".
 void MakeCerts(const std::string& dir) {
   const char* src = std::getenv("ULYSSES_SOURCE_DIR");
   ASSERT_NE(src, nullptr) << "run through ctest ($ULYSSES_SOURCE_DIR)";
-  const std::string cmd =
-      absl::StrCat("bash '", src, "/scripts/dev_certs.sh' '", dir, "' w1 >/dev/null");
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const ::ulysses::testing::Result r =
+      ::ulysses::testing::Run({"/bin/bash", std::string(src) + "/scripts/dev_certs.sh", dir, "w1"});
+  ASSERT_EQ(r.exit_code, 0) << r.description << "\n" << r.err;
 }
 
 // Copies `from`'s server files to `live` through a temp name and rename (atomic per file).
@@ -73,10 +74,10 @@ class TlsReloadTest : public ::testing::Test {
   // A fresh connection trusting `ca_dir`'s CA; with `worker`, presenting its client cert.
   std::shared_ptr<grpc::Channel> Dial(const std::string& ca_dir, bool worker) {
     grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = ReadFileOrEmpty(ca_dir + "/ca.pem");
+    ssl.pem_root_certs = ReadFile(ca_dir + "/ca.pem");
     if (worker) {
-      ssl.pem_cert_chain = ReadFileOrEmpty(ca_dir + "/workers/w1.pem");
-      ssl.pem_private_key = ReadFileOrEmpty(ca_dir + "/workers/w1.key");
+      ssl.pem_cert_chain = ReadFile(ca_dir + "/workers/w1.pem");
+      ssl.pem_private_key = ReadFile(ca_dir + "/workers/w1.key");
     }
     grpc::ChannelArguments args;
     args.SetInt("grpc.use_local_subchannel_pool", 1);

@@ -23,13 +23,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
-#include "tests/common/metrics/subprocess_for_test.h"
 #include "tests/e2e/cluster.h"
 #include "tests/testing/files.h"
+#include "tests/testing/net.h"
+#include "tests/testing/poll.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ulysses::e2e {
@@ -76,7 +78,7 @@ class LivePrometheusTest : public ::testing::Test {
 
   // Starts Prometheus on `config`; returns its web port (0 on failure).
   int StartPrometheus(const std::string& config, const std::string& dir) {
-    const int port = metrics::FreeLoopbackPort();
+    const int port = ::ulysses::testing::FreeLoopbackPort();
     log_ = dir + "/prometheus.log";
     prometheus_pid_ = fork();
     if (prometheus_pid_ == 0) {
@@ -95,21 +97,43 @@ class LivePrometheusTest : public ::testing::Test {
     return prometheus_pid_ > 0 ? port : 0;
   }
 
+  // Prometheus with the shipped rules (short windows) scraping deploy/k8s/prometheus/
+  // prometheus.yml's jobs with static loopback targets: the cluster's coordinator and, when
+  // given, `worker_targets` ("'HOST:PORT'"). Returns its web port (0 on failure).
+  int StartPrometheusOn(const Cluster& cluster, const std::vector<std::string>& worker_targets) {
+    const std::string rules_path = cluster.dir() + "/ulysses-rules.yml";
+    std::ofstream(rules_path) << PrometheusRuleRules();
+    const std::string config_path = cluster.dir() + "/prometheus.yml";
+    std::ofstream config(config_path);
+    config << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+           << "rule_files: ['" << rules_path << "']\n"
+           << "scrape_configs:\n"
+           << "  - job_name: ulysses-coordinator\n"
+           << "    static_configs: [{targets: ['127.0.0.1:" << cluster.metrics_port() << "']}]\n";
+    if (!worker_targets.empty()) {
+      config << "  - job_name: ulysses-worker\n"
+             << "    static_configs: [{targets: [" << absl::StrJoin(worker_targets, ", ")
+             << "]}]\n";
+    }
+    config.close();
+    return StartPrometheus(config_path, cluster.dir());
+  }
+
   // Polls the active alerts until every name in `want` is pending or firing (or `timeout`);
   // returns the names seen.
   std::set<std::string> WaitForAlerts(httplib::Client* client, const std::set<std::string>& want,
                                       seconds timeout) {
     std::set<std::string> seen;
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      for (const auto& [name, state] : Alerts(client)) {
-        if (state == "pending" || state == "firing") seen.insert(name);
-      }
-      bool all = true;
-      for (const std::string& w : want) all = all && seen.count(w) > 0;
-      if (all) break;
-      std::this_thread::sleep_for(milliseconds(250));
-    }
+    ::ulysses::testing::PollUntil(
+        [&] {
+          for (const auto& [name, state] : Alerts(client)) {
+            if (state == "pending" || state == "firing") seen.insert(name);
+          }
+          bool all = true;
+          for (const std::string& w : want) all = all && seen.count(w) > 0;
+          return all;
+        },
+        timeout, milliseconds(250));
     return seen;
   }
 
@@ -140,35 +164,22 @@ class LivePrometheusTest : public ::testing::Test {
 };
 
 TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) {
-  if (!metrics::FileExists(kPrometheus)) GTEST_SKIP() << kPrometheus << " missing";
-  if (!metrics::FileExists(EngineBin())) GTEST_SKIP() << EngineBin() << " not built";
+  if (!::ulysses::testing::IsExecutable(kPrometheus)) GTEST_SKIP() << kPrometheus << " missing";
+  if (!::ulysses::testing::IsExecutable(EngineBin())) GTEST_SKIP() << EngineBin() << " not built";
   Cluster cluster;
   cluster.StartCoordinator(/*heartbeat_timeout_s=*/4);
   ASSERT_GT(cluster.metrics_port(), 0) << cluster.Logs();
   std::vector<std::string> names = {"w0", "w1", "w2"};
   std::vector<std::string> worker_targets;
   for (const std::string& name : names) {
-    const int port = metrics::FreeLoopbackPort();
+    const int port = ::ulysses::testing::FreeLoopbackPort();
     worker_targets.push_back(absl::StrCat("'127.0.0.1:", port, "'"));
     cluster.StartWorker(
         name, 30, {"--metrics-listen", absl::StrCat("127.0.0.1:", port), "--peak-flops", "1e11"});
   }
   ASSERT_TRUE(cluster.WaitForIdleWorkers(3, seconds(60))) << cluster.Logs();
 
-  const std::string rules_path = cluster.dir() + "/ulysses-rules.yml";
-  std::ofstream(rules_path) << PrometheusRuleRules();
-  // deploy/k8s/prometheus/prometheus.yml's two jobs, with static loopback targets.
-  const std::string config_path = cluster.dir() + "/prometheus.yml";
-  std::ofstream(config_path) << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-                             << "rule_files: ['" << rules_path << "']\n"
-                             << "scrape_configs:\n"
-                             << "  - job_name: ulysses-coordinator\n"
-                             << "    static_configs: [{targets: ['127.0.0.1:"
-                             << cluster.metrics_port() << "']}]\n"
-                             << "  - job_name: ulysses-worker\n"
-                             << "    static_configs: [{targets: [" << worker_targets[0] << ", "
-                             << worker_targets[1] << ", " << worker_targets[2] << "]}]\n";
-  const int web = StartPrometheus(config_path, cluster.dir());
+  const int web = StartPrometheusOn(cluster, worker_targets);
   ASSERT_GT(web, 0);
   httplib::Client prom("127.0.0.1", web);
   prom.set_connection_timeout(2);
@@ -192,15 +203,8 @@ TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) 
   cluster.worker(victim)->Kill9();
 
   // Worker lost and the job stalled while it recovers: pending or firing.
-  std::set<std::string> seen;
-  auto deadline = std::chrono::steady_clock::now() + seconds(60);
-  while (std::chrono::steady_clock::now() < deadline &&
-         !(seen.count("UlyssesWorkerLost") && seen.count("UlyssesTrainingStalled"))) {
-    for (const auto& [name, state] : Alerts(&prom)) {
-      if (state == "pending" || state == "firing") seen.insert(name);
-    }
-    std::this_thread::sleep_for(milliseconds(250));
-  }
+  const std::set<std::string> seen =
+      WaitForAlerts(&prom, {"UlyssesWorkerLost", "UlyssesTrainingStalled"}, seconds(60));
   EXPECT_TRUE(seen.count("UlyssesWorkerLost")) << ReadFile(log_);
   EXPECT_TRUE(seen.count("UlyssesTrainingStalled")) << ReadFile(log_);
 
@@ -225,13 +229,14 @@ TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) 
   }
   ASSERT_GT(exprs.size(), 30u);
   std::set<std::string> empty(exprs.begin(), exprs.end());
-  deadline = std::chrono::steady_clock::now() + seconds(90);
-  while (!empty.empty() && std::chrono::steady_clock::now() < deadline) {
-    for (auto it = empty.begin(); it != empty.end();) {
-      it = Query(&prom, *it).empty() ? std::next(it) : empty.erase(it);
-    }
-    if (!empty.empty()) std::this_thread::sleep_for(milliseconds(500));
-  }
+  ::ulysses::testing::PollUntil(
+      [&] {
+        for (auto it = empty.begin(); it != empty.end();) {
+          it = Query(&prom, *it).empty() ? std::next(it) : empty.erase(it);
+        }
+        return empty.empty();
+      },
+      seconds(90), milliseconds(500));
   for (const std::string& expr : empty) ADD_FAILURE() << "no data: " << expr;
   EXPECT_EQ(Query(&prom, "up{job=\"ulysses-worker\"} == 1").size(), 2u);  // The victim is down.
   // The settings the alerts read: the job's checkpoint.every_steps (2), the coordinator's
@@ -246,9 +251,9 @@ TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) 
 // alert's threshold half of it), then a state store capped at 1 MiB filled by submissions
 // until a write fails for I/O. No job runs (the worker is dead before the submissions).
 TEST_F(LivePrometheusTest, HeartbeatAndStoreReadOnlyAlertsFireUnderInjectedFaults) {
-  if (!metrics::FileExists(kPrometheus)) GTEST_SKIP() << kPrometheus << " missing";
+  if (!::ulysses::testing::IsExecutable(kPrometheus)) GTEST_SKIP() << kPrometheus << " missing";
   // The agent checks for the engine at start (no job runs on it here).
-  if (!metrics::FileExists(EngineBin())) GTEST_SKIP() << EngineBin() << " not built";
+  if (!::ulysses::testing::IsExecutable(EngineBin())) GTEST_SKIP() << EngineBin() << " not built";
   Cluster cluster;
   const std::string config = cluster.dir() + "/coordinator-extra.yaml";
   std::ofstream(config) << "state_max_bytes: 1048576\n";
@@ -257,16 +262,7 @@ TEST_F(LivePrometheusTest, HeartbeatAndStoreReadOnlyAlertsFireUnderInjectedFault
   cluster.StartWorker("w0");
   ASSERT_TRUE(cluster.WaitForIdleWorkers(1, seconds(60))) << cluster.Logs();
 
-  const std::string rules_path = cluster.dir() + "/ulysses-rules.yml";
-  std::ofstream(rules_path) << PrometheusRuleRules();
-  const std::string config_path = cluster.dir() + "/prometheus.yml";
-  std::ofstream(config_path) << "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-                             << "rule_files: ['" << rules_path << "']\n"
-                             << "scrape_configs:\n"
-                             << "  - job_name: ulysses-coordinator\n"
-                             << "    static_configs: [{targets: ['127.0.0.1:"
-                             << cluster.metrics_port() << "']}]\n";
-  const int web = StartPrometheus(config_path, cluster.dir());
+  const int web = StartPrometheusOn(cluster, {});
   ASSERT_GT(web, 0);
   httplib::Client prom("127.0.0.1", web);
   prom.set_connection_timeout(2);
@@ -277,13 +273,13 @@ TEST_F(LivePrometheusTest, HeartbeatAndStoreReadOnlyAlertsFireUnderInjectedFault
   const std::string late =
       "max_over_time(ulysses_worker_heartbeat_age_seconds[5m]) > on () group_left () "
       "(0.5 * max(ulysses_heartbeat_timeout_seconds))";
-  auto deadline = std::chrono::steady_clock::now() + seconds(60);
-  while (std::chrono::steady_clock::now() < deadline &&
-         (Query(&prom, "ulysses_heartbeat_timeout_seconds == 8").empty() ||
-          Query(&prom, "ulysses_worker_heartbeat_age_seconds").empty() ||
-          Query(&prom, "ulysses_store_writable == 1").empty())) {
-    std::this_thread::sleep_for(milliseconds(250));
-  }
+  ::ulysses::testing::PollUntil(
+      [&] {
+        return !Query(&prom, "ulysses_heartbeat_timeout_seconds == 8").empty() &&
+               !Query(&prom, "ulysses_worker_heartbeat_age_seconds").empty() &&
+               !Query(&prom, "ulysses_store_writable == 1").empty();
+      },
+      seconds(60), milliseconds(250));
   ASSERT_FALSE(Query(&prom, "ulysses_worker_heartbeat_age_seconds").empty()) << ReadFile(log_);
   EXPECT_TRUE(Query(&prom, late).empty());
   for (const auto& [name, state] : Alerts(&prom)) {
@@ -309,7 +305,7 @@ TEST_F(LivePrometheusTest, HeartbeatAndStoreReadOnlyAlertsFireUnderInjectedFault
                  "    purpose: \"" + std::string(60000, 'n') + "\"\n");
     std::ofstream(fill) << spec;
   }
-  CommandResult refused;
+  Result refused;
   bool full = false;
   for (int i = 0; i < 60 && !full; ++i) {
     full = cluster.Submit(fill, {absl::StrCat("metadata.name=fill-", i)}, &refused).empty();

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/process/cpu_share.h"
 #include "sqlite3.h"
 #include "tests/testing/certs.h"
 
@@ -17,47 +18,16 @@ namespace ulysses::e2e {
 
 namespace fs = std::filesystem;
 
-std::string BinDir() {
-  const char* dir = std::getenv("ULYSSES_BIN_DIR");
-  return dir != nullptr ? dir : fs::absolute("build/bin").string();
-}
-
-std::string SourceDir() {
-  const char* dir = std::getenv("ULYSSES_SOURCE_DIR");
-  return dir != nullptr ? dir : fs::current_path().string();
-}
-
 std::string EngineBin() {
   const char* over = std::getenv("ULYSSES_E2E_ENGINE_BIN");
   if (over != nullptr && *over != '\0') return over;
   return BinDir() + "/ulysses-train";
 }
 
-CommandResult RunCommand(const std::vector<std::string>& argv, milliseconds timeout) {
-  CommandResult result;
-  std::mutex mu;
-  agent::ChildCallbacks cb;
-  cb.on_log = [&](const std::string& stream, const std::string& line) {
-    std::lock_guard<std::mutex> lock(mu);
-    (stream == "stdout" ? result.out : result.err) += line + "\n";
-  };
-  // ulyssesctl prints JSON objects on stdout: route them as text, not as train events.
-  cb.on_event = [&](const contract::RankEvent&) {};
-  auto child = agent::ChildSupervisor::Start(argv, "", std::move(cb));
-  if (!child.ok()) {
-    result.err = std::string(child.status().message());
-    return result;
-  }
-  auto done = (*child)->Wait(timeout);
-  if (!done) {
-    (*child)->Stop(contract::StopRequest::kAbort, milliseconds(0));
-    (*child)->Wait();
-    result.err += "\n(timed out)";
-    return result;
-  }
-  std::lock_guard<std::mutex> lock(mu);
-  result.exit_code = WIFEXITED(done->wait_status) ? WEXITSTATUS(done->wait_status) : -1;
-  return result;
+Result RunCommand(const std::vector<std::string>& argv, milliseconds timeout) {
+  return testing::Run(argv, {.env_defaults = process::RankEnvironmentDefaults(),
+                             .timeout = timeout,
+                             .timeout_fails = false});
 }
 
 std::unique_ptr<Process> Process::Start(const std::vector<std::string>& argv) {
@@ -214,26 +184,26 @@ std::string Cluster::NameFromId(const std::string& worker_id) {
   return worker_id.rfind("w-", 0) == 0 ? worker_id.substr(2) : worker_id;
 }
 
-CommandResult Cluster::Ctl(std::vector<std::string> args, milliseconds timeout) {
+Result Cluster::Ctl(std::vector<std::string> args, milliseconds timeout) {
   args.insert(args.begin(), {BinDir() + "/ulyssesctl", "--config", config_path()});
   return RunCommand(args, timeout);
 }
 
 nlohmann::json Cluster::Describe(const std::string& id) {
-  CommandResult r = Ctl({"describe", "job", id, "-o", "json"});
+  Result r = Ctl({"describe", "job", id, "-o", "json"});
   if (r.exit_code != 0) return nullptr;
   nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   return j.is_discarded() ? nlohmann::json(nullptr) : j;
 }
 
 std::string Cluster::Submit(const std::string& spec_path, const std::vector<std::string>& sets,
-                            CommandResult* result) {
+                            Result* result) {
   std::vector<std::string> args = {"submit", "-f", spec_path};
   for (const auto& s : sets) {
     args.push_back("--set");
     args.push_back(s);
   }
-  CommandResult r = Ctl(args);
+  Result r = Ctl(args);
   if (result != nullptr) *result = r;
   if (r.exit_code != 0) return "";
   std::string id = r.out;
@@ -242,18 +212,16 @@ std::string Cluster::Submit(const std::string& spec_path, const std::vector<std:
 }
 
 bool Cluster::WaitForIdleWorkers(int n, milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    CommandResult r = Ctl({"get", "workers", "-o", "json"});
-    nlohmann::json list = nlohmann::json::parse(r.out, nullptr, false);
-    if (r.exit_code == 0 && list.is_array()) {
-      int idle = 0;
-      for (const auto& w : list) idle += w.value("state", "") == "IDLE";
-      if (idle >= n) return true;
-    }
-    std::this_thread::sleep_for(milliseconds(200));
-  }
-  return false;
+  return testing::PollUntil(
+      [&] {
+        Result r = Ctl({"get", "workers", "-o", "json"});
+        nlohmann::json list = nlohmann::json::parse(r.out, nullptr, false);
+        if (r.exit_code != 0 || !list.is_array()) return false;
+        int idle = 0;
+        for (const auto& w : list) idle += w.value("state", "") == "IDLE";
+        return idle >= n;
+      },
+      timeout, milliseconds(200));
 }
 
 int64_t Cluster::StoreRows(const std::string& table) const {

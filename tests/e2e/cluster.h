@@ -17,6 +17,7 @@
 #define ULYSSES_TESTS_E2E_CLUSTER_H_
 
 #include <chrono>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -24,7 +25,11 @@
 #include <vector>
 
 #include "common/grpc/channel.h"
+#include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/files.h"
+#include "tests/testing/poll.h"
+#include "tests/testing/subprocess.h"
 #include "worker/agent/child_supervisor.h"
 
 namespace ulysses::e2e {
@@ -32,18 +37,15 @@ namespace ulysses::e2e {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-std::string BinDir();
-std::string SourceDir();
+using ::ulysses::testing::BinDir;
+using ::ulysses::testing::SourceDir;
 std::string EngineBin();
 
-struct CommandResult {
-  int exit_code = -1;  // -1: timed out (killed).
-  std::string out;
-  std::string err;
-};
+using ::ulysses::testing::Result;
 
-// Runs argv to completion (killed after `timeout`), capturing stdout and stderr.
-CommandResult RunCommand(const std::vector<std::string>& argv, milliseconds timeout);
+// Runs argv to completion (killed after `timeout`: exit_code -1, no test failure, so a caller
+// may retry), capturing stdout and stderr; with the environment defaults ranks get.
+Result RunCommand(const std::vector<std::string>& argv, milliseconds timeout);
 
 // A long-running process with its output captured.
 class Process {
@@ -94,12 +96,12 @@ class Cluster {
   // Worker name from a coordinator worker id ("w-<name>").
   static std::string NameFromId(const std::string& worker_id);
 
-  CommandResult Ctl(std::vector<std::string> args, milliseconds timeout = seconds(30));
+  Result Ctl(std::vector<std::string> args, milliseconds timeout = seconds(30));
   // `describe job ID -o json` (null json on failure).
   nlohmann::json Describe(const std::string& id);
   // Submits configs/jobs/<file> with --set overrides; returns the job id ("" on failure).
   std::string Submit(const std::string& spec_path, const std::vector<std::string>& sets,
-                     CommandResult* result = nullptr);
+                     Result* result = nullptr);
   // Polls describe until `pred(job)` holds; returns the last job json.
   template <typename Pred>
   nlohmann::json WaitForJob(const std::string& id, Pred pred, milliseconds timeout);
@@ -140,15 +142,45 @@ double JobFinalLoss(const nlohmann::json& job);
 
 template <typename Pred>
 nlohmann::json Cluster::WaitForJob(const std::string& id, Pred pred, milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
   nlohmann::json job;
-  while (std::chrono::steady_clock::now() < deadline) {
-    job = Describe(id);
-    if (!job.is_null() && pred(job)) return job;
-    std::this_thread::sleep_for(milliseconds(300));
-  }
+  ::ulysses::testing::PollUntil(
+      [&] {
+        job = Describe(id);
+        return !job.is_null() && pred(job);
+      },
+      timeout, milliseconds(300));
   return job;
 }
+
+// The fixture of the end-to-end tests: skips where ulysses-train is not built, requires the
+// control-plane binaries, starts the coordinator (unless told not to) and prints every
+// process's output when a test failed.
+class ClusterTest : public ::testing::Test {
+ protected:
+  explicit ClusterTest(bool start_coordinator = true) : start_coordinator_(start_coordinator) {}
+
+  void SetUp() override {
+    if (!::ulysses::testing::IsExecutable(EngineBin())) {
+      GTEST_SKIP() << "ulysses-train is not built at " << EngineBin()
+                   << ": the end-to-end tests need the real engine (build the ulysses-train "
+                      "target)";
+    }
+    for (const char* bin : {"ulysses-coordinator", "ulysses-worker", "ulyssesctl"}) {
+      ASSERT_TRUE(::ulysses::testing::IsExecutable(BinDir() + "/" + bin)) << bin << " not built";
+    }
+    if (!start_coordinator_) return;
+    cluster_.StartCoordinator();
+    ASSERT_NE(cluster_.address(), "127.0.0.1:0") << cluster_.Logs();
+  }
+  void TearDown() override {
+    if (HasFailure()) std::cerr << cluster_.Logs();
+  }
+
+  Cluster cluster_;
+
+ private:
+  bool start_coordinator_;
+};
 
 }  // namespace ulysses::e2e
 

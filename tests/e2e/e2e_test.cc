@@ -79,28 +79,11 @@ std::unique_ptr<v1::JobService::Stub> JobStub(const Cluster& cluster) {
   return channel.ok() ? v1::JobService::NewStub(*channel) : nullptr;
 }
 
-class E2ETest : public ::testing::Test {
+class E2ETest : public ClusterTest {
  protected:
-  void SetUp() override {
-    if (access(EngineBin().c_str(), X_OK) != 0) {
-      GTEST_SKIP() << "ulysses-train is not built at " << EngineBin()
-                   << ": the end-to-end tests need the real engine (build the ulysses-train "
-                      "target)";
-    }
-    for (const char* bin : {"ulysses-coordinator", "ulysses-worker", "ulyssesctl"}) {
-      ASSERT_EQ(access((BinDir() + "/" + bin).c_str(), X_OK), 0) << bin << " not built";
-    }
-    cluster_.StartCoordinator();
-    ASSERT_NE(cluster_.address(), "127.0.0.1:0") << cluster_.Logs();
-  }
-  void TearDown() override {
-    if (HasFailure()) std::cerr << cluster_.Logs();
-  }
   void StartWorkers(int n, const std::string& prefix = "w", double grace_s = 30) {
     for (int i = 0; i < n; ++i) cluster_.StartWorker(absl::StrCat(prefix, i), grace_s);
   }
-
-  Cluster cluster_;
 };
 
 TEST_F(E2ETest, StagedJobSucceedsWithGroupsOfTheRightSize) {
@@ -134,33 +117,33 @@ TEST_F(E2ETest, StagedJobSucceedsWithGroupsOfTheRightSize) {
   EXPECT_GT(job["loss"].get<double>(), 0.0);
   EXPECT_FALSE(job["last_checkpoint"].is_null());
   // The summary views agree.
-  CommandResult list = cluster_.Ctl({"get", "jobs", "-o", "json"});
+  Result list = cluster_.Ctl({"get", "jobs", "-o", "json"});
   ASSERT_EQ(list.exit_code, 0) << list.err;
   json jobs = json::parse(list.out);
   ASSERT_EQ(jobs.size(), 1u);
   EXPECT_EQ(jobs[0]["id"], id);
   EXPECT_EQ(jobs[0]["state"], "SUCCEEDED");
   // watch on a finished job prints and exits 0; logs carry the agents' notes.
-  CommandResult watch = cluster_.Ctl({"watch", id});
+  Result watch = cluster_.Ctl({"watch", id});
   EXPECT_EQ(watch.exit_code, 0) << watch.err;
   EXPECT_NE(watch.out.find("SUCCEEDED"), std::string::npos) << watch.out;
-  CommandResult logs = cluster_.Ctl({"logs", id, "--tail", "-1"});
+  Result logs = cluster_.Ctl({"logs", id, "--tail", "-1"});
   EXPECT_EQ(logs.exit_code, 0) << logs.err;
   EXPECT_NE(logs.out.find("started rank"), std::string::npos) << logs.out;
-  CommandResult follow = cluster_.Ctl({"logs", id, "-f"}, seconds(20));
+  Result follow = cluster_.Ctl({"logs", id, "-f"}, seconds(20));
   EXPECT_EQ(follow.exit_code, 0) << "logs -f must end with the job: " << follow.err;
-  CommandResult events = cluster_.Ctl({"watch", id, "-o", "json"});
+  Result events = cluster_.Ctl({"watch", id, "-o", "json"});
   EXPECT_EQ(events.exit_code, 0) << events.err;
   EXPECT_NE(events.out.find("\"type\":\"snapshot\""), std::string::npos) << events.out;
-  CommandResult workers = cluster_.Ctl({"get", "workers", "-o", "json"});
+  Result workers = cluster_.Ctl({"get", "workers", "-o", "json"});
   ASSERT_EQ(workers.exit_code, 0) << workers.err;
   EXPECT_EQ(json::parse(workers.out).size(), 4u);
   // `top` (not a terminal: printed once): no job left running; with --all the ended job's
   // last figures, from rank 0 of the world-4 stage through the worker and the coordinator.
-  CommandResult top = cluster_.Ctl({"top"});
+  Result top = cluster_.Ctl({"top"});
   ASSERT_EQ(top.exit_code, 0) << top.err;
   EXPECT_EQ(top.out, "No running or queued jobs.\n");
-  CommandResult top_all = cluster_.Ctl({"top", "--all", "-o", "json"});
+  Result top_all = cluster_.Ctl({"top", "--all", "-o", "json"});
   ASSERT_EQ(top_all.exit_code, 0) << top_all.err;
   const json rows = json::parse(top_all.out);
   ASSERT_EQ(rows.size(), 1u) << top_all.out;
@@ -174,7 +157,7 @@ TEST_F(E2ETest, StagedJobSucceedsWithGroupsOfTheRightSize) {
   EXPECT_GE(row["slowest_step_seconds"].get<double>(), row["median_step_seconds"].get<double>());
   EXPECT_GT(row["mfu"].get<double>(), 0.0) << row.dump();
   EXPECT_GE(row["checkpoint_age_seconds"].get<double>(), 0.0);
-  CommandResult table = cluster_.Ctl({"top", "--all"});
+  Result table = cluster_.Ctl({"top", "--all"});
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_NE(table.out.find("CKPT_AGE"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find(absl::StrCat(id, " ")), std::string::npos) << table.out;
@@ -190,7 +173,7 @@ TEST_F(E2ETest, KilledWorkerIsRecoveredFromTheLastCheckpointWithTheSameLoss) {
   // tiny-demo without its third stage.
   const std::string spec_path = cluster_.dir() + "/two-stage.yaml";
   {
-    CommandResult cat = RunCommand({"/bin/cat", DemoSpec()}, seconds(5));
+    Result cat = RunCommand({"/bin/cat", DemoSpec()}, seconds(5));
     std::string text = cat.out;
     const size_t at = text.find("    - {seq_len: 4096");
     ASSERT_NE(at, std::string::npos);
@@ -255,9 +238,9 @@ TEST_F(E2ETest, KilledWorkerIsRecoveredFromTheLastCheckpointWithTheSameLoss) {
 TEST_F(E2ETest, PackedMaskedDocumentJobTrainsLikeUlyssesTrainWithPeriodicEvals) {
   const std::string data = cluster_.data_root();
   ASSERT_TRUE(testing::WriteMaskedDocumentsJsonl(data + "/docs.jsonl"));
-  CommandResult pack = RunCommand({EngineBin(), "data", "pack", "--jsonl", data + "/docs.jsonl",
-                                   "--out", data + "/sft", "--vocab-size", "64"},
-                                  seconds(60));
+  Result pack = RunCommand({EngineBin(), "data", "pack", "--jsonl", data + "/docs.jsonl", "--out",
+                            data + "/sft", "--vocab-size", "64"},
+                           seconds(60));
   ASSERT_EQ(pack.exit_code, 0) << pack.err;
   const std::string spec_path = cluster_.dir() + "/sft.yaml";
   {
@@ -283,8 +266,8 @@ TEST_F(E2ETest, PackedMaskedDocumentJobTrainsLikeUlyssesTrainWithPeriodicEvals) 
   const std::string id = cluster_.Submit(spec_path, {});
   ASSERT_FALSE(id.empty()) << cluster_.Logs();
   // The same job with no coordinator, while the cluster trains it.
-  CommandResult ref = RunCommand(
-      {EngineBin(), "train", "-f", spec_path, "--out", cluster_.dir() + "/ref"}, seconds(300));
+  Result ref = RunCommand({EngineBin(), "train", "-f", spec_path, "--out", cluster_.dir() + "/ref"},
+                          seconds(300));
   ASSERT_EQ(ref.exit_code, 0) << ref.err;
   json job = cluster_.WaitForJob(id, JobTerminal, seconds(300));
   ASSERT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
@@ -338,7 +321,7 @@ TEST_F(E2ETest, PackedMaskedDocumentJobTrainsLikeUlyssesTrainWithPeriodicEvals) 
   EXPECT_EQ(job["data"]["format"], "indexed");
   EXPECT_EQ(job["eval"]["every_steps"], 2);
 
-  CommandResult describe = cluster_.Ctl({"describe", id});
+  Result describe = cluster_.Ctl({"describe", id});
   ASSERT_EQ(describe.exit_code, 0) << describe.err;
   EXPECT_NE(describe.out.find("Data:         indexed " + data + "/sft"), std::string::npos)
       << describe.out;
@@ -472,7 +455,7 @@ TEST_F(E2ETest, JobFinishesAcrossACoordinatorKillAndRestart) {
       id, [](const json& j) { return StageStep(j, 0) >= 2 || JobTerminal(j); }, seconds(120));
   ASSERT_EQ(JobState(job), "RUNNING") << job.dump(2);
   cluster_.KillCoordinator();
-  CommandResult down = cluster_.Ctl({"get", "jobs"});
+  Result down = cluster_.Ctl({"get", "jobs"});
   EXPECT_EQ(down.exit_code, 1);
   EXPECT_NE(down.err.find("cannot reach the coordinator at " + cluster_.address()),
             std::string::npos)
@@ -518,7 +501,7 @@ TEST_F(E2ETest, TooFewWorkersStaysPendingThenRunsAndPriorityWins) {
 
 TEST_F(E2ETest, ABadSpecIsRejectedByTheServerAndLeavesNoTrace) {
   // ulyssesctl rejects it locally with the validation message; nothing is sent.
-  CommandResult bad;
+  Result bad;
   const std::string bad_id = cluster_.Submit(DemoSpec(), {"spec.stages[1].seq_len=2047"}, &bad);
   EXPECT_TRUE(bad_id.empty());
   EXPECT_EQ(bad.exit_code, 2);
@@ -540,7 +523,7 @@ TEST_F(E2ETest, ABadSpecIsRejectedByTheServerAndLeavesNoTrace) {
   EXPECT_TRUE(response.job_id().empty());
   // No trace: no job listed, no row in any table of the coordinator's store, and the
   // next job gets the first number.
-  CommandResult list = cluster_.Ctl({"get", "jobs", "-o", "json"});
+  Result list = cluster_.Ctl({"get", "jobs", "-o", "json"});
   ASSERT_EQ(list.exit_code, 0) << list.err;
   EXPECT_EQ(json::parse(list.out), json::array());
   for (const char* table : {"jobs", "stages", "attempts", "checkpoints", "events"}) {
@@ -549,7 +532,7 @@ TEST_F(E2ETest, ABadSpecIsRejectedByTheServerAndLeavesNoTrace) {
   const std::string id = cluster_.Submit(DemoSpec(), {});
   EXPECT_EQ(id, "job-000001");
   // Unknown job: one clear line, exit 2 (bad input).
-  CommandResult missing = cluster_.Ctl({"describe", "job", "job-999999"});
+  Result missing = cluster_.Ctl({"describe", "job", "job-999999"});
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_NE(missing.err.find("error: NOT_FOUND"), std::string::npos) << missing.err;
 }
@@ -581,18 +564,18 @@ TEST_F(E2ETest, CancelledJobResumesFromItsCheckpointAndOnlyEndedJobsCanBeResumed
   EXPECT_NE(running.error_message().find("only FAILED or CANCELLED jobs can be resumed"),
             std::string::npos)
       << running.error_message();
-  CommandResult cancel = cluster_.Ctl({"cancel", id});
+  Result cancel = cluster_.Ctl({"cancel", id});
   EXPECT_EQ(cancel.exit_code, 0) << cancel.err;
   job = cluster_.WaitForJob(id, JobTerminal, seconds(60));
   ASSERT_EQ(JobState(job), "CANCELLED") << job.dump(2);
-  CommandResult watch = cluster_.Ctl({"watch", id});
+  Result watch = cluster_.Ctl({"watch", id});
   EXPECT_EQ(watch.exit_code, 1) << "watch must fail for a cancelled job";
   // Both workers are free again.
   EXPECT_TRUE(cluster_.WaitForIdleWorkers(2, seconds(30)));
-  CommandResult resumed = cluster_.Ctl({"resume", id});
+  Result resumed = cluster_.Ctl({"resume", id});
   EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
   // Once requeued it is not resumable again (the user-facing refusal, through ulyssesctl).
-  CommandResult again = cluster_.Ctl({"resume", id});
+  Result again = cluster_.Ctl({"resume", id});
   EXPECT_EQ(again.exit_code, 2);
   EXPECT_NE(again.err.find("error: FAILED_PRECONDITION"), std::string::npos) << again.err;
   job = cluster_.WaitForJob(id, JobTerminal, seconds(300));

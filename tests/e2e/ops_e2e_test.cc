@@ -46,25 +46,13 @@ std::string WriteBlipSpec(const std::string& dir, int steps) {
 
 int64_t Step(const json& job) { return job.is_object() ? job.value("step", int64_t{0}) : -1; }
 
-class OpsE2ETest : public ::testing::Test {
+class OpsE2ETest : public ClusterTest {
  protected:
-  void SetUp() override {
-    if (access(EngineBin().c_str(), X_OK) != 0) {
-      GTEST_SKIP() << "ulysses-train is not built at " << EngineBin()
-                   << ": the end-to-end tests need the real engine (build the ulysses-train "
-                      "target)";
-    }
-    for (const char* bin : {"ulysses-coordinator", "ulysses-worker", "ulyssesctl"}) {
-      ASSERT_EQ(access((BinDir() + "/" + bin).c_str(), X_OK), 0) << bin << " not built";
-    }
-  }
-  void TearDown() override {
-    if (HasFailure()) std::cerr << cluster_.Logs();
-  }
+  OpsE2ETest() : ClusterTest(/*start_coordinator=*/false) {}
 
   // The state of worker `name` in `ulyssesctl get workers -o json` ("" if absent).
   std::string WorkerState(const std::string& name) {
-    CommandResult r = cluster_.Ctl({"get", "workers", "-o", "json"});
+    Result r = cluster_.Ctl({"get", "workers", "-o", "json"});
     json list = json::parse(r.out, nullptr, false);
     if (r.exit_code != 0 || !list.is_array()) return "";
     for (const json& w : list) {
@@ -73,16 +61,10 @@ class OpsE2ETest : public ::testing::Test {
     return "";
   }
   bool WaitWorkerState(const std::string& name, const std::string& state, milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (WorkerState(name) == state) return true;
-      std::this_thread::sleep_for(milliseconds(200));
-    }
-    return false;
+    return ::ulysses::testing::PollUntil([&] { return WorkerState(name) == state; }, timeout,
+                                         milliseconds(200));
   }
   std::string JobLogs(const std::string& id) { return cluster_.Ctl({"logs", id}).out; }
-
-  Cluster cluster_;
 };
 
 TEST_F(OpsE2ETest, ATwentySecondCutOfAWorkerLeavesItsJobRunningWithoutARestart) {
@@ -198,14 +180,14 @@ TEST_F(OpsE2ETest, ABackupTakenDuringAJobRestoresAfterAKill9AndTheJobContinues) 
   ASSERT_EQ(JobState(job), "RUNNING") << job.dump(2);
   const std::string backup = cluster_.dir() + "/backup.db";
   const std::string coordinator = BinDir() + "/ulysses-coordinator";
-  CommandResult b = RunCommand(
+  Result b = RunCommand(
       {coordinator, "backup", "--state-dir", cluster_.state_dir(), "--to", backup}, seconds(60));
   ASSERT_EQ(b.exit_code, 0) << b.out << b.err;
   EXPECT_NE(b.out.find("1 jobs"), std::string::npos) << b.out;
   // The same through the admin RPC (what a CronJob without the state volume uses); this is
   // the copy restored below.
   const std::string rpc_backup = cluster_.dir() + "/backup-rpc.db";
-  CommandResult viactl = cluster_.Ctl({"admin", "backup", "--to", rpc_backup}, seconds(60));
+  Result viactl = cluster_.Ctl({"admin", "backup", "--to", rpc_backup}, seconds(60));
   ASSERT_EQ(viactl.exit_code, 0) << viactl.out << viactl.err;
   EXPECT_NE(viactl.out.find("1 jobs"), std::string::npos) << viactl.out;
   // The backup's view of the job: what a restore starts from.
@@ -227,19 +209,19 @@ TEST_F(OpsE2ETest, ABackupTakenDuringAJobRestoresAfterAKill9AndTheJobContinues) 
   const std::string corrupt = cluster_.dir() + "/corrupt.db";
   std::ofstream(corrupt, std::ios::binary) << bytes;
   const std::string refused_dir = cluster_.dir() + "/refused";
-  CommandResult bad = RunCommand(
-      {coordinator, "restore", "--from", corrupt, "--state-dir", refused_dir}, seconds(60));
+  Result bad = RunCommand({coordinator, "restore", "--from", corrupt, "--state-dir", refused_dir},
+                          seconds(60));
   EXPECT_EQ(bad.exit_code, 2) << bad.out << bad.err;
   EXPECT_NE(bad.err.find("is not a usable backup: integrity_check failed"), std::string::npos)
       << bad.err;
   EXPECT_FALSE(std::ifstream(refused_dir + "/coordinator.db").good());
 
   const std::string restored = cluster_.dir() + "/state-restored";
-  CommandResult r = RunCommand(
-      {coordinator, "restore", "--from", rpc_backup, "--state-dir", restored}, seconds(60));
+  Result r = RunCommand({coordinator, "restore", "--from", rpc_backup, "--state-dir", restored},
+                        seconds(60));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  CommandResult again = RunCommand(
-      {coordinator, "restore", "--from", rpc_backup, "--state-dir", restored}, seconds(60));
+  Result again = RunCommand({coordinator, "restore", "--from", rpc_backup, "--state-dir", restored},
+                            seconds(60));
   EXPECT_EQ(again.exit_code, 2);
   EXPECT_NE(again.err.find("already holds a store"), std::string::npos) << again.err;
 
@@ -302,7 +284,7 @@ TEST_F(OpsE2ETest, ACoordinatorRestartKeepsEveryJobsLogLines) {
     ASSERT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
   }
   for (const std::string& id : ids) {
-    CommandResult logs = cluster_.Ctl({"logs", id, "--tail", "-1"});
+    Result logs = cluster_.Ctl({"logs", id, "--tail", "-1"});
     ASSERT_EQ(logs.exit_code, 0) << logs.err;
     before.push_back(logs.out);
     // Rank output and the coordinator's state changes, more than a handful of lines.
@@ -316,7 +298,7 @@ TEST_F(OpsE2ETest, ACoordinatorRestartKeepsEveryJobsLogLines) {
   cluster_.StartCoordinator(4, 0);
   ASSERT_NE(cluster_.address(), "127.0.0.1:0") << cluster_.Logs();
   for (size_t i = 0; i < ids.size(); ++i) {
-    CommandResult logs = cluster_.Ctl({"logs", ids[i], "--tail", "-1"});
+    Result logs = cluster_.Ctl({"logs", ids[i], "--tail", "-1"});
     ASSERT_EQ(logs.exit_code, 0) << logs.err;
     EXPECT_EQ(logs.out, before[i]) << "the log lines of " << ids[i] << " changed across a restart";
     // The goodput record is durable too.

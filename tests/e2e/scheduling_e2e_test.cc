@@ -72,24 +72,8 @@ std::vector<pid_t> RankPids(pid_t worker) {
   return out;
 }
 
-class SchedulingE2ETest : public ::testing::Test {
+class SchedulingE2ETest : public ClusterTest {
  protected:
-  void SetUp() override {
-    if (access(EngineBin().c_str(), X_OK) != 0) {
-      GTEST_SKIP() << "ulysses-train is not built at " << EngineBin()
-                   << ": the end-to-end tests need the real engine (build the ulysses-train "
-                      "target)";
-    }
-    for (const char* bin : {"ulysses-coordinator", "ulysses-worker", "ulyssesctl"}) {
-      ASSERT_EQ(access((BinDir() + "/" + bin).c_str(), X_OK), 0) << bin << " not built";
-    }
-    cluster_.StartCoordinator();
-    ASSERT_NE(cluster_.address(), "127.0.0.1:0") << cluster_.Logs();
-  }
-  void TearDown() override {
-    if (HasFailure()) std::cerr << cluster_.Logs();
-  }
-
   // Waits until `id` runs a new attempt (generation > `after`) that reported step >= 1,
   // then sends `sig` to its rank on worker `worker`; returns that generation (-1: the job
   // ended or timed out first).
@@ -107,8 +91,6 @@ class SchedulingE2ETest : public ::testing::Test {
     return job.value("generation", int64_t{0});
   }
   pid_t Pid(const std::string& worker) { return cluster_.worker(worker)->pid(); }
-
-  Cluster cluster_;
 };
 
 TEST_F(SchedulingE2ETest, AHighPriorityJobPreemptsTheLowOneWhichResumesWithTheSameLoss) {
@@ -358,7 +340,7 @@ TEST_F(SchedulingE2ETest, SpGroupsLandInsideOneWorkerThenOneNodeWithTheSameLosse
   EXPECT_NEAR(JobFinalLoss(other), JobFinalLoss(job), 1e-5 * JobFinalLoss(job))
       << "one worker vs four: the losses differ";
   // describe's text shows each rank's worker, slot, device and node, and the warning.
-  CommandResult text = cluster_.Ctl({"describe", "job", spread});
+  Result text = cluster_.Ctl({"describe", "job", spread});
   ASSERT_EQ(text.exit_code, 0) << text.out;
   EXPECT_NE(text.out.find("Placement (generation "), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("Warning: SP group 0 (ranks 0-3) spans nodes"), std::string::npos)

@@ -21,12 +21,13 @@
 #include "tests/coordinator/coordinator_process.h"
 #include "tests/coordinator/fake_worker.h"
 #include "tests/coordinator/test_util.h"
+#include "tests/testing/subprocess.h"
 #include "ulysses/v1/job_service.grpc.pb.h"
 
 namespace ulysses::coordinator::testing {
 namespace {
 
-using ::ulysses::testing::ReadFileOrEmpty;
+using ::ulysses::testing::ReadFile;
 
 grpc::StatusCode ListJobsCode(int port, const std::string& token) {
   auto stub = v1::JobService::NewStub(MakeTestChannel(port, WithToken(token)));
@@ -113,23 +114,21 @@ TEST(SecurityProcessTest, SighupReloadAddsAndRevokesTokensAndABadFileKeepsTheOld
   EXPECT_EQ(ListJobsCode(coord.port(), TestTokens::kAlice), grpc::StatusCode::OK);
 
   // Add carol with the real `token create` subcommand; she is unknown until SIGHUP.
-  const std::string out = dir.Sub("carol.token");
-  const std::string cmd = absl::StrCat(CoordinatorBinary(),
-                                       " token create --user carol --tenant research --role user "
-                                       "--token-file ",
-                                       tokens, " >", out, " 2>/dev/null");
-  ASSERT_EQ(std::system(cmd.c_str()), 0);
-  std::string carol = ReadFileOrEmpty(out);
+  const ::ulysses::testing::Result created =
+      ::ulysses::testing::Run({CoordinatorBinary(), "token", "create", "--user", "carol",
+                               "--tenant", "research", "--role", "user", "--token-file", tokens});
+  ASSERT_EQ(created.exit_code, 0) << created.err;
+  std::string carol = created.out;
   ASSERT_FALSE(carol.empty());
-  carol.pop_back();                                                 // Newline.
-  EXPECT_FALSE(absl::StrContains(ReadFileOrEmpty(tokens), carol));  // Only its hash.
+  carol.pop_back();                                          // Newline.
+  EXPECT_FALSE(absl::StrContains(ReadFile(tokens), carol));  // Only its hash.
   EXPECT_EQ(ListJobsCode(coord.port(), carol), grpc::StatusCode::UNAUTHENTICATED);
   coord.Signal(SIGHUP);
   ASSERT_TRUE(PollUntil([&] { return ListJobsCode(coord.port(), carol) == grpc::StatusCode::OK; }));
   EXPECT_EQ(ListJobsCode(coord.port(), TestTokens::kAlice), grpc::StatusCode::OK);
 
   // Revoke alice: rewrite the file without her.
-  std::string text = ReadFileOrEmpty(tokens);
+  std::string text = ReadFile(tokens);
   const std::string alice_hash = auth::Sha256Hex(TestTokens::kAlice);
   ASSERT_TRUE(absl::StrContains(text, alice_hash));
   absl::StatusOr<std::vector<auth::TokenEntry>> entries = auth::ParseTokenFile(text, tokens);
@@ -148,9 +147,8 @@ TEST(SecurityProcessTest, SighupReloadAddsAndRevokesTokensAndABadFileKeepsTheOld
   // A broken file: the reload fails (logged with the reason), carol stays valid.
   std::ofstream(tokens, std::ios::trunc) << "tokens:\n  - {user: x, role: god}\n";
   coord.Signal(SIGHUP);
-  ASSERT_TRUE(
-      PollUntil([&] { return absl::StrContains(ReadFileOrEmpty(log), "token reload failed"); }));
-  EXPECT_TRUE(absl::StrContains(ReadFileOrEmpty(log), "tokens[0].role")) << ReadFileOrEmpty(log);
+  ASSERT_TRUE(PollUntil([&] { return absl::StrContains(ReadFile(log), "token reload failed"); }));
+  EXPECT_TRUE(absl::StrContains(ReadFile(log), "tokens[0].role")) << ReadFile(log);
   EXPECT_EQ(ListJobsCode(coord.port(), carol), grpc::StatusCode::OK);
   EXPECT_EQ(ListJobsCode(coord.port(), TestTokens::kAlice), grpc::StatusCode::UNAUTHENTICATED);
 }
@@ -196,7 +194,7 @@ TEST(SecurityProcessTest, RevokingATokenEndsItsStreamsAndWorkerSessionAtTheReloa
 
   // Revoke alice and w9; bob stays.
   absl::StatusOr<std::vector<auth::TokenEntry>> entries =
-      auth::ParseTokenFile(ReadFileOrEmpty(tokens), tokens);
+      auth::ParseTokenFile(ReadFile(tokens), tokens);
   ASSERT_TRUE(entries.ok()) << entries.status();
   std::vector<auth::TokenEntry> kept;
   for (const auth::TokenEntry& e : *entries) {
@@ -309,10 +307,10 @@ TEST(SecurityProcessTest, FirstStartWithoutATokenFileMakesAWorkingAdminTokenAndC
   struct stat st;
   ASSERT_EQ(stat((state + "/admin.token").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
-  std::string token = ReadFileOrEmpty(state + "/admin.token");
+  std::string token = ReadFile(state + "/admin.token");
   ASSERT_FALSE(token.empty());
   token.pop_back();
-  const std::string config = ReadFileOrEmpty(state + "/ulyssesctl-config.yaml");
+  const std::string config = ReadFile(state + "/ulyssesctl-config.yaml");
   EXPECT_TRUE(absl::StrContains(config, absl::StrCat("server: 127.0.0.1:", coord.port())))
       << config;
   EXPECT_TRUE(absl::StrContains(config, "token_file: " + state + "/admin.token")) << config;
@@ -334,23 +332,20 @@ TEST(SecurityProcessTest, FirstStartWithoutATokenFileMakesAWorkingAdminTokenAndC
 // Both start from the same flags except --insecure.
 TEST(SecurityProcessTest, PlaintextOnANonLoopbackAddressNeedsInsecureAndWarns) {
   TempDir dir;
-  const std::string err = dir.Sub("err.txt");
-  const std::string cmd = absl::StrCat(CoordinatorBinary(), " --listen 0.0.0.0:0 --state-dir ",
-                                       dir.Sub("state"), " --metrics-listen 127.0.0.1:0 2>", err);
-  const int rc = std::system(cmd.c_str());
-  ASSERT_TRUE(WIFEXITED(rc));
-  EXPECT_EQ(WEXITSTATUS(rc), 2);
-  EXPECT_TRUE(absl::StrContains(ReadFileOrEmpty(err), "is not a loopback address and TLS is off"))
-      << ReadFileOrEmpty(err);
-  EXPECT_FALSE(ReadFileOrEmpty(dir.Sub("state/admin.token")).size() > 0);  // Nothing started.
+  const ::ulysses::testing::Result refused =
+      ::ulysses::testing::Run({CoordinatorBinary(), "--listen", "0.0.0.0:0", "--state-dir",
+                               dir.Sub("state"), "--metrics-listen", "127.0.0.1:0"});
+  EXPECT_EQ(refused.exit_code, 2) << refused.description;
+  EXPECT_TRUE(absl::StrContains(refused.err, "is not a loopback address and TLS is off"))
+      << refused.err;
+  EXPECT_FALSE(ReadFile(dir.Sub("state/admin.token")).size() > 0);  // Nothing started.
 
   const std::string log = dir.Sub("insecure.log");
   CoordinatorProcess coord({"--listen", "0.0.0.0:0", "--state-dir", dir.Sub("state"),
                             "--metrics-listen", "127.0.0.1:0", "--insecure"},
                            log);
   ASSERT_TRUE(coord.ReadPorts());
-  EXPECT_TRUE(absl::StrContains(ReadFileOrEmpty(log), "--insecure: serving PLAINTEXT"))
-      << ReadFileOrEmpty(log);
+  EXPECT_TRUE(absl::StrContains(ReadFile(log), "--insecure: serving PLAINTEXT")) << ReadFile(log);
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ namespace ulysses::coordinator::testing {
 namespace {
 
 namespace fs = std::filesystem;
-using ::ulysses::testing::ReadFileOrEmpty;
+using ::ulysses::testing::ReadFile;
 
 constexpr char kRecordingEngine[] = R"(#!/bin/sh
 # argv: rank -f SPEC ...; records SPEC and argv, then "succeeds" without a checkpoint.
@@ -141,7 +141,7 @@ TEST(WorkerTrustProcessTest, TheRankGetsTheCheckedDirTheAgentConfinesAndExit0Nee
     EXPECT_TRUE(PollUntil([&] { return Ended(j = GetJobAs(coord.port(), TestTokens::kAlice, id)); },
                           std::chrono::seconds(60)))
         << id << " did not end: " << j.reason() << "\n"
-        << ReadFileOrEmpty(worker_log);
+        << ReadFile(worker_log);
     return j;
   };
 
@@ -158,10 +158,10 @@ TEST(WorkerTrustProcessTest, TheRankGetsTheCheckedDirTheAgentConfinesAndExit0Nee
   const std::string seen = dir.Sub("engine/seen");
   std::vector<std::string> specs = Recorded(seen, "spec-");
   std::vector<std::string> argvs = Recorded(seen, "argv-");
-  ASSERT_EQ(specs.size(), 1u) << ReadFileOrEmpty(worker_log);
+  ASSERT_EQ(specs.size(), 1u) << ReadFile(worker_log);
   ASSERT_EQ(argvs.size(), 1u);
   spec::ParseOptions options;
-  std::vector<std::string> argv = absl::StrSplit(ReadFileOrEmpty(argvs[0]), '\n');
+  std::vector<std::string> argv = absl::StrSplit(ReadFile(argvs[0]), '\n');
   for (size_t i = 0; i + 1 < argv.size(); ++i) {
     if (argv[i] == "--set") options.overrides.push_back(argv[i + 1]);
   }

@@ -13,10 +13,10 @@
 #include <fstream>
 #include <mutex>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "tests/testing/files.h"
 #include "tests/testing/temp_dir.h"
 
 namespace ulysses::testing {
@@ -32,14 +32,6 @@ struct DevCerts {
   }
   std::string WorkerKey(const std::string& name) const { return dir + "/workers/" + name + ".key"; }
 };
-
-// Reads a whole file ("" when it cannot be read).
-inline std::string ReadFileOrEmpty(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // The binary's certificates, with a client certificate for each of `workers`.
 inline const DevCerts& TestCerts(const std::vector<std::string>& workers = {}) {

@@ -1,6 +1,9 @@
-// ReadFile: a whole file's bytes, for tests that check what a program wrote.
+// ReadFile: a whole file's bytes, for tests that check what a program wrote; IsExecutable: whether
+// a program (promtool, a built binary) is there to run.
 #ifndef ULYSSES_TESTS_TESTING_FILES_H_
 #define ULYSSES_TESTS_TESTING_FILES_H_
+
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -17,6 +20,9 @@ inline std::string ReadFile(const std::filesystem::path& path) {
   bytes << in.rdbuf();
   return bytes.str();
 }
+
+// Whether `path` exists and this process may execute it.
+inline bool IsExecutable(const std::string& path) { return access(path.c_str(), X_OK) == 0; }
 
 }  // namespace ulysses::testing
 

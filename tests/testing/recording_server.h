@@ -37,9 +37,8 @@ class RecordingServer final : public ulysses::v1::JobService::Service {
     if (tls) {
       const DevCerts& certs = TestCerts({"w1", "w2"});
       grpc::SslServerCredentialsOptions ssl(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
-      ssl.pem_root_certs = ReadFileOrEmpty(certs.ca);
-      ssl.pem_key_cert_pairs.push_back(
-          {ReadFileOrEmpty(certs.server_key), ReadFileOrEmpty(certs.server_cert)});
+      ssl.pem_root_certs = ReadFile(certs.ca);
+      ssl.pem_key_cert_pairs.push_back({ReadFile(certs.server_key), ReadFile(certs.server_cert)});
       creds = grpc::SslServerCredentials(ssl);
     }
     grpc::ServerBuilder builder;

@@ -1,15 +1,20 @@
 // TempDir: a fresh directory for one test, removed (with everything in it) when the
 // object goes out of scope. Not thread-safe to construct concurrently with a
 // chdir(); otherwise a plain value owner (not copyable).
+// FreshTestDir: a directory named after the running test, for a fixture that keeps it when the
+// test failed (to read what the programs wrote) and removes it otherwise.
 #ifndef ULYSSES_TESTS_TESTING_TEMP_DIR_H_
 #define ULYSSES_TESTS_TESTING_TEMP_DIR_H_
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+
+#include <gtest/gtest.h>
 
 #include "common/file_tree.h"
 
@@ -39,6 +44,17 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// $TMPDIR/<prefix>-<pid>-<test name>, emptied and created.
+inline std::filesystem::path FreshTestDir(const std::string& prefix) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      (prefix + "-" + std::to_string(getpid()) + "-" +
+       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  RemoveTree(dir).IgnoreError();
+  std::filesystem::create_directories(dir);
+  return dir;
+}
 
 }  // namespace ulysses::testing
 

@@ -6,7 +6,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
-#include "tests/common/metrics/subprocess_for_test.h"
+#include "tests/testing/files.h"
+#include "tests/testing/net.h"
+#include "tests/testing/subprocess.h"
 
 namespace ulysses {
 namespace metrics {
@@ -15,6 +17,11 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr char kPromtool[] = "/usr/bin/promtool";
+
+// `promtool check metrics` of `text` (its stdin).
+::ulysses::testing::Result PromtoolCheckMetrics(const std::string& text) {
+  return ::ulysses::testing::Run({kPromtool, "check", "metrics"}, {.stdin_data = text});
+}
 
 MetricsServerConfig Loopback(int port = 0) {
   MetricsServerConfig config;
@@ -58,25 +65,24 @@ TEST(MetricsServerTest, ServesEveryMetricKindInAFormatPromtoolAccepts) {
   EXPECT_THAT(res->body, HasSubstr("ulysses_checkpoint_bytes{job_id=\"j1\"} 1500000000\n"));
   EXPECT_THAT(res->body, HasSubstr("ulysses_build_info{version=\""));
 
-  if (!FileExists(kPromtool)) {
+  if (!::ulysses::testing::IsExecutable(kPromtool)) {
     GTEST_SKIP() << kPromtool << " missing (Debian package prometheus)";
   }
-  CommandResult check = RunWithStdin(std::string(kPromtool) + " check metrics", res->body);
-  EXPECT_EQ(check.exit_code, 0) << check.output;
-  EXPECT_EQ(check.output, "") << "promtool lint problems:\n" << check.output;
+  const ::ulysses::testing::Result check = PromtoolCheckMetrics(res->body);
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+  EXPECT_EQ(check.out + check.err, "") << "promtool lint problems:\n" << check.out << check.err;
 }
 
 TEST(MetricsServerTest, PromtoolCatchesABadlyNamedFamily) {
-  if (!FileExists(kPromtool)) {
+  if (!::ulysses::testing::IsExecutable(kPromtool)) {
     GTEST_SKIP() << kPromtool << " missing";
   }
   // The raw writer does not validate, so it can produce what the Registry refuses.
   FamilySnapshot bad{"ulysses_restarts", "Restarts.", MetricType::kCounter, {Sample{"", {}, 1}}};
   EXPECT_FALSE(ValidateMetricName(bad.name, bad.type).ok());
-  CommandResult check =
-      RunWithStdin(std::string(kPromtool) + " check metrics", WriteTextFormat({bad}));
+  const ::ulysses::testing::Result check = PromtoolCheckMetrics(WriteTextFormat({bad}));
   EXPECT_NE(check.exit_code, 0);
-  EXPECT_THAT(check.output, HasSubstr("_total"));
+  EXPECT_THAT(check.out + check.err, HasSubstr("_total"));
 }
 
 TEST(MetricsServerTest, HealthzReportsHealthCheck) {

@@ -17,8 +17,8 @@
 #include "gtest/gtest.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
-#include "tests/common/metrics/subprocess_for_test.h"
 #include "tests/testing/files.h"
+#include "tests/testing/net.h"
 
 namespace ulysses {
 namespace metrics {
@@ -98,7 +98,7 @@ class PrometheusScrapeTest : public ::testing::Test {
 };
 
 TEST_F(PrometheusScrapeTest, PrometheusScrapesOurServer) {
-  if (!FileExists(kPrometheus)) {
+  if (!::ulysses::testing::IsExecutable(kPrometheus)) {
     GTEST_SKIP() << kPrometheus << " missing (Debian prometheus)";
   }
   // A counter, a histogram and the build info, with values Prometheus must read back.
@@ -136,7 +136,7 @@ TEST_F(PrometheusScrapeTest, PrometheusScrapesOurServer) {
                                 "    static_configs:\n"
                                 "      - targets: ['"
                              << server.address() << "']\n";
-  const int web_port = FreeLoopbackPort();
+  const int web_port = ::ulysses::testing::FreeLoopbackPort();
   ASSERT_GT(web_port, 0);
   const std::string log_path = dir_ + "/prometheus.log";
   prometheus_pid_ =

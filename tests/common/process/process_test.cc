@@ -15,7 +15,10 @@
 #include <vector>
 
 #include "common/process/cpu_share.h"
+#include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
+#include "tests/testing/poll.h"
+#include "tests/testing/subprocess.h"
 
 namespace ulysses::process {
 namespace {
@@ -149,6 +152,24 @@ TEST(ProcessTest, EnvDefaultsApplyOnlyToUnsetVariables) {
   EXPECT_EQ(Spawn({"/bin/true"}, options).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// options.env replaces the inherited environment; env_defaults then fill in what it leaves
+// unset and never override what it sets.
+TEST(ProcessTest, AGivenEnvironmentReplacesThisProcesssOne) {
+  ASSERT_EQ(setenv("ULYSSES_TEST_SET", "parent", 1), 0);
+  Pipe out;
+  SpawnOptions options;
+  options.stdout_fd = out.write;
+  options.env = std::vector<std::string>{"ULYSSES_TEST_GIVEN=given", "ULYSSES_TEST_BOTH=given"};
+  options.env_defaults = {"ULYSSES_TEST_BOTH=default", "ULYSSES_TEST_UNSET=default"};
+  const pid_t pid = MustSpawn({"/bin/sh", "-c",
+                               "echo \"$ULYSSES_TEST_GIVEN $ULYSSES_TEST_BOTH $ULYSSES_TEST_UNSET "
+                               "${ULYSSES_TEST_SET:-none}\""},
+                              options);
+  out.CloseWrite();
+  EXPECT_EQ(out.All(), "given given default none\n");
+  EXPECT_EQ(ProcessExitOf(Reap(pid)).exit_code, 0);
+}
+
 // Every rank sleeps at OpenMP barriers unless its operator chose otherwise.
 TEST(ProcessTest, RanksStartWithPassiveOpenMpWaits) {
   const std::vector<std::string> defaults = RankEnvironmentDefaults();
@@ -248,6 +269,59 @@ TEST(CpuShareTest, UsableCoresFollowsTheAffinityMask) {
   const int narrowed = UsableCores();
   ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
   EXPECT_EQ(narrowed, 1);
+}
+
+// The test kit's Run (tests/testing/subprocess.h), built on Spawn: stdout and stderr apart,
+// stdin, the environment changed as asked, how the child ended.
+TEST(TestingRunTest, CapturesOutputStdinEnvironmentAndExit) {
+  ASSERT_EQ(setenv("ULYSSES_TEST_DROP_A", "a", 1), 0);
+  ASSERT_EQ(setenv("ULYSSES_TEST_DROPPED", "b", 1), 0);
+  ASSERT_EQ(setenv("ULYSSES_TEST_KEPT", "kept", 1), 0);
+  ASSERT_EQ(setenv("ULYSSES_TEST_OVER", "parent", 1), 0);
+  testing::RunOptions options;
+  options.env = {"ULYSSES_TEST_OVER=child"};
+  options.unset_env = {"ULYSSES_TEST_DROP*", "ULYSSES_TEST_NOT_SET"};
+  options.stdin_data = std::string(200000, 'x') + "\nend";  // More than a pipe holds.
+  const testing::Result r = testing::Run(
+      {"/bin/sh", "-c",
+       "echo \"${ULYSSES_TEST_DROP_A:-none} ${ULYSSES_TEST_DROPPED:-none} $ULYSSES_TEST_KEPT "
+       "$ULYSSES_TEST_OVER\"; tail -c 3 >&2; exit 3"},
+      options);
+  EXPECT_EQ(r.out, "none none kept child\n");
+  EXPECT_EQ(r.err, "end");
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_EQ(r.signal, 0);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.description, "exit code 3");
+  EXPECT_STREQ(std::getenv("ULYSSES_TEST_OVER"), "parent");  // This process's is untouched.
+
+  const testing::Result killed = testing::Run({"/bin/sh", "-c", "kill -9 $$"});
+  EXPECT_EQ(killed.exit_code, 128 + SIGKILL);
+  EXPECT_EQ(killed.signal, SIGKILL);
+  EXPECT_EQ(testing::Run({"/nonexistent/program"}).exit_code, 127);
+}
+
+// A run past its timeout is killed with what it started and reported (a test failure unless
+// the caller said it retries).
+TEST(TestingRunTest, ATimeoutKillsTheProcessGroup) {
+  testing::RunOptions options;
+  options.timeout = milliseconds(300);
+  options.timeout_fails = false;
+  const testing::Result r =
+      testing::Run({"/bin/sh", "-c", "echo started; sleep 60 & sleep 60; wait"}, options);
+  EXPECT_TRUE(r.timed_out);
+  EXPECT_EQ(r.exit_code, -1);
+  EXPECT_EQ(r.out, "started\n");
+  EXPECT_EQ(r.description, "timed out after 0 s");
+  options.timeout_fails = true;
+  EXPECT_NONFATAL_FAILURE(testing::Run({"/bin/sleep", "60"}, options), "timed out");
+}
+
+TEST(TestingPollTest, PollUntilReturnsWhenThePredicateHoldsOrTheTimeIsUp) {
+  int calls = 0;
+  EXPECT_TRUE(testing::PollUntil([&] { return ++calls == 3; }, seconds(10)));
+  EXPECT_EQ(calls, 3);
+  EXPECT_FALSE(testing::PollUntil([] { return false; }, milliseconds(30)));
 }
 
 }  // namespace

@@ -21,7 +21,7 @@
 namespace ulysses::coordinator::auth {
 namespace {
 
-using ::ulysses::testing::ReadFileOrEmpty;
+using ::ulysses::testing::ReadFile;
 using ::ulysses::testing::TempDir;
 
 void WriteFile(const std::string& path, const std::string& text) {
@@ -120,11 +120,11 @@ TEST(TokensTest, AppendCreatesAPrivateFileAndKeepsEarlierTokens) {
   EXPECT_EQ((*back)[0].user, "alice");
   EXPECT_EQ((*back)[0].created, "2026-11-23T00:00:00Z");
   EXPECT_EQ((*back)[1].role, Role::kWorker);
-  EXPECT_FALSE(absl::StrContains(ReadFileOrEmpty(path), "ul_a"));  // Hashes only.
+  EXPECT_FALSE(absl::StrContains(ReadFile(path), "ul_a"));  // Hashes only.
   // The same token twice is refused and the file is unchanged.
-  const std::string before = ReadFileOrEmpty(path);
+  const std::string before = ReadFile(path);
   EXPECT_FALSE(AppendTokenFile(path, a).ok());
-  EXPECT_EQ(ReadFileOrEmpty(path), before);
+  EXPECT_EQ(ReadFile(path), before);
 }
 
 TEST(TokensTest, AppendRefusesABrokenFileAndLeavesItAlone) {
@@ -134,7 +134,7 @@ TEST(TokensTest, AppendRefusesABrokenFileAndLeavesItAlone) {
   absl::Status s = AppendTokenFile(path, {"alice", "research", Role::kUser, Sha256Hex("t"), ""});
   EXPECT_FALSE(s.ok());
   EXPECT_TRUE(absl::StrContains(s.message(), "fix the file")) << s;
-  EXPECT_EQ(ReadFileOrEmpty(path), "tokens:\n  - {user: x}\n");
+  EXPECT_EQ(ReadFile(path), "tokens:\n  - {user: x}\n");
 }
 
 TEST(AuthenticatorTest, ReloadAddsAndRevokesAndABadFileKeepsTheOldSet) {
@@ -228,7 +228,7 @@ TEST(BootstrapTest, AdminTokenIsCreatedPrivateAndReusedOnTheNextStart) {
   struct stat st;
   ASSERT_EQ(stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
-  std::string token = ReadFileOrEmpty(path);
+  std::string token = ReadFile(path);
   ASSERT_FALSE(token.empty());
   token.pop_back();  // Newline.
   EXPECT_EQ(first->sha256_hex, Sha256Hex(token));
@@ -247,14 +247,14 @@ TEST(BootstrapTest, ClientConfigNamesServerCaAndTokenFile) {
   TempDir dir;
   absl::StatusOr<std::string> path = WriteClientConfig(dir.path(), "127.0.0.1:1234", "/x/ca.pem");
   ASSERT_TRUE(path.ok()) << path.status();
-  const std::string text = ReadFileOrEmpty(*path);
+  const std::string text = ReadFile(*path);
   EXPECT_TRUE(absl::StrContains(text, "current-context: local")) << text;
   EXPECT_TRUE(absl::StrContains(text, "server: 127.0.0.1:1234")) << text;
   EXPECT_TRUE(absl::StrContains(text, "ca: /x/ca.pem")) << text;
   EXPECT_TRUE(absl::StrContains(text, "token_file: " + dir.Sub(kAdminTokenFile))) << text;
   absl::StatusOr<std::string> plain = WriteClientConfig(dir.path(), "127.0.0.1:1234", "");
   ASSERT_TRUE(plain.ok());
-  EXPECT_FALSE(absl::StrContains(ReadFileOrEmpty(*plain), "ca:"));
+  EXPECT_FALSE(absl::StrContains(ReadFile(*plain), "ca:"));
 }
 
 TEST(BootstrapTest, ClientConfigPathsAreAbsoluteWhenGivenRelative) {
@@ -265,7 +265,7 @@ TEST(BootstrapTest, ClientConfigPathsAreAbsoluteWhenGivenRelative) {
   std::filesystem::current_path(dir.path());
   std::filesystem::create_directory("state");
   absl::StatusOr<std::string> path = WriteClientConfig("state", "127.0.0.1:1", "certs/ca.pem");
-  const std::string text = path.ok() ? ReadFileOrEmpty(*path) : "";
+  const std::string text = path.ok() ? ReadFile(*path) : "";
   std::filesystem::current_path(cwd);
   ASSERT_TRUE(path.ok()) << path.status();
   const std::string abs_dir = std::filesystem::canonical(dir.path()).string();
@@ -277,7 +277,7 @@ TEST(BootstrapTest, ClientConfigPathsAreAbsoluteWhenGivenRelative) {
 TEST(DevCertsTest, ScriptMakesACaServerAndWorkerCertsWithPrivateKeys) {
   const ::ulysses::testing::DevCerts& c = ::ulysses::testing::TestCerts({"w1"});
   for (const std::string& f : {c.ca, c.server_cert, c.WorkerCert("w1")}) {
-    EXPECT_TRUE(absl::StrContains(ReadFileOrEmpty(f), "BEGIN CERTIFICATE")) << f;
+    EXPECT_TRUE(absl::StrContains(ReadFile(f), "BEGIN CERTIFICATE")) << f;
   }
   for (const std::string& f : {c.ca_key, c.server_key, c.WorkerKey("w1")}) {
     struct stat st;
@@ -285,12 +285,12 @@ TEST(DevCertsTest, ScriptMakesACaServerAndWorkerCertsWithPrivateKeys) {
     EXPECT_EQ(st.st_mode & 0777, 0600u) << f;
   }
   // Idempotent: a second worker is added, the CA and w1 are kept.
-  const std::string ca = ReadFileOrEmpty(c.ca);
-  const std::string w1 = ReadFileOrEmpty(c.WorkerCert("w1"));
+  const std::string ca = ReadFile(c.ca);
+  const std::string w1 = ReadFile(c.WorkerCert("w1"));
   ::ulysses::testing::TestCerts({"w2"});
-  EXPECT_EQ(ReadFileOrEmpty(c.ca), ca);
-  EXPECT_EQ(ReadFileOrEmpty(c.WorkerCert("w1")), w1);
-  EXPECT_TRUE(absl::StrContains(ReadFileOrEmpty(c.WorkerCert("w2")), "BEGIN CERTIFICATE"));
+  EXPECT_EQ(ReadFile(c.ca), ca);
+  EXPECT_EQ(ReadFile(c.WorkerCert("w1")), w1);
+  EXPECT_TRUE(absl::StrContains(ReadFile(c.WorkerCert("w2")), "BEGIN CERTIFICATE"));
 }
 
 }  // namespace

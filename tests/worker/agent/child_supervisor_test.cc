@@ -15,12 +15,14 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/testing/poll.h"
 
 namespace ulysses::agent {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
+using ::ulysses::testing::PollUntil;
 
 // Collects what the supervisor reports, thread-safely.
 struct Recorder {
@@ -68,17 +70,6 @@ struct Recorder {
 std::vector<std::string> Fake(std::vector<std::string> args) {
   args.insert(args.begin(), FAKE_RANK_PATH);
   return args;
-}
-
-// Polls `pred` until true or the deadline passes.
-template <typename Pred>
-bool PollUntil(Pred pred, milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return pred();
 }
 
 TEST(ChildSupervisorTest, ForwardsEventsAndLogsAndSucceeds) {

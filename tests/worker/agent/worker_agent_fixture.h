@@ -31,8 +31,10 @@
 #include "grpcpp/security/server_credentials.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
-#include "tests/common/metrics/subprocess_for_test.h"
 #include "tests/testing/certs.h"
+#include "tests/testing/files.h"
+#include "tests/testing/net.h"
+#include "tests/testing/poll.h"
 #include "tests/testing/temp_dir.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
 #include "worker/agent/child_supervisor.h"
@@ -43,6 +45,7 @@ namespace v1 = ::ulysses::v1;
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
+using ::ulysses::testing::PollUntil;
 
 // A minimal coordinator side of the worker session protocol.
 class PeerCoordinator final : public v1::WorkerService::Service {
@@ -183,9 +186,9 @@ struct PeerServer {
       const auto& certs = ::ulysses::testing::TestCerts({"w1", "w2"});
       grpc::SslServerCredentialsOptions ssl(
           GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-      ssl.pem_root_certs = ::ulysses::testing::ReadFileOrEmpty(certs.ca);
-      ssl.pem_key_cert_pairs.push_back({::ulysses::testing::ReadFileOrEmpty(certs.server_key),
-                                        ::ulysses::testing::ReadFileOrEmpty(certs.server_cert)});
+      ssl.pem_root_certs = ::ulysses::testing::ReadFile(certs.ca);
+      ssl.pem_key_cert_pairs.push_back({::ulysses::testing::ReadFile(certs.server_key),
+                                        ::ulysses::testing::ReadFile(certs.server_cert)});
       creds = grpc::SslServerCredentials(ssl);
     }
     grpc::ServerBuilder builder;
@@ -266,13 +269,9 @@ class WorkerAgentTest : public ::testing::Test {
   }
   // Polls the worker's output for `text` (after offset `from`) while it runs.
   bool WaitForLog(const std::string& text, milliseconds timeout, size_t from = 0) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (WorkerLog().find(text, from) != std::string::npos) return true;
-      if (!worker_->Running()) break;
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-    return WorkerLog().find(text, from) != std::string::npos;
+    auto found = [&] { return WorkerLog().find(text, from) != std::string::npos; };
+    PollUntil([&] { return found() || !worker_->Running(); }, timeout, milliseconds(20));
+    return found();
   }
 
   ::ulysses::testing::TempDir dir_{"ulysses-worker-test"};

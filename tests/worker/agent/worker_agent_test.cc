@@ -118,11 +118,8 @@ TEST_F(WorkerAgentTest, ATwoSlotWorkerRunsTwoRanksAtOnceAndOneAbortStopsBoth) {
     ASSERT_TRUE(peer.service.Send(m));
   }
   // Both children run: a heartbeat lists both ranks with their slots.
-  const auto deadline = std::chrono::steady_clock::now() + seconds(20);
-  while (peer.service.LastHeartbeat().running_ranks_size() < 2 &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(20));
-  }
+  PollUntil([&] { return peer.service.LastHeartbeat().running_ranks_size() >= 2; }, seconds(20),
+            milliseconds(20));
   const v1::Heartbeat hb = peer.service.LastHeartbeat();
   ASSERT_EQ(hb.running_ranks_size(), 2) << WorkerLog();
   for (const v1::RunningWork& r : hb.running_ranks()) {
@@ -169,7 +166,7 @@ TEST_F(WorkerAgentTest, ATwoSlotWorkerRunsTwoRanksAtOnceAndOneAbortStopsBoth) {
 // labels {job_id, stage, rank}, and none of the attempt's series once it ended.
 TEST_F(WorkerAgentTest, ServesTheRanksMetricsAndDropsThemWhenTheAttemptEnds) {
   PeerServer peer;
-  const int metrics_port = metrics::FreeLoopbackPort();
+  const int metrics_port = ::ulysses::testing::FreeLoopbackPort();
   ASSERT_GT(metrics_port, 0);
   StartWorker(
       peer.port, 10,
@@ -199,11 +196,8 @@ TEST_F(WorkerAgentTest, ServesTheRanksMetricsAndDropsThemWhenTheAttemptEnds) {
   // generation 3, stage 0, rank 0 (Assign); the fake rank's fixed figures.
   ASSERT_TRUE(peer.service.Send(Assign(3, {"fake.steps=100000", "fake.step_ms=20"})));
   const std::string rank = "job_id=\"job-000001\",stage=\"0\",rank=\"0\"";
-  const auto deadline = std::chrono::steady_clock::now() + seconds(20);
-  while (scrape().find("ulysses_rank_steps_total{" + rank) == std::string::npos &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(20));
-  }
+  PollUntil([&] { return scrape().find("ulysses_rank_steps_total{" + rank) != std::string::npos; },
+            seconds(20), milliseconds(20));
   ASSERT_NE(scrape().find("ulysses_rank_steps_total{" + rank), std::string::npos) << WorkerLog();
   body = scrape();
   for (const std::string& want :
@@ -358,11 +352,8 @@ TEST_F(WorkerAgentTest, ARankThatEndedWhileDisconnectedIsClaimedUntilItsExitIsAc
       seconds(20)));
   peer.reset();
   // The rank finishes while nobody listens.
-  const auto deadline = std::chrono::steady_clock::now() + seconds(20);
-  while (WorkerLog().find("exit code 0 -> succeeded") == std::string::npos &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(20));
-  }
+  PollUntil([&] { return WorkerLog().find("exit code 0 -> succeeded") != std::string::npos; },
+            seconds(20), milliseconds(20));
   ASSERT_NE(WorkerLog().find("exit code 0 -> succeeded"), std::string::npos) << WorkerLog();
   peer = std::make_unique<PeerServer>(port);
   ASSERT_TRUE(

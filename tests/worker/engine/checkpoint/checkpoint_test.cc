@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/testing/files.h"
 #include "tests/testing/temp_dir.h"
 #include "worker/engine/checkpoint/async_checkpoint.h"
 
@@ -537,18 +538,11 @@ TEST(CheckpointShareTest, BadInputIsAnErrorNamingFileTensorAndFix) {
 
 // ---- Asynchronous saves (async_checkpoint.h) ----
 
-std::string FileBytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // Every file of a committed step dir, name -> bytes.
 std::map<std::string, std::string> DirFiles(const std::string& dir) {
   std::map<std::string, std::string> files;
   for (const auto& e : fs::directory_iterator(dir)) {
-    files[e.path().filename().string()] = FileBytes(e.path());
+    files[e.path().filename().string()] = ::ulysses::testing::ReadFile(e.path());
   }
   return files;
 }

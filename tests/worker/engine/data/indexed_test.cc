@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/testing/files.h"
 #include "tests/testing/temp_dir.h"
 #include "worker/engine/data/batches.h"
 #include "worker/engine/data/packing.h"
@@ -19,14 +20,11 @@ namespace ulysses::engine {
 namespace {
 
 namespace fs = std::filesystem;
+using ::ulysses::testing::ReadFile;
 using ::ulysses::testing::TempDir;
 
 void WriteText(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
-std::string ReadBytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
 void WriteBytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
@@ -150,7 +148,7 @@ class BadFilesTest : public ::testing::Test {
   }
   // Overwrites the uint64 at byte `at` of the index.
   void PatchIndex(size_t at, uint64_t value) {
-    std::string idx = ReadBytes(IndexPath(prefix_));
+    std::string idx = ReadFile(IndexPath(prefix_));
     std::memcpy(idx.data() + at, &value, 8);
     WriteBytes(IndexPath(prefix_), idx);
   }
@@ -159,7 +157,7 @@ class BadFilesTest : public ::testing::Test {
 };
 
 TEST_F(BadFilesTest, TruncatedIndex) {
-  const std::string idx = ReadBytes(IndexPath(prefix_));
+  const std::string idx = ReadFile(IndexPath(prefix_));
   WriteBytes(IndexPath(prefix_), idx.substr(0, idx.size() - 4));
   const std::string e = Open();
   EXPECT_NE(e.find("truncated index"), std::string::npos) << e;
@@ -184,7 +182,7 @@ TEST_F(BadFilesTest, OffsetsNotMonotone) {
 }
 
 TEST_F(BadFilesTest, MaskLengthMismatch) {
-  WriteBytes(MaskPath(prefix_), ReadBytes(MaskPath(prefix_)).substr(0, 7));
+  WriteBytes(MaskPath(prefix_), ReadFile(MaskPath(prefix_)).substr(0, 7));
   const std::string e = Open();
   EXPECT_NE(e.find("mask length mismatch: 7 bytes, but the index lists 12 tokens"),
             std::string::npos)
@@ -193,12 +191,12 @@ TEST_F(BadFilesTest, MaskLengthMismatch) {
 }
 
 TEST_F(BadFilesTest, TokensFileOfTheWrongSize) {
-  WriteBytes(TokensPath(prefix_), ReadBytes(TokensPath(prefix_)) + "xxxx");
+  WriteBytes(TokensPath(prefix_), ReadFile(TokensPath(prefix_)) + "xxxx");
   EXPECT_NE(Open().find("the files do not belong together"), std::string::npos) << Open();
 }
 
 TEST_F(BadFilesTest, BadMagicAndVersion) {
-  std::string idx = ReadBytes(IndexPath(prefix_));
+  std::string idx = ReadFile(IndexPath(prefix_));
   idx[8] = 9;  // version 9
   WriteBytes(IndexPath(prefix_), idx);
   EXPECT_NE(Open().find("version 9 is not supported"), std::string::npos) << Open();

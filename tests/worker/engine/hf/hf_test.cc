@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/trainer.h"
 
 namespace ulysses::engine {
 namespace {
@@ -376,20 +377,9 @@ TEST(HfTest, AcceptsLlama31ConfigJson) {
 
 // Runs scripts/reference_llama.py and returns its "loss".
 double RunReference(const std::string& hf, const std::string& tokens, int64_t seq_len) {
-  const char* src = std::getenv("ULYSSES_SOURCE_DIR");
-  const std::string script = std::string(src ? src : ".") + "/scripts/reference_llama.py";
-  // Debian's interpreter, where scripts/bootstrap.sh installs numpy and torch; ULYSSES_PYTHON
-  // overrides it (scripts/gpu/run_checks.sh: the GPU machine's venv, which has them).
-  const char* py = std::getenv("ULYSSES_PYTHON");
-  const std::string cmd = std::string(py ? py : "/usr/bin/python3") + " " + script + " --hf " + hf +
-                          " --tokens " + tokens + " --seq-len " + std::to_string(seq_len);
-  FILE* pipe = popen(cmd.c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
-  EXPECT_EQ(pclose(pipe), 0) << cmd;
+  const ::ulysses::testing::Result r = ::ulysses::testing::RunReferenceLlama(hf, tokens, seq_len);
+  EXPECT_EQ(r.exit_code, 0) << r.description << "\n" << r.err;
+  const std::string& out = r.out;
   auto json = nlohmann::json::parse(out, nullptr, false);
   EXPECT_FALSE(json.is_discarded()) << out;
   if (json.is_discarded()) return NAN;

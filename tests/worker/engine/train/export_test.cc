@@ -5,9 +5,8 @@
 //   - an fp32 export of a bf16 job is the fp32 masters (optim/master/<name>) bit for bit, and not
 //     the bf16 weights upcast; an fp16 export rounds the masters once;
 //   - a bad --dtype is exit 2 naming the flag, the value and the choices, and writes nothing.
-#include <sys/wait.h>
-
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -21,8 +20,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/testing/documents.h"
 #include "tests/testing/files.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/trainer.h"
 #include "worker/engine/checkpoint/checkpoint.h"
 #include "worker/engine/hf/hf.h"
 
@@ -34,36 +35,10 @@ using json = nlohmann::json;
 using ::ulysses::testing::TempDir;
 
 using ::ulysses::testing::ReadFile;
+using ::ulysses::testing::WriteRandomTokens;
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-// Runs ulysses-train with `args`, stdout/stderr to files under `dir` (tag.out/.err).
-Result Train(const std::vector<std::string>& args, const fs::path& dir, const std::string& tag) {
-  const char* bin_dir = std::getenv("ULYSSES_BIN_DIR");
-  std::string command = std::string(bin_dir != nullptr ? bin_dir : "build/bin") + "/ulysses-train";
-  for (const std::string& a : args) command += " '" + a + "'";
-  const fs::path out = dir / (tag + ".out"), err = dir / (tag + ".err");
-  const int status = std::system((command + " > " + out.string() + " 2> " + err.string()).c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = ReadFile(out);
-  r.err = ReadFile(err);
-  return r;
-}
-
-void WriteTokens(const fs::path& path, int64_t n, uint32_t seed) {
-  std::vector<uint32_t> t(n);
-  uint32_t x = seed;
-  for (int64_t i = 0; i < n; ++i) {
-    x = x * 1664525u + 1013904223u;
-    t[i] = (x >> 16) % 64;
-  }
-  std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(n * 4));
-}
+using ::ulysses::testing::Result;
+using ::ulysses::testing::RunTrainer;
 
 // A committed checkpoint of a 3-step run of a tiny model in `dtype`.
 std::string TrainCheckpoint(const fs::path& dir, const std::string& dtype) {
@@ -78,8 +53,8 @@ std::string TrainCheckpoint(const fs::path& dir, const std::string& dtype) {
                         "  optimizer: {lr: 1.0e-3, warmup_steps: 0}\n"
                         "  stages: [{seq_len: 64, steps: 3}]\n  seed: 5\n";
   const fs::path out = dir / ("run-" + dtype);
-  Result r = Train({"train", "-f", job.string(), "--out", out.string()}, dir, "train-" + dtype);
-  EXPECT_EQ(r.code, 0) << r.err;
+  Result r = RunTrainer({"train", "-f", job.string(), "--out", out.string()});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   std::string ckpt;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(out / "checkpoints", ec)) {
@@ -102,8 +77,8 @@ class ExportTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir("ulysses-export");
-    WriteTokens(fs::path(dir_->path()) / "train.bin", 2048, 1);
-    WriteTokens(fs::path(dir_->path()) / "val.bin", 256, 2);
+    ASSERT_TRUE(WriteRandomTokens(dir_->Sub("train.bin"), 2048, 1));
+    ASSERT_TRUE(WriteRandomTokens(dir_->Sub("val.bin"), 256, 2));
     bf16_ckpt_ = new std::string(TrainCheckpoint(dir_->path(), "bfloat16"));
     fp32_ckpt_ = new std::string(TrainCheckpoint(dir_->path(), "float32"));
   }
@@ -120,8 +95,8 @@ class ExportTest : public ::testing::Test {
     std::vector<std::string> args = {"export", "--checkpoint", ckpt, "--hf-out",
                                      (dir / ("hf-" + tag)).string()};
     if (!flag.empty()) args.insert(args.end(), {"--dtype", flag});
-    Result r = Train(args, dir, "export-" + tag);
-    EXPECT_EQ(r.code, 0) << r.err;
+    Result r = RunTrainer(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
     json j = json::parse(r.out, nullptr, false);
     EXPECT_FALSE(j.is_discarded()) << r.out;
     return j;
@@ -230,10 +205,10 @@ TEST_F(ExportTest, Float32ExportOfABfloat16JobIsTheMastersBitForBit) {
 TEST_F(ExportTest, ShardedExportAboveTheSizeLimitEqualsTheSingleFile) {
   const fs::path dir(dir_->path());
   json single = Export(*fp32_ckpt_, "fp32", "single");
-  Result r = Train({"export", "--checkpoint", *fp32_ckpt_, "--hf-out",
-                    (dir / "hf-sharded").string(), "--dtype", "fp32", "--max-file-bytes", "20000"},
-                   dir, "export-sharded");
-  ASSERT_EQ(r.code, 0) << r.err;
+  Result r =
+      RunTrainer({"export", "--checkpoint", *fp32_ckpt_, "--hf-out", (dir / "hf-sharded").string(),
+                  "--dtype", "fp32", "--max-file-bytes", "20000"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   json sharded = json::parse(r.out);
   ASSERT_GT(sharded["files"].size(), 2u);
   char first[64];
@@ -274,10 +249,9 @@ TEST_F(ExportTest, BadDtypeIsRefusedNamingFlagValueAndChoicesAndWritesNothing) {
   const fs::path dir(dir_->path());
   for (const std::string& bad : {std::string("int8"), std::string("half"), std::string("")}) {
     const fs::path out = dir / "hf-bad";
-    Result r =
-        Train({"export", "--checkpoint", *bf16_ckpt_, "--hf-out", out.string(), "--dtype=" + bad},
-              dir, "export-bad");
-    EXPECT_EQ(r.code, 2) << r.err;
+    Result r = RunTrainer(
+        {"export", "--checkpoint", *bf16_ckpt_, "--hf-out", out.string(), "--dtype=" + bad});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
     EXPECT_NE(r.err.find("--dtype: '" + bad + "' is not an export dtype"), std::string::npos)
         << r.err;
     for (const char* choice : {"bf16", "fp16", "fp32"}) {

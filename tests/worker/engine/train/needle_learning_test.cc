@@ -7,10 +7,11 @@
 //     floor ln(M).
 // The run is deterministic (seeded data, init and all-reduce order), so the bounds are
 // not flaky; they sit well inside what the run reaches (see docs/ENGINE.md).
-#include <sys/wait.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -23,7 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_tree.h"
-#include "tests/testing/files.h"
+#include "tests/testing/trainer.h"
 #include "worker/engine/data/dataset.h"
 
 namespace ulysses {
@@ -32,24 +33,14 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::string Env(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v ? v : fallback;
-}
-
-using ::ulysses::testing::ReadFile;
-
 TEST(NeedleLearningTest, RetrievalRisesFarAboveChanceAtEveryStage) {
-  const std::string bin = Env("ULYSSES_BIN_DIR", "build/bin") + "/ulysses-train";
-  const std::string spec = Env("ULYSSES_SOURCE_DIR", ".") + "/configs/jobs/needle-retrieval.yaml";
+  const std::string spec = ::ulysses::testing::SourceDir() + "/configs/jobs/needle-retrieval.yaml";
   const fs::path dir = fs::temp_directory_path() / ("needle_learning_" + std::to_string(getpid()));
   ulysses::RemoveTree(dir).IgnoreError();
   fs::create_directories(dir);
-  const std::string cmd = "'" + bin + "' train -f '" + spec + "' --out '" + (dir / "out").string() +
-                          "' > '" + (dir / "train.log").string() + "' 2>&1";
-  const int status = std::system(cmd.c_str());
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << cmd << "\n"
-                                                             << ReadFile(dir / "train.log");
+  const ::ulysses::testing::Result train = ::ulysses::testing::RunTrainer(
+      {"train", "-f", spec, "--out", (dir / "out").string()}, std::chrono::minutes(24));
+  ASSERT_EQ(train.exit_code, 0) << train.description << "\n" << train.out << train.err;
 
   std::ifstream metrics(dir / "out" / "metrics.jsonl");
   ASSERT_TRUE(metrics.good());
@@ -63,7 +54,7 @@ TEST(NeedleLearningTest, RetrievalRisesFarAboveChanceAtEveryStage) {
       losses[j.at("stage").get<int>()].push_back(j.at("loss").get<double>());
     }
   }
-  ASSERT_EQ(evals.size(), 4u) << ReadFile(dir / "train.log");
+  ASSERT_EQ(evals.size(), 4u) << train.out << train.err;
 
   // The loss falls: mean of the last 50 steps of stage 0 well under its first 50.
   const std::vector<double>& first = losses[0];

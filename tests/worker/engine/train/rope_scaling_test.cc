@@ -10,6 +10,7 @@
 //     with exit 2, naming the field and both values, before any weight is read.
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -23,7 +24,10 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_tree.h"
+#include "tests/testing/documents.h"
 #include "tests/testing/files.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/trainer.h"
 #include "worker/engine/hf/hf.h"
 
 namespace ulysses::engine {
@@ -32,43 +36,15 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::string Env(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? v : fallback;
-}
-
 using ::ulysses::testing::ReadFile;
-
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-// Runs `command` with stdout/stderr to files under `dir` (tag.out/.err); exit code.
-Result Run(const std::string& command, const fs::path& dir, const std::string& tag) {
-  const fs::path out = dir / (tag + ".out"), err = dir / (tag + ".err");
-  const int status = std::system((command + " > " + out.string() + " 2> " + err.string()).c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = ReadFile(out);
-  r.err = ReadFile(err);
-  return r;
-}
-
-Result Train(const std::vector<std::string>& args, const fs::path& dir, const std::string& tag) {
-  std::string command = Env("ULYSSES_BIN_DIR", "build/bin") + "/ulysses-train";
-  for (const std::string& a : args) command += " '" + a + "'";
-  return Run(command, dir, tag);
-}
+using ::ulysses::testing::Result;
+using ::ulysses::testing::RunTrainer;
+using ::ulysses::testing::WriteRandomTokens;
 
 // The reference loss of an HF directory on the token file (float64).
-double ReferenceLoss(const fs::path& hf, const fs::path& tokens, const fs::path& dir,
-                     const std::string& tag) {
-  Result r = Run("/usr/bin/python3 " + Env("ULYSSES_SOURCE_DIR", ".") +
-                     "/scripts/reference_llama.py --hf " + hf.string() + " --tokens " +
-                     tokens.string() + " --seq-len 128",
-                 dir, tag);
-  EXPECT_EQ(r.code, 0) << r.err;
+double ReferenceLoss(const fs::path& hf, const fs::path& tokens) {
+  Result r = ::ulysses::testing::RunReferenceLlama(hf.string(), tokens.string());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   json j = json::parse(r.out, nullptr, false);
   if (j.is_discarded() || !j.contains("loss")) {
     ADD_FAILURE() << "reference printed: " << r.out;
@@ -79,24 +55,13 @@ double ReferenceLoss(const fs::path& hf, const fs::path& tokens, const fs::path&
 
 // The loss of `ulysses-train eval` (its first stdout line).
 double EvalLoss(const Result& r) {
-  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
   json j = json::parse(r.out.substr(0, r.out.find('\n')), nullptr, false);
   if (j.is_discarded() || !j.contains("loss")) {
     ADD_FAILURE() << "eval printed: " << r.out << r.err;
     return NAN;
   }
   return j["loss"].get<double>();
-}
-
-void WriteTokens(const fs::path& path, int64_t n, uint32_t seed) {
-  std::vector<uint32_t> t(n);
-  uint32_t x = seed;
-  for (int64_t i = 0; i < n; ++i) {
-    x = x * 1664525u + 1013904223u;
-    t[i] = (x >> 16) % 64;
-  }
-  std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(n * 4));
 }
 
 // d = 16, so with original_max_position_embeddings 32 one frequency is kept (wavelength
@@ -129,13 +94,9 @@ std::vector<NamedTensor> SharpWeights(const spec::ModelShape& m) {
 class RopeScalingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("ulysses-rope-" + std::to_string(getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ulysses::RemoveTree(dir_).IgnoreError();
-    fs::create_directories(dir_);
-    WriteTokens(dir_ / "train.bin", 4096, 1);
-    WriteTokens(dir_ / "val.bin", 512, 2);
+    dir_ = ::ulysses::testing::FreshTestDir("ulysses-rope");
+    ASSERT_TRUE(WriteRandomTokens(dir_ / "train.bin", 4096, 1));
+    ASSERT_TRUE(WriteRandomTokens(dir_ / "val.bin", 512, 2));
   }
   void TearDown() override {
     if (!HasFailure()) ulysses::RemoveTree(dir_).IgnoreError();
@@ -170,37 +131,35 @@ TEST_F(RopeScalingTest, Llama3ScalingMatchesTheReferenceThroughEvalTrainAndExpor
   // The whole shape (with the scaling) comes from config.json.
   const std::string job =
       Job("job", "{init_from: " + (dir_ / "init").string() + ", dtype: float64}");
-  const double ours = EvalLoss(Train({"eval", "-f", job}, dir_, "eval-init"));
-  const double ref = ReferenceLoss(dir_ / "init", dir_ / "val.bin", dir_, "ref-init");
-  const double ref_plain = ReferenceLoss(dir_ / "plain", dir_ / "val.bin", dir_, "ref-plain");
+  const double ours = EvalLoss(RunTrainer({"eval", "-f", job}));
+  const double ref = ReferenceLoss(dir_ / "init", dir_ / "val.bin");
+  const double ref_plain = ReferenceLoss(dir_ / "plain", dir_ / "val.bin");
   ASSERT_TRUE(std::isfinite(ours) && std::isfinite(ref) && std::isfinite(ref_plain));
   EXPECT_NEAR(ours, ref, 1e-9 * ref);
   // Without the scaling the loss is another number: the match above is about the scaling.
   EXPECT_GT(std::abs(ref - ref_plain), 1e-3 * ref) << ref << " vs unscaled " << ref_plain;
 
   // Train from it (4 ranks), export: the scaling survives the checkpoint and the export.
-  Result train = Train({"train", "-f", job, "--out", (dir_ / "run").string(), "--set",
-                        "spec.parallelism.sp_degree=4"},
-                       dir_, "train");
-  ASSERT_EQ(train.code, 0) << train.err;
+  Result train = RunTrainer({"train", "-f", job, "--out", (dir_ / "run").string(), "--set",
+                             "spec.parallelism.sp_degree=4"});
+  ASSERT_EQ(train.exit_code, 0) << train.err;
   std::string ckpt;
   for (const auto& e : fs::directory_iterator(dir_ / "run" / "checkpoints")) {
     ckpt = std::max(ckpt, e.path().string());
   }
   ASSERT_FALSE(ckpt.empty());
-  Result exported = Train(
-      {"export", "--checkpoint", ckpt, "--hf-out", (dir_ / "out").string(), "--dtype", "fp32"},
-      dir_, "export");
-  ASSERT_EQ(exported.code, 0) << exported.err;
+  Result exported = RunTrainer(
+      {"export", "--checkpoint", ckpt, "--hf-out", (dir_ / "out").string(), "--dtype", "fp32"});
+  ASSERT_EQ(exported.exit_code, 0) << exported.err;
   const json out = json::parse(ReadFile(dir_ / "out" / "config.json"));
   EXPECT_EQ(out["rope_scaling"], written["rope_scaling"]);
   // The export is F32 (--dtype; the job is fp64): the reference and `eval --init-from` read the
   // same F32 weights and agree exactly; the checkpoint agrees to F32 rounding.
-  const double exported_ours = EvalLoss(
-      Train({"eval", "-f", job, "--init-from", (dir_ / "out").string()}, dir_, "eval-out"));
-  const double trained_ref = ReferenceLoss(dir_ / "out", dir_ / "val.bin", dir_, "ref-out");
+  const double exported_ours =
+      EvalLoss(RunTrainer({"eval", "-f", job, "--init-from", (dir_ / "out").string()}));
+  const double trained_ref = ReferenceLoss(dir_ / "out", dir_ / "val.bin");
   EXPECT_NEAR(exported_ours, trained_ref, 1e-9 * trained_ref);
-  const double trained = EvalLoss(Train({"eval", "-f", job, "--checkpoint", ckpt}, dir_, "eval"));
+  const double trained = EvalLoss(RunTrainer({"eval", "-f", job, "--checkpoint", ckpt}));
   EXPECT_NEAR(trained, trained_ref, 1e-6 * trained_ref);
   EXPECT_NE(trained, ours);  // it did train
 }
@@ -218,10 +177,9 @@ TEST_F(RopeScalingTest, SpecThatDisagreesWithConfigJsonIsRefusedNamingTheField) 
   const std::string explicit_shape =
       "{vocab_size: 64, hidden_size: 64, intermediate_size: 96, num_hidden_layers: 2, "
       "num_attention_heads: 4, num_key_value_heads: 2, dtype: float64}";
-  Result r = Train(
-      {"eval", "-f", Job("explicit", explicit_shape), "--init-from", (dir_ / "llama31").string()},
-      dir_, "explicit");
-  EXPECT_EQ(r.code, 2) << r.err;
+  Result r = RunTrainer(
+      {"eval", "-f", Job("explicit", explicit_shape), "--init-from", (dir_ / "llama31").string()});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("spec.model.rope_scaling.rope_type: 'none' disagrees with 'llama3' in " +
                        config_path),
             std::string::npos)
@@ -229,10 +187,9 @@ TEST_F(RopeScalingTest, SpecThatDisagreesWithConfigJsonIsRefusedNamingTheField) 
 
   // A preset: every field it sets is checked; each disagreement is one line.
   Result p =
-      Train({"eval", "-f",
-             Job("preset", "{preset: tiny, init_from: " + (dir_ / "llama31").string() + "}")},
-            dir_, "preset");
-  EXPECT_EQ(p.code, 2) << p.err;
+      RunTrainer({"eval", "-f",
+                  Job("preset", "{preset: tiny, init_from: " + (dir_ / "llama31").string() + "}")});
+  EXPECT_EQ(p.exit_code, 2) << p.err;
   EXPECT_NE(p.err.find("spec.model.vocab_size: 256 disagrees with 64 in " + config_path +
                        " (set vocab_size: 64 after preset 'tiny', or drop the preset to take "
                        "every field from init_from)"),

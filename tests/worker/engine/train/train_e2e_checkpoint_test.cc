@@ -19,15 +19,15 @@ TEST_F(TrainE2eTest, KillNineMidCheckpointSaveResumesFromPreviousCommit) {
   const std::vector<std::string> sets = {
       "spec.parallelism.sp_degree=2", "spec.stages[0].steps=6", "spec.checkpoint.every_steps=2",
       "spec.checkpoint.keep_last=3", "spec.checkpoint.async=false"};
-  Result ref = RunCmd(TrainArgs("ref", sets), dir_, "ref");
-  ASSERT_EQ(ref.code, 0) << ref.err;
+  Result ref = RunTrainer(TrainArgs("ref", sets));
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
   auto lref = Losses("ref");
   ASSERT_EQ(lref.size(), 6u);
 
   const fs::path ckpts = dir_ / "killed" / "checkpoints";
   const fs::path half = ckpts / ck::StepDirName(4);
   const fs::path marker = dir_ / "failpoint.hit";
-  std::vector<std::string> argv = {Bin()};
+  std::vector<std::string> argv = {TrainerBin()};
   for (auto& a : TrainArgs("killed", sets)) argv.push_back(a);
   Proc p = Start(argv, "killed", dir_,
                  {"ULYSSES_FAILPOINT=checkpoint.before_manifest@4",
@@ -60,13 +60,13 @@ TEST_F(TrainE2eTest, KillNineMidCheckpointSaveResumesFromPreviousCommit) {
   EXPECT_EQ(prev->global_step, 2);
   EXPECT_FALSE(prev->stage_complete);
   EXPECT_EQ(ck::LoadCheckpoint(half.string(), "").status().code(), absl::StatusCode::kNotFound);
-  json ev = EvalJson(RunCmd({"eval", "-f", job_, "--checkpoint", *latest}, dir_, "evalprev"));
+  json ev = EvalJson(RunTrainer({"eval", "-f", job_, "--checkpoint", *latest}));
   EXPECT_GT(ev["tokens"].get<int64_t>(), 0);
 
   // 2. The same command (failpoint off) resumes from step 2 and finishes; the losses it
   // logs for steps 3-6 are bit-identical to the uninterrupted run's.
-  Result resumed = RunCmd(TrainArgs("killed", sets), dir_, "resumed");
-  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  Result resumed = RunTrainer(TrainArgs("killed", sets));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_EQ(resumed.err.find("failpoint"), std::string::npos) << resumed.err;
   std::vector<int64_t> steps;
   std::istringstream events(resumed.out);
@@ -118,14 +118,14 @@ TEST_F(TrainE2eTest, KillNineDuringAsyncWriteKeepsPreviousAndAsyncFilesMatchSync
   std::vector<std::string> sync_sets = sets, async_sets = sets;
   sync_sets.push_back("spec.checkpoint.async=false");
   async_sets.push_back("spec.checkpoint.async=true");
-  Result ref = RunCmd(TrainArgs("ref", sync_sets), dir_, "ref");
-  ASSERT_EQ(ref.code, 0) << ref.err;
+  Result ref = RunTrainer(TrainArgs("ref", sync_sets));
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
   auto lref = Losses("ref");
   ASSERT_EQ(lref.size(), 6u);
 
   const fs::path ckpts = dir_ / "killed" / "checkpoints";
   const fs::path marker = dir_ / "failpoint.hit";
-  std::vector<std::string> argv = {Bin()};
+  std::vector<std::string> argv = {TrainerBin()};
   for (auto& a : TrainArgs("killed", async_sets)) argv.push_back(a);
   Proc p = Start(argv, "killed", dir_,
                  {"ULYSSES_FAILPOINT=checkpoint.before_manifest@4",
@@ -148,8 +148,8 @@ TEST_F(TrainE2eTest, KillNineDuringAsyncWriteKeepsPreviousAndAsyncFilesMatchSync
   EXPECT_EQ(fs::path(*latest).filename().string(), ck::StepDirName(2));
   ASSERT_TRUE(ck::LoadCheckpoint(*latest, "").ok());
 
-  Result resumed = RunCmd(TrainArgs("killed", async_sets), dir_, "resumed");
-  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  Result resumed = RunTrainer(TrainArgs("killed", async_sets));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   auto lk = Losses("killed", lines_before);
   ASSERT_FALSE(lk.empty());
   EXPECT_EQ(lk.begin()->first, 3);  // resumed from step 2
@@ -185,13 +185,13 @@ TEST_F(TrainE2eTest, SigtermShorterThanAStepExits75WithTheLastFinishedStepCommit
   const std::vector<std::string> sets = {"spec.parallelism.sp_degree=2", "spec.stages[0].steps=6",
                                          "spec.checkpoint.every_steps=1",
                                          "spec.checkpoint.async=true"};
-  Result ref = RunCmd(TrainArgs("ref", sets), dir_, "ref");
-  ASSERT_EQ(ref.code, 0) << ref.err;
+  Result ref = RunTrainer(TrainArgs("ref", sets));
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
   auto lref = Losses("ref");
   ASSERT_EQ(lref.size(), 6u);
 
   const fs::path marker = dir_ / "failpoint.hit";
-  std::vector<std::string> argv = {Bin()};
+  std::vector<std::string> argv = {TrainerBin()};
   for (auto& a : TrainArgs("term", sets)) argv.push_back(a);
   argv.insert(argv.end(), {"--stop-grace-s", "5"});
   Proc p = Start(argv, "term", dir_,
@@ -214,8 +214,8 @@ TEST_F(TrainE2eTest, SigtermShorterThanAStepExits75WithTheLastFinishedStepCommit
   }
   EXPECT_TRUE(reported) << out;
 
-  Result resumed = RunCmd(TrainArgs("term", sets), dir_, "resumed");
-  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  Result resumed = RunTrainer(TrainArgs("term", sets));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   auto lt = Losses("term", 3);
   ASSERT_FALSE(lt.empty());
   EXPECT_EQ(lt.begin()->first, 4) << "the rerun did not resume from step 3";
@@ -231,12 +231,12 @@ TEST_F(TrainE2eTest, ARunningRankTakesANewCheckpointIntervalFromItsControlChanne
   ASSERT_EQ(pipe(in), 0);
   const fs::path out = dir_ / "ctl";
   const std::string err_path = (dir_ / "ctl.err").string();
-  const std::vector<std::string> argv = {Bin(),       "rank",
-                                         "-f",        job_,
-                                         "--out",     out.string(),
-                                         "--control", "stdin",
-                                         "--set",     "spec.checkpoint.every_steps=0",
-                                         "--set",     "spec.stages[0].steps=30"};
+  const std::vector<std::string> argv = {TrainerBin(), "rank",
+                                         "-f",         job_,
+                                         "--out",      out.string(),
+                                         "--control",  "stdin",
+                                         "--set",      "spec.checkpoint.every_steps=0",
+                                         "--set",      "spec.stages[0].steps=30"};
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);

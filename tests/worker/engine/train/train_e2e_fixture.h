@@ -27,6 +27,8 @@
 #include "common/file_tree.h"
 #include "tests/testing/documents.h"
 #include "tests/testing/files.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/trainer.h"
 #include "worker/engine/checkpoint/checkpoint.h"
 
 extern char** environ;
@@ -35,15 +37,6 @@ namespace ulysses::testing::train_e2e {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-inline std::string Bin() {
-  const char* d = std::getenv("ULYSSES_BIN_DIR");
-  return std::string(d ? d : "build/bin") + "/ulysses-train";
-}
-inline std::string Src() {
-  const char* d = std::getenv("ULYSSES_SOURCE_DIR");
-  return d ? d : ".";
-}
 
 using ::ulysses::testing::ReadFile;
 
@@ -97,46 +90,17 @@ inline int Wait(const Proc& p, int timeout_s = 150) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-inline Result RunCmd(const std::vector<std::string>& args, const fs::path& dir,
-                     const std::string& tag) {
-  std::vector<std::string> argv = {Bin()};
-  argv.insert(argv.end(), args.begin(), args.end());
-  Proc p = Start(argv, tag, dir);
-  Result r;
-  r.code = Wait(p);
-  r.out = ReadFile(p.out);
-  r.err = ReadFile(p.err);
-  return r;
-}
-
-inline void WriteTokens(const fs::path& path, int64_t n, uint32_t seed) {
-  // A noisy deterministic successor sequence over vocab 64: learnable, not trivial.
-  std::vector<uint32_t> t(n);
-  uint32_t x = seed;
-  t[0] = 1;
-  for (int64_t i = 1; i < n; ++i) {
-    x = x * 1664525u + 1013904223u;
-    t[i] = ((x >> 24) % 4 == 0) ? (x >> 16) % 64 : (t[i - 1] * 5 + 3) % 64;
-  }
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(t.data()), static_cast<std::streamsize>(n * 4));
-}
+using ::ulysses::testing::Result;
+using ::ulysses::testing::RunTrainer;
+using ::ulysses::testing::TrainerBin;
+using ::ulysses::testing::WriteLearnableTokens;
 
 class TrainE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("ulysses-e2e-" + std::to_string(getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    ulysses::RemoveTree(dir_).IgnoreError();
-    fs::create_directories(dir_);
-    WriteTokens(dir_ / "train.bin", 40000, 1);
-    WriteTokens(dir_ / "val.bin", 1024, 2);
+    dir_ = ::ulysses::testing::FreshTestDir("ulysses-e2e");
+    ASSERT_TRUE(WriteLearnableTokens(dir_ / "train.bin", 40000, 1));
+    ASSERT_TRUE(WriteLearnableTokens(dir_ / "val.bin", 1024, 2));
     job_ = (dir_ / "job.yaml").string();
     std::ofstream(job_) << "apiVersion: ulysses/v1\n"
                            "kind: TrainJob\n"
@@ -247,7 +211,7 @@ class TrainE2eTest : public ::testing::Test {
   }
 
   json EvalJson(const Result& r) {
-    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.exit_code, 0) << r.err;
     return json::parse(r.out.substr(0, r.out.find('\n')));
   }
 
@@ -257,10 +221,9 @@ class TrainE2eTest : public ::testing::Test {
   void WritePackedJob() {
     ASSERT_TRUE(ulysses::testing::WriteMaskedDocumentsJsonl((dir_ / "docs.jsonl").string()));
     const std::string prefix = (dir_ / "ds").string();
-    Result pack = RunCmd({"data", "pack", "--jsonl", (dir_ / "docs.jsonl").string(), "--out",
-                          prefix, "--vocab-size", "64"},
-                         dir_, "pack");
-    ASSERT_EQ(pack.code, 0) << pack.err;
+    Result pack = RunTrainer({"data", "pack", "--jsonl", (dir_ / "docs.jsonl").string(), "--out",
+                              prefix, "--vocab-size", "64"});
+    ASSERT_EQ(pack.exit_code, 0) << pack.err;
     json packed = json::parse(pack.out.substr(0, pack.out.find('\n')));
     EXPECT_EQ(packed["documents"], 60);
     EXPECT_EQ(packed["mask"], true);

@@ -20,12 +20,12 @@ namespace {
 using namespace ulysses::testing::train_e2e;  // NOLINT: the rig's vocabulary.
 
 TEST_F(TrainE2eTest, Sp4TrainingAndEvalMatchSp1) {
-  Result a = RunCmd(TrainArgs("sp1", {}), dir_, "sp1");
-  ASSERT_EQ(a.code, 0) << a.err;
+  Result a = RunTrainer(TrainArgs("sp1", {}));
+  ASSERT_EQ(a.exit_code, 0) << a.err;
   std::vector<std::string> sp4_args = TrainArgs("sp4", {"spec.parallelism.sp_degree=4"});
   sp4_args.insert(sp4_args.end(), {"--peak-flops", "1e12"});
-  Result b = RunCmd(sp4_args, dir_, "sp4");
-  ASSERT_EQ(b.code, 0) << b.err;
+  Result b = RunTrainer(sp4_args);
+  ASSERT_EQ(b.exit_code, 0) << b.err;
   // The step events carry the group figures (slowest of the 4 ranks, median, MFU), and
   // stderr has one human progress line per step with the same figures.
   int with_group = 0;
@@ -60,27 +60,22 @@ TEST_F(TrainE2eTest, Sp4TrainingAndEvalMatchSp1) {
   std::string ckpt;
   for (auto& e : fs::directory_iterator(dir_ / "sp1" / "checkpoints"))
     ckpt = std::max(ckpt, e.path().string());
-  json e1 = EvalJson(RunCmd({"eval", "-f", job_, "--checkpoint", ckpt}, dir_, "eval1"));
-  json e4 =
-      EvalJson(RunCmd({"eval", "-f", job_, "--checkpoint", ckpt, "--nproc", "4"}, dir_, "eval4"));
+  json e1 = EvalJson(RunTrainer({"eval", "-f", job_, "--checkpoint", ckpt}));
+  json e4 = EvalJson(RunTrainer({"eval", "-f", job_, "--checkpoint", ckpt, "--nproc", "4"}));
   EXPECT_EQ(e1["tokens"], e4["tokens"]);
   EXPECT_GT(e1["tokens"].get<int64_t>(), 0);
   EXPECT_NEAR(e1["loss"].get<double>(), e4["loss"].get<double>(), 1e-5 * e1["loss"].get<double>());
 
   // Reference check: export -> independent PyTorch Llama loss == eval --init-from.
-  Result ex =
-      RunCmd({"export", "--checkpoint", ckpt, "--hf-out", (dir_ / "hf").string()}, dir_, "export");
-  ASSERT_EQ(ex.code, 0) << ex.err;
-  Result again =
-      RunCmd({"export", "--checkpoint", ckpt, "--hf-out", (dir_ / "hf").string()}, dir_, "export2");
-  EXPECT_EQ(again.code, 2) << "export must not overwrite";
-  json ei =
-      EvalJson(RunCmd({"eval", "-f", job_, "--init-from", (dir_ / "hf").string()}, dir_, "evalhf"));
-  const std::string ref_cmd = "/usr/bin/python3 " + Src() + "/scripts/reference_llama.py --hf " +
-                              (dir_ / "hf").string() + " --tokens " + (dir_ / "val.bin").string() +
-                              " --seq-len 128 > " + (dir_ / "ref.json").string();
-  ASSERT_EQ(std::system(ref_cmd.c_str()), 0);
-  json ref = json::parse(ReadFile((dir_ / "ref.json").string()));
+  Result ex = RunTrainer({"export", "--checkpoint", ckpt, "--hf-out", (dir_ / "hf").string()});
+  ASSERT_EQ(ex.exit_code, 0) << ex.err;
+  Result again = RunTrainer({"export", "--checkpoint", ckpt, "--hf-out", (dir_ / "hf").string()});
+  EXPECT_EQ(again.exit_code, 2) << "export must not overwrite";
+  json ei = EvalJson(RunTrainer({"eval", "-f", job_, "--init-from", (dir_ / "hf").string()}));
+  Result ref_run =
+      ::ulysses::testing::RunReferenceLlama((dir_ / "hf").string(), (dir_ / "val.bin").string());
+  ASSERT_EQ(ref_run.exit_code, 0) << ref_run.err;
+  json ref = json::parse(ref_run.out);
   EXPECT_EQ(ref["tokens"], ei["tokens"]);
   EXPECT_NEAR(ref["loss"].get<double>(), ei["loss"].get<double>(),
               1e-4 * ref["loss"].get<double>());
@@ -88,11 +83,10 @@ TEST_F(TrainE2eTest, Sp4TrainingAndEvalMatchSp1) {
 
   // init_from with a shape its config.json disagrees with: names the field and both values,
   // exit 2.
-  Result bad = RunCmd({"train", "-f", job_, "--out", (dir_ / "bad").string(), "--set",
-                       "spec.model.init_from=" + (dir_ / "hf").string(), "--set",
-                       "spec.model.intermediate_size=80"},
-                      dir_, "badinit");
-  EXPECT_EQ(bad.code, 2) << bad.err;
+  Result bad = RunTrainer({"train", "-f", job_, "--out", (dir_ / "bad").string(), "--set",
+                           "spec.model.init_from=" + (dir_ / "hf").string(), "--set",
+                           "spec.model.intermediate_size=80"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
   EXPECT_NE(bad.err.find("spec.model.intermediate_size: 80 disagrees with 96 in " +
                          (dir_ / "hf" / "config.json").string()),
             std::string::npos)
@@ -102,13 +96,13 @@ TEST_F(TrainE2eTest, Sp4TrainingAndEvalMatchSp1) {
 TEST_F(TrainE2eTest, KillNineAndSigtermResume) {
   const std::vector<std::string> sp2 = {"spec.parallelism.sp_degree=2",
                                         "spec.checkpoint.every_steps=3"};
-  Result ref = RunCmd(TrainArgs("ref", sp2), dir_, "ref");
-  ASSERT_EQ(ref.code, 0) << ref.err;
+  Result ref = RunTrainer(TrainArgs("ref", sp2));
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
   auto lref = Losses("ref");
   ASSERT_EQ(lref.size(), 20u);
 
   // kill -9 of the whole process tree after step 8 (checkpoint at 6), then restart.
-  std::vector<std::string> argv = {Bin()};
+  std::vector<std::string> argv = {TrainerBin()};
   for (auto& a : TrainArgs("killed", sp2)) argv.push_back(a);
   Proc p = Start(argv, "killed", dir_);
   WaitForLines("killed", 8, p);
@@ -117,8 +111,8 @@ TEST_F(TrainE2eTest, KillNineAndSigtermResume) {
   const int64_t killed_at = LatestCommittedStep("killed");
   ASSERT_GE(killed_at, 6) << "no checkpoint committed before the kill";
   const size_t lines_before_restart = MetricLines("killed");
-  Result resumed = RunCmd(TrainArgs("killed", sp2), dir_, "resumed");
-  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  Result resumed = RunTrainer(TrainArgs("killed", sp2));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   // The restart trained only the steps after its checkpoint: its first step line is the one
   // after the checkpoint (a restart from step 0 would rewrite steps 1.. with equal losses).
   auto restarted = StepLines("killed", lines_before_restart);
@@ -129,7 +123,7 @@ TEST_F(TrainE2eTest, KillNineAndSigtermResume) {
   for (auto& [step, loss] : lref) EXPECT_EQ(lk[step], loss) << "step " << step;  // bit-identical
 
   // SIGTERM: exit 75 with a committed checkpoint; resume at sp 4 continues within tolerance.
-  std::vector<std::string> argv2 = {Bin()};
+  std::vector<std::string> argv2 = {TrainerBin()};
   for (auto& a : TrainArgs("term", {"spec.parallelism.sp_degree=2"})) argv2.push_back(a);
   Proc t = Start(argv2, "term", dir_);
   WaitForLines("term", 4, t);
@@ -144,8 +138,8 @@ TEST_F(TrainE2eTest, KillNineAndSigtermResume) {
   const int64_t term_at = LatestCommittedStep("term");
   ASSERT_GE(term_at, 4) << "SIGTERM after step 4 must commit the step it stopped at";
   const size_t term_lines = MetricLines("term");
-  Result r4 = RunCmd(TrainArgs("term", {"spec.parallelism.sp_degree=4"}), dir_, "term4");
-  ASSERT_EQ(r4.code, 0) << r4.err;
+  Result r4 = RunTrainer(TrainArgs("term", {"spec.parallelism.sp_degree=4"}));
+  ASSERT_EQ(r4.exit_code, 0) << r4.err;
   auto term_restarted = StepLines("term", term_lines);
   ASSERT_FALSE(term_restarted.empty());
   EXPECT_EQ(term_restarted.begin()->first, term_at + 1) << "the sp 4 restart did not resume";
@@ -164,8 +158,8 @@ TEST_F(TrainE2eTest, KillNineAndSigtermResume) {
     return v;
   };
   auto before = listing();
-  Result foreign = RunCmd(TrainArgs("term", {"spec.seed=8"}), dir_, "foreign");
-  EXPECT_EQ(foreign.code, 2) << foreign.err;
+  Result foreign = RunTrainer(TrainArgs("term", {"spec.seed=8"}));
+  EXPECT_EQ(foreign.exit_code, 2) << foreign.err;
   EXPECT_NE(foreign.err.find("spec hash"), std::string::npos) << foreign.err;
   EXPECT_EQ(listing(), before);
 }
@@ -179,13 +173,13 @@ TEST_F(TrainE2eTest, PackedMaskedDocumentsTrainAndResumeExactly) {
   ASSERT_FALSE(HasFatalFailure());
   const std::string prefix = (dir_ / "ds").string();
   // Packing again onto the same prefix is refused: nothing is overwritten.
-  Result again = RunCmd(
-      {"data", "pack", "--jsonl", (dir_ / "docs.jsonl").string(), "--out", prefix}, dir_, "pack2");
-  EXPECT_EQ(again.code, 2) << again.err;
+  Result again =
+      RunTrainer({"data", "pack", "--jsonl", (dir_ / "docs.jsonl").string(), "--out", prefix});
+  EXPECT_EQ(again.exit_code, 2) << again.err;
   EXPECT_NE(again.err.find("already exists"), std::string::npos) << again.err;
 
-  Result ref = RunCmd(TrainArgs("ref", {}), dir_, "ref");
-  ASSERT_EQ(ref.code, 0) << ref.err;
+  Result ref = RunTrainer(TrainArgs("ref", {}));
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
   auto lref = Losses("ref");
   ASSERT_EQ(lref.size(), 8u);
   EXPECT_LT(lref[8], lref[1]);  // it learns
@@ -208,14 +202,14 @@ TEST_F(TrainE2eTest, PackedMaskedDocumentsTrainAndResumeExactly) {
   }
   EXPECT_EQ(evals, 3);
 
-  std::vector<std::string> argv = {Bin()};
+  std::vector<std::string> argv = {TrainerBin()};
   for (auto& a : TrainArgs("killed", {})) argv.push_back(a);
   Proc p = Start(argv, "killed", dir_);
   WaitForLines("killed", 6, p);  // 5 steps + 1 eval: checkpoint at step 4
   kill(-p.pid, SIGKILL);
   Wait(p);
-  Result resumed = RunCmd(TrainArgs("killed", {}), dir_, "resumed");
-  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  Result resumed = RunTrainer(TrainArgs("killed", {}));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   auto lk = Losses("killed");
   ASSERT_EQ(lk.size(), 8u);
   for (auto& [step, loss] : lref) EXPECT_EQ(lk[step], loss) << "step " << step;
@@ -231,8 +225,8 @@ TEST_F(TrainE2eTest, PackedMaskedDocumentsTrainAndResumeExactly) {
 TEST_F(TrainE2eTest, PackedJobResumesOnAnotherLayoutReadingOnFromTheSameSequence) {
   WritePackedJob();
   ASSERT_FALSE(HasFatalFailure());
-  Result ref = RunCmd(TrainArgs("ref", {}), dir_, "ref");
-  ASSERT_EQ(ref.code, 0) << ref.err;
+  Result ref = RunTrainer(TrainArgs("ref", {}));
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
   auto lref = Losses("ref");
   ASSERT_EQ(lref.size(), 8u);
   for (auto& [step, cursor] : Cursors("ref")) EXPECT_EQ(cursor, 4 * (step - 1)) << step;
@@ -240,7 +234,7 @@ TEST_F(TrainE2eTest, PackedJobResumesOnAnotherLayoutReadingOnFromTheSameSequence
   const std::vector<std::string> dp2 = {"spec.parallelism.sp_degree=1",
                                         "spec.parallelism.dp_degree=2"};
   auto kill_after_checkpoint = [&](const std::string& out) {
-    std::vector<std::string> argv = {Bin()};
+    std::vector<std::string> argv = {TrainerBin()};
     // Synchronous saves: the step-5 line then comes after the step-4 commit.
     for (auto& a : TrainArgs(out, {"spec.checkpoint.async=false"})) argv.push_back(a);
     Proc p = Start(argv, out, dir_);
@@ -253,8 +247,8 @@ TEST_F(TrainE2eTest, PackedJobResumesOnAnotherLayoutReadingOnFromTheSameSequence
   ASSERT_FALSE(HasFatalFailure());
   std::vector<std::string> same = dp2;
   same.push_back("spec.optimizer.grad_accum_steps=1");
-  Result r = RunCmd(TrainArgs("same", same), dir_, "same-resumed");
-  ASSERT_EQ(r.code, 0) << r.err;
+  Result r = RunTrainer(TrainArgs("same", same));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
   auto resumed = Losses("same", before_same);
   ASSERT_FALSE(resumed.empty());
   EXPECT_GE(resumed.begin()->first, 5);  // resumed from a checkpoint at step >= 4
@@ -268,8 +262,8 @@ TEST_F(TrainE2eTest, PackedJobResumesOnAnotherLayoutReadingOnFromTheSameSequence
   std::vector<std::string> grown = dp2;
   grown.push_back("spec.optimizer.micro_batch_size=4");
   grown.push_back("spec.optimizer.grad_accum_steps=1");
-  Result g = RunCmd(TrainArgs("grown", grown), dir_, "grown-resumed");
-  ASSERT_EQ(g.code, 0) << g.err;
+  Result g = RunTrainer(TrainArgs("grown", grown));
+  ASSERT_EQ(g.exit_code, 0) << g.err;
   auto cursors = Cursors("grown", before_grown);
   ASSERT_FALSE(cursors.empty());
   const int64_t first = cursors.begin()->first;
@@ -291,7 +285,7 @@ TEST_F(TrainE2eTest, BadInputIsRejectedWithExit2) {
     std::vector<std::string> sets;
     std::string needle;
   };
-  WriteTokens(dir_ / "short.bin", 50, 3);
+  ASSERT_TRUE(WriteLearnableTokens(dir_ / "short.bin", 50, 3));
   const std::vector<Case> cases = {
       {{"spec.parallelism.sp_degree=3"}, "3"},  // seq/heads not divisible
       {{"spec.parallelism.sp_degree=8", "spec.stages[0].seq_len=256"}, "8"},  // 8 > 4 heads
@@ -299,33 +293,31 @@ TEST_F(TrainE2eTest, BadInputIsRejectedWithExit2) {
       {{"spec.model.dtype=float8"}, "float8"},
   };
   for (const auto& c : cases) {
-    Result r = RunCmd(TrainArgs("bad", c.sets), dir_, "bad");
-    EXPECT_EQ(r.code, 2) << c.sets[0] << "\n" << r.err;
+    Result r = RunTrainer(TrainArgs("bad", c.sets));
+    EXPECT_EQ(r.exit_code, 2) << c.sets[0] << "\n" << r.err;
     EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
   }
   EXPECT_FALSE(fs::exists(dir_ / "bad" / "checkpoints")) << "a rejected job wrote a checkpoint";
-  Result usage = RunCmd({"train", "--bogus", "1"}, dir_, "usage");
-  EXPECT_EQ(usage.code, 2);
-  Result nproc = RunCmd({"train", "-f", job_, "--nproc", "3"}, dir_, "nproc");
-  EXPECT_EQ(nproc.code, 2);
+  Result usage = RunTrainer({"train", "--bogus", "1"});
+  EXPECT_EQ(usage.exit_code, 2);
+  Result nproc = RunTrainer({"train", "-f", job_, "--nproc", "3"});
+  EXPECT_EQ(nproc.exit_code, 2);
   EXPECT_NE(nproc.err.find("--nproc"), std::string::npos) << nproc.err;
-  Result timeout =
-      RunCmd({"rank", "-f", job_, "--out", (dir_ / "t").string(), "--collective-timeout-s", "0"},
-             dir_, "timeout");
-  EXPECT_EQ(timeout.code, 2);
+  Result timeout = RunTrainer(
+      {"rank", "-f", job_, "--out", (dir_ / "t").string(), "--collective-timeout-s", "0"});
+  EXPECT_EQ(timeout.exit_code, 2);
   EXPECT_NE(timeout.err.find("--collective-timeout-s: 0 is outside 1..86400"), std::string::npos)
       << timeout.err;
   for (const std::string& command : {"rank", "train"}) {
-    Result threads =
-        RunCmd({command, "-f", job_, "--out", (dir_ / "t").string(), "--intra-op-threads", "-1"},
-               dir_, "threads");
-    EXPECT_EQ(threads.code, 2) << command;
+    Result threads = RunTrainer(
+        {command, "-f", job_, "--out", (dir_ / "t").string(), "--intra-op-threads", "-1"});
+    EXPECT_EQ(threads.exit_code, 2) << command;
     EXPECT_NE(threads.err.find("--intra-op-threads: -1 is outside 0..1024"), std::string::npos)
         << command << ": " << threads.err;
   }
   // A corrupt checkpoint is refused by eval and export.
-  Result ok = RunCmd(TrainArgs("c", {"spec.stages[0].steps=2"}), dir_, "c");
-  ASSERT_EQ(ok.code, 0) << ok.err;
+  Result ok = RunTrainer(TrainArgs("c", {"spec.stages[0].steps=2"}));
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
   std::string ckpt;
   for (auto& e : fs::directory_iterator(dir_ / "c" / "checkpoints")) ckpt = e.path().string();
   // Eval reads only the model's tensors (not the optimizer state), so the garbage goes inside
@@ -343,8 +335,8 @@ TEST_F(TrainE2eTest, BadInputIsRejectedWithExit2) {
     break;
   }
   ASSERT_TRUE(corrupted) << manifest.dump();
-  Result ev = RunCmd({"eval", "-f", job_, "--checkpoint", ckpt}, dir_, "corrupt");
-  EXPECT_EQ(ev.code, 2) << ev.err;
+  Result ev = RunTrainer({"eval", "-f", job_, "--checkpoint", ckpt});
+  EXPECT_EQ(ev.exit_code, 2) << ev.err;
   EXPECT_FALSE(ev.err.empty());
 }
 
