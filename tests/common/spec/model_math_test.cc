@@ -15,9 +15,23 @@
 #include "absl/strings/str_split.h"
 #include "common/spec/model_shape.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/files.h"
+#include "tests/testing/subprocess.h"
 
 namespace ulysses::spec {
 namespace {
+
+// The Python the benches run with (scripts/bootstrap.sh installs python3); -S: no site packages.
+constexpr char kPython[] = "/usr/bin/python3";
+
+// What `kPython args...` prints on stdout; a test failure when it does not exit 0.
+std::string PythonOutput(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {kPython};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const testing::Result r = testing::Run(argv);
+  EXPECT_EQ(r.exit_code, 0) << r.description << "\n" << r.err;
+  return r.out;
+}
 
 ModelShape Shape(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, int64_t heads,
                  int64_t kv_heads, bool tied) {
@@ -81,7 +95,7 @@ TEST(ModelMathTest, MfuIsModelFlopsOverDevicesTimesPeak) {
 TEST(ModelMathTest, PythonCopyAgreesWithTheCxxDefinition) {
   const char* source = std::getenv("ULYSSES_SOURCE_DIR");
   if (source == nullptr) GTEST_SKIP() << "ULYSSES_SOURCE_DIR unset (run through ctest)";
-  if (std::system("python3 -S -c pass >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  if (!testing::IsExecutable(kPython)) GTEST_SKIP() << kPython << " missing";
   // One python run (-S: no site packages) for every case: [[shape, seq_len], ...].
   std::vector<std::pair<ModelShape, int64_t>> cases;
   for (const ModelShape& s : {Tiny(), Llama1B(), Llama8B()}) {
@@ -98,14 +112,8 @@ TEST(ModelMathTest, PythonCopyAgreesWithTheCxxDefinition) {
                         s.num_attention_heads, s.num_key_value_heads, seq));
   }
   json += "]";
-  const std::string command =
-      absl::StrCat("python3 -S '", source, "/bench/gpu/model_math.py' '", json, "'");
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr) << command;
-  std::string out;
-  char buf[256];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
-  ASSERT_EQ(pclose(pipe), 0) << command;
+  const std::string out =
+      PythonOutput({"-S", absl::StrCat(source, "/bench/gpu/model_math.py"), json});
   const std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), cases.size()) << out;
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -122,20 +130,15 @@ TEST(ModelMathTest, PythonCopyAgreesWithTheCxxDefinition) {
 TEST(ModelMathTest, HfBenchShapesAreTheSpecPresets) {
   const char* source = std::getenv("ULYSSES_SOURCE_DIR");
   if (source == nullptr) GTEST_SKIP() << "ULYSSES_SOURCE_DIR unset (run through ctest)";
-  if (std::system("python3 -S -c pass >/dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  if (!testing::IsExecutable(kPython)) GTEST_SKIP() << kPython << " missing";
   // The SHAPES literal, read without importing the file (it imports torch and transformers).
-  const std::string command = absl::StrCat(
-      "python3 -S -c 'import ast, json, sys\n"
-      "for n in ast.parse(open(sys.argv[1]).read()).body:\n"
-      "    if isinstance(n, ast.Assign) and getattr(n.targets[0], \"id\", \"\") == \"SHAPES\":\n"
-      "        print(json.dumps(ast.literal_eval(n.value)))' '",
-      source, "/bench/gpu/hf_bench.py'");
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr) << command;
-  std::string out;
-  char buf[256];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
-  ASSERT_EQ(pclose(pipe), 0) << command;
+  const std::string out = PythonOutput(
+      {"-S", "-c",
+       "import ast, json, sys\n"
+       "for n in ast.parse(open(sys.argv[1]).read()).body:\n"
+       "    if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', '') == 'SHAPES':\n"
+       "        print(json.dumps(ast.literal_eval(n.value)))",
+       absl::StrCat(source, "/bench/gpu/hf_bench.py")});
   const nlohmann::json shapes = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
   ASSERT_TRUE(shapes.is_object()) << out;
   const std::pair<const char*, const char*> kNames[] = {{"llama3.2-1b", "llama3-1b"},
