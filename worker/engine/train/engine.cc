@@ -39,6 +39,11 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   // Decide where we start before touching the network (bad input fails fast on every rank).
   ASSIGN_OR_RETURN(in.plan, PlanResume(in.checkpoint_root, spec::SpecHash(in.spec), o.stage));
   if (in.plan.stage_done) {
+    // The stage finished in an earlier run: its committed final checkpoint is this run's result
+    // (rank 0 reports it; seconds 0, no blocked time: nothing was saved now).
+    if (in.plan.state.has_value()) {
+      report.Checkpoint(o.stage, in.plan.state->step_in_stage, in.plan.path, 0.0, std::nullopt);
+    }
     report.Done(o.stage, /*with_peak_rss=*/false);
     return RankOutcome{};
   }

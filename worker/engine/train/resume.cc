@@ -46,6 +46,10 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& root, const std::string
   ASSIGN_OR_RETURN(CheckpointState st, ReadCheckpointInfo(*latest, spec_hash));
   if (st.stage > stage || (st.stage == stage && st.stage_complete)) {
     plan.stage_done = true;
+    if (st.stage == stage) {  // this stage's own final checkpoint: the caller reports it
+      plan.state = std::move(st);
+      plan.path = *latest;
+    }
     return plan;
   }
   if (st.stage < stage && !(st.stage == stage - 1 && st.stage_complete)) {

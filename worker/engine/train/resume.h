@@ -34,7 +34,9 @@ absl::StatusOr<std::optional<std::string>> FindLatestCheckpoint(const std::strin
 struct ResumePlan {
   bool stage_done = false;  // the stage already completed: nothing to run
   // Set when resuming (mid-stage or from stage - 1): the manifest's metadata, WITHOUT tensors
-  // (ReadCheckpointInfo); each rank then reads only its share (ResumeShare).
+  // (ReadCheckpointInfo); each rank then reads only its share (ResumeShare). With stage_done,
+  // set when the latest checkpoint is this stage's final one (the run reports it: a supervisor
+  // that missed its commit, e.g. a coordinator restored from a backup, learns of it).
   std::optional<CheckpointState> state;
   std::string path;  // the checkpoint `state` came from
 };

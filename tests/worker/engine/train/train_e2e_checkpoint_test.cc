@@ -287,4 +287,35 @@ TEST_F(TrainE2eTest, ARunningRankTakesANewCheckpointIntervalFromItsControlChanne
   EXPECT_EQ(committed, want) << "applied from step " << from;
 }
 
+// A rank started for a stage that already finished (its final checkpoint committed, e.g. by a
+// generation whose supervisor missed the commit: a coordinator restored from an older backup)
+// trains nothing and reports that checkpoint, so the supervisor learns the stage's result.
+TEST_F(TrainE2eTest, ARankOfAFinishedStageReportsItsFinalCheckpoint) {
+  const std::vector<std::string> args = {
+      "rank", "-f", job_, "--out", (dir_ / "done").string(), "--set", "spec.stages[0].steps=2"};
+  Result first = RunTrainer(args);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  Result again = RunTrainer(args);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  std::vector<json> checkpoints;
+  int steps = 0;
+  std::istringstream events(again.out);
+  for (std::string line; std::getline(events, line);) {
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) continue;
+    if (j.value("event", "") == "checkpoint") checkpoints.push_back(j);
+    if (j.value("event", "") == "step") ++steps;
+  }
+  EXPECT_EQ(steps, 0) << again.out;
+  ASSERT_EQ(checkpoints.size(), 1u) << again.out;
+  EXPECT_EQ(checkpoints[0].value("stage", -1), 0);
+  EXPECT_EQ(checkpoints[0].value("step", -1), 2);
+  EXPECT_EQ(checkpoints[0].value("seconds", -1.0), 0.0);
+  EXPECT_FALSE(checkpoints[0].contains("blocked_seconds")) << "nothing was saved by this run";
+  absl::StatusOr<std::string> latest =
+      ulysses::engine::LatestCommittedCheckpoint((dir_ / "done" / "checkpoints").string());
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(checkpoints[0].value("path", ""), *latest);
+}
+
 }  // namespace
