@@ -12,6 +12,13 @@
 // --tls: the coordinator serves TLS with certificates from scripts/dev_certs.sh (run from
 // the repository root), and every channel verifies it against the dev CA (as deployed);
 // without it the channels are loopback plaintext.
+//
+// --restart-after S: S seconds into the measurement the coordinator is killed with
+// SIGKILL and started again on the same port and state directory; every agent whose
+// session ended reconnects as ulysses-worker does (Register again, then a new session,
+// after a jittered exponential backoff of 200 ms .. 5 s: docs/API.md "Reconnects").
+// Reported: the time until every agent is back (an ack on its new session), and the
+// workers SUSPECT or LOST at the end.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -30,6 +37,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -129,6 +137,11 @@ class SimWorker final : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Co
   void OnReadDone(bool ok) override {
     if (!ok) return;
     if (in_.has_ack()) {
+      if (first_ack_ns_.load() == 0) {
+        first_ack_ns_ =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+                .count();
+      }
       std::lock_guard<std::mutex> lock(mu_);
       Sent& slot = sent_[in_.ack().seq() % kInFlight];
       if (slot.seq == in_.ack().seq() && slot.seq != 0) {
@@ -158,6 +171,11 @@ class SimWorker final : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Co
     return done_;
   }
   int assignments() const { return assignments_.load(); }
+  // When the first ack of this session came (0: none yet).
+  Clock::time_point first_ack() const {
+    const int64_t ns = first_ack_ns_.load();
+    return ns == 0 ? Clock::time_point{} : Clock::time_point{std::chrono::nanoseconds(ns)};
+  }
   // Heartbeats whose ack has not come (those still in flight included).
   int64_t unanswered() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -195,7 +213,64 @@ class SimWorker final : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Co
   Sent sent_[kInFlight];
   int64_t unanswered_ = 0;
   std::atomic<int> assignments_{0};
+  std::atomic<int64_t> first_ack_ns_{0};
 };
+
+// The coordinator process: started, killed with SIGKILL, started again on its port.
+struct CoordinatorProcess {
+  pid_t pid = -1;
+  int port = 0;
+  int metrics_port = 0;
+};
+
+// Starts `bin` on 127.0.0.1:`port` (0 = any) over `state_dir`; waits for its
+// "listening" line. pid -1 when it did not start.
+CoordinatorProcess StartCoordinator(const std::string& bin, const std::string& state_dir, int port,
+                                    int core, bool tls, const std::string& certs) {
+  CoordinatorProcess out;
+  int out_pipe[2];
+  if (pipe(out_pipe) != 0) return out;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out_pipe[1], STDOUT_FILENO);
+    close(out_pipe[0]);
+    setenv("ULYSSES_LOG_LEVEL", "warning", 1);
+    std::vector<std::string> args;
+    if (core >= 0) args = {"/usr/bin/taskset", "-c", std::to_string(core)};
+    for (std::string a : {bin, std::string("--listen"), absl::StrCat("127.0.0.1:", port),
+                          std::string("--state-dir"), state_dir, std::string("--metrics-listen"),
+                          std::string("127.0.0.1:0")}) {
+      args.push_back(a);
+    }
+    if (tls) {
+      for (std::string a : {std::string("--tls-cert"), certs + "/server.pem",
+                            std::string("--tls-key"), certs + "/server.key"}) {
+        args.push_back(a);
+      }
+    }
+    std::vector<char*> argv2;
+    for (auto& a : args) argv2.push_back(a.data());
+    argv2.push_back(nullptr);
+    execv(argv2[0], argv2.data());
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  FILE* child_out = fdopen(out_pipe[0], "r");
+  char line[512];
+  while (fgets(line, sizeof(line), child_out)) {
+    if (sscanf(line, "ulysses-coordinator listening grpc=%d metrics=%d", &out.port,
+               &out.metrics_port) == 2) {
+      break;
+    }
+  }
+  if (out.port == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return out;
+  }
+  out.pid = pid;
+  return out;  // Its stdout pipe stays open (it writes little past the first line).
+}
 
 struct ProcStat {
   double user_s = 0;
@@ -295,6 +370,7 @@ int main(int argc, char** argv) {
   std::string bin;
   bool tls = false;
   bool check = false;
+  double restart_after = -1;
   app.add_option("--workers", workers, "Simulated workers");
   app.add_flag("--tls", tls, "Serve and connect over TLS (dev certs; run from the repo root)");
   app.add_option("--seconds", seconds, "Measurement window");
@@ -308,6 +384,9 @@ int main(int argc, char** argv) {
                "Exit 1 unless every heartbeat was answered, no session ended early and no "
                "worker is LOST or SUSPECT at the end (the ctest regression)");
   app.add_option("--coordinator", bin, "ulysses-coordinator binary (default: next to this one)");
+  app.add_option("--restart-after", restart_after,
+                 "Seconds into the measurement to kill -9 the coordinator and start it again on "
+                 "the same port and state (agents reconnect with backoff); -1 = never");
   if (std::optional<int> exit_code = ulysses::contract::ParseCommandLine(app, argc, argv)) {
     return *exit_code;
   }
@@ -333,44 +412,12 @@ int main(int argc, char** argv) {
     ss << in.rdbuf();
     ca_pem = ss.str();
   }
-  int out_pipe[2];
-  if (pipe(out_pipe) != 0) return 1;
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(out_pipe[1], STDOUT_FILENO);
-    close(out_pipe[0]);
-    setenv("ULYSSES_LOG_LEVEL", "warning", 1);
-    std::vector<std::string> args;
-    if (core >= 0) args = {"/usr/bin/taskset", "-c", std::to_string(core)};
-    for (std::string a :
-         {bin, std::string("--listen"), std::string("127.0.0.1:0"), std::string("--state-dir"),
-          state_dir, std::string("--metrics-listen"), std::string("127.0.0.1:0")}) {
-      args.push_back(a);
-    }
-    if (tls) {
-      for (std::string a : {std::string("--tls-cert"), certs + "/server.pem",
-                            std::string("--tls-key"), certs + "/server.key"}) {
-        args.push_back(a);
-      }
-    }
-    std::vector<char*> argv2;
-    for (auto& a : args) argv2.push_back(a.data());
-    argv2.push_back(nullptr);
-    execv(argv2[0], argv2.data());
-    _exit(127);
-  }
-  close(out_pipe[1]);
-  FILE* child_out = fdopen(out_pipe[0], "r");
-  int port = 0, metrics_port = 0;
-  char line[512];
-  while (fgets(line, sizeof(line), child_out)) {
-    if (sscanf(line, "ulysses-coordinator listening grpc=%d metrics=%d", &port, &metrics_port) == 2)
-      break;
-  }
-  if (port == 0) {
+  CoordinatorProcess coordinator = StartCoordinator(bin, state_dir, 0, core, tls, certs);
+  if (coordinator.pid < 0) {
     fprintf(stderr, "coordinator did not start\n");
     return 1;
   }
+  const int port = coordinator.port;
   {
     std::ifstream token_in(state_dir + "/admin.token");
     std::getline(token_in, g_token);
@@ -382,6 +429,9 @@ int main(int argc, char** argv) {
     grpc::ChannelArguments args;
     args.SetInt("ulysses.load.channel", i);  // Distinct args -> distinct TCP connections.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    // The agent's channel settings (worker_agent.cc): reconnect 200 ms .. 2 s.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
     if (tls) {
       grpc::SslCredentialsOptions ssl;
@@ -421,7 +471,9 @@ int main(int argc, char** argv) {
       const int hi = static_cast<int>(((slot + 1) * workers + slots - 1) / slots);
       for (int i = lo; i < hi; ++i) {
         SimWorker* sim = live[i].load(std::memory_order_acquire);
-        if (sim != nullptr && !sim->Heartbeat()) skipped++;
+        // A session that ended (the coordinator was killed) is not skipping: its agent
+        // is reconnecting.
+        if (sim != nullptr && !sim->done() && !sim->Heartbeat()) skipped++;
       }
       ++tick;
     }
@@ -450,6 +502,65 @@ int main(int argc, char** argv) {
       });
     }
     for (auto& t : ts) t.join();
+  }
+
+  // Reconnects (--restart-after): an agent whose session ended registers again and opens
+  // a new session after a jittered exponential backoff, 200 ms doubling to 5 s, as
+  // ulysses-worker's SessionLoop. 16 threads, each owning the agents i = t (mod 16);
+  // replaced sessions are kept (the heartbeat thread may still hold them) until the end.
+  constexpr int kReconnectThreads = 16;
+  std::vector<std::vector<std::unique_ptr<SimWorker>>> retired(kReconnectThreads);
+  std::atomic<long> reregistrations{0}, register_failures{0};
+  std::vector<std::thread> reconnectors;
+  for (int t = 0; restart_after >= 0 && t < kReconnectThreads; ++t) {
+    reconnectors.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<unsigned>(t) * 7919u + 1);
+      struct Retry {
+        bool waiting = false;
+        std::chrono::milliseconds backoff{200};
+        Clock::time_point at;
+      };
+      std::vector<Retry> retry(workers);
+      auto schedule = [&](Retry& r) {
+        r.waiting = true;
+        r.at = Clock::now() + std::chrono::milliseconds(std::uniform_int_distribution<int64_t>(
+                                  r.backoff.count() / 2, r.backoff.count())(rng));
+        r.backoff = std::min(r.backoff * 2, std::chrono::milliseconds(5000));
+      };
+      while (!stop) {
+        for (int i = t; i < workers && !stop; i += kReconnectThreads) {
+          Retry& r = retry[i];
+          if (sims[i] == nullptr || !sims[i]->done()) continue;
+          if (!r.waiting) {
+            r.backoff = std::chrono::milliseconds(200);
+            schedule(r);
+            continue;
+          }
+          if (Clock::now() < r.at) continue;
+          v1::RegisterRequest req;
+          req.set_name(absl::StrCat("sim-", i));
+          req.set_node_label(absl::StrCat("node-", i / 8));
+          req.set_device("cpu");
+          req.set_host(absl::StrCat("10.", i / 65536, ".", (i / 256) % 256, ".", i % 256));
+          v1::RegisterResponse resp;
+          grpc::ClientContext ctx;
+          Authorize(&ctx);
+          SetDeadlineAfter(&ctx, absl::Seconds(10));
+          if (!wstubs[i % channels]->Register(&ctx, req, &resp).ok()) {
+            register_failures++;
+            schedule(r);
+            continue;
+          }
+          reregistrations++;
+          r.waiting = false;
+          retired[t].push_back(std::move(sims[i]));
+          sims[i] =
+              std::make_unique<SimWorker>(wstubs[i % channels].get(), resp.worker_id(), &hb_lat);
+          live[i].store(sims[i].get(), std::memory_order_release);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    });
   }
 
   // Users: submissions plus reads.
@@ -507,14 +618,72 @@ int main(int argc, char** argv) {
   skipped = 0;
   for (auto& s : sims) s->ResetUnanswered();
   const std::string load_before = LoadAverage();
-  ProcStat p0 = ReadProc(pid), g0 = SelfCpu();
+  ProcStat p0 = ReadProc(coordinator.pid), g0 = SelfCpu();
   auto t0 = Clock::now();
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-  ProcStat p1 = ReadProc(pid), g1 = SelfCpu();
+  auto cpu_from = t0;  // The coordinator's CPU is measured from here (its restart).
+  std::string restart_report;
+  if (restart_after >= 0) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(restart_after));
+    const auto killed = Clock::now();
+    kill(coordinator.pid, SIGKILL);
+    waitpid(coordinator.pid, nullptr, 0);
+    coordinator = StartCoordinator(bin, state_dir, port, core, tls, certs);
+    if (coordinator.pid < 0) {
+      fprintf(stderr, "--restart-after: the coordinator did not start again on port %d\n", port);
+      stop = true;
+      _exit(1);
+    }
+    const auto listening = Clock::now();
+    p0 = ProcStat{};  // The new process's whole life.
+    cpu_from = listening;
+    // Every agent back: an ack on a session opened after the kill.
+    Clock::time_point all_back{};
+    int back = 0;
+    const auto window_end =
+        t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    while (Clock::now() < window_end) {
+      back = 0;
+      Clock::time_point last{};
+      for (int i = 0; i < workers; ++i) {
+        SimWorker* sim = live[i].load(std::memory_order_acquire);
+        const Clock::time_point ack = sim == nullptr ? Clock::time_point{} : sim->first_ack();
+        if (ack > killed) {
+          ++back;
+          last = std::max(last, ack);
+        }
+      }
+      if (back == workers) {
+        all_back = last;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    restart_report =
+        absl::StrCat("restart: kill -9 at ", restart_after, " s; new coordinator listening after ",
+                     absl::SixDigits(std::chrono::duration<double>(listening - killed).count()),
+                     " s; ", back, " of ", workers, " agents back");
+    if (back == workers) {
+      absl::StrAppend(&restart_report, ", the last ",
+                      absl::SixDigits(std::chrono::duration<double>(all_back - killed).count()),
+                      " s after the kill (",
+                      absl::SixDigits(std::chrono::duration<double>(all_back - listening).count()),
+                      " s after it listened)");
+    } else {
+      absl::StrAppend(&restart_report, " by the end of the window");
+    }
+    absl::StrAppend(&restart_report, "; ", reregistrations.load(), " re-registrations, ",
+                    register_failures.load(), " refused or failed (retried with backoff)");
+    std::this_thread::sleep_until(window_end);
+  } else {
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  }
+  ProcStat p1 = ReadProc(coordinator.pid), g1 = SelfCpu();
   double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double coordinator_wall = std::chrono::duration<double>(Clock::now() - cpu_from).count();
   stop = true;
   beat.join();
   user.join();
+  for (auto& r : reconnectors) r.join();
   // The last heartbeats' acks (up to 5 s) before counting the unanswered ones.
   int64_t unanswered = 0;
   for (auto until = Clock::now() + std::chrono::seconds(5);;) {
@@ -551,17 +720,19 @@ int main(int argc, char** argv) {
   printf("\n");
   printf("heartbeats unanswered (no ack within 5 s of the end): %lld\n",
          static_cast<long long>(unanswered));
-  printf("coordinator CPU: %s over %.1fs; RSS %.1f MiB\n", CpuLine(p0, p1, wall).c_str(), wall,
-         p1.rss_mib);
+  if (!restart_report.empty()) printf("%s\n", restart_report.c_str());
+  printf("coordinator CPU: %s over %.1fs%s; RSS %.1f MiB\n",
+         CpuLine(p0, p1, coordinator_wall).c_str(), coordinator_wall,
+         restart_report.empty() ? "" : " (the restarted process, from its start)", p1.rss_mib);
   printf("generator CPU:   %s (of %u cores)\n", CpuLine(g0, g1, wall).c_str(),
          std::thread::hardware_concurrency());
   printf("load average: %s at the start, %s at the end\n", load_before.c_str(),
          LoadAverage().c_str());
 
   for (auto& s : sims) s->Close();
-  kill(pid, SIGTERM);
+  kill(coordinator.pid, SIGTERM);
   int status = 0;
-  waitpid(pid, &status, 0);
+  waitpid(coordinator.pid, &status, 0);
   ulysses::RemoveTree(state_dir).IgnoreError();
   if (check) {
     const int lost = states.count("WORKER_STATE_LOST") ? states.at("WORKER_STATE_LOST") : 0;

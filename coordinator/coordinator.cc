@@ -158,7 +158,14 @@ void Coordinator::TickerLoop() {
   }
 }
 
-void Coordinator::TickForTesting() { Tick(/*scan_workers=*/true); }
+void Coordinator::TickForTesting() {
+  absl::MutexLock lock(&mu_);
+  if (!serving_) ProbeStoreLocked();
+  Txn txn;
+  // A pass whether or not the ticker would have run one now.
+  TickLocked(txn, /*scan_workers=*/true, /*force_pass=*/true);
+  (void)CommitLocked(txn);
+}
 
 int64_t Coordinator::WorkerScanMs() const {
   return std::clamp<int64_t>(static_cast<int64_t>(config_.heartbeat_timeout_s * 100), 100, 1000);
@@ -172,7 +179,7 @@ void Coordinator::Tick(bool scan_workers) {
   (void)CommitLocked(txn);
 }
 
-void Coordinator::TickLocked(Txn& txn, bool scan_workers) {
+void Coordinator::TickLocked(Txn& txn, bool scan_workers, bool force_pass) {
   const int64_t now = SteadyMs();
   // First, before any pointer to a worker enters txn.
   if (scan_workers) machine_.ExpireLostWorkers(now, txn);
@@ -202,7 +209,39 @@ void Coordinator::TickLocked(Txn& txn, bool scan_workers) {
       txn.jobs.insert(&job);
     }
   }
+  if (force_pass) {
+    SchedulePassLocked(txn);
+  } else {
+    MaybeScheduleLocked(txn, now);
+  }
+}
+
+void Coordinator::MaybeScheduleLocked(Txn& txn, int64_t now) {
+  // At 25,000 nodes with 10,000 queued jobs a pass takes ~80 ms (bench/schedule_pass):
+  // run inline per event, a reconnect storm or a large job's rank exits (one per rank)
+  // would be tens of minutes of passes. Asked-for passes wait max(50 ms, 4 x the last pass) after
+  // the previous one (at most ~20 % of a core); a queued job's backoff ending is asked
+  // for by the clock; every max(50 ms, 20 x the last pass) one runs regardless, a
+  // backstop for a state change that asked for none (every tick on a small cluster).
+  const int64_t since = now - last_pass_end_steady_;
+  const bool asked = schedule_requested_ || machine_.next_backoff_end_ms() <= NowMs();
+  if ((asked && since >= std::max<int64_t>(50, 4 * last_pass_cost_ms_)) ||
+      since >= std::max<int64_t>(50, 20 * last_pass_cost_ms_)) {
+    SchedulePassLocked(txn);
+  }
+}
+
+void Coordinator::SchedulePassLocked(Txn& txn) {
+  const int64_t start = SteadyMs();
+  const absl::Time t0 = absl::Now();
   machine_.Schedule(txn);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  if (metrics_->scheduling_pass != nullptr) {
+    metrics_->scheduling_pass->WithLabels()->Observe(seconds);
+  }
+  schedule_requested_ = false;
+  last_pass_end_steady_ = SteadyMs();
+  last_pass_cost_ms_ = last_pass_end_steady_ - start;
 }
 
 void Coordinator::ProbeStoreLocked() {

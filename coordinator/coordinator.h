@@ -125,7 +125,7 @@ class Coordinator {
                        const v1::WorkerMessage& message);
   void CloseSession(const std::string& worker_id, uint64_t session_id);
 
-  // Runs one ticker iteration now (tests).
+  // Runs one ticker iteration now, with a scheduling pass (tests).
   void TickForTesting();
 
  private:
@@ -137,7 +137,15 @@ class Coordinator {
   // when `scan_workers`: the ticker does them every WorkerScanMs(), not every 100 ms
   // (each is a walk over every worker: 25,000 at scale).
   void Tick(bool scan_workers) ABSL_LOCKS_EXCLUDED(mu_);
-  void TickLocked(Txn& txn, bool scan_workers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TickLocked(Txn& txn, bool scan_workers, bool force_pass = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Scheduling passes (docs/COORDINATOR.md "Scheduling passes"): an event that may let
+  // the queue move asks for one; the ticker runs it (MaybeScheduleLocked), so that a pass
+  // over a 25,000-node cluster runs at most every max(100 ms, 4 x its duration) however
+  // many events asked.
+  void RequestScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { schedule_requested_ = true; }
+  void MaybeScheduleLocked(Txn& txn, int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SchedulePassLocked(Txn& txn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // heartbeat_timeout_s / 10, within 100 ms .. 1 s: a silent worker is SUSPECT or LOST at
   // most this late.
   int64_t WorkerScanMs() const;
@@ -166,6 +174,9 @@ class Coordinator {
   // Operate on state_; every call needs mu_ (they hold references to state_).
   JobMachine machine_ ABSL_GUARDED_BY(mu_);
   WorkerProtocol protocol_ ABSL_GUARDED_BY(mu_);
+  bool schedule_requested_ ABSL_GUARDED_BY(mu_) = true;
+  int64_t last_pass_end_steady_ ABSL_GUARDED_BY(mu_) = 0;  // SteadyMs().
+  int64_t last_pass_cost_ms_ ABSL_GUARDED_BY(mu_) = 0;
 
   // SteadyMs() at Start() and after every tick of the ticker thread (LivenessAt).
   std::atomic<int64_t> last_tick_ms_{0};

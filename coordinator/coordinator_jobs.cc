@@ -175,8 +175,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   }
   state_.next_job_number++;
   if (!job.rec.request_id.empty()) state_.job_by_request[job.rec.request_id] = id;
-  machine_.Schedule(txn);
-  (void)CommitLocked(txn);
+  RequestScheduleLocked();  // The ticker's next pass places it.
   response.set_job_id(id);
   *response.mutable_job() = JobToProto(job.rec, true);
   return response;
@@ -287,8 +286,7 @@ absl::StatusOr<v1::Job> Coordinator::ResumeJob(const std::string& job_id,
                     absl::StrCat("resumed by ", caller.user, " from ", CheckpointText(job->rec)),
                     txn, caller.user);
   RETURN_IF_ERROR(CommitLocked(txn));
-  machine_.Schedule(txn);
-  (void)CommitLocked(txn);
+  RequestScheduleLocked();
   return JobToProto(job->rec, true);
 }
 

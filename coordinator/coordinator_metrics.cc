@@ -56,6 +56,8 @@ std::unique_ptr<CoordinatorMetrics> CoordinatorMetrics::Register(
     if (!s.ok()) ULOG(ERROR) << "metric registration: " << s;
   };
   m->gang_wait = must(metrics::RegisterHistogram(registry, "ulysses_gang_wait_seconds"));
+  m->scheduling_pass =
+      must(metrics::RegisterHistogram(registry, "ulysses_scheduling_pass_seconds"));
   m->restarts = must(metrics::RegisterCounter(registry, "ulysses_job_restarts_total"));
   m->preemptions = must(metrics::RegisterCounter(registry, "ulysses_preemptions_total"));
   m->preemption_lost_gpu_seconds =

@@ -44,6 +44,7 @@ class CoordinatorMetrics {
   void ForgetJob(const std::string& job_id);
 
   metrics::HistogramFamily* gang_wait = nullptr;
+  metrics::HistogramFamily* scheduling_pass = nullptr;
   metrics::CounterFamily* restarts = nullptr;                     // {reason}
   metrics::CounterFamily* preemptions = nullptr;                  // {reason: priority | worker}
   metrics::CounterFamily* preemption_lost_gpu_seconds = nullptr;  // {reason}

@@ -79,9 +79,7 @@ absl::StatusOr<uint64_t> Coordinator::OpenSession(const std::string& worker_id,
   // Messages committed while no session was open.
   for (v1::CoordinatorMessage& m : w->pending) sink->Send(m);
   w->pending.clear();
-  Txn txn;
-  machine_.Schedule(txn);
-  (void)CommitLocked(txn);
+  RequestScheduleLocked();  // Its free slots (a reconnect storm asks once per worker).
   return w->session;
 }
 
@@ -110,13 +108,12 @@ void Coordinator::OnWorkerMessage(const std::string& worker_id, uint64_t session
   w->last_seen_steady = now;
   protocol_.OnMessage(*w, message, txn);
   // A rank that exited, or a heartbeat that freed a slot or made the worker schedulable
-  // again, may let the queue move: a scheduling pass now. A heartbeat that changed nothing
-  // leaves it to the ticker's pass (every 100 ms): a pass walks every queued job and, while
-  // one waits, every worker, which per heartbeat of 25,000 workers would be quadratic.
+  // again, may let the queue move: it asks for a pass (the ticker coalesces them; a
+  // pass walks every queued job and worker, per message of 25,000 workers quadratic).
   const bool has_free_slot = w->slots.size() < static_cast<size_t>(w->rec.capacity);
   const bool changed = w->slots.size() < slots_before || w->state != state_before;
   if (message.has_exited() || (message.has_heartbeat() && has_free_slot && changed)) {
-    machine_.Schedule(txn);
+    RequestScheduleLocked();
   }
   (void)CommitLocked(txn);
 }

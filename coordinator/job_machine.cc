@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -187,30 +188,57 @@ void JobMachine::SetState(JobRt& job, v1::JobState to, const std::string& reason
 }
 
 int JobMachine::AllocatePort() {
-  std::set<int> in_use;
-  for (auto& [id, j] : state_.jobs) {
-    const AttemptRecord* a = j->rec.current_attempt();
-    if (a != nullptr && !a->ended()) in_use.insert(a->master_port);
+  // The ports of live attempts, collected once per scheduling pass (a pass that launches
+  // J jobs among N would otherwise walk every job J times) and per call outside one.
+  if (!ports_in_use_.has_value()) {
+    ports_in_use_.emplace();
+    for (auto& [id, j] : state_.jobs) {
+      const AttemptRecord* a = j->rec.current_attempt();
+      if (a != nullptr && !a->ended()) ports_in_use_->insert(a->master_port);
+    }
   }
   const int lo = static_cast<int>(config_.rendezvous_port_min);
   const int span = static_cast<int>(config_.rendezvous_port_max - config_.rendezvous_port_min + 1);
   int& next = state_.next_port;
+  int port = -1;
   for (int i = 0; i < span; ++i) {
-    int port = lo + (next + i) % span;
-    if (!in_use.count(port)) {
+    const int candidate = lo + (next + i) % span;
+    if (!ports_in_use_->count(candidate)) {
       next = (next + i + 1) % span;
-      return port;
+      port = candidate;
+      break;
     }
   }
-  next = (next + 1) % span;
-  return lo + next;
+  if (port < 0) {
+    next = (next + 1) % span;
+    port = lo + next;
+  }
+  ports_in_use_->insert(port);
+  if (!in_pass_) ports_in_use_.reset();
+  return port;
 }
 
 void JobMachine::Schedule(Txn& txn) {
+  // One walk over the jobs and one over the workers: at 25,000 nodes and 10,000 queued
+  // jobs each walk is what a pass costs (bench/schedule_pass, docs/BENCHMARKS.md).
   const int64_t now = NowMs();
+  next_backoff_end_ms_ = INT64_MAX;
   std::vector<QueuedJob> queue;
+  std::map<std::string, int64_t> in_use;  // Workers held by each tenant's live attempts.
+  std::vector<const JobRt*> preemptible;  // Running jobs a higher priority may preempt.
+  // Jobs being preempted, by the job they make room for (named in its reason).
+  std::multimap<std::string, const JobRt*> preempting;
+  int64_t max_preempting_priority = INT64_MIN;
   for (auto& [id, j] : state_.jobs) {
     const JobRt& job = *j;
+    if (!job.preempting_for.empty()) preempting.emplace(job.preempting_for, &job);
+    if (const AttemptRecord* a = job.rec.current_attempt(); a != nullptr && !a->ended()) {
+      in_use[job.rec.tenant] += static_cast<int64_t>(a->worker_ids.size());
+      if (job.rec.preemptible && job.rec.state == v1::JOB_STATE_RUNNING &&
+          job.preempting_for.empty() && !job.awaiting_reconnect) {
+        preemptible.push_back(&job);
+      }
+    }
     if (job.rec.terminal() || job.awaiting_reconnect || !IsQueued(job.rec.state)) continue;
     const AttemptRecord* a = job.rec.attempts.empty() ? nullptr : &job.rec.attempts.back();
     if (a != nullptr && a->generation == job.rec.generation && !a->ended()) continue;
@@ -218,53 +246,56 @@ void JobMachine::Schedule(Txn& txn) {
     const bool may_preempt = std::find(config_.non_preempting_priorities.begin(),
                                        config_.non_preempting_priorities.end(),
                                        job.rec.priority) == config_.non_preempting_priorities.end();
+    if (may_preempt) max_preempting_priority = std::max(max_preempting_priority, job.rec.priority);
+    if (job.rec.not_before_ms > now) {
+      next_backoff_end_ms_ = std::min(next_backoff_end_ms_, job.rec.not_before_ms);
+    }
     queue.push_back({job.rec.id, job.rec.priority, job.rec.number, stage.index,
                      GangRequest{stage.sp, stage.dp, job.rec.node_label},
                      job.rec.not_before_ms > now, job.rec.tenant, may_preempt});
   }
   if (queue.empty()) return;
-  std::map<std::string, int64_t> in_use;  // Workers held by each tenant's live attempts.
-  for (auto& [id, j] : state_.jobs) {
-    const AttemptRecord* a = j->rec.current_attempt();
-    if (a != nullptr && !a->ended()) in_use[j->rec.tenant] += a->worker_ids.size();
-  }
   std::vector<IdleWorker> idle;
-  std::vector<IdleWorker> live;
+  LiveSlots live;                   // Counts only: every slot of every worker not LOST.
   std::vector<IdleWorker> freeing;  // Busy with an attempt that ended or is being preempted.
-  // Sized once: growing them relocated every entry (two strings each) about log2(slots)
-  // times per pass, ~5 % of the coordinator's CPU with 5,000 workers (docs/BENCHMARKS.md).
-  size_t slots = 0;
-  for (const auto& [id, w] : state_.workers)
-    slots += static_cast<size_t>(std::max(0, w->rec.capacity));
-  idle.reserve(slots);
-  live.reserve(slots);
-  // One entry per slot.
+  // One entry per free or freeing slot: a full cluster has few, and a busy slot costs a
+  // job lookup only when its job differs from the previous slot's.
   for (auto& [id, w] : state_.workers) {
+    if (w->state != v1::WORKER_STATE_LOST) {
+      live.Add(w->rec.node_label, std::max(0, w->rec.capacity));
+    }
+    if (w->draining) continue;
     const bool connected = w->sink != nullptr &&
                            (w->state == v1::WORKER_STATE_IDLE || w->state == v1::WORKER_STATE_BUSY);
+    const std::string* last_job_id = nullptr;
+    const JobRt* last_job = nullptr;
+    auto held = w->slots.begin();
     for (int slot = 0; slot < w->rec.capacity; ++slot) {
-      const IdleWorker entry{w->rec.id, w->rec.node_label, slot};
-      if (w->state != v1::WORKER_STATE_LOST) live.push_back(entry);
-      if (w->draining) continue;
-      auto held = w->slots.find(slot);
-      if (held == w->slots.end()) {
-        if (connected) idle.push_back(entry);
+      while (held != w->slots.end() && held->first < slot) ++held;
+      if (held == w->slots.end() || held->first != slot) {
+        if (connected) idle.push_back({w->rec.id, w->rec.node_label, slot});
         continue;
       }
       if (w->state == v1::WORKER_STATE_LOST) continue;
-      JobRt* job = state_.FindJob(held->second.job_id());
-      const AttemptRecord* a = job == nullptr ? nullptr : job->rec.current_attempt();
-      if (a == nullptr || a->ended() || a->generation != held->second.generation() ||
-          !job->preempting_for.empty()) {
-        freeing.push_back(entry);
+      const v1::WorkRef& ref = held->second;
+      if (last_job_id == nullptr || *last_job_id != ref.job_id()) {
+        last_job_id = &ref.job_id();
+        last_job = state_.FindJob(ref.job_id());
+      }
+      const AttemptRecord* a = last_job == nullptr ? nullptr : last_job->rec.current_attempt();
+      if (a == nullptr || a->ended() || a->generation != ref.generation() ||
+          !last_job->preempting_for.empty()) {
+        freeing.push_back({w->rec.id, w->rec.node_label, slot});
       }
     }
   }
-  // Running jobs: candidates for priority preemption.
+  // Running jobs that a queued job may preempt (PlanPreemption takes only preemptible
+  // ones of lower priority than the preempting job): listing every running job's slots
+  // per pass would be 200,000 entries on a full 25,000-node cluster.
   std::vector<RunningJob> running;
-  for (auto& [id, j] : state_.jobs) {
+  for (const JobRt* j : preemptible) {
+    if (j->rec.priority >= max_preempting_priority) continue;
     const AttemptRecord* a = j->rec.current_attempt();
-    if (a == nullptr || a->ended()) continue;
     RunningJob r;
     r.id = j->rec.id;
     r.priority = j->rec.priority;
@@ -279,10 +310,10 @@ void JobMachine::Schedule(Txn& txn) {
     r.gpu_seconds_at_risk =
         static_cast<double>(a->worker_ids.size()) * std::max<int64_t>(0, now - since) / 1000.0;
     r.tenant = j->rec.tenant;
-    r.preemptible = j->rec.preemptible && j->rec.state == v1::JOB_STATE_RUNNING &&
-                    j->preempting_for.empty() && !j->awaiting_reconnect;
+    r.preemptible = true;
     running.push_back(std::move(r));
   }
+  in_pass_ = true;  // AllocatePort keeps its port set for the launches below.
   for (QueueDecision& d : PlanQueue(std::move(queue), std::move(idle), live, &config_.quotas,
                                     std::move(in_use), running, freeing)) {
     JobRt& job = *state_.jobs[d.job_id];
@@ -312,10 +343,9 @@ void JobMachine::Schedule(Txn& txn) {
         break;
       case QueueDecision::Kind::kUnplaced:
         reason = std::move(d.reason);
-        for (auto& [vid, v] : state_.jobs) {
-          if (v->preempting_for == job.rec.id) {
-            absl::StrAppend(&reason, "; preempting ", NameFor(*v, job), " (it checkpoints first)");
-          }
+        for (auto [it, end] = preempting.equal_range(job.rec.id); it != end; ++it) {
+          absl::StrAppend(&reason, "; preempting ", NameFor(*it->second, job),
+                          " (it checkpoints first)");
         }
         if (job.rec.state == v1::JOB_STATE_RECOVERING || job.rec.state == v1::JOB_STATE_PREEMPTED) {
           reason = absl::StrCat("restarting from ", CheckpointText(job.rec), "; ", reason);
@@ -327,6 +357,8 @@ void JobMachine::Schedule(Txn& txn) {
       txn.jobs.insert(&job);
     }
   }
+  in_pass_ = false;
+  ports_in_use_.reset();
 }
 
 void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids,

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,9 @@ class JobMachine {
   // Places queued jobs on idle workers (coordinator/scheduler.h) and launches them;
   // unplaced jobs get the reason as their `reason`.
   void Schedule(Txn& txn);
+  // The earliest end of a queued job's restart backoff seen by the last Schedule (wall
+  // ms; INT64_MAX when none waits): the ticker's next pass is due then.
+  int64_t next_backoff_end_ms() const { return next_backoff_end_ms_; }
 
   void AddEvent(JobRt& job, v1::JobEvent event, bool persist, Txn& txn);
   // Appends to the job's log buffer now (dropping the oldest lines beyond the per-job
@@ -146,6 +150,7 @@ class JobMachine {
   // Starts accounting the job's live attempt when the record accounts another one (an
   // attempt launched before goodput accounting).
   void AdoptForGoodput(JobRt& job);
+  // A rendezvous port no live attempt uses, in round-robin order.
   int AllocatePort();
   void SendIntervalIfChanged(JobRt& job, Txn& txn);
   void DropOldestLog(JobRt& job);
@@ -153,6 +158,10 @@ class JobMachine {
   const CoordinatorConfig& config_;
   CoordinatorMetrics& metrics_;
   State& state_;
+  // During Schedule's launches: the ports in use, kept by AllocatePort across them.
+  bool in_pass_ = false;
+  int64_t next_backoff_end_ms_ = INT64_MAX;
+  std::optional<std::set<int>> ports_in_use_;
 };
 
 }  // namespace ulysses::coordinator

@@ -121,6 +121,9 @@ struct JobRecord {
     return attempts.empty() || attempts.back().generation != generation ? nullptr
                                                                         : &attempts.back();
   }
+  const AttemptRecord* current_attempt() const {
+    return const_cast<JobRecord*>(this)->current_attempt();
+  }
 };
 
 struct WorkerRecord {

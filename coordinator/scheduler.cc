@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
+#include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,121 +13,185 @@ namespace ulysses::coordinator {
 
 std::string IdleWorker::key() const { return absl::StrCat(id, "#", slot); }
 
-Placement PlaceGang(const GangRequest& request, const std::vector<IdleWorker>& idle) {
-  Placement out;
-  const int world = request.sp * request.dp;
-  // Free slots by label, then by worker, in input order.
-  struct Free {
-    std::string id;
-    std::vector<int> slots;
-  };
-  std::map<std::string, std::vector<Free>> by_label;
-  int available = 0;
-  for (const IdleWorker& w : idle) {
-    if (!request.required_label.empty() && w.node_label != request.required_label) continue;
-    std::vector<Free>& workers = by_label[w.node_label];
-    auto it =
-        std::find_if(workers.begin(), workers.end(), [&](const Free& f) { return f.id == w.id; });
-    if (it == workers.end()) it = workers.insert(workers.end(), Free{w.id, {}});
-    it->slots.push_back(w.slot);
-    ++available;
-  }
-  if (available < world) {
-    out.reason = absl::StrCat("needs ", world, " free slot", world == 1 ? "" : "s");
-    if (!request.required_label.empty()) {
-      absl::StrAppend(&out.reason, " with node label \"", request.required_label, "\"");
+namespace {
+
+// Free slots grouped for placement: by node label (map order), then by worker (in the
+// order of first appearance), each worker's slots in input order. Built once per queue
+// pass and taken from as jobs are placed, so that placing J jobs on S free slots costs
+// O(S + J x workers) instead of rebuilding the groups per job (O(J x S x workers) before:
+// a 2,000-node fill pass took 24 s, docs/BENCHMARKS.md). Workers emptied by a placement
+// stay in their vectors with no slots (skipped) so that indices stay valid.
+class SlotPool {
+ public:
+  explicit SlotPool(const std::vector<IdleWorker>& slots) {
+    for (const IdleWorker& w : slots) {
+      auto [it, inserted] = index_.try_emplace(w.id, free_.size());
+      if (inserted) {
+        free_.push_back(Free{w.id, w.node_label, {}});
+        by_label_[w.node_label].push_back(it->second);
+      }
+      free_[it->second].slots.push_back(w.slot);
+      ++label_free_[free_[it->second].label];
+      ++total_;
     }
-    absl::StrAppend(&out.reason, ", ", available, " available");
+  }
+
+  // Free slots with `label` ("" = any label).
+  int64_t Available(const std::string& label) const {
+    if (label.empty()) return total_;
+    auto it = label_free_.find(label);
+    return it == label_free_.end() ? 0 : it->second;
+  }
+
+  // The placement of `request`, its slots taken out of the pool; or, when the pool has
+  // too few, not placed with the reason and the pool unchanged. Enough free slots always
+  // place (step 3 spreads over labels), so the count decides.
+  Placement Take(const GangRequest& request) {
+    Placement out;
+    const int world = request.sp * request.dp;
+    const int64_t available = Available(request.required_label);
+    if (available < world) {
+      out.reason = absl::StrCat("needs ", world, " free slot", world == 1 ? "" : "s");
+      if (!request.required_label.empty()) {
+        absl::StrAppend(&out.reason, " with node label \"", request.required_label, "\"");
+      }
+      absl::StrAppend(&out.reason, ", ", available, " available");
+      return out;
+    }
+    const size_t sp = static_cast<size_t>(request.sp);
+    for (int g = 0; g < request.dp; ++g) {
+      // 1. Best-fit worker: the fewest free slots that still hold a whole SP group.
+      Free* best = nullptr;
+      int64_t best_label_free = 0;
+      for (auto& [label, workers] : by_label_) {
+        if (!Considered(request, label)) continue;
+        const int64_t free_in_label = label_free_[label];
+        for (size_t i : workers) {
+          Free& f = free_[i];
+          if (f.slots.size() < sp) continue;
+          if (best == nullptr || f.slots.size() < best->slots.size() ||
+              (f.slots.size() == best->slots.size() && free_in_label < best_label_free)) {
+            best = &f;
+            best_label_free = free_in_label;
+          }
+        }
+      }
+      if (best != nullptr) {
+        TakeFrom(*best, sp, &out);
+        continue;
+      }
+      // 2. Best-fit label: the fewest free slots that still hold a whole SP group.
+      const std::string* label = nullptr;
+      int64_t label_size = 0;
+      for (const auto& [l, workers] : by_label_) {
+        const int64_t n = label_free_[l];
+        if (Considered(request, l) && n >= static_cast<int64_t>(sp) &&
+            (label_size == 0 || n < label_size)) {
+          label = &l;
+          label_size = n;
+        }
+      }
+      if (label != nullptr) {
+        TakeFromLabel(*label, request.sp, &out);
+        continue;
+      }
+      // 3. No label fits a whole group: spread over the largest labels.
+      int64_t need = request.sp;
+      while (need > 0) {
+        const std::string* largest = nullptr;
+        int64_t largest_size = 0;
+        for (const auto& [l, workers] : by_label_) {
+          if (Considered(request, l) && label_free_[l] > largest_size) {
+            largest = &l;
+            largest_size = label_free_[l];
+          }
+        }
+        const int64_t take = std::min(need, largest_size);
+        TakeFromLabel(*largest, take, &out);
+        need -= take;
+      }
+    }
+    out.placed = true;
     return out;
   }
-  auto label_free = [&](const std::string& label) {
-    size_t n = 0;
-    for (const Free& f : by_label[label]) n += f.slots.size();
-    return n;
-  };
-  // Takes up to n slots of `label`, from its workers with the most free slots first.
-  auto take_from = [&](const std::string& label, int n) {
-    std::vector<Free>& workers = by_label[label];
-    while (n > 0 && !workers.empty()) {
-      auto most = std::max_element(
-          workers.begin(), workers.end(),
-          [](const Free& a, const Free& b) { return a.slots.size() < b.slots.size(); });
-      while (n > 0 && !most->slots.empty()) {
-        out.worker_ids.push_back(most->id);
-        out.slots.push_back(most->slots.front());
-        most->slots.erase(most->slots.begin());
-        --n;
-      }
-      if (most->slots.empty()) workers.erase(most);
+
+  bool Contains(const std::string& id, int slot) const {
+    auto it = index_.find(id);
+    if (it == index_.end()) return false;
+    const std::vector<int>& slots = free_[it->second].slots;
+    return std::find(slots.begin(), slots.end(), slot) != slots.end();
+  }
+
+  void Remove(const std::string& id, int slot) {
+    auto it = index_.find(id);
+    if (it == index_.end()) return;
+    Free& f = free_[it->second];
+    auto s = std::find(f.slots.begin(), f.slots.end(), slot);
+    if (s == f.slots.end()) return;
+    f.slots.erase(s);
+    --label_free_[f.label];
+    --total_;
+  }
+
+  // The free slots, workers in order of first appearance.
+  std::vector<IdleWorker> Slots() const {
+    std::vector<IdleWorker> out;
+    out.reserve(static_cast<size_t>(total_));
+    for (const Free& f : free_) {
+      for (int slot : f.slots) out.push_back(IdleWorker{f.id, f.label, slot});
     }
-    if (workers.empty()) by_label.erase(label);
-  };
-  const size_t sp = static_cast<size_t>(request.sp);
-  for (int g = 0; g < request.dp; ++g) {
-    // 1. Best-fit worker: the fewest free slots that still hold a whole SP group.
-    std::string best_label;
-    const Free* best = nullptr;
-    size_t best_label_free = 0;
-    for (auto& [label, workers] : by_label) {
-      const size_t free_in_label = label_free(label);
-      for (const Free& f : workers) {
-        if (f.slots.size() < sp) continue;
-        if (best == nullptr || f.slots.size() < best->slots.size() ||
-            (f.slots.size() == best->slots.size() && free_in_label < best_label_free)) {
-          best = &f;
-          best_label = label;
-          best_label_free = free_in_label;
-        }
-      }
-    }
-    if (best != nullptr) {
-      std::vector<Free>& workers = by_label[best_label];
-      Free& f = *std::find_if(workers.begin(), workers.end(),
-                              [&](const Free& x) { return x.id == best->id; });
-      for (size_t i = 0; i < sp; ++i) {
-        out.worker_ids.push_back(f.id);
-        out.slots.push_back(f.slots[i]);
-      }
-      f.slots.erase(f.slots.begin(), f.slots.begin() + static_cast<std::ptrdiff_t>(sp));
-      if (f.slots.empty()) {
-        workers.erase(std::find_if(workers.begin(), workers.end(),
-                                   [&](const Free& x) { return x.slots.empty(); }));
-      }
-      if (workers.empty()) by_label.erase(best_label);
-      continue;
-    }
-    // 2. Best-fit label: the fewest free slots that still hold a whole SP group.
+    return out;
+  }
+
+ private:
+  struct Free {
+    std::string id;
     std::string label;
-    size_t label_size = 0;
-    for (const auto& [l, workers] : by_label) {
-      const size_t n = label_free(l);
-      if (n >= sp && (label_size == 0 || n < label_size)) {
-        label = l;
-        label_size = n;
-      }
+    std::vector<int> slots;
+  };
+
+  static bool Considered(const GangRequest& request, const std::string& label) {
+    return request.required_label.empty() || label == request.required_label;
+  }
+
+  // Takes the first n slots of `f`.
+  void TakeFrom(Free& f, size_t n, Placement* out) {
+    for (size_t i = 0; i < n; ++i) {
+      out->worker_ids.push_back(f.id);
+      out->slots.push_back(f.slots[i]);
     }
-    if (label_size > 0) {
-      take_from(label, request.sp);
-      continue;
-    }
-    // 3. No label fits a whole group: spread over the largest labels.
-    int need = request.sp;
-    while (need > 0) {
-      std::string largest;
-      size_t largest_size = 0;
-      for (const auto& [l, workers] : by_label) {
-        if (label_free(l) > largest_size) {
-          largest = l;
-          largest_size = label_free(l);
-        }
+    f.slots.erase(f.slots.begin(), f.slots.begin() + static_cast<std::ptrdiff_t>(n));
+    label_free_[f.label] -= static_cast<int64_t>(n);
+    total_ -= static_cast<int64_t>(n);
+  }
+
+  // Takes up to n slots of `label`, from its workers with the most free slots first.
+  void TakeFromLabel(const std::string& label, int64_t n, Placement* out) {
+    const std::vector<size_t>& workers = by_label_[label];
+    while (n > 0) {
+      Free* most = nullptr;
+      for (size_t i : workers) {
+        if (most == nullptr || free_[i].slots.size() > most->slots.size()) most = &free_[i];
       }
-      const int take = std::min<int>(need, static_cast<int>(largest_size));
-      take_from(largest, take);
-      need -= take;
+      if (most == nullptr || most->slots.empty()) return;
+      const size_t take = std::min(static_cast<size_t>(n), most->slots.size());
+      TakeFrom(*most, take, out);
+      n -= static_cast<int64_t>(take);
     }
   }
-  out.placed = true;
-  return out;
+
+  std::vector<Free> free_;
+  std::unordered_map<std::string, size_t> index_;        // Worker id -> free_ index.
+  std::map<std::string, std::vector<size_t>> by_label_;  // Label -> free_ indices.
+  std::map<std::string, int64_t> label_free_;            // Label -> free slots.
+  int64_t total_ = 0;
+};
+
+}  // namespace
+
+Placement PlaceGang(const GangRequest& request, const std::vector<IdleWorker>& idle) {
+  SlotPool pool(idle);
+  return pool.Take(request);
 }
 
 std::vector<Victim> PlanPreemption(const QueuedJob& job, const std::vector<IdleWorker>& available,
@@ -144,12 +210,23 @@ std::vector<Victim> PlanPreemption(const QueuedJob& job, const std::vector<IdleW
     if (a.priority != b.priority) return a.priority < b.priority;
     return a.number > b.number;  // The youngest first.
   });
-  auto fits = [&](const std::vector<size_t>& chosen) {
-    std::vector<IdleWorker> pool = available;
-    for (size_t i : chosen) {
-      pool.insert(pool.end(), candidates[i].workers.begin(), candidates[i].workers.end());
+  // A placement succeeds exactly when enough eligible slots exist (PlaceGang spreads over
+  // labels when it must), so whether a set of victims frees enough is a count.
+  auto eligible = [&](const std::vector<IdleWorker>& slots) {
+    int64_t n = 0;
+    for (const IdleWorker& w : slots) {
+      n += job.gang.required_label.empty() || w.node_label == job.gang.required_label;
     }
-    return PlaceGang(job.gang, pool).placed;
+    return n;
+  };
+  const int64_t world = static_cast<int64_t>(job.gang.sp) * job.gang.dp;
+  const int64_t available_eligible = eligible(available);
+  std::vector<int64_t> frees(candidates.size());
+  for (size_t i = 0; i < candidates.size(); ++i) frees[i] = eligible(candidates[i].workers);
+  auto fits = [&](const std::vector<size_t>& chosen) {
+    int64_t n = available_eligible;
+    for (size_t i : chosen) n += frees[i];
+    return n >= world;
   };
   std::vector<size_t> chosen;
   bool placed = false;
@@ -172,31 +249,34 @@ std::vector<Victim> PlanPreemption(const QueuedJob& job, const std::vector<IdleW
   return out;
 }
 
-namespace {
-
-// Slots of `from` whose keys are not in `keys`.
-std::vector<IdleWorker> Without(const std::vector<IdleWorker>& from,
-                                const std::set<std::string>& keys) {
-  std::vector<IdleWorker> out;
-  for (const IdleWorker& w : from) {
-    if (!keys.count(w.key())) out.push_back(w);
-  }
-  return out;
-}
-
-// The slot keys of a placement.
-std::set<std::string> Keys(const Placement& p) {
-  std::set<std::string> out;
-  for (size_t r = 0; r < p.worker_ids.size(); ++r) {
-    out.insert(IdleWorker{p.worker_ids[r], "", p.slots[r]}.key());
-  }
-  return out;
-}
-
-}  // namespace
-
 std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<IdleWorker> idle,
                                      const std::vector<IdleWorker>& live, const QuotaPolicy* quotas,
+                                     std::map<std::string, int64_t> in_use,
+                                     const std::vector<RunningJob>& running,
+                                     const std::vector<IdleWorker>& freeing) {
+  return PlanQueue(std::move(queue), std::move(idle), LiveSlots::Of(live), quotas,
+                   std::move(in_use), running, freeing);
+}
+
+LiveSlots LiveSlots::Of(const std::vector<IdleWorker>& live) {
+  LiveSlots out;
+  for (const IdleWorker& w : live) out.Add(w.node_label, 1);
+  return out;
+}
+
+void LiveSlots::Add(const std::string& label, int64_t slots) {
+  total += slots;
+  by_label[label] += slots;
+}
+
+int64_t LiveSlots::Eligible(const std::string& required_label) const {
+  if (required_label.empty()) return total;
+  auto it = by_label.find(required_label);
+  return it == by_label.end() ? 0 : it->second;
+}
+
+std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<IdleWorker> idle,
+                                     const LiveSlots& live, const QuotaPolicy* quotas,
                                      std::map<std::string, int64_t> in_use,
                                      const std::vector<RunningJob>& running,
                                      const std::vector<IdleWorker>& freeing) {
@@ -206,7 +286,11 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
   std::vector<QueueDecision> out;
   out.reserve(queue.size());
   const QueuedJob* head = nullptr;  // The first job that waits for workers that exist.
-  std::set<std::string> reserved;   // Free slots (keys) held for the head job.
+  // The free slots: every job ahead of the head places from `pool`; once the head waits,
+  // the jobs behind it place from `behind`: the pool without the head's reservation.
+  SlotPool pool(idle);
+  idle.clear();
+  std::optional<SlotPool> behind;
   for (const QueuedJob& job : queue) {
     QueueDecision d;
     d.job_id = job.id;
@@ -219,10 +303,8 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
     } else if (job.in_backoff) {
       d.kind = QueueDecision::Kind::kBackoff;
     } else {
-      // Behind the head, only the workers outside its reservation.
-      Placement p = PlaceGang(job.gang, head == nullptr ? idle : Without(idle, reserved));
+      Placement p = behind.has_value() ? behind->Take(job.gang) : pool.Take(job.gang);
       if (p.placed) {
-        idle = Without(idle, Keys(p));
         d.kind = QueueDecision::Kind::kLaunch;
         d.backfill = head != nullptr;
         d.worker_ids = std::move(p.worker_ids);
@@ -236,18 +318,13 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
       } else {
         d.kind = QueueDecision::Kind::kUnplaced;
         d.reason = absl::StrCat("stage ", job.stage_index, ": ", p.reason);
-        int eligible = 0;
-        for (const IdleWorker& w : live) {
-          if (job.gang.required_label.empty() || w.node_label == job.gang.required_label) {
-            ++eligible;
-          }
-        }
-        if (eligible >= needed) {
+        if (live.Eligible(job.gang.required_label) >= needed) {
           head = &job;
           // Workers that free up first in the order: the head waits for them anyway, and
           // every idle worker its placement leaves out is free for backfill.
+          const std::vector<IdleWorker> free_now = pool.Slots();
           std::vector<IdleWorker> soon = freeing;
-          soon.insert(soon.end(), idle.begin(), idle.end());
+          soon.insert(soon.end(), free_now.begin(), free_now.end());
           Placement later = PlaceGang(job.gang, soon);
           if (!later.placed && !job.may_preempt) {
             absl::StrAppend(&d.reason, "; priority ", job.priority,
@@ -275,21 +352,20 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
               }
               absl::StrAppend(&d.reason, "; preempting ", names);
             }
-          } else if (!freeing.empty() && static_cast<int64_t>(idle.size()) < needed) {
+          } else if (!freeing.empty() && pool.Available("") < needed) {
             absl::StrAppend(&d.reason, "; waiting for slots of ending attempts to free up");
           }
+          behind.emplace(pool);
           if (later.placed) {
             // Hold exactly the free slots of the placement it will get.
-            std::set<std::string> idle_keys;
-            for (const IdleWorker& w : idle) idle_keys.insert(w.key());
-            for (const std::string& key : Keys(later)) {
-              if (idle_keys.count(key)) reserved.insert(key);
+            for (size_t r = 0; r < later.worker_ids.size(); ++r) {
+              behind->Remove(later.worker_ids[r], later.slots[r]);
             }
           } else {
             // It waits for attempts to end: any free slot it could use may be needed.
-            for (const IdleWorker& w : idle) {
+            for (const IdleWorker& w : free_now) {
               if (job.gang.required_label.empty() || w.node_label == job.gang.required_label) {
-                reserved.insert(w.key());
+                behind->Remove(w.id, w.slot);
               }
             }
           }

@@ -131,6 +131,23 @@ struct QueueDecision {
 // With `quotas`, a job whose gang would take its tenant past quotas.max_workers
 // (`in_use`: workers each tenant's running attempts hold) waits (kUnplaced, the quota
 // named) and blocks no one: one tenant's quota never holds up another tenant.
+//
+// Cost: O(queue + idle slots x placed jobs' workers), the free slots grouped once per call
+// (bench/schedule_pass: a pass over 25,000 nodes x 8 slots with 10,000 queued jobs,
+// docs/BENCHMARKS.md "Scheduling pass at cluster scale").
+struct LiveSlots {
+  int64_t total = 0;                        // Slots of workers not LOST.
+  std::map<std::string, int64_t> by_label;  // The same by node label.
+  static LiveSlots Of(const std::vector<IdleWorker>& live);
+  void Add(const std::string& label, int64_t slots);
+  int64_t Eligible(const std::string& required_label) const;  // "" = every label.
+};
+std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<IdleWorker> idle,
+                                     const LiveSlots& live, const QuotaPolicy* quotas = nullptr,
+                                     std::map<std::string, int64_t> in_use = {},
+                                     const std::vector<RunningJob>& running = {},
+                                     const std::vector<IdleWorker>& freeing = {});
+// The same with the live slots listed one by one (tests).
 std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<IdleWorker> idle,
                                      const std::vector<IdleWorker>& live,
                                      const QuotaPolicy* quotas = nullptr,

@@ -45,6 +45,10 @@ std::vector<MetricDef> BuildCatalog() {
             "Jobs waiting for placement (PENDING, PREEMPTED, RECOVERING)."),
       Histogram("ulysses_gang_wait_seconds", {}, kCoordinator, waits,
                 "Time a job waited in the queue until its whole group was placed."),
+      Histogram("ulysses_scheduling_pass_seconds", {}, kCoordinator,
+                ExponentialBuckets(0.0005, 2, 14),
+                "Duration of one scheduling pass over every queued job and worker (held under "
+                "the coordinator's lock)."),
       Counter("ulysses_job_restarts_total", {"reason"}, kCoordinator,
               "Group restarts after a failure, by reason."),
       Counter("ulysses_preemptions_total", {"reason"}, kCoordinator,
