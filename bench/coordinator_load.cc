@@ -32,11 +32,13 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -45,6 +47,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "bench/coordinator_load_agents.h"
 #include "common/contract/cli11.h"
 #include "common/file_tree.h"
 #include "common/grpc/grpc_util.h"
@@ -52,169 +55,7 @@
 #include "ulysses/v1/worker_service.grpc.pb.h"
 
 namespace {
-
-// The coordinator's first-start admin token (<state_dir>/admin.token, docs/SECURITY.md),
-// sent on every call: admins may register any worker name.
-std::string g_token;  // NOLINT: set once in main before any call.
-void Authorize(grpc::ClientContext* ctx) { ctx->AddMetadata("authorization", "Bearer " + g_token); }
-
-using Clock = std::chrono::steady_clock;
-using ulysses::SetDeadlineAfter;
-namespace v1 = ulysses::v1;
-
-class Latencies {
- public:
-  void Add(double seconds) {
-    std::lock_guard<std::mutex> lock(mu_);
-    samples_.push_back(seconds);
-  }
-  std::string Summary(const std::string& name) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (samples_.empty()) return name + ": no samples";
-    std::vector<double> s = samples_;
-    std::sort(s.begin(), s.end());
-    auto pct = [&](double p) {
-      return s[std::min(s.size() - 1, static_cast<size_t>(p * s.size()))];
-    };
-    char buf[256];
-    snprintf(buf, sizeof(buf), "%-22s n=%-7zu p50=%7.2f ms  p99=%7.2f ms  max=%7.2f ms",
-             name.c_str(), s.size(), pct(0.5) * 1e3, pct(0.99) * 1e3, s.back() * 1e3);
-    return buf;
-  }
-  void Clear() {
-    std::lock_guard<std::mutex> lock(mu_);
-    samples_.clear();
-  }
-  size_t count() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return samples_.size();
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<double> samples_;
-};
-
-class SimWorker final : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage> {
- public:
-  SimWorker(v1::WorkerService::Stub* stub, const std::string& worker_id, Latencies* heartbeat)
-      : heartbeat_(heartbeat) {
-    SetDeadlineAfter(&ctx_, absl::Hours(1));
-    Authorize(&ctx_);
-    stub->async()->Session(&ctx_, this);
-    out_.set_seq(next_seq_++);
-    out_.mutable_hello()->set_worker_id(worker_id);
-    writing_ = true;
-    StartWrite(&out_);
-    StartRead(&in_);
-    StartCall();
-  }
-
-  // Returns false if the previous write is still in flight (heartbeat skipped).
-  bool Heartbeat() {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (writing_ || done_) return false;
-    writing_ = true;
-    out_.Clear();
-    uint64_t seq = next_seq_++;
-    out_.set_seq(seq);
-    out_.mutable_heartbeat()->set_request_ack(true);
-    // A fixed ring of send times (no allocation per heartbeat): an ack older than
-    // kInFlight heartbeats is not timed (it is counted unanswered at the end).
-    Sent& slot = sent_[seq % kInFlight];
-    if (slot.seq != 0) unanswered_++;  // Its ack never came.
-    slot = {seq, Clock::now()};
-    lock.unlock();
-    StartWrite(&out_);
-    return true;
-  }
-
-  void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    writing_ = false;
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) return;
-    if (in_.has_ack()) {
-      if (first_ack_ns_.load() == 0) {
-        first_ack_ns_ =
-            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-                .count();
-      }
-      std::lock_guard<std::mutex> lock(mu_);
-      Sent& slot = sent_[in_.ack().seq() % kInFlight];
-      if (slot.seq == in_.ack().seq() && slot.seq != 0) {
-        heartbeat_->Add(std::chrono::duration<double>(Clock::now() - slot.at).count());
-        slot.seq = 0;
-      }
-    } else if (in_.has_assignment()) {
-      assignments_++;
-    }
-    StartRead(&in_);
-  }
-
-  void OnDone(const grpc::Status& status) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    done_ = true;
-    final_ = status;
-    cv_.notify_all();
-  }
-
-  void Close() {
-    ctx_.TryCancel();
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::seconds(10), [this] { return done_; });
-  }
-  bool done() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return done_;
-  }
-  int assignments() const { return assignments_.load(); }
-  // When the first ack of this session came (0: none yet).
-  Clock::time_point first_ack() const {
-    const int64_t ns = first_ack_ns_.load();
-    return ns == 0 ? Clock::time_point{} : Clock::time_point{std::chrono::nanoseconds(ns)};
-  }
-  // Heartbeats whose ack has not come (those still in flight included).
-  int64_t unanswered() {
-    std::lock_guard<std::mutex> lock(mu_);
-    int64_t n = unanswered_;
-    for (const Sent& s : sent_) n += s.seq != 0 ? 1 : 0;
-    return n;
-  }
-  // Forgets the heartbeats sent so far (the end of the warm-up).
-  void ResetUnanswered() {
-    std::lock_guard<std::mutex> lock(mu_);
-    unanswered_ = 0;
-    for (Sent& s : sent_) s.seq = 0;
-  }
-  std::string final_status() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return absl::StrCat(final_.error_code(), " ", final_.error_message());
-  }
-
- private:
-  Latencies* heartbeat_;
-  grpc::ClientContext ctx_;
-  v1::WorkerMessage out_;
-  v1::CoordinatorMessage in_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool writing_ = false;
-  bool done_ = false;
-  grpc::Status final_;
-  uint64_t next_seq_ = 1;
-  struct Sent {
-    uint64_t seq = 0;  // 0: none waiting.
-    Clock::time_point at;
-  };
-  static constexpr int kInFlight = 8;
-  Sent sent_[kInFlight];
-  int64_t unanswered_ = 0;
-  std::atomic<int> assignments_{0};
-  std::atomic<int64_t> first_ack_ns_{0};
-};
+using namespace ulysses::bench;  // NOLINT: the bench's own clients, Clock and v1.
 
 // The coordinator process: started, killed with SIGKILL, started again on its port.
 struct CoordinatorProcess {
@@ -242,6 +83,8 @@ CoordinatorProcess StartCoordinator(const std::string& bin, const std::string& s
                           std::string("127.0.0.1:0")}) {
       args.push_back(a);
     }
+    // The bench's config (written by main): stream caps sized for --watchers.
+    for (std::string a : {std::string("--config"), state_dir + "/load.yaml"}) args.push_back(a);
     if (tls) {
       for (std::string a : {std::string("--tls-cert"), certs + "/server.pem",
                             std::string("--tls-key"), certs + "/server.key"}) {
@@ -349,11 +192,36 @@ std::map<std::string, int> WorkerStates(v1::JobService::Stub* jobs) {
   return out;
 }
 
+// Jobs by state (and the reasons of failed ones), over every page of ListJobs.
+std::map<std::string, int> JobStates(v1::JobService::Stub* jobs) {
+  std::map<std::string, int> out;
+  v1::ListJobsRequest req;
+  req.set_page_size(1000);
+  do {
+    v1::ListJobsResponse resp;
+    grpc::ClientContext ctx;
+    Authorize(&ctx);
+    SetDeadlineAfter(&ctx, absl::Seconds(30));
+    grpc::Status s = jobs->ListJobs(&ctx, req, &resp);
+    if (!s.ok()) {
+      out["(ListJobs failed: " + s.error_message() + ")"]++;
+      break;
+    }
+    for (const v1::Job& j : resp.jobs()) {
+      std::string key = v1::JobState_Name(j.state());
+      if (j.state() == v1::JOB_STATE_FAILED) key += " [" + j.reason().substr(0, 80) + "]";
+      out[key]++;
+    }
+    req.set_page_token(resp.next_page_token());
+  } while (!req.page_token().empty());
+  return out;
+}
+
 std::string JobYaml(int i) {
   return absl::StrCat(
       "apiVersion: ulysses/v1\nkind: TrainJob\nmetadata:\n  name: load-", i,
       "\nspec:\n  model: {preset: tiny}\n  data:\n    synthetic: {generator: random}\n"
-      "  stages:\n    - {seq_len: 256, steps: 10, sp_degree: 2}\n");
+      "  stages:\n    - {seq_len: 256, steps: 100000, sp_degree: 2}\n");
 }
 
 }  // namespace
@@ -371,6 +239,7 @@ int main(int argc, char** argv) {
   bool tls = false;
   bool check = false;
   double restart_after = -1;
+  int watchers = 0;
   app.add_option("--workers", workers, "Simulated workers");
   app.add_flag("--tls", tls, "Serve and connect over TLS (dev certs; run from the repo root)");
   app.add_option("--seconds", seconds, "Measurement window");
@@ -384,6 +253,11 @@ int main(int argc, char** argv) {
                "Exit 1 unless every heartbeat was answered, no session ended early and no "
                "worker is LOST or SUSPECT at the end (the ctest regression)");
   app.add_option("--coordinator", bin, "ulysses-coordinator binary (default: next to this one)");
+  app.add_option("--watchers", watchers,
+                 "WatchJob streams opened at the end of the warm-up, round-robin over the jobs "
+                 "submitted so far (with --run-assignments their jobs report progress)");
+  app.add_flag("--run-assignments", g_run_assignments,
+               "Workers answer assignments (started, then rank 0 reports a step per heartbeat)");
   app.add_option("--restart-after", restart_after,
                  "Seconds into the measurement to kill -9 the coordinator and start it again on "
                  "the same port and state (agents reconnect with backoff); -1 = never");
@@ -411,6 +285,13 @@ int main(int argc, char** argv) {
     std::stringstream ss;
     ss << in.rdbuf();
     ca_pem = ss.str();
+  }
+  {
+    // Every watcher uses the bench's one admin token: the per-identity stream cap (64 by
+    // default) is raised to --watchers, as 1,000 users each under their cap would be.
+    std::ofstream config(state_dir + "/load.yaml");
+    config << "max_streams_per_identity: " << std::max(64, watchers + 16) << "\n"
+           << "max_streams: " << std::max(4096, watchers + 16) << "\n";
   }
   CoordinatorProcess coordinator = StartCoordinator(bin, state_dir, 0, core, tls, certs);
   if (coordinator.pid < 0) {
@@ -565,6 +446,8 @@ int main(int argc, char** argv) {
 
   // Users: submissions plus reads.
   std::atomic<int> submitted{0};
+  std::mutex ids_mu;
+  std::vector<std::string> submitted_ids;  // Guarded by ids_mu.
   std::thread user([&] {
     int i = 0;
     std::string last_id;
@@ -584,6 +467,8 @@ int main(int argc, char** argv) {
         if (jobs->SubmitJob(&ctx, req, &resp).ok()) {
           submitted++;
           last_id = resp.job_id();
+          std::lock_guard<std::mutex> lock(ids_mu);
+          submitted_ids.push_back(last_id);
         }
         submit_lat.Add(std::chrono::duration<double>(Clock::now() - t0).count());
       }
@@ -618,6 +503,18 @@ int main(int argc, char** argv) {
   skipped = 0;
   for (auto& s : sims) s->ResetUnanswered();
   const std::string load_before = LoadAverage();
+  // Watchers: opened now, measured over the window (RSS before them vs at the end).
+  const ProcStat before_watchers = ReadProc(coordinator.pid);
+  std::vector<std::unique_ptr<Watcher>> watch_streams;
+  size_t watched_jobs = 0;
+  {
+    std::lock_guard<std::mutex> lock(ids_mu);
+    watched_jobs = std::min<size_t>(submitted_ids.size(), static_cast<size_t>(watchers));
+    for (int i = 0; i < watchers && !submitted_ids.empty(); ++i) {
+      watch_streams.push_back(std::make_unique<Watcher>(
+          jobs.get(), submitted_ids[static_cast<size_t>(i) % submitted_ids.size()]));
+    }
+  }
   ProcStat p0 = ReadProc(coordinator.pid), g0 = SelfCpu();
   auto t0 = Clock::now();
   auto cpu_from = t0;  // The coordinator's CPU is measured from here (its restart).
@@ -718,9 +615,25 @@ int main(int argc, char** argv) {
   printf("workers at the end:");
   for (const auto& [state, n] : states) printf(" %s %d", state.c_str(), n);
   printf("\n");
+  printf("jobs at the end:");
+  for (const auto& [state, n] : JobStates(jobs.get())) printf(" %s %d", state.c_str(), n);
+  printf("\n");
   printf("heartbeats unanswered (no ack within 5 s of the end): %lld\n",
          static_cast<long long>(unanswered));
   if (!restart_report.empty()) printf("%s\n", restart_report.c_str());
+  if (!watch_streams.empty()) {
+    int64_t events = 0;
+    int ended = 0;
+    for (auto& w : watch_streams) {
+      events += w->events();
+      ended += w->done();
+    }
+    printf(
+        "watchers: %zu WatchJob streams on %zu jobs, %lld events delivered (%.0f/s), %d "
+        "ended; coordinator RSS %.1f MiB before them, %.1f MiB at the end\n",
+        watch_streams.size(), watched_jobs, static_cast<long long>(events),
+        static_cast<double>(events) / wall, ended, before_watchers.rss_mib, p1.rss_mib);
+  }
   printf("coordinator CPU: %s over %.1fs%s; RSS %.1f MiB\n",
          CpuLine(p0, p1, coordinator_wall).c_str(), coordinator_wall,
          restart_report.empty() ? "" : " (the restarted process, from its start)", p1.rss_mib);
@@ -729,6 +642,7 @@ int main(int argc, char** argv) {
   printf("load average: %s at the start, %s at the end\n", load_before.c_str(),
          LoadAverage().c_str());
 
+  for (auto& w : watch_streams) w->Close();
   for (auto& s : sims) s->Close();
   kill(coordinator.pid, SIGTERM);
   int status = 0;

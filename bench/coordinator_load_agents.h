@@ -1,0 +1,283 @@
+// The simulated clients of bench/coordinator_load: worker agents on Session streams
+// (SimWorker) and WatchJob readers (Watcher), with the latency recorder they share.
+// Included by coordinator_load.cc only.
+#ifndef ULYSSES_BENCH_COORDINATOR_LOAD_AGENTS_H_
+#define ULYSSES_BENCH_COORDINATOR_LOAD_AGENTS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc/grpc_util.h"
+#include "ulysses/v1/job_service.grpc.pb.h"
+#include "ulysses/v1/worker_service.grpc.pb.h"
+
+namespace ulysses::bench {
+
+// The coordinator's first-start admin token (<state_dir>/admin.token, docs/SECURITY.md),
+// sent on every call: admins may register any worker name.
+inline std::string g_token;  // NOLINT: set once in main before any call.
+// --run-assignments: a simulated worker answers an assignment as ulysses-worker does
+// (started, then a progress report per heartbeat from rank 0), so jobs run and their
+// watchers get events. Set once in main.
+inline bool g_run_assignments = false;  // NOLINT
+inline void Authorize(grpc::ClientContext* ctx) {
+  ctx->AddMetadata("authorization", "Bearer " + g_token);
+}
+
+using Clock = std::chrono::steady_clock;
+using ulysses::SetDeadlineAfter;
+namespace v1 = ulysses::v1;
+
+class Latencies {
+ public:
+  void Add(double seconds) {
+    std::lock_guard<std::mutex> lock(mu_);
+    samples_.push_back(seconds);
+  }
+  std::string Summary(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (samples_.empty()) return name + ": no samples";
+    std::vector<double> s = samples_;
+    std::sort(s.begin(), s.end());
+    auto pct = [&](double p) {
+      return s[std::min(s.size() - 1, static_cast<size_t>(p * s.size()))];
+    };
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%-22s n=%-7zu p50=%7.2f ms  p99=%7.2f ms  max=%7.2f ms",
+             name.c_str(), s.size(), pct(0.5) * 1e3, pct(0.99) * 1e3, s.back() * 1e3);
+    return buf;
+  }
+  void Clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    samples_.clear();
+  }
+  size_t count() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return samples_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<double> samples_;
+};
+
+class SimWorker final : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage> {
+ public:
+  SimWorker(v1::WorkerService::Stub* stub, const std::string& worker_id, Latencies* heartbeat)
+      : heartbeat_(heartbeat) {
+    SetDeadlineAfter(&ctx_, absl::Hours(1));
+    Authorize(&ctx_);
+    stub->async()->Session(&ctx_, this);
+    out_.set_seq(next_seq_++);
+    out_.mutable_hello()->set_worker_id(worker_id);
+    writing_ = true;
+    StartWrite(&out_);
+    StartRead(&in_);
+    StartCall();
+  }
+
+  // Returns false if the previous write is still in flight (heartbeat skipped).
+  bool Heartbeat() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (writing_ || done_) return false;
+    writing_ = true;
+    out_.Clear();
+    uint64_t seq = next_seq_++;
+    out_.set_seq(seq);
+    out_.mutable_heartbeat()->set_request_ack(true);
+    if (held_.has_value()) {
+      v1::RunningWork* r = out_.mutable_heartbeat()->add_running_ranks();
+      *r->mutable_ref() = *held_;
+      r->set_pid(4242);
+      if (held_->rank() == 0) {  // Rank 0 reports a step per heartbeat, as a fast job.
+        v1::WorkerMessage progress;
+        progress.set_seq(next_seq_++);
+        *progress.mutable_progress()->mutable_ref() = *held_;
+        v1::StepProgress* p = progress.mutable_progress()->mutable_progress();
+        p->set_step(++step_);
+        p->set_loss(10.0 / static_cast<double>(step_));
+        p->set_tokens_per_s(1000);
+        if (outbox_.size() < kMaxOutbox) outbox_.push_back(std::move(progress));
+      }
+    }
+    // A fixed ring of send times (no allocation per heartbeat): an ack older than
+    // kInFlight heartbeats is not timed (it is counted unanswered at the end).
+    Sent& slot = sent_[seq % kInFlight];
+    if (slot.seq != 0) unanswered_++;  // Its ack never came.
+    slot = {seq, Clock::now()};
+    lock.unlock();
+    StartWrite(&out_);
+    return true;
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!ok || outbox_.empty()) {
+      writing_ = false;
+      return;
+    }
+    out_ = std::move(outbox_.front());
+    outbox_.pop_front();
+    lock.unlock();
+    StartWrite(&out_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    if (in_.has_ack()) {
+      if (first_ack_ns_.load() == 0) {
+        first_ack_ns_ =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+                .count();
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      Sent& slot = sent_[in_.ack().seq() % kInFlight];
+      if (slot.seq == in_.ack().seq() && slot.seq != 0) {
+        heartbeat_->Add(std::chrono::duration<double>(Clock::now() - slot.at).count());
+        slot.seq = 0;
+      }
+    } else if (in_.has_assignment()) {
+      assignments_++;
+      if (g_run_assignments) {
+        v1::WorkerMessage started;
+        started.mutable_started()->set_pid(4242);
+        std::unique_lock<std::mutex> lock(mu_);
+        held_ = in_.assignment().ref();
+        step_ = 0;
+        *started.mutable_started()->mutable_ref() = *held_;
+        started.set_seq(next_seq_++);
+        if (writing_) {
+          if (outbox_.size() < kMaxOutbox) outbox_.push_back(std::move(started));
+        } else if (!done_) {
+          writing_ = true;
+          out_ = std::move(started);
+          lock.unlock();
+          StartWrite(&out_);
+        }
+      }
+    }
+    StartRead(&in_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    final_ = status;
+    cv_.notify_all();
+  }
+
+  void Close() {
+    ctx_.TryCancel();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(10), [this] { return done_; });
+  }
+  bool done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  int assignments() const { return assignments_.load(); }
+  // When the first ack of this session came (0: none yet).
+  Clock::time_point first_ack() const {
+    const int64_t ns = first_ack_ns_.load();
+    return ns == 0 ? Clock::time_point{} : Clock::time_point{std::chrono::nanoseconds(ns)};
+  }
+  // Heartbeats whose ack has not come (those still in flight included).
+  int64_t unanswered() {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t n = unanswered_;
+    for (const Sent& s : sent_) n += s.seq != 0 ? 1 : 0;
+    return n;
+  }
+  // Forgets the heartbeats sent so far (the end of the warm-up).
+  void ResetUnanswered() {
+    std::lock_guard<std::mutex> lock(mu_);
+    unanswered_ = 0;
+    for (Sent& s : sent_) s.seq = 0;
+  }
+  std::string final_status() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return absl::StrCat(final_.error_code(), " ", final_.error_message());
+  }
+
+ private:
+  Latencies* heartbeat_;
+  grpc::ClientContext ctx_;
+  v1::WorkerMessage out_;
+  v1::CoordinatorMessage in_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool writing_ = false;
+  bool done_ = false;
+  grpc::Status final_;
+  uint64_t next_seq_ = 1;
+  struct Sent {
+    uint64_t seq = 0;  // 0: none waiting.
+    Clock::time_point at;
+  };
+  static constexpr int kInFlight = 8;
+  static constexpr size_t kMaxOutbox = 16;
+  std::deque<v1::WorkerMessage> outbox_;  // Behind out_ while writing_.
+  std::optional<v1::WorkRef> held_;       // The rank it runs (--run-assignments).
+  int64_t step_ = 0;
+  Sent sent_[kInFlight];
+  int64_t unanswered_ = 0;
+  std::atomic<int> assignments_{0};
+  std::atomic<int64_t> first_ack_ns_{0};
+};
+
+// One WatchJob stream (--watchers): counts the events it receives.
+class Watcher final : public grpc::ClientReadReactor<v1::JobEvent> {
+ public:
+  Watcher(v1::JobService::Stub* stub, const std::string& job_id) {
+    SetDeadlineAfter(&ctx_, absl::Hours(1));
+    Authorize(&ctx_);
+    req_.set_job_id(job_id);
+    stub->async()->WatchJob(&ctx_, &req_, this);
+    StartRead(&event_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    events_++;
+    StartRead(&event_);
+  }
+  void OnDone(const grpc::Status&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    cv_.notify_all();
+  }
+  void Close() {
+    ctx_.TryCancel();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(10), [this] { return done_; });
+  }
+  int64_t events() const { return events_.load(); }
+  bool done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+
+ private:
+  grpc::ClientContext ctx_;
+  v1::WatchJobRequest req_;
+  v1::JobEvent event_;
+  std::atomic<int64_t> events_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+};
+
+}  // namespace ulysses::bench
+
+#endif  // ULYSSES_BENCH_COORDINATOR_LOAD_AGENTS_H_
