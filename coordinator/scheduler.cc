@@ -106,6 +106,9 @@ class SlotPool {
             largest_size = label_free_[l];
           }
         }
+        if (largest == nullptr) {  // Unreachable: `available` covered the group.
+          return Placement{false, {}, {}, "no free slot left"};
+        }
         const int64_t take = std::min(need, largest_size);
         TakeFromLabel(*largest, take, &out);
         need -= take;
