@@ -12,8 +12,9 @@
 
 namespace ulysses::spec::internal::schema {
 
-// Every known path. "[]" stands for any list index, "*" for any key of a free-form string map
-// (labels). Order is the order of "valid keys" hints.
+// Every known path, derived from the field list (job_spec_fields.h). "[]" stands for any list
+// index, "*" for any key of a free-form string map (labels). Order is the order of "valid keys"
+// hints (document order).
 enum class Kind { kMap, kList, kScalar, kStringMap };
 
 struct SchemaEntry {
