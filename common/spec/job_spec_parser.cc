@@ -622,21 +622,28 @@ absl::StatusOr<JobSpec> ParseTree(const std::string& text, const ParseOptions& o
 
 }  // namespace
 
-absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text, const ParseOptions& options) {
+namespace internal::schema {
+
+absl::StatusOr<JobSpec> ReadJobSpec(absl::string_view yaml_text, const ParseOptions& options) {
   if (static_cast<int64_t>(yaml_text.size()) > kMaxSpecBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "(document): ", yaml_text.size(), " bytes is more than ", kMaxSpecBytes,
         " (a TrainJob is at most 256 KiB; a real one is a few KiB: drop generated content)"));
   }
-  absl::StatusOr<JobSpec> spec;
   try {
     const std::string text(yaml_text);
-    spec = ParseTree(text, options);
+    return ParseTree(text, options);
   } catch (const std::exception& e) {
     // yaml-cpp reports misuse (e.g. odd node shapes) by exception; never let one escape.
     return absl::InvalidArgumentError(
         absl::StrCat("(document): cannot be read (", internal::OneLine(e.what()), ")"));
   }
+}
+
+}  // namespace internal::schema
+
+absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text, const ParseOptions& options) {
+  absl::StatusOr<JobSpec> spec = internal::schema::ReadJobSpec(yaml_text, options);
   if (!spec.ok()) {
     return spec.status();
   }

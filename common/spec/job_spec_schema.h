@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/spec/job_spec.h"
+#include "common/spec/job_spec_parser.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ulysses::spec::internal::schema {
@@ -28,6 +32,10 @@ const SchemaEntry* FindSchema(const std::string& schema_path);
 std::string JoinPath(const std::string& parent, const std::string& key);
 // Keys directly under the map at `schema_path`.
 std::vector<std::string> ChildKeys(const std::string& schema_path);
+
+// The reader alone: YAML -> JobSpec along the schema with options.overrides applied, without
+// ValidateJobSpec (ParseJobSpec = this + validation; tests of the field list).
+absl::StatusOr<JobSpec> ReadJobSpec(absl::string_view yaml_text, const ParseOptions& options);
 
 // "'ten'", "a list", "a mapping", "an empty value".
 std::string Describe(const YAML::Node& node);
