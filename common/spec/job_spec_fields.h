@@ -26,8 +26,14 @@
 #ifndef ULYSSES_COMMON_SPEC_JOB_SPEC_FIELDS_H_
 #define ULYSSES_COMMON_SPEC_JOB_SPEC_FIELDS_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "common/spec/job_spec.h"
 
@@ -224,6 +230,80 @@ struct DocumentFields {
               Opt{Show::kAlways, false, "add spec: with model, data and stages", true});
   }
 };
+
+// Finds the path of a field given by member pointer (PathOf, below).
+template <class Target, class T, class S>
+class PathFinder {
+ public:
+  PathFinder(T Target::*target, std::string path, std::string* found)
+      : target_(target), path_(std::move(path)), found_(found) {}
+
+  template <class M>
+  void Field(const char* key, M S::*member, Opt) {
+    Match(key, member);
+  }
+  void Constant(const char* key, std::string S::*member, const char*) { Match(key, member); }
+  void Pair(const char* key, double S::*first, double S::*second) {
+    Match(key, first);
+    Match(key, second);
+  }
+  void IntOrAuto(const char* key, int64_t S::*value, bool S::*is_auto) {
+    Match(key, value);
+    Match(key, is_auto);
+  }
+  void Labels(const char* key, std::map<std::string, std::string> S::*member) {
+    Match(key, member);
+  }
+  void Shape() {}
+  template <class M, class F>
+  void Section(const char* key, M S::*, F list, Opt) {
+    PathFinder<Target, T, typename SectionOf<M>::type> child(target_, Join(key), found_);
+    list(child);
+  }
+  template <class F>
+  void Section(const char* key, Self, F list, Opt) {
+    PathFinder<Target, T, S> child(target_, Join(key), found_);
+    list(child);
+  }
+  template <class E, class F>
+  void List(const char* key, std::vector<E> S::*, F list, ListOpt) {
+    PathFinder<Target, T, E> child(target_, Join(key) + "[]", found_);
+    list(child);
+  }
+
+ private:
+  std::string Join(const char* key) const {
+    return path_.empty() ? std::string(key) : path_ + "." + key;
+  }
+  template <class M>
+  void Match(const char* key, M S::*member) {
+    if constexpr (std::is_same_v<S, Target> && std::is_same_v<M, T>) {
+      if (member == target_ && found_->empty()) {
+        *found_ = Join(key);
+      }
+    }
+  }
+
+  T Target::*target_;
+  std::string path_;
+  std::string* found_;
+};
+
+// The document path of a listed field, as --set writes it: PathOf(&MemorySpec::tiled_mlp) is
+// "spec.memory.tiled_mlp"; a field of a list entry takes `index`
+// (PathOf(&StageSpec::sp_degree, 2) is "spec.stages[2].sp_degree"). A section type used twice
+// (EvalSpec) gives its first place in document order. "" for a member the list does not name.
+template <class S, class T>
+std::string PathOf(T S::*member, size_t index = 0) {
+  std::string found;
+  PathFinder<S, T, JobSpec> finder(member, "", &found);
+  DocumentFields{}(finder);
+  const size_t list = found.find("[]");
+  if (list != std::string::npos) {
+    found.replace(list, 2, "[" + std::to_string(index) + "]");
+  }
+  return found;
+}
 
 }  // namespace ulysses::spec::fields
 

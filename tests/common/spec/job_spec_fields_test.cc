@@ -47,6 +47,7 @@ struct Case {
   std::function<void(JobSpec&)> set;     // The same change on a JobSpec.
   // True when the field has the same value in both specs.
   std::function<bool(JobSpec, JobSpec)> same;
+  std::string path_of;  // Field elements: fields::PathOf(member, 0).
 };
 
 // A value unlike `v`, and its YAML text.
@@ -97,6 +98,7 @@ class CaseCollector {
         path, {absl::StrCat(path, "=", Text(other))},
         [get, m, other](JobSpec& j) { get(j).*m = other; },
         [get, m](JobSpec a, JobSpec b) { return get(a).*m == get(b).*m; });
+    out_.back().path_of = fields::PathOf(m, 0);
   }
   void Constant(const char*, std::string S::*, const char*) {}  // One valid value.
   void Pair(const char* key, double S::*first, double S::*second) {
@@ -263,6 +265,28 @@ TEST(JobSpecFieldsTest, TheSchemaListsExactlyTheFieldsOfTheList) {
   }
   EXPECT_EQ(leaves, schema_leaves);
   EXPECT_GE(leaves.size(), 60u);  // Sanity: the whole document, not one section.
+}
+
+// PathOf (the --set text ulyssesctl plan prints) names every field where the list puts it.
+TEST(JobSpecFieldsTest, PathOfNamesEveryFieldByItsPlace) {
+  int fields = 0;
+  for (const Case& c : AllCases(Base())) {
+    if (c.path_of.empty() && c.path.rfind("spec.model.", 0) == 0) {
+      continue;  // Shape fields: their own list (ForEachShapeField), no member pointer.
+    }
+    if (c.path.rfind("spec.eval.", 0) == 0) {
+      // EvalSpec is used twice: its first place in document order is the stage's.
+      EXPECT_EQ(c.path_of, "spec.stages[0].eval." + c.path.substr(10));
+      continue;
+    }
+    if (c.path_of.empty()) continue;  // Not a Field element (betas, every_steps, labels).
+    EXPECT_EQ(c.path_of, c.path);
+    ++fields;
+  }
+  EXPECT_GE(fields, 40);
+  EXPECT_EQ(fields::PathOf(&StageSpec::sp_degree, 3), "spec.stages[3].sp_degree");
+  EXPECT_EQ(fields::PathOf(&OptimizerSpec::beta2), "spec.optimizer.betas");
+  EXPECT_EQ(fields::PathOf(&CheckpointSpec::every_steps_auto), "spec.checkpoint.every_steps");
 }
 
 // Next to every mapping of a spec with every optional section present, an unknown key is an
