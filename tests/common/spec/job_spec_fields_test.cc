@@ -329,5 +329,44 @@ TEST(JobSpecFieldsTest, AnUnknownKeyNextToEverySectionIsRefusedNamingIt) {
   EXPECT_EQ(sections.size(), 15u);  // Sanity: the document, its sections and their nested ones.
 }
 
+// SpecHash is stored in checkpoints: the emitter derived from the list must print the hashed
+// sections byte for byte as the hand-written emitter before it did (values computed at
+// 2d3a247). A change here makes every existing checkpoint foreign.
+TEST(JobSpecFieldsTest, SpecHashIsTheOneOfTheHandWrittenEmitter) {
+  const struct {
+    const char* spec;
+    const char* hash;
+  } pins[] = {
+      {R"(apiVersion: ulysses/v1
+kind: TrainJob
+metadata: {name: hash-pin, labels: {team: a}}
+spec:
+  model: {preset: tiny, dtype: float32}
+  data: {synthetic: {generator: needle, validation_sequences: 4}}
+  optimizer: {lr: 1.0e-3, betas: [0.9, 0.99], warmup_steps: 3, micro_batch_size: 2,
+              grad_accum_steps: 2}
+  stages:
+    - {seq_len: 256, steps: 4}
+  seed: 7
+)",
+       "e1d66c800cfc61d3"},
+      {R"(apiVersion: ulysses/v1
+kind: TrainJob
+metadata: {name: hash-pin-2}
+spec:
+  model: {preset: llama3-1b}
+  data: {train: /d/train, validation: /d/val, format: indexed, packing: false}
+  stages:
+    - {seq_len: 1024, steps: 4}
+)",
+       "0bd1d880f8008ede"},
+  };
+  for (const auto& pin : pins) {
+    absl::StatusOr<JobSpec> spec = ParseJobSpec(pin.spec);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(SpecHash(*spec), pin.hash) << ToYaml(*spec);
+  }
+}
+
 }  // namespace
 }  // namespace ulysses::spec
