@@ -273,7 +273,7 @@ class SectionReader {
     if (!model.preset.empty()) {
       absl::Status preset = ApplyModelPreset(model);
       if (!preset.ok()) {
-        r_.errors.push_back(std::string(preset.message()));
+        r_.errors.emplace_back(preset.message());
       }
     }
     std::map<std::string, Entries> groups;

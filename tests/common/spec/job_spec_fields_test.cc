@@ -72,7 +72,9 @@ T& Present(T& v) {
 }
 template <class T>
 T& Present(std::optional<T>& v) {
-  if (!v) v.emplace();
+  if (!v) {
+    v.emplace();
+  }
   return *v;
 }
 
@@ -91,7 +93,9 @@ class CaseCollector {
     auto other = Other(get_(probe).*m);
     const std::string path = Join(key);
     if constexpr (std::is_same_v<decltype(other), std::string>) {
-      if (path == "spec.model.preset") other = "tiny";  // The reader checks preset names.
+      if (path == "spec.model.preset") {  // The reader checks preset names.
+        other = "tiny";
+      }
     }
     Getter get = get_;
     Add(
@@ -156,11 +160,15 @@ class CaseCollector {
           path, sets,
           [get, key, other, scaling](JobSpec& j) {
             ModelSpec& m = get(j);
-            if (scaling) m.rope_scaling.rope_type = kRopeLlama3;
+            if (scaling) {
+              m.rope_scaling.rope_type = kRopeLlama3;
+            }
             ForEachShapeField(m, [&](const std::string& k, auto& v) {
               if constexpr (std::is_same_v<std::decay_t<decltype(v)>,
                                            std::decay_t<decltype(other)>>) {
-                if (k == key) v = other;
+                if (k == key) {
+                  v = other;
+                }
               }
             });
           },
@@ -185,7 +193,9 @@ class CaseCollector {
     Getter get = get_;
     CaseCollector<T> child(out_, base_, Join(key) + "[0]", [get, m](JobSpec& j) -> T& {
       std::vector<T>& items = get(j).*m;
-      if (items.empty()) items.emplace_back();
+      if (items.empty()) {
+        items.emplace_back();
+      }
       return items[0];
     });
     list(child);
@@ -250,7 +260,9 @@ TEST(JobSpecFieldsTest, TheSchemaListsExactlyTheFieldsOfTheList) {
   std::set<std::string> leaves;
   for (const Case& c : AllCases(Base())) {
     std::string path = absl::StrReplaceAll(c.path, {{"[0]", "[]"}, {" (auto)", ""}});
-    if (path == "metadata.labels.zz") path = "metadata.labels.*";
+    if (path == "metadata.labels.zz") {
+      path = "metadata.labels.*";
+    }
     leaves.insert(path);
   }
   std::set<std::string> schema_leaves;
@@ -279,7 +291,9 @@ TEST(JobSpecFieldsTest, PathOfNamesEveryFieldByItsPlace) {
       EXPECT_EQ(c.path_of, "spec.stages[0].eval." + c.path.substr(10));
       continue;
     }
-    if (c.path_of.empty()) continue;  // Not a Field element (betas, every_steps, labels).
+    if (c.path_of.empty()) {  // Not a Field element (betas, every_steps, labels).
+      continue;
+    }
     EXPECT_EQ(c.path_of, c.path);
     ++fields;
   }
@@ -315,7 +329,9 @@ TEST(JobSpecFieldsTest, AnUnknownKeyNextToEverySectionIsRefusedNamingIt) {
       const std::string key(indexed ? step.substr(0, step.size() - 3) : step);
       ASSERT_TRUE(cur[key].IsDefined()) << key << " not in\n" << yaml;
       cur.reset(cur[key]);
-      if (indexed) cur.reset(cur[0]);
+      if (indexed) {
+        cur.reset(cur[0]);
+      }
     }
     cur["zz_unknown"] = 1;
     const std::string field = section.empty() ? "zz_unknown" : section + ".zz_unknown";

@@ -106,7 +106,9 @@ class SpecComparer {
   static void Compare(const std::optional<T>& a, const std::optional<T>& b, const std::string& path,
                       F list) {
     ASSERT_EQ(a.has_value(), b.has_value()) << path;
-    if (a) Compare(*a, *b, path, list);
+    if (a) {
+      Compare(*a, *b, path, list);
+    }
   }
 
  private:
