@@ -256,7 +256,8 @@ class PathFinder {
   }
   void Shape() {}
   template <class M, class F>
-  void Section(const char* key, M S::*, F list, Opt) {
+  void Section(const char* key, M S::*member, F list, Opt) {
+    Match(key, member);
     PathFinder<Target, T, typename SectionOf<M>::type> child(target_, Join(key), found_);
     list(child);
   }
@@ -266,7 +267,8 @@ class PathFinder {
     list(child);
   }
   template <class E, class F>
-  void List(const char* key, std::vector<E> S::*, F list, ListOpt) {
+  void List(const char* key, std::vector<E> S::*member, F list, ListOpt) {
+    Match(key, member);
     PathFinder<Target, T, E> child(target_, Join(key) + "[]", found_);
     list(child);
   }
@@ -289,10 +291,10 @@ class PathFinder {
   std::string* found_;
 };
 
-// The document path of a listed field, as --set writes it: PathOf(&MemorySpec::tiled_mlp) is
-// "spec.memory.tiled_mlp"; a field of a list entry takes `index`
-// (PathOf(&StageSpec::sp_degree, 2) is "spec.stages[2].sp_degree"). A section type used twice
-// (EvalSpec) gives its first place in document order. "" for a member the list does not name.
+// The document path of a listed field or section, as --set and error messages write it:
+// PathOf(&MemorySpec::tiled_mlp) is "spec.memory.tiled_mlp"; a field of a list entry takes
+// `index` (PathOf(&StageSpec::sp_degree, 2) is "spec.stages[2].sp_degree"). A section type used
+// twice (EvalSpec) gives its first place in document order. "" for a member the list does not name.
 template <class S, class T>
 std::string PathOf(T S::*member, size_t index = 0) {
   std::string found;
