@@ -500,7 +500,8 @@ absl::Status CheckFits(const spec::JobSpec& s, const DeviceSpec& device) {
     const FitFix fix = FindFix(s, i, device);
     const bool host_short = p.peak_bytes() <= p.device_bytes;
     lines.push_back(absl::StrCat(
-        "spec.stages[", i, "]: seq_len ", p.seq_len, " at sp ", p.sp, " needs ",
+        PathOf(&spec::JobSpec::stages), "[", i, "]: seq_len ", p.seq_len, " at sp ", p.sp,
+        " needs ",
         host_short
             ? absl::StrCat(FormatBytes(p.host_peak_bytes()), " of host memory per rank (",
                            p.host_peak_phase(), "), more than the ",
