@@ -35,14 +35,15 @@ const S& Defaults() {
 template <class S>
 class TreeBuilder {
  public:
-  // `hashed_only`: only the elements marked hashed (SpecHash).
-  TreeBuilder(const S& obj, json& out, bool hashed_only = false)
-      : obj_(obj), out_(out), hashed_only_(hashed_only) {}
+  // `hashed_only`: only the elements marked hashed (SpecHash). `all`: kUnlessDefault elements
+  // too (a view of every field).
+  TreeBuilder(const S& obj, json& out, bool hashed_only = false, bool all = false)
+      : obj_(obj), out_(out), hashed_only_(hashed_only), all_(all) {}
 
   template <class T>
   void Field(const char* key, T S::*member, fields::Opt opt) {
-    if (Shown(opt) &&
-        !(opt.show == fields::Show::kUnlessDefault && obj_.*member == Defaults<S>().*member)) {
+    if (Shown(opt) && !(!all_ && opt.show == fields::Show::kUnlessDefault &&
+                        obj_.*member == Defaults<S>().*member)) {
       Put(key, obj_.*member);
     }
   }
@@ -103,16 +104,16 @@ class TreeBuilder {
     if (!hashed_only_) {
       json items = json::array();
       for (const T& item : obj_.*member) {
-        items.push_back(Build(item, list));
+        items.push_back(Build(item, list, false, all_));
       }
       out_[key] = items;
     }
   }
 
   template <class T, class F>
-  static json Build(const T& obj, F list, bool hashed_only = false) {
+  static json Build(const T& obj, F list, bool hashed_only = false, bool all = false) {
     json out = json::object();
-    TreeBuilder<T> builder(obj, out, hashed_only);
+    TreeBuilder<T> builder(obj, out, hashed_only, all);
     list(builder);
     return out;
   }
@@ -141,13 +142,13 @@ class TreeBuilder {
   void SectionValue(const char* key, const std::optional<T>& target, const std::optional<T>&,
                     F list, fields::Opt) {
     if (target.has_value()) {
-      out_[key] = Build(*target, list);
+      out_[key] = Build(*target, list, false, all_);
     }
   }
   template <class T, class F>
   void SectionValue(const char* key, const T& target, const T& defaults, F list, fields::Opt opt) {
-    json tree = Build(target, list);
-    if (opt.show == fields::Show::kUnlessDefault && tree == Build(defaults, list)) {
+    json tree = Build(target, list, false, all_);
+    if (!all_ && opt.show == fields::Show::kUnlessDefault && tree == Build(defaults, list)) {
       return;
     }
     out_[key] = std::move(tree);
@@ -156,6 +157,7 @@ class TreeBuilder {
   const S& obj_;
   json& out_;
   bool hashed_only_;
+  bool all_;
 };
 
 // Block style, except lists of scalars ([0.9, 0.95]) and the mappings inside lists (one
@@ -217,6 +219,14 @@ uint64_t Fnv1a64(const std::string& text) {
 
 nlohmann::ordered_json ToJson(const JobSpec& s) {
   return TreeBuilder<JobSpec>::Build(s, fields::DocumentFields{});
+}
+
+nlohmann::ordered_json AllFieldsJson(const DataSpec& data) {
+  return TreeBuilder<DataSpec>::Build(data, fields::DataFields{}, false, /*all=*/true);
+}
+
+nlohmann::ordered_json AllFieldsJson(const EvalSpec& eval) {
+  return TreeBuilder<EvalSpec>::Build(eval, fields::EvalFields{}, false, /*all=*/true);
 }
 
 std::string ToYaml(const JobSpec& s) { return EmitYaml(ToJson(s)) + "\n"; }

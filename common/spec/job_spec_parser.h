@@ -38,6 +38,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec);
 std::string ToYaml(const JobSpec& spec);
 // The same document as JSON (numbers as numbers; `ulyssesctl validate -o json`).
 nlohmann::ordered_json ToJson(const JobSpec& spec);
+// One section as JSON with every field, defaults included (optional parts only when set):
+// the data and eval parts of `ulyssesctl get job -o json`.
+nlohmann::ordered_json AllFieldsJson(const DataSpec& data);
+nlohmann::ordered_json AllFieldsJson(const EvalSpec& eval);
 
 // Stable hash of the canonical YAML of the training-relevant fields (model, data,
 // optimizer, seed), hex. Stored in checkpoints to detect foreign resumes.

@@ -1,7 +1,8 @@
 // The field list (common/spec/job_spec_fields.h) is the one place a spec field is named: for
-// every element of it, a non-default value is shown by ToYaml and ToJson, read back, reachable
-// with --set, and listed by the schema; an unknown key next to every section is refused naming
-// it. Nothing here lists fields by hand: adding a field to the list adds its cases.
+// every element of it, a non-default value is shown by ToYaml and ToJson (and the all-fields
+// views of get job), read back, reachable with --set, named by PathOf and listed by the schema;
+// an unknown key next to every section is refused naming it. Nothing here lists fields by
+// hand: adding a field to the list adds its cases.
 #include "common/spec/job_spec_fields.h"
 
 #include <functional>
@@ -245,6 +246,12 @@ TEST(JobSpecFieldsTest, EveryFieldIsEmittedReadBackAndReachableBySet) {
     const std::string yaml = ToYaml(changed);
     EXPECT_NE(yaml, base_yaml) << "ToYaml does not show " << c.path;
     EXPECT_NE(ToJson(changed), ToJson(base)) << "ToJson does not show " << c.path;
+    if (absl::StartsWith(c.path, "spec.data.")) {  // ulyssesctl get job's data view
+      EXPECT_NE(AllFieldsJson(changed.data), AllFieldsJson(base.data)) << c.path;
+    }
+    if (absl::StartsWith(c.path, "spec.eval.")) {  // ... and its eval view
+      EXPECT_NE(AllFieldsJson(changed.eval), AllFieldsJson(base.eval)) << c.path;
+    }
     absl::StatusOr<JobSpec> read = Read(yaml);
     ASSERT_TRUE(read.ok()) << read.status() << "\n" << yaml;
     EXPECT_TRUE(c.same(*read, changed)) << "not read back from\n" << yaml;
