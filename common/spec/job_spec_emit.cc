@@ -42,8 +42,9 @@ class TreeBuilder {
 
   template <class T>
   void Field(const char* key, T S::*member, fields::Opt opt) {
-    if (Shown(opt) && !(!all_ && opt.show == fields::Show::kUnlessDefault &&
-                        obj_.*member == Defaults<S>().*member)) {
+    const bool hidden_default =
+        opt.show == fields::Show::kUnlessDefault && obj_.*member == Defaults<S>().*member;
+    if (Shown(opt) && (all_ || !hidden_default)) {
       Put(key, obj_.*member);
     }
   }

@@ -3,13 +3,18 @@
 // from it:
 //   - the schema (job_spec_schema.cc: known keys, their kinds, "unknown key" hints, --set paths),
 //   - the reader (job_spec_parser.cc: YAML -> JobSpec, one error line per problem),
-//   - the canonical tree (job_spec_emit.cc: ToYaml, SpecHash, ToJson -> `ulyssesctl -o json`).
+//   - the canonical tree (job_spec_emit.cc: ToYaml, SpecHash, ToJson for `validate -o json`,
+//     AllFieldsJson for `get job -o json`),
+//   - field paths in messages and hints (PathOf, below: the validator, the coordinator's path
+//     and quota checks, the agent's assignment check, `ulyssesctl plan`).
 // The model shape's keys come from their own list (ForEachShapeField, model_shape.h), placed by
 // the Shape() element. Validation rules (job_spec_validate.cc) stay hand-written.
 //
 // Adding a spec field: the member (with its default and doc) in job_spec.h and ONE line here;
 // a rule in job_spec_validate.cc if values need checking; docs/JOBSPEC.md. The schema, reader,
-// emitter, JSON view and --set follow (tests/common/spec/job_spec_fields_test.cc proves it).
+// emitter, JSON views and --set follow (tests/common/spec/job_spec_fields_test.cc proves it).
+// The order of a list is the document order: ToYaml's key order (hence SpecHash: never reorder
+// model, data or optimizer), "valid keys" hints, reading errors.
 //
 // A section list is a functor `template <class V> void operator()(V& v) const` calling, for a
 // section struct S, these elements of `v` in document order:
