@@ -258,9 +258,7 @@ std::optional<spec::JobSpec> JobSpecOf(const v1::Job& job) {
   return *std::move(s);
 }
 
-json EvalJson(const spec::EvalSpec& e) {
-  return json{{"max_sequences", e.max_sequences}, {"every_steps", e.every_steps}};
-}
+json EvalJson(const spec::EvalSpec& e) { return json(spec::AllFieldsJson(e)); }
 
 // "every 200 steps and at the stage end, 64 sequences" / "at the stage end, all sequences".
 std::string EvalText(const spec::EvalSpec& e) {
@@ -364,15 +362,7 @@ json JobDetailJson(const v1::Job& job) {
                           {"finished_at", TimeJson(s.finished_at())}});
   }
   if (std::optional<spec::JobSpec> sp = JobSpecOf(job)) {
-    json data{{"format", sp->data.format},
-              {"train", sp->data.train},
-              {"validation", sp->data.validation},
-              {"packing", sp->data.packing}};
-    if (sp->data.synthetic) {
-      data["synthetic"] = json{{"generator", sp->data.synthetic->generator},
-                               {"validation_sequences", sp->data.synthetic->validation_sequences}};
-    }
-    j["data"] = data;
+    j["data"] = json(spec::AllFieldsJson(sp->data));
     j["batch"] = json{{"micro_batch_size", sp->optimizer.micro_batch_size},
                       {"grad_accum_steps", sp->optimizer.grad_accum_steps}};
     j["eval"] = EvalJson(sp->eval);

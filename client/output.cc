@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_parser.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ulysses::client {
@@ -82,95 +83,7 @@ nlohmann::ordered_json Table::ToJson() const {
   return rows;
 }
 
-nlohmann::ordered_json JobSpecToJson(const spec::JobSpec& s) {
-  using json = nlohmann::ordered_json;
-  const spec::ModelSpec& m = s.model;
-  json model = {{"preset", m.preset}};
-  spec::ForEachShapeField(m, [&](const std::string& key, const auto& value) {
-    if (spec::ShapeFieldShown(m, key)) {  // "rope_scaling.factor" nests under rope_scaling
-      std::string pointer = "/" + key;
-      std::replace(pointer.begin(), pointer.end(), '.', '/');
-      model[json::json_pointer(pointer)] = value;
-    }
-  });
-  model["init_from"] = m.init_from;
-  model["dtype"] = m.dtype;
-  json data = json::object();
-  if (!s.data.train.empty()) {
-    data["train"] = s.data.train;
-  }
-  if (!s.data.validation.empty()) {
-    data["validation"] = s.data.validation;
-  }
-  if (s.data.synthetic) {
-    data["synthetic"] = {{"generator", s.data.synthetic->generator},
-                         {"validation_sequences", s.data.synthetic->validation_sequences}};
-  }
-  const spec::ParallelismSpec& p = s.parallelism;
-  json parallelism = {{"sp_degree", p.sp_degree},
-                      {"dp_degree", p.dp_degree},
-                      {"zero_stage", p.zero_stage},
-                      {"offload_optimizer", p.offload_optimizer},
-                      {"offload_activations", p.offload_activations}};
-  const spec::MemorySpec& mem = s.memory;
-  json memory = {{"activation_checkpointing", mem.activation_checkpointing},
-                 {"tiled_mlp", mem.tiled_mlp},
-                 {"tiled_loss", mem.tiled_loss},
-                 {"loss_tile_tokens", mem.loss_tile_tokens},
-                 {"attention_block_size", mem.attention_block_size}};
-  const spec::OptimizerSpec& o = s.optimizer;
-  json optimizer = {{"type", o.type},
-                    {"lr", o.lr},
-                    {"betas", {o.beta1, o.beta2}},
-                    {"weight_decay", o.weight_decay},
-                    {"eps", o.eps},
-                    {"grad_clip", o.grad_clip},
-                    {"warmup_steps", o.warmup_steps},
-                    {"schedule", o.schedule},
-                    {"min_lr_ratio", o.min_lr_ratio},
-                    {"grad_accum_steps", o.grad_accum_steps}};
-  json stages = json::array();
-  for (const spec::StageSpec& st : s.stages) {
-    json stage = {{"seq_len", st.seq_len}, {"steps", st.steps}};
-    if (st.lr) {
-      stage["lr"] = *st.lr;
-    }
-    if (st.warmup_steps) {
-      stage["warmup_steps"] = *st.warmup_steps;
-    }
-    if (st.sp_degree) {
-      stage["sp_degree"] = *st.sp_degree;
-    }
-    if (st.dp_degree) {
-      stage["dp_degree"] = *st.dp_degree;
-    }
-    stages.push_back(stage);
-  }
-  json checkpoint = {{"dir", s.checkpoint.dir},
-                     {"every_steps", s.checkpoint.every_steps},
-                     {"keep_last", s.checkpoint.keep_last}};
-  json scheduling = {{"priority", s.scheduling.priority},
-                     {"max_failures", s.scheduling.max_failures},
-                     {"max_preemptions", s.scheduling.max_preemptions},
-                     {"node_label", s.scheduling.node_label}};
-  json labels = json::object();
-  for (const auto& [key, value] : s.metadata.labels) {
-    labels[key] = value;
-  }
-  return {{"apiVersion", s.api_version},
-          {"kind", s.kind},
-          {"metadata", {{"name", s.metadata.name}, {"labels", labels}}},
-          {"spec",
-           {{"model", model},
-            {"data", data},
-            {"parallelism", parallelism},
-            {"memory", memory},
-            {"optimizer", optimizer},
-            {"stages", stages},
-            {"checkpoint", checkpoint},
-            {"scheduling", scheduling},
-            {"seed", s.seed}}}};
-}
+nlohmann::ordered_json JobSpecToJson(const spec::JobSpec& s) { return spec::ToJson(s); }
 
 namespace {
 

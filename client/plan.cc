@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/output.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/spec/memory_model.h"
 #include "common/spec/model_math.h"
 #include "common/spec/model_shape.h"
@@ -299,6 +300,14 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s, const DeviceSpec* device)
 
 namespace {
 
+using spec::fields::PathOf;
+
+// "spec.memory.tiled_mlp=true": the --set text of a field (path from the field list).
+template <class S, class T, class V>
+std::string Set(T S::*field, const V& value) {
+  return absl::StrCat(PathOf(field), "=", value);
+}
+
 // One way to change a spec, with its place in the cost order.
 struct Edit {
   int cost = 0;  // position in the cost order (lower is cheaper)
@@ -320,21 +329,20 @@ std::vector<EditGroup> CandidateEdits(const spec::JobSpec& s, size_t i, const De
   if (s.optimizer.micro_batch_size > 1) {
     const int64_t accum = s.optimizer.grad_accum_steps * s.optimizer.micro_batch_size;
     groups.push_back({{{cost,
-                        absl::StrCat("spec.optimizer.micro_batch_size=1 --set "
-                                     "spec.optimizer.grad_accum_steps=",
-                                     accum),
+                        absl::StrCat(PathOf(&spec::OptimizerSpec::micro_batch_size), "=1 --set ",
+                                     PathOf(&spec::OptimizerSpec::grad_accum_steps), "=", accum),
                         [accum](spec::JobSpec& j) {
                           j.optimizer.micro_batch_size = 1;
                           j.optimizer.grad_accum_steps = accum;
                         }}}});
   }
   if (!s.memory.activation_checkpointing) {
-    groups.push_back({{{cost, "spec.memory.activation_checkpointing=true",
+    groups.push_back({{{cost, Set(&spec::MemorySpec::activation_checkpointing, "true"),
                         [](spec::JobSpec& j) { j.memory.activation_checkpointing = true; }}}});
   }
   ++cost;
   if (!s.memory.tiled_mlp) {
-    groups.push_back({{{cost, "spec.memory.tiled_mlp=true",
+    groups.push_back({{{cost, Set(&spec::MemorySpec::tiled_mlp, "true"),
                         [](spec::JobSpec& j) { j.memory.tiled_mlp = true; }}}});
   }
   ++cost;
@@ -343,13 +351,13 @@ std::vector<EditGroup> CandidateEdits(const spec::JobSpec& s, size_t i, const De
     if (!s.memory.tiled_loss) {
       const int64_t tile = std::min<int64_t>(s.memory.loss_tile_tokens, 4096);
       loss.options.push_back(
-          {cost, absl::StrCat("spec.memory.tiled_loss=true"), [tile](spec::JobSpec& j) {
+          {cost, Set(&spec::MemorySpec::tiled_loss, "true"), [tile](spec::JobSpec& j) {
              j.memory.tiled_loss = true;
              j.memory.loss_tile_tokens = tile;
            }});
     } else {
       for (int64_t tile = s.memory.loss_tile_tokens / 2; tile >= 1024; tile /= 2) {
-        loss.options.push_back({cost, absl::StrCat("spec.memory.loss_tile_tokens=", tile),
+        loss.options.push_back({cost, Set(&spec::MemorySpec::loss_tile_tokens, tile),
                                 [tile](spec::JobSpec& j) { j.memory.loss_tile_tokens = tile; }});
       }
     }
@@ -359,7 +367,7 @@ std::vector<EditGroup> CandidateEdits(const spec::JobSpec& s, size_t i, const De
   {
     EditGroup zero;
     for (int64_t z = s.parallelism.zero_stage + 1; z <= 3; ++z) {
-      zero.options.push_back({cost, absl::StrCat("spec.parallelism.zero_stage=", z),
+      zero.options.push_back({cost, Set(&spec::ParallelismSpec::zero_stage, z),
                               [z](spec::JobSpec& j) { j.parallelism.zero_stage = z; }});
     }
     if (!zero.options.empty()) groups.push_back(zero);
@@ -367,12 +375,12 @@ std::vector<EditGroup> CandidateEdits(const spec::JobSpec& s, size_t i, const De
   ++cost;
   // Offload only moves bytes off a GPU; on cpu the host is the device.
   if (!dev.host_is_device && !s.parallelism.offload_optimizer) {
-    groups.push_back({{{cost, "spec.parallelism.offload_optimizer=true",
+    groups.push_back({{{cost, Set(&spec::ParallelismSpec::offload_optimizer, "true"),
                         [](spec::JobSpec& j) { j.parallelism.offload_optimizer = true; }}}});
   }
   ++cost;
   if (!dev.host_is_device && !s.parallelism.offload_activations) {
-    groups.push_back({{{cost, "spec.parallelism.offload_activations=true",
+    groups.push_back({{{cost, Set(&spec::ParallelismSpec::offload_activations, "true"),
                         [](spec::JobSpec& j) { j.parallelism.offload_activations = true; }}}});
   }
   ++cost;
@@ -381,7 +389,7 @@ std::vector<EditGroup> CandidateEdits(const spec::JobSpec& s, size_t i, const De
     const int64_t hq = s.model.num_attention_heads, hkv = s.model.num_key_value_heads;
     for (int64_t p = s.StageSp(i) + 1; p <= hq; ++p) {
       if (!spec::CheckUlyssesHeads(hq, hkv, p).ok()) continue;
-      sp.options.push_back({cost, absl::StrCat("spec.stages[", i, "].sp_degree=", p),
+      sp.options.push_back({cost, absl::StrCat(PathOf(&spec::StageSpec::sp_degree, i), "=", p),
                             [i, p](spec::JobSpec& j) { j.stages[i].sp_degree = p; }});
     }
     if (!sp.options.empty()) groups.push_back(sp);
@@ -492,7 +500,8 @@ absl::Status CheckFits(const spec::JobSpec& s, const DeviceSpec& device) {
     const FitFix fix = FindFix(s, i, device);
     const bool host_short = p.peak_bytes() <= p.device_bytes;
     lines.push_back(absl::StrCat(
-        "spec.stages[", i, "]: seq_len ", p.seq_len, " at sp ", p.sp, " needs ",
+        PathOf(&spec::JobSpec::stages), "[", i, "]: seq_len ", p.seq_len, " at sp ", p.sp,
+        " needs ",
         host_short
             ? absl::StrCat(FormatBytes(p.host_peak_bytes()), " of host memory per rank (",
                            p.host_peak_phase(), "), more than the ",

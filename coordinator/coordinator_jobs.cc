@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/spec/job_spec_parser.h"
 #include "common/status.h"
 #include "coordinator/coordinator.h"
@@ -79,7 +80,8 @@ absl::StatusOr<JobRecord> NewJobRecord(const v1::SubmitJobRequest& request,
     rec.stages.push_back(st);
   }
   if (rec.stages.empty()) {
-    return absl::InvalidArgumentError("spec.stages: empty (add at least one {seq_len, steps})");
+    return absl::InvalidArgumentError(absl::StrCat(spec::fields::PathOf(&spec::JobSpec::stages),
+                                                   ": empty (add at least one {seq_len, steps})"));
   }
   *parsed_out = std::move(*parsed);
   return rec;

@@ -2,6 +2,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/spec/job_spec_parser.h"
 
 namespace ulysses::coordinator {
@@ -19,7 +20,7 @@ absl::StatusOr<std::string> EngineSpecYaml(const std::string& spec_yaml,
   absl::StatusOr<spec::JobSpec> back = spec::ParseJobSpec(out);
   if (!back.ok() || back->checkpoint.dir != checkpoint_dir || spec::ToYaml(*back) != out) {
     return absl::InternalError(absl::StrCat(
-        "spec.checkpoint.dir: \"", absl::CEscape(checkpoint_dir),
+        spec::fields::PathOf(&spec::CheckpointSpec::dir), ": \"", absl::CEscape(checkpoint_dir),
         "\" does not survive the spec document a rank reads (it reads back as \"",
         back.ok() ? absl::CEscape(back->checkpoint.dir) : std::string(back.status().message()),
         "\"; rename the directory)"));

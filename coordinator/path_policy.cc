@@ -4,10 +4,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/status.h"
 
 namespace ulysses::coordinator {
 namespace {
+
+std::string CheckpointDirPath() { return spec::fields::PathOf(&spec::CheckpointSpec::dir); }
 
 constexpr absl::string_view kCoordinatorDirPrefix = "job-";
 
@@ -36,15 +39,18 @@ absl::Status ConfineData(absl::string_view field, const std::string& value,
 }  // namespace
 
 absl::Status CheckSpecPaths(const spec::JobSpec& spec, const PathRoots& roots) {
-  RETURN_IF_ERROR(ConfineData("spec.data.train", spec.data.train, roots));
-  RETURN_IF_ERROR(ConfineData("spec.data.validation", spec.data.validation, roots));
-  RETURN_IF_ERROR(ConfineData("spec.model.init_from", spec.model.init_from, roots));
+  RETURN_IF_ERROR(
+      ConfineData(spec::fields::PathOf(&spec::DataSpec::train), spec.data.train, roots));
+  RETURN_IF_ERROR(
+      ConfineData(spec::fields::PathOf(&spec::DataSpec::validation), spec.data.validation, roots));
+  RETURN_IF_ERROR(
+      ConfineData(spec::fields::PathOf(&spec::ModelSpec::init_from), spec.model.init_from, roots));
   if (spec.checkpoint.dir.empty()) return absl::OkStatus();
   const std::string& dir = spec.checkpoint.dir;
-  ASSIGN_OR_RETURN(std::string resolved, ResolvePath("spec.checkpoint.dir", dir));
+  ASSIGN_OR_RETURN(std::string resolved, ResolvePath(CheckpointDirPath(), dir));
   if (!IsWithin(resolved, roots.checkpoint_root) || resolved == roots.checkpoint_root) {
     return absl::InvalidArgumentError(
-        absl::StrCat("spec.checkpoint.dir: ", Quoted(dir),
+        absl::StrCat(CheckpointDirPath(), ": ", Quoted(dir),
                      resolved == dir ? "" : absl::StrCat(" (resolves to ", Quoted(resolved), ")"),
                      " is not a directory below the coordinator's checkpoint root ",
                      Quoted(roots.checkpoint_root),
@@ -55,7 +61,7 @@ absl::Status CheckSpecPaths(const spec::JobSpec& spec, const PathRoots& roots) {
   absl::string_view first = below.substr(0, below.find('/'));
   if (absl::StartsWith(first, kCoordinatorDirPrefix)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "spec.checkpoint.dir: ", Quoted(dir), " uses \"", first,
+        CheckpointDirPath(), ": ", Quoted(dir), " uses \"", first,
         "\", a name the coordinator reserves for its per-job directories (pick a name that "
         "does not start with \"job-\", or leave checkpoint.dir unset)"));
   }
@@ -70,7 +76,7 @@ absl::StatusOr<std::string> JobCheckpointDir(const spec::JobSpec& spec, absl::st
   if (spec.checkpoint.dir.empty()) {
     dir = absl::StrCat(roots.checkpoint_root, roots.checkpoint_root == "/" ? "" : "/", job_id);
   } else {
-    ASSIGN_OR_RETURN(dir, ResolvePath("spec.checkpoint.dir", spec.checkpoint.dir));
+    ASSIGN_OR_RETURN(dir, ResolvePath(CheckpointDirPath(), spec.checkpoint.dir));
   }
   for (size_t i = 0; i < taken.size(); ++i) {
     if (taken[i].empty() || !Overlaps(dir, taken[i])) continue;
@@ -78,7 +84,7 @@ absl::StatusOr<std::string> JobCheckpointDir(const spec::JobSpec& spec, absl::st
     // the directory is taken.
     const bool named = i < taken_by.size() && !taken_by[i].empty();
     return absl::FailedPreconditionError(absl::StrCat(
-        "spec.checkpoint.dir: ", Quoted(dir), " overlaps ",
+        CheckpointDirPath(), ": ", Quoted(dir), " overlaps ",
         named ? absl::StrCat(Quoted(taken[i]), ", the checkpoint directory of ", taken_by[i])
               : std::string("the checkpoint directory of another job"),
         " (each job needs its own directory: its retention deletes old checkpoints there; pick "

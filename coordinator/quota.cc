@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/spec/job_spec_fields.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ulysses::coordinator {
@@ -152,10 +153,10 @@ absl::Status CheckPriority(int64_t priority, bool is_admin, const QuotaPolicy& p
                            const std::string& tenant) {
   const int64_t cap = policy.MaxPriority(tenant);
   if (is_admin || priority <= cap) return absl::OkStatus();
-  return absl::PermissionDeniedError(
-      absl::StrCat("spec.scheduling.priority: ", priority, " is above ", cap,
-                   ", the highest priority a non-admin ", tenant.empty() ? "" : "of this tenant ",
-                   "may set (lower it, or ask an admin to submit the job)"));
+  return absl::PermissionDeniedError(absl::StrCat(
+      spec::fields::PathOf(&spec::SchedulingSpec::priority), ": ", priority, " is above ", cap,
+      ", the highest priority a non-admin ", tenant.empty() ? "" : "of this tenant ",
+      "may set (lower it, or ask an admin to submit the job)"));
 }
 
 absl::Status CheckStoredJobsQuota(const std::string& tenant, int64_t stored,
@@ -171,9 +172,10 @@ absl::Status CheckStoredJobsQuota(const std::string& tenant, int64_t stored,
 
 absl::Status CheckPreemptible(bool preemptible, bool is_admin) {
   if (preemptible || is_admin) return absl::OkStatus();
-  return absl::PermissionDeniedError(
-      "spec.scheduling.preemptible: false needs the admin role (leave it out to let "
-      "higher-priority jobs preempt this one, or ask an admin to submit the job)");
+  return absl::PermissionDeniedError(absl::StrCat(
+      spec::fields::PathOf(&spec::SchedulingSpec::preemptible),
+      ": false needs the admin role (leave it out to let higher-priority jobs preempt this one, "
+      "or ask an admin to submit the job)"));
 }
 
 absl::Status CheckQueuedQuota(const std::string& tenant, int64_t queued,

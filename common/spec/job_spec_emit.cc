@@ -1,9 +1,18 @@
-// ToYaml (canonical, fully defaulted YAML) and SpecHash (FNV-1a 64 of the
-// canonical YAML of the training-relevant sections).
+// The canonical tree of a JobSpec, derived from the field list (job_spec_fields.h): ToJson,
+// ToYaml (canonical, fully defaulted YAML) and SpecHash (FNV-1a 64 of the canonical YAML of
+// the training-relevant sections).
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <map>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "common/spec/job_spec_fields.h"
 #include "common/spec/job_spec_parser.h"
 #include "common/spec/spec_util.h"
 #include "yaml-cpp/yaml.h"
@@ -12,167 +21,190 @@ namespace ulysses::spec {
 namespace {
 
 using internal::FormatDouble;
+using json = nlohmann::ordered_json;
 
-void EmitValue(YAML::Emitter& out, int64_t v) { out << v; }
-void EmitValue(YAML::Emitter& out, double v) { out << FormatDouble(v); }
-void EmitValue(YAML::Emitter& out, bool v) { out << v; }
-void EmitValue(YAML::Emitter& out, const std::string& v) { out << v; }
+// One default-constructed section per type (kUnlessDefault compares with it).
+template <class S>
+const S& Defaults() {
+  static const S* defaults = new S();
+  return *defaults;
+}
 
-void EmitModel(YAML::Emitter& out, const ModelSpec& m) {
-  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "preset" << YAML::Value << m.preset;
-  std::string group;  // The nested mapping open now ("rope_scaling"), or "".
-  ForEachShapeField(m, [&](const std::string& key, const auto& value) {
-    if (!ShapeFieldShown(m, key)) {
+// Builds the canonical tree of one section (listed by job_spec_fields.h) into `out`, an
+// object. Doubles stay doubles (ToYaml prints them with FormatDouble).
+template <class S>
+class TreeBuilder {
+ public:
+  // `hashed_only`: only the elements marked hashed (SpecHash). `all`: kUnlessDefault elements
+  // too (a view of every field).
+  TreeBuilder(const S& obj, json& out, bool hashed_only = false, bool all = false)
+      : obj_(obj), out_(out), hashed_only_(hashed_only), all_(all) {}
+
+  template <class T>
+  void Field(const char* key, T S::*member, fields::Opt opt) {
+    const bool hidden_default =
+        opt.show == fields::Show::kUnlessDefault && obj_.*member == Defaults<S>().*member;
+    if (Shown(opt) && (all_ || !hidden_default)) {
+      Put(key, obj_.*member);
+    }
+  }
+  // The elements below carry no options: never hashed, always shown.
+  void Constant(const char* key, std::string S::*member, const char*) {
+    if (!hashed_only_) {
+      out_[key] = obj_.*member;
+    }
+  }
+  void Pair(const char* key, double S::*first, double S::*second) {
+    if (!hashed_only_) {
+      out_[key] = json::array({obj_.*first, obj_.*second});
+    }
+  }
+  void IntOrAuto(const char* key, int64_t S::*value, bool S::*is_auto) {
+    if (hashed_only_) {
       return;
     }
-    const size_t dot = key.find('.');
-    const std::string key_group = dot == std::string::npos ? "" : key.substr(0, dot);
-    if (key_group != group) {
-      if (!group.empty()) {
-        out << YAML::EndMap;
+    if (obj_.*is_auto) {
+      out_[key] = "auto";
+    } else {
+      out_[key] = obj_.*value;
+    }
+  }
+  void Labels(const char* key, std::map<std::string, std::string> S::*member) {
+    if (hashed_only_) {
+      return;
+    }
+    json labels = json::object();
+    for (const auto& [name, value] : obj_.*member) {
+      labels[name] = value;
+    }
+    out_[key] = labels;
+  }
+  void Shape() {
+    if (hashed_only_) {
+      return;
+    }
+    const ModelSpec& model = obj_;
+    ForEachShapeField(model, [&](const std::string& key, const auto& value) {
+      if (ShapeFieldShown(model, key)) {  // "rope_scaling.factor" nests under rope_scaling
+        std::string pointer = "/" + key;
+        std::replace(pointer.begin(), pointer.end(), '.', '/');
+        out_[json::json_pointer(pointer)] = value;
       }
-      if (!key_group.empty()) {
-        out << YAML::Key << key_group << YAML::Value << YAML::BeginMap;
+    });
+  }
+  template <class M, class F>
+  void Section(const char* key, M S::*member, F list, fields::Opt opt) {
+    SectionAt(key, obj_.*member, Defaults<S>().*member, list, opt);
+  }
+  template <class F>
+  void Section(const char* key, fields::Self, F list, fields::Opt opt) {
+    SectionAt(key, obj_, Defaults<S>(), list, opt);
+  }
+  template <class T, class F>
+  void List(const char* key, std::vector<T> S::*member, F list, fields::ListOpt) {
+    if (!hashed_only_) {
+      json items = json::array();
+      for (const T& item : obj_.*member) {
+        items.push_back(Build(item, list, false, all_));
       }
-      group = key_group;
+      out_[key] = items;
     }
-    out << YAML::Key << (dot == std::string::npos ? key : key.substr(dot + 1)) << YAML::Value;
-    EmitValue(out, value);
-  });
-  if (!group.empty()) {
-    out << YAML::EndMap;
   }
-  out << YAML::Key << "init_from" << YAML::Value << m.init_from;
-  out << YAML::Key << "dtype" << YAML::Value << m.dtype;
-  out << YAML::EndMap;
-}
 
-void EmitData(YAML::Emitter& out, const DataSpec& d) {
-  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
-  if (!d.train.empty()) {
-    out << YAML::Key << "train" << YAML::Value << d.train;
+  template <class T, class F>
+  static json Build(const T& obj, F list, bool hashed_only = false, bool all = false) {
+    json out = json::object();
+    TreeBuilder<T> builder(obj, out, hashed_only, all);
+    list(builder);
+    return out;
   }
-  if (!d.validation.empty()) {
-    out << YAML::Key << "validation" << YAML::Value << d.validation;
-  }
-  if (d.synthetic) {
-    out << YAML::Key << "synthetic" << YAML::Value << YAML::BeginMap;
-    out << YAML::Key << "generator" << YAML::Value << d.synthetic->generator;
-    out << YAML::Key << "validation_sequences" << YAML::Value << d.synthetic->validation_sequences;
-    out << YAML::EndMap;
-  }
-  // Emitted only when set, so the hash of a spec without them is unchanged.
-  if (d.format != "flat") {
-    out << YAML::Key << "format" << YAML::Value << d.format;
-  }
-  if (!d.packing) {
-    out << YAML::Key << "packing" << YAML::Value << d.packing;
-  }
-  out << YAML::EndMap;
-}
 
-void EmitParallelismAndMemory(YAML::Emitter& out, const JobSpec& s) {
-  const ParallelismSpec& p = s.parallelism;
-  out << YAML::Key << "parallelism" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "sp_degree" << YAML::Value << p.sp_degree;
-  out << YAML::Key << "dp_degree" << YAML::Value << p.dp_degree;
-  out << YAML::Key << "zero_stage" << YAML::Value << p.zero_stage;
-  out << YAML::Key << "offload_optimizer" << YAML::Value << p.offload_optimizer;
-  out << YAML::Key << "offload_activations" << YAML::Value << p.offload_activations;
-  out << YAML::EndMap;
-  const MemorySpec& m = s.memory;
-  out << YAML::Key << "memory" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "activation_checkpointing" << YAML::Value << m.activation_checkpointing;
-  out << YAML::Key << "tiled_mlp" << YAML::Value << m.tiled_mlp;
-  out << YAML::Key << "tiled_loss" << YAML::Value << m.tiled_loss;
-  out << YAML::Key << "loss_tile_tokens" << YAML::Value << m.loss_tile_tokens;
-  out << YAML::Key << "attention_block_size" << YAML::Value << m.attention_block_size;
-  out << YAML::EndMap;
-}
+ private:
+  bool Shown(fields::Opt opt) const { return !hashed_only_ || opt.hashed; }
 
-void EmitOptimizer(YAML::Emitter& out, const OptimizerSpec& o) {
-  out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "type" << YAML::Value << o.type;
-  out << YAML::Key << "lr" << YAML::Value << FormatDouble(o.lr);
-  out << YAML::Key << "betas" << YAML::Value << YAML::Flow << YAML::BeginSeq
-      << FormatDouble(o.beta1) << FormatDouble(o.beta2) << YAML::EndSeq;
-  out << YAML::Key << "weight_decay" << YAML::Value << FormatDouble(o.weight_decay);
-  out << YAML::Key << "eps" << YAML::Value << FormatDouble(o.eps);
-  out << YAML::Key << "grad_clip" << YAML::Value << FormatDouble(o.grad_clip);
-  out << YAML::Key << "warmup_steps" << YAML::Value << o.warmup_steps;
-  out << YAML::Key << "schedule" << YAML::Value << o.schedule;
-  out << YAML::Key << "min_lr_ratio" << YAML::Value << FormatDouble(o.min_lr_ratio);
-  out << YAML::Key << "grad_accum_steps" << YAML::Value << o.grad_accum_steps;
-  if (o.micro_batch_size != 1) {  // only when set: the hash of older specs is unchanged
-    out << YAML::Key << "micro_batch_size" << YAML::Value << o.micro_batch_size;
+  template <class T>
+  void Put(const char* key, const T& value) {
+    out_[key] = value;
   }
-  out << YAML::EndMap;
-}
+  template <class T>
+  void Put(const char* key, const std::optional<T>& value) {
+    if (value.has_value()) {
+      out_[key] = *value;
+    }
+  }
 
-void EmitStages(YAML::Emitter& out, const std::vector<StageSpec>& stages) {
-  out << YAML::Key << "stages" << YAML::Value << YAML::BeginSeq;
-  for (const StageSpec& st : stages) {
-    out << YAML::Flow << YAML::BeginMap;
-    out << YAML::Key << "seq_len" << YAML::Value << st.seq_len;
-    out << YAML::Key << "steps" << YAML::Value << st.steps;
-    if (st.lr) {
-      out << YAML::Key << "lr" << YAML::Value << FormatDouble(*st.lr);
+  template <class T, class F>
+  void SectionAt(const char* key, const T& target, const T& defaults, F list, fields::Opt opt) {
+    if (Shown(opt)) {
+      SectionValue(key, target, defaults, list, opt);
     }
-    if (st.warmup_steps) {
-      out << YAML::Key << "warmup_steps" << YAML::Value << *st.warmup_steps;
+  }
+  template <class T, class F>
+  void SectionValue(const char* key, const std::optional<T>& target, const std::optional<T>&,
+                    F list, fields::Opt) {
+    if (target.has_value()) {
+      out_[key] = Build(*target, list, false, all_);
     }
-    if (st.sp_degree) {
-      out << YAML::Key << "sp_degree" << YAML::Value << *st.sp_degree;
+  }
+  template <class T, class F>
+  void SectionValue(const char* key, const T& target, const T& defaults, F list, fields::Opt opt) {
+    json tree = Build(target, list, false, all_);
+    if (!all_ && opt.show == fields::Show::kUnlessDefault && tree == Build(defaults, list)) {
+      return;
     }
-    if (st.dp_degree) {
-      out << YAML::Key << "dp_degree" << YAML::Value << *st.dp_degree;
+    out_[key] = std::move(tree);
+  }
+
+  const S& obj_;
+  json& out_;
+  bool hashed_only_;
+  bool all_;
+};
+
+// Block style, except lists of scalars ([0.9, 0.95]) and the mappings inside lists (one
+// stage per line), which are flow style.
+void EmitTree(YAML::Emitter& out, const json& value, bool flow) {
+  if (value.is_object()) {
+    if (flow) {
+      out << YAML::Flow;
     }
-    if (st.eval) {
-      out << YAML::Key << "eval" << YAML::Value << YAML::Flow << YAML::BeginMap;
-      out << YAML::Key << "max_sequences" << YAML::Value << st.eval->max_sequences;
-      out << YAML::Key << "every_steps" << YAML::Value << st.eval->every_steps;
-      out << YAML::EndMap;
+    out << YAML::BeginMap;
+    for (auto it = value.begin(); it != value.end(); ++it) {
+      out << YAML::Key << it.key() << YAML::Value;
+      EmitTree(out, it.value(), flow);
     }
     out << YAML::EndMap;
-  }
-  out << YAML::EndSeq;
-}
-
-void EmitCheckpointAndScheduling(YAML::Emitter& out, const JobSpec& s) {
-  out << YAML::Key << "checkpoint" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "dir" << YAML::Value << s.checkpoint.dir;
-  if (s.checkpoint.every_steps_auto) {
-    out << YAML::Key << "every_steps" << YAML::Value << "auto";
+  } else if (value.is_array()) {
+    const bool scalars =
+        !value.empty() && std::none_of(value.begin(), value.end(),
+                                       [](const json& item) { return item.is_structured(); });
+    if (flow || scalars) {
+      out << YAML::Flow;
+    }
+    out << YAML::BeginSeq;
+    for (const json& item : value) {
+      EmitTree(out, item, true);
+    }
+    out << YAML::EndSeq;
+  } else if (value.is_string()) {
+    out << value.get<std::string>();
+  } else if (value.is_boolean()) {
+    out << value.get<bool>();
+  } else if (value.is_number_unsigned()) {
+    out << value.get<uint64_t>();
+  } else if (value.is_number_integer()) {
+    out << value.get<int64_t>();
+  } else if (value.is_number_float()) {
+    out << FormatDouble(value.get<double>());
   } else {
-    out << YAML::Key << "every_steps" << YAML::Value << s.checkpoint.every_steps;
+    out << YAML::Null;
   }
-  if (s.checkpoint.every_seconds != 0) {
-    out << YAML::Key << "every_seconds" << YAML::Value << s.checkpoint.every_seconds;
-  }
-  out << YAML::Key << "keep_last" << YAML::Value << s.checkpoint.keep_last;
-  if (s.checkpoint.async.has_value()) {
-    out << YAML::Key << "async" << YAML::Value << *s.checkpoint.async;
-  }
-  out << YAML::EndMap;
-  out << YAML::Key << "scheduling" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "priority" << YAML::Value << s.scheduling.priority;
-  out << YAML::Key << "max_failures" << YAML::Value << s.scheduling.max_failures;
-  out << YAML::Key << "max_preemptions" << YAML::Value << s.scheduling.max_preemptions;
-  out << YAML::Key << "node_label" << YAML::Value << s.scheduling.node_label;
-  // Printed only when not at their defaults: specs written before they existed read back
-  // byte-identical.
-  const SchedulingSpec defaults;
-  if (s.scheduling.max_infra_failures != defaults.max_infra_failures) {
-    out << YAML::Key << "max_infra_failures" << YAML::Value << s.scheduling.max_infra_failures;
-  }
-  if (s.scheduling.failure_window_s != defaults.failure_window_s) {
-    out << YAML::Key << "failure_window_s" << YAML::Value << s.scheduling.failure_window_s;
-  }
-  if (s.scheduling.preemptible != defaults.preemptible) {
-    out << YAML::Key << "preemptible" << YAML::Value << s.scheduling.preemptible;
-  }
-  out << YAML::EndMap;
+}
+
+std::string EmitYaml(const json& tree) {
+  YAML::Emitter out;
+  EmitTree(out, tree, false);
+  return out.c_str();
 }
 
 uint64_t Fnv1a64(const std::string& text) {
@@ -186,56 +218,35 @@ uint64_t Fnv1a64(const std::string& text) {
 
 }  // namespace
 
-std::string ToYaml(const JobSpec& s) {
-  YAML::Emitter out;
-  out << YAML::BeginMap;
-  out << YAML::Key << "apiVersion" << YAML::Value << s.api_version;
-  out << YAML::Key << "kind" << YAML::Value << s.kind;
-  out << YAML::Key << "metadata" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "name" << YAML::Value << s.metadata.name;
-  out << YAML::Key << "labels" << YAML::Value << YAML::BeginMap;
-  for (const auto& [key, value] : s.metadata.labels) {
-    out << YAML::Key << key << YAML::Value << value;
-  }
-  out << YAML::EndMap << YAML::EndMap;
-  out << YAML::Key << "spec" << YAML::Value << YAML::BeginMap;
-  EmitModel(out, s.model);
-  EmitData(out, s.data);
-  EmitParallelismAndMemory(out, s);
-  EmitOptimizer(out, s.optimizer);
-  EmitStages(out, s.stages);
-  EmitCheckpointAndScheduling(out, s);
-  if (s.eval.max_sequences != 0 || s.eval.every_steps != 0) {
-    out << YAML::Key << "eval" << YAML::Value << YAML::BeginMap;
-    out << YAML::Key << "max_sequences" << YAML::Value << s.eval.max_sequences;
-    out << YAML::Key << "every_steps" << YAML::Value << s.eval.every_steps;
-    out << YAML::EndMap;
-  }
-  out << YAML::Key << "seed" << YAML::Value << s.seed;
-  out << YAML::EndMap << YAML::EndMap;
-  return std::string(out.c_str()) + "\n";
+nlohmann::ordered_json ToJson(const JobSpec& s) {
+  return TreeBuilder<JobSpec>::Build(s, fields::DocumentFields{});
 }
+
+nlohmann::ordered_json AllFieldsJson(const DataSpec& data) {
+  return TreeBuilder<DataSpec>::Build(data, fields::DataFields{}, false, /*all=*/true);
+}
+
+nlohmann::ordered_json AllFieldsJson(const EvalSpec& eval) {
+  return TreeBuilder<EvalSpec>::Build(eval, fields::EvalFields{}, false, /*all=*/true);
+}
+
+std::string ToYaml(const JobSpec& s) { return EmitYaml(ToJson(s)) + "\n"; }
 
 std::string SpecHash(const JobSpec& s) {
   // The preset name is left out: the expanded shape fields already say what it meant.
-  ModelSpec model = s.model;
-  model.preset.clear();
+  JobSpec hashed = s;
+  hashed.model.preset.clear();
   // How a step's batch is cut (micro_batch_size x grad_accum_steps x dp, like sp) is layout,
   // not training: a checkpoint resumes under another cut, and the data cursor it stores keeps
   // the sequence stream exact (docs/DATA.md). Hashed as 1 and 1, so the hash of a spec written
   // before this rule with grad_accum_steps 1 is unchanged.
-  OptimizerSpec optimizer = s.optimizer;
-  optimizer.grad_accum_steps = 1;
-  optimizer.micro_batch_size = 1;
-  YAML::Emitter out;
-  out << YAML::BeginMap;
-  EmitModel(out, model);
-  EmitData(out, s.data);
-  EmitOptimizer(out, optimizer);
-  out << YAML::Key << "seed" << YAML::Value << s.seed;
-  out << YAML::EndMap;
+  hashed.optimizer.grad_accum_steps = 1;
+  hashed.optimizer.micro_batch_size = 1;
+  // The spec: section's training-relevant elements (marked hashed in job_spec_fields.h).
+  const std::string text =
+      EmitYaml(TreeBuilder<JobSpec>::Build(hashed, fields::SpecFields{}, /*hashed_only=*/true));
   char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016" PRIx64, Fnv1a64(out.c_str()));
+  std::snprintf(hex, sizeof(hex), "%016" PRIx64, Fnv1a64(text));
   return hex;
 }
 

@@ -1,6 +1,6 @@
-// TrainJob YAML -> JobSpec: schema-checked reading (unknown keys, wrong types),
-// --set overrides applied to the YAML tree, model presets. Validation lives in
-// job_spec_validate.cc, emission (ToYaml, SpecHash) in job_spec_emit.cc.
+// TrainJob YAML -> JobSpec: schema-checked reading (unknown keys, wrong types) along the field
+// list (job_spec_fields.h), --set overrides applied to the YAML tree, model presets. Validation
+// lives in job_spec_validate.cc, emission (ToYaml, ToJson, SpecHash) in job_spec_emit.cc.
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -9,14 +9,17 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/spec/job_spec_parser.h"
 #include "common/spec/job_spec_schema.h"
 #include "common/spec/spec_util.h"
@@ -189,319 +192,237 @@ class Reader {
 
 using Entries = std::map<std::string, YAML::Node>;
 
-void ReadMetadata(const YAML::Node& node, Reader& r, Metadata* md) {
-  Entries m;
-  if (!r.Entries(node, "metadata", "metadata", &m)) {
-    return;
-  }
-  r.String(m, "name", "metadata", &md->name);
-  auto labels = m.find("labels");
-  if (labels == m.end()) {
-    return;
-  }
-  Entries lm;
-  if (!r.Entries(labels->second, "metadata.labels", "metadata.labels", &lm)) {
-    return;
-  }
-  for (const auto& [key, value] : lm) {
-    std::string text;
-    r.String(lm, key, "metadata.labels", &text);
-    md->labels[key] = text;
-  }
-}
+// Reads the elements of one section (listed by job_spec_fields.h) from its entries `m` into
+// `obj`. `path` is the section's path as the user wrote it (spec.stages[2]), `schema_path` the
+// same with [] for indices.
+template <class S>
+class SectionReader {
+ public:
+  SectionReader(Reader& r, S& obj, const Entries& m, std::string path, std::string schema_path)
+      : r_(r), obj_(obj), m_(m), path_(std::move(path)), schema_path_(std::move(schema_path)) {}
 
-void ReadModel(const YAML::Node& node, Reader& r, ModelSpec* model) {
-  Entries m;
-  const std::string p = "spec.model";
-  if (!r.Entries(node, p, p, &m)) {
-    return;
+  template <class T>
+  void Field(const char* key, T S::*member, fields::Opt) {
+    ReadValue(key, obj_.*member);
   }
-  *model = ModelSpec{};
-  r.String(m, "preset", p, &model->preset);
-  if (!model->preset.empty()) {
-    absl::Status preset = ApplyModelPreset(*model);
-    if (!preset.ok()) {
-      const std::string message(preset.message());
-      r.errors.push_back(message);
+
+  void Constant(const char* key, std::string S::*member, const char* value) {
+    std::string& text = obj_.*member;
+    const std::string path = JoinPath(path_, key);
+    if (!r_.String(m_, key, path_, &text)) {
+      r_.Error(path, absl::StrCat("missing (add ", key, ": ", value, ")"));
+    } else if (text != value) {
+      r_.Error(path, absl::StrCat(Quote(text), " is not supported (use ", value, ")"));
     }
   }
-  // Nested groups of shape keys ("rope_scaling.factor" is factor in rope_scaling).
-  std::map<std::string, Entries> groups;
-  for (const std::string& key : ShapeFieldKeys()) {
-    const size_t dot = key.find('.');
-    if (dot == std::string::npos || groups.count(key.substr(0, dot)) != 0) {
-      continue;
+
+  void Pair(const char* key, double S::*first, double S::*second) {
+    auto it = m_.find(key);
+    if (it == m_.end() || it->second.IsNull()) {
+      return;
     }
-    const std::string group = key.substr(0, dot);
-    Entries& entries = groups[group];
-    auto it = m.find(group);
-    if (it != m.end()) {
-      r.Entries(it->second, JoinPath(p, group), JoinPath(p, group), &entries);
+    const YAML::Node& node = it->second;
+    const std::string p = JoinPath(path_, key);
+    double* targets[2] = {&(obj_.*first), &(obj_.*second)};
+    const S defaults{};  // The examples in messages.
+    const std::string example = internal::FormatDouble(defaults.*first);
+    if (!node.IsSequence() || node.size() != 2) {
+      r_.Error(p, absl::StrCat(Describe(node), " is not a list of two numbers (write ", key, ": [",
+                               example, ", ", internal::FormatDouble(defaults.*second), "])"));
+      return;
     }
-  }
-  // Explicit fields override the preset.
-  std::set<std::string> given;
-  ForEachShapeField(*model, [&](const std::string& key, auto& value) {
-    const size_t dot = key.find('.');
-    const bool nested = dot != std::string::npos;
-    const Entries& from = nested ? groups[key.substr(0, dot)] : m;
-    const std::string path = nested ? JoinPath(p, key.substr(0, dot)) : p;
-    if (r.Read(from, nested ? key.substr(dot + 1) : key, path, &value)) {
-      given.insert(key);
-    }
-  });
-  r.String(m, "init_from", p, &model->init_from);
-  r.String(m, "dtype", p, &model->dtype);
-  FinishModelSpec(*model, given);
-}
-
-void ReadData(const YAML::Node& node, Reader& r, DataSpec* data) {
-  Entries m;
-  const std::string p = "spec.data";
-  if (!r.Entries(node, p, p, &m)) {
-    return;
-  }
-  r.String(m, "train", p, &data->train);
-  r.String(m, "validation", p, &data->validation);
-  r.String(m, "format", p, &data->format);
-  r.Bool(m, "packing", p, &data->packing);
-  auto synthetic = m.find("synthetic");
-  if (synthetic == m.end() || synthetic->second.IsNull()) {
-    return;
-  }
-  Entries sm;
-  const std::string sp = "spec.data.synthetic";
-  if (!r.Entries(synthetic->second, sp, sp, &sm)) {
-    return;
-  }
-  SyntheticDataSpec s;
-  r.String(sm, "generator", sp, &s.generator);
-  r.Int(sm, "validation_sequences", sp, &s.validation_sequences);
-  data->synthetic = s;
-}
-
-void ReadParallelism(const YAML::Node& node, Reader& r, ParallelismSpec* par) {
-  Entries m;
-  const std::string p = "spec.parallelism";
-  if (!r.Entries(node, p, p, &m)) {
-    return;
-  }
-  r.Int(m, "sp_degree", p, &par->sp_degree);
-  r.Int(m, "dp_degree", p, &par->dp_degree);
-  r.Int(m, "zero_stage", p, &par->zero_stage);
-  r.Bool(m, "offload_optimizer", p, &par->offload_optimizer);
-  r.Bool(m, "offload_activations", p, &par->offload_activations);
-}
-
-void ReadMemory(const YAML::Node& node, Reader& r, MemorySpec* mem) {
-  Entries m;
-  const std::string p = "spec.memory";
-  if (!r.Entries(node, p, p, &m)) {
-    return;
-  }
-  r.Bool(m, "activation_checkpointing", p, &mem->activation_checkpointing);
-  r.Bool(m, "tiled_mlp", p, &mem->tiled_mlp);
-  r.Bool(m, "tiled_loss", p, &mem->tiled_loss);
-  r.Int(m, "loss_tile_tokens", p, &mem->loss_tile_tokens);
-  r.Int(m, "attention_block_size", p, &mem->attention_block_size);
-}
-
-void ReadBetas(const YAML::Node& node, Reader& r, OptimizerSpec* opt) {
-  const std::string p = "spec.optimizer.betas";
-  if (node.IsNull()) {
-    return;
-  }
-  if (!node.IsSequence() || node.size() != 2) {
-    r.Error(p, absl::StrCat(Describe(node),
-                            " is not a list of two numbers (write betas: "
-                            "[0.9, 0.95])"));
-    return;
-  }
-  double* targets[2] = {&opt->beta1, &opt->beta2};
-  for (size_t i = 0; i < 2; ++i) {
-    const YAML::Node item = node[i];
-    const std::string ip = absl::StrCat(p, "[", i, "]");
-    if (!item.IsScalar() || !ParseDouble(item.Scalar(), targets[i])) {
-      r.Error(ip, absl::StrCat(Describe(item), " is not a number (write e.g. 0.9)"));
+    for (size_t i = 0; i < 2; ++i) {
+      const YAML::Node item = node[i];
+      if (!item.IsScalar() || !ParseDouble(item.Scalar(), targets[i])) {
+        r_.Error(absl::StrCat(p, "[", i, "]"),
+                 absl::StrCat(Describe(item), " is not a number (write e.g. ", example, ")"));
+      }
     }
   }
-}
 
-void ReadOptimizer(const YAML::Node& node, Reader& r, OptimizerSpec* opt) {
-  Entries m;
-  const std::string p = "spec.optimizer";
-  if (!r.Entries(node, p, p, &m)) {
-    return;
+  void IntOrAuto(const char* key, int64_t S::*value, bool S::*is_auto) {
+    if (auto it = m_.find(key);
+        it != m_.end() && it->second.IsScalar() && it->second.Scalar() == "auto") {
+      obj_.*is_auto = true;
+    } else {
+      r_.Int(m_, key, path_, &(obj_.*value));
+    }
   }
-  r.String(m, "type", p, &opt->type);
-  r.Double(m, "lr", p, &opt->lr);
-  if (m.count("betas")) {
-    ReadBetas(m["betas"], r, opt);
-  }
-  r.Double(m, "weight_decay", p, &opt->weight_decay);
-  r.Double(m, "eps", p, &opt->eps);
-  r.Double(m, "grad_clip", p, &opt->grad_clip);
-  r.Int(m, "warmup_steps", p, &opt->warmup_steps);
-  r.String(m, "schedule", p, &opt->schedule);
-  r.Double(m, "min_lr_ratio", p, &opt->min_lr_ratio);
-  r.Int(m, "grad_accum_steps", p, &opt->grad_accum_steps);
-  r.Int(m, "micro_batch_size", p, &opt->micro_batch_size);
-}
 
-// spec.eval or spec.stages[i].eval (schema path `schema`).
-void ReadEvalMap(const YAML::Node& node, Reader& r, const std::string& p, const std::string& schema,
-                 EvalSpec* eval) {
-  Entries m;
-  if (!r.Entries(node, p, schema, &m)) {
-    return;
+  void Labels(const char* key, std::map<std::string, std::string> S::*member) {
+    auto it = m_.find(key);
+    if (it == m_.end()) {
+      return;
+    }
+    Entries lm;
+    const std::string p = JoinPath(path_, key);
+    if (!r_.Entries(it->second, p, JoinPath(schema_path_, key), &lm)) {
+      return;
+    }
+    for (const auto& [name, value] : lm) {
+      std::string text;
+      r_.String(lm, name, p, &text);
+      (obj_.*member)[name] = text;
+    }
   }
-  r.Int(m, "max_sequences", p, &eval->max_sequences);
-  r.Int(m, "every_steps", p, &eval->every_steps);
-}
 
-void ReadEval(const YAML::Node& node, Reader& r, EvalSpec* eval) {
-  ReadEvalMap(node, r, "spec.eval", "spec.eval", eval);
-}
+  // The model shape fields: the preset first, then the fields the document gives (nested
+  // groups: "rope_scaling.factor" is factor in rope_scaling) over it.
+  void Shape() {
+    ModelSpec& model = obj_;
+    if (!model.preset.empty()) {
+      absl::Status preset = ApplyModelPreset(model);
+      if (!preset.ok()) {
+        r_.errors.emplace_back(preset.message());
+      }
+    }
+    std::map<std::string, Entries> groups;
+    for (const std::string& key : ShapeFieldKeys()) {
+      const size_t dot = key.find('.');
+      if (dot == std::string::npos || groups.count(key.substr(0, dot)) != 0) {
+        continue;
+      }
+      const std::string group = key.substr(0, dot);
+      Entries& entries = groups[group];
+      auto it = m_.find(group);
+      if (it != m_.end()) {
+        r_.Entries(it->second, JoinPath(path_, group), JoinPath(schema_path_, group), &entries);
+      }
+    }
+    ForEachShapeField(model, [&](const std::string& key, auto& value) {
+      const size_t dot = key.find('.');
+      const bool nested = dot != std::string::npos;
+      const Entries& from = nested ? groups[key.substr(0, dot)] : m_;
+      const std::string path = nested ? JoinPath(path_, key.substr(0, dot)) : path_;
+      if (r_.Read(from, nested ? key.substr(dot + 1) : key, path, &value)) {
+        given_.insert(key);
+      }
+    });
+  }
 
-void ReadStages(const YAML::Node& node, Reader& r, std::vector<StageSpec>* stages) {
-  const std::string p = "spec.stages";
-  if (node.IsNull()) {
-    return;
+  template <class M, class F>
+  void Section(const char* key, M S::*member, F list, fields::Opt opt) {
+    SectionAt(key, obj_.*member, list, opt);
   }
-  if (!node.IsSequence()) {
-    r.Error(p, absl::StrCat(Describe(node),
-                            " is not a list (write stages: [{seq_len: 1024, steps: 100}])"));
-    return;
+  template <class F>
+  void Section(const char* key, fields::Self, F list, fields::Opt opt) {
+    SectionAt(key, obj_, list, opt);
   }
-  if (node.size() > static_cast<size_t>(kMaxStages)) {
-    r.errors.push_back(internal::TooManyStages(node.size()));  // Not one error per stage.
-    return;
+
+  template <class T, class F>
+  void List(const char* key, std::vector<T> S::*member, F list, fields::ListOpt opt) {
+    auto it = m_.find(key);
+    if (it == m_.end() || it->second.IsNull()) {
+      return;
+    }
+    const YAML::Node& node = it->second;
+    const std::string p = JoinPath(path_, key);
+    if (!node.IsSequence()) {
+      r_.Error(p, absl::StrCat(Describe(node), " is not a list (", opt.fix_list, ")"));
+      return;
+    }
+    if (node.size() > static_cast<size_t>(kMaxStages)) {
+      r_.errors.push_back(internal::TooManyStages(node.size()));  // Not one error per entry.
+      return;
+    }
+    for (size_t i = 0; i < node.size(); ++i) {
+      const std::string ip = absl::StrCat(p, "[", i, "]");
+      const YAML::Node item = node[i];
+      T entry;
+      if (item.IsNull()) {
+        r_.Error(ip, absl::StrCat("an empty value is not a ", opt.noun, " (", opt.fix_item, ")"));
+      } else {
+        ReadMap(item, entry, list, ip, JoinPath(schema_path_, key) + "[]");
+      }
+      (obj_.*member).push_back(entry);
+    }
   }
-  for (size_t i = 0; i < node.size(); ++i) {
-    const std::string ip = absl::StrCat(p, "[", i, "]");
-    const YAML::Node item = node[i];
+
+  // Called once the section's elements are read.
+  void Finish() {
+    if constexpr (std::is_same_v<S, ModelSpec>) {
+      FinishModelSpec(obj_, given_);
+    }
+  }
+
+ private:
+  template <class T, class F>
+  void SectionAt(const char* key, T& target, F list, fields::Opt opt) {
+    const std::string path = JoinPath(path_, key);
+    auto it = m_.find(key);
+    if (it == m_.end() || (opt.null_is_missing && it->second.IsNull())) {
+      if (opt.missing != nullptr) {
+        r_.Error(path, absl::StrCat("missing (", opt.missing, ")"));
+      }
+      return;
+    }
+    ReadMap(it->second, target, list, path, JoinPath(schema_path_, key));
+  }
+
+  // A section that is absent or empty stays unset.
+  template <class T, class F>
+  void ReadMap(const YAML::Node& node, std::optional<T>& target, F list, const std::string& path,
+               const std::string& schema_path) {
+    if (node.IsNull()) {
+      return;
+    }
+    T value;
+    if (ReadMap(node, value, list, path, schema_path)) {
+      target = value;
+    }
+  }
+
+  template <class T, class F>
+  bool ReadMap(const YAML::Node& node, T& target, F list, const std::string& path,
+               const std::string& schema_path) {
     Entries m;
-    StageSpec stage;
-    if (item.IsNull()) {
-      r.Error(ip, "an empty value is not a stage (write {seq_len: N, steps: S})");
-    } else if (r.Entries(item, ip, "spec.stages[]", &m)) {
-      r.Int(m, "seq_len", ip, &stage.seq_len);
-      r.Int(m, "steps", ip, &stage.steps);
-      double lr;
-      if (r.Double(m, "lr", ip, &lr)) {
-        stage.lr = lr;
-      }
-      int64_t v;
-      if (r.Int(m, "warmup_steps", ip, &v)) {
-        stage.warmup_steps = v;
-      }
-      if (r.Int(m, "sp_degree", ip, &v)) {
-        stage.sp_degree = v;
-      }
-      if (r.Int(m, "dp_degree", ip, &v)) {
-        stage.dp_degree = v;
-      }
-      if (auto ev = m.find("eval"); ev != m.end() && !ev->second.IsNull()) {
-        EvalSpec eval;
-        ReadEvalMap(ev->second, r, ip + ".eval", "spec.stages[].eval", &eval);
-        stage.eval = eval;
-      }
+    if (!r_.Entries(node, path, schema_path, &m)) {
+      return false;
     }
-    stages->push_back(stage);
+    SectionReader<T> child(r_, target, m, path, schema_path);
+    list(child);
+    child.Finish();
+    return true;
   }
-}
 
-void ReadCheckpoint(const YAML::Node& node, Reader& r, CheckpointSpec* ckpt) {
-  Entries m;
-  const std::string p = "spec.checkpoint";
-  if (!r.Entries(node, p, p, &m)) {
-    return;
+  template <class T>
+  void ReadValue(const char* key, T& value) {
+    r_.Read(m_, key, path_, &value);
   }
-  r.String(m, "dir", p, &ckpt->dir);
-  if (auto it = m.find("every_steps");
-      it != m.end() && it->second.IsScalar() && it->second.Scalar() == "auto") {
-    ckpt->every_steps_auto = true;
-  } else {
-    r.Int(m, "every_steps", p, &ckpt->every_steps);
-  }
-  r.Int(m, "every_seconds", p, &ckpt->every_seconds);
-  r.Int(m, "keep_last", p, &ckpt->keep_last);
-  bool async = false;
-  if (r.Bool(m, "async", p, &async)) ckpt->async = async;
-}
-
-void ReadScheduling(const YAML::Node& node, Reader& r, SchedulingSpec* sched) {
-  Entries m;
-  const std::string p = "spec.scheduling";
-  if (!r.Entries(node, p, p, &m)) {
-    return;
-  }
-  r.Int(m, "priority", p, &sched->priority);
-  r.Int(m, "max_failures", p, &sched->max_failures);
-  r.Int(m, "max_infra_failures", p, &sched->max_infra_failures);
-  r.Int(m, "failure_window_s", p, &sched->failure_window_s);
-  r.Bool(m, "preemptible", p, &sched->preemptible);
-  r.Int(m, "max_preemptions", p, &sched->max_preemptions);
-  r.String(m, "node_label", p, &sched->node_label);
-}
-
-void ReadSpec(const YAML::Node& node, Reader& r, JobSpec* spec) {
-  Entries m;
-  if (!r.Entries(node, "spec", "spec", &m)) {
-    return;
-  }
-  if (m.count("model")) {
-    ReadModel(m["model"], r, &spec->model);
-  } else {
-    r.Error("spec.model", "missing (add model: {preset: tiny} or the shape fields)");
-  }
-  // Optional sections: read when present, defaults otherwise.
-  auto section = [&](const char* key, auto read, auto* out) {
-    if (auto it = m.find(key); it != m.end()) read(it->second, r, out);
-  };
-  section("data", ReadData, &spec->data);
-  section("parallelism", ReadParallelism, &spec->parallelism);
-  section("memory", ReadMemory, &spec->memory);
-  section("optimizer", ReadOptimizer, &spec->optimizer);
-  section("stages", ReadStages, &spec->stages);
-  section("checkpoint", ReadCheckpoint, &spec->checkpoint);
-  section("scheduling", ReadScheduling, &spec->scheduling);
-  section("eval", ReadEval, &spec->eval);
-  auto seed = m.find("seed");
-  if (seed != m.end() && !seed->second.IsNull()) {
-    if (!seed->second.IsScalar() || !ParseUint64(seed->second.Scalar(), &spec->seed)) {
-      r.Error("spec.seed", absl::StrCat(Describe(seed->second),
-                                        " is not a non-negative integer (write e.g. 1234)"));
+  template <class T>
+  void ReadValue(const char* key, std::optional<T>& value) {
+    T v{};
+    if (r_.Read(m_, key, path_, &v)) {
+      value = v;
     }
   }
-}
+  void ReadValue(const char* key, uint64_t& value) {
+    auto it = m_.find(key);
+    if (it != m_.end() && !it->second.IsNull()) {
+      if (!it->second.IsScalar() || !ParseUint64(it->second.Scalar(), &value)) {
+        r_.Error(
+            JoinPath(path_, key),
+            absl::StrCat(Describe(it->second), " is not a non-negative integer (write e.g. 1234)"));
+      }
+    }
+  }
 
+  Reader& r_;
+  S& obj_;
+  const Entries& m_;
+  std::string path_;
+  std::string schema_path_;
+  std::set<std::string> given_;  // Shape keys the document set (ModelSpec).
+};
+
+// The document (the root is a mapping).
 void ReadDocument(const YAML::Node& root, Reader& r, JobSpec* spec) {
   Entries m;
   if (!r.Entries(root, "", "", &m)) {
     return;
   }
-  if (!r.String(m, "apiVersion", "", &spec->api_version)) {
-    r.Error("apiVersion", absl::StrCat("missing (add apiVersion: ", kApiVersion, ")"));
-  } else if (spec->api_version != kApiVersion) {
-    r.Error("apiVersion",
-            absl::StrCat(Quote(spec->api_version), " is not supported (use ", kApiVersion, ")"));
-  }
-  if (!r.String(m, "kind", "", &spec->kind)) {
-    r.Error("kind", absl::StrCat("missing (add kind: ", kKind, ")"));
-  } else if (spec->kind != kKind) {
-    r.Error("kind", absl::StrCat(Quote(spec->kind), " is not supported (use ", kKind, ")"));
-  }
-  if (m.count("metadata")) {
-    ReadMetadata(m["metadata"], r, &spec->metadata);
-  } else {
-    r.Error("metadata", "missing (add metadata: {name: my-job})");
-  }
-  if (m.count("spec") && !m["spec"].IsNull()) {
-    ReadSpec(m["spec"], r, spec);
-  } else {
-    r.Error("spec", "missing (add spec: with model, data and stages)");
-  }
+  SectionReader<JobSpec> reader(r, *spec, m, "", "");
+  fields::DocumentFields{}(reader);
 }
 
 // ---------------------------------------------------------------------------
@@ -701,21 +622,28 @@ absl::StatusOr<JobSpec> ParseTree(const std::string& text, const ParseOptions& o
 
 }  // namespace
 
-absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text, const ParseOptions& options) {
+namespace internal::schema {
+
+absl::StatusOr<JobSpec> ReadJobSpec(absl::string_view yaml_text, const ParseOptions& options) {
   if (static_cast<int64_t>(yaml_text.size()) > kMaxSpecBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "(document): ", yaml_text.size(), " bytes is more than ", kMaxSpecBytes,
         " (a TrainJob is at most 256 KiB; a real one is a few KiB: drop generated content)"));
   }
-  absl::StatusOr<JobSpec> spec;
   try {
     const std::string text(yaml_text);
-    spec = ParseTree(text, options);
+    return ParseTree(text, options);
   } catch (const std::exception& e) {
     // yaml-cpp reports misuse (e.g. odd node shapes) by exception; never let one escape.
     return absl::InvalidArgumentError(
         absl::StrCat("(document): cannot be read (", internal::OneLine(e.what()), ")"));
   }
+}
+
+}  // namespace internal::schema
+
+absl::StatusOr<JobSpec> ParseJobSpec(absl::string_view yaml_text, const ParseOptions& options) {
+  absl::StatusOr<JobSpec> spec = internal::schema::ReadJobSpec(yaml_text, options);
   if (!spec.ok()) {
     return spec.status();
   }

@@ -9,8 +9,9 @@
 #define ULYSSES_COMMON_SPEC_JOB_SPEC_PARSER_H_
 
 #include <string>
-
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -35,6 +36,12 @@ absl::Status ValidateJobSpec(const JobSpec& spec);
 
 // Canonical YAML of a (defaulted) spec; ParseJobSpec(ToYaml(s)) == s.
 std::string ToYaml(const JobSpec& spec);
+// The same document as JSON (numbers as numbers; `ulyssesctl validate -o json`).
+nlohmann::ordered_json ToJson(const JobSpec& spec);
+// One section as JSON with every field, defaults included (optional parts only when set):
+// the data and eval parts of `ulyssesctl get job -o json`.
+nlohmann::ordered_json AllFieldsJson(const DataSpec& data);
+nlohmann::ordered_json AllFieldsJson(const EvalSpec& eval);
 
 // Stable hash of the canonical YAML of the training-relevant fields (model, data,
 // optimizer, seed), hex. Stored in checkpoints to detect foreign resumes.

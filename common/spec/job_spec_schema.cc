@@ -1,15 +1,18 @@
-// The TrainJob schema (every known YAML path) and the scalar conversions the parser applies
-// (job_spec_schema.h).
+// The TrainJob schema (every known YAML path, derived from the field list of
+// job_spec_fields.h) and the scalar conversions the parser applies (job_spec_schema.h).
 #include "common/spec/job_spec_schema.h"
 
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/spec/model_shape.h"
 #include "common/spec/spec_util.h"
 
@@ -24,107 +27,81 @@ namespace {
 
 // The spec.model shape keys, from the field list (model_shape.h): a "group.name"
 // key is a scalar inside the mapping spec.model.group.
-std::vector<SchemaEntry> ModelShapeSchema() {
+std::vector<SchemaEntry> ModelShapeSchema(const std::string& model_path) {
   std::vector<SchemaEntry> entries;
   for (const std::string& key : ShapeFieldKeys()) {
     const size_t dot = key.find('.');
     if (dot != std::string::npos) {
-      const std::string group = "spec.model." + key.substr(0, dot);
+      const std::string group = JoinPath(model_path, key.substr(0, dot));
       if (entries.empty() || entries.back().path.rfind(group + ".", 0) != 0) {
         entries.push_back({group, Kind::kMap});
       }
     }
-    entries.push_back({"spec.model." + key, Kind::kScalar});
+    entries.push_back({JoinPath(model_path, key), Kind::kScalar});
   }
   return entries;
 }
+
+// Adds the entries of one section (listed by job_spec_fields.h) under `path`.
+template <class S>
+class SchemaBuilder {
+ public:
+  SchemaBuilder(std::vector<SchemaEntry>& out, std::string path)
+      : out_(out), path_(std::move(path)) {}
+
+  template <class T>
+  void Field(const char* key, T S::*, fields::Opt) {
+    Add(key, Kind::kScalar);
+  }
+  void Constant(const char* key, std::string S::*, const char*) { Add(key, Kind::kScalar); }
+  void Pair(const char* key, double S::*, double S::*) {
+    Add(key, Kind::kList);
+    out_.push_back({JoinPath(path_, key) + "[]", Kind::kScalar});
+  }
+  void IntOrAuto(const char* key, int64_t S::*, bool S::*) { Add(key, Kind::kScalar); }
+  void Labels(const char* key, std::map<std::string, std::string> S::*) {
+    Add(key, Kind::kStringMap);
+    out_.push_back({JoinPath(JoinPath(path_, key), "*"), Kind::kScalar});
+  }
+  void Shape() {
+    for (SchemaEntry& e : ModelShapeSchema(path_)) {
+      out_.push_back(std::move(e));
+    }
+  }
+  template <class M, class F>
+  void Section(const char* key, M S::*, F list, fields::Opt) {
+    Nested<typename fields::SectionOf<M>::type>(JoinPath(path_, key), list);
+  }
+  template <class F>
+  void Section(const char* key, fields::Self, F list, fields::Opt) {
+    Nested<S>(JoinPath(path_, key), list);
+  }
+  template <class T, class F>
+  void List(const char* key, std::vector<T> S::*, F list, fields::ListOpt) {
+    Add(key, Kind::kList);
+    Nested<T>(JoinPath(path_, key) + "[]", list);
+  }
+
+  template <class T, class F>
+  void Nested(const std::string& path, F list) {
+    out_.push_back({path, Kind::kMap});
+    SchemaBuilder<T> child(out_, path);
+    list(child);
+  }
+
+ private:
+  void Add(const char* key, Kind kind) { out_.push_back({JoinPath(path_, key), kind}); }
+
+  std::vector<SchemaEntry>& out_;
+  std::string path_;
+};
 
 }  // namespace
 
 const std::vector<SchemaEntry>& Schema() {
   static const auto* schema = [] {
-    auto* entries = new std::vector<SchemaEntry>{
-        {"", Kind::kMap},
-        {"apiVersion", Kind::kScalar},
-        {"kind", Kind::kScalar},
-        {"metadata", Kind::kMap},
-        {"metadata.name", Kind::kScalar},
-        {"metadata.labels", Kind::kStringMap},
-        {"metadata.labels.*", Kind::kScalar},
-        {"spec", Kind::kMap},
-        {"spec.model", Kind::kMap},
-        {"spec.model.preset", Kind::kScalar},
-    };
-    for (SchemaEntry& e : ModelShapeSchema()) {
-      entries->push_back(std::move(e));
-    }
-    std::vector<SchemaEntry> rest = {
-        {"spec.model.init_from", Kind::kScalar},
-        {"spec.model.dtype", Kind::kScalar},
-        {"spec.data", Kind::kMap},
-        {"spec.data.train", Kind::kScalar},
-        {"spec.data.validation", Kind::kScalar},
-        {"spec.data.synthetic", Kind::kMap},
-        {"spec.data.synthetic.generator", Kind::kScalar},
-        {"spec.data.synthetic.validation_sequences", Kind::kScalar},
-        {"spec.data.format", Kind::kScalar},
-        {"spec.data.packing", Kind::kScalar},
-        {"spec.parallelism", Kind::kMap},
-        {"spec.parallelism.sp_degree", Kind::kScalar},
-        {"spec.parallelism.dp_degree", Kind::kScalar},
-        {"spec.parallelism.zero_stage", Kind::kScalar},
-        {"spec.parallelism.offload_optimizer", Kind::kScalar},
-        {"spec.parallelism.offload_activations", Kind::kScalar},
-        {"spec.memory", Kind::kMap},
-        {"spec.memory.activation_checkpointing", Kind::kScalar},
-        {"spec.memory.tiled_mlp", Kind::kScalar},
-        {"spec.memory.tiled_loss", Kind::kScalar},
-        {"spec.memory.loss_tile_tokens", Kind::kScalar},
-        {"spec.memory.attention_block_size", Kind::kScalar},
-        {"spec.optimizer", Kind::kMap},
-        {"spec.optimizer.type", Kind::kScalar},
-        {"spec.optimizer.lr", Kind::kScalar},
-        {"spec.optimizer.betas", Kind::kList},
-        {"spec.optimizer.betas[]", Kind::kScalar},
-        {"spec.optimizer.weight_decay", Kind::kScalar},
-        {"spec.optimizer.eps", Kind::kScalar},
-        {"spec.optimizer.grad_clip", Kind::kScalar},
-        {"spec.optimizer.warmup_steps", Kind::kScalar},
-        {"spec.optimizer.schedule", Kind::kScalar},
-        {"spec.optimizer.min_lr_ratio", Kind::kScalar},
-        {"spec.optimizer.grad_accum_steps", Kind::kScalar},
-        {"spec.optimizer.micro_batch_size", Kind::kScalar},
-        {"spec.stages", Kind::kList},
-        {"spec.stages[]", Kind::kMap},
-        {"spec.stages[].seq_len", Kind::kScalar},
-        {"spec.stages[].steps", Kind::kScalar},
-        {"spec.stages[].lr", Kind::kScalar},
-        {"spec.stages[].warmup_steps", Kind::kScalar},
-        {"spec.stages[].sp_degree", Kind::kScalar},
-        {"spec.stages[].dp_degree", Kind::kScalar},
-        {"spec.stages[].eval", Kind::kMap},
-        {"spec.stages[].eval.max_sequences", Kind::kScalar},
-        {"spec.stages[].eval.every_steps", Kind::kScalar},
-        {"spec.eval", Kind::kMap},
-        {"spec.eval.max_sequences", Kind::kScalar},
-        {"spec.eval.every_steps", Kind::kScalar},
-        {"spec.checkpoint", Kind::kMap},
-        {"spec.checkpoint.dir", Kind::kScalar},
-        {"spec.checkpoint.every_steps", Kind::kScalar},
-        {"spec.checkpoint.every_seconds", Kind::kScalar},
-        {"spec.checkpoint.keep_last", Kind::kScalar},
-        {"spec.checkpoint.async", Kind::kScalar},
-        {"spec.scheduling", Kind::kMap},
-        {"spec.scheduling.priority", Kind::kScalar},
-        {"spec.scheduling.max_failures", Kind::kScalar},
-        {"spec.scheduling.max_infra_failures", Kind::kScalar},
-        {"spec.scheduling.failure_window_s", Kind::kScalar},
-        {"spec.scheduling.preemptible", Kind::kScalar},
-        {"spec.scheduling.max_preemptions", Kind::kScalar},
-        {"spec.scheduling.node_label", Kind::kScalar},
-        {"spec.seed", Kind::kScalar},
-    };
-    entries->insert(entries->end(), rest.begin(), rest.end());
+    auto* entries = new std::vector<SchemaEntry>;
+    SchemaBuilder<JobSpec>(*entries, "").Nested<JobSpec>("", fields::DocumentFields{});
     return entries;
   }();
   return *schema;

@@ -8,12 +8,17 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/spec/job_spec.h"
+#include "common/spec/job_spec_parser.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ulysses::spec::internal::schema {
 
-// Every known path. "[]" stands for any list index, "*" for any key of a free-form string map
-// (labels). Order is the order of "valid keys" hints.
+// Every known path, derived from the field list (job_spec_fields.h). "[]" stands for any list
+// index, "*" for any key of a free-form string map (labels). Order is the order of "valid keys"
+// hints (document order).
 enum class Kind { kMap, kList, kScalar, kStringMap };
 
 struct SchemaEntry {
@@ -27,6 +32,10 @@ const SchemaEntry* FindSchema(const std::string& schema_path);
 std::string JoinPath(const std::string& parent, const std::string& key);
 // Keys directly under the map at `schema_path`.
 std::vector<std::string> ChildKeys(const std::string& schema_path);
+
+// The reader alone: YAML -> JobSpec along the schema with options.overrides applied, without
+// ValidateJobSpec (ParseJobSpec = this + validation; tests of the field list).
+absl::StatusOr<JobSpec> ReadJobSpec(absl::string_view yaml_text, const ParseOptions& options);
 
 // "'ten'", "a list", "a mapping", "an empty value".
 std::string Describe(const YAML::Node& node);

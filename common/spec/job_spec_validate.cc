@@ -1,5 +1,5 @@
 // ValidateJobSpec: every rule of docs/JOBSPEC.md, all errors collected, each line
-// `<path>: <value> <problem> (<fix>)`.
+// `<path>: <value> <problem> (<fix>)`. Paths come from the field list (fields::PathOf).
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -11,14 +11,23 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/spec/job_spec_parser.h"
 #include "common/spec/spec_util.h"
 
 namespace ulysses::spec {
 namespace {
 
+using fields::PathOf;
 using internal::FormatDouble;
 using internal::Quote;
+
+// `prefix`.<key of member>: a field of a section listed in several places (EvalSpec).
+template <class S, class T>
+std::string At(const std::string& prefix, T S::*member) {
+  const std::string path = PathOf(member);
+  return prefix + path.substr(path.rfind('.'));
+}
 
 constexpr int64_t kNeedleMinVocab = 64;
 constexpr int64_t kNeedleMinSeqLen = 64;
@@ -83,9 +92,9 @@ void CheckMetadata(const JobSpec& s, Errors& e) {
     e.Add("kind", Quote(s.kind), "is not supported", absl::StrCat("use ", kKind));
   }
   if (s.metadata.name.empty()) {
-    e.Add("metadata.name", "''", "is missing", "set a DNS-1123 name, e.g. name: tiny-demo");
+    e.Add(PathOf(&Metadata::name), "''", "is missing", "set a DNS-1123 name, e.g. name: tiny-demo");
   } else if (!IsDns1123Label(s.metadata.name)) {
-    e.Add("metadata.name", Quote(s.metadata.name), "is not a DNS-1123 label",
+    e.Add(PathOf(&Metadata::name), Quote(s.metadata.name), "is not a DNS-1123 label",
           "use at most 63 lowercase letters, digits and '-', starting and ending with a letter "
           "or digit, e.g. tiny-demo");
   }
@@ -96,8 +105,9 @@ void CheckMetadata(const JobSpec& s, Errors& e) {
         return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
       });
       if (control) {
-        e.Add(absl::StrCat("metadata.labels.", absl::CEscape(key)), Quote(absl::CEscape(*text)),
-              "has a control character", "use printable text in label keys and values");
+        e.Add(absl::StrCat(PathOf(&Metadata::labels), ".", absl::CEscape(key)),
+              Quote(absl::CEscape(*text)), "has a control character",
+              "use printable text in label keys and values");
         break;
       }
     }
@@ -115,15 +125,15 @@ void CheckModel(const JobSpec& s, Errors& e) {
   }
   if (m.init_from.empty()) {
     for (const std::string& key : m.from_init) {
-      e.Add("spec.model." + key, "(unset)", "is left to init_from, but init_from is empty",
-            "set the field, or set init_from");
+      e.Add(absl::StrCat(PathOf(&JobSpec::model), ".", key), "(unset)",
+            "is left to init_from, but init_from is empty", "set the field, or set init_from");
     }
   }
   std::vector<std::string> weight_dtypes;  // common/dtype.h
   for (const DtypeInfo& d : kDtypes) {
     if (d.weight) weight_dtypes.emplace_back(d.name);
   }
-  CheckChoice(e, "spec.model.dtype", m.dtype, weight_dtypes, "dtype");
+  CheckChoice(e, PathOf(&ModelSpec::dtype), m.dtype, weight_dtypes, "dtype");
 }
 
 // sp_degree at `path` against the head counts (skipped when heads are unknown or
@@ -150,25 +160,25 @@ void CheckDegree(Errors& e, const std::string& path, int64_t value, const char* 
 
 void CheckParallelism(const JobSpec& s, Errors& e) {
   const ParallelismSpec& p = s.parallelism;
-  CheckDegree(e, "spec.parallelism.sp_degree", p.sp_degree, "sequence parallelism");
-  CheckDegree(e, "spec.parallelism.dp_degree", p.dp_degree, "data parallelism");
-  CheckSpAgainstHeads(s, "spec.parallelism.sp_degree", p.sp_degree, e);
+  CheckDegree(e, PathOf(&ParallelismSpec::sp_degree), p.sp_degree, "sequence parallelism");
+  CheckDegree(e, PathOf(&ParallelismSpec::dp_degree), p.dp_degree, "data parallelism");
+  CheckSpAgainstHeads(s, PathOf(&ParallelismSpec::sp_degree), p.sp_degree, e);
   if (p.zero_stage < 0 || p.zero_stage > 3) {
-    e.Add("spec.parallelism.zero_stage", absl::StrCat(p.zero_stage), "is out of range 0..3",
+    e.Add(PathOf(&ParallelismSpec::zero_stage), absl::StrCat(p.zero_stage), "is out of range 0..3",
           "use 0 (replicated), 1 (optimizer state sharded), 2 (+ gradients) or 3 (+ parameters)");
   } else if (p.zero_stage == 3 && !s.memory.activation_checkpointing) {
-    e.Add("spec.parallelism.zero_stage", "3",
+    e.Add(PathOf(&ParallelismSpec::zero_stage), "3",
           "needs memory.activation_checkpointing (ZeRO-3 re-gathers each layer's weights in "
           "backward by recomputing the layer)",
           "set memory.activation_checkpointing: true, or use zero_stage 2");
   }
   if (p.offload_optimizer && p.zero_stage < 1) {
-    e.Add("spec.parallelism.offload_optimizer", "true",
+    e.Add(PathOf(&ParallelismSpec::offload_optimizer), "true",
           "needs zero_stage >= 1 (the host-side update runs on the ZeRO optimizer shards)",
           "set parallelism.zero_stage: 1 (or higher), or offload_optimizer: false");
   }
   if (p.offload_activations && !s.memory.activation_checkpointing) {
-    e.Add("spec.parallelism.offload_activations", "true",
+    e.Add(PathOf(&ParallelismSpec::offload_activations), "true",
           "needs memory.activation_checkpointing (what is offloaded is each checkpointed layer's "
           "saved input)",
           "set memory.activation_checkpointing: true, or offload_activations: false");
@@ -176,62 +186,64 @@ void CheckParallelism(const JobSpec& s, Errors& e) {
 }
 
 void CheckMemory(const JobSpec& s, Errors& e) {
-  CheckPositive(e, "spec.memory.loss_tile_tokens", s.memory.loss_tile_tokens, "use e.g. 4096");
-  CheckPositive(e, "spec.memory.attention_block_size", s.memory.attention_block_size,
+  CheckPositive(e, PathOf(&MemorySpec::loss_tile_tokens), s.memory.loss_tile_tokens,
+                "use e.g. 4096");
+  CheckPositive(e, PathOf(&MemorySpec::attention_block_size), s.memory.attention_block_size,
                 "use e.g. 512");
 }
 
 void CheckOptimizer(const JobSpec& s, Errors& e) {
   const OptimizerSpec& o = s.optimizer;
-  CheckChoice(e, "spec.optimizer.type", o.type, {"adamw"}, "optimizer");
+  CheckChoice(e, PathOf(&OptimizerSpec::type), o.type, {"adamw"}, "optimizer");
   if (o.lr <= 0) {
-    e.Add("spec.optimizer.lr", FormatDouble(o.lr), "must be > 0", "use e.g. 3.0e-4");
+    e.Add(PathOf(&OptimizerSpec::lr), FormatDouble(o.lr), "must be > 0", "use e.g. 3.0e-4");
   }
-  const std::pair<const char*, double> betas[] = {{"spec.optimizer.betas[0]", o.beta1},
-                                                  {"spec.optimizer.betas[1]", o.beta2}};
+  const std::pair<std::string, double> betas[] = {
+      {absl::StrCat(PathOf(&OptimizerSpec::beta1), "[0]"), o.beta1},
+      {absl::StrCat(PathOf(&OptimizerSpec::beta2), "[1]"), o.beta2}};
   for (const auto& [path, beta] : betas) {
     if (beta < 0 || beta >= 1) {
       e.Add(path, FormatDouble(beta), "is outside [0, 1)", "use e.g. betas: [0.9, 0.95]");
     }
   }
   if (o.weight_decay < 0) {
-    e.Add("spec.optimizer.weight_decay", FormatDouble(o.weight_decay), "must be >= 0",
+    e.Add(PathOf(&OptimizerSpec::weight_decay), FormatDouble(o.weight_decay), "must be >= 0",
           "use e.g. 0.1, or 0 for none");
   }
   if (o.eps <= 0) {
-    e.Add("spec.optimizer.eps", FormatDouble(o.eps), "must be > 0", "use 1e-8");
+    e.Add(PathOf(&OptimizerSpec::eps), FormatDouble(o.eps), "must be > 0", "use 1e-8");
   }
   if (o.grad_clip < 0) {
-    e.Add("spec.optimizer.grad_clip", FormatDouble(o.grad_clip), "must be >= 0",
+    e.Add(PathOf(&OptimizerSpec::grad_clip), FormatDouble(o.grad_clip), "must be >= 0",
           "use e.g. 1.0, or 0 to disable clipping");
   }
   if (o.warmup_steps < 0) {
-    e.Add("spec.optimizer.warmup_steps", absl::StrCat(o.warmup_steps), "must be >= 0",
+    e.Add(PathOf(&OptimizerSpec::warmup_steps), absl::StrCat(o.warmup_steps), "must be >= 0",
           "use 0 for no warmup");
   }
-  CheckChoice(e, "spec.optimizer.schedule", o.schedule, {"constant", "linear", "cosine"},
+  CheckChoice(e, PathOf(&OptimizerSpec::schedule), o.schedule, {"constant", "linear", "cosine"},
               "schedule");
   if (o.min_lr_ratio < 0 || o.min_lr_ratio > 1) {
-    e.Add("spec.optimizer.min_lr_ratio", FormatDouble(o.min_lr_ratio), "is outside [0, 1]",
+    e.Add(PathOf(&OptimizerSpec::min_lr_ratio), FormatDouble(o.min_lr_ratio), "is outside [0, 1]",
           "use e.g. 0.1");
   }
   if (o.grad_accum_steps < 1) {
-    e.Add("spec.optimizer.grad_accum_steps", absl::StrCat(o.grad_accum_steps), "must be >= 1",
-          "use 1 for no accumulation");
+    e.Add(PathOf(&OptimizerSpec::grad_accum_steps), absl::StrCat(o.grad_accum_steps),
+          "must be >= 1", "use 1 for no accumulation");
   }
   if (o.micro_batch_size < 1 || o.micro_batch_size > 4096) {
-    e.Add("spec.optimizer.micro_batch_size", absl::StrCat(o.micro_batch_size), "is outside 1..4096",
-          "use 1, or a few sequences per micro-batch");
+    e.Add(PathOf(&OptimizerSpec::micro_batch_size), absl::StrCat(o.micro_batch_size),
+          "is outside 1..4096", "use 1, or a few sequences per micro-batch");
   }
 }
 
 void CheckEval(const std::string& p, const EvalSpec& ev, Errors& e) {
   if (ev.max_sequences < 0) {
-    e.Add(p + ".max_sequences", absl::StrCat(ev.max_sequences), "must be >= 0",
+    e.Add(At(p, &EvalSpec::max_sequences), absl::StrCat(ev.max_sequences), "must be >= 0",
           "use 0 for the whole validation set, or a bound such as 64");
   }
   if (ev.every_steps < 0) {
-    e.Add(p + ".every_steps", absl::StrCat(ev.every_steps), "must be >= 0",
+    e.Add(At(p, &EvalSpec::every_steps), absl::StrCat(ev.every_steps), "must be >= 0",
           "use 0 to evaluate at stage ends only");
   }
 }
@@ -248,43 +260,47 @@ constexpr int64_t kMaxSteps = 1000000000;
 
 void CheckStage(const JobSpec& s, size_t i, Errors& e) {
   const StageSpec& st = s.stages[i];
-  const std::string p = absl::StrCat("spec.stages[", i, "]");
+  const std::string p = absl::StrCat(PathOf(&JobSpec::stages), "[", i, "]");
   const int64_t sp = s.StageSp(i);
   if (st.seq_len <= 0) {
-    e.Add(p + ".seq_len", absl::StrCat(st.seq_len), "must be > 0", "use e.g. seq_len: 4096");
+    e.Add(PathOf(&StageSpec::seq_len, i), absl::StrCat(st.seq_len), "must be > 0",
+          "use e.g. seq_len: 4096");
   } else if (sp >= 1 && st.seq_len % sp != 0) {
-    e.Add(p + ".seq_len", absl::StrCat(st.seq_len),
+    e.Add(PathOf(&StageSpec::seq_len, i), absl::StrCat(st.seq_len),
           absl::StrCat("is not divisible by sp_degree ", sp), SeqLenSuggestion(st.seq_len, sp));
   }
   if (i > 0 && st.seq_len > 0 && st.seq_len <= s.stages[i - 1].seq_len) {
-    e.Add(p + ".seq_len", absl::StrCat(st.seq_len),
+    e.Add(PathOf(&StageSpec::seq_len, i), absl::StrCat(st.seq_len),
           absl::StrCat("is not greater than stages[", i - 1, "].seq_len ", s.stages[i - 1].seq_len),
           "stages expand the context: order them by strictly increasing seq_len");
   }
   if (st.seq_len > kMaxSeqLen) {  // Sane upper bounds: a spec that can never run is refused.
-    e.Add(p + ".seq_len", absl::StrCat(st.seq_len), absl::StrCat("is more than ", kMaxSeqLen),
+    e.Add(PathOf(&StageSpec::seq_len, i), absl::StrCat(st.seq_len),
+          absl::StrCat("is more than ", kMaxSeqLen),
           "no run holds more than 2^30 tokens per sequence; use a smaller seq_len");
   }
   if (st.steps <= 0) {
-    e.Add(p + ".steps", absl::StrCat(st.steps), "must be > 0", "use e.g. steps: 100");
+    e.Add(PathOf(&StageSpec::steps, i), absl::StrCat(st.steps), "must be > 0",
+          "use e.g. steps: 100");
   } else if (st.steps > kMaxSteps) {
-    e.Add(p + ".steps", absl::StrCat(st.steps), absl::StrCat("is more than ", kMaxSteps),
+    e.Add(PathOf(&StageSpec::steps, i), absl::StrCat(st.steps),
+          absl::StrCat("is more than ", kMaxSteps),
           "split the run into stages or jobs of at most 10^9 steps");
   }
   if (st.lr && *st.lr <= 0) {
-    e.Add(p + ".lr", FormatDouble(*st.lr), "must be > 0",
+    e.Add(PathOf(&StageSpec::lr, i), FormatDouble(*st.lr), "must be > 0",
           "use e.g. 1.0e-4, or leave it out to use optimizer.lr");
   }
   if (st.warmup_steps && *st.warmup_steps < 0) {
-    e.Add(p + ".warmup_steps", absl::StrCat(*st.warmup_steps), "must be >= 0",
+    e.Add(PathOf(&StageSpec::warmup_steps, i), absl::StrCat(*st.warmup_steps), "must be >= 0",
           "use 0 for no warmup");
   }
   if (st.sp_degree) {
-    CheckDegree(e, p + ".sp_degree", *st.sp_degree, "sequence parallelism");
-    CheckSpAgainstHeads(s, p + ".sp_degree", *st.sp_degree, e);
+    CheckDegree(e, PathOf(&StageSpec::sp_degree, i), *st.sp_degree, "sequence parallelism");
+    CheckSpAgainstHeads(s, PathOf(&StageSpec::sp_degree, i), *st.sp_degree, e);
   }
   if (st.dp_degree) {
-    CheckDegree(e, p + ".dp_degree", *st.dp_degree, "data parallelism");
+    CheckDegree(e, PathOf(&StageSpec::dp_degree, i), *st.dp_degree, "data parallelism");
   }
   const int64_t dp = s.StageDp(i);
   if (sp >= 1 && dp >= 1 && (sp > kMaxWorldSize || dp > kMaxWorldSize / sp)) {
@@ -293,14 +309,15 @@ void CheckStage(const JobSpec& s, size_t i, Errors& e) {
   }
   if (s.data.synthetic && s.data.synthetic->generator == "needle" && st.seq_len > 0 &&
       st.seq_len < kNeedleMinSeqLen) {
-    e.Add(p + ".seq_len", absl::StrCat(st.seq_len), "is too short for the needle generator",
+    e.Add(PathOf(&StageSpec::seq_len, i), absl::StrCat(st.seq_len),
+          "is too short for the needle generator",
           absl::StrCat("use seq_len >= ", kNeedleMinSeqLen, " or generator: random"));
   }
 }
 
 void CheckStages(const JobSpec& s, Errors& e) {
   if (s.stages.empty()) {
-    e.Add("spec.stages", "[]", "is empty",
+    e.Add(PathOf(&JobSpec::stages), "[]", "is empty",
           "add at least one stage, e.g. stages: [{seq_len: 1024, steps: 100}]");
   }
   if (static_cast<int64_t>(s.stages.size()) > kMaxStages) {
@@ -315,102 +332,106 @@ void CheckStages(const JobSpec& s, Errors& e) {
 
 void CheckData(const JobSpec& s, Errors& e) {
   const DataSpec& d = s.data;
-  CheckChoice(e, "spec.data.format", d.format, {"flat", "indexed"}, "format");
+  CheckChoice(e, PathOf(&DataSpec::format), d.format, {"flat", "indexed"}, "format");
   if (d.synthetic && (d.format != "flat" || !d.packing)) {
-    e.Add("spec.data.format", Quote(d.format),
+    e.Add(PathOf(&DataSpec::format), Quote(d.format),
           "format/packing are given together with "
           "data.synthetic",
           "they apply to token files only; remove them");
   }
   if (!d.packing && d.format != "indexed") {
-    e.Add("spec.data.packing", "false", "needs format: indexed (a flat file has no documents)",
+    e.Add(PathOf(&DataSpec::packing), "false",
+          "needs format: indexed (a flat file has no documents)",
           "set data.format: indexed with a packed dataset, or remove packing");
   }
   if (d.synthetic) {
     if (!d.train.empty()) {
-      e.Add("spec.data.train", Quote(d.train), "is given together with data.synthetic",
+      e.Add(PathOf(&DataSpec::train), Quote(d.train), "is given together with data.synthetic",
             "use either token files or a synthetic generator");
     }
     if (!d.validation.empty()) {
-      e.Add("spec.data.validation", Quote(d.validation), "is given together with data.synthetic",
+      e.Add(PathOf(&DataSpec::validation), Quote(d.validation),
+            "is given together with data.synthetic",
             "synthetic data brings its own validation set; remove data.validation");
     }
-    CheckChoice(e, "spec.data.synthetic.generator", d.synthetic->generator, {"random", "needle"},
-                "generator");
+    CheckChoice(e, PathOf(&SyntheticDataSpec::generator), d.synthetic->generator,
+                {"random", "needle"}, "generator");
     if (d.synthetic->validation_sequences < 0) {
-      e.Add("spec.data.synthetic.validation_sequences",
+      e.Add(PathOf(&SyntheticDataSpec::validation_sequences),
             absl::StrCat(d.synthetic->validation_sequences), "must be >= 0",
             "use e.g. 8, or 0 for no validation");
     }
     if (d.synthetic->generator == "needle" && s.model.vocab_size > 0 &&
         s.model.vocab_size < kNeedleMinVocab) {
-      e.Add("spec.data.synthetic.generator", "'needle'",
+      e.Add(PathOf(&SyntheticDataSpec::generator), "'needle'",
             absl::StrCat("needs vocab_size >= ", kNeedleMinVocab, ", got ", s.model.vocab_size),
             "use a larger vocab_size or generator: random");
     }
     return;
   }
   if (d.train.empty() && !d.validation.empty()) {
-    e.Add("spec.data.validation", Quote(d.validation), "is given without data.train",
+    e.Add(PathOf(&DataSpec::validation), Quote(d.validation), "is given without data.train",
           "set data.train to the training token file");
   } else if (d.train.empty()) {
-    e.Add("spec.data", "{}", "has no training data",
+    e.Add(PathOf(&JobSpec::data), "{}", "has no training data",
           "set data.train to a uint32 token file, or data.synthetic.generator: random|needle");
   }
 }
 
 void CheckCheckpointAndScheduling(const JobSpec& s, Errors& e) {
   if (s.checkpoint.every_steps < 0) {
-    e.Add("spec.checkpoint.every_steps", absl::StrCat(s.checkpoint.every_steps), "must be >= 0",
-          "use 0 to checkpoint only at stage ends");
+    e.Add(PathOf(&CheckpointSpec::every_steps), absl::StrCat(s.checkpoint.every_steps),
+          "must be >= 0", "use 0 to checkpoint only at stage ends");
   }
   if (s.checkpoint.every_seconds < 0 || s.checkpoint.every_seconds > kMaxCheckpointSeconds) {
-    e.Add("spec.checkpoint.every_seconds", absl::StrCat(s.checkpoint.every_seconds),
+    e.Add(PathOf(&CheckpointSpec::every_seconds), absl::StrCat(s.checkpoint.every_seconds),
           absl::StrCat("is outside 0..", kMaxCheckpointSeconds),
           "use e.g. 1800 (seconds between checkpoints), or 0 for none by time");
   }
   if (s.checkpoint.every_steps_auto && s.checkpoint.every_seconds != 0) {
-    e.Add("spec.checkpoint.every_steps", "auto",
+    e.Add(PathOf(&CheckpointSpec::every_steps), "auto",
           absl::StrCat("is given with spec.checkpoint.every_seconds: ", s.checkpoint.every_seconds,
                        " (auto picks the interval itself)"),
           "keep one of the two: every_steps: auto, or every_seconds: N");
   }
   if (s.checkpoint.keep_last < 1) {
-    e.Add("spec.checkpoint.keep_last", absl::StrCat(s.checkpoint.keep_last), "must be >= 1",
+    e.Add(PathOf(&CheckpointSpec::keep_last), absl::StrCat(s.checkpoint.keep_last), "must be >= 1",
           "use e.g. 2");
   }
   // The coordinator counts both in 32 bits: a larger value is refused, never truncated.
   if (s.scheduling.max_failures < 0) {
-    e.Add("spec.scheduling.max_failures", absl::StrCat(s.scheduling.max_failures), "must be >= 0",
-          "use e.g. 3, or 0 to fail on the first failure");
+    e.Add(PathOf(&SchedulingSpec::max_failures), absl::StrCat(s.scheduling.max_failures),
+          "must be >= 0", "use e.g. 3, or 0 to fail on the first failure");
   } else if (s.scheduling.max_failures > kMaxInt32) {
-    e.Add("spec.scheduling.max_failures", absl::StrCat(s.scheduling.max_failures),
+    e.Add(PathOf(&SchedulingSpec::max_failures), absl::StrCat(s.scheduling.max_failures),
           absl::StrCat("is more than ", kMaxInt32), "use e.g. 3");
   }
   if (s.scheduling.max_infra_failures < 0) {
-    e.Add("spec.scheduling.max_infra_failures", absl::StrCat(s.scheduling.max_infra_failures),
-          "must be >= 0", "use e.g. 20, or 0 to fail on the first lost worker or killed rank");
+    e.Add(PathOf(&SchedulingSpec::max_infra_failures),
+          absl::StrCat(s.scheduling.max_infra_failures), "must be >= 0",
+          "use e.g. 20, or 0 to fail on the first lost worker or killed rank");
   } else if (s.scheduling.max_infra_failures > kMaxInt32) {
-    e.Add("spec.scheduling.max_infra_failures", absl::StrCat(s.scheduling.max_infra_failures),
-          absl::StrCat("is more than ", kMaxInt32), "use e.g. 20");
+    e.Add(PathOf(&SchedulingSpec::max_infra_failures),
+          absl::StrCat(s.scheduling.max_infra_failures), absl::StrCat("is more than ", kMaxInt32),
+          "use e.g. 20");
   }
   if (s.scheduling.failure_window_s < 0) {
-    e.Add("spec.scheduling.failure_window_s", absl::StrCat(s.scheduling.failure_window_s),
+    e.Add(PathOf(&SchedulingSpec::failure_window_s), absl::StrCat(s.scheduling.failure_window_s),
           "must be >= 0", "use e.g. 86400 (one day), or 0 for no window");
   } else if (s.scheduling.failure_window_s > kMaxInt32) {
-    e.Add("spec.scheduling.failure_window_s", absl::StrCat(s.scheduling.failure_window_s),
+    e.Add(PathOf(&SchedulingSpec::failure_window_s), absl::StrCat(s.scheduling.failure_window_s),
           absl::StrCat("is more than ", kMaxInt32), "use e.g. 86400, or 0 for no window");
   }
   if (s.scheduling.priority < -kMaxPriority || s.scheduling.priority > kMaxPriority) {
-    e.Add("spec.scheduling.priority", absl::StrCat(s.scheduling.priority),
+    e.Add(PathOf(&SchedulingSpec::priority), absl::StrCat(s.scheduling.priority),
           absl::StrCat("is outside -", kMaxPriority, "..", kMaxPriority),
           "use a small number such as 0 or 10; the coordinator also caps it per role");
   }
   if (s.scheduling.max_preemptions < -1) {
-    e.Add("spec.scheduling.max_preemptions", absl::StrCat(s.scheduling.max_preemptions),
+    e.Add(PathOf(&SchedulingSpec::max_preemptions), absl::StrCat(s.scheduling.max_preemptions),
           "must be >= -1", "use -1 for unlimited");
   } else if (s.scheduling.max_preemptions > kMaxInt32) {
-    e.Add("spec.scheduling.max_preemptions", absl::StrCat(s.scheduling.max_preemptions),
+    e.Add(PathOf(&SchedulingSpec::max_preemptions), absl::StrCat(s.scheduling.max_preemptions),
           absl::StrCat("is more than ", kMaxInt32), "use -1 for unlimited");
   }
 }
@@ -427,10 +448,10 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   CheckOptimizer(spec, e);
   CheckStages(spec, e);
   CheckCheckpointAndScheduling(spec, e);
-  CheckEval("spec.eval", spec.eval, e);
+  CheckEval(PathOf(&JobSpec::eval), spec.eval, e);
   for (size_t i = 0; i < spec.stages.size(); ++i) {
     if (spec.stages[i].eval) {
-      CheckEval(absl::StrCat("spec.stages[", i, "].eval"), *spec.stages[i].eval, e);
+      CheckEval(PathOf(&StageSpec::eval, i), *spec.stages[i].eval, e);
     }
   }
   return internal::ErrorsToStatus(e.lines());

@@ -1,4 +1,5 @@
 #include "common/spec/memory_model.h"
+#include "common/spec/job_spec_fields.h"
 
 #include <algorithm>
 
@@ -129,7 +130,7 @@ CheckpointModeChoice ChooseCheckpointMode(std::optional<bool> requested, double 
   if (requested.has_value()) {
     c.async = *requested;
     c.reason = absl::StrCat(
-        "spec.checkpoint.async: ", c.async ? "true" : "false",
+        fields::PathOf(&CheckpointSpec::async), ": ", c.async ? "true" : "false",
         c.async ? absl::StrCat(" (snapshot ", GiB(snapshot_bytes), " of host memory per rank)")
                 : "");
     return c;

@@ -1,4 +1,5 @@
 #include "common/spec/spec_util.h"
+#include "common/spec/job_spec_fields.h"
 
 #include <sys/stat.h>
 
@@ -132,8 +133,8 @@ std::string JoinChoices(const std::vector<std::string>& choices) {
 }
 
 std::string TooManyStages(size_t count) {
-  return absl::StrCat("spec.stages: ", count, " stages is more than ", kMaxStages,
-                      " (split the run into jobs of at most ", kMaxStages,
+  return absl::StrCat(fields::PathOf(&JobSpec::stages), ": ", count, " stages is more than ",
+                      kMaxStages, " (split the run into jobs of at most ", kMaxStages,
                       " stages, each resuming from the last one's checkpoint)");
 }
 
@@ -185,8 +186,9 @@ void CheckOneFile(const std::string& field, const std::string& path, int64_t nee
 absl::Status CheckDataFiles(const JobSpec& spec) {
   std::vector<std::string> errors;
   const int64_t need = spec.stages.empty() ? 1 : spec.stages[0].seq_len + 1;
-  for (const auto& [field, path] : {std::make_pair("spec.data.train", spec.data.train),
-                                    std::make_pair("spec.data.validation", spec.data.validation)}) {
+  for (const auto& [field, path] :
+       {std::make_pair(fields::PathOf(&DataSpec::train), spec.data.train),
+        std::make_pair(fields::PathOf(&DataSpec::validation), spec.data.validation)}) {
     if (path.empty()) continue;
     if (spec.data.format != "indexed") {
       CheckOneFile(field, path, need, &errors);

@@ -3,6 +3,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/spec/job_spec_parser.h"
 #include "common/spec/path_confine.h"
 
@@ -42,20 +43,23 @@ absl::Status CheckAssignmentPaths(const v1::Assignment& a, const WorkerRoots& ro
   const spec::JobSpec& s = *parsed;
   if (!a.checkpoint_dir().empty() && s.checkpoint.dir != a.checkpoint_dir()) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "spec.checkpoint.dir: the rank would read \"", absl::CEscape(s.checkpoint.dir),
-        "\" but the job's checkpoint directory is \"", absl::CEscape(a.checkpoint_dir()),
+        spec::fields::PathOf(&spec::CheckpointSpec::dir), ": the rank would read \"",
+        absl::CEscape(s.checkpoint.dir), "\" but the job's checkpoint directory is \"",
+        absl::CEscape(a.checkpoint_dir()),
         "\" (the worker refuses a spec whose directory differs from the assigned one)"));
   }
   std::vector<std::string> checkpoint_roots;
   if (!roots.checkpoint_root.empty()) checkpoint_roots.push_back(roots.checkpoint_root);
-  if (absl::Status st = Confine("spec.checkpoint.dir", s.checkpoint.dir, checkpoint_roots, true);
+  if (absl::Status st = Confine(spec::fields::PathOf(&spec::CheckpointSpec::dir), s.checkpoint.dir,
+                                checkpoint_roots, true);
       !st.ok()) {
     return st;
   }
   for (const auto& [field, value] :
-       {std::pair<std::string, std::string>{"spec.data.train", s.data.train},
-        {"spec.data.validation", s.data.validation},
-        {"spec.model.init_from", s.model.init_from}}) {
+       {std::pair<std::string, std::string>{spec::fields::PathOf(&spec::DataSpec::train),
+                                            s.data.train},
+        {spec::fields::PathOf(&spec::DataSpec::validation), s.data.validation},
+        {spec::fields::PathOf(&spec::ModelSpec::init_from), s.model.init_from}}) {
     if (absl::Status st = Confine(field, value, roots.data_roots, false); !st.ok()) return st;
   }
   return absl::OkStatus();

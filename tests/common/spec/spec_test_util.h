@@ -1,5 +1,5 @@
 // Helpers shared by the spec tests: paths of the shipped examples and a
-// field-by-field JobSpec comparison.
+// field-by-field JobSpec comparison (along the field list, job_spec_fields.h).
 #ifndef ULYSSES_TESTS_COMMON_SPEC_SPEC_TEST_UTIL_H_
 #define ULYSSES_TESTS_COMMON_SPEC_SPEC_TEST_UTIL_H_
 
@@ -7,11 +7,16 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/spec/job_spec.h"
+#include "common/spec/job_spec_fields.h"
 #include "gtest/gtest.h"
 #include "tests/testing/files.h"
 
@@ -42,69 +47,81 @@ inline std::vector<std::string> ShippedSpecs() {
 
 using ::ulysses::testing::ReadFile;
 
-// Every field of `a` equals the one of `b` (reports each difference).
+// Compares two sections element by element along the field list (job_spec_fields.h),
+// naming each difference by its path.
+template <class S>
+class SpecComparer {
+ public:
+  SpecComparer(const S& a, const S& b, std::string path) : a_(a), b_(b), path_(std::move(path)) {}
+
+  template <class T>
+  void Field(const char* key, T S::*m, fields::Opt) {
+    EXPECT_EQ(a_.*m, b_.*m) << Join(key);
+  }
+  void Constant(const char* key, std::string S::*m, const char*) {
+    EXPECT_EQ(a_.*m, b_.*m) << Join(key);
+  }
+  void Pair(const char* key, double S::*first, double S::*second) {
+    EXPECT_EQ(a_.*first, b_.*first) << Join(key) << "[0]";
+    EXPECT_EQ(a_.*second, b_.*second) << Join(key) << "[1]";
+  }
+  void IntOrAuto(const char* key, int64_t S::*value, bool S::*is_auto) {
+    EXPECT_EQ(a_.*value, b_.*value) << Join(key);
+    EXPECT_EQ(a_.*is_auto, b_.*is_auto) << Join(key) << " (auto)";
+  }
+  void Labels(const char* key, std::map<std::string, std::string> S::*m) {
+    EXPECT_EQ(a_.*m, b_.*m) << Join(key);
+  }
+  void Shape() {
+    const ModelSpec &m = a_, &n = b_;
+    for (const std::string& key : ShapeFieldKeys()) {
+      EXPECT_TRUE(ShapeFieldEquals(m, n, key))
+          << Join(key) << ": " << ShapeFieldText(m, key) << " != " << ShapeFieldText(n, key);
+    }
+    EXPECT_EQ(m.from_init, n.from_init) << path_ << " (keys left to init_from)";
+  }
+  template <class M, class F>
+  void Section(const char* key, M S::*m, F list, fields::Opt) {
+    Compare(a_.*m, b_.*m, Join(key), list);
+  }
+  template <class F>
+  void Section(const char* key, fields::Self, F list, fields::Opt) {
+    Compare(a_, b_, Join(key), list);
+  }
+  template <class T, class F>
+  void List(const char* key, std::vector<T> S::*m, F list, fields::ListOpt) {
+    const std::vector<T>&a = a_.*m, &b = b_.*m;
+    ASSERT_EQ(a.size(), b.size()) << Join(key);
+    for (size_t i = 0; i < a.size(); ++i) {
+      Compare(a[i], b[i], absl::StrCat(Join(key), "[", i, "]"), list);
+    }
+  }
+
+  template <class T, class F>
+  static void Compare(const T& a, const T& b, const std::string& path, F list) {
+    SpecComparer<T> child(a, b, path);
+    list(child);
+  }
+  template <class T, class F>
+  static void Compare(const std::optional<T>& a, const std::optional<T>& b, const std::string& path,
+                      F list) {
+    ASSERT_EQ(a.has_value(), b.has_value()) << path;
+    if (a) {
+      Compare(*a, *b, path, list);
+    }
+  }
+
+ private:
+  std::string Join(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+
+  const S& a_;
+  const S& b_;
+  std::string path_;
+};
+
+// Every field of `a` equals the one of `b` (reports each difference by its path).
 inline void ExpectSpecEq(const JobSpec& a, const JobSpec& b) {
-  EXPECT_EQ(a.api_version, b.api_version);
-  EXPECT_EQ(a.kind, b.kind);
-  EXPECT_EQ(a.metadata.name, b.metadata.name);
-  EXPECT_EQ(a.metadata.labels, b.metadata.labels);
-  const ModelSpec &m = a.model, &n = b.model;
-  EXPECT_EQ(m.preset, n.preset);
-  for (const std::string& key : ShapeFieldKeys()) {
-    EXPECT_TRUE(ShapeFieldEquals(m, n, key))
-        << key << ": " << ShapeFieldText(m, key) << " != " << ShapeFieldText(n, key);
-  }
-  EXPECT_EQ(m.from_init, n.from_init);
-  EXPECT_EQ(m.init_from, n.init_from);
-  EXPECT_EQ(m.dtype, n.dtype);
-  EXPECT_EQ(a.data.train, b.data.train);
-  EXPECT_EQ(a.data.validation, b.data.validation);
-  ASSERT_EQ(a.data.synthetic.has_value(), b.data.synthetic.has_value());
-  if (a.data.synthetic) {
-    EXPECT_EQ(a.data.synthetic->generator, b.data.synthetic->generator);
-    EXPECT_EQ(a.data.synthetic->validation_sequences, b.data.synthetic->validation_sequences);
-  }
-  EXPECT_EQ(a.parallelism.sp_degree, b.parallelism.sp_degree);
-  EXPECT_EQ(a.parallelism.dp_degree, b.parallelism.dp_degree);
-  EXPECT_EQ(a.parallelism.zero_stage, b.parallelism.zero_stage);
-  EXPECT_EQ(a.parallelism.offload_optimizer, b.parallelism.offload_optimizer);
-  EXPECT_EQ(a.parallelism.offload_activations, b.parallelism.offload_activations);
-  EXPECT_EQ(a.memory.activation_checkpointing, b.memory.activation_checkpointing);
-  EXPECT_EQ(a.memory.tiled_mlp, b.memory.tiled_mlp);
-  EXPECT_EQ(a.memory.tiled_loss, b.memory.tiled_loss);
-  EXPECT_EQ(a.memory.loss_tile_tokens, b.memory.loss_tile_tokens);
-  EXPECT_EQ(a.memory.attention_block_size, b.memory.attention_block_size);
-  const OptimizerSpec &o = a.optimizer, &p = b.optimizer;
-  EXPECT_EQ(o.type, p.type);
-  EXPECT_EQ(o.lr, p.lr);
-  EXPECT_EQ(o.beta1, p.beta1);
-  EXPECT_EQ(o.beta2, p.beta2);
-  EXPECT_EQ(o.weight_decay, p.weight_decay);
-  EXPECT_EQ(o.eps, p.eps);
-  EXPECT_EQ(o.grad_clip, p.grad_clip);
-  EXPECT_EQ(o.warmup_steps, p.warmup_steps);
-  EXPECT_EQ(o.schedule, p.schedule);
-  EXPECT_EQ(o.min_lr_ratio, p.min_lr_ratio);
-  EXPECT_EQ(o.grad_accum_steps, p.grad_accum_steps);
-  ASSERT_EQ(a.stages.size(), b.stages.size());
-  for (size_t i = 0; i < a.stages.size(); ++i) {
-    SCOPED_TRACE(i);
-    EXPECT_EQ(a.stages[i].seq_len, b.stages[i].seq_len);
-    EXPECT_EQ(a.stages[i].steps, b.stages[i].steps);
-    EXPECT_EQ(a.stages[i].lr, b.stages[i].lr);
-    EXPECT_EQ(a.stages[i].warmup_steps, b.stages[i].warmup_steps);
-    EXPECT_EQ(a.stages[i].sp_degree, b.stages[i].sp_degree);
-    EXPECT_EQ(a.stages[i].dp_degree, b.stages[i].dp_degree);
-  }
-  EXPECT_EQ(a.checkpoint.dir, b.checkpoint.dir);
-  EXPECT_EQ(a.checkpoint.every_steps, b.checkpoint.every_steps);
-  EXPECT_EQ(a.checkpoint.keep_last, b.checkpoint.keep_last);
-  EXPECT_EQ(a.checkpoint.async, b.checkpoint.async);
-  EXPECT_EQ(a.scheduling.priority, b.scheduling.priority);
-  EXPECT_EQ(a.scheduling.max_failures, b.scheduling.max_failures);
-  EXPECT_EQ(a.scheduling.max_preemptions, b.scheduling.max_preemptions);
-  EXPECT_EQ(a.scheduling.node_label, b.scheduling.node_label);
-  EXPECT_EQ(a.seed, b.seed);
+  SpecComparer<JobSpec>::Compare(a, b, "", fields::DocumentFields{});
 }
 
 }  // namespace ulysses::spec::testing
