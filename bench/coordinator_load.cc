@@ -171,50 +171,63 @@ ProcStat ReadProc(pid_t pid) {
   return out;
 }
 
-// Workers by state, over every page of ListWorkers.
-std::map<std::string, int> WorkerStates(v1::JobService::Stub* jobs) {
+// Counts `key(item)` over every page of a paged list RPC (ListWorkers, ListJobs): `call`
+// runs one page's request; `items` gives a page's entries.
+template <class Request, class Response, class Call, class Items, class Key>
+std::map<std::string, int> CountPages(const char* name, Call call, Items items, Key key) {
   std::map<std::string, int> out;
-  v1::ListWorkersRequest req;
+  Request req;
   req.set_page_size(1000);
   do {
-    v1::ListWorkersResponse resp;
+    Response resp;
     grpc::ClientContext ctx;
     Authorize(&ctx);
     SetDeadlineAfter(&ctx, absl::Seconds(30));
-    grpc::Status s = jobs->ListWorkers(&ctx, req, &resp);
+    grpc::Status s = call(&ctx, req, &resp);
     if (!s.ok()) {
-      out["(ListWorkers failed: " + s.error_message() + ")"]++;
+      out[absl::StrCat("(", name, " failed: ", s.error_message(), ")")]++;
       break;
     }
-    for (const v1::Worker& w : resp.workers()) out[v1::WorkerState_Name(w.state())]++;
+    for (const auto& item : items(resp)) out[key(item)]++;
     req.set_page_token(resp.next_page_token());
   } while (!req.page_token().empty());
   return out;
 }
 
-// Jobs by state (and the reasons of failed ones), over every page of ListJobs.
+// Workers by state.
+std::map<std::string, int> WorkerStates(v1::JobService::Stub* jobs) {
+  return CountPages<v1::ListWorkersRequest, v1::ListWorkersResponse>(
+      "ListWorkers",
+      [&](grpc::ClientContext* c, const v1::ListWorkersRequest& r, v1::ListWorkersResponse* o) {
+        return jobs->ListWorkers(c, r, o);
+      },
+      [](const v1::ListWorkersResponse& r) { return r.workers(); },
+      [](const v1::Worker& w) { return v1::WorkerState_Name(w.state()); });
+}
+
+// Jobs by state (failed ones with the start of their reason).
 std::map<std::string, int> JobStates(v1::JobService::Stub* jobs) {
-  std::map<std::string, int> out;
-  v1::ListJobsRequest req;
-  req.set_page_size(1000);
-  do {
-    v1::ListJobsResponse resp;
-    grpc::ClientContext ctx;
-    Authorize(&ctx);
-    SetDeadlineAfter(&ctx, absl::Seconds(30));
-    grpc::Status s = jobs->ListJobs(&ctx, req, &resp);
-    if (!s.ok()) {
-      out["(ListJobs failed: " + s.error_message() + ")"]++;
-      break;
-    }
-    for (const v1::Job& j : resp.jobs()) {
-      std::string key = v1::JobState_Name(j.state());
-      if (j.state() == v1::JOB_STATE_FAILED) key += " [" + j.reason().substr(0, 80) + "]";
-      out[key]++;
-    }
-    req.set_page_token(resp.next_page_token());
-  } while (!req.page_token().empty());
-  return out;
+  return CountPages<v1::ListJobsRequest, v1::ListJobsResponse>(
+      "ListJobs",
+      [&](grpc::ClientContext* c, const v1::ListJobsRequest& r, v1::ListJobsResponse* o) {
+        return jobs->ListJobs(c, r, o);
+      },
+      [](const v1::ListJobsResponse& r) { return r.jobs(); },
+      [](const v1::Job& j) {
+        std::string key = v1::JobState_Name(j.state());
+        if (j.state() == v1::JOB_STATE_FAILED) key += " [" + j.reason().substr(0, 80) + "]";
+        return key;
+      });
+}
+
+// Simulated agent i: name sim-i, eight agents per node label, a unique 10.x.y.z host.
+v1::RegisterRequest RegisterRequestFor(int i) {
+  v1::RegisterRequest req;
+  req.set_name(absl::StrCat("sim-", i));
+  req.set_node_label(absl::StrCat("node-", i / 8));
+  req.set_device("cpu");
+  req.set_host(absl::StrCat("10.", i / 65536, ".", (i / 256) % 256, ".", i % 256));
+  return req;
 }
 
 std::string JobYaml(int i) {
@@ -365,11 +378,7 @@ int main(int argc, char** argv) {
     for (int t = 0; t < 4; ++t) {
       ts.emplace_back([&, t] {
         for (int i = t; i < workers; i += 4) {
-          v1::RegisterRequest req;
-          req.set_name(absl::StrCat("sim-", i));
-          req.set_node_label(absl::StrCat("node-", i / 8));
-          req.set_device("cpu");
-          req.set_host(absl::StrCat("10.", i / 65536, ".", (i / 256) % 256, ".", i % 256));
+          const v1::RegisterRequest req = RegisterRequestFor(i);
           v1::RegisterResponse resp;
           grpc::ClientContext ctx;
           Authorize(&ctx);
@@ -419,11 +428,7 @@ int main(int argc, char** argv) {
             continue;
           }
           if (Clock::now() < r.at) continue;
-          v1::RegisterRequest req;
-          req.set_name(absl::StrCat("sim-", i));
-          req.set_node_label(absl::StrCat("node-", i / 8));
-          req.set_device("cpu");
-          req.set_host(absl::StrCat("10.", i / 65536, ".", (i / 256) % 256, ".", i % 256));
+          const v1::RegisterRequest req = RegisterRequestFor(i);
           v1::RegisterResponse resp;
           grpc::ClientContext ctx;
           Authorize(&ctx);

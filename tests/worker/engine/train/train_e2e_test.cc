@@ -308,7 +308,7 @@ TEST_F(TrainE2eTest, BadInputIsRejectedWithExit2) {
   EXPECT_EQ(timeout.exit_code, 2);
   EXPECT_NE(timeout.err.find("--collective-timeout-s: 0 is outside 1..86400"), std::string::npos)
       << timeout.err;
-  for (const std::string& command : {"rank", "train"}) {
+  for (const char* command : {"rank", "train"}) {
     Result threads = RunTrainer(
         {command, "-f", job_, "--out", (dir_ / "t").string(), "--intra-op-threads", "-1"});
     EXPECT_EQ(threads.exit_code, 2) << command;
