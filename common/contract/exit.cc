@@ -38,6 +38,10 @@ FailureKind FailureKindOf(const ProcessExit& exit) {
       case SIGTERM:
       case SIGINT:
       case SIGHUP:
+      // A write to a connection whose other end is gone (a peer rank, the rendezvous store
+      // or the agent died first): seen in CI when a kill -9'd node's surviving rank wrote to
+      // its Gloo or store socket before noticing the lost peer.
+      case SIGPIPE:
         return FailureKind::kInfrastructure;
       default:
         return FailureKind::kApplication;  // SIGSEGV, SIGABRT, SIGBUS, SIGFPE, ...: a crash.

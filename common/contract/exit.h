@@ -77,8 +77,8 @@ RankOutcome OutcomeOf(const ProcessExit& exit, StopRequest stop);
 // What a failed rank (RankOutcome::kFailed) says about its cause, for the failure budgets
 // of the coordinator (docs/JOBSPEC.md "Failure budgets"):
 // - kInfrastructure: killed from outside (SIGKILL: kill -9, the OOM killer, a node going
-//   away; SIGTERM, SIGINT, SIGHUP), or exit kExitPeerLost (another rank or the network
-//   failed first);
+//   away; SIGTERM, SIGINT, SIGHUP), SIGPIPE (it wrote to a peer, the store or the agent
+//   that was already gone), or exit kExitPeerLost (another rank or the network failed first);
 // - kApplication: any other exit code, or a crash signal (SIGSEGV, SIGABRT, SIGBUS, ...).
 // A worker that is lost or comes back without its rank is infrastructure too (the
 // coordinator decides that; no process exit is seen).

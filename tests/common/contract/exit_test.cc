@@ -32,7 +32,7 @@ TEST(ExitCodeTest, ARankThatLostAPeerExits69) {
 }
 
 TEST(FailureKindTest, KilledFromOutsideOrLostAPeerIsInfrastructure) {
-  for (int sig : {SIGKILL, SIGTERM, SIGINT, SIGHUP}) {
+  for (int sig : {SIGKILL, SIGTERM, SIGINT, SIGHUP, SIGPIPE}) {
     EXPECT_EQ(FailureKindOf(ProcessExit{128 + sig, sig}), FailureKind::kInfrastructure) << sig;
   }
   EXPECT_EQ(FailureKindOf(ProcessExit{kExitPeerLost, 0}), FailureKind::kInfrastructure);
