@@ -253,6 +253,7 @@ int main(int argc, char** argv) {
   bool check = false;
   double restart_after = -1;
   int watchers = 0;
+  int session_queues = 0;
   app.add_option("--workers", workers, "Simulated workers");
   app.add_flag("--tls", tls, "Serve and connect over TLS (dev certs; run from the repo root)");
   app.add_option("--seconds", seconds, "Measurement window");
@@ -272,6 +273,8 @@ int main(int argc, char** argv) {
                  "submitted so far (with --run-assignments their jobs report progress)");
   app.add_flag("--run-assignments", g_run_assignments,
                "Workers answer assignments (started, then rank 0 reports a step per heartbeat)");
+  app.add_option("--session-queues", session_queues,
+                 "The coordinator's session_queues (0 = its default)");
   app.add_option("--restart-after", restart_after,
                  "Seconds into the measurement to kill -9 the coordinator and start it again on "
                  "the same port and state (agents reconnect with backoff); -1 = never");
@@ -306,6 +309,7 @@ int main(int argc, char** argv) {
     std::ofstream config(state_dir + "/load.yaml");
     config << "max_streams_per_identity: " << std::max(64, watchers + 16) << "\n"
            << "max_streams: " << std::max(4096, watchers + 16) << "\n";
+    if (session_queues > 0) config << "session_queues: " << session_queues << "\n";
   }
   CoordinatorProcess coordinator = StartCoordinator(bin, state_dir, 0, core, tls, certs);
   if (coordinator.pid < 0) {

@@ -94,6 +94,7 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"max_streams", [&](const YAML::Node& n) { c->max_streams = n.as<int64_t>(); }},
       {"stream_queue_max_bytes",
        [&](const YAML::Node& n) { c->stream_queue_max_bytes = n.as<int64_t>(); }},
+      {"session_queues", [&](const YAML::Node& n) { c->session_queues = n.as<int64_t>(); }},
       {"tls_reload_interval_s",
        [&](const YAML::Node& n) { c->tls_reload_interval_s = n.as<int64_t>(); }},
       {"data_roots",
@@ -298,6 +299,10 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   if (c->stream_queue_max_bytes < (1 << 20) || c->stream_queue_max_bytes > (int64_t{1} << 30)) {
     e.push_back(absl::StrCat("stream_queue_max_bytes: ", c->stream_queue_max_bytes,
                              " is out of range (use 1048576 .. 1073741824, e.g. 4194304)"));
+  }
+  if (c->session_queues < 1 || c->session_queues > 64) {
+    e.push_back(absl::StrCat("session_queues: ", c->session_queues,
+                             " is out of range (use 1..64 completion queues, e.g. 8)"));
   }
   if (c->max_streams_per_identity < 1 || c->max_streams_per_identity > 100000) {
     e.push_back(absl::StrCat("max_streams_per_identity: ", c->max_streams_per_identity,

@@ -75,6 +75,10 @@ struct CoordinatorConfig {
   // RESOURCE_EXHAUSTED, and a GetJobLogs tail sends at most half of it (the newest lines).
   // Memory for streams is bounded by max_streams * (this + one message of <= 1 MiB).
   int64_t stream_queue_max_bytes = 4 << 20;
+  // Completion queues (one thread each) serving worker Sessions, 1..64: sessions are spread
+  // over them, and with Debian's libgrpc each message's cost grows with the sessions on
+  // its queue (coordinator/async_bidi.h; docs/COORDINATOR.md "Worker sessions").
+  int64_t session_queues = 8;
   // Directories a spec's data.train / data.validation / model.init_from may name
   // (path_policy.h). Empty = specs may use synthetic data only. Resolved (absolute,
   // symlinks followed) by ValidateAndFinalize, as is checkpoint_root.

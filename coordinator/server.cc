@@ -80,8 +80,7 @@ std::string LocalDialAddress(const CoordinatorConfig& config, int port) {
   std::string host = listen.ok() ? listen->host : "";
   if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
   if (host == "::") host = "::1";
-  if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
-  return absl::StrCat(host, ":", port);
+  return net::JoinHostPort(host, port);
 }
 
 }  // namespace
@@ -114,6 +113,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddListeningPort(config.listen, credentials, &s->port_);
   builder.RegisterService(s->job_service_.get());
   builder.RegisterService(s->worker_service_.get());
+  s->worker_service_->AddSessionQueues(&builder, static_cast<int>(config.session_queues));
   // Workers hold one long-lived stream each; keep idle ones alive through NATs.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
@@ -124,6 +124,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     return absl::UnavailableError(absl::StrCat("listen: cannot serve gRPC on \"", config.listen,
                                                "\" (port in use or bad address?)"));
   }
+  s->worker_service_->StartSessions();
   s->coordinator_->Start();
   s->UpdateHealth();
 
@@ -199,6 +200,9 @@ void CoordinatorServer::Shutdown() {
     // Close worker sessions and watch streams first so Shutdown need not wait them out.
     if (coordinator_) coordinator_->Shutdown();
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    // Every call is over once Shutdown returns: the Session queues hold nothing but what
+    // they still have to run.
+    worker_service_->StopSessions();
     server_->Wait();
   }
   if (coordinator_) coordinator_->Shutdown();

@@ -331,20 +331,23 @@ class LogsReactor final
 };
 
 class SessionReactor final
-    : public QueuedWriter<grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>,
+    : public QueuedWriter<AsyncBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>,
                           v1::CoordinatorMessage>,
       public WorkerSink {
  public:
   SessionReactor(Coordinator* coordinator, const auth::Authenticator* auth,
-                 absl::StatusOr<auth::Principal> caller, metrics::Histogram* message_seconds)
-      : coordinator_(coordinator), caller_(std::move(caller)), message_seconds_(message_seconds) {
+                 metrics::Histogram* message_seconds)
+      : coordinator_(coordinator), auth_(auth), message_seconds_(message_seconds) {}
+
+  void OnStart() override {
+    caller_ = auth_->Authorize(context(), auth::Rpc::kSession);
     if (!caller_.ok()) {
       EndAfterDrain(ToGrpcStatus(caller_.status()));
       return;
     }
     // A revoked worker token loses its session at the reload: no more assignments, and
     // nothing it sends afterwards is processed.
-    revocable_.Track(auth, *caller_, [this] {
+    revocable_.Track(auth_, *caller_, [this] {
       revoked_.store(true);
       EndAfterDrain(Revoked());
     });
@@ -393,12 +396,14 @@ class SessionReactor final
 
  private:
   Coordinator* coordinator_;
+  const auth::Authenticator* auth_;
   RevocableCall revocable_;
   std::atomic<bool> revoked_{false};
-  const absl::StatusOr<auth::Principal> caller_;
+  // Set by OnStart, before any read or write is started.
+  absl::StatusOr<auth::Principal> caller_ = absl::UnauthenticatedError("not started");
   metrics::Histogram* message_seconds_;  // rpc_seconds{method="Session"}; null: no metrics.
   v1::WorkerMessage in_;
-  bool opened_ = false;  // Only touched from OnReadDone/OnDone (serialised by gRPC).
+  bool opened_ = false;  // Only touched from OnReadDone/OnDone (serialised by the queue).
   std::string worker_id_;
   uint64_t session_ = 0;
 };
@@ -501,10 +506,24 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContex
   return FinishUnary(context, r.status());
 }
 
-grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* WorkerServiceImpl::Session(
-    grpc::CallbackServerContext* context) {
-  return new SessionReactor(coordinator_, auth_, auth_->Authorize(*context, auth::Rpc::kSession),
-                            session_seconds_.get());
+void WorkerServiceImpl::AddSessionQueues(grpc::ServerBuilder* builder, int queues) {
+  session_queues_ = std::make_unique<CompletionQueues>(builder, queues);
+}
+
+void WorkerServiceImpl::StartSessions() {
+  session_queues_->Start([this](grpc::ServerCompletionQueue* cq) { AcceptSession(cq); });
+}
+
+void WorkerServiceImpl::StopSessions() {
+  if (session_queues_ != nullptr) session_queues_->Shutdown();
+}
+
+void WorkerServiceImpl::AcceptSession(grpc::ServerCompletionQueue* cq) {
+  auto* reactor = new SessionReactor(coordinator_, auth_, session_seconds_.get());
+  reactor->Request([this](grpc::ServerContext* context, SessionReactor::Stream* stream,
+                          grpc::ServerCompletionQueue* queue,
+                          void* tag) { RequestSession(context, stream, queue, queue, tag); },
+                   cq, [this, cq] { AcceptSession(cq); });
 }
 
 }  // namespace ulysses::coordinator

@@ -15,9 +15,12 @@
 #ifndef ULYSSES_COORDINATOR_SERVICE_H_
 #define ULYSSES_COORDINATOR_SERVICE_H_
 
+#include <grpcpp/server_builder.h>
+
 #include <memory>
 
 #include "common/metrics/metrics.h"
+#include "coordinator/async_bidi.h"
 #include "coordinator/auth/authenticator.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/stream_limits.h"
@@ -70,7 +73,11 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
   StreamLimits streams_;
 };
 
-class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
+// Register is served by the callback API; Session, one long-lived stream per worker, by the
+// async API on completion queues of its own (async_bidi.h says why).
+class WorkerServiceImpl final
+    : public v1::WorkerService::WithCallbackMethod_Register<
+          v1::WorkerService::WithAsyncMethod_Session<v1::WorkerService::Service>> {
  public:
   WorkerServiceImpl(Coordinator* coordinator, const auth::Authenticator* auth,
                     metrics::HistogramFamily* rpc_seconds)
@@ -84,15 +91,23 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const v1::RegisterRequest* request,
                                      v1::RegisterResponse* response) override;
-  grpc::ServerBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage>* Session(
-      grpc::CallbackServerContext* context) override;
+
+  // Sessions' completion queues: added to `builder` before BuildAndStart (`queues` >= 1),
+  // started once the server is, stopped after grpc::Server::Shutdown returned.
+  void AddSessionQueues(grpc::ServerBuilder* builder, int queues);
+  void StartSessions();
+  void StopSessions();
 
  private:
+  // Waits for the next Session call on `cq` (and, once it arrives, for the one after).
+  void AcceptSession(grpc::ServerCompletionQueue* cq);
+
   Coordinator* coordinator_;
   const auth::Authenticator* auth_;
   metrics::HistogramFamily* rpc_seconds_;
   // Its Session child, resolved once: observed per worker message.
   const std::shared_ptr<metrics::Histogram> session_seconds_;
+  std::unique_ptr<CompletionQueues> session_queues_;
 };
 
 }  // namespace ulysses::coordinator

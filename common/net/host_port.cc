@@ -38,6 +38,11 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view field, absl::string_vie
   return out;
 }
 
+std::string JoinHostPort(absl::string_view host, int port) {
+  if (host.find(':') != absl::string_view::npos) return absl::StrCat("[", host, "]:", port);
+  return absl::StrCat(host, ":", port);
+}
+
 bool IsLoopbackHost(absl::string_view host) {
   if (absl::EqualsIgnoreCase(host, "localhost")) return true;
   const std::string h(host);

@@ -21,6 +21,9 @@ struct HostPort {
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view field, absl::string_view value,
                                        absl::string_view example);
 
+// "host:port", with an IPv6 host in brackets ("[::1]:50051"): ParseHostPort's inverse.
+std::string JoinHostPort(absl::string_view host, int port);
+
 // True for localhost, 127.0.0.0/8, ::1 and ::ffff:127.0.0.0/104 (address literals only: a
 // DNS name other than localhost is never taken as loopback).
 bool IsLoopbackHost(absl::string_view host);

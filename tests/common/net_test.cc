@@ -59,5 +59,15 @@ TEST(HostPortTest, HostOfTakesTheHostOfEveryAddressForm) {
   EXPECT_EQ(HostOf("coordinator"), "coordinator");
 }
 
+TEST(HostPortTest, JoinHostPortIsParseHostPortsInverse) {
+  EXPECT_EQ(JoinHostPort("10.0.0.1", 50051), "10.0.0.1:50051");
+  EXPECT_EQ(JoinHostPort("::1", 7), "[::1]:7");
+  for (const char* address : {"0.0.0.0:0", "[::]:50051", "coordinator:443"}) {
+    absl::StatusOr<HostPort> parsed = ParseHostPort("listen", address, "");
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(JoinHostPort(parsed->host, parsed->port), address);
+  }
+}
+
 }  // namespace
 }  // namespace ulysses::net

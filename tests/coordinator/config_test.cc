@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "coordinator/config.h"
 #include "gtest/gtest.h"
 #include "tests/testing/temp_dir.h"
@@ -117,6 +118,23 @@ TEST(ConfigTest, StreamCapsAreBoundedAndTheTotalCoversOneIdentity) {
                                 "max_streams: 10 is out of range (use "
                                 "max_streams_per_identity (64) .. 100000"))
       << s;
+}
+
+TEST(ConfigTest, SessionQueuesAreReadAndBounded) {
+  TempDir dir;
+  CoordinatorConfig c = Base(dir);
+  EXPECT_EQ(c.session_queues, 8);
+  ASSERT_TRUE(ApplyConfigYaml("session_queues: 3\n", &c).ok());
+  EXPECT_TRUE(ValidateAndFinalize(&c).ok());
+  EXPECT_EQ(c.session_queues, 3);
+  for (int64_t bad : {0, 65}) {
+    CoordinatorConfig out = Base(dir);
+    out.session_queues = bad;
+    absl::Status s = ValidateAndFinalize(&out);
+    EXPECT_TRUE(absl::StrContains(
+        s.message(), absl::StrCat("session_queues: ", bad, " is out of range (use 1..64")))
+        << s;
+  }
 }
 
 // The SUSPECT window: heartbeat_timeout_s is no longer capped at 10 s, lost_after_s

@@ -1,0 +1,35 @@
+#include "coordinator/async_bidi.h"
+
+namespace ulysses::coordinator {
+
+CompletionQueues::CompletionQueues(grpc::ServerBuilder* builder, int count) {
+  for (int i = 0; i < count; ++i) queues_.push_back(builder->AddCompletionQueue());
+}
+
+void CompletionQueues::Start(const std::function<void(grpc::ServerCompletionQueue*)>& post) {
+  for (const std::unique_ptr<grpc::ServerCompletionQueue>& queue : queues_) {
+    post(queue.get());
+    threads_.emplace_back([cq = queue.get()] {
+      void* tag = nullptr;
+      bool ok = false;
+      while (cq->Next(&tag, &ok)) static_cast<AsyncTag*>(tag)->Run(ok);
+    });
+  }
+}
+
+void CompletionQueues::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  for (const std::unique_ptr<grpc::ServerCompletionQueue>& queue : queues_) queue->Shutdown();
+  for (std::thread& t : threads_) t.join();
+  // A queue that never started a thread still has to be drained before it is destroyed.
+  if (threads_.empty()) {
+    for (const std::unique_ptr<grpc::ServerCompletionQueue>& queue : queues_) {
+      void* tag = nullptr;
+      bool ok = false;
+      while (queue->Next(&tag, &ok)) static_cast<AsyncTag*>(tag)->Run(ok);
+    }
+  }
+}
+
+}  // namespace ulysses::coordinator
