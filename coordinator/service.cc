@@ -511,14 +511,24 @@ void WorkerServiceImpl::AddSessionQueues(grpc::ServerBuilder* builder, int queue
 }
 
 void WorkerServiceImpl::StartSessions() {
+  {
+    absl::MutexLock lock(&accept_mu_);
+    accepting_ = true;
+  }
   session_queues_->Start([this](grpc::ServerCompletionQueue* cq) { AcceptSession(cq); });
 }
 
 void WorkerServiceImpl::StopSessions() {
+  {
+    absl::MutexLock lock(&accept_mu_);
+    accepting_ = false;
+  }
   if (session_queues_ != nullptr) session_queues_->Shutdown();
 }
 
 void WorkerServiceImpl::AcceptSession(grpc::ServerCompletionQueue* cq) {
+  absl::MutexLock lock(&accept_mu_);
+  if (!accepting_) return;
   auto* reactor = new SessionReactor(coordinator_, auth_, session_seconds_.get());
   reactor->Request([this](grpc::ServerContext* context, SessionReactor::Stream* stream,
                           grpc::ServerCompletionQueue* queue,

@@ -19,6 +19,8 @@
 
 #include <memory>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/metrics/metrics.h"
 #include "coordinator/async_bidi.h"
 #include "coordinator/auth/authenticator.h"
@@ -108,6 +110,10 @@ class WorkerServiceImpl final
   // Its Session child, resolved once: observed per worker message.
   const std::shared_ptr<metrics::Histogram> session_seconds_;
   std::unique_ptr<CompletionQueues> session_queues_;
+  // Held while a call is requested, so StopSessions never shuts a queue down under a
+  // request being posted to it (gRPC asserts on that).
+  absl::Mutex accept_mu_;
+  bool accepting_ ABSL_GUARDED_BY(accept_mu_) = false;
 };
 
 }  // namespace ulysses::coordinator
