@@ -4,8 +4,6 @@
 // from libtorch are caught here (guard.h), at the engine's edge.
 #include "worker/engine/train/engine.h"
 
-#include <ATen/Parallel.h>
-
 #include <filesystem>
 #include <iterator>
 #include <memory>
@@ -33,7 +31,7 @@ using model::LlamaConfig;
 absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   ASSIGN_OR_RETURN(RankInputs in, ResolveRankInputs(o));
   InstallStopSignalHandlers();
-  if (o.intra_op_threads > 0) at::set_num_threads(o.intra_op_threads);
+  if (o.intra_op_threads > 0) SetIntraOpThreads(o.intra_op_threads);
   RankReporter report(o.rank == 0, o.out_dir, o.rank == 0 || o.step_events_all_ranks,
                       o.progress_line);
   // Decide where we start before touching the network (bad input fails fast on every rank).

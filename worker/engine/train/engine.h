@@ -58,7 +58,8 @@ struct RankOptions {
   // --progress-line stderr: rank 0 also prints ProgressLine (rank_events.h) on stderr for
   // every step (`ulysses-train train` asks for it); off (default) under the worker agent.
   bool progress_line = false;
-  // --intra-op-threads N: libtorch's intra-op thread count for this rank (at::set_num_threads);
+  // --intra-op-threads N: this rank's intra-op threads, libtorch's and OpenBLAS's pools
+  // (SetIntraOpThreads, rank_setup.h);
   // the launchers pass each local rank its share of the cores (common/process/cpu_share.h).
   // 0 = libtorch's default (a thread per core: N local ranks oversubscribe the cores N times).
   int intra_op_threads = 0;

@@ -43,6 +43,13 @@ absl::StatusOr<RankSetup> SetUpRank(const spec::JobSpec& spec, const model::Llam
 // one worker's CPU slots); CUDA ranks share a node with at most one rank per visible device.
 int RanksOnThisHost(const torch::Device& device, int world_size);
 
+// Sets this rank's intra-op threads (threads >= 1): libtorch's pool (at::set_num_threads) and,
+// when the BLAS library in the process is OpenBLAS (Debian's libopenblas0-pthread, found by
+// symbol), OpenBLAS's own thread pool, which at::set_num_threads does not reach: without it every
+// rank's matmuls ran one OpenBLAS thread per core whatever --intra-op-threads said. Returns
+// OpenBLAS's thread count after the call, or 0 when the BLAS library is not OpenBLAS.
+int SetIntraOpThreads(int threads);
+
 // A training checkpoint's `extra`: seed, layout, model config, dtype and the float16 loss scale.
 nlohmann::json CheckpointExtra(const spec::JobSpec& spec, const model::LlamaConfig& config,
                                const ParallelRuntime& rt, const LossScaler& scaler);
