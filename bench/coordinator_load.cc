@@ -1,7 +1,8 @@
 // coordinator_load: load generator for ulysses-coordinator.
 //
 // Starts a real coordinator process (optionally pinned with `taskset -c CORE`), connects
-// N simulated workers (ClientBidiReactor sessions spread over several channels), each
+// N simulated workers (Session streams on gRPC's async API, spread over several channels and
+// --client-queues completion queues), each
 // sending a heartbeat with request_ack every --heartbeat-s seconds, plus a stream of job
 // submissions and GetJob/ListWorkers reads. Reports p50/p99/max latency per RPC kind
 // (heartbeat = session round trip heartbeat -> ack), coordinator CPU (from
@@ -254,6 +255,7 @@ int main(int argc, char** argv) {
   double restart_after = -1;
   int watchers = 0;
   int session_queues = 0;
+  int client_queues = 4;
   app.add_option("--workers", workers, "Simulated workers");
   app.add_flag("--tls", tls, "Serve and connect over TLS (dev certs; run from the repo root)");
   app.add_option("--seconds", seconds, "Measurement window");
@@ -275,6 +277,9 @@ int main(int argc, char** argv) {
                "Workers answer assignments (started, then rank 0 reports a step per heartbeat)");
   app.add_option("--session-queues", session_queues,
                  "The coordinator's session_queues (0 = its default)");
+  app.add_option("--client-queues", client_queues,
+                 "Completion queues (one thread each) serving the simulated agents' sessions")
+      ->check(CLI::Range(1, 64));
   app.add_option("--restart-after", restart_after,
                  "Seconds into the measurement to kill -9 the coordinator and start it again on "
                  "the same port and state (agents reconnect with backoff); -1 = never");
@@ -343,6 +348,15 @@ int main(int argc, char** argv) {
   for (auto& c : chans) wstubs.push_back(v1::WorkerService::NewStub(c));
   auto jobs = v1::JobService::NewStub(chans[0]);
 
+  // The agents' completion queues, one thread each (coordinator_load_agents.h).
+  std::vector<std::unique_ptr<grpc::CompletionQueue>> cqs;
+  std::vector<std::thread> cq_threads;
+  for (int i = 0; i < client_queues; ++i) {
+    cqs.push_back(std::make_unique<grpc::CompletionQueue>());
+    cq_threads.emplace_back([cq = cqs.back().get()] { ulysses::RunCompletions(cq); });
+  }
+  auto queue_for = [&](int worker) { return cqs[worker % client_queues].get(); };
+
   Latencies reg_lat, hb_lat, submit_lat, get_lat, list_workers_lat;
   // Register every worker (4 threads), each opening its session at once (a worker
   // silent for heartbeat_timeout_s after its Register would be SUSPECT).
@@ -391,7 +405,8 @@ int main(int argc, char** argv) {
           grpc::Status s = wstubs[i % channels]->Register(&ctx, req, &resp);
           reg_lat.Add(std::chrono::duration<double>(Clock::now() - t0).count());
           if (s.ok()) ids[i] = resp.worker_id();
-          sims[i] = std::make_unique<SimWorker>(wstubs[i % channels].get(), ids[i], &hb_lat);
+          sims[i] = std::make_unique<SimWorker>(wstubs[i % channels].get(), queue_for(i), ids[i],
+                                                &hb_lat);
           live[i].store(sims[i].get(), std::memory_order_release);
         }
       });
@@ -445,8 +460,8 @@ int main(int argc, char** argv) {
           reregistrations++;
           r.waiting = false;
           retired[t].push_back(std::move(sims[i]));
-          sims[i] =
-              std::make_unique<SimWorker>(wstubs[i % channels].get(), resp.worker_id(), &hb_lat);
+          sims[i] = std::make_unique<SimWorker>(wstubs[i % channels].get(), queue_for(i),
+                                                resp.worker_id(), &hb_lat);
           live[i].store(sims[i].get(), std::memory_order_release);
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -656,6 +671,9 @@ int main(int argc, char** argv) {
 
   for (auto& w : watch_streams) w->Close();
   for (auto& s : sims) s->Close();
+  // Every session has ended (Close waited for its last tag): the queues drain and stop.
+  for (auto& cq : cqs) cq->Shutdown();
+  for (std::thread& t : cq_threads) t.join();
   kill(coordinator.pid, SIGTERM);
   int status = 0;
   waitpid(coordinator.pid, &status, 0);

@@ -1,6 +1,6 @@
 // The simulated clients of bench/coordinator_load: worker agents on Session streams
-// (SimWorker) and WatchJob readers (Watcher), with the latency recorder they share.
-// Included by coordinator_load.cc only.
+// (SimWorker, gRPC's async API) and WatchJob readers (Watcher), with the latency recorder they
+// share. Included by coordinator_load.cc only.
 #ifndef ULYSSES_BENCH_COORDINATOR_LOAD_AGENTS_H_
 #define ULYSSES_BENCH_COORDINATOR_LOAD_AGENTS_H_
 
@@ -12,12 +12,14 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc/completion_queue.h"
 #include "common/grpc/grpc_util.h"
 #include "ulysses/v1/job_service.grpc.pb.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
@@ -72,25 +74,32 @@ class Latencies {
   std::vector<double> samples_;
 };
 
-class SimWorker final : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage> {
+// One simulated agent: a Session stream on gRPC's async API, over a completion queue of the
+// generator's (one of --client-queues, each run by a thread: RunCompletions). With the callback
+// API every stream of the process would share one queue, and Debian's debug-checked libgrpc
+// scans its outstanding operations per completion (common/grpc/completion_queue.h): at 25,000
+// agents that saturated the generator's core. Every operation is started under mu_, so none
+// starts after Finish; the object must outlive its queue's last tag for it (done()).
+class SimWorker final {
  public:
-  SimWorker(v1::WorkerService::Stub* stub, const std::string& worker_id, Latencies* heartbeat)
+  SimWorker(v1::WorkerService::Stub* stub, grpc::CompletionQueue* cq, const std::string& worker_id,
+            Latencies* heartbeat)
       : heartbeat_(heartbeat) {
     SetDeadlineAfter(&ctx_, absl::Hours(1));
     Authorize(&ctx_);
-    stub->async()->Session(&ctx_, this);
     out_.set_seq(next_seq_++);
     out_.mutable_hello()->set_worker_id(worker_id);
-    writing_ = true;
-    StartWrite(&out_);
-    StartRead(&in_);
-    StartCall();
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = true;  // The hello goes first, once the call has started.
+    stream_ = stub->PrepareAsyncSession(&ctx_, cq);
+    ++in_flight_;
+    stream_->StartCall(&start_tag_);
   }
 
   // Returns false if the previous write is still in flight (heartbeat skipped).
   bool Heartbeat() {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (writing_ || done_) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (writing_ || ended_) return false;
     writing_ = true;
     out_.Clear();
     uint64_t seq = next_seq_++;
@@ -116,65 +125,8 @@ class SimWorker final : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Co
     Sent& slot = sent_[seq % kInFlight];
     if (slot.seq != 0) unanswered_++;  // Its ack never came.
     slot = {seq, Clock::now()};
-    lock.unlock();
-    StartWrite(&out_);
+    WriteLocked();
     return true;
-  }
-
-  void OnWriteDone(bool ok) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!ok || outbox_.empty()) {
-      writing_ = false;
-      return;
-    }
-    out_ = std::move(outbox_.front());
-    outbox_.pop_front();
-    lock.unlock();
-    StartWrite(&out_);
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) return;
-    if (in_.has_ack()) {
-      if (first_ack_ns_.load() == 0) {
-        first_ack_ns_ =
-            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-                .count();
-      }
-      std::lock_guard<std::mutex> lock(mu_);
-      Sent& slot = sent_[in_.ack().seq() % kInFlight];
-      if (slot.seq == in_.ack().seq() && slot.seq != 0) {
-        heartbeat_->Add(std::chrono::duration<double>(Clock::now() - slot.at).count());
-        slot.seq = 0;
-      }
-    } else if (in_.has_assignment()) {
-      assignments_++;
-      if (g_run_assignments) {
-        v1::WorkerMessage started;
-        started.mutable_started()->set_pid(4242);
-        std::unique_lock<std::mutex> lock(mu_);
-        held_ = in_.assignment().ref();
-        step_ = 0;
-        *started.mutable_started()->mutable_ref() = *held_;
-        started.set_seq(next_seq_++);
-        if (writing_) {
-          if (outbox_.size() < kMaxOutbox) outbox_.push_back(std::move(started));
-        } else if (!done_) {
-          writing_ = true;
-          out_ = std::move(started);
-          lock.unlock();
-          StartWrite(&out_);
-        }
-      }
-    }
-    StartRead(&in_);
-  }
-
-  void OnDone(const grpc::Status& status) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    done_ = true;
-    final_ = status;
-    cv_.notify_all();
   }
 
   void Close() {
@@ -182,6 +134,7 @@ class SimWorker final : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Co
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, std::chrono::seconds(10), [this] { return done_; });
   }
+  // The session ended and every operation's tag has come back.
   bool done() {
     std::lock_guard<std::mutex> lock(mu_);
     return done_;
@@ -211,14 +164,118 @@ class SimWorker final : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Co
   }
 
  private:
+  using Tag = ulysses::MemberTag<SimWorker>;
+
+  void WriteLocked() {
+    ++in_flight_;
+    stream_->Write(out_, &write_tag_);
+  }
+  void ReadLocked() {
+    ++in_flight_;
+    stream_->Read(&in_, &read_tag_);
+  }
+  // The stream is over (a read failed or the call never started): ask for its status.
+  void FinishLocked() {
+    ended_ = true;
+    ++in_flight_;
+    stream_->Finish(&final_, &finish_tag_);
+  }
+  // One operation's tag came back.
+  void EndLocked() {
+    if (--in_flight_ == 0 && finished_) {
+      done_ = true;
+      cv_.notify_all();
+    }
+  }
+
+  void Started(bool ok) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ok) {
+      WriteLocked();  // The hello.
+      ReadLocked();
+    } else {
+      FinishLocked();
+    }
+    EndLocked();
+  }
+
+  void WriteDone(bool ok) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ok || ended_ || outbox_.empty()) {
+      writing_ = false;
+    } else {
+      out_ = std::move(outbox_.front());
+      outbox_.pop_front();
+      WriteLocked();
+    }
+    EndLocked();
+  }
+
+  void ReadDone(bool ok) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ok) {
+      FinishLocked();
+    } else {
+      if (in_.has_ack()) OnAckLocked();
+      if (in_.has_assignment()) OnAssignmentLocked();
+      ReadLocked();
+    }
+    EndLocked();
+  }
+
+  void FinishDone(bool /*ok*/) {
+    std::lock_guard<std::mutex> lock(mu_);
+    finished_ = true;
+    EndLocked();
+  }
+
+  void OnAckLocked() {
+    if (first_ack_ns_.load() == 0) {
+      first_ack_ns_ =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+              .count();
+    }
+    Sent& slot = sent_[in_.ack().seq() % kInFlight];
+    if (slot.seq == in_.ack().seq() && slot.seq != 0) {
+      heartbeat_->Add(std::chrono::duration<double>(Clock::now() - slot.at).count());
+      slot.seq = 0;
+    }
+  }
+
+  void OnAssignmentLocked() {
+    assignments_++;
+    if (!g_run_assignments) return;
+    v1::WorkerMessage started;
+    started.mutable_started()->set_pid(4242);
+    held_ = in_.assignment().ref();
+    step_ = 0;
+    *started.mutable_started()->mutable_ref() = *held_;
+    started.set_seq(next_seq_++);
+    if (writing_) {
+      if (outbox_.size() < kMaxOutbox) outbox_.push_back(std::move(started));
+    } else if (!ended_) {
+      writing_ = true;
+      out_ = std::move(started);
+      WriteLocked();
+    }
+  }
+
   Latencies* heartbeat_;
   grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>> stream_;
+  Tag start_tag_{this, &SimWorker::Started};
+  Tag read_tag_{this, &SimWorker::ReadDone};
+  Tag write_tag_{this, &SimWorker::WriteDone};
+  Tag finish_tag_{this, &SimWorker::FinishDone};
   v1::WorkerMessage out_;
   v1::CoordinatorMessage in_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool writing_ = false;
-  bool done_ = false;
+  int in_flight_ = 0;      // Operations started whose tag has not come back.
+  bool writing_ = false;   // A write is in flight (out_ is gRPC's until it completes).
+  bool ended_ = false;     // Finish was asked for: nothing more starts.
+  bool finished_ = false;  // Finish's tag came back.
+  bool done_ = false;      // finished_ and nothing in flight.
   grpc::Status final_;
   uint64_t next_seq_ = 1;
   struct Sent {

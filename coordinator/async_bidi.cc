@@ -9,11 +9,7 @@ CompletionQueues::CompletionQueues(grpc::ServerBuilder* builder, int count) {
 void CompletionQueues::Start(const std::function<void(grpc::ServerCompletionQueue*)>& post) {
   for (const std::unique_ptr<grpc::ServerCompletionQueue>& queue : queues_) {
     post(queue.get());
-    threads_.emplace_back([cq = queue.get()] {
-      void* tag = nullptr;
-      bool ok = false;
-      while (cq->Next(&tag, &ok)) static_cast<AsyncTag*>(tag)->Run(ok);
-    });
+    threads_.emplace_back([cq = queue.get()] { RunCompletions(cq); });
   }
 }
 
@@ -25,9 +21,7 @@ void CompletionQueues::Shutdown() {
   // A queue that never started a thread still has to be drained before it is destroyed.
   if (threads_.empty()) {
     for (const std::unique_ptr<grpc::ServerCompletionQueue>& queue : queues_) {
-      void* tag = nullptr;
-      bool ok = false;
-      while (queue->Next(&tag, &ok)) static_cast<AsyncTag*>(tag)->Run(ok);
+      RunCompletions(queue.get());
     }
   }
 }

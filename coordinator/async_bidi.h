@@ -3,13 +3,9 @@
 // gRPC's async API on a completion queue of our own; CompletionQueues: those queues, one
 // thread each.
 //
-// Why the worker Session does not use the callback API: on Linux, gRPC 1.51 runs every
-// callback-API operation of the process through one shared completion queue, and a
-// libgrpc built without NDEBUG (Debian's) checks each completion against a linear list
-// of that queue's outstanding operations. Every open Session keeps two outstanding (its
-// read and its done notification), so each message cost O(connected workers): 30 % of the
-// coordinator's core at 25,000 workers (docs/BENCHMARKS.md). Spread over N queues, the
-// list each completion scans is N times shorter.
+// Why the worker Session does not use the callback API: common/grpc/completion_queue.h. Every
+// open Session keeps two operations outstanding (its read and its done notification); spread
+// over N queues, the list each completion is checked against is N times shorter.
 //
 // The contract mirrors grpc::ServerBidiReactor so a reactor (and QueuedWriter in
 // service.cc) reads the same under either API:
@@ -36,14 +32,9 @@
 #include <thread>
 #include <vector>
 
-namespace ulysses::coordinator {
+#include "common/grpc/completion_queue.h"
 
-// A completion-queue tag: the object and the member to run with the event's `ok`.
-class AsyncTag {
- public:
-  virtual ~AsyncTag() = default;
-  virtual void Run(bool ok) = 0;
-};
+namespace ulysses::coordinator {
 
 // Completion queues added to a ServerBuilder, each drained by its own thread.
 class CompletionQueues {
@@ -121,26 +112,32 @@ class AsyncBidiReactor {
   }
 
  private:
-  class Tag final : public AsyncTag {
-   public:
-    Tag(AsyncBidiReactor* self, void (AsyncBidiReactor::*on)(bool)) : self_(self), on_(on) {}
-    void Run(bool ok) override { (self_->*on_)(ok); }
+  using Tag = MemberTag<AsyncBidiReactor>;
 
-   private:
-    AsyncBidiReactor* const self_;
-    void (AsyncBidiReactor::*const on_)(bool);
-  };
-
+  // Bookkeeping for OnDone: each returns true when OnDone is due, and claims it for the
+  // caller. One lock a message (uncontended: a stream's callbacks run on one queue thread,
+  // only its writes may start elsewhere).
   void Begin() {
     std::lock_guard<std::mutex> lock(mu_);
     ++in_flight_;
   }
-  // Ends one operation; true when OnDone is due (and now claimed by the caller).
-  bool End(bool finished, bool call_done) {
+  bool ReadOrWriteCompleted() {
     std::lock_guard<std::mutex> lock(mu_);
-    in_flight_ -= (call_done ? 0 : 1);
-    finished_ = finished_ || finished;
-    call_done_ = call_done_ || call_done;
+    --in_flight_;
+    return ClaimDoneLocked();
+  }
+  bool FinishCompleted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    --in_flight_;
+    finished_ = true;
+    return ClaimDoneLocked();
+  }
+  bool CallCompleted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    call_done_ = true;
+    return ClaimDoneLocked();
+  }
+  bool ClaimDoneLocked() {
     if (!finished_ || !call_done_ || in_flight_ > 0 || done_claimed_) return false;
     done_claimed_ = true;
     return true;
@@ -156,18 +153,18 @@ class AsyncBidiReactor {
   }
   void ReadDone(bool ok) {
     OnReadDone(ok);
-    if (End(false, false)) OnDone();
+    if (ReadOrWriteCompleted()) OnDone();
   }
   void WriteDone(bool ok) {
     OnWriteDone(ok);
-    if (End(false, false)) OnDone();
+    if (ReadOrWriteCompleted()) OnDone();
   }
   void FinishDone(bool /*ok*/) {
-    if (End(true, false)) OnDone();
+    if (FinishCompleted()) OnDone();
   }
   void CallDone(bool /*ok*/) {
     if (context_.IsCancelled()) OnCancel();
-    if (End(false, true)) OnDone();
+    if (CallCompleted()) OnDone();
   }
 
   grpc::ServerContext context_;
