@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Training time blocked by checkpoints, synchronous vs asynchronous (CPU, `ulysses-train train`).
 # Model: vocab 32000, hidden 512, 8 layers, 8 q / 8 kv heads, inter 1376, untied: 57.9M
-# parameters, fp32 (a checkpoint is 12 bytes a parameter: 695 MB). seq_len 256, sp 1 x dp RANKS.
+# parameters, fp32 (a checkpoint is 12 bytes a parameter: 695 MB). seq_len SEQ, sp 1 x dp RANKS.
 # Three runs of STEPS steps each: no periodic checkpoint, a synchronous one every step, an
 # asynchronous one every step (all three also commit the stage-end checkpoint).
 # Usage: bench/checkpoint_stall.sh [BUILD_DIR=build] [STEPS=8] [RANKS=1] [CKPT_DIR=mktemp]
-#        [THREADS=0]
+#        [THREADS=0] [SEQ=256]
 # THREADS: each rank's --intra-op-threads (0: libtorch's default, every core). With every core
 # training, the background writer's CPU (CRC-32, staging copies) is taken from the steps; fewer
 # threads than cores leave it a core, as host cores are spare on a GPU node.
+# SEQ: tokens per step. At 256 a step (~2 s here) is shorter than the background write of 695 MB
+# (~1.8 s), so the writer is never idle; a longer sequence gives the ratio of a real job, whose
+# step (minutes at 1M tokens) is longer than its write.
 # Prints one JSON line per run: the median step seconds (the step's own time from metrics.jsonl,
 # which in the asynchronous run includes any slowdown from the writer thread sharing the cores),
 # the mean blocked seconds of the periodic checkpoints (checkpoint events' blocked_seconds) and
@@ -25,6 +28,7 @@ BIN="$BUILD_DIR/bin/ulysses-train"
 WORK="$(mktemp -d)"
 CKPT="${4:-$WORK}"
 THREADS="${5:-0}"
+SEQ="${6:-256}"
 trap 'rm -rf "$WORK"' EXIT
 run() {  # name every_steps async
   mkdir -p "$CKPT/$1"
@@ -38,7 +42,7 @@ spec:
   data: {synthetic: {generator: random, validation_sequences: 1}}
   parallelism: {sp_degree: 1, dp_degree: $RANKS}
   optimizer: {lr: 1.0e-4}
-  stages: [{seq_len: 256, steps: $STEPS}]
+  stages: [{seq_len: $SEQ, steps: $STEPS}]
   checkpoint: {dir: $CKPT/$1/ckpt, every_steps: $2, keep_last: 1, async: $3}
 YAML
   "$BIN" train -f "$WORK/$1.yaml" --out "$WORK/$1.out" --intra-op-threads "$THREADS" \
