@@ -256,11 +256,14 @@ int main(int argc, char** argv) {
   int watchers = 0;
   int session_queues = 0;
   int client_queues = 4;
+  double max_heartbeats_per_s = -1;
   app.add_option("--workers", workers, "Simulated workers");
   app.add_flag("--tls", tls, "Serve and connect over TLS (dev certs; run from the repo root)");
   app.add_option("--seconds", seconds, "Measurement window");
   app.add_option("--warmup", warmup, "Seconds of load before measuring");
-  app.add_option("--heartbeat-s", heartbeat_s, "Heartbeat period per worker");
+  app.add_option("--heartbeat-s", heartbeat_s,
+                 "Heartbeat period per worker; 0 = the interval the coordinator asks for "
+                 "(RegisterResponse, then Acks: it grows with the cluster, max_heartbeats_per_s)");
   app.add_option("--submit-per-s", submit_per_s, "Job submissions per second");
   app.add_option("--channels", channels,
                  "gRPC channels (TCP connections, TLS sessions) for the workers; 0 = one each");
@@ -277,6 +280,8 @@ int main(int argc, char** argv) {
                "Workers answer assignments (started, then rank 0 reports a step per heartbeat)");
   app.add_option("--session-queues", session_queues,
                  "The coordinator's session_queues (0 = its default)");
+  app.add_option("--max-heartbeats-per-s", max_heartbeats_per_s,
+                 "The coordinator's max_heartbeats_per_s (-1 = its default; 0 = a fixed interval)");
   app.add_option("--client-queues", client_queues,
                  "Completion queues (one thread each) serving the simulated agents' sessions")
       ->check(CLI::Range(1, 64));
@@ -315,6 +320,9 @@ int main(int argc, char** argv) {
     config << "max_streams_per_identity: " << std::max(64, watchers + 16) << "\n"
            << "max_streams: " << std::max(4096, watchers + 16) << "\n";
     if (session_queues > 0) config << "session_queues: " << session_queues << "\n";
+    if (max_heartbeats_per_s >= 0) {
+      config << "max_heartbeats_per_s: " << max_heartbeats_per_s << "\n";
+    }
   }
   CoordinatorProcess coordinator = StartCoordinator(bin, state_dir, 0, core, tls, certs);
   if (coordinator.pid < 0) {
@@ -371,23 +379,28 @@ int main(int argc, char** argv) {
   // first registration on).
   std::thread beat([&] {
     auto start = Clock::now();
-    const auto period = std::chrono::duration<double>(heartbeat_s);
     long tick = 0;
+    // Where the sweep over the workers is: worker i fires when it passes i (mod workers). Each
+    // 5 ms tick advances it by workers x 5 ms / period, so every worker fires once per period,
+    // and a period that changes (--heartbeat-s 0: the coordinator asked for another) changes
+    // the speed of the sweep without skipping or repeating anyone.
+    double sweep = 0;
     while (!stop) {
+      const int64_t told_ms = g_told_interval_ms.load();
+      const double period = heartbeat_s > 0 ? heartbeat_s : (told_ms > 0 ? told_ms / 1000.0 : 1.0);
       auto slot_start =
           start + std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(5) * tick);
       std::this_thread::sleep_until(slot_start);
-      // Integer slots so every worker fires exactly once per period.
-      const long slots = std::max<long>(1, std::lround(period.count() / 0.005));
-      const long slot = tick % slots;
-      const int lo = static_cast<int>((slot * workers + slots - 1) / slots);
-      const int hi = static_cast<int>(((slot + 1) * workers + slots - 1) / slots);
-      for (int i = lo; i < hi; ++i) {
+      const double next = sweep + workers * 0.005 / period;
+      const long lo = std::lround(std::floor(sweep)), hi = std::lround(std::floor(next));
+      for (long k = lo; k < hi; ++k) {
+        const int i = static_cast<int>(k % workers);
         SimWorker* sim = live[i].load(std::memory_order_acquire);
         // A session that ended (the coordinator was killed) is not skipping: its agent
         // is reconnecting.
         if (sim != nullptr && !sim->done() && !sim->Heartbeat()) skipped++;
       }
+      sweep = next >= workers ? next - workers : next;
       ++tick;
     }
   });
@@ -405,6 +418,7 @@ int main(int argc, char** argv) {
           grpc::Status s = wstubs[i % channels]->Register(&ctx, req, &resp);
           reg_lat.Add(std::chrono::duration<double>(Clock::now() - t0).count());
           if (s.ok()) ids[i] = resp.worker_id();
+          if (s.ok()) g_told_interval_ms = resp.heartbeat_interval_ms();
           sims[i] = std::make_unique<SimWorker>(wstubs[i % channels].get(), queue_for(i), ids[i],
                                                 &hb_lat);
           live[i].store(sims[i].get(), std::memory_order_release);
@@ -625,9 +639,11 @@ int main(int argc, char** argv) {
   }
 
   printf(
-      "coordinator_load: %d workers, heartbeat every %.2fs, %.1f submissions/s, %d channels, "
+      "coordinator_load: %d workers, heartbeat every %.2fs%s, %.1f submissions/s, %d channels, "
       "coordinator pinned to core %d\n",
-      workers, heartbeat_s, submit_per_s, channels, core);
+      workers, heartbeat_s > 0 ? heartbeat_s : g_told_interval_ms.load() / 1000.0,
+      heartbeat_s > 0 ? "" : " (as the coordinator asked at the end)", submit_per_s, channels,
+      core);
   printf("%s\n", reg_lat.Summary("Register (startup)").c_str());
   printf("%s\n", hb_lat.Summary("Session heartbeat RTT").c_str());
   printf("%s\n", submit_lat.Summary("SubmitJob").c_str());

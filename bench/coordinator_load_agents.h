@@ -33,6 +33,9 @@ inline std::string g_token;  // NOLINT: set once in main before any call.
 // (started, then a progress report per heartbeat from rank 0), so jobs run and their
 // watchers get events. Set once in main.
 inline bool g_run_assignments = false;  // NOLINT
+// The heartbeat interval the coordinator last asked for (RegisterResponse, or an Ack since:
+// max_heartbeats_per_s), in ms; 0 = none yet. With --heartbeat-s 0 the agents follow it.
+inline std::atomic<int64_t> g_told_interval_ms{0};  // NOLINT
 inline void Authorize(grpc::ClientContext* ctx) {
   ctx->AddMetadata("authorization", "Bearer " + g_token);
 }
@@ -230,6 +233,8 @@ class SimWorker final {
   }
 
   void OnAckLocked() {
+    if (in_.ack().heartbeat_interval_ms() > 0)
+      g_told_interval_ms = in_.ack().heartbeat_interval_ms();
     if (first_ack_ns_.load() == 0) {
       first_ack_ns_ =
           std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -54,6 +55,8 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"heartbeat_interval_s",
        [&](const YAML::Node& n) { c->heartbeat_interval_s = n.as<double>(); }},
       {"lost_after_s", [&](const YAML::Node& n) { c->lost_after_s = n.as<double>(); }},
+      {"max_heartbeats_per_s",
+       [&](const YAML::Node& n) { c->max_heartbeats_per_s = n.as<double>(); }},
       {"reconnect_window_s", [&](const YAML::Node& n) { c->reconnect_window_s = n.as<double>(); }},
       {"checkpoint_root", [&](const YAML::Node& n) { c->checkpoint_root = n.as<std::string>(); }},
       {"out_root", [&](const YAML::Node& n) { c->out_root = n.as<std::string>(); }},
@@ -156,6 +159,12 @@ void CheckReadable(const std::string& field, const std::string& path, std::vecto
 
 }  // namespace
 
+double HeartbeatIntervalFor(const CoordinatorConfig& c, int64_t workers) {
+  if (c.max_heartbeats_per_s <= 0) return c.heartbeat_interval_s;
+  const double spread = static_cast<double>(std::max<int64_t>(0, workers)) / c.max_heartbeats_per_s;
+  return std::max(c.heartbeat_interval_s, std::min(spread, c.heartbeat_timeout_s / 2));
+}
+
 absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   std::vector<std::string> e;
   if (absl::StatusOr<net::HostPort> listen =
@@ -205,6 +214,12 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
     e.push_back(absl::StrCat("heartbeat_interval_s: ", c->heartbeat_interval_s,
                              " must be > 0 and <= heartbeat_timeout_s / 2 (",
                              c->heartbeat_timeout_s / 2, ")"));
+  }
+  if (!(c->max_heartbeats_per_s == 0 ||
+        (c->max_heartbeats_per_s >= 1 && c->max_heartbeats_per_s <= 1e7))) {
+    e.push_back(absl::StrCat("max_heartbeats_per_s: ", c->max_heartbeats_per_s,
+                             " is out of range (use 1 .. 10000000, e.g. 5000, or 0 for a fixed "
+                             "heartbeat_interval_s whatever the cluster's size)"));
   }
   if (!(c->reconnect_window_s >= 0 && c->reconnect_window_s <= 86400)) {
     e.push_back(absl::StrCat("reconnect_window_s: ", c->reconnect_window_s,

@@ -27,7 +27,11 @@ struct CoordinatorConfig {
   // DISCONNECTED) worker LOST at once. heartbeat_timeout_s <= lost_after_s <= 86400 (equal: no
   // suspicion window).
   double lost_after_s = 45;
-  double heartbeat_interval_s = 0;      // Told to workers; <= timeout / 2 (0 = timeout / 4).
+  double heartbeat_interval_s = 0;  // Told to workers; <= timeout / 2 (0 = timeout / 4).
+  // Heartbeats a second the coordinator asks for at most (Nomad's max_heartbeats_per_second):
+  // the interval told to workers grows with the cluster, max(heartbeat_interval_s, workers /
+  // this), up to heartbeat_timeout_s / 2 (HeartbeatIntervalFor). 0 = a fixed interval.
+  double max_heartbeats_per_s = 5000;
   double reconnect_window_s = 0;        // After a coordinator restart, how long RECOVERING jobs
                                         // wait for their workers (0 = 2 * heartbeat_timeout_s).
   std::string checkpoint_root;          // Per-job checkpoints: <root>/<job id> unless the spec
@@ -106,6 +110,12 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* co
 // Checks every field and fills derived defaults (checkpoint_root, out_root,
 // reconnect_window_s). Collects all problems.
 absl::Status ValidateAndFinalize(CoordinatorConfig* config);
+
+// The heartbeat interval (seconds) to tell workers when `workers` (not LOST) are registered:
+// heartbeat_interval_s while the cluster sends at most max_heartbeats_per_s at it, else
+// workers / max_heartbeats_per_s, capped at heartbeat_timeout_s / 2 so that a worker still
+// sends two heartbeats within its timeout (past that cap the rate grows again).
+double HeartbeatIntervalFor(const CoordinatorConfig& config, int64_t workers);
 
 }  // namespace ulysses::coordinator
 

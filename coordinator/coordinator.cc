@@ -186,9 +186,11 @@ void Coordinator::TickLocked(Txn& txn, bool scan_workers, bool force_pass) {
   machine_.ExpireEndedJobs(NowMs(), txn);
   const int64_t timeout_ms = static_cast<int64_t>(config_.heartbeat_timeout_s * 1000);
   const int64_t lost_ms = static_cast<int64_t>(config_.lost_after_s * 1000);
+  int64_t live_workers = 0;
   for (auto& [id, w] : state_.workers) {
     if (!scan_workers) break;
     if (w->state == v1::WORKER_STATE_LOST) continue;
+    ++live_workers;
     int64_t age = now - w->last_seen_steady;
     if (age > lost_ms) {
       machine_.OnWorkerLost(*w,
@@ -198,6 +200,11 @@ void Coordinator::TickLocked(Txn& txn, bool scan_workers, bool force_pass) {
     } else if (age > timeout_ms) {
       machine_.OnWorkerSuspect(*w, age, txn);
     }
+  }
+  if (scan_workers) {
+    // The cluster's size sets the heartbeat interval asked for (max_heartbeats_per_s).
+    protocol_.set_heartbeat_interval_ms(
+        static_cast<int64_t>(HeartbeatIntervalFor(config_, live_workers) * 1000));
   }
   for (auto& [id, j] : state_.jobs) {
     JobRt& job = *j;

@@ -48,7 +48,8 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
   RETURN_IF_ERROR(CommitLocked(txn));
   v1::RegisterResponse response;
   response.set_worker_id(id);
-  response.set_heartbeat_interval_ms(static_cast<int64_t>(config_.heartbeat_interval_s * 1000));
+  response.set_heartbeat_interval_ms(protocol_.heartbeat_interval_ms());
+  registered.worker->told_heartbeat_interval_ms = protocol_.heartbeat_interval_ms();
   response.set_heartbeat_timeout_ms(static_cast<int64_t>(config_.heartbeat_timeout_s * 1000));
   response.set_keep_running(registered.keep_running);
   return response;

@@ -67,6 +67,8 @@ struct WorkerRt {
   // work until it registers again, so a requeued job is not placed on a worker about to exit.
   bool draining = false;
   int64_t lost_since_steady = 0;  // When it was declared LOST (0 = not lost).
+  // The heartbeat interval this worker was last told (Register, or an Ack since).
+  int64_t told_heartbeat_interval_ms = 0;
 
   bool busy() const { return !slots.empty(); }
   // The slot running rank `ref.rank` of `ref`'s job and generation (-1 = none).

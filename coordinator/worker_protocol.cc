@@ -126,6 +126,10 @@ void WorkerProtocol::Ack(WorkerRt& w, const v1::WorkerMessage& m, const absl::St
   msg.mutable_ack()->set_seq(m.seq());
   msg.mutable_ack()->set_result(AckCodeFor(status));
   msg.mutable_ack()->set_message(std::string(status.message()));
+  if (w.told_heartbeat_interval_ms != heartbeat_interval_ms_) {
+    msg.mutable_ack()->set_heartbeat_interval_ms(heartbeat_interval_ms_);
+    w.told_heartbeat_interval_ms = heartbeat_interval_ms_;
+  }
   machine_.SendTo(w, std::move(msg), txn);
 }
 

@@ -24,7 +24,11 @@ class WorkerProtocol {
   // All four must outlive the WorkerProtocol.
   WorkerProtocol(const CoordinatorConfig& config, CoordinatorMetrics& metrics, State& state,
                  JobMachine& machine)
-      : config_(config), metrics_(metrics), state_(state), machine_(machine) {}
+      : config_(config),
+        metrics_(metrics),
+        state_(state),
+        machine_(machine),
+        heartbeat_interval_ms_(static_cast<int64_t>(config.heartbeat_interval_s * 1000)) {}
 
   struct Registered {
     WorkerRt* worker = nullptr;
@@ -36,6 +40,12 @@ class WorkerProtocol {
 
   // One message from `worker`'s open session.
   void OnMessage(WorkerRt& worker, const v1::WorkerMessage& message, Txn& txn);
+
+  // The heartbeat interval workers are asked for now (HeartbeatIntervalFor, set by the
+  // coordinator's tick as the cluster changes): Register answers with it, and an Ack carries
+  // it to a worker told another one before.
+  int64_t heartbeat_interval_ms() const { return heartbeat_interval_ms_; }
+  void set_heartbeat_interval_ms(int64_t ms) { heartbeat_interval_ms_ = ms; }
 
  private:
   void OnHeartbeat(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
@@ -83,6 +93,7 @@ class WorkerProtocol {
   void MarkStarted(JobRt& job, int rank, Txn& txn);
 
   const CoordinatorConfig& config_;
+  int64_t heartbeat_interval_ms_;
   CoordinatorMetrics& metrics_;
   State& state_;
   JobMachine& machine_;

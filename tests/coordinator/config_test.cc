@@ -137,6 +137,31 @@ TEST(ConfigTest, SessionQueuesAreReadAndBounded) {
   }
 }
 
+TEST(ConfigTest, HeartbeatIntervalGrowsWithTheClusterUpToHalfTheTimeout) {
+  TempDir dir;
+  CoordinatorConfig c = Base(dir);
+  ASSERT_TRUE(ValidateAndFinalize(&c).ok());
+  EXPECT_EQ(c.max_heartbeats_per_s, 5000);
+  EXPECT_DOUBLE_EQ(c.heartbeat_interval_s, 2.5);  // heartbeat_timeout_s 10 / 4.
+  EXPECT_DOUBLE_EQ(HeartbeatIntervalFor(c, 0), 2.5);
+  EXPECT_DOUBLE_EQ(HeartbeatIntervalFor(c, 12500), 2.5);  // 5,000 a second at 2.5 s.
+  EXPECT_DOUBLE_EQ(HeartbeatIntervalFor(c, 20000), 4.0);
+  EXPECT_DOUBLE_EQ(HeartbeatIntervalFor(c, 25000), 5.0);
+  EXPECT_DOUBLE_EQ(HeartbeatIntervalFor(c, 200000), 5.0);  // Capped: two within the timeout.
+  c.max_heartbeats_per_s = 0;
+  EXPECT_DOUBLE_EQ(HeartbeatIntervalFor(c, 25000), 2.5);  // Off: fixed.
+  ASSERT_TRUE(ApplyConfigYaml("max_heartbeats_per_s: 800\n", &c).ok());
+  EXPECT_EQ(c.max_heartbeats_per_s, 800);
+  for (double bad : {-1.0, 0.5, 2e7}) {
+    CoordinatorConfig out = Base(dir);
+    out.max_heartbeats_per_s = bad;
+    absl::Status s = ValidateAndFinalize(&out);
+    EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("max_heartbeats_per_s: ", bad,
+                                                            " is out of range (use 1 .. 10000000")))
+        << s;
+  }
+}
+
 // The SUSPECT window: heartbeat_timeout_s is no longer capped at 10 s, lost_after_s
 // (default 45: a 30 s blip stays below it) must cover it, and a bad pair names the field,
 // the value and the fix.

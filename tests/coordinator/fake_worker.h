@@ -263,6 +263,8 @@ class FakeWorker {
     if (!m) return std::nullopt;
     return m->ack();
   }
+  // The interval the RegisterResponse asked for.
+  int64_t heartbeat_interval_ms() const { return heartbeat_interval_ms_; }
   bool closed() {
     std::lock_guard<std::mutex> lock(mu_);
     return closed_;

@@ -306,6 +306,31 @@ TEST_F(VersionSkewGrpcTest, AClientOfThePreviousMinorIsServedAndOtherVersionsAre
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+// max_heartbeats_per_s: the interval asked of workers grows with the cluster (fixture:
+// heartbeat_interval_s 0.2, heartbeat_timeout_s 2, so at most 1 s), a registering worker gets
+// the current one and a connected worker learns a new one from its next Ack, once.
+class HeartbeatRateGrpcTest : public testing::CoordinatorServerTest {
+ protected:
+  void Configure(CoordinatorConfig* c) override { c->max_heartbeats_per_s = 2; }
+};
+
+TEST_F(HeartbeatRateGrpcTest, TheIntervalGrowsWithTheClusterAndReachesConnectedWorkersInAnAck) {
+  FakeWorker& w1 = AddWorker("w1");
+  EXPECT_EQ(w1.heartbeat_interval_ms(), 200);  // No worker counted yet: heartbeat_interval_s.
+  AddWorker("w2");
+  AddWorker("w3");
+  server_->coordinator()->TickForTesting();  // 3 workers / 2 per s = 1.5 s, capped at 1 s.
+  const uint64_t first = w1.Heartbeat(/*request_ack=*/true);
+  std::optional<v1::Ack> ack = w1.WaitAck(first);
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->heartbeat_interval_ms(), 1000);
+  const uint64_t second = w1.Heartbeat(/*request_ack=*/true);
+  ack = w1.WaitAck(second);
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->heartbeat_interval_ms(), 0);  // Told already.
+  EXPECT_EQ(AddWorker("w4").heartbeat_interval_ms(), 1000);
+}
+
 TEST(VersionPolicyTest, TheOwnAndThePreviousMinorOfTheSameMajorAreAccepted) {
   for (const char* ok : {"0.4.0", "0.4.7", "0.3.0", "0.3.12", "0.4.1-rc1"}) {
     EXPECT_TRUE(CheckPeerVersion("worker", ok, "0.4.2").ok()) << ok;

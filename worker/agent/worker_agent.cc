@@ -51,6 +51,10 @@ constexpr size_t kMaxPendingLogs = 5000;
 constexpr size_t kMaxLinesPerBatch = 500;
 constexpr milliseconds kLogFlushInterval{200};
 constexpr milliseconds kReconnectAbortGrace{2000};
+// The heartbeat intervals a coordinator may ask for (RegisterResponse, Ack); others are
+// ignored with a warning.
+constexpr milliseconds kMinHeartbeatInterval{100};
+constexpr milliseconds kMaxHeartbeatInterval{3600 * 1000};
 
 }  // namespace
 
@@ -72,6 +76,10 @@ class WorkerAgent::Impl {
   absl::Status RunSession();
   void WriterLoop(Stream* stream, grpc::ClientContext* ctx);
   void Handle(const v1::CoordinatorMessage& msg);
+  // Heartbeats every `ms` from now on (a coordinator's value, checked), and the session's
+  // liveness timeout with it: heartbeats ask for an ack, so a silent coordinator means a dead
+  // session.
+  void SetHeartbeatIntervalLocked(int64_t ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleAssignment(const v1::Assignment& assignment);
 
   void EnqueueLocked(v1::WorkerMessage msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -111,6 +119,7 @@ class WorkerAgent::Impl {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // Session loop must end.
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   milliseconds heartbeat_interval_ ABSL_GUARDED_BY(mu_){1000};
+  milliseconds coordinator_timeout_ ABSL_GUARDED_BY(mu_){0};  // RegisterResponse's.
   // No message from the coordinator this long: reconnect.
   milliseconds liveness_timeout_ ABSL_GUARDED_BY(mu_){15000};
   Clock::time_point last_received_ ABSL_GUARDED_BY(mu_);
@@ -296,12 +305,9 @@ absl::Status WorkerAgent::Impl::Register() {
   }
   absl::MutexLock lock(&mu_);
   worker_id_ = response.worker_id();
-  if (response.heartbeat_interval_ms() > 0) {
-    heartbeat_interval_ = milliseconds(response.heartbeat_interval_ms());
-  }
-  // Heartbeats ask for an ack, so a silent coordinator means a dead session.
-  liveness_timeout_ = std::max(
-      {milliseconds(response.heartbeat_timeout_ms()), heartbeat_interval_ * 5, milliseconds(3000)});
+  coordinator_timeout_ = milliseconds(
+      std::clamp<int64_t>(response.heartbeat_timeout_ms(), 0, kMaxHeartbeatInterval.count() * 2));
+  SetHeartbeatIntervalLocked(response.heartbeat_interval_ms());
   ULOG(INFO) << "registered as " << worker_id_ << " (heartbeat every "
              << heartbeat_interval_.count() << " ms)"
              << (reported.empty() ? ""
@@ -415,6 +421,20 @@ void WorkerAgent::Impl::WriterLoop(Stream* stream, grpc::ClientContext* ctx) {
   }
 }
 
+void WorkerAgent::Impl::SetHeartbeatIntervalLocked(int64_t ms) {
+  if (ms == 0) {
+    // Not given (a coordinator from before the field): keep the interval.
+  } else if (ms < kMinHeartbeatInterval.count() || ms > kMaxHeartbeatInterval.count()) {
+    ULOG(WARNING) << "coordinator asked for a heartbeat every " << ms << " ms; ignored (outside "
+                  << kMinHeartbeatInterval.count() << " .. " << kMaxHeartbeatInterval.count()
+                  << " ms), keeping " << heartbeat_interval_.count() << " ms";
+  } else if (milliseconds(ms) != heartbeat_interval_) {
+    heartbeat_interval_ = milliseconds(ms);
+    ULOG(INFO) << "heartbeat every " << ms << " ms (asked by the coordinator)";
+  }
+  liveness_timeout_ = std::max({coordinator_timeout_, heartbeat_interval_ * 5, milliseconds(3000)});
+}
+
 void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
   switch (msg.kind_case()) {
     case v1::CoordinatorMessage::kAssignment:
@@ -449,6 +469,10 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
       if (msg.ack().result() != v1::ACK_CODE_OK) {
         ULOG(WARNING) << "coordinator rejected report " << msg.ack().seq() << ": "
                       << v1::AckCode_Name(msg.ack().result()) << " " << msg.ack().message();
+      }
+      // Non-zero when the coordinator's rate cap moved with the cluster (max_heartbeats_per_s).
+      if (msg.ack().heartbeat_interval_ms() != 0) {
+        SetHeartbeatIntervalLocked(msg.ack().heartbeat_interval_ms());
       }
       auto it = inflight_.find(msg.ack().seq());
       if (it != inflight_.end()) {
