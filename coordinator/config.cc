@@ -165,6 +165,10 @@ double HeartbeatIntervalFor(const CoordinatorConfig& c, int64_t workers) {
   return std::max(c.heartbeat_interval_s, std::min(spread, c.heartbeat_timeout_s / 2));
 }
 
+int64_t SuspectAfterMs(const CoordinatorConfig& c, int64_t told_interval_ms) {
+  return std::max(static_cast<int64_t>(c.heartbeat_timeout_s * 1000), 3 * told_interval_ms);
+}
+
 absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   std::vector<std::string> e;
   if (absl::StatusOr<net::HostPort> listen =

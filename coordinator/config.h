@@ -117,6 +117,11 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* config);
 // sends two heartbeats within its timeout (past that cap the rate grows again).
 double HeartbeatIntervalFor(const CoordinatorConfig& config, int64_t workers);
 
+// The silence (ms) after which a worker told to heartbeat every `told_interval_ms` is SUSPECT:
+// heartbeat_timeout_s, or three of its intervals when that is longer (a worker on the rate
+// cap's longest interval, timeout / 2, may then miss one heartbeat without being suspected).
+int64_t SuspectAfterMs(const CoordinatorConfig& config, int64_t told_interval_ms);
+
 }  // namespace ulysses::coordinator
 
 #endif  // ULYSSES_COORDINATOR_CONFIG_H_

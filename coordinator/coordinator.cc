@@ -184,7 +184,6 @@ void Coordinator::TickLocked(Txn& txn, bool scan_workers, bool force_pass) {
   // First, before any pointer to a worker enters txn.
   if (scan_workers) machine_.ExpireLostWorkers(now, txn);
   machine_.ExpireEndedJobs(NowMs(), txn);
-  const int64_t timeout_ms = static_cast<int64_t>(config_.heartbeat_timeout_s * 1000);
   const int64_t lost_ms = static_cast<int64_t>(config_.lost_after_s * 1000);
   int64_t live_workers = 0;
   for (auto& [id, w] : state_.workers) {
@@ -197,7 +196,7 @@ void Coordinator::TickLocked(Txn& txn, bool scan_workers, bool force_pass) {
                             absl::StrFormat("no message for %.1fs (lost_after_s %g)", age / 1000.0,
                                             config_.lost_after_s),
                             txn);
-    } else if (age > timeout_ms) {
+    } else if (age > SuspectAfterMs(config_, w->told_heartbeat_interval_ms)) {
       machine_.OnWorkerSuspect(*w, age, txn);
     }
   }

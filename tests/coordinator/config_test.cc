@@ -137,7 +137,7 @@ TEST(ConfigTest, SessionQueuesAreReadAndBounded) {
   }
 }
 
-TEST(ConfigTest, HeartbeatIntervalGrowsWithTheClusterUpToHalfTheTimeout) {
+TEST(ConfigTest, HeartbeatIntervalGrowsWithTheClusterUpToHalfTheTimeoutAndSuspicionWithIt) {
   TempDir dir;
   CoordinatorConfig c = Base(dir);
   ASSERT_TRUE(ValidateAndFinalize(&c).ok());
@@ -148,6 +148,10 @@ TEST(ConfigTest, HeartbeatIntervalGrowsWithTheClusterUpToHalfTheTimeout) {
   EXPECT_DOUBLE_EQ(HeartbeatIntervalFor(c, 20000), 4.0);
   EXPECT_DOUBLE_EQ(HeartbeatIntervalFor(c, 25000), 5.0);
   EXPECT_DOUBLE_EQ(HeartbeatIntervalFor(c, 200000), 5.0);  // Capped: two within the timeout.
+  // SUSPECT after heartbeat_timeout_s, or three told intervals when longer.
+  EXPECT_EQ(SuspectAfterMs(c, 0), 10000);     // Not told (recovered after a restart).
+  EXPECT_EQ(SuspectAfterMs(c, 2500), 10000);  // 3 x 2.5 s is shorter.
+  EXPECT_EQ(SuspectAfterMs(c, 5000), 15000);  // The cap: one heartbeat may go missing.
   c.max_heartbeats_per_s = 0;
   EXPECT_DOUBLE_EQ(HeartbeatIntervalFor(c, 25000), 2.5);  // Off: fixed.
   ASSERT_TRUE(ApplyConfigYaml("max_heartbeats_per_s: 800\n", &c).ok());
