@@ -25,6 +25,7 @@ Coordinator::Coordinator(CoordinatorConfig config, std::unique_ptr<Store> store,
       machine_(config_, *metrics_, state_),
       protocol_(config_, *metrics_, state_, machine_) {
   metrics_->SetSettings(config_.heartbeat_timeout_s, config_.cancel_grace_s);
+  metrics_->SetHeartbeatInterval(config_.heartbeat_interval_s);
 }
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const CoordinatorConfig& config,
@@ -202,8 +203,9 @@ void Coordinator::TickLocked(Txn& txn, bool scan_workers, bool force_pass) {
   }
   if (scan_workers) {
     // The cluster's size sets the heartbeat interval asked for (max_heartbeats_per_s).
-    protocol_.set_heartbeat_interval_ms(
-        static_cast<int64_t>(HeartbeatIntervalFor(config_, live_workers) * 1000));
+    const double interval_s = HeartbeatIntervalFor(config_, live_workers);
+    protocol_.set_heartbeat_interval_ms(static_cast<int64_t>(interval_s * 1000));
+    metrics_->SetHeartbeatInterval(interval_s);
   }
   for (auto& [id, j] : state_.jobs) {
     JobRt& job = *j;

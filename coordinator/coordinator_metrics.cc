@@ -83,6 +83,8 @@ std::unique_ptr<CoordinatorMetrics> CoordinatorMetrics::Register(
   m->store_writable = must(metrics::RegisterGauge(registry, "ulysses_store_writable"));
   m->heartbeat_timeout =
       must(metrics::RegisterGauge(registry, "ulysses_heartbeat_timeout_seconds"));
+  m->heartbeat_interval =
+      must(metrics::RegisterGauge(registry, "ulysses_heartbeat_interval_seconds"));
   m->cancel_grace = must(metrics::RegisterGauge(registry, "ulysses_cancel_grace_seconds"));
   m->checkpoint_every = must(metrics::RegisterGauge(registry, "ulysses_checkpoint_every_steps"));
   m->store_write_errors =
@@ -156,6 +158,10 @@ void CoordinatorMetrics::SetJobStage(const std::string& job_id, int stage_index,
 void CoordinatorMetrics::SetSettings(double heartbeat_timeout_s, double cancel_grace_s) {
   if (heartbeat_timeout) heartbeat_timeout->WithLabels({})->Set(heartbeat_timeout_s);
   if (cancel_grace) cancel_grace->WithLabels({})->Set(cancel_grace_s);
+}
+
+void CoordinatorMetrics::SetHeartbeatInterval(double seconds) {
+  if (heartbeat_interval) heartbeat_interval->WithLabels({})->Set(seconds);
 }
 
 void CoordinatorMetrics::SetEval(const std::string& job_id, int stage_index, double loss_value,

@@ -59,6 +59,7 @@ class CoordinatorMetrics {
   metrics::CounterFamily* rejected_reports = nullptr;  // {reason}
   metrics::GaugeFamily* store_writable = nullptr;      // 1 writable, 0 read-only.
   metrics::GaugeFamily* heartbeat_timeout = nullptr;   // Settings, no labels.
+  metrics::GaugeFamily* heartbeat_interval = nullptr;  // The interval asked of workers now.
   metrics::GaugeFamily* cancel_grace = nullptr;
   metrics::CounterFamily* store_write_errors = nullptr;      // {kind: io | refused}
   metrics::GaugeFamily* steps = nullptr;                     // {job_id}
@@ -84,6 +85,8 @@ class CoordinatorMetrics {
                    int group_size);
   // The settings the alerts read (heartbeat_timeout_s, cancel_grace_s).
   void SetSettings(double heartbeat_timeout_s, double cancel_grace_s);
+  // ulysses_heartbeat_interval_seconds (set by the tick: max_heartbeats_per_s).
+  void SetHeartbeatInterval(double seconds);
   // A stage's evaluation; `accuracy` only when the evaluation measured it.
   void SetEval(const std::string& job_id, int stage, double loss, std::optional<double> accuracy);
 

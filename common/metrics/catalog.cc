@@ -81,6 +81,9 @@ std::vector<MetricDef> BuildCatalog() {
       // Settings the alerts compare against (deploy/k8s/prometheus/ulysses-rules.yml).
       Gauge("ulysses_heartbeat_timeout_seconds", {}, kCoordinator,
             "The coordinator's heartbeat_timeout_s: a worker silent this long is lost."),
+      Gauge("ulysses_heartbeat_interval_seconds", {}, kCoordinator,
+            "The heartbeat interval the coordinator asks of workers now: heartbeat_interval_s, "
+            "longer on a large cluster (max_heartbeats_per_s)."),
       Gauge("ulysses_cancel_grace_seconds", {}, kCoordinator,
             "The coordinator's cancel_grace_s: how long a cancelled or preempted job's ranks "
             "get to finish their step and checkpoint."),

@@ -84,7 +84,9 @@ TEST(CoordinatorMetricsTest, SettingsAreExported) {
   metrics::Registry registry;
   auto metrics = CoordinatorMetrics::Register(&registry, [](CountsPart) { return StateCounts(); });
   metrics->SetSettings(10, 900);
+  metrics->SetHeartbeatInterval(2.5);
   const std::string text = registry.Serialize();
+  EXPECT_TRUE(Has(text, "ulysses_heartbeat_interval_seconds 2.5")) << text;
   EXPECT_TRUE(Has(text, "ulysses_heartbeat_timeout_seconds 10")) << text;
   EXPECT_TRUE(Has(text, "ulysses_cancel_grace_seconds 900")) << text;
 }

@@ -39,8 +39,8 @@ class PromtoolTest(unittest.TestCase):
         # A copy with a broken threshold must make `promtool test rules` fail.
         with tempfile.TemporaryDirectory() as tmp:
             rules = read_text(os.path.join(PROM, "ulysses-rules.yml"))
-            broken = rules.replace("(0.5 * max(ulysses_heartbeat_timeout_seconds))",
-                                   "(2 * max(ulysses_heartbeat_timeout_seconds))")
+            broken = rules.replace("scalar(0.5 * max(ulysses_heartbeat_timeout_seconds))",
+                                   "scalar(2 * max(ulysses_heartbeat_timeout_seconds))")
             self.assertNotEqual(broken, rules)
             with open(os.path.join(tmp, "ulysses-rules.yml"), "w", encoding="utf-8") as f:
                 f.write(broken)

@@ -272,7 +272,9 @@ TEST_F(LivePrometheusTest, HeartbeatAndStoreReadOnlyAlertsFireUnderInjectedFault
   // have been evaluated on them (the heartbeat rule's own expression answers), silently.
   const std::string late =
       "max_over_time(ulysses_worker_heartbeat_age_seconds[5m]) > on () group_left () "
-      "(0.5 * max(ulysses_heartbeat_timeout_seconds))";
+      "(clamp_min(2 * max(ulysses_heartbeat_interval_seconds), "
+      "scalar(0.5 * max(ulysses_heartbeat_timeout_seconds))) "
+      "or 0.5 * max(ulysses_heartbeat_timeout_seconds))";
   ::ulysses::testing::PollUntil(
       [&] {
         return !Query(&prom, "ulysses_heartbeat_timeout_seconds == 8").empty() &&
