@@ -52,17 +52,24 @@ bool Holds(const TokenSet& tokens, const std::string& sha256) {
 }  // namespace
 
 void Authenticator::EndRevoked(const TokenSet& tokens) const {
-  std::lock_guard<std::recursive_mutex> lock(calls_mu_);
-  std::vector<uint64_t> revoked;
-  for (const auto& [handle, call] : calls_) {
-    if (!Holds(tokens, call.first)) revoked.push_back(handle);
+  std::vector<std::pair<uint64_t, std::function<void()>>> revoked;
+  {
+    absl::MutexLock lock(&calls_mu_);
+    for (auto it = calls_.begin(); it != calls_.end();) {
+      if (Holds(tokens, it->second.first)) {
+        ++it;
+        continue;
+      }
+      ending_[it->first] = std::this_thread::get_id();
+      revoked.emplace_back(it->first, std::move(it->second.second));
+      it = calls_.erase(it);
+    }
   }
-  for (uint64_t handle : revoked) {
-    auto it = calls_.find(handle);  // An earlier `end` may have untracked it.
-    if (it == calls_.end()) continue;
-    std::function<void()> end = std::move(it->second.second);
-    calls_.erase(it);
+  // Outside the lock: an `end` finishes its stream, whose OnDone may run here and Untrack.
+  for (auto& [handle, end] : revoked) {
     end();
+    absl::MutexLock lock(&calls_mu_);
+    ending_.erase(handle);
   }
 }
 
@@ -73,9 +80,12 @@ uint64_t Authenticator::Track(const Principal& caller, std::function<void()> end
     absl::MutexLock lock(&mu_);
     tokens = tokens_;
   }
-  std::lock_guard<std::recursive_mutex> lock(calls_mu_);
-  const uint64_t handle = next_call_++;
-  calls_[handle] = {caller.token_sha256, std::move(end)};
+  uint64_t handle;
+  {
+    absl::MutexLock lock(&calls_mu_);
+    handle = next_call_++;
+    calls_[handle] = {caller.token_sha256, std::move(end)};
+  }
   // Revoked between its authentication and now: end it like the reload would have.
   if (!Holds(*tokens, caller.token_sha256)) EndRevoked(*tokens);
   return handle;
@@ -83,12 +93,24 @@ uint64_t Authenticator::Track(const Principal& caller, std::function<void()> end
 
 void Authenticator::Untrack(uint64_t handle) const {
   if (handle == 0) return;
-  std::lock_guard<std::recursive_mutex> lock(calls_mu_);
+  struct Ended {
+    const std::map<uint64_t, std::thread::id>* ending;
+    uint64_t handle;
+    std::thread::id self;
+  };
+  absl::MutexLock lock(&calls_mu_);
   calls_.erase(handle);
+  Ended ended{&ending_, handle, std::this_thread::get_id()};
+  calls_mu_.Await(absl::Condition(
+      +[](Ended* e) {
+        auto it = e->ending->find(e->handle);
+        return it == e->ending->end() || it->second == e->self;
+      },
+      &ended));
 }
 
 size_t Authenticator::tracked() const {
-  std::lock_guard<std::recursive_mutex> lock(calls_mu_);
+  absl::MutexLock lock(&calls_mu_);
   return calls_.size();
 }
 

@@ -16,8 +16,8 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -56,9 +56,12 @@ class Authenticator {
 
   // Streams and sessions by the token that opened them, so that a reload revoking the
   // token ends them (at the reload, not at their next reconnect). Track() registers
-  // `end` (thread-safe; called at most once, under the tracker's lock, so the caller's
-  // Untrack() waits for it) and returns a handle for Untrack(), 0 for a certificate
-  // caller (not revocable by a reload). A token already revoked is ended at once.
+  // `end` (called at most once, on the thread of the reload, with no lock of the
+  // Authenticator held) and returns a handle for Untrack(), 0 for a certificate caller
+  // (not revocable by a reload). A token already revoked is ended at once. Untrack()
+  // returns only once a running `end` of its call has returned, unless it is called from
+  // within that `end` (a stream whose OnDone runs inline): the caller may free what `end`
+  // uses as soon as Untrack() returns.
   uint64_t Track(const Principal& caller, std::function<void()> end) const;
   void Untrack(uint64_t handle) const;
   size_t tracked() const;
@@ -75,11 +78,14 @@ class Authenticator {
   const std::vector<TokenEntry> fixed_;
   mutable absl::Mutex mu_;
   std::shared_ptr<const TokenSet> tokens_ ABSL_GUARDED_BY(mu_);  // The set itself is immutable.
-  // Tracked calls: handle -> {token hash, end}. Recursive: an `end` may finish a stream
-  // whose OnDone (and Untrack) runs on the same thread.
-  mutable std::recursive_mutex calls_mu_;
-  mutable std::map<uint64_t, std::pair<std::string, std::function<void()>>> calls_;
-  mutable uint64_t next_call_ = 1;
+  mutable absl::Mutex calls_mu_;
+  // Tracked calls: handle -> {token hash, end}.
+  mutable std::map<uint64_t, std::pair<std::string, std::function<void()>>> calls_
+      ABSL_GUARDED_BY(calls_mu_);
+  // Calls whose `end` is running, by the thread running it (EndRevoked calls them outside
+  // calls_mu_): Untrack() from any other thread waits for the entry to go.
+  mutable std::map<uint64_t, std::thread::id> ending_ ABSL_GUARDED_BY(calls_mu_);
+  mutable uint64_t next_call_ ABSL_GUARDED_BY(calls_mu_) = 1;
   // Ends the tracked calls whose token `tokens` does not hold.
   void EndRevoked(const TokenSet& tokens) const;
 };

@@ -8,8 +8,10 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "coordinator/auth/authenticator.h"
 #include "coordinator/auth/bootstrap.h"
 #include "coordinator/auth/permissions.h"
@@ -167,6 +169,73 @@ TEST(AuthenticatorTest, ReloadAddsAndRevokesAndABadFileKeepsTheOldSet) {
   std::remove(path.c_str());
   EXPECT_FALSE((*a)->Reload().ok());
   EXPECT_TRUE((*a)->LookupToken("ul_bob").has_value());
+}
+
+// Track/Untrack (authenticator.h): a reload ends exactly the calls of the tokens it
+// revoked, once, and an `end` that finishes its call inline (OnDone -> Untrack on the same
+// thread) does not deadlock.
+TEST(AuthenticatorTest, AReloadEndsTheCallsOfRevokedTokensOnceAndAnEndMayUntrackInline) {
+  TempDir dir;
+  const std::string path = dir.Sub("tokens.yaml");
+  WriteFile(path, "tokens:\n" + Entry("alice", "research", "user", "ul_alice") +
+                      Entry("bob", "research", "user", "ul_bob"));
+  auto a = Authenticator::Create(path, {});
+  ASSERT_TRUE(a.ok()) << a.status();
+  const Principal alice = *(*a)->LookupToken("ul_alice");
+  const Principal bob = *(*a)->LookupToken("ul_bob");
+  int alice_ended = 0;
+  int bob_ended = 0;
+  uint64_t alice_handle = 0;
+  alice_handle = (*a)->Track(alice, [&] {
+    ++alice_ended;
+    (*a)->Untrack(alice_handle);  // The stream's OnDone, inline.
+  });
+  const uint64_t bob_handle = (*a)->Track(bob, [&] { ++bob_ended; });
+  EXPECT_EQ((*a)->tracked(), 2u);
+
+  WriteFile(path, "tokens:\n" + Entry("bob", "research", "user", "ul_bob"));
+  ASSERT_TRUE((*a)->Reload().ok());
+  EXPECT_EQ(alice_ended, 1);
+  EXPECT_EQ(bob_ended, 0);
+  EXPECT_EQ((*a)->tracked(), 1u);
+  ASSERT_TRUE((*a)->Reload().ok());  // Nothing left to end for alice.
+  EXPECT_EQ(alice_ended, 1);
+
+  // A call tracked with a token revoked since its authentication is ended at once.
+  int late_ended = 0;
+  (*a)->Track(alice, [&] { ++late_ended; });
+  EXPECT_EQ(late_ended, 1);
+  EXPECT_EQ((*a)->tracked(), 1u);
+  (*a)->Untrack(bob_handle);
+  EXPECT_EQ((*a)->tracked(), 0u);
+  EXPECT_EQ(bob_ended, 0);
+}
+
+// The caller frees what `end` uses once Untrack() returns (a reactor deletes itself in
+// OnDone), so an Untrack() on another thread must wait for a running `end`.
+TEST(AuthenticatorTest, UntrackFromAnotherThreadReturnsOnlyAfterARunningEndReturns) {
+  TempDir dir;
+  const std::string path = dir.Sub("tokens.yaml");
+  WriteFile(path, "tokens:\n" + Entry("alice", "research", "user", "ul_alice"));
+  auto a = Authenticator::Create(path, {});
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::Notification end_started;
+  absl::Notification untrack_returned;
+  bool untrack_returned_during_end = false;
+  const uint64_t handle = (*a)->Track(*(*a)->LookupToken("ul_alice"), [&] {
+    end_started.Notify();
+    // Untrack() must not return while this runs: the wait below times out unless it does.
+    untrack_returned_during_end =
+        untrack_returned.WaitForNotificationWithTimeout(absl::Milliseconds(500));
+  });
+  WriteFile(path, "tokens:\n" + Entry("bob", "research", "user", "ul_bob"));
+  std::thread reload([&] { EXPECT_TRUE((*a)->Reload().ok()); });
+  end_started.WaitForNotification();
+  (*a)->Untrack(handle);
+  untrack_returned.Notify();
+  reload.join();
+  EXPECT_FALSE(untrack_returned_during_end);
+  EXPECT_EQ((*a)->tracked(), 0u);
 }
 
 TEST(AuthenticatorTest, CreateRefusesAnInvalidTokenFile) {
