@@ -205,17 +205,21 @@ absl::StatusOr<std::vector<NamedTensor>> ReadSafetensors(const std::string& path
       return fail(absl::StrCat("data_offsets ", ShapeString(offsets), " outside the ", data_bytes,
                                "-byte data section (truncated file?)"));
     }
-    int64_t numel = 1;
+    // The bytes the shape needs, checked against data_offsets before anything is allocated:
+    // a header is input, and a shape of [2^40, 2^40] must be an error, not an allocation.
+    int64_t bytes = type->bytes;
     for (int64_t d : shape) {
       if (d < 0) return fail(absl::StrCat("negative dimension in shape ", ShapeString(shape)));
-      numel *= d;
+      if (__builtin_mul_overflow(bytes, d, &bytes)) {
+        return fail(absl::StrCat("shape ", ShapeString(shape), " with dtype ", dtype,
+                                 " needs more than 2^63 bytes"));
+      }
+    }
+    if (bytes != offsets[1] - offsets[0]) {
+      return fail(absl::StrCat("shape ", ShapeString(shape), " with dtype ", dtype, " needs ",
+                               bytes, " bytes but data_offsets span ", offsets[1] - offsets[0]));
     }
     torch::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(TorchType(*type)));
-    if (static_cast<int64_t>(t.nbytes()) != offsets[1] - offsets[0]) {
-      return fail(absl::StrCat("shape ", ShapeString(shape), " with dtype ", dtype, " needs ",
-                               t.nbytes(), " bytes but data_offsets span ",
-                               offsets[1] - offsets[0]));
-    }
     in.seekg(data_begin + offsets[0]);
     if (!in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()))) {
       return fail("read failed (truncated file?)");

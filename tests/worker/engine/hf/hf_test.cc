@@ -189,6 +189,27 @@ TEST(HfTest, ShapeAndDtypeErrorsNameTheTensor) {
       shape.status().message().find("tensor w.bad: shape [2, 3] with dtype F32 needs 24 bytes"),
       std::string::npos)
       << shape.status();
+  // A shape far beyond the file is refused before any allocation (once with bytes that
+  // overflow int64, once with bytes that fit it but not any machine).
+  WriteRaw(dir.Sub("huge.safetensors"),
+           R"({"w.huge":{"dtype":"F32","shape":[1099511627776,1099511627776],)"
+           R"("data_offsets":[0,16]}})",
+           16);
+  auto huge = ReadSafetensors(dir.Sub("huge.safetensors"));
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.status().message().find("tensor w.huge: shape [1099511627776, 1099511627776] "
+                                         "with dtype F32 needs more than 2^63 bytes"),
+            std::string::npos)
+      << huge.status();
+  WriteRaw(dir.Sub("big.safetensors"),
+           R"({"w.big":{"dtype":"F32","shape":[1099511627776,1024],"data_offsets":[0,16]}})", 16);
+  auto big = ReadSafetensors(dir.Sub("big.safetensors"));
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(
+      big.status().message().find("tensor w.big: shape [1099511627776, 1024] with dtype "
+                                  "F32 needs 4503599627370496 bytes but data_offsets span 16"),
+      std::string::npos)
+      << big.status();
   WriteRaw(dir.Sub("dtype.safetensors"),
            R"({"w.odd":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})", 2);
   auto dtype = ReadSafetensors(dir.Sub("dtype.safetensors"));
