@@ -1,56 +1,20 @@
 #include "worker/engine/train/checkpoint_saver.h"
 
 #include <algorithm>
-#include <fstream>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/process/host_memory.h"
 #include "common/spec/memory_model.h"
 #include "common/status.h"
 
 namespace ulysses::engine::train {
-namespace {
-
-// A cgroup v2 file holding a byte count; 0 for "max", absent or unreadable.
-int64_t ReadCgroupBytes(const char* path) {
-  std::ifstream in(path);
-  std::string text;
-  if (!(in >> text) || text == "max") return 0;
-  try {
-    const long long v = std::stoll(text);
-    return v > 0 && v < (int64_t{1} << 60) ? v : 0;
-  } catch (...) {
-    return 0;
-  }
-}
-
-}  // namespace
-
-int64_t AvailableHostMemoryBytes() {
-  int64_t available = 0;
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key, unit;
-  int64_t kib = 0;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") {
-      available = kib * 1024;
-      break;
-    }
-  }
-  const int64_t limit = ReadCgroupBytes("/sys/fs/cgroup/memory.max");
-  if (limit > 0) {
-    const int64_t left =
-        std::max<int64_t>(0, limit - ReadCgroupBytes("/sys/fs/cgroup/memory.current"));
-    available = available > 0 ? std::min(available, left) : left;
-  }
-  return available;
-}
 
 absl::StatusOr<std::unique_ptr<CheckpointSaver>> CheckpointSaver::Create(const Options& options,
                                                                          Communicator& world) {
-  const double per_rank = static_cast<double>(AvailableHostMemoryBytes()) /
+  const double per_rank = static_cast<double>(process::AvailableHostMemoryBytes()) /
                           static_cast<double>(std::max(1, options.ranks_on_host));
   spec::CheckpointModeChoice choice =
       spec::ChooseCheckpointMode(options.async, options.snapshot_bytes, per_rank);

@@ -34,10 +34,6 @@
 
 namespace ulysses::engine::train {
 
-// Host memory this process may still use: MemAvailable, capped by the cgroup's limit minus its
-// usage when there is one. 0 when unknown.
-int64_t AvailableHostMemoryBytes();
-
 class CheckpointSaver {
  public:
   struct Options {

@@ -1,11 +1,9 @@
 #include "worker/engine/train/step_meter.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <fstream>
 #include <string>
 
+#include "common/process/host_memory.h"
 #include "common/spec/memory_model.h"
 #include "worker/engine/parallel/alltoall_clock.h"
 #include "worker/engine/train/device_memory.h"
@@ -18,27 +16,6 @@
 #endif
 
 namespace ulysses::engine::train {
-namespace {
-
-// A cgroup limit file: a byte count, or "max" / a huge value for "no limit" (0).
-int64_t ReadCgroupLimit(const char* path) {
-  std::ifstream in(path);
-  std::string text;
-  if (!(in >> text) || text == "max") return 0;
-  try {
-    const long long v = std::stoll(text);
-    return v > 0 && v < (int64_t{1} << 60) ? v : 0;
-  } catch (...) {
-    return 0;
-  }
-}
-
-int64_t PhysicalMemoryBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
-}
-
-}  // namespace
 
 int64_t MemoryLimitBytes(const torch::Device& device) {
   if (device.is_cuda()) {
@@ -52,9 +29,8 @@ int64_t MemoryLimitBytes(const torch::Device& device) {
     return 0;  // No CUDA runtime linked: unknown.
 #endif
   }
-  const int64_t physical = PhysicalMemoryBytes();
-  int64_t limit = ReadCgroupLimit("/sys/fs/cgroup/memory.max");  // cgroup v2
-  if (limit == 0) limit = ReadCgroupLimit("/sys/fs/cgroup/memory/memory.limit_in_bytes");  // v1
+  const int64_t physical = process::PhysicalMemoryBytes();
+  const int64_t limit = process::CgroupMemoryLimitBytes();
   if (limit == 0 || (physical > 0 && limit > physical)) return physical;
   return limit;
 }
