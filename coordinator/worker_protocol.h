@@ -21,11 +21,10 @@ namespace ulysses::coordinator {
 
 class WorkerProtocol {
  public:
-  // All four must outlive the WorkerProtocol.
+  // metrics, state and machine must outlive the WorkerProtocol.
   WorkerProtocol(const CoordinatorConfig& config, CoordinatorMetrics& metrics, State& state,
                  JobMachine& machine)
-      : config_(config),
-        metrics_(metrics),
+      : metrics_(metrics),
         state_(state),
         machine_(machine),
         heartbeat_interval_ms_(static_cast<int64_t>(config.heartbeat_interval_s * 1000)) {}
@@ -92,11 +91,10 @@ class WorkerProtocol {
   // `rank` runs; SCHEDULING -> RUNNING once every rank of the stage does.
   void MarkStarted(JobRt& job, int rank, Txn& txn);
 
-  const CoordinatorConfig& config_;
-  int64_t heartbeat_interval_ms_;
   CoordinatorMetrics& metrics_;
   State& state_;
   JobMachine& machine_;
+  int64_t heartbeat_interval_ms_;
 };
 
 }  // namespace ulysses::coordinator

@@ -48,7 +48,10 @@ if [ -n "$NCCL_DIR" ] && [ -f "$NCCL_DIR/include/nccl.h" ]; then
 fi
 
 DEPS_LIB="$DEPS_PREFIX/usr/lib/x86_64-linux-gnu"
+# GCC unless CC/CXX say otherwise: the wheel's libtorch is built with it, and this machine's
+# build time does not matter (the CMakeLists.txt default, Clang, is for 2-core CI builds).
 cmake -S . -B "$BUILD_DIR" -G Ninja \
+  -DCMAKE_CXX_COMPILER="${CXX:-g++}" -DCMAKE_C_COMPILER="${CC:-gcc}" \
   -DULYSSES_ENGINE_ONLY=ON \
   -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-Release}" \
   -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$DEPS_PREFIX/usr;$DEPS_LIB/cmake" \

@@ -1,4 +1,5 @@
-// libFuzzer target for the JobSpec parser (built only with clang):
+// libFuzzer target for the JobSpec parser (clang only; not part of the default build):
+//   cmake --build build --target spec_fuzzer
 //   mkdir -p /tmp/spec-corpus && cp configs/jobs/*.yaml /tmp/spec-corpus
 //   build/bin/spec_fuzzer -max_total_time=60 -timeout=5 /tmp/spec-corpus
 // (libFuzzer writes new inputs into the corpus directory: never point it at configs/.)

@@ -164,7 +164,7 @@ class RMSNormImpl : public torch::nn::Module {
 
  private:
   double eps_;
-  bool fused_;
+  [[maybe_unused]] bool fused_;  // Read only where libtorch has at::rms_norm (2.4+).
 };
 TORCH_MODULE(RMSNorm);
 
