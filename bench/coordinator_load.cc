@@ -404,19 +404,41 @@ int main(int argc, char** argv) {
       ++tick;
     }
   });
+  // Startup registrations. A call the coordinator did not answer (UNAVAILABLE: a channel
+  // still connecting or between reconnects) is retried as ulysses-worker does, after a jittered
+  // backoff of 200 ms doubling, up to 5 tries; what failed is reported.
+  std::atomic<long> startup_retries{0};
+  std::mutex startup_error_mu;
+  std::string startup_error;  // The first failure (guarded by startup_error_mu).
   {
     std::vector<std::thread> ts;
     for (int t = 0; t < 4; ++t) {
       ts.emplace_back([&, t] {
+        std::mt19937 rng(static_cast<unsigned>(t) + 17u);
         for (int i = t; i < workers; i += 4) {
           const v1::RegisterRequest req = RegisterRequestFor(i);
           v1::RegisterResponse resp;
-          grpc::ClientContext ctx;
-          Authorize(&ctx);
-          SetDeadlineAfter(&ctx, absl::Seconds(30));
-          auto t0 = Clock::now();
-          grpc::Status s = wstubs[i % channels]->Register(&ctx, req, &resp);
-          reg_lat.Add(std::chrono::duration<double>(Clock::now() - t0).count());
+          grpc::Status s;
+          for (int attempt = 0, backoff_ms = 200;; ++attempt, backoff_ms *= 2) {
+            grpc::ClientContext ctx;
+            Authorize(&ctx);
+            SetDeadlineAfter(&ctx, absl::Seconds(30));
+            auto t0 = Clock::now();
+            s = wstubs[i % channels]->Register(&ctx, req, &resp);
+            reg_lat.Add(std::chrono::duration<double>(Clock::now() - t0).count());
+            if (s.ok()) break;
+            {
+              std::lock_guard<std::mutex> lock(startup_error_mu);
+              if (startup_error.empty()) {
+                startup_error =
+                    absl::StrCat("agent ", i, ": code ", s.error_code(), ": ", s.error_message());
+              }
+            }
+            if (attempt == 4 || s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+            startup_retries++;
+            std::this_thread::sleep_for(std::chrono::milliseconds(
+                std::uniform_int_distribution<int>(backoff_ms / 2, backoff_ms)(rng)));
+          }
           if (s.ok()) ids[i] = resp.worker_id();
           if (s.ok()) g_told_interval_ms = resp.heartbeat_interval_ms();
           sims[i] = std::make_unique<SimWorker>(wstubs[i % channels].get(), queue_for(i), ids[i],
@@ -645,6 +667,10 @@ int main(int argc, char** argv) {
       heartbeat_s > 0 ? "" : " (as the coordinator asked at the end)", submit_per_s, channels,
       core);
   printf("%s\n", reg_lat.Summary("Register (startup)").c_str());
+  if (!startup_error.empty()) {
+    printf("Register (startup): %ld calls retried; the first failure: %s\n", startup_retries.load(),
+           startup_error.c_str());
+  }
   printf("%s\n", hb_lat.Summary("Session heartbeat RTT").c_str());
   printf("%s\n", submit_lat.Summary("SubmitJob").c_str());
   printf("%s\n", get_lat.Summary("GetJob").c_str());
