@@ -52,6 +52,7 @@
 #include "common/contract/cli11.h"
 #include "common/file_tree.h"
 #include "common/grpc/grpc_util.h"
+#include "common/process/process_init.h"
 #include "ulysses/v1/job_service.grpc.pb.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
 
@@ -241,6 +242,7 @@ std::string JobYaml(int i) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ulysses::InitProcess(argv[0]);  // Crash traces; Abseil's deadlock detector off.
   CLI::App app{"Load generator for ulysses-coordinator"};
   int workers = 2000;
   double seconds = 30;

@@ -16,11 +16,11 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
 #include "common/contract/cli11.h"
 #include "common/contract/exit.h"
 #include "common/log_format.h"
 #include "common/logging.h"
+#include "common/process/process_init.h"
 #include "common/stop.h"
 #include "coordinator/auth/tokens.h"
 #include "coordinator/backup.h"
@@ -35,11 +35,7 @@ void OnSighup(int) { g_reload.store(true); }
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Debian's Abseil is built with Mutex deadlock detection on: every lock taken while
-  // another is held walks a lock graph (absl GraphCycles), about 2 % of the coordinator's
-  // CPU under worker load (docs/BENCHMARKS.md "Coordinator at scale"). The lock order is
-  // checked at compile time instead (scripts/thread_safety.sh).
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  ulysses::InitProcess(argv[0]);  // Crash traces; Abseil's deadlock detector off.
   using ulysses::coordinator::CoordinatorConfig;
   CLI::App app{"ulysses-coordinator: schedules Ulysses training jobs onto workers"};
   std::string listen, state_dir, metrics_listen, config_file, checkpoint_root;

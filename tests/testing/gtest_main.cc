@@ -10,9 +10,12 @@
 // --gtest_filter that matches nothing) fails instead of passing vacuously.
 #include <cstdio>
 
+#include "common/process/process_init.h"
 #include "gtest/gtest.h"
 
 int main(int argc, char** argv) {
+  // A crash prints its stack; a lock-order cycle is printed, not fatal (process_init.h).
+  ulysses::InitProcess(argv[0], ulysses::DeadlockReports::kReport);
   ::testing::InitGoogleTest(&argc, argv);
   const int rc = RUN_ALL_TESTS();
   if (rc != 0) return rc;

@@ -11,10 +11,12 @@
 #include "common/contract/exit.h"
 #include "common/log_format.h"
 #include "common/logging.h"
+#include "common/process/process_init.h"
 #include "common/stop.h"
 #include "worker/agent/worker_agent.h"
 
 int main(int argc, char** argv) {
+  ulysses::InitProcess(argv[0]);  // Crash traces; Abseil's deadlock detector off.
   ulysses::agent::WorkerConfig config;
   double grace_s = 30.0;
   CLI::App app{"ulysses-worker: runs ranks of Ulysses training jobs for a coordinator"};
