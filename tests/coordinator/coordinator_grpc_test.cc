@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc/grpc_util.h"
 #include "common/metrics/catalog.h"
@@ -416,9 +417,9 @@ TEST_F(CoordinatorGrpcTest, WatchJobStreamsSnapshotThenEventsAndEnds) {
   // The worker is driven only once the stream has delivered its snapshot: a watch that
   // starts after the job ended gets just the snapshot, which is not what this tests.
   std::promise<void> subscribed;
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, absl::Seconds(30));
   std::thread watcher([&] {
-    grpc::ClientContext ctx;
-    SetDeadlineAfter(&ctx, absl::Seconds(30));
     v1::WatchJobRequest req;
     req.set_job_id(*id);
     auto reader = jobs_->WatchJob(&ctx, req);
@@ -432,6 +433,13 @@ TEST_F(CoordinatorGrpcTest, WatchJobStreamsSnapshotThenEventsAndEnds) {
     if (first) subscribed.set_value();  // stream ended without a snapshot: fail below
     final_status = reader->Finish();
   });
+  // A failed ASSERT below returns with the watcher still reading: end its stream and
+  // join it, so the test reports its failure instead of std::terminate on a joinable thread.
+  absl::Cleanup stop_watcher = [&] {
+    if (!watcher.joinable()) return;
+    ctx.TryCancel();
+    watcher.join();
+  };
   subscribed.get_future().wait();
   auto a = w1.WaitAssignment();
   ASSERT_TRUE(a);

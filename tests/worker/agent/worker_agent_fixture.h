@@ -97,6 +97,7 @@ class PeerCoordinator final : public v1::WorkerService::Service {
       }
       if (msg.has_heartbeat()) {
         last_heartbeat_ = msg.heartbeat();
+        heartbeat_times_.push_back(std::chrono::steady_clock::now());
       } else {
         messages_.push_back(msg);
       }
@@ -138,6 +139,11 @@ class PeerCoordinator final : public v1::WorkerService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return last_heartbeat_;
   }
+  // When each heartbeat arrived.
+  std::vector<std::chrono::steady_clock::time_point> HeartbeatTimes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return heartbeat_times_;
+  }
   std::vector<Caller> Callers() {
     std::lock_guard<std::mutex> lock(mu_);
     return callers_;
@@ -167,6 +173,7 @@ class PeerCoordinator final : public v1::WorkerService::Service {
   grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream_ = nullptr;
   std::vector<v1::WorkerMessage> messages_;
   v1::Heartbeat last_heartbeat_;
+  std::vector<std::chrono::steady_clock::time_point> heartbeat_times_;
   std::vector<v1::RegisterRequest> registers_;
   std::vector<Caller> callers_;
   int sessions_ = 0;

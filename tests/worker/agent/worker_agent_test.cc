@@ -60,6 +60,39 @@ TEST_F(WorkerAgentTest, RunsAnAssignmentAndReportsEverything) {
   EXPECT_TRUE(saw_agent_note);
 }
 
+// The coordinator stretches the heartbeat interval as the cluster grows (Ack's
+// heartbeat_interval_ms, docs/COORDINATOR.md "Worker liveness"): the agent heartbeats at
+// the new interval from then on, and ignores one outside 100 ms .. 1 h.
+TEST_F(WorkerAgentTest, AnAckedHeartbeatIntervalIsTheAgentsNewRate) {
+  PeerServer peer;
+  StartWorker(peer.port);  // Registered with a 100 ms interval.
+  ASSERT_TRUE(peer.service.WaitForSession(1, seconds(20))) << WorkerLog();
+  auto ack_with_interval = [](int64_t ms) {
+    v1::CoordinatorMessage m;
+    m.mutable_ack()->set_result(v1::ACK_CODE_OK);
+    m.mutable_ack()->set_heartbeat_interval_ms(ms);
+    return m;
+  };
+  ASSERT_TRUE(peer.service.Send(ack_with_interval(800)));
+  ASSERT_TRUE(WaitForLog("heartbeat every 800 ms (asked by the coordinator)", seconds(20)))
+      << WorkerLog();
+  // Out of range: ignored with a warning, the 800 ms stay.
+  ASSERT_TRUE(peer.service.Send(ack_with_interval(5)));
+  ASSERT_TRUE(WaitForLog("coordinator asked for a heartbeat every 5 ms; ignored", seconds(20)))
+      << WorkerLog();
+  // The heartbeat already scheduled at the old rate may still come; count from the next.
+  const size_t from = peer.service.HeartbeatTimes().size() + 1;
+  ASSERT_TRUE(
+      PollUntil([&] { return peer.service.HeartbeatTimes().size() >= from + 3; }, seconds(30)))
+      << WorkerLog();
+  const auto times = peer.service.HeartbeatTimes();
+  for (size_t i = from + 1; i < times.size(); ++i) {
+    // 800 ms apart (a loaded machine only delays them); at the registered 100 ms they
+    // would be about 100 ms apart.
+    EXPECT_GE(times[i] - times[i - 1], milliseconds(700)) << "heartbeat " << i;
+  }
+}
+
 TEST_F(WorkerAgentTest, FailureExitCarriesTheStderrReason) {
   PeerServer peer;
   StartWorker(peer.port);
