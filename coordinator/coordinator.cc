@@ -47,7 +47,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
 Coordinator::~Coordinator() { Shutdown(); }
 
 absl::Status Coordinator::Recover() {
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   ASSIGN_OR_RETURN(Store::Snapshot snap, store_->Load());
   state_.next_job_number = snap.max_job_number + 1;
   const int64_t now = SteadyMs();
@@ -125,7 +125,7 @@ void Coordinator::Shutdown() {
     stop_ = true;
   }
   if (ticker_.joinable()) ticker_.join();
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   for (auto& [id, w] : state_.workers) {
     if (w->sink != nullptr) {
       w->sink->Close(absl::UnavailableError("coordinator shutting down"));
@@ -160,7 +160,7 @@ void Coordinator::TickerLoop() {
 }
 
 void Coordinator::TickForTesting() {
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   if (!serving_) ProbeStoreLocked();
   Txn txn;
   // A pass whether or not the ticker would have run one now.
@@ -173,7 +173,7 @@ int64_t Coordinator::WorkerScanMs() const {
 }
 
 void Coordinator::Tick(bool scan_workers) {
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   if (!serving_) ProbeStoreLocked();
   Txn txn;
   TickLocked(txn, scan_workers);
@@ -273,7 +273,7 @@ absl::Status Coordinator::LivenessAt(int64_t now_ms, int64_t stall_ms) const {
 }
 
 std::string Coordinator::health_reason() const {
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   if (serving_) return "";
   const absl::Status& reason = store_->read_only_reason();
   return reason.ok() ? std::string("starting") : std::string(reason.message());
@@ -422,7 +422,7 @@ void Coordinator::JobEndedLocked(JobRt& job) {
 
 StateCounts Coordinator::Counts(CountsPart part) {
   StateCounts out;
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   switch (part) {
     case CountsPart::kJobs:
       for (auto& [id, j] : state_.jobs) out.jobs_by_state[j->rec.state]++;

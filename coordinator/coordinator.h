@@ -25,7 +25,9 @@
 // so releasing mu_ before the commit would let another request see, and act on, a
 // transition that may still be undone (RestoreLocked). Sinks are also called with mu_
 // held, right after the commit, so every stream gets events and log lines in sequence
-// order; they must only enqueue and must not call back into the Coordinator. A store
+// order; they must only enqueue and must not call back into the Coordinator. mu_ is
+// always taken through LockDeferringWrites (deferred_writes.h): the writes and stream ends
+// the sinks queue start once it is released, so no gRPC call runs under mu_. A store
 // write that fails for I/O makes the coordinator stop serving (serving() == false,
 // mutating RPCs return UNAVAILABLE); one the store refuses for its data fails only
 // that request (INTERNAL), its in-memory changes undone.

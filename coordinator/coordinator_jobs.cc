@@ -13,6 +13,7 @@
 #include "common/spec/job_spec_parser.h"
 #include "common/status.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/deferred_writes.h"
 #include "coordinator/engine_spec.h"
 #include "coordinator/path_policy.h"
 #include "coordinator/quota.h"
@@ -102,7 +103,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   RETURN_IF_ERROR(CheckPreemptible(s.scheduling.preemptible, caller.admin()));
   v1::SubmitJobResponse response;
   response.set_canonical_spec_yaml(rec.spec_yaml);
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   RETURN_IF_ERROR(CheckServingLocked());
   if (!request.request_id().empty() && !request.dry_run()) {
     // Idempotent: a retry gets the job its first attempt created (durable across restarts:
@@ -185,7 +186,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
 
 absl::StatusOr<v1::Job> Coordinator::GetJob(const v1::GetJobRequest& request,
                                             const auth::Principal& caller) {
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   JobRt* rt = Visible(state_.FindJob(request.job_id()), caller);
   if (rt == nullptr) return JobNotFound(request.job_id());
   v1::Job job = JobToProto(rt->rec, true);
@@ -220,7 +221,7 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
                                                    "\" is not a token from ListJobs (omit it)"));
   }
   std::set<int> states(request.states().begin(), request.states().end());
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   std::vector<const JobRt*> matching;
   for (auto& [id, j] : state_.jobs) {
     if (j->rec.number >= before) continue;
@@ -248,7 +249,7 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
 
 absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id, const std::string& reason,
                                                const auth::Principal& caller) {
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   RETURN_IF_ERROR(CheckServingLocked());
   JobRt* job = Visible(state_.FindJob(job_id), caller);
   if (job == nullptr) return JobNotFound(job_id);
@@ -268,7 +269,7 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id, const 
 
 absl::StatusOr<v1::Job> Coordinator::ResumeJob(const std::string& job_id,
                                                const auth::Principal& caller) {
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   RETURN_IF_ERROR(CheckServingLocked());
   JobRt* job = Visible(state_.FindJob(job_id), caller);
   if (job == nullptr) return JobNotFound(job_id);
@@ -296,7 +297,7 @@ absl::StatusOr<v1::ListWorkersResponse> Coordinator::ListWorkers(
     const v1::ListWorkersRequest& request, const auth::Principal& caller) {
   RETURN_IF_ERROR(ValidateListWorkersRequest(request));
   const size_t page_size = request.page_size() == 0 ? 500 : std::min(request.page_size(), 1000);
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   v1::ListWorkersResponse response;
   const int64_t now = SteadyMs();
   const int64_t now_unix = NowMs();
@@ -331,7 +332,7 @@ absl::StatusOr<v1::ListWorkersResponse> Coordinator::ListWorkers(
 
 absl::Status Coordinator::WatchJob(const std::string& job_id, const auth::Principal& caller,
                                    JobEventSink* sink) {
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   JobRt* job = Visible(state_.FindJob(job_id), caller);
   if (job == nullptr) return JobNotFound(job_id);
   v1::JobEvent snapshot;
@@ -349,13 +350,13 @@ absl::Status Coordinator::WatchJob(const std::string& job_id, const auth::Princi
 }
 
 void Coordinator::UnwatchJob(const std::string& job_id, JobEventSink* sink) {
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   if (JobRt* job = state_.FindJob(job_id); job != nullptr) job->watchers.erase(sink);
 }
 
 absl::Status Coordinator::GetJobLogs(const v1::GetJobLogsRequest& request,
                                      const auth::Principal& caller, LogSink* sink) {
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   JobRt* job = Visible(state_.FindJob(request.job_id()), caller);
   if (job == nullptr) return JobNotFound(request.job_id());
   size_t n = request.tail_lines() < 0    ? job->logs.size()
@@ -373,7 +374,7 @@ absl::Status Coordinator::GetJobLogs(const v1::GetJobLogsRequest& request,
 }
 
 void Coordinator::UnfollowLogs(const std::string& job_id, LogSink* sink) {
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   if (JobRt* job = state_.FindJob(job_id); job != nullptr) job->log_followers.erase(sink);
 }
 

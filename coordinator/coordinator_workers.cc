@@ -6,6 +6,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/deferred_writes.h"
 #include "coordinator/validation.h"
 #include "coordinator/version_policy.h"
 
@@ -21,7 +22,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
         " may register (a worker registers the name of its certificate's CN or worker token)"));
   }
   const std::string identity = caller.WorkerIdentity();
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   RETURN_IF_ERROR(CheckServingLocked());
   if (WorkerRt* held = state_.FindWorker("w-" + request.name());
       held != nullptr && !held->rec.identity.empty() && held->rec.identity != identity) {
@@ -57,7 +58,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
 
 absl::StatusOr<uint64_t> Coordinator::OpenSession(const std::string& worker_id,
                                                   const auth::Principal& caller, WorkerSink* sink) {
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   WorkerRt* w = state_.FindWorker(worker_id);
   if (w == nullptr) {
     return absl::NotFoundError(
@@ -85,7 +86,7 @@ absl::StatusOr<uint64_t> Coordinator::OpenSession(const std::string& worker_id,
 }
 
 void Coordinator::CloseSession(const std::string& worker_id, uint64_t session_id) {
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   WorkerRt* w = state_.FindWorker(worker_id);
   if (w == nullptr || w->session != session_id) return;
   w->sink = nullptr;
@@ -98,7 +99,7 @@ void Coordinator::CloseSession(const std::string& worker_id, uint64_t session_id
 
 void Coordinator::OnWorkerMessage(const std::string& worker_id, uint64_t session_id,
                                   const v1::WorkerMessage& message) {
-  absl::MutexLock lock(&mu_);
+  LockDeferringWrites lock(&mu_);
   WorkerRt* w = state_.FindWorker(worker_id);
   if (w == nullptr || w->session != session_id) return;
   const int64_t now = SteadyMs();

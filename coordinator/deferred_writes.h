@@ -1,4 +1,5 @@
-// DeferredWrites: lets a stream's first write start after the caller's locks are gone.
+// DeferredWrites: lets a stream's first write, or its end (Finish), start after the
+// caller's locks are gone.
 //
 // The coordinator flushes a commit's messages into its streams under its mutex, in commit
 // order (coordinator.h). A stream with nothing in flight would start the write at once,
@@ -8,13 +9,20 @@
 // point has released the mutex) starts those writes. Messages keep their order: each
 // stream's queue is filled under the mutex, only the kick of its front moves.
 //
-// One scope per entry point on the thread that takes the mutex (a Session read, a unary
-// handler, the ticker); nested scopes run their kicks at the outermost one's end. Outside
-// any scope a stream starts its write inline, as before.
+// A stream's Finish is deferred the same way: ending a stream also runs the transport
+// inline, and gRPC's own mutexes (absl::Mutex) would be taken under ours.
+//
+// The coordinator takes its mutex through LockDeferringWrites (below), so every entry
+// point (a Session read or end, a unary handler, a watch opening, the ticker, shutdown)
+// is a scope; nested scopes run their kicks at the outermost one's end. Outside any scope
+// a stream starts its write or Finish inline.
 #ifndef ULYSSES_COORDINATOR_DEFERRED_WRITES_H_
 #define ULYSSES_COORDINATOR_DEFERRED_WRITES_H_
 
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace ulysses::coordinator {
 
@@ -22,7 +30,8 @@ namespace ulysses::coordinator {
 class WriteStarter {
  public:
   virtual ~WriteStarter() = default;
-  // Starts writing the front of the queue (called once per deferral, without locks).
+  // Starts writing the front of the queue, or the deferred Finish (called once per
+  // deferral, without locks).
   virtual void StartQueuedWrite() = 0;
 };
 
@@ -57,6 +66,22 @@ class DeferredWrites {
     thread_local std::vector<WriteStarter*> pending;
     return pending;
   }
+};
+
+// Holds `mu` within a DeferredWrites scope: the scope opens before the lock is taken and
+// ends after it is released, so what streams queued under `mu` starts without it.
+class ABSL_SCOPED_LOCKABLE LockDeferringWrites {
+ public:
+  explicit LockDeferringWrites(absl::Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) {
+    mu_->Lock();
+  }
+  ~LockDeferringWrites() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
+  LockDeferringWrites(const LockDeferringWrites&) = delete;
+  LockDeferringWrites& operator=(const LockDeferringWrites&) = delete;
+
+ private:
+  DeferredWrites deferred_;  // Declared first: constructed before Lock, destroyed after Unlock.
+  absl::Mutex* const mu_;
 };
 
 }  // namespace ulysses::coordinator

@@ -125,6 +125,13 @@ class QueuedWriter : public Base, public WriteStarter {
 
   void StartQueuedWrite() override {
     std::unique_lock<std::mutex> lock(write_mu_);
+    if (finish_deferred_) {
+      finish_deferred_ = false;
+      grpc::Status status = final_status_;
+      lock.unlock();
+      this->Finish(status);
+      return;
+    }
     const Msg* next = &queue_.front();  // Only OnWriteDone pops, after this write.
     lock.unlock();
     this->StartWrite(next);
@@ -137,6 +144,12 @@ class QueuedWriter : public Base, public WriteStarter {
     final_status_ = status;
     if (writing_) return;
     finished_ = true;
+    // Inside a DeferredWrites scope (the coordinator's mutex may be held): Finish at its
+    // end. Nothing is written or finished meanwhile, so the stream lives until then.
+    if (DeferredWrites::Defer(this)) {
+      finish_deferred_ = true;
+      return;
+    }
     lock.unlock();
     this->Finish(status);
   }
@@ -179,6 +192,7 @@ class QueuedWriter : public Base, public WriteStarter {
   bool writing_ = false;
   bool finishing_ = false;
   bool finished_ = false;
+  bool finish_deferred_ = false;  // Finish waits for StartQueuedWrite (DeferredWrites).
   grpc::Status final_status_;
 };
 
