@@ -18,6 +18,12 @@
 //     in flight. It may delete the reactor.
 // A reactor whose call is never accepted (the server shut down first) is deleted without
 // any callback.
+//
+// Shutdown order: gRPC aborts the process when an operation is started on a completion
+// queue that was shut down (`grpc_cq_begin_op` assertion), and a reactor starts its Finish
+// from a callback the queue still delivers after the server's Shutdown (the read that
+// failed when the call was cancelled). So the queues are shut down only once every reactor
+// on them has been deleted (CompletionQueues counts them from Request to deletion).
 #ifndef ULYSSES_COORDINATOR_ASYNC_BIDI_H_
 #define ULYSSES_COORDINATOR_ASYNC_BIDI_H_
 
@@ -26,6 +32,8 @@
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/async_stream.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -48,16 +56,28 @@ class CompletionQueues {
   // After BuildAndStart: `post(cq)` runs once per queue (to request the first call on
   // it), then the queue's thread starts running the AsyncTags that complete.
   void Start(const std::function<void(grpc::ServerCompletionQueue*)>& post);
-  // After grpc::Server::Shutdown (so nothing new is started): shuts every queue down,
-  // runs what is still queued and joins the threads. Idempotent.
-  void Shutdown();
+  // After grpc::Server::Shutdown, once nothing requests new calls: waits (up to
+  // `reactors_timeout`) until every reactor registered by Request has been deleted (every
+  // call ended, so each ran OnDone; each request pending was failed), then shuts every
+  // queue down, runs what is still queued and joins the threads. Idempotent.
+  void Shutdown(std::chrono::milliseconds reactors_timeout = std::chrono::seconds(30));
 
   int size() const { return static_cast<int>(queues_.size()); }
+  // Reactors registered and not yet deleted.
+  int reactors() const;
 
  private:
+  template <typename In, typename Out>
+  friend class AsyncBidiReactor;
+  void Enter();
+  void Leave();
+
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
   std::vector<std::thread> threads_;
   bool shut_down_ = false;
+  mutable std::mutex reactors_mu_;
+  std::condition_variable reactors_cv_;
+  int reactors_ = 0;
 };
 
 template <typename In, typename Out>
@@ -69,12 +89,17 @@ class AsyncBidiReactor {
   using RequestFn =
       std::function<void(grpc::ServerContext*, Stream*, grpc::ServerCompletionQueue*, void* tag)>;
 
-  virtual ~AsyncBidiReactor() = default;
+  virtual ~AsyncBidiReactor() {
+    if (queues_ != nullptr) queues_->Leave();
+  }
 
-  // Asks for the next call of the method on `cq`; `accepted` runs (on the queue thread)
-  // when one arrives, before OnStart: it typically requests the call after this one.
-  void Request(const RequestFn& request, grpc::ServerCompletionQueue* cq,
+  // Asks for the next call of the method on `cq`, one of `queues`; `accepted` runs (on the
+  // queue thread) when one arrives, before OnStart: it typically requests the call after
+  // this one. `queues` holds its queues open until this reactor is deleted.
+  void Request(const RequestFn& request, CompletionQueues* queues, grpc::ServerCompletionQueue* cq,
                std::function<void()> accepted) {
+    queues_ = queues;
+    queues_->Enter();
     accepted_ = std::move(accepted);
     context_.AsyncNotifyWhenDone(&done_tag_);
     request(&context_, &stream_, cq, &accept_tag_);
@@ -167,6 +192,7 @@ class AsyncBidiReactor {
     if (CallCompleted()) OnDone();
   }
 
+  CompletionQueues* queues_ = nullptr;
   grpc::ServerContext context_;
   Stream stream_;
   std::function<void()> accepted_;

@@ -200,8 +200,8 @@ void CoordinatorServer::Shutdown() {
     // Close worker sessions and watch streams first so Shutdown need not wait them out.
     if (coordinator_) coordinator_->Shutdown();
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-    // Every call is over once Shutdown returns: the Session queues hold nothing but what
-    // they still have to run.
+    // Every call is cancelled once Shutdown returns; StopSessions lets the Session
+    // reactors finish and be deleted before it shuts their queues down (async_bidi.h).
     worker_service_->StopSessions();
     server_->Wait();
   }

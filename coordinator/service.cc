@@ -547,7 +547,7 @@ void WorkerServiceImpl::AcceptSession(grpc::ServerCompletionQueue* cq) {
   reactor->Request([this](grpc::ServerContext* context, SessionReactor::Stream* stream,
                           grpc::ServerCompletionQueue* queue,
                           void* tag) { RequestSession(context, stream, queue, queue, tag); },
-                   cq, [this, cq] { AcceptSession(cq); });
+                   session_queues_.get(), cq, [this, cq] { AcceptSession(cq); });
 }
 
 }  // namespace ulysses::coordinator
