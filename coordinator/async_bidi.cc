@@ -25,11 +25,6 @@ void CompletionQueues::Leave() {
   if (--reactors_ == 0) reactors_cv_.notify_all();
 }
 
-int CompletionQueues::reactors() const {
-  std::lock_guard<std::mutex> lock(reactors_mu_);
-  return reactors_;
-}
-
 void CompletionQueues::Shutdown(std::chrono::milliseconds reactors_timeout) {
   if (shut_down_) return;
   shut_down_ = true;

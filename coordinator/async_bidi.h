@@ -63,8 +63,6 @@ class CompletionQueues {
   void Shutdown(std::chrono::milliseconds reactors_timeout = std::chrono::seconds(30));
 
   int size() const { return static_cast<int>(queues_.size()); }
-  // Reactors registered and not yet deleted.
-  int reactors() const;
 
  private:
   template <typename In, typename Out>
@@ -75,7 +73,7 @@ class CompletionQueues {
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
   std::vector<std::thread> threads_;
   bool shut_down_ = false;
-  mutable std::mutex reactors_mu_;
+  std::mutex reactors_mu_;
   std::condition_variable reactors_cv_;
   int reactors_ = 0;
 };

@@ -150,10 +150,7 @@ void Coordinator::TickerLoop() {
     const int64_t now = SteadyMs();
     const bool scan_workers = now - last_worker_scan_ms_ >= WorkerScanMs();
     if (scan_workers) last_worker_scan_ms_ = now;
-    {
-      DeferredWrites deferred;  // Aborts, assignments, events: written after mu_ is released.
-      Tick(scan_workers);
-    }
+    Tick(scan_workers);  // Its aborts, assignments, events: written after mu_ is released.
     last_tick_ms_ = SteadyMs();
     ticker_mu_.Lock();
   }

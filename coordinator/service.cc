@@ -72,7 +72,6 @@ grpc::ServerUnaryReactor* HandleUnary(grpc::CallbackServerContext* context,
                                       const Request& request,
                                       absl::Status (*validate)(const Request&), Call call) {
   RpcTimer timer(rpc_seconds, rpc);
-  DeferredWrites deferred;  // Messages to workers and watchers start after mu_ is released.
   absl::StatusOr<auth::Principal> caller = Admit(auth, *context, rpc);
   if (!caller.ok()) return FinishUnary(context, caller.status());
   if (validate != nullptr) {
@@ -369,7 +368,6 @@ class SessionReactor final
   }
 
   void OnReadDone(bool ok) override {
-    DeferredWrites deferred;       // Acks and assignments start after mu_ is released.
     if (!ok || revoked_.load()) {  // Client half-closed, the stream broke, or revoked.
       EndAfterDrain(revoked_.load() ? Revoked() : grpc::Status::OK);
       return;
@@ -512,7 +510,6 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Register(grpc::CallbackServerContex
                                                       const v1::RegisterRequest* request,
                                                       v1::RegisterResponse* response) {
   RpcTimer timer(rpc_seconds_, auth::Rpc::kRegister);
-  DeferredWrites deferred;
   absl::StatusOr<auth::Principal> caller = auth_->Authorize(*context, auth::Rpc::kRegister);
   if (!caller.ok()) return FinishUnary(context, caller.status());
   absl::StatusOr<v1::RegisterResponse> r = coordinator_->Register(*request, *caller);

@@ -1,5 +1,5 @@
 // InitProcess: the process-wide settings every Ulysses main applies first (the daemons,
-// ulyssesctl, ulysses-train, the benchmarks and the test binaries).
+// ulyssesctl, ulysses-train, the coordinator load bench and the test binaries).
 //
 // - A crash (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP) prints the signal and the
 //   symbolized stack of the thread that got it to stderr, then dies of the same signal
