@@ -8,7 +8,10 @@
 //
 //   build/bin/schedule_pass --workers 25000 --capacity 8 --queued 10000 --passes 50
 //
-// Three timings, each p50 / p99 / max over --passes passes:
+// Four timings, each p50 / p99 / max over --passes passes:
+//   idle    the cluster empty but for the jobs these passes launched, one new job of
+//           --idle-sp ranks queued before each pass (SubmitJob's pass on a quiet cluster:
+//           coordinator_load's case, where every pass sees every free slot);
 //   steady  the cluster full, nothing changed since the last pass (the ticker's pass);
 //   churn   one running job ended before each pass (its node freed): the pass launches
 //           the head of the queue onto it;
@@ -51,8 +54,9 @@ std::string JobYaml(int64_t n, int sp) {
 
 class Cluster {
  public:
-  explicit Cluster(int capacity)
+  Cluster(int capacity, int per_label)
       : capacity_(capacity),
+        per_label_(per_label),
         metrics_(CoordinatorMetrics::Register(nullptr, [](CountsPart) { return StateCounts(); })),
         machine_(config_, *metrics_, state_) {}
 
@@ -63,6 +67,7 @@ class Cluster {
       w->rec.name = absl::StrCat("node-", i);
       w->rec.host = absl::StrCat("10.", i / 65536, ".", (i / 256) % 256, ".", i % 256);
       w->rec.capacity = capacity_;
+      if (per_label_ > 0) w->rec.node_label = absl::StrCat("rack-", i / per_label_);
       for (int s = 0; s < capacity_; ++s) w->rec.devices.push_back(absl::StrCat("cuda:", s));
       w->rec.device = w->rec.devices[0];
       w->state = v1::WORKER_STATE_IDLE;
@@ -72,8 +77,9 @@ class Cluster {
     }
   }
 
-  // A job of one stage with `sp` ranks, queued (PENDING).
-  JobRt* Queue() {
+  // A job of one stage with `sp` ranks (default: a node's capacity), queued (PENDING).
+  JobRt* Queue(int sp = 0) {
+    if (sp == 0) sp = capacity_;
     auto j = std::make_unique<JobRt>();
     const int64_t n = state_.next_job_number++;
     j->rec.id = absl::StrCat("job-", 1000000 + n);
@@ -85,11 +91,11 @@ class Cluster {
     j->rec.out_dir = absl::StrCat("/out/", j->rec.id);
     j->rec.tenant = "default";
     StageRecord s;
-    s.sp = capacity_;
+    s.sp = sp;
     s.seq_len = 256;
     s.steps = 10;
     j->rec.stages = {s};
-    j->rec.spec_yaml = JobYaml(n, capacity_);
+    j->rec.spec_yaml = JobYaml(n, sp);
     JobRt* out = j.get();
     state_.jobs[out->rec.id] = std::move(j);
     queued_.push_back(out);
@@ -147,6 +153,7 @@ class Cluster {
 
  private:
   const int capacity_;
+  const int per_label_;
   CoordinatorConfig config_;
   State state_;
   NullSink sink_;
@@ -174,22 +181,39 @@ int main(int argc, char** argv) {
   int capacity = 8;
   int queued = 10000;
   int passes = 50;
+  int per_label = 0;
+  int idle_sp = 2;
   app.add_option("--workers", workers, "Nodes (worker agents)")->check(CLI::Range(1, 1000000));
   app.add_option("--capacity", capacity, "Slots (GPUs) per node")->check(CLI::Range(1, 64));
   app.add_option("--queued", queued, "Jobs waiting behind the full cluster")
       ->check(CLI::Range(0, 1000000));
   app.add_option("--passes", passes, "Timed passes per scenario")->check(CLI::Range(1, 100000));
+  app.add_option("--per-label", per_label,
+                 "Nodes per node label (rack-0, rack-1, ...; 0 = no labels)")
+      ->check(CLI::Range(0, 1000000));
+  app.add_option("--idle-sp", idle_sp, "Ranks of each job the idle scenario submits")
+      ->check(CLI::Range(1, 64));
   if (std::optional<int> exit_code = ulysses::contract::ParseCommandLine(app, argc, argv)) {
     return *exit_code;
   }
 
   ulysses::SetLogLevel(ulysses::LogLevel::kWarning);  // Not a line per launched job.
-  Cluster c(capacity);
+  Cluster c(capacity, per_label);
   c.AddWorkers(workers);
+  int launched = 0;
+  // An empty cluster, one small job submitted before each pass; the jobs stay running and
+  // end before the fill.
+  std::vector<double> idle;
+  int idle_launched = 0;
+  for (int i = 0; i < passes; ++i) {
+    c.Queue(idle_sp);
+    idle.push_back(c.Pass(&launched));
+    idle_launched += launched;
+  }
+  for (JobRt* j : c.Running()) c.Finish(*j);
   // Fill the cluster: one one-node job per node, placed by the pass itself.
   const auto fill0 = Clock::now();
   for (int i = 0; i < workers; ++i) c.Queue();
-  int launched = 0;
   const double fill_pass = c.Pass(&launched);
   printf(
       "schedule_pass: %d nodes x %d slots = %d slots; fill pass launched %d ranks of %d jobs "
@@ -215,6 +239,7 @@ int main(int argc, char** argv) {
     c.Queue();
     submit.push_back(c.Pass(&launched));
   }
+  printf("%s   (%d ranks launched)\n", Summary("idle", idle).c_str(), idle_launched);
   printf("%s\n", Summary("steady", steady).c_str());
   printf("%s   (%d ranks launched onto freed nodes)\n", Summary("churn", churn).c_str(),
          churn_launched);
@@ -222,6 +247,11 @@ int main(int argc, char** argv) {
   printf("at the end: %zu queued, %zu running\n", c.QueuedCount(), c.Running().size());
   // A pass that placed nothing while nodes were freed would be a broken scheduler, not a
   // fast one.
+  if (idle_launched != passes * idle_sp) {
+    fprintf(stderr, "idle passes launched %d ranks, expected %d\n", idle_launched,
+            passes * idle_sp);
+    return 1;
+  }
   if (churn_launched != static_cast<int>(churn.size()) * capacity) {
     fprintf(stderr, "churn passes launched %d ranks, expected %zu\n", churn_launched,
             churn.size() * capacity);

@@ -256,6 +256,7 @@ void JobMachine::Schedule(Txn& txn) {
   }
   if (queue.empty()) return;
   std::vector<IdleWorker> idle;
+  idle.reserve(state_.workers.size());  // A node's worth per worker when the cluster is quiet.
   LiveSlots live;                   // Counts only: every slot of every worker not LOST.
   std::vector<IdleWorker> freeing;  // Busy with an attempt that ended or is being preempted.
   // One entry per free or freeing slot: a full cluster has few, and a busy slot costs a

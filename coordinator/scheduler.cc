@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 
 namespace ulysses::coordinator {
@@ -15,32 +16,52 @@ std::string IdleWorker::key() const { return absl::StrCat(id, "#", slot); }
 
 namespace {
 
-// Free slots grouped for placement: by node label (map order), then by worker (in the
+// Free slots grouped for placement: by node label (label order), then by worker (in the
 // order of first appearance), each worker's slots in input order. Built once per queue
 // pass and taken from as jobs are placed, so that placing J jobs on S free slots costs
 // O(S + J x workers) instead of rebuilding the groups per job (O(J x S x workers) before:
 // a 2,000-node fill pass took 24 s, docs/BENCHMARKS.md). Workers emptied by a placement
 // stay in their vectors with no slots (skipped) so that indices stay valid.
+//
+// Built for every pass, over every free slot of the cluster: on a quiet 25,000-node cluster
+// that is the whole cost of SubmitJob's pass (bench/schedule_pass "idle"), so building it
+// compares no label strings (labels are numbered once, through a hash, and sorted by name
+// once) and allocates nothing per worker (slots inline, tables reserved up front).
 class SlotPool {
  public:
   explicit SlotPool(const std::vector<IdleWorker>& slots) {
+    index_.reserve(slots.size());
+    free_.reserve(slots.size());
+    const std::string* last_id = nullptr;
+    size_t last = 0;
     for (const IdleWorker& w : slots) {
-      auto [it, inserted] = index_.try_emplace(w.id, free_.size());
-      if (inserted) {
-        free_.push_back(Free{w.id, w.node_label, {}});
-        by_label_[w.node_label].push_back(it->second);
+      // A worker's slots are usually listed together: one hash lookup per worker.
+      if (last_id == nullptr || *last_id != w.id) {
+        auto [it, inserted] = index_.try_emplace(w.id, free_.size());
+        if (inserted) {
+          const int label = LabelIndex(w.node_label);
+          free_.push_back(Free{w.id, label, {}});
+          labels_[label].workers.push_back(it->second);
+        }
+        last = it->second;
+        last_id = &w.id;
       }
-      free_[it->second].slots.push_back(w.slot);
-      ++label_free_[free_[it->second].label];
+      Free& f = free_[last];
+      f.slots.push_back(w.slot);
+      ++labels_[f.label].free;
       ++total_;
     }
+    order_.resize(labels_.size());
+    for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int>(i);
+    std::sort(order_.begin(), order_.end(),
+              [&](int a, int b) { return labels_[a].name < labels_[b].name; });
   }
 
   // Free slots with `label` ("" = any label).
   int64_t Available(const std::string& label) const {
     if (label.empty()) return total_;
-    auto it = label_free_.find(label);
-    return it == label_free_.end() ? 0 : it->second;
+    auto it = label_index_.find(label);
+    return it == label_index_.end() ? 0 : labels_[it->second].free;
   }
 
   // The placement of `request`, its slots taken out of the pool; or, when the pool has
@@ -63,16 +84,17 @@ class SlotPool {
       // 1. Best-fit worker: the fewest free slots that still hold a whole SP group.
       Free* best = nullptr;
       int64_t best_label_free = 0;
-      for (auto& [label, workers] : by_label_) {
-        if (!Considered(request, label)) continue;
-        const int64_t free_in_label = label_free_[label];
-        for (size_t i : workers) {
+      for (int l : order_) {
+        const Label& label = labels_[l];
+        // A label with fewer free slots than the group has no worker that holds it.
+        if (!Considered(request, label.name) || label.free < static_cast<int64_t>(sp)) continue;
+        for (size_t i : label.workers) {
           Free& f = free_[i];
           if (f.slots.size() < sp) continue;
           if (best == nullptr || f.slots.size() < best->slots.size() ||
-              (f.slots.size() == best->slots.size() && free_in_label < best_label_free)) {
+              (f.slots.size() == best->slots.size() && label.free < best_label_free)) {
             best = &f;
-            best_label_free = free_in_label;
+            best_label_free = label.free;
           }
         }
       }
@@ -81,36 +103,33 @@ class SlotPool {
         continue;
       }
       // 2. Best-fit label: the fewest free slots that still hold a whole SP group.
-      const std::string* label = nullptr;
-      int64_t label_size = 0;
-      for (const auto& [l, workers] : by_label_) {
-        const int64_t n = label_free_[l];
-        if (Considered(request, l) && n >= static_cast<int64_t>(sp) &&
-            (label_size == 0 || n < label_size)) {
-          label = &l;
-          label_size = n;
+      int label = -1;
+      for (int l : order_) {
+        const int64_t n = labels_[l].free;
+        if (Considered(request, labels_[l].name) && n >= static_cast<int64_t>(sp) &&
+            (label < 0 || n < labels_[label].free)) {
+          label = l;
         }
       }
-      if (label != nullptr) {
-        TakeFromLabel(*label, request.sp, &out);
+      if (label >= 0) {
+        TakeFromLabel(label, request.sp, &out);
         continue;
       }
       // 3. No label fits a whole group: spread over the largest labels.
       int64_t need = request.sp;
       while (need > 0) {
-        const std::string* largest = nullptr;
-        int64_t largest_size = 0;
-        for (const auto& [l, workers] : by_label_) {
-          if (Considered(request, l) && label_free_[l] > largest_size) {
-            largest = &l;
-            largest_size = label_free_[l];
+        int largest = -1;
+        for (int l : order_) {
+          if (Considered(request, labels_[l].name) && labels_[l].free > 0 &&
+              (largest < 0 || labels_[l].free > labels_[largest].free)) {
+            largest = l;
           }
         }
-        if (largest == nullptr) {  // Unreachable: `available` covered the group.
+        if (largest < 0) {  // Unreachable: `available` covered the group.
           return Placement{false, {}, {}, "no free slot left"};
         }
-        const int64_t take = std::min(need, largest_size);
-        TakeFromLabel(*largest, take, &out);
+        const int64_t take = std::min(need, labels_[largest].free);
+        TakeFromLabel(largest, take, &out);
         need -= take;
       }
     }
@@ -121,7 +140,7 @@ class SlotPool {
   bool Contains(const std::string& id, int slot) const {
     auto it = index_.find(id);
     if (it == index_.end()) return false;
-    const std::vector<int>& slots = free_[it->second].slots;
+    const SlotList& slots = free_[it->second].slots;
     return std::find(slots.begin(), slots.end(), slot) != slots.end();
   }
 
@@ -132,7 +151,7 @@ class SlotPool {
     auto s = std::find(f.slots.begin(), f.slots.end(), slot);
     if (s == f.slots.end()) return;
     f.slots.erase(s);
-    --label_free_[f.label];
+    --labels_[f.label].free;
     --total_;
   }
 
@@ -141,20 +160,33 @@ class SlotPool {
     std::vector<IdleWorker> out;
     out.reserve(static_cast<size_t>(total_));
     for (const Free& f : free_) {
-      for (int slot : f.slots) out.push_back(IdleWorker{f.id, f.label, slot});
+      for (int slot : f.slots) out.push_back(IdleWorker{f.id, labels_[f.label].name, slot});
     }
     return out;
   }
 
  private:
+  // A node's slots; 8 GPUs per node is the common case.
+  using SlotList = absl::InlinedVector<int, 8>;
   struct Free {
     std::string id;
-    std::string label;
-    std::vector<int> slots;
+    int label = 0;  // Index into labels_.
+    SlotList slots;
+  };
+  struct Label {
+    std::string name;
+    int64_t free = 0;             // Free slots of its workers.
+    std::vector<size_t> workers;  // free_ indices, in order of first appearance.
   };
 
   static bool Considered(const GangRequest& request, const std::string& label) {
     return request.required_label.empty() || label == request.required_label;
+  }
+
+  int LabelIndex(const std::string& name) {
+    auto [it, inserted] = label_index_.try_emplace(name, static_cast<int>(labels_.size()));
+    if (inserted) labels_.push_back(Label{name, 0, {}});
+    return it->second;
   }
 
   // Takes the first n slots of `f`.
@@ -164,13 +196,13 @@ class SlotPool {
       out->slots.push_back(f.slots[i]);
     }
     f.slots.erase(f.slots.begin(), f.slots.begin() + static_cast<std::ptrdiff_t>(n));
-    label_free_[f.label] -= static_cast<int64_t>(n);
+    labels_[f.label].free -= static_cast<int64_t>(n);
     total_ -= static_cast<int64_t>(n);
   }
 
-  // Takes up to n slots of `label`, from its workers with the most free slots first.
-  void TakeFromLabel(const std::string& label, int64_t n, Placement* out) {
-    const std::vector<size_t>& workers = by_label_[label];
+  // Takes up to n slots of label `l`, from its workers with the most free slots first.
+  void TakeFromLabel(int l, int64_t n, Placement* out) {
+    const std::vector<size_t>& workers = labels_[l].workers;
     while (n > 0) {
       Free* most = nullptr;
       for (size_t i : workers) {
@@ -184,9 +216,10 @@ class SlotPool {
   }
 
   std::vector<Free> free_;
-  std::unordered_map<std::string, size_t> index_;        // Worker id -> free_ index.
-  std::map<std::string, std::vector<size_t>> by_label_;  // Label -> free_ indices.
-  std::map<std::string, int64_t> label_free_;            // Label -> free slots.
+  std::unordered_map<std::string, size_t> index_;     // Worker id -> free_ index.
+  std::vector<Label> labels_;                         // In order of first appearance.
+  std::unordered_map<std::string, int> label_index_;  // Label -> labels_ index.
+  std::vector<int> order_;                            // labels_ indices by label name.
   int64_t total_ = 0;
 };
 

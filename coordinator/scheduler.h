@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "coordinator/quota.h"
@@ -137,7 +138,7 @@ struct QueueDecision {
 // docs/BENCHMARKS.md "Scheduling pass at cluster scale").
 struct LiveSlots {
   int64_t total = 0;                        // Slots of workers not LOST.
-  std::map<std::string, int64_t> by_label;  // The same by node label.
+  std::unordered_map<std::string, int64_t> by_label;  // The same by node label.
   static LiveSlots Of(const std::vector<IdleWorker>& live);
   void Add(const std::string& label, int64_t slots);
   int64_t Eligible(const std::string& required_label) const;  // "" = every label.
