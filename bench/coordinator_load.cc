@@ -53,11 +53,69 @@
 #include "common/file_tree.h"
 #include "common/grpc/grpc_util.h"
 #include "common/process/process_init.h"
+#include "httplib.h"
 #include "ulysses/v1/job_service.grpc.pb.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
 
 namespace {
 using namespace ulysses::bench;  // NOLINT: the bench's own clients, Clock and v1.
+
+// The coordinator's ulysses_scheduling_pass_seconds histogram, read from its /metrics:
+// the passes hold the coordinator's mutex, so their length is a floor under the tail of
+// every call that waits for it.
+struct PassHistogram {
+  std::vector<std::pair<double, double>> buckets;  // (le, cumulative count), +Inf last.
+  double sum = 0;
+  double count = 0;
+};
+
+std::optional<PassHistogram> ScrapePasses(int metrics_port) {
+  httplib::Client http("127.0.0.1", metrics_port);
+  http.set_read_timeout(10, 0);
+  auto res = http.Get("/metrics");
+  if (!res || res->status != 200) return std::nullopt;
+  PassHistogram out;
+  std::istringstream lines(res->body);
+  const std::string name = "ulysses_scheduling_pass_seconds";
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(name, 0) != 0) continue;
+    const size_t space = line.rfind(' ');
+    if (space == std::string::npos) continue;
+    const double value = std::strtod(line.c_str() + space + 1, nullptr);
+    if (line.rfind(name + "_bucket{le=\"", 0) == 0) {
+      const std::string le = line.substr(name.size() + 12, line.find('"', name.size() + 12) -
+                                                              (name.size() + 12));
+      out.buckets.emplace_back(le == "+Inf" ? INFINITY : std::strtod(le.c_str(), nullptr), value);
+    } else if (line.rfind(name + "_sum ", 0) == 0) {
+      out.sum = value;
+    } else if (line.rfind(name + "_count ", 0) == 0) {
+      out.count = value;
+    }
+  }
+  return out;
+}
+
+// The passes between two scrapes: count, mean, and the bucket bounds of p99 and max.
+std::string PassSummary(const PassHistogram& from, const PassHistogram& to, double seconds) {
+  const double n = to.count - from.count;
+  if (n <= 0) return "scheduling passes: none in the window";
+  auto at = [&](size_t i) {
+    return to.buckets[i].second - (i < from.buckets.size() ? from.buckets[i].second : 0);
+  };
+  auto bound = [&](double fraction) -> double {
+    for (size_t i = 0; i < to.buckets.size(); ++i) {
+      if (at(i) >= fraction * n) return to.buckets[i].first * 1e3;
+    }
+    return INFINITY;
+  };
+  char buf[240];
+  snprintf(buf, sizeof(buf),
+           "scheduling passes (under the coordinator's lock): %.0f (%.1f/s), mean %.2f ms, "
+           "p99 <= %.0f ms, max <= %.0f ms, %.1f%% of the window",
+           n, n / seconds, (to.sum - from.sum) / n * 1e3, bound(0.99), bound(1.0),
+           (to.sum - from.sum) / seconds * 100);
+  return buf;
+}
 
 // The coordinator process: started, killed with SIGKILL, started again on its port.
 struct CoordinatorProcess {
@@ -579,6 +637,7 @@ int main(int argc, char** argv) {
     }
   }
   ProcStat p0 = ReadProc(coordinator.pid), g0 = SelfCpu();
+  std::optional<PassHistogram> passes0 = ScrapePasses(coordinator.metrics_port);
   auto t0 = Clock::now();
   auto cpu_from = t0;  // The coordinator's CPU is measured from here (its restart).
   std::string restart_report;
@@ -596,6 +655,7 @@ int main(int argc, char** argv) {
     }
     const auto listening = Clock::now();
     p0 = ProcStat{};  // The new process's whole life.
+    passes0 = PassHistogram{};
     cpu_from = listening;
     // Every agent back: an ack on a session opened after the kill.
     Clock::time_point all_back{};
@@ -640,6 +700,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
   }
   ProcStat p1 = ReadProc(coordinator.pid), g1 = SelfCpu();
+  std::optional<PassHistogram> passes1 = ScrapePasses(coordinator.metrics_port);
   double wall = std::chrono::duration<double>(Clock::now() - t0).count();
   const double coordinator_wall = std::chrono::duration<double>(Clock::now() - cpu_from).count();
   stop = true;
@@ -677,6 +738,9 @@ int main(int argc, char** argv) {
   printf("%s\n", submit_lat.Summary("SubmitJob").c_str());
   printf("%s\n", get_lat.Summary("GetJob").c_str());
   printf("%s\n", list_workers_lat.Summary("ListWorkers").c_str());
+  if (passes0.has_value() && passes1.has_value()) {
+    printf("%s\n", PassSummary(*passes0, *passes1, coordinator_wall).c_str());
+  }
   printf(
       "heartbeats skipped (previous write in flight): %ld; sessions ended early: %d; "
       "jobs submitted: %d; assignments received: %d\n",

@@ -255,8 +255,8 @@ void JobMachine::Schedule(Txn& txn) {
                      job.rec.not_before_ms > now, job.rec.tenant, may_preempt});
   }
   if (queue.empty()) return;
-  std::vector<IdleWorker> idle;
-  idle.reserve(state_.workers.size());  // A node's worth per worker when the cluster is quiet.
+  std::vector<FreeWorker> idle;  // Views into state_, which the pass does not change.
+  idle.reserve(state_.workers.size());
   LiveSlots live;                   // Counts only: every slot of every worker not LOST.
   std::vector<IdleWorker> freeing;  // Busy with an attempt that ended or is being preempted.
   // One entry per free or freeing slot: a full cluster has few, and a busy slot costs a
@@ -271,10 +271,13 @@ void JobMachine::Schedule(Txn& txn) {
     const std::string* last_job_id = nullptr;
     const JobRt* last_job = nullptr;
     auto held = w->slots.begin();
+    FreeWorker* free = nullptr;
     for (int slot = 0; slot < w->rec.capacity; ++slot) {
       while (held != w->slots.end() && held->first < slot) ++held;
       if (held == w->slots.end() || held->first != slot) {
-        if (connected) idle.push_back({w->rec.id, w->rec.node_label, slot});
+        if (!connected) continue;
+        if (free == nullptr) free = &idle.emplace_back(FreeWorker{w->rec.id, w->rec.node_label, {}});
+        free->slots.push_back(slot);
         continue;
       }
       if (w->state == v1::WORKER_STATE_LOST) continue;
@@ -315,7 +318,7 @@ void JobMachine::Schedule(Txn& txn) {
     running.push_back(std::move(r));
   }
   in_pass_ = true;  // AllocatePort keeps its port set for the launches below.
-  for (QueueDecision& d : PlanQueue(std::move(queue), std::move(idle), live, &config_.quotas,
+  for (QueueDecision& d : PlanQueue(std::move(queue), idle, live, &config_.quotas,
                                     std::move(in_use), running, freeing)) {
     JobRt& job = *state_.jobs[d.job_id];
     std::string reason;

@@ -29,32 +29,32 @@ namespace {
 // once) and allocates nothing per worker (slots inline, tables reserved up front).
 class SlotPool {
  public:
+  // Views into `slots`, which must outlive the pool.
   explicit SlotPool(const std::vector<IdleWorker>& slots) {
-    index_.reserve(slots.size());
     free_.reserve(slots.size());
-    const std::string* last_id = nullptr;
-    size_t last = 0;
+    std::string_view last_id;
+    size_t last = SIZE_MAX;
     for (const IdleWorker& w : slots) {
-      // A worker's slots are usually listed together: one hash lookup per worker.
-      if (last_id == nullptr || *last_id != w.id) {
-        auto [it, inserted] = index_.try_emplace(w.id, free_.size());
-        if (inserted) {
-          const int label = LabelIndex(w.node_label);
-          free_.push_back(Free{w.id, label, {}});
-          labels_[label].workers.push_back(it->second);
-        }
-        last = it->second;
-        last_id = &w.id;
+      if (last == SIZE_MAX || last_id != w.id) {
+        last = Worker(w.id, w.node_label, last == SIZE_MAX ? nullptr : &last_id);
+        last_id = w.id;
       }
-      Free& f = free_[last];
-      f.slots.push_back(w.slot);
-      ++labels_[f.label].free;
-      ++total_;
+      AddSlot(last, w.slot);
     }
-    order_.resize(labels_.size());
-    for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int>(i);
-    std::sort(order_.begin(), order_.end(),
-              [&](int a, int b) { return labels_[a].name < labels_[b].name; });
+    SortLabels();
+  }
+
+  // The same from whole workers (the pass's form: one entry per worker, not per slot).
+  explicit SlotPool(const std::vector<FreeWorker>& workers) {
+    free_.reserve(workers.size());
+    std::string_view last_id;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      const FreeWorker& w = workers[i];
+      const size_t at = Worker(w.id, w.node_label, i == 0 ? nullptr : &last_id);
+      last_id = w.id;
+      for (int slot : w.slots) AddSlot(at, slot);
+    }
+    SortLabels();
   }
 
   // Free slots with `label` ("" = any label).
@@ -86,8 +86,8 @@ class SlotPool {
       int64_t best_label_free = 0;
       for (int l : order_) {
         const Label& label = labels_[l];
-        // A label with fewer free slots than the group has no worker that holds it.
-        if (!Considered(request, label.name) || label.free < static_cast<int64_t>(sp)) continue;
+        // A label whose workers never had sp free slots has none that holds the group.
+        if (!Considered(request, label.name) || label.max_worker_free < sp) continue;
         for (size_t i : label.workers) {
           Free& f = free_[i];
           if (f.slots.size() < sp) continue;
@@ -137,14 +137,8 @@ class SlotPool {
     return out;
   }
 
-  bool Contains(const std::string& id, int slot) const {
-    auto it = index_.find(id);
-    if (it == index_.end()) return false;
-    const SlotList& slots = free_[it->second].slots;
-    return std::find(slots.begin(), slots.end(), slot) != slots.end();
-  }
-
   void Remove(const std::string& id, int slot) {
+    BuildIndex();
     auto it = index_.find(id);
     if (it == index_.end()) return;
     Free& f = free_[it->second];
@@ -160,7 +154,9 @@ class SlotPool {
     std::vector<IdleWorker> out;
     out.reserve(static_cast<size_t>(total_));
     for (const Free& f : free_) {
-      for (int slot : f.slots) out.push_back(IdleWorker{f.id, labels_[f.label].name, slot});
+      for (int slot : f.slots) {
+        out.push_back(IdleWorker{std::string(f.id), std::string(labels_[f.label].name), slot});
+      }
     }
     return out;
   }
@@ -169,30 +165,77 @@ class SlotPool {
   // A node's slots; 8 GPUs per node is the common case.
   using SlotList = absl::InlinedVector<int, 8>;
   struct Free {
-    std::string id;
+    std::string_view id;  // Into the pool's input.
     int label = 0;  // Index into labels_.
     SlotList slots;
   };
   struct Label {
-    std::string name;
+    std::string_view name;  // Into the pool's input.
     int64_t free = 0;             // Free slots of its workers.
+    size_t max_worker_free = 0;   // The most free slots of one of its workers when built.
     std::vector<size_t> workers;  // free_ indices, in order of first appearance.
   };
 
-  static bool Considered(const GangRequest& request, const std::string& label) {
+  static bool Considered(const GangRequest& request, std::string_view label) {
     return request.required_label.empty() || label == request.required_label;
   }
 
-  int LabelIndex(const std::string& name) {
+  // The free_ index of worker `id`, added (with no slots) when new. A worker's slots are
+  // usually listed together, and the pass lists workers in id order: then an id greater
+  // than the previous one (`previous`) is a new worker and no index is needed to group.
+  size_t Worker(std::string_view id, std::string_view label, const std::string_view* previous) {
+    if (!index_built_ && (previous == nullptr || *previous < id)) return AddWorker(id, label);
+    BuildIndex();
+    auto it = index_.find(id);
+    if (it != index_.end()) return it->second;
+    const size_t at = AddWorker(id, label);
+    index_.emplace(id, at);
+    return at;
+  }
+
+  // Appends a worker with no slots yet; returns its free_ index.
+  size_t AddWorker(std::string_view id, std::string_view label_name) {
+    const int label = LabelIndex(label_name);
+    free_.push_back(Free{id, label, {}});
+    labels_[label].workers.push_back(free_.size() - 1);
+    return free_.size() - 1;
+  }
+
+  void AddSlot(size_t worker, int slot) {
+    Free& f = free_[worker];
+    f.slots.push_back(slot);
+    Label& label = labels_[f.label];
+    ++label.free;
+    label.max_worker_free = std::max(label.max_worker_free, f.slots.size());
+    ++total_;
+  }
+
+  void SortLabels() {
+    order_.resize(labels_.size());
+    for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int>(i);
+    std::sort(order_.begin(), order_.end(),
+              [&](int a, int b) { return labels_[a].name < labels_[b].name; });
+  }
+
+  // The worker id -> free_ index map, built on first need (a pass over workers listed in
+  // id order needs none).
+  void BuildIndex() {
+    if (index_built_) return;
+    index_.reserve(free_.size());
+    for (size_t i = 0; i < free_.size(); ++i) index_.emplace(free_[i].id, i);
+    index_built_ = true;
+  }
+
+  int LabelIndex(std::string_view name) {
     auto [it, inserted] = label_index_.try_emplace(name, static_cast<int>(labels_.size()));
-    if (inserted) labels_.push_back(Label{name, 0, {}});
+    if (inserted) labels_.push_back(Label{name, 0, 0, {}});
     return it->second;
   }
 
   // Takes the first n slots of `f`.
   void TakeFrom(Free& f, size_t n, Placement* out) {
     for (size_t i = 0; i < n; ++i) {
-      out->worker_ids.push_back(f.id);
+      out->worker_ids.emplace_back(f.id);
       out->slots.push_back(f.slots[i]);
     }
     f.slots.erase(f.slots.begin(), f.slots.begin() + static_cast<std::ptrdiff_t>(n));
@@ -216,9 +259,10 @@ class SlotPool {
   }
 
   std::vector<Free> free_;
-  std::unordered_map<std::string, size_t> index_;     // Worker id -> free_ index.
+  std::unordered_map<std::string_view, size_t> index_;  // Worker id -> free_ index.
+  bool index_built_ = false;                          // index_ holds every worker.
   std::vector<Label> labels_;                         // In order of first appearance.
-  std::unordered_map<std::string, int> label_index_;  // Label -> labels_ index.
+  std::unordered_map<std::string_view, int> label_index_;  // Label -> labels_ index.
   std::vector<int> order_;                            // labels_ indices by label name.
   int64_t total_ = 0;
 };
@@ -311,11 +355,14 @@ int64_t LiveSlots::Eligible(const std::string& required_label) const {
   return it == by_label.end() ? 0 : it->second;
 }
 
-std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<IdleWorker> idle,
-                                     const LiveSlots& live, const QuotaPolicy* quotas,
-                                     std::map<std::string, int64_t> in_use,
-                                     const std::vector<RunningJob>& running,
-                                     const std::vector<IdleWorker>& freeing) {
+namespace {
+
+// PlanQueue over the free slots in `pool`.
+std::vector<QueueDecision> PlanQueueFrom(SlotPool pool, std::vector<QueuedJob> queue,
+                                         const LiveSlots& live, const QuotaPolicy* quotas,
+                                         std::map<std::string, int64_t> in_use,
+                                         const std::vector<RunningJob>& running,
+                                         const std::vector<IdleWorker>& freeing) {
   std::sort(queue.begin(), queue.end(), [](const QueuedJob& a, const QueuedJob& b) {
     return QueueKey{a.priority, a.number} < QueueKey{b.priority, b.number};
   });
@@ -324,8 +371,6 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
   const QueuedJob* head = nullptr;  // The first job that waits for workers that exist.
   // The free slots: every job ahead of the head places from `pool`; once the head waits,
   // the jobs behind it place from `behind`: the pool without the head's reservation.
-  SlotPool pool(idle);
-  idle.clear();
   std::optional<SlotPool> behind;
   for (const QueuedJob& job : queue) {
     QueueDecision d;
@@ -411,6 +456,27 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
     out.push_back(std::move(d));
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<IdleWorker> idle,
+                                     const LiveSlots& live, const QuotaPolicy* quotas,
+                                     std::map<std::string, int64_t> in_use,
+                                     const std::vector<RunningJob>& running,
+                                     const std::vector<IdleWorker>& freeing) {
+  return PlanQueueFrom(SlotPool(idle), std::move(queue), live, quotas, std::move(in_use), running,
+                       freeing);
+}
+
+std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue,
+                                     const std::vector<FreeWorker>& free, const LiveSlots& live,
+                                     const QuotaPolicy* quotas,
+                                     std::map<std::string, int64_t> in_use,
+                                     const std::vector<RunningJob>& running,
+                                     const std::vector<IdleWorker>& freeing) {
+  return PlanQueueFrom(SlotPool(free), std::move(queue), live, quotas, std::move(in_use), running,
+                       freeing);
 }
 
 }  // namespace ulysses::coordinator

@@ -13,9 +13,11 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "coordinator/quota.h"
 
 namespace ulysses::coordinator {
@@ -28,6 +30,16 @@ struct IdleWorker {
   int slot = 0;
   // Identifies the slot: "<id>#<slot>".
   std::string key() const;
+};
+
+// The free slots of one worker, as the coordinator's scheduling pass lists them: one entry
+// per worker instead of one IdleWorker per slot (a quiet 25,000 x 8 cluster is 25,000
+// entries, not 200,000 with two strings each). Views into the caller's state, which must
+// outlive the PlanQueue call.
+struct FreeWorker {
+  std::string_view id;
+  std::string_view node_label;
+  absl::InlinedVector<int, 8> slots;  // In slot order.
 };
 
 struct GangRequest {
@@ -134,8 +146,9 @@ struct QueueDecision {
 // named) and blocks no one: one tenant's quota never holds up another tenant.
 //
 // Cost: O(queue + idle slots x placed jobs' workers), the free slots grouped once per call
-// (bench/schedule_pass: a pass over 25,000 nodes x 8 slots with 10,000 queued jobs,
-// docs/BENCHMARKS.md "Scheduling pass at cluster scale").
+// without comparing strings (bench/schedule_pass: 25,000 nodes x 8 slots, idle with one job
+// submitted, or full with 10,000 queued jobs; docs/BENCHMARKS.md "Scheduling pass at
+// cluster scale").
 struct LiveSlots {
   int64_t total = 0;                        // Slots of workers not LOST.
   std::unordered_map<std::string, int64_t> by_label;  // The same by node label.
@@ -145,6 +158,14 @@ struct LiveSlots {
 };
 std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<IdleWorker> idle,
                                      const LiveSlots& live, const QuotaPolicy* quotas = nullptr,
+                                     std::map<std::string, int64_t> in_use = {},
+                                     const std::vector<RunningJob>& running = {},
+                                     const std::vector<IdleWorker>& freeing = {});
+// The same with the free slots listed per worker (the coordinator's pass). Equal decisions
+// to listing each of their slots as an IdleWorker, in the same order.
+std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue,
+                                     const std::vector<FreeWorker>& free, const LiveSlots& live,
+                                     const QuotaPolicy* quotas = nullptr,
                                      std::map<std::string, int64_t> in_use = {},
                                      const std::vector<RunningJob>& running = {},
                                      const std::vector<IdleWorker>& freeing = {});

@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <set>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "coordinator/checkpoint_interval.h"
 #include "coordinator/config.h"
 #include "gtest/gtest.h"
@@ -379,6 +381,80 @@ TEST(PlanQueueTest, BackfillRunsOnWorkersOutsideTheHeadsLabel) {
   EXPECT_EQ(d[1].kind, QueueDecision::Kind::kLaunch);
   EXPECT_TRUE(d[1].backfill);
   EXPECT_EQ(d[1].worker_ids, std::vector<std::string>{"c1"});
+}
+
+TEST(SchedulerTest, AWorkersSlotsListedApartAreStillOneWorker) {
+  // The pool groups a worker's slots however they are listed (the pass lists them together
+  // and in id order; reservations and preemption list them in any order).
+  Placement p = PlaceGang({2, 1, ""}, Slots({{"b", "n", 1}, {"a", "n", 1}}));
+  ASSERT_TRUE(p.placed);  // Two 1-slot workers: spread over the label.
+  std::vector<IdleWorker> apart = {{"b", "n", 0}, {"a", "n", 0}, {"b", "n", 1}};
+  p = PlaceGang({2, 1, ""}, apart);
+  ASSERT_TRUE(p.placed);
+  EXPECT_EQ(p.worker_ids, (std::vector<std::string>{"b", "b"}));  // b holds the group.
+  EXPECT_EQ(p.slots, (std::vector<int>{0, 1}));
+}
+
+// The coordinator's pass lists free slots per worker (FreeWorker); tests and reservations
+// list them one by one. Both must decide the same, on clusters with labels, partly busy
+// workers, ending attempts and queues that wait, preempt and backfill.
+TEST(PlanQueueTest, PerWorkerFreeSlotsDecideAsTheSameSlotsListedOneByOne) {
+  std::mt19937 rng(30);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  int launches = 0, waits = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<IdleWorker> idle, live, freeing;
+    std::vector<std::string> ids, labels;
+    const int workers = uniform(1, 24);
+    for (int i = 0; i < workers; ++i) {
+      ids.push_back(absl::StrCat("w-", 100 + i));  // In id order, as the pass lists them.
+      labels.push_back(absl::StrCat("rack-", uniform(0, 2)));
+    }
+    std::vector<FreeWorker> free;
+    for (int i = 0; i < workers; ++i) {
+      const int capacity = uniform(1, 8);
+      FreeWorker* f = nullptr;
+      for (int slot = 0; slot < capacity; ++slot) {
+        live.push_back({ids[i], labels[i], slot});
+        const int what = uniform(0, 3);  // 0-1 free, 2 busy, 3 freeing.
+        if (what <= 1) {
+          idle.push_back({ids[i], labels[i], slot});
+          if (f == nullptr) f = &free.emplace_back(FreeWorker{ids[i], labels[i], {}});
+          f->slots.push_back(slot);
+        } else if (what == 3) {
+          freeing.push_back({ids[i], labels[i], slot});
+        }
+      }
+    }
+    std::vector<QueuedJob> queue;
+    const int jobs = uniform(1, 8);
+    for (int j = 0; j < jobs; ++j) {
+      QueuedJob q = Queued(absl::StrCat("job-", j), uniform(0, 2), j, uniform(1, 8),
+                           uniform(0, 3) == 0 ? labels[0] : "", uniform(0, 7) == 0);
+      q.gang.dp = uniform(1, 3);
+      queue.push_back(q);
+    }
+    const std::vector<QueueDecision> by_slot =
+        PlanQueue(queue, idle, LiveSlots::Of(live), nullptr, {}, {}, freeing);
+    const std::vector<QueueDecision> by_worker =
+        PlanQueue(queue, free, LiveSlots::Of(live), nullptr, {}, {}, freeing);
+    ASSERT_EQ(by_slot.size(), by_worker.size());
+    for (size_t i = 0; i < by_slot.size(); ++i) {
+      SCOPED_TRACE(absl::StrCat("trial ", trial, ", decision ", i));
+      EXPECT_EQ(by_worker[i].job_id, by_slot[i].job_id);
+      EXPECT_EQ(by_worker[i].kind, by_slot[i].kind);
+      EXPECT_EQ(by_worker[i].worker_ids, by_slot[i].worker_ids);
+      EXPECT_EQ(by_worker[i].slots, by_slot[i].slots);
+      EXPECT_EQ(by_worker[i].reason, by_slot[i].reason);
+      EXPECT_EQ(by_worker[i].backfill, by_slot[i].backfill);
+      launches += by_slot[i].kind == QueueDecision::Kind::kLaunch;
+      waits += by_slot[i].kind == QueueDecision::Kind::kUnplaced ||
+               by_slot[i].kind == QueueDecision::Kind::kBlocked;
+    }
+  }
+  // The trials covered both outcomes.
+  EXPECT_GT(launches, 100);
+  EXPECT_GT(waits, 100);
 }
 
 TEST(ConfigTest, RejectsBadValuesWithActionableMessages) {
