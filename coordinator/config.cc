@@ -332,7 +332,12 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
                              c->max_streams_per_identity, ") .. 100000, e.g. 4096)"));
   }
   if (!e.empty()) return absl::InvalidArgumentError(absl::StrJoin(e, "\n"));
-  if (c->reconnect_window_s == 0) c->reconnect_window_s = 2 * c->heartbeat_timeout_s;
+  // Jobs wait for their workers as long as the workers themselves may take to come back
+  // before they are LOST: at 25,000 agents the reconnect storm after a restart takes
+  // ~30 s (docs/BENCHMARKS.md), past two heartbeat timeouts (20 s by default).
+  if (c->reconnect_window_s == 0) {
+    c->reconnect_window_s = std::max(2 * c->heartbeat_timeout_s, c->lost_after_s);
+  }
   if (c->checkpoint_root.empty()) c->checkpoint_root = c->state_dir + "/checkpoints";
   if (c->out_root.empty()) c->out_root = c->state_dir + "/runs";
   // Roots are compared with resolved spec paths (path_policy.h): resolve them the same

@@ -33,7 +33,8 @@ struct CoordinatorConfig {
   // this), up to heartbeat_timeout_s / 2 (HeartbeatIntervalFor). 0 = a fixed interval.
   double max_heartbeats_per_s = 5000;
   double reconnect_window_s = 0;        // After a coordinator restart, how long RECOVERING jobs
-                                        // wait for their workers (0 = 2 * heartbeat_timeout_s).
+                                        // wait for their workers (0 = the later of
+                                        // 2 * heartbeat_timeout_s and lost_after_s).
   std::string checkpoint_root;          // Per-job checkpoints: <root>/<job id> unless the spec
                                         // sets checkpoint.dir ("" = <state_dir>/checkpoints).
   std::string out_root;                 // Per-job --out: <root>/<job id> ("" = <state_dir>/runs).

@@ -1,5 +1,6 @@
 // Coordinator: the WorkerService entry points. Each takes mu_, works through the
 // WorkerProtocol and the JobMachine, and commits.
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -43,9 +44,21 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
                   << held->rec.identity << ", not live)";
   }
   Txn txn;
+  std::optional<WorkerRecord> before;
+  if (const WorkerRt* known = state_.FindWorker("w-" + request.name()); known != nullptr) {
+    before = known->rec;
+  }
   ASSIGN_OR_RETURN(WorkerProtocol::Registered registered, protocol_.Register(request, txn));
-  registered.worker->rec.identity = identity;  // Persisted with the worker by the commit.
-  const std::string id = registered.worker->rec.id;
+  WorkerRecord& rec = registered.worker->rec;
+  rec.identity = identity;  // Persisted with the worker by the commit.
+  if (before.has_value() && SameDurableFields(*before, rec)) {
+    // A re-registration that changes nothing durable writes nothing: after a coordinator
+    // restart every agent re-registers at once, and a commit (an fsync) each would
+    // serialize the storm on the store (docs/BENCHMARKS.md "the reconnect storm").
+    rec.last_seen_ms = before->last_seen_ms;  // Memory stays equal to the store.
+    txn.workers.erase(registered.worker);
+  }
+  const std::string id = rec.id;
   RETURN_IF_ERROR(CommitLocked(txn));
   v1::RegisterResponse response;
   response.set_worker_id(id);

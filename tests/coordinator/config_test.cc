@@ -205,13 +205,21 @@ TEST(ConfigTest, LostAfterCoversTheHeartbeatTimeoutWhichIsNoLongerCappedAtTenSec
   EXPECT_TRUE(absl::StrContains(s.message(), "heartbeat_timeout_s: 0 is out of range")) << s;
 }
 
-// reconnect_window_s: 0 takes 2 x heartbeat_timeout_s, a YAML value is kept, and a value
+// reconnect_window_s: 0 takes the later of 2 x heartbeat_timeout_s and lost_after_s (jobs
+// wait as long as their workers may take to come back), a YAML value is kept, and a value
 // out of 0..86400 (or not a number) names the field, the value and the range.
-TEST(ConfigTest, ReconnectWindowDefaultsToTwoTimeoutsAndIsBounded) {
+TEST(ConfigTest, ReconnectWindowDefaultsToTheWorkersOwnGraceAndIsBounded) {
   TempDir dir;
   CoordinatorConfig c = Base(dir);
+  c.heartbeat_timeout_s = 10;
+  c.lost_after_s = 45;
   ASSERT_TRUE(ValidateAndFinalize(&c).ok());
-  EXPECT_EQ(c.reconnect_window_s, 2 * c.heartbeat_timeout_s);
+  EXPECT_EQ(c.reconnect_window_s, 45);
+  CoordinatorConfig no_suspect_window = Base(dir);
+  no_suspect_window.heartbeat_timeout_s = 10;
+  no_suspect_window.lost_after_s = 10;
+  ASSERT_TRUE(ValidateAndFinalize(&no_suspect_window).ok());
+  EXPECT_EQ(no_suspect_window.reconnect_window_s, 20);
   CoordinatorConfig set = Base(dir);
   ASSERT_TRUE(ApplyConfigYaml("reconnect_window_s: 300\n", &set).ok());
   ASSERT_TRUE(ValidateAndFinalize(&set).ok());

@@ -36,6 +36,9 @@ class FakeWorker {
   FakeWorker(const FakeWorker&) = delete;
   FakeWorker& operator=(const FakeWorker&) = delete;
 
+  // The host the next Register reports.
+  void set_host(std::string host) { host_ = std::move(host); }
+
   absl::Status Register(const std::optional<v1::WorkRef>& running = std::nullopt,
                         bool* keep_running = nullptr) {
     v1::RegisterRequest req;

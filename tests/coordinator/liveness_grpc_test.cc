@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "common/grpc/channel.h"
 #include "common/grpc/grpc_util.h"
 #include "common/metrics/build_info.h"
@@ -22,6 +23,7 @@
 #include "tests/coordinator/grpc_fixture.h"
 #include "tests/coordinator/test_util.h"
 #include "tests/testing/files.h"
+#include "sqlite3.h"
 
 namespace ulysses::coordinator {
 namespace {
@@ -329,6 +331,61 @@ TEST_F(HeartbeatRateGrpcTest, TheIntervalGrowsWithTheClusterAndReachesConnectedW
   ASSERT_TRUE(ack.has_value());
   EXPECT_EQ(ack->heartbeat_interval_ms(), 0);  // Told already.
   EXPECT_EQ(AddWorker("w4").heartbeat_interval_ms(), 1000);
+}
+
+// The workers row `id` as the store holds it: (host, last_seen_ms); nullopt when none.
+std::optional<std::pair<std::string, int64_t>> StoredWorker(const std::string& state_dir,
+                                                            const std::string& id) {
+  sqlite3* db = nullptr;
+  const std::string path = state_dir + "/coordinator.db";
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    sqlite3_close(db);
+    return std::nullopt;
+  }
+  std::optional<std::pair<std::string, int64_t>> out;
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db, "SELECT host, last_seen_ms FROM workers WHERE id = ?", -1, &stmt,
+                         nullptr) == SQLITE_OK &&
+      sqlite3_bind_text(stmt, 1, id.c_str(), -1, SQLITE_TRANSIENT) == SQLITE_OK &&
+      sqlite3_step(stmt) == SQLITE_ROW) {
+    out.emplace(reinterpret_cast<const char*>(sqlite3_column_text(stmt, 0)),
+                sqlite3_column_int64(stmt, 1));
+  }
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+  return out;
+}
+
+using ReRegistrationGrpcTest = testing::CoordinatorServerTest;
+
+// After a coordinator restart every agent re-registers at once: one that changed nothing
+// durable costs no store commit; one that did (here its host) is stored.
+TEST_F(ReRegistrationGrpcTest, OnlyARegistrationThatChangesTheWorkerWritesTheStore) {
+  FakeWorker& w = AddWorker("w1", "rack-a", "10.0.0.7");
+  const auto first = StoredWorker(config_.state_dir, "w-w1");
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->first, "10.0.0.7");
+  // A later millisecond, so that a write of last_seen_ms would show.
+  while (absl::ToUnixMillis(absl::Now()) <= first->second) {
+  }
+  ASSERT_TRUE(w.Register().ok());
+  const auto unchanged = StoredWorker(config_.state_dir, "w-w1");
+  ASSERT_TRUE(unchanged.has_value());
+  EXPECT_EQ(unchanged->second, first->second) << "an unchanged re-registration was written";
+  w.set_host("10.0.0.8");
+  ASSERT_TRUE(w.Register().ok());
+  const auto moved = StoredWorker(config_.state_dir, "w-w1");
+  ASSERT_TRUE(moved.has_value());
+  EXPECT_EQ(moved->first, "10.0.0.8");
+  // And a restarted coordinator knows the new host.
+  RestartServer();
+  v1::ListWorkersRequest req;
+  v1::ListWorkersResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, absl::Seconds(10));
+  ASSERT_TRUE(jobs_->ListWorkers(&ctx, req, &resp).ok());
+  ASSERT_EQ(resp.workers_size(), 1);
+  EXPECT_EQ(resp.workers(0).host(), "10.0.0.8");
 }
 
 TEST(VersionPolicyTest, TheOwnAndThePreviousMinorOfTheSameMajorAreAccepted) {

@@ -481,7 +481,7 @@ TEST(ConfigTest, YamlFillsFieldsDerivesDefaultsAndRejectsUnknownKeys) {
   EXPECT_EQ(c.log_buffer_lines, 50);
   ASSERT_TRUE(ValidateAndFinalize(&c).ok());
   EXPECT_EQ(c.checkpoint_root, "/tmp/s/checkpoints");
-  EXPECT_EQ(c.reconnect_window_s, 8);
+  EXPECT_EQ(c.reconnect_window_s, 45);  // The later of 2 x 4 s and lost_after_s (45 s).
   absl::Status unknown = ApplyConfigYaml("heartbeat_timout_s: 4\n", &c);
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(std::string(unknown.message()).find("config.heartbeat_timout_s: unknown setting"),
