@@ -254,6 +254,19 @@ std::map<std::string, int> CountPages(const char* name, Call call, Items items, 
   return out;
 }
 
+// Each job's generation and state: "<id> <generation> <STATE>" -> 1.
+std::map<std::string, int> JobGenerations(v1::JobService::Stub* jobs) {
+  return CountPages<v1::ListJobsRequest, v1::ListJobsResponse>(
+      "ListJobs",
+      [&](grpc::ClientContext* c, const v1::ListJobsRequest& r, v1::ListJobsResponse* o) {
+        return jobs->ListJobs(c, r, o);
+      },
+      [](const v1::ListJobsResponse& r) { return r.jobs(); },
+      [](const v1::Job& j) {
+        return absl::StrCat(j.id(), " ", j.generation(), " ", v1::JobState_Name(j.state()));
+      });
+}
+
 // Workers by state.
 std::map<std::string, int> WorkerStates(v1::JobService::Stub* jobs) {
   return CountPages<v1::ListWorkersRequest, v1::ListWorkersResponse>(
@@ -331,7 +344,8 @@ int main(int argc, char** argv) {
   app.add_flag("--check", check,
                "Exit 1 unless every heartbeat was answered, no session ended early, no worker is "
                "LOST or SUSPECT at the end and, with --restart-after, every agent came back "
-               "(the ctest regressions)");
+               "and every job running at the kill runs on the same generation (the ctest "
+               "regressions)");
   app.add_option("--coordinator", bin, "ulysses-coordinator binary (default: next to this one)");
   app.add_option("--watchers", watchers,
                  "WatchJob streams opened at the end of the warm-up, round-robin over the jobs "
@@ -520,6 +534,7 @@ int main(int argc, char** argv) {
   constexpr int kReconnectThreads = 64;
   std::vector<std::vector<std::unique_ptr<SimWorker>>> retired(kReconnectThreads);
   std::atomic<long> reregistrations{0}, register_failures{0};
+  std::atomic<long> ranks_kept{0}, ranks_refused{0};  // Reported ranks the coordinator kept.
   std::vector<std::thread> reconnectors;
   for (int t = 0; restart_after >= 0 && t < kReconnectThreads; ++t) {
     reconnectors.emplace_back([&, t] {
@@ -546,7 +561,15 @@ int main(int argc, char** argv) {
             continue;
           }
           if (Clock::now() < r.at) continue;
-          const v1::RegisterRequest req = RegisterRequestFor(i);
+          v1::RegisterRequest req = RegisterRequestFor(i);
+          // The rank it runs (--run-assignments) is reported, as ulysses-worker does, so
+          // that its job continues in place.
+          const std::optional<SimRank> rank = sims[i]->rank();
+          if (rank.has_value()) {
+            v1::RunningWork* running = req.add_running_ranks();
+            *running->mutable_ref() = rank->ref;
+            running->set_pid(4242);
+          }
           v1::RegisterResponse resp;
           grpc::ClientContext ctx;
           Authorize(&ctx);
@@ -557,10 +580,12 @@ int main(int argc, char** argv) {
             continue;
           }
           reregistrations++;
+          if (rank.has_value()) (resp.keep_running() ? ranks_kept : ranks_refused)++;
           r.waiting = false;
           retired[t].push_back(std::move(sims[i]));
           sims[i] = std::make_unique<SimWorker>(wstubs[i % channels].get(), queue_for(i),
-                                                resp.worker_id(), &hb_lat);
+                                                resp.worker_id(), &hb_lat,
+                                                resp.keep_running() ? rank : std::nullopt);
           live[i].store(sims[i].get(), std::memory_order_release);
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -645,8 +670,19 @@ int main(int argc, char** argv) {
   auto cpu_from = t0;  // The coordinator's CPU is measured from here (its restart).
   std::string restart_report;
   int restart_back = -1;  // Agents back after the restart (-1: no restart).
+  std::map<std::string, int64_t> running_at_kill;  // Job id -> generation, at the kill.
+  int jobs_moved = 0;  // Of those, jobs not RUNNING on the same generation at the end.
   if (restart_after >= 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(restart_after));
+    // The jobs running now (id -> generation): a restart must leave their ranks running.
+    for (const auto& [key, n] : JobGenerations(jobs.get())) {
+      std::istringstream fields(key);
+      std::string id, state;
+      int64_t generation = 0;
+      if (fields >> id >> generation >> state && state == "JOB_STATE_RUNNING") {
+        running_at_kill[id] = generation;
+      }
+    }
     const auto killed = Clock::now();
     kill(coordinator.pid, SIGKILL);
     waitpid(coordinator.pid, nullptr, 0);
@@ -758,7 +794,25 @@ int main(int argc, char** argv) {
   printf("\n");
   printf("heartbeats unanswered (no ack within 5 s of the end): %lld\n",
          static_cast<long long>(unanswered));
-  if (!restart_report.empty()) printf("%s\n", restart_report.c_str());
+  if (!restart_report.empty()) {
+    printf("%s\n", restart_report.c_str());
+    // Jobs' ranks untouched: every job running at the kill runs on the same generation
+    // (its attempt continued in place: the ranks reported themselves on re-registering).
+    std::map<std::string, int> after;  // "<generation> <STATE>" of the jobs running at the kill.
+    for (const auto& [key, n] : JobGenerations(jobs.get())) {
+      std::istringstream fields(key);
+      std::string id, state;
+      int64_t generation = 0;
+      if (!(fields >> id >> generation >> state) || !running_at_kill.count(id)) continue;
+      const bool same = generation == running_at_kill[id] && state == "JOB_STATE_RUNNING";
+      after[same ? "same generation, RUNNING" : absl::StrCat("moved to ", state)]++;
+      jobs_moved += same ? 0 : 1;
+    }
+    printf("jobs running at the kill: %zu; at the end:", running_at_kill.size());
+    for (const auto& [what, n] : after) printf(" %s %d", what.c_str(), n);
+    printf("; ranks reported on re-registering: %ld kept, %ld refused\n", ranks_kept.load(),
+           ranks_refused.load());
+  }
   if (!watch_streams.empty()) {
     int64_t events = 0;
     int ended = 0;
@@ -799,14 +853,16 @@ int main(int argc, char** argv) {
     // while a new session's first write was in flight are the storm's, not counted.
     const bool restarted = restart_after >= 0;
     if (unanswered != 0 || (!restarted && skipped != 0) || dead != 0 || lost != 0 || suspect != 0 ||
-        registered != workers || hb_lat.count() == 0 || (restarted && restart_back != workers)) {
+        registered != workers || hb_lat.count() == 0 ||
+        (restarted && (restart_back != workers || jobs_moved != 0 || ranks_refused != 0))) {
       const std::string back =
           restarted ? absl::StrCat(", ", restart_back, " back after the restart") : "";
       fprintf(stderr,
               "--check failed: %lld heartbeats unanswered, %ld skipped, %d sessions ended early, "
-              "%d workers LOST, %d SUSPECT, %ld of %d registered, %zu heartbeats answered%s\n",
+              "%d workers LOST, %d SUSPECT, %ld of %d registered, %zu heartbeats answered%s, "
+              "%d jobs not continued in place, %ld ranks refused\n",
               static_cast<long long>(unanswered), skipped.load(), dead, lost, suspect, registered,
-              workers, hb_lat.count(), back.c_str());
+              workers, hb_lat.count(), back.c_str(), jobs_moved, ranks_refused.load());
       return 1;
     }
     printf("--check passed\n");

@@ -83,11 +83,23 @@ class Latencies {
 // scans its outstanding operations per completion (common/grpc/completion_queue.h): at 25,000
 // agents that saturated the generator's core. Every operation is started under mu_, so none
 // starts after Finish; the object must outlive its queue's last tag for it (done()).
+// The rank a simulated worker runs (--run-assignments) and the last step it reported.
+struct SimRank {
+  v1::WorkRef ref;
+  int64_t step = 0;
+};
+
 class SimWorker final {
  public:
+  // `resume`: the rank the previous session ran, kept across a reconnect (the coordinator
+  // answered keep_running).
   SimWorker(v1::WorkerService::Stub* stub, grpc::CompletionQueue* cq, const std::string& worker_id,
-            Latencies* heartbeat)
+            Latencies* heartbeat, std::optional<SimRank> resume = std::nullopt)
       : heartbeat_(heartbeat) {
+    if (resume.has_value()) {
+      held_ = resume->ref;
+      step_ = resume->step;
+    }
     SetDeadlineAfter(&ctx_, absl::Hours(1));
     Authorize(&ctx_);
     out_.set_seq(next_seq_++);
@@ -143,6 +155,12 @@ class SimWorker final {
     return done_;
   }
   int assignments() const { return assignments_.load(); }
+  // The rank it runs, if any (reported again when it re-registers).
+  std::optional<SimRank> rank() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!held_.has_value()) return std::nullopt;
+    return SimRank{*held_, step_};
+  }
   // When the first ack of this session came (0: none yet).
   Clock::time_point first_ack() const {
     const int64_t ns = first_ack_ns_.load();
