@@ -83,8 +83,8 @@ std::optional<PassHistogram> ScrapePasses(int metrics_port) {
     if (space == std::string::npos) continue;
     const double value = std::strtod(line.c_str() + space + 1, nullptr);
     if (line.rfind(name + "_bucket{le=\"", 0) == 0) {
-      const std::string le = line.substr(name.size() + 12, line.find('"', name.size() + 12) -
-                                                              (name.size() + 12));
+      const size_t from = name.size() + 12;  // After `_bucket{le="`.
+      const std::string le = line.substr(from, line.find('"', from) - from);
       out.buckets.emplace_back(le == "+Inf" ? INFINITY : std::strtod(le.c_str(), nullptr), value);
     } else if (line.rfind(name + "_sum ", 0) == 0) {
       out.sum = value;
@@ -254,17 +254,29 @@ std::map<std::string, int> CountPages(const char* name, Call call, Items items, 
   return out;
 }
 
-// Each job's generation and state: "<id> <generation> <STATE>" -> 1.
-std::map<std::string, int> JobGenerations(v1::JobService::Stub* jobs) {
+// Counts `key(job)` over every job (ListJobs, every page).
+template <class Key>
+std::map<std::string, int> CountJobs(v1::JobService::Stub* jobs, Key key) {
   return CountPages<v1::ListJobsRequest, v1::ListJobsResponse>(
       "ListJobs",
       [&](grpc::ClientContext* c, const v1::ListJobsRequest& r, v1::ListJobsResponse* o) {
         return jobs->ListJobs(c, r, o);
       },
-      [](const v1::ListJobsResponse& r) { return r.jobs(); },
-      [](const v1::Job& j) {
-        return absl::StrCat(j.id(), " ", j.generation(), " ", v1::JobState_Name(j.state()));
-      });
+      [](const v1::ListJobsResponse& r) { return r.jobs(); }, key);
+}
+
+// Each job's generation and state name, by job id.
+std::map<std::string, std::pair<int64_t, std::string>> JobGenerations(v1::JobService::Stub* jobs) {
+  std::map<std::string, std::pair<int64_t, std::string>> out;
+  for (const auto& [key, n] : CountJobs(jobs, [](const v1::Job& j) {
+         return absl::StrCat(j.id(), " ", j.generation(), " ", v1::JobState_Name(j.state()));
+       })) {
+    std::istringstream fields(key);
+    std::string id, state;
+    int64_t generation = 0;
+    if (fields >> id >> generation >> state) out[id] = {generation, state};
+  }
+  return out;
 }
 
 // Workers by state.
@@ -280,17 +292,11 @@ std::map<std::string, int> WorkerStates(v1::JobService::Stub* jobs) {
 
 // Jobs by state (failed ones with the start of their reason).
 std::map<std::string, int> JobStates(v1::JobService::Stub* jobs) {
-  return CountPages<v1::ListJobsRequest, v1::ListJobsResponse>(
-      "ListJobs",
-      [&](grpc::ClientContext* c, const v1::ListJobsRequest& r, v1::ListJobsResponse* o) {
-        return jobs->ListJobs(c, r, o);
-      },
-      [](const v1::ListJobsResponse& r) { return r.jobs(); },
-      [](const v1::Job& j) {
-        std::string key = v1::JobState_Name(j.state());
-        if (j.state() == v1::JOB_STATE_FAILED) key += " [" + j.reason().substr(0, 80) + "]";
-        return key;
-      });
+  return CountJobs(jobs, [](const v1::Job& j) {
+    std::string key = v1::JobState_Name(j.state());
+    if (j.state() == v1::JOB_STATE_FAILED) key += " [" + j.reason().substr(0, 80) + "]";
+    return key;
+  });
 }
 
 // Simulated agent i: name sim-i, eight agents per node label, a unique 10.x.y.z host.
@@ -675,13 +681,8 @@ int main(int argc, char** argv) {
   if (restart_after >= 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(restart_after));
     // The jobs running now (id -> generation): a restart must leave their ranks running.
-    for (const auto& [key, n] : JobGenerations(jobs.get())) {
-      std::istringstream fields(key);
-      std::string id, state;
-      int64_t generation = 0;
-      if (fields >> id >> generation >> state && state == "JOB_STATE_RUNNING") {
-        running_at_kill[id] = generation;
-      }
+    for (const auto& [id, at] : JobGenerations(jobs.get())) {
+      if (at.second == "JOB_STATE_RUNNING") running_at_kill[id] = at.first;
     }
     const auto killed = Clock::now();
     kill(coordinator.pid, SIGKILL);
@@ -799,13 +800,10 @@ int main(int argc, char** argv) {
     // Jobs' ranks untouched: every job running at the kill runs on the same generation
     // (its attempt continued in place: the ranks reported themselves on re-registering).
     std::map<std::string, int> after;  // "<generation> <STATE>" of the jobs running at the kill.
-    for (const auto& [key, n] : JobGenerations(jobs.get())) {
-      std::istringstream fields(key);
-      std::string id, state;
-      int64_t generation = 0;
-      if (!(fields >> id >> generation >> state) || !running_at_kill.count(id)) continue;
-      const bool same = generation == running_at_kill[id] && state == "JOB_STATE_RUNNING";
-      after[same ? "same generation, RUNNING" : absl::StrCat("moved to ", state)]++;
+    for (const auto& [id, at] : JobGenerations(jobs.get())) {
+      if (!running_at_kill.count(id)) continue;
+      const bool same = at.first == running_at_kill[id] && at.second == "JOB_STATE_RUNNING";
+      after[same ? "same generation, RUNNING" : absl::StrCat("moved to ", at.second)]++;
       jobs_moved += same ? 0 : 1;
     }
     printf("jobs running at the kill: %zu; at the end:", running_at_kill.size());

@@ -276,7 +276,8 @@ void JobMachine::Schedule(Txn& txn) {
       while (held != w->slots.end() && held->first < slot) ++held;
       if (held == w->slots.end() || held->first != slot) {
         if (!connected) continue;
-        if (free == nullptr) free = &idle.emplace_back(FreeWorker{w->rec.id, w->rec.node_label, {}});
+        if (free == nullptr)
+          free = &idle.emplace_back(FreeWorker{w->rec.id, w->rec.node_label, {}});
         free->slots.push_back(slot);
         continue;
       }

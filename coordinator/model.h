@@ -137,16 +137,15 @@ struct WorkerRecord {
   int capacity = 1;
   int64_t registered_ms = 0;
   int64_t last_seen_ms = 0;  // The last registration that changed another field (or the first).
-  std::string identity;              // Who registered it (auth::Principal::WorkerIdentity()).
+  std::string identity;      // Who registered it (auth::Principal::WorkerIdentity()).
   std::vector<std::string> devices;  // devices[slot]: one per slot (capacity entries).
 };
 
 // Whether a and b hold the same worker as the store sees it, last_seen_ms aside.
 inline bool SameDurableFields(const WorkerRecord& a, const WorkerRecord& b) {
-  return a.id == b.id && a.name == b.name && a.node_label == b.node_label &&
-         a.device == b.device && a.host == b.host && a.capacity == b.capacity &&
-         a.registered_ms == b.registered_ms && a.identity == b.identity &&
-         a.devices == b.devices;
+  return a.id == b.id && a.name == b.name && a.node_label == b.node_label && a.device == b.device &&
+         a.host == b.host && a.capacity == b.capacity && a.registered_ms == b.registered_ms &&
+         a.identity == b.identity && a.devices == b.devices;
 }
 
 // One row of the events table (a serialized v1::JobEvent).

@@ -166,11 +166,11 @@ class SlotPool {
   using SlotList = absl::InlinedVector<int, 8>;
   struct Free {
     std::string_view id;  // Into the pool's input.
-    int label = 0;  // Index into labels_.
+    int label = 0;        // Index into labels_.
     SlotList slots;
   };
   struct Label {
-    std::string_view name;  // Into the pool's input.
+    std::string_view name;        // Into the pool's input.
     int64_t free = 0;             // Free slots of its workers.
     size_t max_worker_free = 0;   // The most free slots of one of its workers when built.
     std::vector<size_t> workers;  // free_ indices, in order of first appearance.
@@ -259,11 +259,11 @@ class SlotPool {
   }
 
   std::vector<Free> free_;
-  std::unordered_map<std::string_view, size_t> index_;  // Worker id -> free_ index.
-  bool index_built_ = false;                          // index_ holds every worker.
-  std::vector<Label> labels_;                         // In order of first appearance.
+  std::unordered_map<std::string_view, size_t> index_;     // Worker id -> free_ index.
+  bool index_built_ = false;                               // index_ holds every worker.
+  std::vector<Label> labels_;                              // In order of first appearance.
   std::unordered_map<std::string_view, int> label_index_;  // Label -> labels_ index.
-  std::vector<int> order_;                            // labels_ indices by label name.
+  std::vector<int> order_;                                 // labels_ indices by label name.
   int64_t total_ = 0;
 };
 

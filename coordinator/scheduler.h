@@ -150,7 +150,7 @@ struct QueueDecision {
 // submitted, or full with 10,000 queued jobs; docs/BENCHMARKS.md "Scheduling pass at
 // cluster scale").
 struct LiveSlots {
-  int64_t total = 0;                        // Slots of workers not LOST.
+  int64_t total = 0;                                  // Slots of workers not LOST.
   std::unordered_map<std::string, int64_t> by_label;  // The same by node label.
   static LiveSlots Of(const std::vector<IdleWorker>& live);
   void Add(const std::string& label, int64_t slots);

@@ -19,11 +19,11 @@
 #include "coordinator/version_policy.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "sqlite3.h"
 #include "tests/coordinator/fake_worker.h"
 #include "tests/coordinator/grpc_fixture.h"
 #include "tests/coordinator/test_util.h"
 #include "tests/testing/files.h"
-#include "sqlite3.h"
 
 namespace ulysses::coordinator {
 namespace {
