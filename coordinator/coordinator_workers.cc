@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/deferred_writes.h"
+#include "coordinator/store_schema.h"
 #include "coordinator/validation.h"
 #include "coordinator/version_policy.h"
 
@@ -51,7 +52,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(const v1::RegisterReq
   ASSIGN_OR_RETURN(WorkerProtocol::Registered registered, protocol_.Register(request, txn));
   WorkerRecord& rec = registered.worker->rec;
   rec.identity = identity;  // Persisted with the worker by the commit.
-  if (before.has_value() && SameDurableFields(*before, rec)) {
+  if (before.has_value() && store_schema::WorkersTable().SameRow(*before, rec, "last_seen_ms")) {
     // A re-registration that changes nothing durable writes nothing: after a coordinator
     // restart every agent re-registers at once, and a commit (an fsync) each would
     // serialize the storm on the store (docs/BENCHMARKS.md "the reconnect storm").

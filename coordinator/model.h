@@ -126,8 +126,6 @@ struct JobRecord {
   }
 };
 
-// A field added here goes into SameDurableFields (below) too: a re-registration that
-// changes only it would not be stored otherwise.
 struct WorkerRecord {
   std::string id;
   std::string name;
@@ -140,13 +138,6 @@ struct WorkerRecord {
   std::string identity;      // Who registered it (auth::Principal::WorkerIdentity()).
   std::vector<std::string> devices;  // devices[slot]: one per slot (capacity entries).
 };
-
-// Whether a and b hold the same worker as the store sees it, last_seen_ms aside.
-inline bool SameDurableFields(const WorkerRecord& a, const WorkerRecord& b) {
-  return a.id == b.id && a.name == b.name && a.node_label == b.node_label && a.device == b.device &&
-         a.host == b.host && a.capacity == b.capacity && a.registered_ms == b.registered_ms &&
-         a.identity == b.identity && a.devices == b.devices;
-}
 
 // One row of the events table (a serialized v1::JobEvent).
 struct EventRecord {

@@ -60,7 +60,8 @@ Column<RecordOf<M>> Field(const char* name, const char* decl, int since = 1) {
           [](Stmt& q, int i, R& r) {
             ReadValue(q, i, r.*M);
             return absl::OkStatus();
-          }};
+          },
+          [](const R& a, const R& b) { return a.*M == b.*M; }};
 }
 
 // A column holding the list M comma-joined ("" = empty). Integer entries that do not
@@ -86,7 +87,8 @@ Column<RecordOf<M>> CommaList(const char* name, const char* decl, int since = 1)
               }
             }
             return absl::OkStatus();
-          }};
+          },
+          [](const R& a, const R& b) { return a.*M == b.*M; }};
 }
 
 // A column holding field M as Encode(field) text, read back with Decode (which may refuse).
@@ -98,14 +100,15 @@ Column<RecordOf<M>> Encoded(const char* name, const char* decl, int since) {
           [](Stmt& q, int i, R& r) -> absl::Status {
             ASSIGN_OR_RETURN(r.*M, Decode(q.Text(i)));
             return absl::OkStatus();
-          }};
+          },
+          [](const R& a, const R& b) { return Encode(a.*M) == Encode(b.*M); }};
 }
 
 // The id of the job a row belongs to, in a table of a job's parts (bound and read by the
 // caller).
 template <typename R>
 Column<R> JobIdColumn() {
-  return {{"job_id", "TEXT NOT NULL", 1}, nullptr, nullptr};
+  return {{"job_id", "TEXT NOT NULL", 1}, nullptr, nullptr, nullptr};
 }
 
 template <typename R>
@@ -288,7 +291,8 @@ const Table<EventRecord>& EventsTable() {
               [](Stmt& q, int i, EventRecord& e) {
                 e.payload = q.Text(i);
                 return absl::OkStatus();
-              }},
+              },
+              [](const EventRecord& a, const EventRecord& b) { return a.payload == b.payload; }},
       }};
   return *table;
 }

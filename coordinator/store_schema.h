@@ -111,6 +111,8 @@ struct Column {
   // job's id in a table of a job's parts (stages, attempts): the caller binds and reads it.
   void (*bind)(Stmt& q, int param, const R& row);
   absl::Status (*read)(Stmt& q, int column, R& row);
+  // Whether two rows hold the same value in this column (null where bind is null).
+  bool (*same)(const R& a, const R& b);
 };
 
 template <typename R>
@@ -132,6 +134,15 @@ struct Table {
     TableDef def{name, since, constraints, {}};
     for (const Column<R>& c : columns) def.columns.push_back(c.def);
     return def;
+  }
+  // Whether a and b would be stored as the same row, the column named `except` aside
+  // ("" = none). Every column the table stores counts, so a field added to the table is
+  // compared without a list to keep up.
+  bool SameRow(const R& a, const R& b, std::string_view except = "") const {
+    for (const Column<R>& c : columns) {
+      if (c.same != nullptr && except != c.def.name && !c.same(a, b)) return false;
+    }
+    return true;
   }
 };
 

@@ -513,9 +513,8 @@ void ExpectSameWorker(const WorkerRecord& got, const WorkerRecord& want) {
   EXPECT_EQ(got.devices, want.devices);
 }
 
-TEST(StoreSchemaTest, AFullyPopulatedRecordOfEveryTableRoundTripsEveryField) {
-  TempDir dir;
-  const JobRecord job = FullJob();
+// A worker with every field set.
+WorkerRecord FullWorker() {
   WorkerRecord worker;
   worker.id = "w-b";
   worker.name = "node-b";
@@ -527,6 +526,13 @@ TEST(StoreSchemaTest, AFullyPopulatedRecordOfEveryTableRoundTripsEveryField) {
   worker.last_seen_ms = 4002;
   worker.identity = "worker:node-b";
   worker.devices = {"cuda:2", "cuda:3", "cuda:5"};
+  return worker;
+}
+
+TEST(StoreSchemaTest, AFullyPopulatedRecordOfEveryTableRoundTripsEveryField) {
+  TempDir dir;
+  const JobRecord job = FullJob();
+  const WorkerRecord worker = FullWorker();
   const CheckpointRecord checkpoint{job.id, 17, 1, 201, "/ckpt/full/s1-201", 65536, 2.5, 4003};
   const EventRecord event{job.id, 9, 4004, std::string("\x01\x00\xff", 3)};
   {
@@ -575,6 +581,30 @@ TEST(StoreSchemaTest, AFullyPopulatedRecordOfEveryTableRoundTripsEveryField) {
   const EventRecord& e = (*events)[0];
   EXPECT_EQ(std::tie(e.job_id, e.sequence, e.time_ms, e.payload),
             std::tie(event.job_id, event.sequence, event.time_ms, event.payload));
+}
+
+// SameRow (a re-registration that changes nothing stored writes nothing) compares every
+// column the table stores, plain, list and encoded, and skips only the one excepted.
+TEST(StoreSchemaTest, SameRowComparesEveryStoredColumnButTheOneExcepted) {
+  const auto& workers = store_schema::WorkersTable();
+  const WorkerRecord worker = FullWorker();
+  EXPECT_TRUE(workers.SameRow(worker, worker));
+  WorkerRecord later = worker;
+  later.last_seen_ms += 1;
+  EXPECT_FALSE(workers.SameRow(worker, later));
+  EXPECT_TRUE(workers.SameRow(worker, later, "last_seen_ms"));
+  WorkerRecord moved = later;
+  moved.host = "10.1.2.5";
+  EXPECT_FALSE(workers.SameRow(worker, moved, "last_seen_ms"));
+  WorkerRecord regpu = later;
+  regpu.devices.back() = "cuda:6";  // A list column.
+  EXPECT_FALSE(workers.SameRow(worker, regpu, "last_seen_ms"));
+  const auto& jobs = store_schema::JobsTable();
+  const JobRecord job = FullJob();
+  EXPECT_TRUE(jobs.SameRow(job, job));
+  JobRecord other = job;
+  other.goodput.productive_gpu_s += 1;  // An encoded column.
+  EXPECT_FALSE(jobs.SameRow(job, other));
 }
 
 }  // namespace
