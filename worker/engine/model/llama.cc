@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "worker/engine/model/torch_dtype.h"
+#include "worker/engine/parallel/kept_attention.h"
 #include "worker/engine/torch_compat.h"
 
 namespace ulysses::engine::model {
@@ -42,7 +43,17 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     ctx->saved_data["closure"] = c10::IValue::make_capsule(closure);
     torch::NoGradGuard no_grad;
     Call(closure->options.before_run);
-    torch::Tensor y = closure->fn(x);
+    torch::Tensor y;
+    if (closure->options.keep_attention) {
+      auto kept = c10::make_intrusive<KeptAttention>();
+      {
+        KeepAttentionScope record(kept.get(), KeepMode::kRecord);
+        y = closure->fn(x);
+      }
+      ctx->saved_data["kept"] = c10::IValue::make_capsule(kept);
+    } else {
+      y = closure->fn(x);
+    }
     Call(closure->options.after_run);
     return y;
   }
@@ -62,7 +73,19 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     Call(closure->options.before_run);
     {
       torch::AutoGradMode enable(true);
-      y = closure->fn(x);
+      if (closure->options.keep_attention) {
+        auto kept =
+            c10::static_intrusive_pointer_cast<KeptAttention>(ctx->saved_data["kept"].toCapsule());
+        {
+          KeepAttentionScope replay(kept.get(), KeepMode::kReplay);
+          y = closure->fn(x);
+        }
+        TORCH_CHECK(kept->empty(), "kept attention: the recompute left ", kept->size(),
+                    " kept attention outputs unused (the layer's forward must be deterministic)");
+        ctx->saved_data.erase("kept");  // the replay's autograd nodes hold what they need
+      } else {
+        y = closure->fn(x);
+      }
     }
     // Reentrant backward: parameter grads accumulate into their .grad.
     torch::autograd::backward({y}, {grad_outputs[0]});
@@ -351,6 +374,7 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& input_ids,
       AttentionFn attn = attention;
       CheckpointOptions opts;
       opts.offload_input = memory_.offload_activations;
+      opts.keep_attention = memory_.keep_attention_outputs;
       const int64_t index = static_cast<int64_t>(i);
       if (hooks_.before_use) opts.before_run = [f = hooks_.before_use, index] { f(index); };
       if (hooks_.after_use) opts.after_run = [f = hooks_.after_use, index] { f(index); };

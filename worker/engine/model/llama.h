@@ -50,6 +50,11 @@ struct MemoryOptions {
   // CUDA, copied without blocking) from forward to backward. On CPU the copy is an identical
   // host tensor: same code path, same numbers.
   bool offload_activations = false;
+  // With activation_checkpointing (or ZeRO's checkpointed layers): each layer keeps its attention
+  // output and log-sum-exp from forward, so its recompute in backward skips the attention forward
+  // (selective checkpointing, worker/engine/parallel/kept_attention.h). Costs one more [b, s/p, H]
+  // per layer (and an fp32 [hq/p, s] log-sum-exp).
+  bool keep_attention_outputs = false;
   // Speed levers (issue 25), results equal up to floating-point rounding, each measured on the
   // GPU (docs/BENCHMARKS.md "GPU", engine_bench --fuse-gate-up / --no-fused-rms-norm):
   // one GEMM for gate_proj and up_proj against their concatenated weights (untiled MLP only; the
@@ -76,6 +81,9 @@ struct CheckpointOptions {
   std::function<void()> after_run;       // after forward, and after the backward
   std::function<void()> after_backward;  // after the recomputed backward, before after_run
   bool offload_input = false;            // keep the saved input in host memory until backward
+  // Keep every CausalAttention call's output and log-sum-exp from the forward; the recompute
+  // replays them instead of running the attention forward again (kept_attention.h).
+  bool keep_attention = false;
 };
 
 // q [b, s/p, hq, d], k/v [b, s/p, hkv, d] (RoPE applied at global positions), doc_ids [b, s]

@@ -3,8 +3,18 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <memory>
 #include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
+#include "absl/base/const_init.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+#include "worker/engine/parallel/kept_attention.h"
 #include "worker/engine/torch_compat.h"
 
 namespace ulysses::engine {
@@ -13,6 +23,25 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using torch::indexing::Slice;
+
+// FindFusedAttentionOp(name), looked up once per op and process; nullptr (logged once) when it
+// cannot be kept.
+const FusedAttentionOp* CachedFusedOp(const std::string& name) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* ops = new std::map<std::string, std::unique_ptr<FusedAttentionOp>>();
+  absl::MutexLock lock(&mu);
+  auto it = ops->find(name);
+  if (it == ops->end()) {
+    absl::StatusOr<FusedAttentionOp> op = FindFusedAttentionOp(name);
+    if (!op.ok()) {
+      ULOG(WARNING) << "kept attention: " << op.status().message()
+                    << "; attention is recomputed in backward for " << name;
+    }
+    it = ops->emplace(name, op.ok() ? std::make_unique<FusedAttentionOp>(*std::move(op)) : nullptr)
+             .first;
+  }
+  return it->second.get();
+}
 
 // Internal layout. Legend: b batch, s sequence, hkv kv heads, g = hq/hkv query heads per kv head,
 // d head dim, bq/bk query/key tile lengths.
@@ -75,66 +104,142 @@ torch::Tensor TileScores(const torch::Tensor& qt, const torch::Tensor& kt, doubl
   return s;
 }
 
+// The blockwise forward: q [b, s, hq, d], k/v [b, s, hkv, d] -> {out [b, s, hq, d], lse
+// [b, hkv, g, s]}. docs: [b, s] int64 CPU document ids, or undefined for one document per row. Key
+// tiles holding no document of the query tile are skipped entirely; mixed tiles are masked
+// (TileScores).
+std::pair<torch::Tensor, torch::Tensor> BlockwiseForward(const torch::Tensor& q,
+                                                         const torch::Tensor& k,
+                                                         const torch::Tensor& v, int64_t block,
+                                                         const torch::Tensor& docs) {
+  CountCausalAttentionForward();
+  const int64_t hkv = k.size(2), s = q.size(1), d = q.size(3);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  torch::Tensor qg = GroupQueries(q, hkv);                                // [b, hkv, g, s, d]
+  torch::Tensor kh = HeadsFirst(k);                                       // [b, hkv, s, d]
+  torch::Tensor vh = HeadsFirst(v);                                       // [b, hkv, s, d]
+  torch::Tensor out = torch::empty_like(qg);                              // [b, hkv, g, s, d]
+  torch::Tensor lse = torch::empty(qg.sizes().slice(0, 4), q.options());  // [b, hkv, g, s]
+  for (int64_t i0 = 0; i0 < s; i0 += block) {
+    const int64_t i1 = std::min(s, i0 + block);
+    torch::Tensor qt = qg.index({Slice(), Slice(), Slice(), Slice(i0, i1)});  // [b,hkv,g,bq,d]
+    torch::Tensor m, l, acc;  // running max [.., bq, 1], sum [.., bq, 1], output [.., bq, d]
+    for (int64_t j0 = 0; j0 < i1; j0 += block) {  // key tiles in order: the first has key 0
+      const int64_t j1 = std::min(s, j0 + block);
+      if (docs.defined() && TilesDisjoint(docs, i0, j1)) continue;         // another document
+      torch::Tensor kt = kh.index({Slice(), Slice(), Slice(j0, j1)});      // [b, hkv, bk, d]
+      torch::Tensor vt = vh.index({Slice(), Slice(), Slice(j0, j1)});      // [b, hkv, bk, d]
+      torch::Tensor sc = TileScores(qt, kt, scale, i0, j0, docs);          // [b, hkv, g, bq, bk]
+      torch::Tensor tile_max = std::get<0>(sc.max(-1, /*keepdim=*/true));  // [.., bq, 1]
+      if (docs.defined()) {
+        // A row may see no key of this tile (-inf max): exponentiate against a finite max so
+        // it contributes exp(-inf) = 0. Every row sees itself, so l > 0 at the end.
+        if (!m.defined()) {
+          m = torch::full_like(tile_max, -std::numeric_limits<double>::infinity());
+          l = torch::zeros_like(tile_max);
+          acc = torch::zeros(qt.sizes(), qt.options());
+        }
+        torch::Tensor m_new = torch::maximum(m, tile_max);
+        torch::Tensor m_safe = m_new.masked_fill(m_new.isinf(), 0.0);
+        torch::Tensor alpha = (m - m_safe).exp_();
+        torch::Tensor p = (sc - m_safe).exp_();
+        l = l * alpha + p.sum(-1, true);
+        acc = acc * alpha + torch::matmul(p, vt.unsqueeze(2));
+        m = m_new;
+      } else if (!m.defined()) {
+        m = tile_max;  // finite: key 0 is visible to every query
+        torch::Tensor p = (sc - m).exp_();
+        l = p.sum(-1, true);
+        acc = torch::matmul(p, vt.unsqueeze(2));  // [.., bq, bk] x [.., 1, bk, d] -> [.., bq, d]
+      } else {
+        torch::Tensor m_new = torch::maximum(m, tile_max);
+        torch::Tensor alpha = (m - m_new).exp_();
+        torch::Tensor p = (sc - m_new).exp_();
+        l = l * alpha + p.sum(-1, true);
+        acc = acc * alpha + torch::matmul(p, vt.unsqueeze(2));
+        m = m_new;
+      }
+    }
+    out.index_put_({Slice(), Slice(), Slice(), Slice(i0, i1)}, acc / l);
+    lse.index_put_({Slice(), Slice(), Slice(), Slice(i0, i1)}, (m + l.log()).squeeze(-1));
+  }
+  return {UngroupQueries(out), lse};
+}
+
+// The blockwise backward of BlockwiseForward's {o, lse} for the output gradient `grad`
+// [b, s, hq, d] -> {dq [b, s, hq, d], dk, dv [b, s, hkv, d]}.
+std::vector<torch::Tensor> BlockwiseBackward(const torch::Tensor& q, const torch::Tensor& k,
+                                             const torch::Tensor& v, const torch::Tensor& o,
+                                             const torch::Tensor& lse, const torch::Tensor& grad,
+                                             int64_t block, const torch::Tensor& docs) {
+  const int64_t hkv = k.size(2), s = q.size(1), d = q.size(3);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  torch::Tensor qg = GroupQueries(q, hkv);                   // [b, hkv, g, s, d]
+  torch::Tensor dog = GroupQueries(grad.contiguous(), hkv);  // [b, hkv, g, s, d]
+  torch::Tensor og = GroupQueries(o, hkv);                   // [b, hkv, g, s, d]
+  torch::Tensor kh = HeadsFirst(k), vh = HeadsFirst(v);      // [b, hkv, s, d]
+  // delta_i = sum_d dO_i * O_i: [b, hkv, g, s, 1]
+  torch::Tensor delta = (dog * og).sum(-1, true);
+  torch::Tensor dq = torch::zeros_like(qg);  // [b, hkv, g, s, d]
+  torch::Tensor dk = torch::zeros_like(kh);  // [b, hkv, s, d]
+  torch::Tensor dv = torch::zeros_like(vh);  // [b, hkv, s, d]
+  for (int64_t j0 = 0; j0 < s; j0 += block) {
+    const int64_t j1 = std::min(s, j0 + block);
+    torch::Tensor kt = kh.index({Slice(), Slice(), Slice(j0, j1)});  // [b, hkv, bk, d]
+    torch::Tensor vt = vh.index({Slice(), Slice(), Slice(j0, j1)});  // [b, hkv, bk, d]
+    torch::Tensor dk_acc = torch::zeros_like(kt), dv_acc = torch::zeros_like(vt);
+    for (int64_t i0 = (j0 / block) * block; i0 < s; i0 += block) {  // query tiles at/after j0
+      const int64_t i1 = std::min(s, i0 + block);
+      // Later query tiles hold later documents only: none of them sees this key tile either.
+      if (docs.defined() && TilesDisjoint(docs, i0, j1)) break;
+      auto rows = Slice(i0, i1);
+      torch::Tensor qt = qg.index({Slice(), Slice(), Slice(), rows});    // [b, hkv, g, bq, d]
+      torch::Tensor dot = dog.index({Slice(), Slice(), Slice(), rows});  // [b, hkv, g, bq, d]
+      torch::Tensor sc = TileScores(qt, kt, scale, i0, j0, docs);        // [b, hkv, g, bq, bk]
+      // P = exp(S - lse): [b, hkv, g, bq, bk]
+      torch::Tensor p = (sc - lse.index({Slice(), Slice(), Slice(), rows}).unsqueeze(-1)).exp_();
+      // dV += sum_g P^T dO: [.., g, bk, bq] x [.., g, bq, d] -> [.., g, bk, d] -> [b, hkv, bk, d]
+      dv_acc += torch::matmul(p.transpose(-1, -2), dot).sum(2);
+      // dP = dO V^T: [.., g, bq, d] x [.., 1, d, bk] -> [.., g, bq, bk]
+      torch::Tensor dp = torch::matmul(dot, vt.unsqueeze(2).transpose(-1, -2));
+      // dS = P * (dP - delta) * scale
+      torch::Tensor ds =
+          p.mul_(dp.sub_(delta.index({Slice(), Slice(), Slice(), rows}))).mul_(scale);
+      // dQ += dS K: [.., g, bq, bk] x [.., 1, bk, d] -> [.., g, bq, d]
+      dq.index({Slice(), Slice(), Slice(), rows}) += torch::matmul(ds, kt.unsqueeze(2));
+      // dK += sum_g dS^T Q: [.., g, bk, bq] x [.., g, bq, d] -> [b, hkv, bk, d]
+      dk_acc += torch::matmul(ds.transpose(-1, -2), qt).sum(2);
+    }
+    dk.index_put_({Slice(), Slice(), Slice(j0, j1)}, dk_acc);
+    dv.index_put_({Slice(), Slice(), Slice(j0, j1)}, dv_acc);
+  }
+  return {UngroupQueries(dq), SequenceFirst(dk), SequenceFirst(dv)};
+}
+
+// Kept attention entries of the blockwise kernel carry this op name.
+constexpr char kBlockwiseOp[] = "blockwise";
+
 struct BlockwiseCausalAttention : public torch::autograd::Function<BlockwiseCausalAttention> {
   // q [b, s, hq, d], k/v [b, s, hkv, d] -> out [b, s, hq, d]; saves q, k, v, out, lse.
   // docs_in: [b, s] int64 CPU document ids, or an EMPTY tensor for one document per row
-  // (autograd::Function::apply cannot take an undefined tensor). Key tiles holding no document of
-  // the query tile are skipped entirely; mixed tiles are masked (TileScores).
+  // (autograd::Function::apply cannot take an undefined tensor). kept: null, or a kept forward of
+  // these q, k, v (kept attention's replay): its output and lse are used, the forward not run.
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& v, int64_t block,
-                               const torch::Tensor& docs_in) {
+                               const torch::Tensor& v, int64_t block, const torch::Tensor& docs_in,
+                               c10::intrusive_ptr<KeptAttentionEntry> kept) {
     const torch::Tensor docs = docs_in.numel() > 0 ? docs_in : torch::Tensor();
-    const int64_t hkv = k.size(2), s = q.size(1), d = q.size(3);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    torch::Tensor qg = GroupQueries(q, hkv);                                // [b, hkv, g, s, d]
-    torch::Tensor kh = HeadsFirst(k);                                       // [b, hkv, s, d]
-    torch::Tensor vh = HeadsFirst(v);                                       // [b, hkv, s, d]
-    torch::Tensor out = torch::empty_like(qg);                              // [b, hkv, g, s, d]
-    torch::Tensor lse = torch::empty(qg.sizes().slice(0, 4), q.options());  // [b, hkv, g, s]
-    for (int64_t i0 = 0; i0 < s; i0 += block) {
-      const int64_t i1 = std::min(s, i0 + block);
-      torch::Tensor qt = qg.index({Slice(), Slice(), Slice(), Slice(i0, i1)});  // [b,hkv,g,bq,d]
-      torch::Tensor m, l, acc;  // running max [.., bq, 1], sum [.., bq, 1], output [.., bq, d]
-      for (int64_t j0 = 0; j0 < i1; j0 += block) {  // key tiles in order: the first has key 0
-        const int64_t j1 = std::min(s, j0 + block);
-        if (docs.defined() && TilesDisjoint(docs, i0, j1)) continue;         // another document
-        torch::Tensor kt = kh.index({Slice(), Slice(), Slice(j0, j1)});      // [b, hkv, bk, d]
-        torch::Tensor vt = vh.index({Slice(), Slice(), Slice(j0, j1)});      // [b, hkv, bk, d]
-        torch::Tensor sc = TileScores(qt, kt, scale, i0, j0, docs);          // [b, hkv, g, bq, bk]
-        torch::Tensor tile_max = std::get<0>(sc.max(-1, /*keepdim=*/true));  // [.., bq, 1]
-        if (docs.defined()) {
-          // A row may see no key of this tile (-inf max): exponentiate against a finite max so
-          // it contributes exp(-inf) = 0. Every row sees itself, so l > 0 at the end.
-          if (!m.defined()) {
-            m = torch::full_like(tile_max, -std::numeric_limits<double>::infinity());
-            l = torch::zeros_like(tile_max);
-            acc = torch::zeros(qt.sizes(), qt.options());
-          }
-          torch::Tensor m_new = torch::maximum(m, tile_max);
-          torch::Tensor m_safe = m_new.masked_fill(m_new.isinf(), 0.0);
-          torch::Tensor alpha = (m - m_safe).exp_();
-          torch::Tensor p = (sc - m_safe).exp_();
-          l = l * alpha + p.sum(-1, true);
-          acc = acc * alpha + torch::matmul(p, vt.unsqueeze(2));
-          m = m_new;
-        } else if (!m.defined()) {
-          m = tile_max;  // finite: key 0 is visible to every query
-          torch::Tensor p = (sc - m).exp_();
-          l = p.sum(-1, true);
-          acc = torch::matmul(p, vt.unsqueeze(2));  // [.., bq, bk] x [.., 1, bk, d] -> [.., bq, d]
-        } else {
-          torch::Tensor m_new = torch::maximum(m, tile_max);
-          torch::Tensor alpha = (m - m_new).exp_();
-          torch::Tensor p = (sc - m_new).exp_();
-          l = l * alpha + p.sum(-1, true);
-          acc = acc * alpha + torch::matmul(p, vt.unsqueeze(2));
-          m = m_new;
-        }
-      }
-      out.index_put_({Slice(), Slice(), Slice(), Slice(i0, i1)}, acc / l);
-      lse.index_put_({Slice(), Slice(), Slice(), Slice(i0, i1)}, (m + l.log()).squeeze(-1));
+    torch::Tensor result, lse;
+    if (kept) {
+      TORCH_CHECK(kept->op == kBlockwiseOp && kept->out.sizes() == q.sizes() &&
+                      kept->out.scalar_type() == q.scalar_type(),
+                  "kept attention: the kept output (", kept->op, ", ", kept->out.sizes(),
+                  ") does not match this call's q ", q.sizes(),
+                  ": the recompute is not the forward it replays");
+      result = kept->out;
+      lse = kept->lse;
+    } else {
+      std::tie(result, lse) = BlockwiseForward(q, k, v, block, docs);
     }
-    torch::Tensor result = UngroupQueries(out);  // [b, s, hq, d]
     ctx->save_for_backward({q, k, v, result, lse});
     ctx->saved_data["block"] = block;
     ctx->saved_data["has_docs"] = docs.defined();
@@ -144,54 +249,12 @@ struct BlockwiseCausalAttention : public torch::autograd::Function<BlockwiseCaus
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3];
-    const torch::Tensor& lse = saved[4];  // [b, hkv, g, s]
-    const int64_t block = ctx->saved_data["block"].toInt();
     const torch::Tensor docs =
         ctx->saved_data["has_docs"].toBool() ? ctx->saved_data["docs"].toTensor() : torch::Tensor();
-    const int64_t hkv = k.size(2), s = q.size(1), d = q.size(3);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    torch::Tensor qg = GroupQueries(q, hkv);                       // [b, hkv, g, s, d]
-    torch::Tensor dog = GroupQueries(grads[0].contiguous(), hkv);  // [b, hkv, g, s, d]
-    torch::Tensor og = GroupQueries(o, hkv);                       // [b, hkv, g, s, d]
-    torch::Tensor kh = HeadsFirst(k), vh = HeadsFirst(v);          // [b, hkv, s, d]
-    // delta_i = sum_d dO_i * O_i: [b, hkv, g, s, 1]
-    torch::Tensor delta = (dog * og).sum(-1, true);
-    torch::Tensor dq = torch::zeros_like(qg);  // [b, hkv, g, s, d]
-    torch::Tensor dk = torch::zeros_like(kh);  // [b, hkv, s, d]
-    torch::Tensor dv = torch::zeros_like(vh);  // [b, hkv, s, d]
-    for (int64_t j0 = 0; j0 < s; j0 += block) {
-      const int64_t j1 = std::min(s, j0 + block);
-      torch::Tensor kt = kh.index({Slice(), Slice(), Slice(j0, j1)});  // [b, hkv, bk, d]
-      torch::Tensor vt = vh.index({Slice(), Slice(), Slice(j0, j1)});  // [b, hkv, bk, d]
-      torch::Tensor dk_acc = torch::zeros_like(kt), dv_acc = torch::zeros_like(vt);
-      for (int64_t i0 = (j0 / block) * block; i0 < s; i0 += block) {  // query tiles at/after j0
-        const int64_t i1 = std::min(s, i0 + block);
-        // Later query tiles hold later documents only: none of them sees this key tile either.
-        if (docs.defined() && TilesDisjoint(docs, i0, j1)) break;
-        auto rows = Slice(i0, i1);
-        torch::Tensor qt = qg.index({Slice(), Slice(), Slice(), rows});    // [b, hkv, g, bq, d]
-        torch::Tensor dot = dog.index({Slice(), Slice(), Slice(), rows});  // [b, hkv, g, bq, d]
-        torch::Tensor sc = TileScores(qt, kt, scale, i0, j0, docs);        // [b, hkv, g, bq, bk]
-        // P = exp(S - lse): [b, hkv, g, bq, bk]
-        torch::Tensor p = (sc - lse.index({Slice(), Slice(), Slice(), rows}).unsqueeze(-1)).exp_();
-        // dV += sum_g P^T dO: [.., g, bk, bq] x [.., g, bq, d] -> [.., g, bk, d] -> [b, hkv, bk, d]
-        dv_acc += torch::matmul(p.transpose(-1, -2), dot).sum(2);
-        // dP = dO V^T: [.., g, bq, d] x [.., 1, d, bk] -> [.., g, bq, bk]
-        torch::Tensor dp = torch::matmul(dot, vt.unsqueeze(2).transpose(-1, -2));
-        // dS = P * (dP - delta) * scale
-        torch::Tensor ds =
-            p.mul_(dp.sub_(delta.index({Slice(), Slice(), Slice(), rows}))).mul_(scale);
-        // dQ += dS K: [.., g, bq, bk] x [.., 1, bk, d] -> [.., g, bq, d]
-        dq.index({Slice(), Slice(), Slice(), rows}) += torch::matmul(ds, kt.unsqueeze(2));
-        // dK += sum_g dS^T Q: [.., g, bk, bq] x [.., g, bq, d] -> [b, hkv, bk, d]
-        dk_acc += torch::matmul(ds.transpose(-1, -2), qt).sum(2);
-      }
-      dk.index_put_({Slice(), Slice(), Slice(j0, j1)}, dk_acc);
-      dv.index_put_({Slice(), Slice(), Slice(j0, j1)}, dv_acc);
-    }
-    return {UngroupQueries(dq), SequenceFirst(dk), SequenceFirst(dv), torch::Tensor(),
-            torch::Tensor()};
+    std::vector<torch::Tensor> d =
+        BlockwiseBackward(saved[0], saved[1], saved[2], saved[3], saved[4], grads[0],
+                          ctx->saved_data["block"].toInt(), docs);
+    return {d[0], d[1], d[2], torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -221,12 +284,25 @@ torch::Tensor CheckDocIds(const torch::Tensor& doc_ids, int64_t b, int64_t s) {
   return docs;
 }
 
-#if ULYSSES_TORCH_HAS_SDPA
 // q, k, v in SDPA's [b, h, s, d] layout; gqa: k/v hold the kv heads unrepeated (enable_gqa).
 struct SdpaInputs {
   torch::Tensor q, k, v;
   bool gqa = false;
 };
+
+// q [b, s, hq, d], k/v [b, s, hkv, d] -> SDPA's [b, h, s, d] views with the kv heads repeated to
+// the query head count (kept attention calls the fused ops below SDPA's GQA handling).
+SdpaInputs RepeatedSdpaLayout(const torch::Tensor& q, const torch::Tensor& k,
+                              const torch::Tensor& v) {
+  const int64_t g = q.size(2) / k.size(2);
+  SdpaInputs in;
+  in.q = q.transpose(1, 2);                                         // [b, hq, s, d]
+  in.k = (g == 1 ? k : k.repeat_interleave(g, 2)).transpose(1, 2);  // [b, hq, s, d]
+  in.v = (g == 1 ? v : v.repeat_interleave(g, 2)).transpose(1, 2);  // [b, hq, s, d]
+  return in;
+}
+
+#if ULYSSES_TORCH_HAS_SDPA
 
 // sdp::SDPBackend values (ATen/native/transformers/sdp_utils_cpp.h).
 constexpr int64_t kSdpaMath = 0;
@@ -296,6 +372,131 @@ torch::Tensor SdpaCausal(const torch::Tensor& q, const torch::Tensor& k, const t
 }
 #endif
 
+// The fused op libtorch's dispatcher picks for these SDPA-layout inputs (causal, no mask, kv
+// repeated), bound for kept attention; nullptr when it picks none it can keep (math), when
+// libtorch has no SDPA, or when the op does not bind (logged once per op).
+const FusedAttentionOp* KeepableFusedOp(const SdpaInputs& in) {
+  const char* name = nullptr;
+#if ULYSSES_TORCH_HAS_SDPA
+  switch (SdpaChoice(in)) {
+    case 1:
+      name = "aten::_scaled_dot_product_flash_attention";
+      break;
+    case 2:
+      name = "aten::_scaled_dot_product_efficient_attention";
+      break;
+    case 3:
+      name = "aten::_scaled_dot_product_cudnn_attention";
+      break;
+    default:
+      break;
+  }
+#endif
+  if (name == nullptr || in.q.size(-1) % 8 != 0) return nullptr;  // SDPA pads other head dims
+  return CachedFusedOp(name);
+}
+
+// q [b, s, hq, d], k/v [b, s, hkv, d], docs [b, s] (empty: one document per row) -> [b, s, hq, d].
+torch::Tensor Attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                     const AttentionOptions& opts, const torch::Tensor& docs) {
+#if ULYSSES_TORCH_HAS_SDPA
+  if (q.is_cuda()) {
+    CountCausalAttentionForward();
+    return docs.numel() > 0 ? SdpaDocuments(q, k, v, docs) : SdpaCausal(q, k, v);
+  }
+#endif
+  const c10::intrusive_ptr<KeptAttentionEntry> none;
+  if (q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16) {
+    return BlockwiseCausalAttention::apply(q.to(torch::kFloat), k.to(torch::kFloat),
+                                           v.to(torch::kFloat), opts.block_size, docs, none)
+        .to(q.scalar_type());
+  }
+  return BlockwiseCausalAttention::apply(q, k, v, opts.block_size, docs, none);
+}
+
+bool UsesSdpa(const torch::Tensor& q) {
+#if ULYSSES_TORCH_HAS_SDPA
+  return q.is_cuda();
+#else
+  (void)q;
+  return false;
+#endif
+}
+
+// Kept attention, record (no grad): runs the forward keeping its output and lse in `kept`.
+torch::Tensor RecordKept(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                         const AttentionOptions& opts, const torch::Tensor& docs,
+                         KeptAttention* kept) {
+  if (UsesSdpa(q)) {
+    SdpaInputs in = RepeatedSdpaLayout(q, k, v);
+    const FusedAttentionOp* op = docs.numel() > 0 ? nullptr : KeepableFusedOp(in);
+    if (op == nullptr) {
+      kept->Push(c10::make_intrusive<KeptAttentionEntry>());  // not kept: recomputed
+      return Attend(q, k, v, opts, docs);
+    }
+    c10::intrusive_ptr<KeptAttentionEntry> entry = RunFusedAttentionForward(*op, in.q, in.k, in.v);
+    torch::Tensor out = entry->out.transpose(1, 2).contiguous();  // [b, h, s, d] -> [b, s, h, d]
+    kept->Push(std::move(entry));
+    return out;
+  }
+  const bool narrow = q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16;
+  const torch::ScalarType compute = narrow ? torch::kFloat : q.scalar_type();
+  const torch::Tensor no_docs = docs.numel() > 0 ? docs : torch::Tensor();
+  auto entry = c10::make_intrusive<KeptAttentionEntry>();
+  entry->kept = true;
+  entry->op = kBlockwiseOp;
+  std::tie(entry->out, entry->lse) = BlockwiseForward(q.to(compute), k.to(compute), v.to(compute),
+                                                      opts.block_size, no_docs);  // [b, s, hq, d]
+  torch::Tensor out = entry->out.to(q.scalar_type());
+  kept->Push(std::move(entry));
+  return out;
+}
+
+// The replay of a fused SDPA op: forward returns the kept output, backward runs the op's backward.
+struct KeptFusedAttention : public torch::autograd::Function<KeptFusedAttention> {
+  // q, k, v [b, h, s, d] (kv repeated) -> the kept output [b, h, s, d].
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v,
+                               c10::intrusive_ptr<KeptAttentionEntry> kept) {
+    TORCH_CHECK(kept->out.sizes() == q.sizes() && kept->out.device() == q.device(),
+                "kept attention: the kept output (", kept->op, ", ", kept->out.sizes(),
+                ") does not match this call's q ", q.sizes(),
+                ": the recompute is not the forward it replays");
+    ctx->save_for_backward({q, k, v});
+    ctx->saved_data["kept"] = c10::IValue::make_capsule(kept);
+    return kept->out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto kept =
+        c10::static_intrusive_pointer_cast<KeptAttentionEntry>(ctx->saved_data["kept"].toCapsule());
+    const FusedAttentionOp* op = CachedFusedOp(kept->op);
+    TORCH_CHECK(op != nullptr, "kept attention: ", kept->op, " is no longer bound");
+    std::vector<torch::Tensor> d =
+        RunFusedAttentionBackward(*op, *kept, grads[0], saved[0], saved[1], saved[2]);
+    return {d[0], d[1], d[2], torch::Tensor()};
+  }
+};
+
+// Kept attention, replay (grad on): the kept output, with the kernel's backward against it.
+torch::Tensor ReplayKept(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                         const AttentionOptions& opts, const torch::Tensor& docs,
+                         const c10::intrusive_ptr<KeptAttentionEntry>& entry) {
+  if (entry->op != kBlockwiseOp) {
+    SdpaInputs in = RepeatedSdpaLayout(q, k, v);
+    torch::Tensor o = KeptFusedAttention::apply(in.q, in.k, in.v, entry);  // [b, h, s, d]
+    return o.transpose(1, 2).contiguous();                                 // [b, s, h, d]
+  }
+  const bool narrow = q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16;
+  if (narrow) {
+    return BlockwiseCausalAttention::apply(q.to(torch::kFloat), k.to(torch::kFloat),
+                                           v.to(torch::kFloat), opts.block_size, docs, entry)
+        .to(q.scalar_type());
+  }
+  return BlockwiseCausalAttention::apply(q, k, v, opts.block_size, docs, entry);
+}
+
 }  // namespace
 
 std::string SdpaBackendFor(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
@@ -329,15 +530,15 @@ torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
   if (doc_ids.defined()) {
     docs = CheckDocIds(doc_ids, q.size(0), q.size(1));
   }
-#if ULYSSES_TORCH_HAS_SDPA
-  if (q.is_cuda()) return doc_ids.defined() ? SdpaDocuments(q, k, v, docs) : SdpaCausal(q, k, v);
-#endif
-  if (q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16) {
-    return BlockwiseCausalAttention::apply(q.to(torch::kFloat), k.to(torch::kFloat),
-                                           v.to(torch::kFloat), opts.block_size, docs)
-        .to(q.scalar_type());
+  KeepAttentionScope* scope = KeepAttentionScope::Current();
+  if (scope != nullptr && scope->mode() == KeepMode::kReplay) {
+    c10::intrusive_ptr<KeptAttentionEntry> entry = scope->kept()->Pop();
+    if (entry->kept) return ReplayKept(q, k, v, opts, docs, entry);
+  } else if (scope != nullptr && !torch::GradMode::is_enabled()) {
+    // Record: what the replay needs, or a "not kept" entry so the two stay in step.
+    return RecordKept(q, k, v, opts, docs, scope->kept());
   }
-  return BlockwiseCausalAttention::apply(q, k, v, opts.block_size, docs);
+  return Attend(q, k, v, opts, docs);
 }
 
 torch::Tensor NaiveCausalAttention(const torch::Tensor& q, const torch::Tensor& k,

@@ -3,7 +3,9 @@
 // world, divided by the global token count -- the training loop's math) at sp 1
 // equal those at sp 2 and sp 4. The model is GQA with 2 kv heads, so sp 4
 // replicates kv heads. A variant runs with tiled loss + activation checkpointing +
-// tiled MLP at sp 4 (recompute with collectives inside the reentrant backward).
+// tiled MLP at sp 4 (recompute with collectives inside the reentrant backward), another with
+// kept attention outputs (selective checkpointing) at sp 2 and 4, which must also run the
+// attention forward once per layer instead of twice.
 // The token count check fails if shard-boundary labels are dropped.
 //
 // Ranks are this binary re-executed (tests/testing/rank_processes.h).
@@ -20,6 +22,7 @@
 #include "worker/engine/data/sharding.h"
 #include "worker/engine/model/llama.h"
 #include "worker/engine/parallel/communicator.h"
+#include "worker/engine/parallel/kept_attention.h"
 #include "worker/engine/parallel/ulysses_attention.h"
 
 namespace ulysses::engine::train {
@@ -37,7 +40,7 @@ int Getenv(const char* name, int def) {
 // Child: one rank. Writes [loss, count, grads...] (rank 0) to ULYSSES_SPX_OUT.
 int ChildMain(const ::ulysses::testing::ChildEnv& env) {
   const int rank = env.rank, world = env.world;
-  const bool memopts = Getenv("ULYSSES_SPX_MEMOPTS", 0) != 0;
+  const int memopts = Getenv("ULYSSES_SPX_MEMOPTS", 0);  // 0 none, 1 recompute, 2 kept attention
   CommConfig comm;
   comm.rank = rank;
   comm.world_size = world;
@@ -49,12 +52,13 @@ int ChildMain(const ::ulysses::testing::ChildEnv& env) {
     return 1;
   }
   model::MemoryOptions mem;
-  if (memopts) {
+  if (memopts != 0) {
     mem.tiled_loss = true;
     mem.loss_tile_tokens = 3;
     mem.activation_checkpointing = true;
     mem.tiled_mlp = true;
     mem.mlp_tile_tokens = 5;
+    mem.keep_attention_outputs = memopts == 2;
   }
   model::LlamaForCausalLM m(Config(), mem);
   m->InitWeights(99);
@@ -71,12 +75,15 @@ int ChildMain(const ::ulysses::testing::ChildEnv& env) {
                                        const torch::Tensor& v, const torch::Tensor& doc_ids) {
     return UlyssesAttention(q, k, v, sp, opts, doc_ids);
   };
+  const int64_t forwards_before = CausalAttentionForwardRuns();
   model::LossOutput out = m->Loss(shard->input_ids, shard->position_ids, shard->labels, attn);
   out.loss_sum.backward();
+  // Attention forward kernel runs of this rank's step.
+  const double forwards = static_cast<double>(CausalAttentionForwardRuns() - forwards_before);
   std::vector<torch::Tensor> reduce;
   for (auto& p : m->named_parameters()) reduce.push_back(p.value().grad());
-  reduce.push_back(torch::tensor({out.loss_sum.item<double>(), static_cast<double>(out.tokens)},
-                                 torch::kDouble));
+  reduce.push_back(torch::tensor(
+      {out.loss_sum.item<double>(), static_cast<double>(out.tokens), forwards}, torch::kDouble));
   if (!groups->world->AllReduceSum(reduce).ok()) return 1;
   if (rank == 0) {
     const double count = reduce.back()[1].item<double>();
@@ -89,13 +96,15 @@ int ChildMain(const ::ulysses::testing::ChildEnv& env) {
 
 ULYSSES_RANK_CHILD_MAIN(ChildMain);
 
-// Runs `world` ranks; returns [loss_sum/count..., grads] from rank 0.
-std::vector<torch::Tensor> RunRanks(int world, bool memopts) {
+// Runs `world` ranks; returns [[loss_sum, count, attention forwards summed over ranks],
+// grads/count] from rank 0. memopts: 0 none, 1 recompute (checkpointing, tiled MLP and loss), 2 the
+// same with kept attention outputs.
+std::vector<torch::Tensor> RunRanks(int world, int memopts) {
   ::ulysses::testing::TempDir dir("ulysses-spx");
   const std::string out = dir.Sub("result.pt");
   const auto results = ::ulysses::testing::RunChildren(
       "rank", world, std::chrono::seconds(90),
-      {"ULYSSES_SPX_OUT=" + out, std::string("ULYSSES_SPX_MEMOPTS=") + (memopts ? "1" : "0")});
+      {"ULYSSES_SPX_OUT=" + out, "ULYSSES_SPX_MEMOPTS=" + std::to_string(memopts)});
   bool ok = true;
   for (int r = 0; r < world; ++r) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << " of " << world;
@@ -125,17 +134,36 @@ void ExpectEqualResults(const std::vector<torch::Tensor>& a, const std::vector<t
 }
 
 TEST(SpExactnessTest, LossAndEveryGradientMatchAcrossSpDegrees) {
-  auto sp1 = RunRanks(1, false);
-  auto sp2 = RunRanks(2, false);
-  auto sp4 = RunRanks(4, false);
+  auto sp1 = RunRanks(1, 0);
+  auto sp2 = RunRanks(2, 0);
+  auto sp4 = RunRanks(4, 0);
   ExpectEqualResults(sp1, sp2);
   ExpectEqualResults(sp1, sp4);
 }
 
+// Attention forward runs of a step, summed over the ranks.
+double AttentionForwards(const std::vector<torch::Tensor>& r) {
+  return r.empty() ? -1 : r[0][2].item<double>();
+}
+
 TEST(SpExactnessTest, MemoryOptionsAtSp4MatchPlainSp1) {
-  auto sp1 = RunRanks(1, false);
-  auto sp4 = RunRanks(4, true);
+  auto sp1 = RunRanks(1, 0);
+  auto sp4 = RunRanks(4, 1);
   ExpectEqualResults(sp1, sp4);
+  const double layers = static_cast<double>(Config().num_hidden_layers);
+  EXPECT_EQ(AttentionForwards(sp1), layers);
+  EXPECT_EQ(AttentionForwards(sp4), 4 * 2 * layers);  // checkpointing: every layer twice
+}
+
+TEST(SpExactnessTest, KeptAttentionOutputsMatchPlainSp1WithOneForwardPerLayer) {
+  auto sp1 = RunRanks(1, 0);
+  auto sp2 = RunRanks(2, 2);
+  auto sp4 = RunRanks(4, 2);
+  ExpectEqualResults(sp1, sp2);
+  ExpectEqualResults(sp1, sp4);
+  const double layers = static_cast<double>(Config().num_hidden_layers);
+  EXPECT_EQ(AttentionForwards(sp2), 2 * layers);  // the recompute replays the kept outputs
+  EXPECT_EQ(AttentionForwards(sp4), 4 * layers);
 }
 
 }  // namespace
