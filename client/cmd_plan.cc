@@ -152,6 +152,7 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
       << (job.parallelism.offload_optimizer ? ", offload_optimizer" : "")
       << (job.parallelism.offload_activations ? ", offload_activations" : "")
       << (job.memory.activation_checkpointing ? ", activation_checkpointing" : "")
+      << (job.memory.keep_attention_outputs ? ", keep_attention_outputs" : "")
       << (job.memory.tiled_mlp ? ", tiled_mlp" : "")
       << (job.memory.tiled_loss
               ? absl::StrCat(", tiled_loss (", job.memory.loss_tile_tokens, "-token tiles)")

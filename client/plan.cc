@@ -57,8 +57,11 @@ spec::ModelShape Shape(const spec::ModelSpec& m) { return static_cast<const spec
 // Hardware FLOPs per token: the model FLOPs (common/spec/model_math.h, the MFU convention)
 // plus what the memory options recompute.
 double FlopsPerToken(const spec::JobSpec& s, int64_t seq_len) {
-  const spec::RecomputeOptions recompute{s.memory.activation_checkpointing, s.memory.tiled_mlp,
-                                         s.memory.tiled_loss};
+  spec::RecomputeOptions recompute;
+  recompute.activation_checkpointing = s.memory.activation_checkpointing;
+  recompute.keep_attention_outputs = s.memory.keep_attention_outputs;
+  recompute.tiled_mlp = s.memory.tiled_mlp;
+  recompute.tiled_loss = s.memory.tiled_loss;
   return spec::ModelFlopsPerToken(s.model, seq_len) +
          spec::RecomputeFlopsPerToken(s.model, seq_len, recompute);
 }
@@ -221,6 +224,7 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s, const DeviceSpec* device)
       ai.sp = p.sp;
       ai.kv_heads_exchanged = p.kv_heads_exchanged;
       ai.activation_checkpointing = s.memory.activation_checkpointing;
+      ai.keep_attention_outputs = s.memory.keep_attention_outputs;
       ai.tiled_mlp = s.memory.tiled_mlp;
       ai.tiled_loss = s.memory.tiled_loss;
       ai.loss_tile_tokens = s.memory.loss_tile_tokens;

@@ -134,6 +134,7 @@ struct MemoryFields {
   template <class V>
   void operator()(V& v) const {
     v.Field("activation_checkpointing", &MemorySpec::activation_checkpointing, kAlways);
+    v.Field("keep_attention_outputs", &MemorySpec::keep_attention_outputs, kAlways);
     v.Field("tiled_mlp", &MemorySpec::tiled_mlp, kAlways);
     v.Field("tiled_loss", &MemorySpec::tiled_loss, kAlways);
     v.Field("loss_tile_tokens", &MemorySpec::loss_tile_tokens, kAlways);

@@ -186,6 +186,12 @@ void CheckParallelism(const JobSpec& s, Errors& e) {
 }
 
 void CheckMemory(const JobSpec& s, Errors& e) {
+  if (s.memory.keep_attention_outputs && !s.memory.activation_checkpointing) {
+    e.Add(PathOf(&MemorySpec::keep_attention_outputs), "true",
+          "needs memory.activation_checkpointing (it keeps the attention outputs that "
+          "checkpointing would recompute; without checkpointing every activation is kept anyway)",
+          "set memory.activation_checkpointing: true, or keep_attention_outputs: false");
+  }
   CheckPositive(e, PathOf(&MemorySpec::loss_tile_tokens), s.memory.loss_tile_tokens,
                 "use e.g. 4096");
   CheckPositive(e, PathOf(&MemorySpec::attention_block_size), s.memory.attention_block_size,

@@ -184,13 +184,16 @@ ActivationBytes ActivationBytesPerRank(const ActivationInputs& in) {
   ActivationBytes a;
   // Checkpointing keeps each layer's input; offload_activations moves them to the host
   // (on a GPU) and keeps two layers' inputs on the device for the transfer.
+  // Kept attention outputs add each layer's local attention output (n*Hq*D in the dtype) and
+  // its fp32 log-sum-exp (n*Hq), on the device also when the inputs are offloaded.
   const double ckpt_inputs = layers * n * h * b;
+  const double kept = in.keep_attention_outputs ? layers * n * (hq * d * b + hq * 4) : 0;
   if (ckpt) {
     if (in.offload_activations) {
-      a.saved = final_norm + 2 * n * h * b;
+      a.saved = final_norm + 2 * n * h * b + kept;
       a.host = ckpt_inputs;
     } else {
-      a.saved = final_norm + ckpt_inputs;
+      a.saved = final_norm + ckpt_inputs + kept;
     }
   } else {
     a.saved = final_norm + layers * layer_saved;

@@ -133,6 +133,7 @@ struct ActivationInputs {
   int64_t sp = 1;                         // Ulysses degree P
   int64_t kv_heads_exchanged = 0;         // UlyssesKvHeadsExchanged: Hkv, or P when replicated
   bool activation_checkpointing = false;  // spec.memory
+  bool keep_attention_outputs = false;    // with checkpointing: + each layer's attention output
   bool tiled_mlp = false;
   bool tiled_loss = false;
   int64_t loss_tile_tokens = 0;

@@ -24,8 +24,10 @@ double RecomputeFlopsPerToken(const ModelShape& shape, int64_t seq_len,
   const double vocab = static_cast<double>(shape.vocab_size);
   double flops = 0;
   if (options.activation_checkpointing) {
-    // One more forward of every layer: 2 per parameter plus the forward third of attention.
-    flops += 2 * layers * c.per_layer + 2 * layers * h * static_cast<double>(seq_len);
+    // One more forward of every layer: 2 per parameter plus the forward third of attention,
+    // which kept attention outputs do not run again.
+    flops += 2 * layers * c.per_layer;
+    if (!options.keep_attention_outputs) flops += 2 * layers * h * static_cast<double>(seq_len);
   } else if (options.tiled_mlp) {
     flops += 2 * layers * 3 * h * inter;  // The MLP forward again per tile.
   }

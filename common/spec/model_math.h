@@ -30,6 +30,8 @@ struct RecomputeOptions {
   bool activation_checkpointing = false;  // Every layer's forward once more.
   bool tiled_mlp = false;                 // The MLP forward once more (without checkpointing).
   bool tiled_loss = false;                // The lm_head logits once more.
+  // With activation_checkpointing: attention's forward is not run again (kept from the first).
+  bool keep_attention_outputs = false;
 };
 
 // FLOPs per token those options add on top of ModelFlopsPerToken (hardware, not model FLOPs).

@@ -108,6 +108,13 @@ TEST(PlanTest, MemoryFormulasMatchHandCountsForASmallShape) {
   const StagePlan c = PlanJob(ckpt)[0];
   EXPECT_DOUBLE_EQ(c.saved_activation_bytes, 2 * 32 * 8 * 4 + 2048);
   EXPECT_DOUBLE_EQ(c.working_bytes, 32 * 648 + 13312 + 6144 + 6144);
+  // Kept attention outputs add, per layer, the local attention output n*Hq*D = 32*2*4 in fp32
+  // and its fp32 log-sum-exp 32*2, and take the attention forward out of the recompute.
+  spec::JobSpec kept = ckpt;
+  kept.memory.keep_attention_outputs = true;
+  const StagePlan k = PlanJob(kept)[0];
+  EXPECT_DOUBLE_EQ(k.saved_activation_bytes, 2 * 32 * 8 * 4 + 2 * (32 * 2 * 4 * 4 + 32 * 2 * 4) + 2048);
+  EXPECT_DOUBLE_EQ(k.working_bytes, c.working_bytes);
 
   // ZeRO 3 over world 2 with bf16: P*2/2 parameters, P*4/2 fp32 gradients, P*12/2 optimizer
   // (exp_avg, exp_avg_sq, fp32 master), and gathered while in use the outer unit (embed,

@@ -168,6 +168,12 @@ std::vector<BadCase> BadCases() {
       {"offload_optimizer_without_zero",
        With("{sp_degree: 2, dp_degree: 1}", "{sp_degree: 2, offload_optimizer: true}"),
        "spec.parallelism.offload_optimizer: true needs zero_stage >= 1"},
+      {"keep_attention_outputs_without_checkpointing",
+       With("{tiled_loss: true}", "{tiled_loss: true, keep_attention_outputs: true}"),
+       "spec.memory.keep_attention_outputs: true needs memory.activation_checkpointing (it keeps "
+       "the attention outputs that checkpointing would recompute; without checkpointing every "
+       "activation is kept anyway) (set memory.activation_checkpointing: true, or "
+       "keep_attention_outputs: false)"},
       {"offload_activations_without_checkpointing",
        With("{sp_degree: 2, dp_degree: 1}", "{sp_degree: 2, offload_activations: true}"),
        "spec.parallelism.offload_activations: true needs memory.activation_checkpointing"},

@@ -78,6 +78,8 @@ TEST(ModelMathTest, RecomputeAddsWhatTheMemoryOptionsRunAgain) {
   EXPECT_DOUBLE_EQ(RecomputeFlopsPerToken(s, 10, {true, true, false}), 2368 + 320);
   EXPECT_DOUBLE_EQ(RecomputeFlopsPerToken(s, 10, {false, true, false}), 2 * 2 * 3 * 8 * 16);
   EXPECT_DOUBLE_EQ(RecomputeFlopsPerToken(s, 10, {false, false, true}), 2 * 100 * 8);
+  // Kept attention outputs: the layers again without attention's forward third.
+  EXPECT_DOUBLE_EQ(RecomputeFlopsPerToken(s, 10, {true, false, false, true}), 2368);
 }
 
 TEST(ModelMathTest, MfuIsModelFlopsOverDevicesTimesPeak) {

@@ -33,6 +33,7 @@ absl::StatusOr<LlamaConfig> ModelConfigFromJson(const json& j) {
 model::MemoryOptions MemoryOptionsFromSpec(const spec::JobSpec& spec) {
   model::MemoryOptions mem;
   mem.activation_checkpointing = spec.memory.activation_checkpointing;
+  mem.keep_attention_outputs = spec.memory.keep_attention_outputs;
   mem.offload_activations = spec.parallelism.offload_activations;
   mem.tiled_mlp = spec.memory.tiled_mlp;
   mem.tiled_loss = spec.memory.tiled_loss;
