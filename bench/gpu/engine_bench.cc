@@ -5,13 +5,15 @@
 //   engine_bench --device cuda:0 --shape llama3-1b|llama3-8b|tiny (spec presets) --dtype bfloat16
 //       --seq 8192,32768,131072
 //       [--steps 3] [--warmup 1] [--ac] [--tiled-mlp] [--tiled-loss] [--loss-tile 8192]
-//       [--offload-activations] [--fuse-gate-up] [--no-fused-rms-norm]
+//       [--offload-activations] [--fuse-gate-up] [--no-fused-rms-norm] [--keep-attention]
 //       [--max-seq START] [--max-seq-limit N] [--max-seq-step-budget SECONDS]
 //       [--profile-seq 32768 --profile-trace FILE]
 //
 // Prints one JSON object per line: {"kind":"step", seq_len, tokens_per_s, mfu, step_seconds,
 // peak_allocated_bytes, ...} per --seq length; {"kind":"fit", seq_len, fits} per --max-seq trial
-// and {"kind":"max_seq", ...} at the end; {"kind":"profile", trace} when profiling.
+// and {"kind":"max_seq", ...} at the end; {"kind":"profile", trace} when profiling. A step line's
+// attention_forwards_per_step counts the attention forward kernels a timed step ran: layers with
+// no checkpointing or with --keep-attention (kept outputs replayed), twice that with --ac alone.
 // MFU = step FLOPs / (step seconds x peak), step FLOPs = tokens x spec::ModelFlopsPerToken
 // (common/spec/model_math.h: 6 N + 6 L d s, N the layers' parameters plus the lm_head matmul;
 // recomputation not counted; the convention of the engine's progress line, the
@@ -37,6 +39,7 @@
 #include "common/spec/model_math.h"
 #include "common/spec/model_shape.h"
 #include "worker/engine/parallel/attention.h"
+#include "worker/engine/parallel/kept_attention.h"
 #include "worker/engine/parallel/parallelize.h"
 #include "worker/engine/torch_compat.h"
 #include "worker/engine/train/device_memory.h"
@@ -61,6 +64,7 @@ struct Args {
   int steps = 3, warmup = 1;
   bool ac = false, tiled_mlp = false, tiled_loss = false;
   bool offload_activations = false, fuse_gate_up = false, fused_rms_norm = true;
+  bool keep_attention = false;
   int64_t loss_tile = 8192, mlp_tile = 0;
   int64_t max_seq = 0, max_seq_limit = 4 << 20;
   double max_seq_step_budget = 120;
@@ -114,6 +118,8 @@ Args ParseArgs(int argc, char** argv) {
       a.fused_rms_norm = true;
     else if (f == "--no-fused-rms-norm")
       a.fused_rms_norm = false;
+    else if (f == "--keep-attention")  // MemoryOptions::keep_attention_outputs (needs --ac)
+      a.keep_attention = true;
     else if (f == "--loss-tile")
       a.loss_tile = ParseInt(f, value());
     else if (f == "--mlp-tile")
@@ -164,6 +170,8 @@ class Bench {
     mem.offload_activations = a.offload_activations;
     mem.fuse_gate_up = a.fuse_gate_up;
     mem.fused_rms_norm = a.fused_rms_norm;
+    mem.keep_attention_outputs = a.keep_attention;
+    if (a.keep_attention && !a.ac) Usage("--keep-attention needs --ac");
     mem.loss_tile_tokens = a.loss_tile;
     const torch::Dtype dtype = Unwrap(model::ParseDtype(a.dtype));
     model_ = Unwrap(BuildModel(config_, mem, 1234, rt_.device, dtype));
@@ -213,6 +221,7 @@ class Bench {
                 {"offload_activations", args_.offload_activations},
                 {"fuse_gate_up", args_.fuse_gate_up},
                 {"fused_rms_norm", args_.fused_rms_norm},
+                {"keep_attention_outputs", args_.keep_attention},
                 {"sdpa_backend", Backend()}};
   }
 
@@ -231,6 +240,7 @@ class Bench {
       if (Step(s, i) < 0) return Oom(s);
     }
     double total = 0;
+    const int64_t forwards_before = CausalAttentionForwardRuns();
     for (int i = 0; i < args_.steps; ++i) {
       const double t = Step(s, args_.warmup + i);
       if (t < 0) return Oom(s);
@@ -247,6 +257,8 @@ class Bench {
     j["mfu"] = StepFlops(s) / secs / (args_.peak_tflops * 1e12);
     j["peak_allocated_bytes"] = mem.peak_allocated;
     j["peak_reserved_bytes"] = mem.peak_reserved;
+    j["attention_forwards_per_step"] =
+        static_cast<double>(CausalAttentionForwardRuns() - forwards_before) / args_.steps;
     return j;
   }
 

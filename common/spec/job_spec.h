@@ -85,10 +85,10 @@ struct MemorySpec {
   // With activation_checkpointing: keep each layer's attention output and log-sum-exp, so the
   // recompute skips the attention forward (selective checkpointing; one more layer input a layer).
   bool keep_attention_outputs = false;
-  bool tiled_mlp = false;                 // Run the MLP over sequence tiles.
-  bool tiled_loss = false;                // Compute logits+loss in sequence tiles.
-  int64_t loss_tile_tokens = 4096;        // Tokens per logits/loss tile when tiled_loss.
-  int64_t attention_block_size = 512;     // Query/key block for blockwise attention on CPU.
+  bool tiled_mlp = false;              // Run the MLP over sequence tiles.
+  bool tiled_loss = false;             // Compute logits+loss in sequence tiles.
+  int64_t loss_tile_tokens = 4096;     // Tokens per logits/loss tile when tiled_loss.
+  int64_t attention_block_size = 512;  // Query/key block for blockwise attention on CPU.
 };
 
 struct OptimizerSpec {

@@ -113,7 +113,8 @@ TEST(PlanTest, MemoryFormulasMatchHandCountsForASmallShape) {
   spec::JobSpec kept = ckpt;
   kept.memory.keep_attention_outputs = true;
   const StagePlan k = PlanJob(kept)[0];
-  EXPECT_DOUBLE_EQ(k.saved_activation_bytes, 2 * 32 * 8 * 4 + 2 * (32 * 2 * 4 * 4 + 32 * 2 * 4) + 2048);
+  EXPECT_DOUBLE_EQ(k.saved_activation_bytes,
+                   2 * 32 * 8 * 4 + 2 * (32 * 2 * 4 * 4 + 32 * 2 * 4) + 2048);
   EXPECT_DOUBLE_EQ(k.working_bytes, c.working_bytes);
 
   // ZeRO 3 over world 2 with bf16: P*2/2 parameters, P*4/2 fp32 gradients, P*12/2 optimizer

@@ -462,9 +462,15 @@ struct KeptFusedAttention : public torch::autograd::Function<KeptFusedAttention>
                 "kept attention: the kept output (", kept->op, ", ", kept->out.sizes(),
                 ") does not match this call's q ", q.sizes(),
                 ": the recompute is not the forward it replays");
-    ctx->save_for_backward({q, k, v});
+    const FusedAttentionOp* op = CachedFusedOp(kept->op);
+    TORCH_CHECK(op != nullptr, "kept attention: ", kept->op, " is no longer bound");
+    // The output becomes this node's output: only the saved-variable machinery may hold it (as
+    // an output, without a strong reference back to the node), never the entry the node keeps.
+    torch::Tensor out = std::move(kept->out);
+    kept->forward_returns[op->binding.output_index()] = c10::IValue();
+    ctx->save_for_backward({q, k, v, out});
     ctx->saved_data["kept"] = c10::IValue::make_capsule(kept);
-    return kept->out;
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -472,9 +478,8 @@ struct KeptFusedAttention : public torch::autograd::Function<KeptFusedAttention>
     auto kept =
         c10::static_intrusive_pointer_cast<KeptAttentionEntry>(ctx->saved_data["kept"].toCapsule());
     const FusedAttentionOp* op = CachedFusedOp(kept->op);
-    TORCH_CHECK(op != nullptr, "kept attention: ", kept->op, " is no longer bound");
     std::vector<torch::Tensor> d =
-        RunFusedAttentionBackward(*op, *kept, grads[0], saved[0], saved[1], saved[2]);
+        RunFusedAttentionBackward(*op, *kept, grads[0], saved[0], saved[1], saved[2], saved[3]);
     return {d[0], d[1], d[2], torch::Tensor()};
   }
 };

@@ -261,8 +261,11 @@ std::vector<torch::Tensor> RunFusedAttentionBackward(const FusedAttentionOp& op,
                                                      const KeptAttentionEntry& entry,
                                                      const torch::Tensor& grad,
                                                      const torch::Tensor& q, const torch::Tensor& k,
-                                                     const torch::Tensor& v) {
-  std::vector<c10::IValue> stack = op.binding.BackwardStack(grad, q, k, v, entry.forward_returns);
+                                                     const torch::Tensor& v,
+                                                     const torch::Tensor& out) {
+  std::vector<c10::IValue> returns = entry.forward_returns;
+  returns.at(op.binding.output_index()) = out;
+  std::vector<c10::IValue> stack = op.binding.BackwardStack(grad, q, k, v, returns);
   op.backward.callBoxed(&stack);
   TORCH_CHECK(stack.size() >= 3, op.name, "_backward returned ", stack.size(), " values");
   return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor()};

@@ -144,12 +144,15 @@ c10::intrusive_ptr<KeptAttentionEntry> RunFusedAttentionForward(const FusedAtten
                                                                 const torch::Tensor& q,
                                                                 const torch::Tensor& k,
                                                                 const torch::Tensor& v);
-// dq, dk, dv of a kept forward for the output gradient `grad`.
+// dq, dk, dv of a kept forward for the output gradient `grad`; `out` is its output (which the
+// replay's autograd node holds, not the entry: an entry holding the node's own output would keep
+// the node alive through it).
 std::vector<torch::Tensor> RunFusedAttentionBackward(const FusedAttentionOp& op,
                                                      const KeptAttentionEntry& entry,
                                                      const torch::Tensor& grad,
                                                      const torch::Tensor& q, const torch::Tensor& k,
-                                                     const torch::Tensor& v);
+                                                     const torch::Tensor& v,
+                                                     const torch::Tensor& out);
 
 }  // namespace ulysses::engine
 

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "worker/engine/data/dataset.h"
 #include "worker/engine/data/sharding.h"
 #include "worker/engine/parallel/attention.h"
+#include "worker/engine/parallel/kept_attention.h"
 #include "worker/engine/parallel/parallelize.h"
 #include "worker/engine/train/model_io.h"
 #include "worker/engine/train/train_step.h"
@@ -59,10 +61,11 @@ constexpr int64_t kSeq = 256;
 
 // One rank training the tiny model on needle data at the given device/dtype/layout.
 struct Rank {
-  Rank(const std::string& device, torch::Dtype dtype, ParallelConfig pc = {}) {
+  Rank(const std::string& device, torch::Dtype dtype, ParallelConfig pc = {},
+       const model::MemoryOptions& memory = {}) {
     pc.device = device;
     rt = std::move(Parallelize(pc)).value();
-    model = std::move(BuildModel(TinyConfig(), {}, 5, rt.device, dtype)).value();
+    model = std::move(BuildModel(TinyConfig(), memory, 5, rt.device, dtype)).value();
     AttentionOptions attn;
     attn.block_size = 64;
     attention = UlyssesAttentionFn(rt.groups.sp.get(), attn);
@@ -132,6 +135,78 @@ TEST(GpuEngineTest, SdpaUsesFusedBackendAndMatchesBlockwise) {
     EXPECT_LT(rel(q.grad(), q64.grad()), tol) << "dq " << c10::toString(dtype);
     EXPECT_LT(rel(k.grad(), k64.grad()), tol) << "dk " << c10::toString(dtype);
     EXPECT_LT(rel(v.grad(), v64.grad()), tol) << "dv " << c10::toString(dtype);
+  }
+}
+
+// Kept attention on CUDA: a call recorded without grad keeps the fused op's output and
+// log-sum-exp; its replay runs no forward kernel and its op's backward gives the gradients of
+// the plain call (which may use another kernel: GQA unrepeated), within bf16/fp16 rounding.
+TEST(GpuEngineTest, KeptAttentionReplaysTheFusedOpWithoutASecondForward) {
+  SKIP_WITHOUT_CUDA();
+  for (torch::Dtype dtype : {torch::kBFloat16, torch::kHalf}) {
+    auto opts = torch::TensorOptions().dtype(dtype).device(torch::kCUDA);
+    torch::Tensor q = torch::randn({1, 2048, 8, 64}, opts),
+                  k = torch::randn({1, 2048, 2, 64}, opts),
+                  v = torch::randn({1, 2048, 2, 64}, opts),
+                  g = torch::randn({1, 2048, 8, 64}, opts);
+    auto grads = [&](bool keep, int64_t* forwards) {
+      torch::Tensor q1 = q.clone().requires_grad_(true), k1 = k.clone().requires_grad_(true),
+                    v1 = v.clone().requires_grad_(true);
+      KeptAttention kept;
+      if (keep) {
+        torch::NoGradGuard no_grad;
+        KeepAttentionScope record(&kept, KeepMode::kRecord);
+        CausalAttention(q, k, v, AttentionOptions{});
+        EXPECT_EQ(kept.size(), 1);
+      }
+      const int64_t before = CausalAttentionForwardRuns();
+      torch::Tensor out;
+      {
+        std::optional<KeepAttentionScope> replay;
+        if (keep) replay.emplace(&kept, KeepMode::kReplay);
+        out = CausalAttention(q1, k1, v1, AttentionOptions{});
+      }
+      out.backward(g);
+      *forwards = CausalAttentionForwardRuns() - before;
+      return std::vector<torch::Tensor>{out.detach(), q1.grad(), k1.grad(), v1.grad()};
+    };
+    int64_t plain_forwards = -1, kept_forwards = -1;
+    auto plain = grads(false, &plain_forwards);
+    auto kept = grads(true, &kept_forwards);
+    std::printf("[ INFO     ] kept attention %s: replay ran %lld forward(s), plain %lld\n",
+                c10::toString(dtype), static_cast<long long>(kept_forwards),
+                static_cast<long long>(plain_forwards));
+    EXPECT_EQ(plain_forwards, 1);
+    EXPECT_EQ(kept_forwards, 0) << "the fused op was not kept (see the warning above)";
+    const char* names[] = {"out", "dq", "dk", "dv"};
+    for (int i = 0; i < 4; ++i) {
+      const double rel = ((kept[i].to(torch::kDouble) - plain[i].to(torch::kDouble)).norm() /
+                          plain[i].to(torch::kDouble).norm())
+                             .item<double>();
+      EXPECT_LT(rel, 2e-2) << names[i] << " " << c10::toString(dtype);
+    }
+  }
+}
+
+// A model with kept attention outputs trains like one that recomputes them (bf16 on CUDA).
+TEST(GpuEngineTest, KeptAttentionOutputsTrainLikeFullCheckpointing) {
+  SKIP_WITHOUT_CUDA();
+  model::MemoryOptions ckpt;
+  ckpt.activation_checkpointing = true;
+  model::MemoryOptions kept = ckpt;
+  kept.keep_attention_outputs = true;
+  Rank a("cuda:0", torch::kBFloat16, {}, ckpt), b("cuda:0", torch::kBFloat16, {}, kept);
+  for (int64_t step = 0; step < 5; ++step) {
+    const int64_t before = CausalAttentionForwardRuns();
+    StepStats sa = a.Step(step);
+    const int64_t mid = CausalAttentionForwardRuns();
+    StepStats sb = b.Step(step);
+    // Per micro-batch and layer: two forwards recomputing, one keeping.
+    const int64_t kept_forwards = CausalAttentionForwardRuns() - mid;
+    EXPECT_GE(kept_forwards, TinyConfig().num_hidden_layers) << "step " << step;
+    EXPECT_EQ(mid - before, 2 * kept_forwards) << "step " << step;
+    EXPECT_LT(Rel(sb.loss, sa.loss), 2e-2)
+        << "step " << step << ": " << sa.loss << " vs " << sb.loss;
   }
 }
 
