@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Markdown tables from scripts/gpu/run_checks.sh's results.jsonl (engine vs transformers).
+"""Markdown tables from scripts/gpu/run_checks.sh's results.jsonl (engine vs transformers; then
+the `levers` step's engine runs against the engine's throughput run, and loss_bench's lines).
 
   python3 bench/gpu/report.py results.jsonl
 """
@@ -39,6 +40,27 @@ def main():
               f"| {cell(h, 'tokens_per_s', lambda v: f'{v:,.0f}')} "
               f"| {cell(h, 'mfu', lambda v: f'{100 * v:.1f}%')} "
               f"| {cell(h, 'peak_allocated_bytes', gib)} | {ratio} |")
+    levers = [r for r in recs if r.get("bench") == "engine-lever" and r.get("kind") == "step"]
+    if levers:
+        print()
+        print("| seq | lever flags | tok/s | vs engine | MFU | peak GiB | attention forwards/step |")
+        print("|---|---|---|---|---|---|---|")
+    for r in levers:
+        flags = " ".join(f for f, k in (("--keep-attention", "keep_attention_outputs"),
+                                        ("--tiled-loss", "tiled_loss")) if r.get(k))
+        base = steps.get(r["seq_len"], {}).get("engine", {})
+        if not r.get("fits"):
+            print(f"| {r['seq_len']} | {flags} | OOM | - | - | - | - |")
+            continue
+        vs = (f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x" if base.get("fits") else "-")
+        print(f"| {r['seq_len']} | {flags} | {r['tokens_per_s']:,.0f} | {vs} "
+              f"| {100 * r['mfu']:.1f}% | {gib(r['peak_allocated_bytes'])} "
+              f"| {r.get('attention_forwards_per_step', '-')} |")
+    for r in recs:
+        if r.get("bench") == "loss":
+            print(f"loss_bench {r['variant']}: {r['seconds'] * 1e3:.1f} ms, "
+                  f"peak {gib(r['peak_allocated_bytes'])} GiB ({r['tokens']} x {r['hidden']} "
+                  f"against {r['vocab']}, tile {r['tile']})")
     for r in recs:
         if r.get("kind") == "max_seq":
             print(f"max_seq {r['bench']}: {r['max_seq_len']} (first OOM {r['first_oom_seq_len']}, "

@@ -6,7 +6,7 @@
 # A GPU session has 30 minutes of device time in commands of at most 10 minutes, and each fresh
 # machine needs a build. Two presets fit one command each (9 minutes, DEADLINE_S=540), leaving
 # time to rerun one:
-#   A   build preload gputests throughput profile
+#   A   build preload gputests throughput levers profile
 #   B   build maxseq hfmax
 # STEPs:
 #   build      scripts/gpu/build_engine.sh build-gpu, only the targets the other steps run
@@ -22,6 +22,11 @@
 #   throughput engine_bench and hf_bench at 8k, 32k (the engine with activation checkpointing,
 #              THROUGHPUT_FLAGS) and 128k (plus tiled loss: the full logits do not fit);
 #              transformers with gradient checkpointing                       -> results.jsonl
+#   levers     the speed levers not yet measured on a GPU, at 8k and 32k with THROUGHPUT_FLAGS:
+#              --keep-attention (kept attention outputs: the recompute skips the attention
+#              forward; a record's attention_forwards_per_step says whether the fused op was
+#              kept), then with --tiled-loss too (the fused chunked linear-cross-entropy); and
+#              loss_bench at the 32k step's loss shape, dense against the fused tiles -> results.jsonl
 #   profile    one 32k engine step under the Kineto profiler with THROUGHPUT_FLAGS, the flags of
 #              the 32k throughput record                                   -> profile_32k.json
 #   maxseq     longest sequence the engine trains at (all memory features), Llama-3.2-1B then
@@ -40,12 +45,12 @@ shift
 STEPS=()
 for a in "$@"; do
   case "$a" in
-    A) STEPS+=(build preload gputests throughput profile) ;;
+    A) STEPS+=(build preload gputests throughput levers profile) ;;
     B) STEPS+=(build maxseq hfmax) ;;
     *) STEPS+=("$a") ;;
   esac
 done
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(build preload gputests throughput profile)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(build preload gputests throughput levers profile)
 mkdir -p "$RESULTS"
 PY=${PYTHON:-python3}
 BUILD=${BUILD_DIR:-build-gpu}
@@ -78,6 +83,7 @@ targets() {
       tests) t+=(all) ;;
       diag) t+=(${DIAG_TESTS:-engine_data_test engine_hf_test engine_checkpoint_test}) ;;
       throughput | profile | maxseq | fit256k) t+=(engine_bench) ;;
+      levers) t+=(engine_bench loss_bench) ;;
     esac
   done
   printf '%s\n' "${t[@]}" | sort -u | tr '\n' ' '
@@ -225,6 +231,15 @@ for s in "${STEPS[@]}"; do
       step engine-throughput-tiled 120 record engine engine --shape llama3.2-1b \
         --seq "${SEQS_TILED:-131072}" $THROUGHPUT_FLAGS --tiled-loss
       step hf-throughput 90 record hf "$PY" bench/gpu/hf_bench.py --seq "$SEQS" ;;
+    levers)
+      # shellcheck disable=SC2086
+      step engine-keep-attention 60 record engine-lever engine --shape llama3.2-1b \
+        --seq "${SEQS_UNTILED:-8192,32768}" $THROUGHPUT_FLAGS --keep-attention
+      # shellcheck disable=SC2086
+      step engine-keep-attention-fused-loss 60 record engine-lever engine --shape llama3.2-1b \
+        --seq "${SEQS_UNTILED:-8192,32768}" $THROUGHPUT_FLAGS --keep-attention --tiled-loss
+      step loss-bench 60 record loss "$BUILD/bin/loss_bench" --device cuda:0 --dtype bfloat16 \
+        --tokens 32768 --hidden 2048 --vocab 128256 --tile 8192 ;;
     profile) step profile 60 do_profile ;;
     hfmax)
       for shape in llama3.2-1b llama3.1-8b; do

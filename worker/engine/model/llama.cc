@@ -95,52 +95,54 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
   }
 };
 
-// Cross-entropy sum over tiles of rows; backward recomputes each tile.
+// Cross-entropy sum over tiles of rows, fused with its gradient (a chunked linear-cross-entropy):
+// each tile's logits [t, V] are made once, in the dtype, upcast to fp32 for that tile only, and
+// turned into the loss and, when a gradient is wanted, into dlogits = softmax - onehot and the
+// tile's grad_hidden and grad_weight contributions right away. Backward only scales the saved
+// gradients by the loss's output gradient (a scalar): no logits are recomputed and no [n, V]
+// tensor exists at any time.
 class TiledCrossEntropyFunction : public torch::autograd::Function<TiledCrossEntropyFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, torch::Tensor hidden, torch::Tensor weight,
-                               torch::Tensor labels, int64_t tile) {
-    ctx->save_for_backward({hidden, weight, labels});
-    ctx->saved_data["tile"] = tile;
+                               torch::Tensor labels, int64_t tile, bool with_grad) {
     const int64_t n = hidden.size(0);
     torch::Tensor total = torch::zeros({}, hidden.options().dtype(AccumType(hidden)));
+    torch::Tensor grad_hidden, grad_weight;
+    if (with_grad) {
+      grad_hidden = torch::empty_like(hidden);  // [n, H]
+      grad_weight = torch::zeros_like(weight);  // [V, H], accumulated in the weight's dtype
+    }
     for (int64_t start = 0; start < n; start += tile) {
       const int64_t len = std::min(tile, n - start);
       torch::Tensor h = hidden.narrow(0, start, len);       // [t, H]
       torch::Tensor y = labels.narrow(0, start, len);       // [t]
-      torch::Tensor logits = Upcast(h.matmul(weight.t()));  // [t, V]
-      torch::Tensor valid = y.ne(kIgnoreIndex);
-      torch::Tensor picked = logits.gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1);  // [t]
-      torch::Tensor lse = logits.logsumexp(1);                                          // [t]
-      total += ((lse - picked) * valid.to(lse.scalar_type())).sum();
-    }
-    return total.to(hidden.scalar_type());
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    auto saved = ctx->get_saved_variables();
-    torch::Tensor hidden = saved[0], weight = saved[1], labels = saved[2];
-    const int64_t tile = ctx->saved_data["tile"].toInt();
-    const int64_t n = hidden.size(0);
-    torch::Tensor g = grad_outputs[0];
-    torch::Tensor grad_hidden = torch::zeros_like(hidden);
-    torch::Tensor grad_weight = torch::zeros_like(weight);
-    for (int64_t start = 0; start < n; start += tile) {
-      const int64_t len = std::min(tile, n - start);
-      torch::Tensor h = hidden.narrow(0, start, len);  // [t, H]
-      torch::Tensor y = labels.narrow(0, start, len);  // [t]
-      torch::Tensor logits = Upcast(h.matmul(weight.t()));
-      torch::Tensor dlogits = logits.softmax(1);  // [t, V]
-      torch::Tensor valid = y.ne(kIgnoreIndex);
-      torch::Tensor idx = y.clamp_min(0).unsqueeze(1);
+      torch::Tensor logits = Upcast(h.matmul(weight.t()));  // [t, V], fp32 for this tile only
+      torch::Tensor valid = y.ne(kIgnoreIndex).to(logits.scalar_type());  // [t]
+      torch::Tensor idx = y.clamp_min(0).unsqueeze(1);                    // [t, 1]
+      torch::Tensor picked = logits.gather(1, idx).squeeze(1);            // [t]
+      torch::Tensor lse = logits.logsumexp(1);                            // [t]
+      total += ((lse - picked) * valid).sum();
+      if (!with_grad) continue;
+      // dlogits = (softmax - onehot) * valid, in place over the tile's logits: [t, V]
+      torch::Tensor dlogits = logits.sub_(lse.unsqueeze(1)).exp_();
       dlogits.scatter_add_(1, idx, torch::full({len, 1}, -1.0, dlogits.options()));
-      dlogits.mul_(valid.to(dlogits.scalar_type()).unsqueeze(1));
-      dlogits.mul_(g.to(dlogits.scalar_type()));
+      dlogits.mul_(valid.unsqueeze(1));
       dlogits = dlogits.to(hidden.scalar_type());
       grad_hidden.narrow(0, start, len).copy_(dlogits.matmul(weight));  // [t, H]
       grad_weight.add_(dlogits.t().matmul(h));                          // [V, H]
     }
-    return {grad_hidden, grad_weight, torch::Tensor(), torch::Tensor()};
+    if (with_grad) ctx->save_for_backward({grad_hidden, grad_weight});
+    ctx->saved_data["with_grad"] = with_grad;
+    return total.to(hidden.scalar_type());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    TORCH_CHECK(ctx->saved_data["with_grad"].toBool(),
+                "TiledCrossEntropySum: backward of a call made without gradients");
+    auto saved = ctx->get_saved_variables();
+    torch::Tensor g = grad_outputs[0];  // scalar: d(objective)/d(loss_sum)
+    return {saved[0] * g.to(saved[0].scalar_type()), saved[1] * g.to(saved[1].scalar_type()),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 
  private:
@@ -233,8 +235,10 @@ torch::Tensor ReloadToDevice(const torch::Tensor& host, torch::Device device) {
 
 torch::Tensor TiledCrossEntropySum(const torch::Tensor& hidden, const torch::Tensor& weight,
                                    const torch::Tensor& labels, int64_t tile_tokens) {
-  return TiledCrossEntropyFunction::apply(hidden, weight, labels,
-                                          std::max<int64_t>(1, tile_tokens));
+  const bool with_grad =
+      torch::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad());
+  return TiledCrossEntropyFunction::apply(hidden, weight, labels, std::max<int64_t>(1, tile_tokens),
+                                          with_grad);
 }
 
 torch::Tensor InitialParameter(const std::string& name, c10::IntArrayRef shape, uint64_t seed) {

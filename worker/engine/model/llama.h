@@ -131,8 +131,10 @@ torch::Tensor OffloadToHost(const torch::Tensor& x);
 torch::Tensor ReloadToDevice(const torch::Tensor& host, torch::Device device);
 
 // Sum of token cross-entropy of hidden [n, H] against weight [V, H] and labels [n]
-// (kIgnoreIndex skipped), computed tile_tokens rows at a time; backward recomputes
-// each tile's logits. Never holds more than tile_tokens x V logits.
+// (kIgnoreIndex skipped), computed tile_tokens rows at a time, fused with its gradient: when
+// grad mode is on and an input requires grad, each tile's grad_hidden and grad_weight are made
+// from its logits in the forward (kept until backward, which only scales them), so logits are
+// never recomputed. Never holds more than tile_tokens x V logits (fp32 for that tile only).
 torch::Tensor TiledCrossEntropySum(const torch::Tensor& hidden, const torch::Tensor& weight,
                                    const torch::Tensor& labels, int64_t tile_tokens);
 

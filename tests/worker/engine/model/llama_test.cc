@@ -13,6 +13,8 @@
 namespace ulysses::engine::model {
 namespace {
 
+namespace F = torch::nn::functional;
+
 // q [b, s, hq, d], k/v [b, s, hkv, d] -> [b, s, hq, d]; plain masked softmax.
 torch::Tensor NaiveCausal(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                           const torch::Tensor& /*doc_ids*/) {
@@ -167,6 +169,39 @@ TEST(LlamaTest, TiledLossMatchesDense) {
     EXPECT_NEAR(dense_loss, tiled_loss, 1e-10 * dense_loss);
     ExpectSameGrads(dense, tiled, 1e-10);
   }
+}
+
+// The tiled loss is fused with its gradient: backward scales what the forward computed from each
+// tile's logits and reads neither the hidden states nor the weight again (so it recomputes no
+// logits). Changing both after the forward leaves the gradients those of the forward's values.
+TEST(LlamaTest, TiledLossGradientsComeFromTheForwardsLogits) {
+  torch::manual_seed(3);
+  auto opt = torch::TensorOptions().dtype(torch::kDouble);
+  torch::Tensor hidden = torch::randn({13, 8}, opt), weight = torch::randn({50, 8}, opt);
+  torch::Tensor labels = torch::randint(0, 50, {13}, torch::kLong);
+  labels.index_put_({4}, kIgnoreIndex);
+  // Reference: the dense loss on fresh leaves, output gradient 0.5.
+  torch::Tensor h_ref = hidden.clone().requires_grad_(true),
+                w_ref = weight.clone().requires_grad_(true);
+  torch::Tensor dense = F::cross_entropy(
+      h_ref.matmul(w_ref.t()), labels,
+      F::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum));
+  (dense * 0.5).backward();
+  torch::Tensor h = hidden.clone().requires_grad_(true), w = weight.clone().requires_grad_(true);
+  torch::Tensor tiled = TiledCrossEntropySum(h, w, labels, /*tile_tokens=*/4);
+  EXPECT_NEAR(tiled.item<double>(), dense.item<double>(), 1e-10 * dense.item<double>());
+  {
+    torch::NoGradGuard no_grad;
+    h.mul_(3.0);
+    w.add_(1.0);
+  }
+  (tiled * 0.5).backward();
+  EXPECT_LT((h.grad() - h_ref.grad()).abs().max().item<double>(), 1e-12);
+  EXPECT_LT((w.grad() - w_ref.grad()).abs().max().item<double>(), 1e-12);
+  // Without grad mode nothing but the loss is computed; the value is the same.
+  torch::NoGradGuard no_grad;
+  EXPECT_NEAR(TiledCrossEntropySum(hidden, weight, labels, 4).item<double>(), dense.item<double>(),
+              1e-10 * dense.item<double>());
 }
 
 TEST(LlamaTest, CheckpointingAndTiledMlpGiveSameGradients) {
