@@ -8,6 +8,7 @@
 #include <torch/csrc/jit/frontend/function_schema_parser.h>
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -124,6 +125,33 @@ TEST(KeptAttentionTest, AReplayThatDoesNotMatchItsRecordIsAnError) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("more attention calls"), std::string::npos) << e.what();
   }
+}
+
+// A replayed output lives as long as its graph and no longer: nothing the replay keeps refers
+// back to it (a cycle would keep every layer's kept output alive for the whole run).
+TEST(KeptAttentionTest, AReplayedOutputIsFreedWithItsGraph) {
+  AttentionOptions opts;
+  opts.block_size = 4;
+  std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> weak;
+  {
+    auto q = torch::randn({1, 9, 2, 4}, torch::kDouble);
+    KeptAttention kept;
+    {
+      torch::NoGradGuard no_grad;
+      KeepAttentionScope scope(&kept, KeepMode::kRecord);
+      CausalAttention(q, q, q, opts);
+    }
+    auto q1 = q.clone().requires_grad_(true);
+    torch::Tensor out;
+    {
+      KeepAttentionScope scope(&kept, KeepMode::kReplay);
+      out = CausalAttention(q1, q1, q1, opts);
+    }
+    weak.emplace(out.getIntrusivePtr());
+    EXPECT_FALSE(weak->expired());
+    out.sum().backward();
+  }
+  EXPECT_TRUE(weak->expired()) << "the replayed output outlived its graph";
 }
 
 TEST(KeptAttentionTest, ScopesNestAndRestoreTheOuterOne) {
