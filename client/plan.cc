@@ -344,6 +344,12 @@ std::vector<EditGroup> CandidateEdits(const spec::JobSpec& s, size_t i, const De
     groups.push_back({{{cost, Set(&spec::MemorySpec::activation_checkpointing, "true"),
                         [](spec::JobSpec& j) { j.memory.activation_checkpointing = true; }}}});
   }
+  // Kept attention outputs trade memory for the attention forward's recompute: giving them up
+  // costs as little as checkpointing does.
+  if (s.memory.keep_attention_outputs) {
+    groups.push_back({{{cost, Set(&spec::MemorySpec::keep_attention_outputs, "false"),
+                        [](spec::JobSpec& j) { j.memory.keep_attention_outputs = false; }}}});
+  }
   ++cost;
   if (!s.memory.tiled_mlp) {
     groups.push_back({{{cost, Set(&spec::MemorySpec::tiled_mlp, "true"),

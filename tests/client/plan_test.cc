@@ -226,6 +226,22 @@ TEST(PlanTest, StageThatDoesNotFitGetsTheCheapestFix) {
   const FitFix single = FindFix(one, 0, h100);
   ASSERT_TRUE(single.found);
   EXPECT_THAT(single.changes, ::testing::ElementsAre("spec.memory.activation_checkpointing=true"));
+  // A stage that fits without kept attention outputs but not with them gets them turned off.
+  spec::JobSpec kept = one;
+  kept.memory.activation_checkpointing = true;
+  kept.memory.keep_attention_outputs = true;
+  int64_t seq = 0;
+  for (int64_t len = 131072; len <= (int64_t{1} << 22) && seq == 0; len += 65536) {
+    kept.stages[0].seq_len = len;
+    spec::JobSpec without = kept;
+    without.memory.keep_attention_outputs = false;
+    if (PlanJob(without, &h100)[0].fits && !PlanJob(kept, &h100)[0].fits) seq = len;
+  }
+  ASSERT_GT(seq, 0) << "no length where only the kept outputs overflow an h100";
+  const FitFix drop_kept = FindFix(kept, 0, h100);
+  ASSERT_TRUE(drop_kept.found);
+  EXPECT_THAT(drop_kept.changes, ::testing::ElementsAre("spec.memory.keep_attention_outputs=false"))
+      << "at seq_len " << seq;
   // CheckFits names the stage, the bytes and the fix.
   const absl::Status refused = CheckFits(s, h100);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
