@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,24 +13,17 @@ namespace {
 thread_local KeepAttentionScope* current_scope = nullptr;
 std::atomic<int64_t> forward_runs{0};
 
-bool IsOneOf(const std::string& name, std::initializer_list<const char*> names) {
-  for (const char* n : names) {
-    if (name == n) return true;
-  }
-  return false;
-}
-
 // The constant an argument of this name takes in a causal, dropout-free call without bias;
 // nullopt when the name is not one of them.
-c10::optional<c10::IValue> KnownConstant(const std::string& name) {
-  if (IsOneOf(name, {"attn_mask"})) return c10::IValue();
+std::optional<c10::IValue> KnownConstant(const std::string& name) {
+  if (name == "attn_mask") return c10::IValue();
   if (name == "compute_log_sumexp") return c10::IValue(true);
   if (name == "dropout_p") return c10::IValue(0.0);
   if (name == "is_causal") return c10::IValue(true);
   if (name == "return_debug_mask") return c10::IValue(false);
   if (name == "scale") return c10::IValue();
   if (name == "grad_input_mask") return c10::IValue(c10::List<bool>({true, true, true, false}));
-  return c10::nullopt;
+  return std::nullopt;
 }
 
 // Names the same value goes by in a forward's returns and its backward's arguments: flash's
