@@ -15,6 +15,7 @@
 //     the reverse, and exports to HF with the trained weights.
 //   * bf16 parameters with fp32 gradients train under ZeRO-3 like under stage 0.
 //   * offload_optimizer + offload_activations on CPU: the same code path as on a GPU, bit-equal.
+//   * kept attention outputs at ZeRO 0 and ZeRO 3 (with offload): bit-equal to recomputing.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -79,6 +80,7 @@ int ChildMain(const ::ulysses::testing::ChildEnv& env) {
   model::MemoryOptions mem;
   mem.activation_checkpointing = checkpointing;
   mem.offload_activations = EnvInt("ZT_OFFLOAD_ACT", 0) != 0;
+  mem.keep_attention_outputs = EnvInt("ZT_KEEP", 0) != 0;
   // ZeRO-3 as the engine runs it: the sharded init (each rank makes only its chunks).
   const bool sharded = zero_stage == 3;
   auto built = sharded ? BuildModelStructure(::ulysses::testing::TinyLlama(), mem)
@@ -196,7 +198,8 @@ struct Run {
   int world = 1, sp = 1, zero = 0, steps = 3, first_step = 0;
   int eval = 0;  // validation sequences evaluated after training (0: none)
   bool checkpointing = false, offload = false;
-  bool observe = false;  // record when the first gradient reduction runs (ZeRO >= 2)
+  bool keep_attention = false;  // kept attention outputs (with checkpointing)
+  bool observe = false;         // record when the first gradient reduction runs (ZeRO >= 2)
   std::string dtype = "float64";
   std::string resume, ckpt_out;  // checkpoint to resume from / root to commit into
 };
@@ -221,6 +224,7 @@ Result Train(const Run& r) {
                                   absl::StrCat("ZT_AC=", r.checkpointing ? 1 : 0),
                                   absl::StrCat("ZT_OFFLOAD_OPT=", r.offload ? 1 : 0),
                                   absl::StrCat("ZT_OFFLOAD_ACT=", r.offload ? 1 : 0),
+                                  absl::StrCat("ZT_KEEP=", r.keep_attention ? 1 : 0),
                                   "ZT_DTYPE=" + r.dtype,
                                   "ZT_RESUME=" + r.resume,
                                   absl::StrCat("ZT_EVAL=", r.eval),
@@ -608,6 +612,34 @@ TEST(ZeroTest, Bf16Zero3TrainsLikeBf16Zero0) {
   const Result fp64 = Train({.world = 4, .sp = 2, .zero = 0, .steps = 5, .checkpointing = true});
   ASSERT_EQ(fp64.loss.size(), 5u);
   for (int i = 0; i < 5; ++i) EXPECT_NEAR(z3.loss[i], fp64.loss[i], 1e-2 * fp64.loss[i]) << i;
+}
+
+// Kept attention outputs replay what the recompute would compute with the same kernels: at ZeRO 0
+// and at ZeRO 3 (whose layers gather and free their weights around the forward and the replay),
+// with activation offload at stage 3, losses and gradient norms are equal to the bit.
+TEST(ZeroTest, KeptAttentionOutputsTrainBitForBitLikeRecomputing) {
+  for (int stage : {0, 3}) {
+    const bool offload = stage == 3;
+    const Result recompute = Train({.world = 4,
+                                    .sp = 2,
+                                    .zero = stage,
+                                    .steps = 4,
+                                    .checkpointing = true,
+                                    .offload = offload});
+    const Result kept = Train({.world = 4,
+                               .sp = 2,
+                               .zero = stage,
+                               .steps = 4,
+                               .checkpointing = true,
+                               .offload = offload,
+                               .keep_attention = true});
+    ASSERT_EQ(recompute.loss.size(), 4u);
+    ASSERT_EQ(kept.loss.size(), 4u);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(recompute.loss[i], kept.loss[i]) << "stage " << stage << " step " << i;
+      EXPECT_EQ(recompute.grad_norm[i], kept.grad_norm[i]) << "stage " << stage << " step " << i;
+    }
+  }
 }
 
 TEST(ZeroTest, OffloadOnCpuTakesTheSamePathWithTheSameNumbers) {
