@@ -54,6 +54,25 @@ absl::Status Unfillable(const c10::FunctionSchema& schema, const c10::Argument& 
       "differs from the ones it was written for (attention is recomputed instead)"));
 }
 
+// The value of an argument that is neither an input nor a forward return: attn_bias (the call
+// has none: None where the type is optional, an undefined tensor where it is not), a known
+// constant, or the schema's default.
+absl::Status FillConstant(const c10::FunctionSchema& schema, const c10::Argument& arg,
+                          c10::IValue* value) {
+  if (arg.name() == "attn_bias") {
+    *value = arg.type()->kind() == c10::TypeKind::OptionalType ? c10::IValue()
+                                                               : c10::IValue(at::Tensor());
+  } else if (auto known = KnownConstant(arg.name())) {
+    *value = *known;
+    return CheckConstant(schema, arg, *value);
+  } else if (arg.default_value()) {
+    *value = *arg.default_value();
+  } else {
+    return Unfillable(schema, arg);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void KeptAttention::Push(c10::intrusive_ptr<KeptAttentionEntry> entry) {
@@ -99,16 +118,8 @@ absl::StatusOr<FusedAttentionBinding> FusedAttentionBinding::Bind(
     const std::string& name = arg.name();
     if (name == "query" || name == "key" || name == "value") {
       a.source = name == "query" ? Source::kQuery : name == "key" ? Source::kKey : Source::kValue;
-    } else if (name == "attn_bias") {
-      a.value = c10::IValue();  // Tensor? on the forward
-      if (absl::Status s = CheckConstant(forward, arg, a.value); !s.ok()) return s;
-    } else if (auto known = KnownConstant(name)) {
-      a.value = *known;
-      if (absl::Status s = CheckConstant(forward, arg, a.value); !s.ok()) return s;
-    } else if (arg.default_value()) {
-      a.value = *arg.default_value();
-    } else {
-      return Unfillable(forward, arg);
+    } else if (absl::Status s = FillConstant(forward, arg, &a.value); !s.ok()) {
+      return s;
     }
     b.forward_args_.push_back(std::move(a));
   }
@@ -144,17 +155,8 @@ absl::StatusOr<FusedAttentionBinding> FusedAttentionBinding::Bind(
     } else if (!name.empty() && ret != returned.end()) {
       a.source = Source::kForwardReturn;
       a.index = ret - returned.begin();
-    } else if (name == "attn_bias") {
-      // The forward had none: an undefined tensor (Tensor) or None (Tensor?).
-      a.value = arg.type()->kind() == c10::TypeKind::OptionalType ? c10::IValue()
-                                                                  : c10::IValue(at::Tensor());
-    } else if (auto known = KnownConstant(name)) {
-      a.value = *known;
-      if (absl::Status s = CheckConstant(backward, arg, a.value); !s.ok()) return s;
-    } else if (arg.default_value()) {
-      a.value = *arg.default_value();
-    } else {
-      return Unfillable(backward, arg);
+    } else if (absl::Status s = FillConstant(backward, arg, &a.value); !s.ok()) {
+      return s;
     }
     b.backward_args_.push_back(std::move(a));
   }
@@ -166,35 +168,13 @@ absl::StatusOr<FusedAttentionBinding> FusedAttentionBinding::Bind(
   return b;
 }
 
-std::vector<c10::IValue> FusedAttentionBinding::ForwardStack(const torch::Tensor& q,
-                                                             const torch::Tensor& k,
-                                                             const torch::Tensor& v) const {
+std::vector<c10::IValue> FusedAttentionBinding::Stack(
+    const std::vector<Arg>& args, const torch::Tensor& grad, const torch::Tensor& q,
+    const torch::Tensor& k, const torch::Tensor& v,
+    const std::vector<c10::IValue>& forward_returns) {
   std::vector<c10::IValue> stack;
-  stack.reserve(forward_args_.size());
-  for (const Arg& a : forward_args_) {
-    switch (a.source) {
-      case Source::kQuery:
-        stack.emplace_back(q);
-        break;
-      case Source::kKey:
-        stack.emplace_back(k);
-        break;
-      case Source::kValue:
-        stack.emplace_back(v);
-        break;
-      default:
-        stack.push_back(a.value);
-    }
-  }
-  return stack;
-}
-
-std::vector<c10::IValue> FusedAttentionBinding::BackwardStack(
-    const torch::Tensor& grad, const torch::Tensor& q, const torch::Tensor& k,
-    const torch::Tensor& v, const std::vector<c10::IValue>& forward_returns) const {
-  std::vector<c10::IValue> stack;
-  stack.reserve(backward_args_.size());
-  for (const Arg& a : backward_args_) {
+  stack.reserve(args.size());
+  for (const Arg& a : args) {
     switch (a.source) {
       case Source::kQuery:
         stack.emplace_back(q);
@@ -220,6 +200,18 @@ std::vector<c10::IValue> FusedAttentionBinding::BackwardStack(
     }
   }
   return stack;
+}
+
+std::vector<c10::IValue> FusedAttentionBinding::ForwardStack(const torch::Tensor& q,
+                                                             const torch::Tensor& k,
+                                                             const torch::Tensor& v) const {
+  return Stack(forward_args_, torch::Tensor(), q, k, v, {});
+}
+
+std::vector<c10::IValue> FusedAttentionBinding::BackwardStack(
+    const torch::Tensor& grad, const torch::Tensor& q, const torch::Tensor& k,
+    const torch::Tensor& v, const std::vector<c10::IValue>& forward_returns) const {
+  return Stack(backward_args_, grad, q, k, v, forward_returns);
 }
 
 absl::StatusOr<FusedAttentionOp> FindFusedAttentionOp(const std::string& name) {

@@ -125,6 +125,11 @@ class FusedAttentionBinding {
     int64_t index = 0;  // kForwardReturn: which return
     c10::IValue value;  // kConstant
   };
+  // One call's arguments in order (the forward's have no kGrad or kForwardReturn).
+  static std::vector<c10::IValue> Stack(const std::vector<Arg>& args, const torch::Tensor& grad,
+                                        const torch::Tensor& q, const torch::Tensor& k,
+                                        const torch::Tensor& v,
+                                        const std::vector<c10::IValue>& forward_returns);
   std::vector<Arg> forward_args_, backward_args_;
   int64_t output_index_ = 0, lse_index_ = 1;
 };
