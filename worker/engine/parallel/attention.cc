@@ -428,16 +428,13 @@ torch::Tensor RecordKept(const torch::Tensor& q, const torch::Tensor& k, const t
                          const AttentionOptions& opts, const torch::Tensor& docs,
                          KeptAttention* kept) {
   if (UsesSdpa(q)) {
-    SdpaInputs in = RepeatedSdpaLayout(q, k, v);
-    const FusedAttentionOp* op = docs.numel() > 0 ? nullptr : KeepableFusedOp(in);
+    const FusedAttentionOp* op =
+        docs.numel() > 0 ? nullptr : KeepableFusedOp(RepeatedSdpaLayout(q, k, v));
     if (op == nullptr) {
       kept->Push(c10::make_intrusive<KeptAttentionEntry>());  // not kept: recomputed
       return Attend(q, k, v, opts, docs);
     }
-    c10::intrusive_ptr<KeptAttentionEntry> entry = RunFusedAttentionForward(*op, in.q, in.k, in.v);
-    torch::Tensor out = entry->out.transpose(1, 2).contiguous();  // [b, h, s, d] -> [b, s, h, d]
-    kept->Push(std::move(entry));
-    return out;
+    return RecordFusedAttention(*op, q, k, v, kept);
   }
   const bool narrow = q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16;
   const torch::ScalarType compute = narrow ? torch::kFloat : q.scalar_type();
@@ -488,11 +485,7 @@ struct KeptFusedAttention : public torch::autograd::Function<KeptFusedAttention>
 torch::Tensor ReplayKept(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                          const AttentionOptions& opts, const torch::Tensor& docs,
                          const c10::intrusive_ptr<KeptAttentionEntry>& entry) {
-  if (entry->op != kBlockwiseOp) {
-    SdpaInputs in = RepeatedSdpaLayout(q, k, v);
-    torch::Tensor o = KeptFusedAttention::apply(in.q, in.k, in.v, entry);  // [b, h, s, d]
-    return o.transpose(1, 2).contiguous();                                 // [b, s, h, d]
-  }
+  if (entry->op != kBlockwiseOp) return ReplayFusedAttention(q, k, v, entry);
   const bool narrow = q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16;
   if (narrow) {
     return BlockwiseCausalAttention::apply(q.to(torch::kFloat), k.to(torch::kFloat),
@@ -503,6 +496,26 @@ torch::Tensor ReplayKept(const torch::Tensor& q, const torch::Tensor& k, const t
 }
 
 }  // namespace
+
+torch::Tensor RecordFusedAttention(const FusedAttentionOp& op, const torch::Tensor& q,
+                                   const torch::Tensor& k, const torch::Tensor& v,
+                                   KeptAttention* kept) {
+  CheckShapes(q, k, v);
+  SdpaInputs in = RepeatedSdpaLayout(q, k, v);
+  c10::intrusive_ptr<KeptAttentionEntry> entry = RunFusedAttentionForward(op, in.q, in.k, in.v);
+  torch::Tensor out = entry->out.transpose(1, 2).contiguous();  // [b, h, s, d] -> [b, s, h, d]
+  kept->Push(std::move(entry));
+  return out;
+}
+
+torch::Tensor ReplayFusedAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v,
+                                   const c10::intrusive_ptr<KeptAttentionEntry>& entry) {
+  CheckShapes(q, k, v);
+  SdpaInputs in = RepeatedSdpaLayout(q, k, v);
+  torch::Tensor o = KeptFusedAttention::apply(in.q, in.k, in.v, entry);  // [b, h, s, d]
+  return o.transpose(1, 2).contiguous();                                 // [b, s, h, d]
+}
 
 std::string SdpaBackendFor(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
 #if ULYSSES_TORCH_HAS_SDPA

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <string>
 
+#include "worker/engine/parallel/kept_attention.h"
+
 namespace ulysses::engine {
 
 struct AttentionOptions {
@@ -38,6 +40,19 @@ torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
 // "efficient", "cudnn", "math", ...; "blockwise" where CausalAttention does not use SDPA (CPU
 // tensors, or libtorch < 2).
 std::string SdpaBackendFor(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
+
+// Kept attention through a fused SDPA op (kept_attention.h): CausalAttention's CUDA path under a
+// KeepAttentionScope; tests call them with an op of their own. q [b, s, hq, d], k/v [b, s, hkv, d]
+// -> [b, s, hq, d]; the op sees SDPA's [b, h, s, d] views with the kv heads repeated.
+// Record (no grad): runs op's forward and appends what its backward needs to `kept`.
+torch::Tensor RecordFusedAttention(const FusedAttentionOp& op, const torch::Tensor& q,
+                                   const torch::Tensor& k, const torch::Tensor& v,
+                                   KeptAttention* kept);
+// Replay (grad on): the entry's output, whose backward runs the backward of the op named by
+// entry->op (looked up once per process).
+torch::Tensor ReplayFusedAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                   const torch::Tensor& v,
+                                   const c10::intrusive_ptr<KeptAttentionEntry>& entry);
 
 // The naive reference: full [s, s] scores, masked softmax (tests and benchmarks only).
 torch::Tensor NaiveCausalAttention(const torch::Tensor& q, const torch::Tensor& k,

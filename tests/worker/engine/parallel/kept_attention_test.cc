@@ -1,15 +1,22 @@
 // Kept attention (selective checkpointing): a call recorded without grad and replayed with grad
 // gives the output and gradients of the plain call, without running the forward kernel again;
-// a replay that does not match its record is an error; the fused-op binding fills libtorch 2.x's
-// SDPA op schemas by name and refuses an argument it does not know.
+// a replay that does not match its record is an error; the fused-op path CUDA takes runs on CPU
+// with an op of this test's own (cuDNN's schema and output layout) against the naive reference,
+// without its forward, freeing its output with the graph; the fused-op binding fills libtorch
+// 2.x's SDPA op schemas by name and refuses an argument it does not know.
 #include "worker/engine/parallel/kept_attention.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/frontend/function_schema_parser.h>
+#include <torch/library.h>
 #include <torch/torch.h>
 
+#include <atomic>
+#include <cmath>
+#include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "worker/engine/parallel/attention.h"
@@ -20,6 +27,10 @@ namespace {
 struct Result {
   torch::Tensor out, dq, dk, dv;
 };
+
+double MaxDiff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
 
 // The plain call: out and d(sum(out * w))/d{q, k, v}.
 Result Plain(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -167,6 +178,126 @@ TEST(KeptAttentionTest, ScopesNestAndRestoreTheOuterOne) {
     EXPECT_EQ(KeepAttentionScope::Current()->kept(), &a);
   }
   EXPECT_EQ(KeepAttentionScope::Current(), nullptr);
+}
+
+// A fused attention op of this test's own, with the schema of libtorch 2.x's cuDNN op (ints for
+// its SymInts), on CPU: the path CausalAttention takes on CUDA (RecordFusedAttention,
+// ReplayFusedAttention: dispatcher calls bound by name, kv repeated, the output's layout) runs
+// here against the naive reference. Like cuDNN's, its output is [b, h, s, d] with the strides of
+// [b, s, h, d], and its backward wants the output gradient in that same layout.
+std::atomic<int64_t> fake_forwards{0};
+
+using FakeReturns = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t,
+                               at::Tensor, at::Tensor, at::Tensor>;
+
+// q, k, v [b, h, s, d] -> scores [b, h, s, s], causal.
+at::Tensor FakeScores(const at::Tensor& q, const at::Tensor& k, double scale) {
+  const int64_t s = q.size(2);
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * scale;
+  return scores.masked_fill(torch::ones({s, s}, torch::kBool).triu(1),
+                            -std::numeric_limits<double>::infinity());
+}
+
+FakeReturns FakeForward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        const c10::optional<at::Tensor>& attn_bias, bool compute_log_sumexp,
+                        double dropout_p, bool is_causal, bool /*return_debug_mask*/,
+                        c10::optional<double> scale) {
+  TORCH_CHECK(!attn_bias.has_value() && compute_log_sumexp && dropout_p == 0 && is_causal,
+              "fake_attention: called with other constants than a kept causal call uses");
+  ++fake_forwards;
+  const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  at::Tensor scores = FakeScores(q, k, sc);
+  at::Tensor lse = scores.logsumexp(-1);  // [b, h, s]
+  at::Tensor o = at::matmul((scores - lse.unsqueeze(-1)).exp(), v);
+  // [b, s, h, d] storage seen as [b, h, s, d]
+  at::Tensor out =
+      at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, o.options()).permute({0, 2, 1, 3});
+  out.copy_(o);
+  at::Tensor none = at::empty({0}, q.options());
+  return {out,
+          lse,
+          none,
+          none,
+          q.size(2),
+          k.size(2),
+          at::zeros({1}, torch::kLong),
+          at::ones({1}, torch::kLong),
+          none};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> FakeBackward(
+    const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& seed, const at::Tensor& offset,
+    const at::Tensor& attn_bias, const at::Tensor& /*cum_seq_q*/, const at::Tensor& /*cum_seq_k*/,
+    int64_t max_q, int64_t max_k, double dropout_p, bool is_causal, c10::optional<double> scale) {
+  TORCH_CHECK(grad.strides() == out.strides(), "fake_attention_backward: grad_out strides ",
+              grad.strides(), " differ from out's ", out.strides());
+  TORCH_CHECK(seed.item<int64_t>() == 0 && offset.item<int64_t>() == 1 && !attn_bias.defined() &&
+                  max_q == q.size(2) && max_k == k.size(2) && dropout_p == 0 && is_causal,
+              "fake_attention_backward: not given what its forward returned");
+  const double sc = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  at::Tensor p = (FakeScores(q, k, sc) - lse.unsqueeze(-1)).exp();  // [b, h, s, s]
+  at::Tensor dv = at::matmul(p.transpose(-2, -1), grad);
+  at::Tensor dp = at::matmul(grad, v.transpose(-2, -1));
+  at::Tensor ds = p * (dp - (grad * out).sum(-1, true)) * sc;
+  return {at::matmul(ds, k), at::matmul(ds.transpose(-2, -1), q), dv};
+}
+
+TORCH_LIBRARY(ulysses_test, m) {
+  m.def(
+      "fake_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, bool "
+      "compute_log_sumexp, float dropout_p=0., bool is_causal=False, bool "
+      "return_debug_mask=False, *, float? scale=None) -> (Tensor output, Tensor logsumexp, Tensor "
+      "cum_seq_q, Tensor cum_seq_k, int max_q, int max_k, Tensor philox_seed, Tensor "
+      "philox_offset, Tensor debug_attn_mask)");
+  m.def(
+      "fake_attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, Tensor "
+      "out, Tensor logsumexp, Tensor philox_seed, Tensor philox_offset, Tensor attn_bias, Tensor "
+      "cum_seq_q, Tensor cum_seq_k, int max_q, int max_k, float dropout_p, bool is_causal, *, "
+      "float? scale=None) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(ulysses_test, CPU, m) {
+  m.impl("fake_attention", &FakeForward);
+  m.impl("fake_attention_backward", &FakeBackward);
+}
+
+TEST(KeptAttentionTest, AFusedOpIsReplayedThroughItsBackwardWithoutItsForward) {
+  auto op = FindFusedAttentionOp("ulysses_test::fake_attention");
+  ASSERT_TRUE(op.ok()) << op.status();
+  torch::manual_seed(11);
+  auto opt = torch::TensorOptions().dtype(torch::kDouble);
+  const int64_t b = 2, s = 19, hq = 4, hkv = 2, d = 8;  // GQA: the op sees kv repeated
+  auto q = torch::randn({b, s, hq, d}, opt), k = torch::randn({b, s, hkv, d}, opt),
+       v = torch::randn({b, s, hkv, d}, opt), w = torch::randn({b, s, hq, d}, opt);
+  Result want = Plain(q, k, v, w, AttentionOptions{}, {});
+  KeptAttention kept;
+  torch::Tensor recorded;
+  {
+    torch::NoGradGuard no_grad;
+    recorded = RecordFusedAttention(*op, q, k, v, &kept);
+  }
+  ASSERT_EQ(kept.size(), 1);
+  const int64_t forwards = fake_forwards.load();
+  EXPECT_EQ(forwards, 1);
+  auto q1 = q.clone().requires_grad_(true), k1 = k.clone().requires_grad_(true),
+       v1 = v.clone().requires_grad_(true);
+  // The kept output becomes the replay node's own output; once the graph is gone it must be too.
+  c10::intrusive_ptr<KeptAttentionEntry> entry = kept.Pop();
+  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> weak(
+      entry->out.getIntrusivePtr());
+  {
+    torch::Tensor out = ReplayFusedAttention(q1, k1, v1, entry);
+    entry.reset();
+    EXPECT_TRUE(torch::equal(out.detach(), recorded));
+    (out * w).sum().backward();
+  }
+  EXPECT_EQ(fake_forwards.load(), forwards) << "the replay ran the op's forward";
+  EXPECT_TRUE(weak.expired()) << "the kept output outlived its graph";
+  EXPECT_LT(MaxDiff(recorded, want.out), 1e-12);
+  EXPECT_LT(MaxDiff(q1.grad(), want.dq), 1e-10);
+  EXPECT_LT(MaxDiff(k1.grad(), want.dk), 1e-10);  // summed over the repeated heads
+  EXPECT_LT(MaxDiff(v1.grad(), want.dv), 1e-10);
 }
 
 // Schemas of libtorch 2.x's fused SDPA ops, as its native_functions.yaml declares them (2.11's
