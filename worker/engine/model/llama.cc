@@ -109,7 +109,7 @@ class TiledCrossEntropyFunction : public torch::autograd::Function<TiledCrossEnt
     torch::Tensor total = torch::zeros({}, hidden.options().dtype(AccumType(hidden)));
     torch::Tensor grad_hidden, grad_weight;
     if (with_grad) {
-      grad_hidden = torch::empty_like(hidden);  // [n, H]
+      grad_hidden = torch::empty(hidden.sizes(), hidden.options());  // [n, H], contiguous
       grad_weight = torch::zeros_like(weight);  // [V, H], accumulated in the weight's dtype
     }
     for (int64_t start = 0; start < n; start += tile) {
@@ -128,8 +128,9 @@ class TiledCrossEntropyFunction : public torch::autograd::Function<TiledCrossEnt
       dlogits.scatter_add_(1, idx, torch::full({len, 1}, -1.0, dlogits.options()));
       dlogits.mul_(valid.unsqueeze(1));
       dlogits = dlogits.to(hidden.scalar_type());
-      grad_hidden.narrow(0, start, len).copy_(dlogits.matmul(weight));  // [t, H]
-      grad_weight.add_(dlogits.t().matmul(h));                          // [V, H]
+      torch::Tensor gh = grad_hidden.narrow(0, start, len);  // rows of a contiguous [n, H]
+      torch::mm_out(gh, dlogits, weight);                    // [t, V] x [V, H] -> [t, H]
+      grad_weight.addmm_(dlogits.t(), h);                    // += [V, t] x [t, H]
     }
     if (with_grad) ctx->save_for_backward({grad_hidden, grad_weight});
     ctx->saved_data["with_grad"] = with_grad;
