@@ -423,18 +423,26 @@ bool UsesSdpa(const torch::Tensor& q) {
 #endif
 }
 
+// Kept attention through a fused op on SDPA-layout inputs (kv repeated) -> [b, s, hq, d].
+torch::Tensor RecordFusedSdpa(const FusedAttentionOp& op, const SdpaInputs& in,
+                              KeptAttention* kept) {
+  c10::intrusive_ptr<KeptAttentionEntry> entry = RunFusedAttentionForward(op, in.q, in.k, in.v);
+  torch::Tensor out = entry->out.transpose(1, 2).contiguous();  // [b, h, s, d] -> [b, s, h, d]
+  kept->Push(std::move(entry));
+  return out;
+}
+
 // Kept attention, record (no grad): runs the forward keeping its output and lse in `kept`.
 torch::Tensor RecordKept(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                          const AttentionOptions& opts, const torch::Tensor& docs,
                          KeptAttention* kept) {
   if (UsesSdpa(q)) {
-    const FusedAttentionOp* op =
-        docs.numel() > 0 ? nullptr : KeepableFusedOp(RepeatedSdpaLayout(q, k, v));
-    if (op == nullptr) {
-      kept->Push(c10::make_intrusive<KeptAttentionEntry>());  // not kept: recomputed
-      return Attend(q, k, v, opts, docs);
+    if (docs.numel() == 0) {
+      SdpaInputs in = RepeatedSdpaLayout(q, k, v);
+      if (const FusedAttentionOp* op = KeepableFusedOp(in)) return RecordFusedSdpa(*op, in, kept);
     }
-    return RecordFusedAttention(*op, q, k, v, kept);
+    kept->Push(c10::make_intrusive<KeptAttentionEntry>());  // not kept: recomputed
+    return Attend(q, k, v, opts, docs);
   }
   const bool narrow = q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16;
   const torch::ScalarType compute = narrow ? torch::kFloat : q.scalar_type();
@@ -455,7 +463,8 @@ struct KeptFusedAttention : public torch::autograd::Function<KeptFusedAttention>
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v,
                                c10::intrusive_ptr<KeptAttentionEntry> kept) {
-    TORCH_CHECK(kept->out.sizes() == q.sizes() && kept->out.device() == q.device(),
+    TORCH_CHECK(kept->out.sizes() == q.sizes() && kept->out.device() == q.device() &&
+                    kept->out.scalar_type() == q.scalar_type(),
                 "kept attention: the kept output (", kept->op, ", ", kept->out.sizes(),
                 ") does not match this call's q ", q.sizes(),
                 ": the recompute is not the forward it replays");
@@ -501,11 +510,7 @@ torch::Tensor RecordFusedAttention(const FusedAttentionOp& op, const torch::Tens
                                    const torch::Tensor& k, const torch::Tensor& v,
                                    KeptAttention* kept) {
   CheckShapes(q, k, v);
-  SdpaInputs in = RepeatedSdpaLayout(q, k, v);
-  c10::intrusive_ptr<KeptAttentionEntry> entry = RunFusedAttentionForward(op, in.q, in.k, in.v);
-  torch::Tensor out = entry->out.transpose(1, 2).contiguous();  // [b, h, s, d] -> [b, s, h, d]
-  kept->Push(std::move(entry));
-  return out;
+  return RecordFusedSdpa(op, RepeatedSdpaLayout(q, k, v), kept);
 }
 
 torch::Tensor ReplayFusedAttention(const torch::Tensor& q, const torch::Tensor& k,
