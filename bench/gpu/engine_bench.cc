@@ -139,6 +139,7 @@ Args ParseArgs(int argc, char** argv) {
     else
       Usage("unknown flag " + f);
   }
+  if (a.keep_attention && !a.ac) Usage("--keep-attention needs --ac");
   return a;
 }
 
@@ -171,7 +172,6 @@ class Bench {
     mem.fuse_gate_up = a.fuse_gate_up;
     mem.fused_rms_norm = a.fused_rms_norm;
     mem.keep_attention_outputs = a.keep_attention;
-    if (a.keep_attention && !a.ac) Usage("--keep-attention needs --ac");
     mem.loss_tile_tokens = a.loss_tile;
     const torch::Dtype dtype = Unwrap(model::ParseDtype(a.dtype));
     model_ = Unwrap(BuildModel(config_, mem, 1234, rt_.device, dtype));

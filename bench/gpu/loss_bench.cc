@@ -7,7 +7,9 @@
 //       --vocab 32000 [--tile 1024] [--steps 3]
 //
 // Prints one JSON line per variant: {"variant": "dense"|"tiled", tokens, hidden, vocab, tile,
-// seconds (mean of --steps after one warm-up), peak_allocated_bytes (CUDA; 0 on CPU), loss}.
+// seconds (mean of --steps after one warm-up), peak_allocated_bytes, loss}. The peak is per
+// variant on CUDA; on CPU it is the process's high-water mark so far (train/device_memory.h),
+// so only the CUDA figure compares the two.
 #include <torch/torch.h>
 
 #include <chrono>

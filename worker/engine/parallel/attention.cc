@@ -291,7 +291,8 @@ struct SdpaInputs {
 };
 
 // q [b, s, hq, d], k/v [b, s, hkv, d] -> SDPA's [b, h, s, d] views with the kv heads repeated to
-// the query head count (kept attention calls the fused ops below SDPA's GQA handling).
+// the query head count: for kept attention (it calls the fused ops below SDPA's GQA handling),
+// document masks, and GQA where no fused kernel takes the kv heads unrepeated.
 SdpaInputs RepeatedSdpaLayout(const torch::Tensor& q, const torch::Tensor& k,
                               const torch::Tensor& v) {
   const int64_t g = q.size(2) / k.size(2);
@@ -332,9 +333,7 @@ SdpaInputs ToSdpaLayout(const torch::Tensor& q, const torch::Tensor& k, const to
   if (SdpaChoice(in) != kSdpaMath) return in;
   in.gqa = false;
 #endif
-  in.k = k.repeat_interleave(g, 2).transpose(1, 2);
-  in.v = v.repeat_interleave(g, 2).transpose(1, 2);
-  return in;
+  return RepeatedSdpaLayout(q, k, v);
 }
 
 // Document (block-diagonal causal) attention through SDPA: an explicit [b, 1, s, s] bool mask
@@ -342,7 +341,7 @@ SdpaInputs ToSdpaLayout(const torch::Tensor& q, const torch::Tensor& k, const to
 // it (docs/DATA.md).
 torch::Tensor SdpaDocuments(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             const torch::Tensor& docs) {
-  const int64_t g = q.size(2) / k.size(2), s = q.size(1);
+  const int64_t s = q.size(1);
   torch::Tensor d = docs.to(q.device());
   // [b, s, 1] == [b, 1, s] -> [b, s, s], and causal -> [b, 1, s, s]
   torch::Tensor allowed =
@@ -350,10 +349,8 @@ torch::Tensor SdpaDocuments(const torch::Tensor& q, const torch::Tensor& k, cons
           .eq(d.unsqueeze(1))
           .logical_and(torch::ones({s, s}, d.options().dtype(torch::kBool)).tril())
           .unsqueeze(1);
-  torch::Tensor qh = q.transpose(1, 2);                                         // [b, hq, s, d]
-  torch::Tensor kh = (g == 1 ? k : k.repeat_interleave(g, 2)).transpose(1, 2);  // [b, hq, s, d]
-  torch::Tensor vh = (g == 1 ? v : v.repeat_interleave(g, 2)).transpose(1, 2);  // [b, hq, s, d]
-  torch::Tensor o = at::scaled_dot_product_attention(qh, kh, vh, allowed, /*dropout_p=*/0.0,
+  SdpaInputs in = RepeatedSdpaLayout(q, k, v);  // [b, hq, s, d] each
+  torch::Tensor o = at::scaled_dot_product_attention(in.q, in.k, in.v, allowed, /*dropout_p=*/0.0,
                                                      /*is_causal=*/false);
   return o.transpose(1, 2).contiguous();  // [b, h, s, d] -> [b, s, h, d]
 }
@@ -396,6 +393,22 @@ const FusedAttentionOp* KeepableFusedOp(const SdpaInputs& in) {
   return CachedFusedOp(name);
 }
 
+// The dtype the blockwise kernel computes in: fp16/bf16 in fp32, fp32/fp64 natively.
+torch::ScalarType BlockwiseComputeType(const torch::Tensor& q) {
+  const bool narrow = q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16;
+  return narrow ? torch::kFloat : q.scalar_type();
+}
+
+// The blockwise kernel in its compute dtype, cast back to q's; `kept` as in
+// BlockwiseCausalAttention (null: run the forward).
+torch::Tensor Blockwise(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const AttentionOptions& opts, const torch::Tensor& docs,
+                        const c10::intrusive_ptr<KeptAttentionEntry>& kept) {
+  const torch::ScalarType t = BlockwiseComputeType(q);
+  return BlockwiseCausalAttention::apply(q.to(t), k.to(t), v.to(t), opts.block_size, docs, kept)
+      .to(q.scalar_type());
+}
+
 // q [b, s, hq, d], k/v [b, s, hkv, d], docs [b, s] (empty: one document per row) -> [b, s, hq, d].
 torch::Tensor Attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                      const AttentionOptions& opts, const torch::Tensor& docs) {
@@ -405,13 +418,7 @@ torch::Tensor Attend(const torch::Tensor& q, const torch::Tensor& k, const torch
     return docs.numel() > 0 ? SdpaDocuments(q, k, v, docs) : SdpaCausal(q, k, v);
   }
 #endif
-  const c10::intrusive_ptr<KeptAttentionEntry> none;
-  if (q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16) {
-    return BlockwiseCausalAttention::apply(q.to(torch::kFloat), k.to(torch::kFloat),
-                                           v.to(torch::kFloat), opts.block_size, docs, none)
-        .to(q.scalar_type());
-  }
-  return BlockwiseCausalAttention::apply(q, k, v, opts.block_size, docs, none);
+  return Blockwise(q, k, v, opts, docs, c10::intrusive_ptr<KeptAttentionEntry>());
 }
 
 bool UsesSdpa(const torch::Tensor& q) {
@@ -444,8 +451,7 @@ torch::Tensor RecordKept(const torch::Tensor& q, const torch::Tensor& k, const t
     kept->Push(c10::make_intrusive<KeptAttentionEntry>());  // not kept: recomputed
     return Attend(q, k, v, opts, docs);
   }
-  const bool narrow = q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16;
-  const torch::ScalarType compute = narrow ? torch::kFloat : q.scalar_type();
+  const torch::ScalarType compute = BlockwiseComputeType(q);
   const torch::Tensor no_docs = docs.numel() > 0 ? docs : torch::Tensor();
   auto entry = c10::make_intrusive<KeptAttentionEntry>();
   entry->kept = true;
@@ -495,13 +501,7 @@ torch::Tensor ReplayKept(const torch::Tensor& q, const torch::Tensor& k, const t
                          const AttentionOptions& opts, const torch::Tensor& docs,
                          const c10::intrusive_ptr<KeptAttentionEntry>& entry) {
   if (entry->op != kBlockwiseOp) return ReplayFusedAttention(q, k, v, entry);
-  const bool narrow = q.scalar_type() == torch::kHalf || q.scalar_type() == torch::kBFloat16;
-  if (narrow) {
-    return BlockwiseCausalAttention::apply(q.to(torch::kFloat), k.to(torch::kFloat),
-                                           v.to(torch::kFloat), opts.block_size, docs, entry)
-        .to(q.scalar_type());
-  }
-  return BlockwiseCausalAttention::apply(q, k, v, opts.block_size, docs, entry);
+  return Blockwise(q, k, v, opts, docs, entry);
 }
 
 }  // namespace
