@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/engine/parallel/attention.h"
+#include "worker/engine/attention/attention.h"
 
 namespace {
 

@@ -20,9 +20,9 @@
 #include <string>
 
 #include "common/file_tree.h"
+#include "worker/engine/attention/attention.h"
 #include "worker/engine/data/indexed.h"
 #include "worker/engine/data/packing.h"
-#include "worker/engine/parallel/attention.h"
 
 namespace {
 

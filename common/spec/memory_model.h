@@ -89,7 +89,7 @@ struct StartupBytes {
   double init_device = 0, init_host = 0;
   double import_device = 0, import_host = 0;
   double resume_device = 0, resume_host = 0;
-  // `ulysses-train export` (one host process, worker/engine/train/export.cc): one whole tensor
+  // `ulysses-train export` (one host process, worker/engine/hf/export.cc): one whole tensor
   // read from its pieces in the stored dtype and its converted copy being written: 2*b*L.
   double export_host = 0;
 };
@@ -125,7 +125,7 @@ CheckpointModeChoice ChooseCheckpointMode(std::optional<bool> requested, double 
                                           double host_bytes_per_rank);
 
 // Activation bytes per rank for one micro-batch (docs/JOBSPEC.md, "Plan"; derived from
-// worker/engine/model/llama.cc and parallel/attention.cc: what autograd saves per layer).
+// worker/engine/model/llama.cc and attention/attention.cc: what autograd saves per layer).
 struct ActivationInputs {
   ModelShape shape;
   std::string dtype = "float32";

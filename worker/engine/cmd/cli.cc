@@ -23,6 +23,7 @@
 #include "common/stop.h"
 #include "worker/engine/cmd/launcher.h"
 #include "worker/engine/data/indexed.h"
+#include "worker/engine/hf/export.h"
 #include "worker/engine/parallel/rendezvous_port.h"
 #include "worker/engine/train/device_memory.h"
 #include "worker/engine/train/engine.h"

@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
+#include "worker/engine/attention/kept_attention.h"
 #include "worker/engine/model/torch_dtype.h"
-#include "worker/engine/parallel/kept_attention.h"
 #include "worker/engine/torch_compat.h"
 
 namespace ulysses::engine::model {

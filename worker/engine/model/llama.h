@@ -52,7 +52,7 @@ struct MemoryOptions {
   bool offload_activations = false;
   // With activation_checkpointing (or ZeRO's checkpointed layers): each layer keeps its attention
   // output and log-sum-exp from forward, so its recompute in backward skips the attention forward
-  // (selective checkpointing, worker/engine/parallel/kept_attention.h). Costs one more [b, s/p, H]
+  // (selective checkpointing, worker/engine/attention/kept_attention.h). Costs one more [b, s/p, H]
   // per layer (and an fp32 [hq/p, s] log-sum-exp).
   bool keep_attention_outputs = false;
   // Speed levers (issue 25), results equal up to floating-point rounding, each measured on the

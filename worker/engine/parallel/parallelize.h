@@ -23,7 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/engine/parallel/attention.h"
+#include "worker/engine/attention/attention.h"
 #include "worker/engine/parallel/communicator.h"
 
 namespace ulysses::engine {

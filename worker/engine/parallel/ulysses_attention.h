@@ -21,7 +21,7 @@
 
 #include "absl/status/status.h"
 #include "common/spec/model_shape.h"
-#include "worker/engine/parallel/attention.h"
+#include "worker/engine/attention/attention.h"
 #include "worker/engine/parallel/communicator.h"
 #include "worker/engine/parallel/sequence_all_to_all.h"
 

@@ -19,10 +19,10 @@
 #include "tests/testing/rank_processes.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/tiny_model.h"
+#include "worker/engine/attention/kept_attention.h"
 #include "worker/engine/data/sharding.h"
 #include "worker/engine/model/llama.h"
 #include "worker/engine/parallel/communicator.h"
-#include "worker/engine/parallel/kept_attention.h"
 #include "worker/engine/parallel/ulysses_attention.h"
 
 namespace ulysses::engine::train {

@@ -38,6 +38,7 @@
 #include "worker/engine/checkpoint/checkpoint.h"
 #include "worker/engine/data/batches.h"
 #include "worker/engine/data/dataset.h"
+#include "worker/engine/hf/export.h"
 #include "worker/engine/hf/hf.h"
 #include "worker/engine/parallel/communicator.h"
 #include "worker/engine/parallel/ulysses_attention.h"

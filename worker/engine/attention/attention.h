@@ -10,15 +10,15 @@
 //    dispatches to a fused kernel (flash / memory-efficient / cuDNN; SdpaBackendFor() names the
 //    one it picks). GQA passes kv heads unrepeated (enable_gqa) where libtorch supports it (2.5+).
 // Pure function: no state, thread-safe. Throws c10::Error on bad shapes.
-#ifndef ULYSSES_WORKER_ENGINE_PARALLEL_ATTENTION_H_
-#define ULYSSES_WORKER_ENGINE_PARALLEL_ATTENTION_H_
+#ifndef ULYSSES_WORKER_ENGINE_ATTENTION_ATTENTION_H_
+#define ULYSSES_WORKER_ENGINE_ATTENTION_ATTENTION_H_
 
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <string>
 
-#include "worker/engine/parallel/kept_attention.h"
+#include "worker/engine/attention/kept_attention.h"
 
 namespace ulysses::engine {
 
@@ -60,4 +60,4 @@ torch::Tensor NaiveCausalAttention(const torch::Tensor& q, const torch::Tensor& 
 
 }  // namespace ulysses::engine
 
-#endif  // ULYSSES_WORKER_ENGINE_PARALLEL_ATTENTION_H_
+#endif  // ULYSSES_WORKER_ENGINE_ATTENTION_ATTENTION_H_

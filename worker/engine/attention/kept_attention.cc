@@ -1,4 +1,4 @@
-#include "worker/engine/parallel/kept_attention.h"
+#include "worker/engine/attention/kept_attention.h"
 
 #include <algorithm>
 #include <atomic>

@@ -4,7 +4,7 @@
 // with an op of this test's own (cuDNN's schema and output layout) against the naive reference,
 // without its forward, freeing its output with the graph; the fused-op binding fills libtorch
 // 2.x's SDPA op schemas by name and refuses an argument it does not know.
-#include "worker/engine/parallel/kept_attention.h"
+#include "worker/engine/attention/kept_attention.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/frontend/function_schema_parser.h>
@@ -19,7 +19,7 @@
 #include <tuple>
 #include <vector>
 
-#include "worker/engine/parallel/attention.h"
+#include "worker/engine/attention/attention.h"
 
 namespace ulysses::engine {
 namespace {

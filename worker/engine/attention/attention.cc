@@ -1,4 +1,4 @@
-#include "worker/engine/parallel/attention.h"
+#include "worker/engine/attention/attention.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,7 +14,7 @@
 #include "absl/base/const_init.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
-#include "worker/engine/parallel/kept_attention.h"
+#include "worker/engine/attention/kept_attention.h"
 #include "worker/engine/torch_compat.h"
 
 namespace ulysses::engine {

@@ -1,6 +1,6 @@
 // CausalAttention (blockwise, flash-style CPU kernel) against the naive masked-softmax reference,
 // forward and gradients, plus a peak-memory check in a fresh child process.
-#include "worker/engine/parallel/attention.h"
+#include "worker/engine/attention/attention.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -25,8 +25,8 @@
 // Scopes are per thread (the autograd engine runs a CUDA backward on its device thread: the
 // recompute and its scope run there together). Not thread-safe otherwise: a KeptAttention
 // belongs to one checkpointed call.
-#ifndef ULYSSES_WORKER_ENGINE_PARALLEL_KEPT_ATTENTION_H_
-#define ULYSSES_WORKER_ENGINE_PARALLEL_KEPT_ATTENTION_H_
+#ifndef ULYSSES_WORKER_ENGINE_ATTENTION_KEPT_ATTENTION_H_
+#define ULYSSES_WORKER_ENGINE_ATTENTION_KEPT_ATTENTION_H_
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/torch.h>
@@ -161,4 +161,4 @@ std::vector<torch::Tensor> RunFusedAttentionBackward(const FusedAttentionOp& op,
 
 }  // namespace ulysses::engine
 
-#endif  // ULYSSES_WORKER_ENGINE_PARALLEL_KEPT_ATTENTION_H_
+#endif  // ULYSSES_WORKER_ENGINE_ATTENTION_KEPT_ATTENTION_H_

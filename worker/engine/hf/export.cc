@@ -1,5 +1,5 @@
-// `ulysses-train export`: a committed checkpoint's model weights as a Hugging Face directory, in
-// the dtype asked for (default: the job's), from the fp32 masters where they are more precise.
+#include "worker/engine/hf/export.h"
+
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -14,13 +14,17 @@
 #include "worker/engine/hf/hf.h"
 #include "worker/engine/model/llama.h"
 #include "worker/engine/model/torch_dtype.h"
-#include "worker/engine/train/engine.h"
 #include "worker/engine/train/guard.h"
 #include "worker/engine/train/model_io.h"
 #include "worker/engine/train/optimizer.h"
 
-namespace ulysses::engine::train {
+namespace ulysses::engine {
 namespace {
+
+using train::Guard;
+using train::kMasterPrefix;
+using train::kModelPrefix;
+using train::ModelConfigFromJson;
 
 struct ExportDtype {
   torch::ScalarType type = torch::kFloat32;
@@ -153,4 +157,4 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const ExportOptions& o) {
   return result;
 }
 
-}  // namespace ulysses::engine::train
+}  // namespace ulysses::engine
