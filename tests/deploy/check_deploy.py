@@ -236,7 +236,8 @@ class ManifestTest(unittest.TestCase):
         self.assertEqual(flags["--metrics-listen"].rsplit(":", 1)[1], annotations["prometheus.io/port"])
         self.assertIn({"name": "metrics", "containerPort": int(annotations["prometheus.io/port"])},
                       c["ports"])
-        self.assertGreater(float(flags["--peak-flops"]), 0)
+        peak = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)]["value"], flags["--peak-flops"])
+        self.assertGreater(float(peak), 0)
 
         pdb = self.get("PodDisruptionBudget", "ulysses-worker")
         self.assertEqual(pdb["spec"]["selector"]["matchLabels"], sts["spec"]["selector"]["matchLabels"])
@@ -541,6 +542,8 @@ class MetricNamesTest(unittest.TestCase):
 from check_admin import *  # noqa: E402,F401,F403  (the test classes of its __all__)
 # The deploy sized for the shipped jobs (check_jobs_fit.py).
 from check_jobs_fit import *  # noqa: E402,F401,F403
+# Each cloud's fabric, GPU placement and spot settings (check_cloud.py, issue 48).
+from check_cloud import *  # noqa: E402,F401,F403
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
