@@ -81,6 +81,15 @@ class WorkerAgent::Impl {
   // session.
   void SetHeartbeatIntervalLocked(int64_t ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleAssignment(const v1::Assignment& assignment);
+  // HandleAssignment's phases. Admit: false when refused (reported) or a duplicate; else the
+  // slot's previous child in `replaced` (stopped if it still ran), `launch` filled but for its
+  // files, and assigning_ counted up. Prepare: checks the paths and the interval, writes the
+  // spec; the interval's control line if the assignment has one. Bad input is
+  // InvalidArgument (exit 2 in the report), a write failure Internal (exit 1).
+  bool AdmitAssignmentLocked(const v1::Assignment& a, std::unique_ptr<ChildSupervisor>* replaced,
+                             RankLaunch* launch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::optional<std::string>> PrepareRankFiles(const v1::Assignment& a,
+                                                              RankLaunch* launch) const;
 
   void EnqueueLocked(v1::WorkerMessage msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FlushLogsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -116,6 +125,12 @@ class WorkerAgent::Impl {
 
   absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;  // Graceful shutdown requested.
+  // Assignments admitted but not yet published (HandleAssignment forks outside mu_).
+  int assigning_ ABSL_GUARDED_BY(mu_) = 0;
+  // Run()'s shutdown starts once no assignment is between admit and publish.
+  bool ShutdownSettledLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return shutdown_ && assigning_ == 0;
+  }
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // Session loop must end.
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   milliseconds heartbeat_interval_ ABSL_GUARDED_BY(mu_){1000};
@@ -214,10 +229,10 @@ absl::Status WorkerAgent::Impl::Run() {
   std::thread session_thread([this] { SessionLoop(); });
 
   mu_.Lock();
-  mu_.Await(absl::Condition(&shutdown_));
+  mu_.Await(absl::Condition(this, &Impl::ShutdownSettledLocked));
   std::vector<ChildSupervisor*> stopping;
   for (Slot& slot : slots_) {
-    if (!slot.ref) continue;
+    if (!slot.ref || slot.child == nullptr) continue;
     ULOG(INFO) << "shutting down: preempting " << RefString(*slot.ref) << " (grace "
                << config_.grace_period.count() / 1000.0 << " s)";
     NoteLocked(*slot.ref, absl::StrCat("worker ", config_.name,
@@ -316,7 +331,7 @@ absl::Status WorkerAgent::Impl::Register() {
   if (!reported.empty() && !response.keep_running()) {
     // (When some are kept, the coordinator sends an Abort for each one it does not want.)
     for (Slot& slot : slots_) {
-      if (!slot.ref) continue;
+      if (!slot.ref || slot.child == nullptr) continue;
       NoteLocked(*slot.ref, "coordinator no longer wants this attempt after reconnect: aborting");
       slot.child->Stop(contract::StopRequest::kAbort, kReconnectAbortGrace);
     }
@@ -448,7 +463,7 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
       const bool preempt = abort.preempt();
       int stopped = 0;
       for (Slot& slot : slots_) {  // Every rank of that generation on this worker.
-        if (!slot.ref || !SameWork(*slot.ref, abort.ref())) continue;
+        if (!slot.ref || !SameWork(*slot.ref, abort.ref()) || slot.child == nullptr) continue;
         ULOG(INFO) << (preempt ? "preempt " : "abort ") << RefString(*slot.ref) << ": "
                    << abort.reason();
         NoteLocked(*slot.ref, absl::StrCat(preempt ? "preemption" : "abort",
@@ -521,129 +536,86 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
   }
 }
 
+// Three phases, so that no directory is written and no process forked while mu_ is held:
+// admit (under mu_: refuse or claim the slot, take out its previous child), launch (outside
+// mu_: join the previous child, check paths, write the spec, fork), publish (under mu_: the
+// child becomes the slot's). Run()'s shutdown waits for every admitted assignment to be
+// published (assigning_), so a shutdown racing an assignment still gracefully stops the
+// rank it started; the child's callbacks wait for the publish, so its events never precede
+// its `started` report and its exit always finds its slot.
 void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   const v1::WorkRef& ref = a.ref();
-  absl::MutexLock lock(&mu_);
-  if (shutdown_) {
-    ReportExitLocked(ref, a.slot(), contract::kExitPreempted, 0, /*preempted=*/true,
-                     /*aborted=*/false, "worker is shutting down");
-    return;
-  }
-  for (const Slot& slot : slots_) {
-    if (slot.ref && SameWork(*slot.ref, ref) && slot.ref->rank() == ref.rank()) {
-      ULOG(INFO) << "duplicate assignment for " << RefString(ref) << ": already running";
-      return;
-    }
-  }
   const int slot_index = a.slot();
-  if (slot_index < 0 || slot_index >= static_cast<int>(slots_.size())) {
-    ReportExitLocked(
-        ref, slot_index, contract::kExitFailure, 0, false, false,
-        absl::StrCat("worker ", config_.name, " was assigned slot ", slot_index, " but has ",
-                     slots_.size(), " (devices ", absl::StrJoin(config_.devices, ","), ")"));
-    return;
+  std::unique_ptr<ChildSupervisor> replaced;
+  RankLaunch launch;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!AdmitAssignmentLocked(a, &replaced, &launch)) return;
   }
-  if (slots_[slot_index].child != nullptr) {
-    // A finished child is destroyed here; a stale one (the coordinator moved on) is killed.
-    Slot& slot = slots_[slot_index];
-    std::unique_ptr<ChildSupervisor> old = std::move(slot.child);
-    if (slot.ref) {
-      ULOG(WARNING) << "new assignment " << RefString(ref) << " replaces running "
-                    << RefString(*slot.ref) << " on slot " << slot_index;
-      NoteLocked(*slot.ref, "replaced by a newer assignment: aborting");
-      old->Stop(contract::StopRequest::kAbort, kReconnectAbortGrace);
-    }
-    mu_.Unlock();
-    old.reset();  // Joins the supervisor thread (its exit report is queued).
-    mu_.Lock();
-  }
-  if (absl::Status paths =
-          CheckAssignmentPaths(a, WorkerRoots{config_.checkpoint_root, config_.data_roots});
-      !paths.ok()) {
-    ULOG(WARNING) << "refusing " << RefString(ref) << ": " << paths.message();
-    ReportExitLocked(
-        ref, slot_index, contract::kExitBadInput, 0, false, false,
-        absl::StrCat("worker ", config_.name, " refused the assignment: ", paths.message()));
-    return;
-  }
-  // every_steps: auto: the coordinator's interval, checked before the rank starts.
-  std::optional<std::string> interval_line;
-  if (a.has_checkpoint_interval()) {
-    absl::StatusOr<std::string> line = IntervalControlLine(a.checkpoint_interval());
-    if (!line.ok()) {
-      ULOG(WARNING) << "refusing " << RefString(ref) << ": " << line.status().message();
-      ReportExitLocked(
-          ref, slot_index, contract::kExitBadInput, 0, false, false,
-          absl::StrCat("worker ", config_.name,
-                       " refused the assignment's checkpoint interval: ", line.status().message()));
+  replaced.reset();  // Joins its supervisor thread (its exit report is queued); takes mu_.
+  absl::StatusOr<std::optional<std::string>> interval_line = PrepareRankFiles(a, &launch);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!interval_line.ok() || shutdown_) {
+      --assigning_;
+      const bool refused = !interval_line.ok();
+      // A refused assignment: bad input (paths, interval) or the spec not written.
+      ReportExitLocked(ref, slot_index,
+                       refused ? contract::ExitCodeFor(interval_line.status())
+                               : contract::kExitPreempted,
+                       0,
+                       /*preempted=*/!refused, /*aborted=*/false,
+                       refused ? std::string(interval_line.status().message())
+                               : "worker is shutting down");
       return;
     }
-    interval_line = *std::move(line);
   }
-  Slot& slot = slots_[slot_index];
-  const fs::path job_dir = fs::path(config_.work_dir) / "jobs" / ref.job_id();
-  const fs::path attempt_dir =
-      job_dir / absl::StrCat("g", ref.generation(), "-s", ref.stage(), "-r", ref.rank());
-  std::error_code ec;
-  fs::create_directories(attempt_dir, ec);
-  const fs::path spec_path = attempt_dir / "job.yaml";
-  {
-    std::ofstream out(spec_path, std::ios::trunc);
-    out << a.spec_yaml();
-    if (!out.good()) ec = std::make_error_code(std::errc::io_error);
-  }
-  if (ec) {
-    ReportExitLocked(ref, slot_index, contract::kExitFailure, 0, false, false,
-                     absl::StrCat("worker ", config_.name, " cannot write ", spec_path.string(),
-                                  ": ", ec.message()));
-    return;
-  }
-  RankLaunch launch;
-  launch.engine_bin = config_.engine_bin;
-  launch.spec_path = spec_path.string();
-  launch.out_dir = a.out_dir().empty() ? (job_dir / "out").string() : a.out_dir();
-  launch.stage = ref.stage();
-  launch.rank = ref.rank();
-  launch.world_size = std::max(1, a.world_size());
-  launch.master_addr = a.master_addr().empty() ? config_.advertise_host : a.master_addr();
-  launch.master_port = a.master_port();
-  launch.device = slot.device;
-  launch.collective_timeout_s = config_.collective_timeout_s;
-  launch.peak_flops = config_.peak_flops;
-  // The rank leaves within the grace even mid-step (worker/engine/train/preemption.h).
-  launch.stop_grace_s = config_.grace_period.count() / 1000.0;
-  launch.intra_op_threads =
-      config_.intra_op_threads > 0
-          ? config_.intra_op_threads
-          : process::IntraOpThreadShare(process::UsableCores(), static_cast<int>(slots_.size()));
-  launch.overrides.assign(a.overrides().begin(), a.overrides().end());
-  launch.control_stdin = interval_line.has_value();  // interval updates (kCheckpointInterval)
-
+  launch.control_stdin = interval_line->has_value();  // interval updates (kCheckpointInterval)
+  auto published = std::make_shared<bool>(false);  // Guarded by mu_.
+  // Blocks a callback of the child until the child is its slot's (bounded: publish follows).
+  auto await_published = [this, published] {
+    mu_.LockWhen(absl::Condition(published.get()));
+    mu_.Unlock();
+  };
   ChildCallbacks callbacks;
-  callbacks.on_event = [this, ref](const contract::RankEvent& event) { OnEvent(ref, event); };
-  callbacks.on_bad_event = [this, ref](const std::string& line, const absl::Status& error) {
+  callbacks.on_event = [this, ref, await_published](const contract::RankEvent& event) {
+    await_published();
+    OnEvent(ref, event);
+  };
+  callbacks.on_bad_event = [this, ref, await_published](const std::string& line,
+                                                        const absl::Status& error) {
+    await_published();
     OnBadEvent(ref, line, error);
   };
-  callbacks.on_log = [this, ref](const std::string& stream, const std::string& line) {
+  callbacks.on_log = [this, ref, published](const std::string& stream, const std::string& line) {
     ULOG(DEBUG) << "[" << ref.job_id() << " r" << ref.rank() << " " << stream << "] " << line;
-    absl::MutexLock lock(&mu_);
+    mu_.LockWhen(absl::Condition(published.get()));
     AddLogLocked(ref, stream == "stderr" ? v1::LOG_STREAM_STDERR : v1::LOG_STREAM_STDOUT, line);
+    mu_.Unlock();
   };
-  callbacks.on_exit = [this, ref, slot_index](const ChildResult& result) {
+  callbacks.on_exit = [this, ref, slot_index, await_published](const ChildResult& result) {
+    await_published();
     OnExit(ref, slot_index, result);
   };
   auto child = ChildSupervisor::Start(BuildRankArgv(launch), "", std::move(callbacks));
+
+  absl::MutexLock lock(&mu_);
+  --assigning_;
   if (!child.ok()) {
     ReportExitLocked(ref, slot_index, contract::kExitFailure, 0, false, false,
                      absl::StrCat("worker ", config_.name,
                                   " cannot start ulysses-train: ", child.status().message()));
     return;
   }
+  // Published even when shutdown_ was set meanwhile: Run() waits for assigning_ to reach 0
+  // and then stops this child with the grace like every other.
+  *published = true;
+  Slot& slot = slots_[slot_index];
   slot.child = std::move(*child);
   slot.ref = ref;
   slot.pid = slot.child->pid();
   // The pipe holds the line until the rank's control reader takes it.
-  if (interval_line.has_value() && !slot.child->SendLine(*interval_line)) {
+  if (interval_line->has_value() && !slot.child->SendLine(**interval_line)) {
     NoteLocked(ref, "could not pass the checkpoint interval to the rank (its stdin is closed)");
   }
   ULOG(INFO) << "started " << RefString(ref) << " on slot " << slot_index << " (" << slot.device
@@ -656,6 +628,103 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   NoteLocked(ref, absl::StrCat("worker ", config_.name, " started rank ", ref.rank(), "/",
                                launch.world_size, " of stage ", ref.stage(), " on ", slot.device,
                                " (slot ", slot_index, ", pid ", slot.pid, ")"));
+}
+
+bool WorkerAgent::Impl::AdmitAssignmentLocked(const v1::Assignment& a,
+                                              std::unique_ptr<ChildSupervisor>* replaced,
+                                              RankLaunch* launch) {
+  const v1::WorkRef& ref = a.ref();
+  if (shutdown_) {
+    ReportExitLocked(ref, a.slot(), contract::kExitPreempted, 0, /*preempted=*/true,
+                     /*aborted=*/false, "worker is shutting down");
+    return false;
+  }
+  for (const Slot& slot : slots_) {
+    if (slot.ref && SameWork(*slot.ref, ref) && slot.ref->rank() == ref.rank()) {
+      ULOG(INFO) << "duplicate assignment for " << RefString(ref) << ": already running";
+      return false;
+    }
+  }
+  const int slot_index = a.slot();
+  if (slot_index < 0 || slot_index >= static_cast<int>(slots_.size())) {
+    ReportExitLocked(
+        ref, slot_index, contract::kExitFailure, 0, false, false,
+        absl::StrCat("worker ", config_.name, " was assigned slot ", slot_index, " but has ",
+                     slots_.size(), " (devices ", absl::StrJoin(config_.devices, ","), ")"));
+    return false;
+  }
+  Slot& slot = slots_[slot_index];
+  if (slot.child != nullptr) {
+    // A finished child is destroyed by the caller; a stale one (the coordinator moved on) is
+    // stopped here first.
+    *replaced = std::move(slot.child);
+    if (slot.ref) {
+      ULOG(WARNING) << "new assignment " << RefString(ref) << " replaces running "
+                    << RefString(*slot.ref) << " on slot " << slot_index;
+      NoteLocked(*slot.ref, "replaced by a newer assignment: aborting");
+      (*replaced)->Stop(contract::StopRequest::kAbort, kReconnectAbortGrace);
+    }
+  }
+  launch->engine_bin = config_.engine_bin;
+  launch->stage = ref.stage();
+  launch->rank = ref.rank();
+  launch->world_size = std::max(1, a.world_size());
+  launch->master_addr = a.master_addr().empty() ? config_.advertise_host : a.master_addr();
+  launch->master_port = a.master_port();
+  launch->device = slot.device;
+  launch->collective_timeout_s = config_.collective_timeout_s;
+  launch->peak_flops = config_.peak_flops;
+  // The rank leaves within the grace even mid-step (worker/engine/train/preemption.h).
+  launch->stop_grace_s = config_.grace_period.count() / 1000.0;
+  launch->intra_op_threads =
+      config_.intra_op_threads > 0
+          ? config_.intra_op_threads
+          : process::IntraOpThreadShare(process::UsableCores(), static_cast<int>(slots_.size()));
+  launch->overrides.assign(a.overrides().begin(), a.overrides().end());
+  ++assigning_;
+  return true;
+}
+
+absl::StatusOr<std::optional<std::string>> WorkerAgent::Impl::PrepareRankFiles(
+    const v1::Assignment& a, RankLaunch* launch) const {
+  const v1::WorkRef& ref = a.ref();
+  if (absl::Status paths =
+          CheckAssignmentPaths(a, WorkerRoots{config_.checkpoint_root, config_.data_roots});
+      !paths.ok()) {
+    ULOG(WARNING) << "refusing " << RefString(ref) << ": " << paths.message();
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", config_.name, " refused the assignment: ", paths.message()));
+  }
+  // every_steps: auto: the coordinator's interval, checked before the rank starts.
+  std::optional<std::string> interval_line;
+  if (a.has_checkpoint_interval()) {
+    absl::StatusOr<std::string> line = IntervalControlLine(a.checkpoint_interval());
+    if (!line.ok()) {
+      ULOG(WARNING) << "refusing " << RefString(ref) << ": " << line.status().message();
+      return absl::InvalidArgumentError(absl::StrCat("worker ", config_.name,
+                                       " refused the assignment's checkpoint interval: ",
+                                       line.status().message()));
+    }
+    interval_line = *std::move(line);
+  }
+  const fs::path job_dir = fs::path(config_.work_dir) / "jobs" / ref.job_id();
+  const fs::path attempt_dir =
+      job_dir / absl::StrCat("g", ref.generation(), "-s", ref.stage(), "-r", ref.rank());
+  std::error_code ec;
+  fs::create_directories(attempt_dir, ec);
+  const fs::path spec_path = attempt_dir / "job.yaml";
+  {
+    std::ofstream out(spec_path, std::ios::trunc);
+    out << a.spec_yaml();
+    if (!out.good()) ec = std::make_error_code(std::errc::io_error);
+  }
+  if (ec) {
+    return absl::InternalError(absl::StrCat("worker ", config_.name, " cannot write ",
+                                            spec_path.string(), ": ", ec.message()));
+  }
+  launch->spec_path = spec_path.string();
+  launch->out_dir = a.out_dir().empty() ? (job_dir / "out").string() : a.out_dir();
+  return interval_line;
 }
 
 void WorkerAgent::Impl::OnEvent(const v1::WorkRef& ref, const contract::RankEvent& event) {

@@ -3,6 +3,7 @@
 // the engine: registration, assignment -> child -> acked reports, abort, SIGTERM
 // preemption, and reconnect to a restarted coordinator with the child still running.
 #include <signal.h>
+#include <sys/stat.h>
 
 #include "tests/worker/agent/worker_agent_fixture.h"
 
@@ -303,6 +304,46 @@ TEST_F(WorkerAgentTest, SigtermPreemptsTheChildReportsAndExits) {
   ASSERT_NE(exited, nullptr);
   EXPECT_EQ(exited->exit_code(), 75);
   EXPECT_TRUE(exited->preempted());
+}
+
+// A shutdown that arrives while an assignment is being launched still stops the new rank
+// gracefully: either it never starts (reported as preempted) or it gets SIGTERM with the
+// grace (never SIGKILL) and its exit is reported as preempted. The launch is held in its
+// file-writing phase by making the attempt's job.yaml a FIFO that the test reads only after
+// the worker has taken the SIGTERM. The worker exits cleanly and leaves no rank running.
+TEST_F(WorkerAgentTest, AShutdownRacingAnAssignmentLeavesNoRankWithoutItsGracefulStop) {
+  PeerServer peer;
+  StartWorker(peer.port, /*grace_s=*/20);
+  ASSERT_TRUE(peer.service.WaitForSession(1, seconds(20)));
+  const fs::path attempt = fs::path(work_dir_) / "jobs" / "job-000001" / "g2-s0-r0";
+  fs::create_directories(attempt);
+  const std::string fifo = (attempt / "job.yaml").string();
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << fifo;
+  ASSERT_TRUE(peer.service.Send(Assign(2, {"fake.steps=100000", "fake.step_ms=20"})));
+  std::ifstream spec(fifo);  // Opens once the worker opens it to write the spec.
+  ASSERT_TRUE(spec.is_open());
+  ASSERT_EQ(kill(worker_->pid(), SIGTERM), 0);
+  ASSERT_TRUE(WaitForLog("draining", seconds(20))) << WorkerLog();
+  const std::string written((std::istreambuf_iterator<char>(spec)),
+                            std::istreambuf_iterator<char>());
+  EXPECT_NE(written.find("TrainJob"), std::string::npos) << written;
+  auto result = worker_->Wait(seconds(60));
+  ASSERT_TRUE(result.has_value()) << "worker did not exit after SIGTERM\n" << WorkerLog();
+  EXPECT_EQ(result->description, "exit code 0") << WorkerLog();
+  const Msgs msgs = peer.service.Messages();
+  int64_t started_pid = 0;
+  const v1::AttemptExited* exited = nullptr;
+  for (const auto& m : msgs) {
+    if (m.has_started() && m.started().ref().generation() == 2) started_pid = m.started().pid();
+    if (m.has_exited() && m.exited().ref().generation() == 2) exited = &m.exited();
+  }
+  ASSERT_NE(exited, nullptr) << "the assignment's exit was never reported\n" << WorkerLog();
+  EXPECT_TRUE(exited->preempted()) << exited->error_message() << "\n" << WorkerLog();
+  EXPECT_FALSE(exited->aborted());
+  if (started_pid != 0) {
+    EXPECT_NE(exited->signal(), SIGKILL) << "the rank was killed, not stopped gracefully";
+    EXPECT_NE(kill(static_cast<pid_t>(started_pid), 0), 0) << "the rank still runs";
+  }
 }
 
 // A priority preemption (Abort with preempt): the rank checkpoints and exits 75, the exit
