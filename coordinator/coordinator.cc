@@ -13,6 +13,7 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/deferred_writes.h"
+#include "coordinator/path_policy.h"
 
 namespace ulysses::coordinator {
 
@@ -49,7 +50,11 @@ Coordinator::~Coordinator() { Shutdown(); }
 absl::Status Coordinator::Recover() {
   LockDeferringWrites lock(&mu_);
   ASSIGN_OR_RETURN(Store::Snapshot snap, store_->Load());
-  state_.next_job_number = snap.max_job_number + 1;
+  // Never an id the store or the checkpoint root has seen: a store restored from an older
+  // backup has a lower high-water mark, but <root>/job-N of the jobs after it are on disk.
+  state_.next_job_number =
+      std::max(snap.max_job_number, HighestJobNumberUnder(config_.checkpoint_root)) + 1;
+  for (CheckpointDirRecord& d : snap.checkpoint_dirs) state_.checkpoint_dirs[d.path] = d;
   const int64_t now = SteadyMs();
   // Workers known before the restart get reconnect_window_s (when longer than
   // lost_after_s) to come back before they are declared LOST.
@@ -66,6 +71,14 @@ absl::Status Coordinator::Recover() {
     auto rt = std::make_unique<JobRt>();
     rt->rec = std::move(j);
     JobRt& job = *rt;
+    if (!job.rec.checkpoint_dir.empty() && !state_.checkpoint_dirs.count(job.rec.checkpoint_dir)) {
+      // A job from before schema 7 (no checkpoint_dirs row): its directory is recorded now, so
+      // it stays its tenant's after the job is deleted.
+      CheckpointDirRecord d{job.rec.checkpoint_dir, job.rec.tenant, job.rec.id, job.rec.number,
+                            job.rec.created_ms};
+      state_.checkpoint_dirs[d.path] = d;
+      txn.batch.checkpoint_dirs.push_back(d);
+    }
     ASSIGN_OR_RETURN(std::vector<EventRecord> events,
                      store_->LoadEvents(job.rec.id, static_cast<int>(config_.event_history)));
     for (const EventRecord& e : events) {

@@ -149,14 +149,27 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   RETURN_IF_ERROR(CheckStoredJobsQuota(caller.tenant, stored, config_.quotas));
   rec.number = state_.next_job_number;
   rec.id = absl::StrFormat("job-%06d", rec.number);
+  Txn txn;
+  CheckpointDirRecord claim;  // Durable with the job, kept after it (checkpoint_dirs).
   {  // One checkpoint directory per job: retention deletes old checkpoints in it.
     std::vector<std::string> taken, taken_by;
     for (const auto& [other_id, other] : state_.jobs) {
+      // An ended job's directory is claimed by its checkpoint_dirs record (below), which
+      // outlives the job; a running one's is never shared, adopt or not.
+      if (other->rec.terminal()) continue;
       taken.push_back(other->rec.checkpoint_dir);
       // Another tenant's job is not named (nor its directory) in the error.
       taken_by.push_back(auth::MaySeeTenant(caller, other->rec.tenant) ? other_id : "");
     }
     ASSIGN_OR_RETURN(rec.checkpoint_dir, JobCheckpointDir(s, rec.id, roots, taken, taken_by));
+    std::vector<DirClaim> claims;
+    for (const auto& [path, claim] : state_.checkpoint_dirs) {
+      claims.push_back({claim.path, claim.tenant, claim.job_id});
+    }
+    RETURN_IF_ERROR(
+        CheckCheckpointDirClaims(rec.checkpoint_dir, caller.tenant, s.checkpoint.adopt, claims));
+    claim = {rec.checkpoint_dir, caller.tenant, rec.id, rec.number, rec.created_ms};
+    txn.batch.checkpoint_dirs.push_back(claim);
     // The spec a rank will run must carry exactly this directory (engine_spec.h).
     RETURN_IF_ERROR(EngineSpecYaml(rec.spec_yaml, rec.checkpoint_dir).status());
   }
@@ -167,7 +180,6 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   JobRt& job = *rt;
   const std::string id = job.rec.id;
   state_.jobs[id] = std::move(rt);
-  Txn txn;
   machine_.SetState(job, v1::JOB_STATE_PENDING, "queued", txn);
   if (absl::Status st = CommitLocked(txn); !st.ok()) {
     if (JobRt* failed = state_.FindJob(id); failed != nullptr) {  // RestoreLocked may have.
@@ -177,6 +189,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
     return st;
   }
   state_.next_job_number++;
+  state_.checkpoint_dirs[claim.path] = claim;
   if (!job.rec.request_id.empty()) state_.job_by_request[job.rec.request_id] = id;
   RequestScheduleLocked();  // The ticker's next pass places it.
   response.set_job_id(id);

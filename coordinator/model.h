@@ -66,6 +66,18 @@ struct CheckpointRecord {
   int64_t committed_ms = 0;
 };
 
+// A checkpoint directory a job was given (store table checkpoint_dirs). Kept after the job is
+// deleted (ended_job_ttl_s): the directory and its checkpoints stay on disk, so it stays the
+// tenant's; a later job may use it only as that tenant's, with checkpoint.adopt: true
+// (path_policy.h). `job_id` is the last job that used it.
+struct CheckpointDirRecord {
+  std::string path;
+  std::string tenant;
+  std::string job_id;
+  int64_t number = 0;  // job_id's number: ids stay above it after a restore.
+  int64_t created_ms = 0;
+};
+
 // One failure counted against a failure budget (coordinator/failure_budget.h).
 struct FailureMark {
   int64_t ms = 0;      // When (Unix ms).

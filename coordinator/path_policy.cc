@@ -1,6 +1,10 @@
 #include "coordinator/path_policy.h"
 
+#include <filesystem>
+#include <system_error>
+
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -9,6 +13,8 @@
 
 namespace ulysses::coordinator {
 namespace {
+
+namespace fs = std::filesystem;
 
 std::string CheckpointDirPath() { return spec::fields::PathOf(&spec::CheckpointSpec::dir); }
 
@@ -45,7 +51,13 @@ absl::Status CheckSpecPaths(const spec::JobSpec& spec, const PathRoots& roots) {
       ConfineData(spec::fields::PathOf(&spec::DataSpec::validation), spec.data.validation, roots));
   RETURN_IF_ERROR(
       ConfineData(spec::fields::PathOf(&spec::ModelSpec::init_from), spec.model.init_from, roots));
-  if (spec.checkpoint.dir.empty()) return absl::OkStatus();
+  if (spec.checkpoint.dir.empty()) {
+    if (!spec.checkpoint.adopt) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec::fields::PathOf(&spec::CheckpointSpec::adopt),
+                     ": true without checkpoint.dir (a new job's own directory is always new: "
+                     "name the directory to adopt in checkpoint.dir, or drop adopt)"));
+  }
   const std::string& dir = spec.checkpoint.dir;
   ASSIGN_OR_RETURN(std::string resolved, ResolvePath(CheckpointDirPath(), dir));
   if (!IsWithin(resolved, roots.checkpoint_root) || resolved == roots.checkpoint_root) {
@@ -91,6 +103,58 @@ absl::StatusOr<std::string> JobCheckpointDir(const spec::JobSpec& spec, absl::st
         "another name or leave checkpoint.dir unset)"));
   }
   return dir;
+}
+
+absl::Status CheckCheckpointDirClaims(absl::string_view dir, absl::string_view tenant, bool adopt,
+                                      absl::Span<const DirClaim> claims) {
+  const std::string field = CheckpointDirPath();
+  bool claimed = false;
+  for (const DirClaim& claim : claims) {
+    if (!Overlaps(dir, claim.path)) continue;
+    claimed = true;
+    if (claim.tenant != tenant) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          field, ": ", Quoted(dir),
+          " overlaps a checkpoint directory another tenant's job was given (a directory stays "
+          "its tenant's after the job is deleted: its checkpoints are still there; pick another "
+          "name or leave checkpoint.dir unset)"));
+    }
+    if (!adopt) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(field, ": ", Quoted(dir), " overlaps ", Quoted(claim.path),
+                       ", the checkpoint directory of your tenant's job ", claim.job_id,
+                       " (its checkpoints may still be there: set ",
+                       spec::fields::PathOf(&spec::CheckpointSpec::adopt),
+                       ": true to resume from and prune them, or pick another name)"));
+    }
+  }
+  if (claimed) return absl::OkStatus();
+  std::error_code ec;
+  const fs::path path{std::string(dir)};
+  const fs::file_status st = fs::symlink_status(path, ec);
+  if (ec || st.type() == fs::file_type::not_found) return absl::OkStatus();
+  const bool empty_dir = st.type() == fs::file_type::directory && fs::is_empty(path, ec) && !ec;
+  if (empty_dir) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      field, ": ", Quoted(dir),
+      st.type() == fs::file_type::directory ? " is not empty" : " exists and is not a directory",
+      ", and no job of your tenant was given it (a job starts in a new or empty directory: pick "
+      "another name, or empty it)"));
+}
+
+int64_t HighestJobNumberUnder(const std::string& checkpoint_root) {
+  int64_t highest = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(checkpoint_root, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!absl::StartsWith(name, kCoordinatorDirPrefix)) continue;
+    int64_t n = 0;
+    if (absl::SimpleAtoi(absl::string_view(name).substr(kCoordinatorDirPrefix.size()), &n) &&
+        n > highest) {
+      highest = n;
+    }
+  }
+  return highest;
 }
 
 absl::Status CheckCommittedCheckpointPath(absl::string_view field, absl::string_view path,

@@ -5,7 +5,10 @@
 //     coordinator's data roots (`data_roots`; none configured = no file paths allowed);
 //   - checkpoint.dir, when a spec sets one, lies under the checkpoint root, is not a
 //     name the coordinator gives its own per-job directories (`job-...`), and does not
-//     overlap (equal, contain or lie inside) another job's checkpoint directory;
+//     overlap (equal, contain or lie inside) a running job's checkpoint directory, nor a
+//     directory another tenant's job was given (deleted jobs' too), nor one of the same
+//     tenant's without checkpoint.adopt: true; a directory no job was given must be empty
+//     (CheckCheckpointDirClaims);
 //   - a committed checkpoint a worker reports lies inside its job's checkpoint dir.
 // "Lies under" is decided on resolved paths: absolute, no "." or ".." components, no
 // control characters, no leading/trailing whitespace, no '#' after whitespace, and every
@@ -16,6 +19,7 @@
 #ifndef ULYSSES_COORDINATOR_PATH_POLICY_H_
 #define ULYSSES_COORDINATOR_PATH_POLICY_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -52,6 +56,28 @@ absl::StatusOr<std::string> JobCheckpointDir(const spec::JobSpec& spec, absl::st
                                              const PathRoots& roots,
                                              absl::Span<const std::string> taken,
                                              absl::Span<const std::string> taken_by);
+
+// A checkpoint directory a job was given, as the store remembers it after the job is gone.
+struct DirClaim {
+  std::string path;
+  std::string tenant;
+  std::string job_id;
+};
+
+// Whether tenant `tenant`'s new job may use checkpoint directory `dir` (resolved), given every
+// directory jobs were given (`claims`, deleted jobs' included):
+//   - one that overlaps another tenant's claim: refused (its checkpoints are still there);
+//   - one that overlaps a claim of the same tenant: only with checkpoint.adopt: true;
+//   - one no claim overlaps: only when it does not exist or is an empty directory.
+// FailedPrecondition naming the field, the directory and the fix; another tenant's job is never
+// named.
+absl::Status CheckCheckpointDirClaims(absl::string_view dir, absl::string_view tenant, bool adopt,
+                                      absl::Span<const DirClaim> claims);
+
+// The highest N of the `job-N` entries directly under `checkpoint_root` (0 when none or the
+// root cannot be read): the coordinator's ids stay above it (a restored store never reissues
+// an id whose default directory is still on disk).
+int64_t HighestJobNumberUnder(const std::string& checkpoint_root);
 
 // OK when a worker's committed checkpoint `path` lies inside `job_checkpoint_dir`
 // (lexically: absolute, no "." / ".." components; the coordinator does not open it).

@@ -145,6 +145,9 @@ struct State {
   int next_port = 0;
   int64_t log_bytes = 0;                              // Of every job's log buffer.
   std::map<std::string, std::string> job_by_request;  // SubmitJobRequest.request_id -> job id.
+  // Every checkpoint directory a job was given, by path (deleted jobs' too: store table
+  // checkpoint_dirs).
+  std::map<std::string, CheckpointDirRecord> checkpoint_dirs;
 
   JobRt* FindJob(const std::string& id) {
     auto it = jobs.find(id);

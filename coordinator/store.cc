@@ -25,12 +25,14 @@ namespace {
 
 using store_schema::AttemptsTable;
 using store_schema::BindRow;
+using store_schema::CheckpointDirsTable;
 using store_schema::CheckpointsTable;
 using store_schema::EventsTable;
 using store_schema::InsertSql;
 using store_schema::JobsTable;
 using store_schema::ReadAttempt;
 using store_schema::ReadCheckpoint;
+using store_schema::ReadCheckpointDir;
 using store_schema::ReadEvent;
 using store_schema::ReadJob;
 using store_schema::ReadRow;
@@ -287,6 +289,7 @@ absl::Status Store::Write(const Batch& batch) {
     RETURN_IF_ERROR(InsertAll(db_, WorkersTable(), batch.workers));
     RETURN_IF_ERROR(InsertAll(db_, CheckpointsTable(), batch.checkpoints));
     RETURN_IF_ERROR(InsertAll(db_, EventsTable(), batch.events));
+    RETURN_IF_ERROR(InsertAll(db_, CheckpointDirsTable(), batch.checkpoint_dirs));
     if (options_.events_per_job > 0) {
       std::map<std::string, int64_t> newest;  // job id -> highest sequence written now.
       for (const EventRecord& e : batch.events) {
@@ -365,6 +368,14 @@ absl::StatusOr<Store::Snapshot> Store::Load() {
     RETURN_IF_ERROR(q.status());
     ASSIGN_OR_RETURN(bool row, q.Step());
     if (row) snap.max_job_number = std::max(snap.max_job_number, q.Int(0));
+  }
+  {
+    Stmt q(db_, SelectSql(CheckpointDirsTable()) + " ORDER BY path");
+    RETURN_IF_ERROR(q.status());
+    RETURN_IF_ERROR(ReadAll(q, &ReadCheckpointDir, snap.checkpoint_dirs));
+    for (const CheckpointDirRecord& d : snap.checkpoint_dirs) {
+      snap.max_job_number = std::max(snap.max_job_number, d.number);
+    }
   }
   // The job a row of stages or attempts belongs to (nullptr: none loaded).
   auto job_of = [&](Stmt& q, int job_id_column) -> JobRecord* {

@@ -36,7 +36,7 @@ namespace ulysses::coordinator {
 
 // What each version added: coordinator/store_schema.cc (the column lists). Older files are
 // migrated on open.
-inline constexpr int kSchemaVersion = 6;
+inline constexpr int kSchemaVersion = 7;
 
 struct StoreOptions {
   // Persisted events kept per job: after each write the oldest beyond this many are
@@ -60,6 +60,9 @@ class Store {
   struct Snapshot {
     std::vector<JobRecord> jobs;  // With stages, attempts and last_checkpoint.
     std::vector<WorkerRecord> workers;
+    // Every checkpoint directory jobs were given, deleted jobs' too.
+    std::vector<CheckpointDirRecord> checkpoint_dirs;
+    // The highest job number the store has seen (jobs, deleted ones, checkpoint_dirs).
     int64_t max_job_number = 0;
   };
   absl::StatusOr<Snapshot> Load();
@@ -75,9 +78,11 @@ class Store {
     std::vector<std::string> deleted_jobs;
     std::vector<CheckpointRecord> checkpoints;  // Inserted.
     std::vector<EventRecord> events;            // Inserted; older ones pruned per options.
+    // Upserted (by path); never deleted, not even with deleted_jobs.
+    std::vector<CheckpointDirRecord> checkpoint_dirs;
     bool empty() const {
       return jobs.empty() && workers.empty() && deleted_workers.empty() && checkpoints.empty() &&
-             events.empty() && deleted_jobs.empty();
+             events.empty() && deleted_jobs.empty() && checkpoint_dirs.empty();
     }
   };
   absl::Status Write(const Batch& batch);

@@ -275,6 +275,21 @@ const Table<CheckpointRecord>& CheckpointsTable() {
   return *table;
 }
 
+const Table<CheckpointDirRecord>& CheckpointDirsTable() {
+  static const auto* table = new Table<CheckpointDirRecord>{
+      "checkpoint_dirs",
+      7,
+      "",
+      {
+          Field<&CheckpointDirRecord::path>("path", "TEXT PRIMARY KEY", 7),
+          Field<&CheckpointDirRecord::tenant>("tenant", "TEXT NOT NULL", 7),
+          Field<&CheckpointDirRecord::job_id>("job_id", "TEXT NOT NULL", 7),
+          Field<&CheckpointDirRecord::number>("number", "INTEGER NOT NULL", 7),
+          Field<&CheckpointDirRecord::created_ms>("created_ms", "INTEGER NOT NULL", 7),
+      }};
+  return *table;
+}
+
 const Table<EventRecord>& EventsTable() {
   static const auto* table = new Table<EventRecord>{
       "events",
@@ -317,9 +332,9 @@ const TableDef& MetaTable() {
 }
 
 std::vector<TableDef> AllTables() {
-  return {MetaTable(),           JobsTable().Def(),          StagesTable().Def(),
-          AttemptsTable().Def(), WorkersTable().Def(),       CheckpointsTable().Def(),
-          EventsTable().Def(),   SubmitRequestsTable().Def()};
+  return {MetaTable(),           JobsTable().Def(),           StagesTable().Def(),
+          AttemptsTable().Def(), WorkersTable().Def(),        CheckpointsTable().Def(),
+          EventsTable().Def(),   SubmitRequestsTable().Def(), CheckpointDirsTable().Def()};
 }
 
 std::string ColumnNames(const std::vector<ColumnDef>& columns) {
@@ -377,5 +392,9 @@ absl::StatusOr<WorkerRecord> ReadWorker(Stmt& q) {
 absl::StatusOr<CheckpointRecord> ReadCheckpoint(Stmt& q) { return Read(q, CheckpointsTable()); }
 
 absl::StatusOr<EventRecord> ReadEvent(Stmt& q) { return Read(q, EventsTable()); }
+
+absl::StatusOr<CheckpointDirRecord> ReadCheckpointDir(Stmt& q) {
+  return Read(q, CheckpointDirsTable());
+}
 
 }  // namespace ulysses::coordinator::store_schema

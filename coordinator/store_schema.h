@@ -156,6 +156,8 @@ const Table<WorkerRecord>& WorkersTable();
 const Table<CheckpointRecord>& CheckpointsTable();
 const Table<EventRecord>& EventsTable();
 const Table<JobRecord>& SubmitRequestsTable();
+// Every checkpoint directory a job was given (CheckpointDirRecord): never deleted with a job.
+const Table<CheckpointDirRecord>& CheckpointDirsTable();
 // meta(key, value): schema_version, max_job_number, probe rows. Created before the
 // version is read; no record type.
 const TableDef& MetaTable();
@@ -221,6 +223,7 @@ absl::StatusOr<AttemptRecord> ReadAttempt(Stmt& q);
 absl::StatusOr<WorkerRecord> ReadWorker(Stmt& q);
 absl::StatusOr<CheckpointRecord> ReadCheckpoint(Stmt& q);
 absl::StatusOr<EventRecord> ReadEvent(Stmt& q);
+absl::StatusOr<CheckpointDirRecord> ReadCheckpointDir(Stmt& q);
 
 }  // namespace ulysses::coordinator::store_schema
 

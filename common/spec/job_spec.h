@@ -131,6 +131,10 @@ struct CheckpointSpec {
   // a host-memory snapshot. Unset = yes when the snapshot fits the host memory
   // (DecideCheckpointAsync, memory_model.h); true / false force it.
   std::optional<bool> async;
+  // Under a coordinator: resume from (and prune) the checkpoints another job of the same tenant
+  // left in `dir` (a directory stays its tenant's after the job is deleted; without adopt a
+  // directory another job used is refused). The engine checks each manifest's job identity.
+  bool adopt = false;
 };
 
 // Coordinator-side policy; ignored by ulysses-train.

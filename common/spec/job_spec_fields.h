@@ -188,6 +188,7 @@ struct CheckpointFields {
     v.Field("every_seconds", &CheckpointSpec::every_seconds, kUnlessDefault);
     v.Field("keep_last", &CheckpointSpec::keep_last, kAlways);
     v.Field("async", &CheckpointSpec::async, kAlways);
+    v.Field("adopt", &CheckpointSpec::adopt, kUnlessDefault);
   }
 };
 

@@ -214,7 +214,7 @@ TEST(BackupTest, AnUpgradeBacksUpThePreviousSchemaAndRollingBackRestoresIt) {
   const int previous = kSchemaVersion - 1;
   ASSERT_NO_FATAL_FAILURE(
       Sql(state + "/coordinator.db",
-          absl::StrCat("ALTER TABLE jobs DROP COLUMN goodput; UPDATE meta SET value='", previous,
+          absl::StrCat("DROP TABLE checkpoint_dirs; UPDATE meta SET value='", previous,
                        "' WHERE key='schema_version'")));
   EXPECT_TRUE(
       absl::StartsWith(NewestMigrationBackup(state).status().message(), "--rollback-to-backup:"));

@@ -60,9 +60,10 @@ class CoordinatorServerTest : public ::testing::Test {
   }
 
   // Stops the coordinator and starts a new one on the same state dir (a restart), and
-  // reconnects the admin JobService client. Workers must reconnect themselves.
+  // reconnects the admin JobService client (or starts it again after the test stopped it).
+  // Workers must reconnect themselves.
   void RestartServer() {
-    server_->Shutdown();
+    if (server_) server_->Shutdown();
     server_.reset();
     auto server = CoordinatorServer::Start(config_);
     ASSERT_TRUE(server.ok()) << server.status();

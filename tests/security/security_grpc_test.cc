@@ -567,6 +567,112 @@ TEST_F(RetentionGrpcTest, ALogDirectoryGoesWithItsExpiredJobAndStrayOnesAtAResta
   EXPECT_TRUE(std::filesystem::exists(logs + *live + "/log.jsonl"));
 }
 
+absl::StatusOr<std::string> SubmitSpec(const std::shared_ptr<grpc::Channel>& channel,
+                                       const std::string& yaml) {
+  auto stub = v1::JobService::NewStub(channel);
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(yaml);
+  v1::SubmitJobResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Status s = stub->SubmitJob(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp.job_id();
+}
+
+std::string WithCheckpoint(const std::string& name, const std::string& checkpoint) {
+  return JobYaml(name, "    - {seq_len: 64, steps: 4}\n") + "  checkpoint: " + checkpoint + "\n";
+}
+
+// Before (b145c41): once ended_job_ttl_s deleted alice's job, bob's submit naming her
+// checkpoint.dir was accepted (the overlap check knew only stored jobs): his job resumed from her
+// weights, or was marked SUCCEEDED at her step, and its retention deleted her checkpoints. Now
+// the store keeps every directory a job was given (checkpoint_dirs, never deleted with the job):
+// another tenant is refused, alice's own next job needs checkpoint.adopt: true, across a restart,
+// and a non-empty directory no job was given is refused to everyone.
+TEST_F(RetentionGrpcTest, ADeletedJobsCheckpointDirStaysItsTenants) {
+  const std::string dir = config_.checkpoint_root + "/alice-real";
+  const std::string spec_dir = "{dir: \"" + dir + "\"}";
+  auto alice = SubmitSpec(Channel(WithToken(TestTokens::kAlice)), WithCheckpoint("a", spec_dir));
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  std::filesystem::create_directories(dir + "/step-00000004");
+  std::ofstream(dir + "/step-00000004/manifest.json") << "{}";
+  CancelAs(TestTokens::kAlice, *alice);
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        server_->coordinator()->TickForTesting();
+        return GetCode(*alice) == grpc::StatusCode::NOT_FOUND;
+      },
+      std::chrono::seconds(60)));
+  for (int restarted = 0; restarted < 2; ++restarted) {
+    for (const std::string& taken :
+         {dir, dir + "/inner", config_.checkpoint_root + "/alice-real/"}) {
+      auto bob = SubmitSpec(Channel(WithToken(TestTokens::kBob)),
+                            WithCheckpoint("b", "{dir: \"" + taken + "\"}"));
+      EXPECT_TRUE(absl::IsFailedPrecondition(bob.status())) << taken << ": " << bob.status();
+      EXPECT_TRUE(absl::StrContains(bob.status().message(), "another tenant's job"))
+          << bob.status();
+      EXPECT_FALSE(absl::StrContains(bob.status().message(), *alice)) << bob.status();
+      auto adopting = SubmitSpec(Channel(WithToken(TestTokens::kBob)),
+                                 WithCheckpoint("b", "{dir: \"" + taken + "\", adopt: true}"));
+      EXPECT_TRUE(absl::IsFailedPrecondition(adopting.status())) << adopting.status();
+    }
+    auto again = SubmitSpec(Channel(WithToken(TestTokens::kAlice)), WithCheckpoint("a2", spec_dir));
+    EXPECT_TRUE(absl::IsFailedPrecondition(again.status())) << again.status();
+    EXPECT_TRUE(absl::StrContains(again.status().message(), "spec.checkpoint.adopt: true"))
+        << again.status();
+    EXPECT_TRUE(absl::StrContains(again.status().message(), *alice)) << again.status();
+    if (restarted == 0) RestartServer();
+  }
+  // A directory with files in it that no job was given: nobody's to take.
+  std::filesystem::create_directories(config_.checkpoint_root + "/stray/step-00000001");
+  auto stray = SubmitSpec(Channel(WithToken(TestTokens::kAlice)),
+                          WithCheckpoint("s", "{dir: \"" + config_.checkpoint_root + "/stray\"}"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(stray.status())) << stray.status();
+  EXPECT_TRUE(absl::StrContains(stray.status().message(), "is not empty")) << stray.status();
+  std::filesystem::create_directories(config_.checkpoint_root + "/fresh");
+  EXPECT_TRUE(SubmitSpec(Channel(WithToken(TestTokens::kBob)),
+                         WithCheckpoint("f", "{dir: \"" + config_.checkpoint_root + "/fresh\"}"))
+                  .ok());
+  auto adopted = SubmitSpec(Channel(WithToken(TestTokens::kAlice)),
+                            WithCheckpoint("a3", "{dir: \"" + dir + "\", adopt: true}"));
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_EQ(GetJob(*adopted).checkpoint_dir(), dir);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/step-00000004/manifest.json"));
+}
+
+// Before (b145c41): a store restored from an older backup handed out job-N again while
+// <root>/job-N still held the previous job-N's checkpoints; the new job resumed from and pruned
+// them. Now the next id is beyond every id the store or the checkpoint root has seen.
+TEST_F(RetentionGrpcTest, ARestoreFromAnOlderBackupNeverReissuesAnIdWhoseDirectoryExists) {
+  auto first = SubmitAs(TestTokens::kAlice, "first");
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string db = dir_.path() + "/coordinator.db";
+  server_->Shutdown();
+  server_.reset();
+  const std::string backup = dir_.path() + "/older.db";
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    if (std::filesystem::exists(db + suffix))
+      std::filesystem::copy_file(db + suffix, backup + suffix);
+  }
+  RestartServer();
+  auto second = SubmitAs(TestTokens::kBob, "second");
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(*second, "job-000002");
+  std::filesystem::create_directories(config_.checkpoint_root + "/job-000002/step-00000004");
+  server_->Shutdown();
+  server_.reset();
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    std::filesystem::remove(db + suffix);
+    if (std::filesystem::exists(backup + suffix))
+      std::filesystem::copy_file(backup + suffix, db + suffix);
+  }
+  RestartServer();
+  auto third = SubmitAs(TestTokens::kAlice, "third");
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(*third, "job-000003");  // Not job-000002: bob's checkpoints are in its directory.
+}
+
 TEST_F(QuotaGrpcTest, ATenantsWaitingJobsAreCappedOthersAreNot) {
   EXPECT_TRUE(SubmitAs(TestTokens::kAlice, "one").ok());
   EXPECT_TRUE(SubmitAs(TestTokens::kAlice, "two").ok());
