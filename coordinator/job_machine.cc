@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/contract/exit.h"
 #include "common/logging.h"
+#include "common/spec/job_spec_parser.h"
 #include "coordinator/engine_spec.h"
 #include "coordinator/failure_budget.h"
 #include "coordinator/scheduler.h"
@@ -17,6 +18,18 @@
 #include "google/protobuf/util/time_util.h"
 
 namespace ulysses::coordinator {
+namespace {
+
+// A worker whose CUDA slots reach other nodes only over TCP sockets (GangRequest's
+// fabric_required keeps groups from spanning it). CPU slots (Gloo) and workers that reported no
+// fabric (older agents) are not restricted.
+bool TcpOnly(const WorkerRt& w) {
+  if (w.fabric != v1::FABRIC_SOCKETS) return false;
+  return std::any_of(w.rec.devices.begin(), w.rec.devices.end(),
+                     [](const std::string& d) { return d.rfind("cuda", 0) == 0; });
+}
+
+}  // namespace
 
 using google::protobuf::util::TimeUtil;
 
@@ -250,8 +263,13 @@ void JobMachine::Schedule(Txn& txn) {
     if (job.rec.not_before_ms > now) {
       next_backoff_end_ms_ = std::min(next_backoff_end_ms_, job.rec.not_before_ms);
     }
+    if (job.allow_tcp_fabric < 0) {
+      // The canonical spec the coordinator wrote itself (NewJobRecord): it parses.
+      absl::StatusOr<spec::JobSpec> s = spec::ParseJobSpec(job.rec.spec_yaml, {});
+      job.allow_tcp_fabric = s.ok() && s->parallelism.allow_tcp_fabric ? 1 : 0;
+    }
     queue.push_back({job.rec.id, job.rec.priority, job.rec.number, stage.index,
-                     GangRequest{stage.sp, stage.dp, job.rec.node_label},
+                     GangRequest{stage.sp, stage.dp, job.rec.node_label, job.allow_tcp_fabric == 0},
                      job.rec.not_before_ms > now, job.rec.tenant, may_preempt});
   }
   if (queue.empty()) return;
@@ -262,8 +280,9 @@ void JobMachine::Schedule(Txn& txn) {
   // One entry per free or freeing slot: a full cluster has few, and a busy slot costs a
   // job lookup only when its job differs from the previous slot's.
   for (auto& [id, w] : state_.workers) {
+    const bool tcp_only = TcpOnly(*w);
     if (w->state != v1::WORKER_STATE_LOST) {
-      live.Add(w->rec.node_label, std::max(0, w->rec.capacity));
+      live.Add(w->rec.node_label, std::max(0, w->rec.capacity), tcp_only);
     }
     if (w->draining) continue;
     const bool connected = w->sink != nullptr &&
@@ -277,7 +296,7 @@ void JobMachine::Schedule(Txn& txn) {
       if (held == w->slots.end() || held->first != slot) {
         if (!connected) continue;
         if (free == nullptr)
-          free = &idle.emplace_back(FreeWorker{w->rec.id, w->rec.node_label, {}});
+          free = &idle.emplace_back(FreeWorker{w->rec.id, w->rec.node_label, {}, tcp_only});
         free->slots.push_back(slot);
         continue;
       }
@@ -290,7 +309,7 @@ void JobMachine::Schedule(Txn& txn) {
       const AttemptRecord* a = last_job == nullptr ? nullptr : last_job->rec.current_attempt();
       if (a == nullptr || a->ended() || a->generation != ref.generation() ||
           !last_job->preempting_for.empty()) {
-        freeing.push_back({w->rec.id, w->rec.node_label, slot});
+        freeing.push_back({w->rec.id, w->rec.node_label, slot, tcp_only});
       }
     }
   }
@@ -307,7 +326,7 @@ void JobMachine::Schedule(Txn& txn) {
     r.number = j->rec.number;
     for (size_t rank = 0; rank < a->worker_ids.size(); ++rank) {
       if (const WorkerRt* w = state_.FindWorker(a->worker_ids[rank]); w != nullptr) {
-        r.workers.push_back({w->rec.id, w->rec.node_label, a->slots[rank]});
+        r.workers.push_back({w->rec.id, w->rec.node_label, a->slots[rank], TcpOnly(*w)});
       }
     }
     int64_t since = a->started_ms;

@@ -69,6 +69,9 @@ struct WorkerRt {
   int64_t lost_since_steady = 0;  // When it was declared LOST (0 = not lost).
   // The heartbeat interval this worker was last told (Register, or an Ack since).
   int64_t told_heartbeat_interval_ms = 0;
+  // Its inter-node transport as it last registered it (not persisted: a worker registers again
+  // before it gets work). Only SOCKETS on a worker with CUDA slots restricts placement.
+  v1::Fabric fabric = v1::FABRIC_UNSPECIFIED;
 
   bool busy() const { return !slots.empty(); }
   // The slot running rank `ref.rank` of `ref`'s job and generation (-1 = none).
@@ -130,7 +133,10 @@ struct JobRt {
   // spec.checkpoint.every_steps, read from rec.spec_yaml on the first progress report
   // (ulysses_checkpoint_every_steps); -1 until then.
   int64_t checkpoint_every_steps = -1;
-  GoodputSteps goodput_steps;  // Rank 0's step ends since the last commit (goodput.h).
+  // spec.parallelism.allow_tcp_fabric, read from rec.spec_yaml on the first scheduling pass
+  // that places the job; -1 until then.
+  mutable int allow_tcp_fabric = -1;  // A cache of the spec: filled by the (const) pass.
+  GoodputSteps goodput_steps;         // Rank 0's step ends since the last commit (goodput.h).
   // spec.checkpoint.every_steps: auto: the interval sent to the ranks and its measured inputs
   // (job_interval.cc). In memory only.
   JobIntervalState interval;

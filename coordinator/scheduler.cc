@@ -38,6 +38,7 @@ class SlotPool {
       if (last == SIZE_MAX || last_id != w.id) {
         last = Worker(w.id, w.node_label, last == SIZE_MAX ? nullptr : &last_id);
         last_id = w.id;
+        free_[last].tcp_only = free_[last].tcp_only || w.tcp_only;
       }
       AddSlot(last, w.slot);
     }
@@ -52,6 +53,7 @@ class SlotPool {
       const FreeWorker& w = workers[i];
       const size_t at = Worker(w.id, w.node_label, i == 0 ? nullptr : &last_id);
       last_id = w.id;
+      free_[at].tcp_only = free_[at].tcp_only || w.tcp_only;
       for (int slot : w.slots) AddSlot(at, slot);
     }
     SortLabels();
@@ -79,6 +81,7 @@ class SlotPool {
       absl::StrAppend(&out.reason, ", ", available, " available");
       return out;
     }
+    if (request.fabric_required && TcpOnlyFree(request) > 0) return TakeOverFabric(request);
     const size_t sp = static_cast<size_t>(request.sp);
     for (int g = 0; g < request.dp; ++g) {
       // 1. Best-fit worker: the fewest free slots that still hold a whole SP group.
@@ -145,6 +148,7 @@ class SlotPool {
     auto s = std::find(f.slots.begin(), f.slots.end(), slot);
     if (s == f.slots.end()) return;
     f.slots.erase(s);
+    if (f.tcp_only) --tcp_only_free_;
     --labels_[f.label].free;
     --total_;
   }
@@ -155,7 +159,8 @@ class SlotPool {
     out.reserve(static_cast<size_t>(total_));
     for (const Free& f : free_) {
       for (int slot : f.slots) {
-        out.push_back(IdleWorker{std::string(f.id), std::string(labels_[f.label].name), slot});
+        out.push_back(
+            IdleWorker{std::string(f.id), std::string(labels_[f.label].name), slot, f.tcp_only});
       }
     }
     return out;
@@ -168,6 +173,7 @@ class SlotPool {
     std::string_view id;  // Into the pool's input.
     int label = 0;        // Index into labels_.
     SlotList slots;
+    bool tcp_only = false;  // IdleWorker::tcp_only.
   };
   struct Label {
     std::string_view name;        // Into the pool's input.
@@ -178,6 +184,96 @@ class SlotPool {
 
   static bool Considered(const GangRequest& request, std::string_view label) {
     return request.required_label.empty() || label == request.required_label;
+  }
+
+  // Free slots of tcp_only workers that `request` may use (its label).
+  int64_t TcpOnlyFree(const GangRequest& request) const {
+    if (tcp_only_free_ == 0) return 0;
+    if (request.required_label.empty()) return tcp_only_free_;
+    int64_t n = 0;
+    for (const Free& f : free_) {
+      if (f.tcp_only && labels_[f.label].name == request.required_label) {
+        n += static_cast<int64_t>(f.slots.size());
+      }
+    }
+    return n;
+  }
+
+  // A fabric_required gang while tcp_only workers have free slots: one worker that holds it
+  // whole (best fit: no network inside a worker), else one node label that does, else the
+  // usual steps over the workers that are not tcp_only (their slots hidden meanwhile), else
+  // not placed with the reason.
+  Placement TakeOverFabric(const GangRequest& request) {
+    const size_t world = static_cast<size_t>(request.sp) * static_cast<size_t>(request.dp);
+    Free* best = nullptr;
+    size_t largest = 0;
+    for (Free& f : free_) {
+      if (!Considered(request, labels_[f.label].name)) continue;
+      largest = std::max(largest, f.slots.size());
+      if (f.slots.size() >= world && (best == nullptr || f.slots.size() < best->slots.size())) {
+        best = &f;
+      }
+    }
+    Placement out;
+    if (best != nullptr) {
+      TakeFrom(*best, world, &out);
+      out.placed = true;
+      return out;
+    }
+    // One node label that holds it (several agents of one node share its label: NVLink and
+    // shared memory between them, no network): the smallest such label.
+    int label = -1;
+    for (int l : order_) {
+      if (Considered(request, labels_[l].name) && labels_[l].free >= static_cast<int64_t>(world) &&
+          (label < 0 || labels_[l].free < labels_[label].free)) {
+        label = l;
+      }
+    }
+    if (label >= 0) {
+      TakeFromLabel(label, static_cast<int64_t>(world), &out);
+      out.placed = true;
+      return out;
+    }
+    std::vector<std::pair<size_t, SlotList>> hidden;
+    std::vector<std::string_view> sockets;  // tcp_only workers with free slots, named.
+    for (size_t i = 0; i < free_.size(); ++i) {
+      Free& f = free_[i];
+      if (!f.tcp_only || f.slots.empty()) continue;
+      if (Considered(request, labels_[f.label].name)) sockets.push_back(f.id);
+      const auto n = static_cast<int64_t>(f.slots.size());
+      labels_[f.label].free -= n;
+      total_ -= n;
+      hidden.emplace_back(i, std::move(f.slots));
+      f.slots.clear();
+    }
+    const int64_t saved_tcp_only = tcp_only_free_;
+    tcp_only_free_ = 0;
+    GangRequest plain = request;
+    plain.fabric_required = false;
+    const int64_t fabric_free = Available(request.required_label);
+    if (fabric_free >= static_cast<int64_t>(world)) out = Take(plain);
+    for (auto& [i, slots] : hidden) {
+      Free& f = free_[i];
+      const auto n = static_cast<int64_t>(slots.size());
+      f.slots = std::move(slots);
+      labels_[f.label].free += n;
+      total_ += n;
+    }
+    tcp_only_free_ = saved_tcp_only;
+    if (out.placed) return out;
+    out.reason =
+        absl::StrCat("needs ", world,
+                     " free slots on workers with a fabric between nodes (efa, tcpxo, ib) "
+                     "or on one worker or node label: ",
+                     fabric_free, " such slots free, at most ", largest, " on one worker; ");
+    for (size_t k = 0; k < sockets.size() && k < 3; ++k) {
+      absl::StrAppend(&out.reason, k == 0 ? "" : ", ", std::string(sockets[k]));
+    }
+    if (sockets.size() > 3) absl::StrAppend(&out.reason, " and ", sockets.size() - 3, " more");
+    absl::StrAppend(&out.reason, sockets.size() == 1 ? " reaches" : " reach",
+                    " other nodes only over TCP sockets (set spec.parallelism.allow_tcp_fabric: "
+                    "true to run this group over TCP)");
+    return out;
   }
 
   // The free_ index of worker `id`, added (with no slots) when new. A worker's slots are
@@ -204,6 +300,7 @@ class SlotPool {
   void AddSlot(size_t worker, int slot) {
     Free& f = free_[worker];
     f.slots.push_back(slot);
+    if (f.tcp_only) ++tcp_only_free_;
     Label& label = labels_[f.label];
     ++label.free;
     label.max_worker_free = std::max(label.max_worker_free, f.slots.size());
@@ -241,6 +338,7 @@ class SlotPool {
     f.slots.erase(f.slots.begin(), f.slots.begin() + static_cast<std::ptrdiff_t>(n));
     labels_[f.label].free -= static_cast<int64_t>(n);
     total_ -= static_cast<int64_t>(n);
+    if (f.tcp_only) tcp_only_free_ -= static_cast<int64_t>(n);
   }
 
   // Takes up to n slots of label `l`, from its workers with the most free slots first.
@@ -265,6 +363,7 @@ class SlotPool {
   std::unordered_map<std::string_view, int> label_index_;  // Label -> labels_ index.
   std::vector<int> order_;                                 // labels_ indices by label name.
   int64_t total_ = 0;
+  int64_t tcp_only_free_ = 0;  // Free slots of tcp_only workers (counted in total_ too).
 };
 
 }  // namespace
@@ -340,13 +439,23 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
 
 LiveSlots LiveSlots::Of(const std::vector<IdleWorker>& live) {
   LiveSlots out;
-  for (const IdleWorker& w : live) out.Add(w.node_label, 1);
+  for (const IdleWorker& w : live) out.Add(w.node_label, 1, w.tcp_only);
   return out;
 }
 
-void LiveSlots::Add(const std::string& label, int64_t slots) {
+void LiveSlots::Add(const std::string& label, int64_t slots, bool is_tcp_only) {
   total += slots;
-  by_label[label] += slots;
+  int64_t& in_label = by_label[label];
+  in_label += slots;
+  largest_label = std::max(largest_label, in_label);
+  if (is_tcp_only) tcp_only += slots;
+}
+
+int64_t LiveSlots::EligibleFor(const GangRequest& request) const {
+  if (!request.fabric_required || tcp_only == 0 || !request.required_label.empty()) {
+    return Eligible(request.required_label);  // A label's slots can hold it on that label.
+  }
+  return std::max(total - tcp_only, largest_label);
 }
 
 int64_t LiveSlots::Eligible(const std::string& required_label) const {
@@ -399,7 +508,7 @@ std::vector<QueueDecision> PlanQueueFrom(SlotPool pool, std::vector<QueuedJob> q
       } else {
         d.kind = QueueDecision::Kind::kUnplaced;
         d.reason = absl::StrCat("stage ", job.stage_index, ": ", p.reason);
-        if (live.Eligible(job.gang.required_label) >= needed) {
+        if (live.EligibleFor(job.gang) >= needed) {
           head = &job;
           // Workers that free up first in the order: the head waits for them anyway, and
           // every idle worker its placement leaves out is free for backfill.

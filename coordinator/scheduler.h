@@ -28,6 +28,9 @@ struct IdleWorker {
   std::string id;
   std::string node_label;
   int slot = 0;
+  // The worker's CUDA slots reach other nodes only over TCP sockets (it reported
+  // FABRIC_SOCKETS): a group that needs a fabric spans no such worker (GangRequest).
+  bool tcp_only = false;
   // Identifies the slot: "<id>#<slot>".
   std::string key() const;
 };
@@ -40,12 +43,17 @@ struct FreeWorker {
   std::string_view id;
   std::string_view node_label;
   absl::InlinedVector<int, 8> slots;  // In slot order.
+  bool tcp_only = false;              // As IdleWorker::tcp_only.
 };
 
 struct GangRequest {
   int sp = 1;                  // SP group size: ranks r*sp..r*sp+sp-1 form one group.
   int dp = 1;                  // Number of SP groups.
   std::string required_label;  // Only workers with this label ("" = any).
+  // The group may span workers only over a fabric (EFA / TCPXO / IB): it is placed on one
+  // worker that holds it whole, or on workers that are not tcp_only, else it waits with the
+  // reason. false: spec.parallelism.allow_tcp_fabric (or a caller that does not ask).
+  bool fabric_required = false;
 };
 
 struct Placement {
@@ -63,7 +71,10 @@ struct Placement {
 //    such label), taking the workers with the most free slots first;
 // 3. else spread over the labels with the most free slots.
 // DP replicas (different SP groups) may land anywhere. Deterministic for a given input
-// order.
+// order. With request.fabric_required and tcp_only slots free: first one worker that holds
+// the whole gang (best fit), else one node label that does (agents of one node share it), else
+// the steps above over the workers that are not tcp_only,
+// else not placed (the reason names the tcp_only workers and allow_tcp_fabric).
 Placement PlaceGang(const GangRequest& request, const std::vector<IdleWorker>& idle);
 
 // Queue ordering: higher priority first, then lower submission number (FIFO).
@@ -152,9 +163,15 @@ struct QueueDecision {
 struct LiveSlots {
   int64_t total = 0;                                  // Slots of workers not LOST.
   std::unordered_map<std::string, int64_t> by_label;  // The same by node label.
+  int64_t tcp_only = 0;       // Slots of tcp_only workers (counted in total too).
+  int64_t largest_label = 0;  // The most slots of one node label.
   static LiveSlots Of(const std::vector<IdleWorker>& live);
-  void Add(const std::string& label, int64_t slots);
+  void Add(const std::string& label, int64_t slots, bool tcp_only = false);
   int64_t Eligible(const std::string& required_label) const;  // "" = every label.
+  // The slots `request` could ever be placed on: Eligible, or with fabric_required (tcp_only
+  // workers live, no required label) the larger of the slots not tcp_only and the largest
+  // label (one worker or node label may hold a group whole).
+  int64_t EligibleFor(const GangRequest& request) const;
 };
 std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<IdleWorker> idle,
                                      const LiveSlots& live, const QuotaPolicy* quotas = nullptr,

@@ -297,6 +297,12 @@ absl::Status ValidateRegisterRequest(const v1::RegisterRequest& request) {
   }
   RETURN_IF_ERROR(CheckInt("capacity", request.capacity(), 0, kMaxCapacity,
                            "ranks it can run at once; 0 means 1"));
+  if (!v1::Fabric_IsValid(request.fabric())) {
+    return Invalid("fabric", absl::StrCat(static_cast<int>(request.fabric())),
+                   "is not a known fabric",
+                   "report FABRIC_SOCKETS, FABRIC_EFA, FABRIC_TCPXO or FABRIC_IB (or leave it "
+                   "unset)");
+  }
   constexpr char kDevicesFix[] =
       "one entry per slot: cpu, or cuda:N with each GPU once (NCCL runs one rank per GPU)";
   if (request.devices_size() > kMaxCapacity) {

@@ -164,6 +164,7 @@ v1::Worker WorkerToProto(const WorkerRt& w, int64_t now_steady_ms, int64_t now_u
   p.set_capacity(w.rec.capacity);
   p.set_state(w.state);
   p.set_draining(w.draining);
+  p.set_fabric(w.fabric);
   for (const std::string& d : w.rec.devices) p.add_devices(d);
   for (const auto& [slot, ref] : w.slots) {
     v1::RunningWork* running = p.add_running_ranks();

@@ -52,6 +52,7 @@ absl::StatusOr<WorkerProtocol::Registered> WorkerProtocol::Register(
   w.rec.device = w.rec.devices.front();
   w.rec.host = request.host();
   w.rec.capacity = static_cast<int>(w.rec.devices.size());
+  w.fabric = request.fabric();
   w.rec.last_seen_ms = NowMs();
   machine_.OnWorkerBack(w, SteadyMs() - w.last_seen_steady, txn);  // Only when SUSPECT.
   w.last_seen_steady = SteadyMs();

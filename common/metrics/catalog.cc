@@ -153,6 +153,9 @@ std::vector<MetricDef> BuildCatalog() {
             "--peak-flops)."),
       Counter("ulysses_rank_steps_total", kRank, kWorker,
               "Optimizer steps the rank finished during the attempt."),
+      Gauge("ulysses_worker_fabric_info", {"fabric"}, kWorker,
+            "1 for the transport the worker's GPUs have to other nodes, as detected at start "
+            "(fabric=sockets, efa, tcpxo or ib; docs/DEPLOY.md \"Fabric between nodes\")."),
   };
   std::sort(c.begin(), c.end(),
             [](const MetricDef& a, const MetricDef& b) { return a.name < b.name; });

@@ -78,6 +78,10 @@ struct ParallelismSpec {
   int64_t zero_stage = 0;            // 0 (replicated optimizer) .. 3. Only 0 is implemented today.
   bool offload_optimizer = false;    // Keep optimizer state in host memory.
   bool offload_activations = false;  // Offload checkpointed activations to host memory.
+  // Let the coordinator spread a CUDA group over workers whose GPUs reach other nodes only over
+  // TCP sockets (no EFA / TCPXO / InfiniBand: docs/DEPLOY.md "Fabric between nodes"); without
+  // it such a group waits, with the reason, for workers with a fabric or one worker that holds it.
+  bool allow_tcp_fabric = false;
 };
 
 struct MemorySpec {

@@ -127,6 +127,7 @@ struct ParallelismFields {
     v.Field("zero_stage", &ParallelismSpec::zero_stage, kAlways);
     v.Field("offload_optimizer", &ParallelismSpec::offload_optimizer, kAlways);
     v.Field("offload_activations", &ParallelismSpec::offload_activations, kAlways);
+    v.Field("allow_tcp_fabric", &ParallelismSpec::allow_tcp_fabric, kUnlessDefault);
   }
 };
 

@@ -669,4 +669,79 @@ TEST(CheckpointIntervalTest, SmallMovesAreNotSent) {
   EXPECT_TRUE(IntervalChanged(steps, more));
 }
 
+namespace {
+
+// Slots of worker `id` (label = id), tcp_only as given.
+std::vector<IdleWorker> Slots(const std::string& id, int n, bool tcp_only) {
+  std::vector<IdleWorker> out;
+  for (int i = 0; i < n; ++i) out.push_back({id, id, i, tcp_only});
+  return out;
+}
+
+std::vector<IdleWorker> Concat(std::vector<std::vector<IdleWorker>> parts) {
+  std::vector<IdleWorker> out;
+  for (auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+TEST(SchedulerFabricTest, AGroupNeedingAFabricSpansNoTcpOnlyWorker) {
+  const auto idle = Concat({Slots("a", 2, true), Slots("b", 2, true)});
+  GangRequest gang{2, 2, "", /*fabric_required=*/true};
+  Placement p = PlaceGang(gang, idle);
+  EXPECT_FALSE(p.placed);
+  EXPECT_EQ(p.reason,
+            "needs 4 free slots on workers with a fabric between nodes (efa, tcpxo, ib) or on one "
+            "worker or node label: 0 such slots free, at most 2 on one worker; a, b reach other "
+            "nodes only over "
+            "TCP sockets (set spec.parallelism.allow_tcp_fabric: true to run this group over TCP)");
+  gang.fabric_required = false;  // allow_tcp_fabric
+  EXPECT_TRUE(PlaceGang(gang, idle).placed);
+}
+
+TEST(SchedulerFabricTest, FabricWorkersOrOneWholeWorkerTakeTheGroup) {
+  GangRequest gang{2, 2, "", true};
+  // On workers with a fabric: placed across them, never on the tcp_only one.
+  Placement p =
+      PlaceGang(gang, Concat({Slots("t", 2, true), Slots("e1", 2, false), Slots("e2", 2, false)}));
+  ASSERT_TRUE(p.placed) << p.reason;
+  EXPECT_EQ(std::set<std::string>(p.worker_ids.begin(), p.worker_ids.end()),
+            (std::set<std::string>{"e1", "e2"}));
+  // One tcp_only worker that holds the whole gang: no network in it.
+  Placement q = PlaceGang(gang, Concat({Slots("t1", 2, true), Slots("t2", 4, true)}));
+  ASSERT_TRUE(q.placed) << q.reason;
+  EXPECT_EQ(std::set<std::string>(q.worker_ids.begin(), q.worker_ids.end()),
+            (std::set<std::string>{"t2"}));
+  // Two agents of one node (the same label) hold it together: no network between them.
+  std::vector<IdleWorker> one_node = Concat({Slots("h0", 2, true), Slots("h1", 2, true)});
+  for (IdleWorker& w : one_node) w.node_label = "host";
+  Placement n = PlaceGang(gang, Concat({Slots("x", 2, true), one_node}));
+  ASSERT_TRUE(n.placed) << n.reason;
+  EXPECT_EQ(std::set<std::string>(n.worker_ids.begin(), n.worker_ids.end()),
+            (std::set<std::string>{"h0", "h1"}));
+  // Without tcp_only workers nothing changes: the usual per-group best fit.
+  Placement r = PlaceGang(gang, Concat({Slots("e1", 2, false), Slots("e2", 4, false)}));
+  ASSERT_TRUE(r.placed);
+  EXPECT_EQ(r.worker_ids, (std::vector<std::string>{"e1", "e1", "e2", "e2"}));
+}
+
+TEST(SchedulerFabricTest, AJobThatCanNeverGetAFabricBlocksNoOne) {
+  const auto idle = Concat({Slots("a", 2, true), Slots("b", 2, true)});
+  std::vector<QueuedJob> queue;
+  queue.push_back({"big", 0, 1, 0, GangRequest{2, 2, "", true}});
+  queue.push_back({"small", 0, 2, 0, GangRequest{2, 1, "", true}});
+  std::vector<QueueDecision> d = PlanQueue(queue, idle, idle);
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].kind, QueueDecision::Kind::kUnplaced);
+  EXPECT_NE(d[0].reason.find("allow_tcp_fabric"), std::string::npos) << d[0].reason;
+  EXPECT_EQ(d[1].kind, QueueDecision::Kind::kLaunch) << d[1].reason;
+  EXPECT_FALSE(d[1].backfill);  // "big" is no head: it could never be placed here.
+  // A fabric worker joining makes "big" placeable some day (then it is the head).
+  LiveSlots live = LiveSlots::Of(Concat({idle, Slots("e", 4, false)}));
+  EXPECT_EQ(live.EligibleFor(GangRequest{2, 2, "", true}), 4);  // e's 4 (a label too)
+  EXPECT_EQ(live.EligibleFor(GangRequest{2, 2, "", false}), 8);
+  EXPECT_EQ(LiveSlots::Of(idle).EligibleFor(GangRequest{2, 2, "", true}), 2);
+}
+
+}  // namespace
+
 }  // namespace ulysses::coordinator

@@ -64,6 +64,10 @@ int main(int argc, char** argv) {
   app.add_option("--peak-flops", config.peak_flops,
                  "Dense peak FLOP/s of the device for the MFU gauge (e.g. 989e12; 0 = unknown)")
       ->capture_default_str();
+  app.add_option("--fabric", config.fabric_flag,
+                 "Transport to other nodes' GPUs: auto (detect from the RDMA devices, the NCCL "
+                 "net plugin and the environment), sockets, efa, tcpxo or ib")
+      ->capture_default_str();
   app.add_option("--intra-op-threads", config.intra_op_threads,
                  "libtorch intra-op threads of each rank (0 = usable cores / slots)")
       ->capture_default_str();

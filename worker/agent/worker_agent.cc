@@ -36,6 +36,7 @@
 #include "worker/agent/assignment_check.h"
 #include "worker/agent/child_supervisor.h"
 #include "worker/agent/devices.h"
+#include "worker/agent/fabric.h"
 #include "worker/agent/worker_metrics.h"
 
 namespace ulysses::agent {
@@ -196,6 +197,7 @@ std::vector<v1::RunningWork> WorkerAgent::Impl::RunningRanksLocked() const {
 absl::Status WorkerAgent::Impl::StartMetrics() {
   if (config_.metrics_listen.empty()) return absl::OkStatus();
   ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Register(&registry_, config_.peak_flops));
+  metrics_->SetFabric(FabricName(config_.fabric));
   ASSIGN_OR_RETURN(net::HostPort at,
                    net::ParseHostPort("--metrics-listen", config_.metrics_listen, "0.0.0.0:9091"));
   metrics::MetricsServerConfig mc;
@@ -222,6 +224,8 @@ absl::Status WorkerAgent::Impl::Run() {
                  : config_.cert_file.empty() ? "TLS"
                                              : "mutual TLS")
              << (config_.token.empty() ? ", no token" : ", token") << ")";
+  ULOG(INFO) << "fabric between nodes: " << FabricName(config_.fabric) << " (" << config_.fabric_why
+             << ")";
   {
     absl::MutexLock lock(&mu_);
     for (const std::string& device : config_.devices) slots_.push_back(Slot{device});
@@ -301,6 +305,7 @@ absl::Status WorkerAgent::Impl::Register() {
   request.set_host(config_.advertise_host);
   request.set_capacity(static_cast<int32_t>(config_.devices.size()));
   request.set_agent_version(metrics::BuildVersion());  // Checked by the coordinator.
+  request.set_fabric(config_.fabric);
   std::vector<v1::RunningWork> reported;
   {
     absl::MutexLock lock(&mu_);

@@ -16,6 +16,7 @@
 #include "common/process/cpu_share.h"
 #include "common/spec/path_confine.h"
 #include "worker/agent/devices.h"
+#include "worker/agent/fabric.h"
 
 namespace ulysses::agent {
 namespace {
@@ -89,6 +90,20 @@ absl::Status WorkerConfig::Validate() {
     errors.push_back(absl::StrCat("--peak-flops: ", peak_flops,
                                   " is not a finite number >= 0 (the device's dense peak "
                                   "FLOP/s, e.g. 989e12 for an H100 in bf16; 0 = unknown)"));
+  }
+  {
+    bool detect = false;
+    absl::StatusOr<v1::Fabric> f = ParseFabricFlag(fabric_flag, &detect);
+    if (!f.ok()) {
+      errors.push_back(std::string(f.status().message()));
+    } else if (detect) {
+      const FabricReport report = DetectFabric(FabricProbe::FromProcess());
+      fabric = report.fabric;
+      fabric_why = report.why;
+    } else {
+      fabric = *f;
+      fabric_why = "set by --fabric";
+    }
   }
   if (intra_op_threads < 0 || intra_op_threads > process::kMaxIntraOpThreads) {
     errors.push_back(absl::StrCat("--intra-op-threads: ", intra_op_threads, " is outside 0..",

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "common/grpc/channel.h"
+#include "ulysses/v1/types.pb.h"
 
 namespace ulysses::agent {
 
@@ -55,6 +56,11 @@ struct WorkerConfig {
   // --intra-op-threads); 0 = its share of the cores, usable cores / slots
   // (common/process/cpu_share.h).
   int intra_op_threads = 0;
+  // --fabric: auto (detect, worker/agent/fabric.h) | sockets | efa | tcpxo | ib. Validate
+  // fills `fabric` (and `fabric_why`: what detection found, or "set by --fabric").
+  std::string fabric_flag = "auto";
+  v1::Fabric fabric = v1::FABRIC_SOCKETS;
+  std::string fabric_why;
 
   // Fills defaults (engine_bin, token from token_file) and checks every field, the
   // credential files included; the message names the flag, the value and the fix.

@@ -45,8 +45,11 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Register(metrics::
                    metrics::RegisterGauge(registry, "ulysses_rank_tokens_per_second"));
   ASSIGN_OR_RETURN(m->mfu_, metrics::RegisterGauge(registry, "ulysses_rank_mfu_ratio"));
   ASSIGN_OR_RETURN(m->steps_, metrics::RegisterCounter(registry, "ulysses_rank_steps_total"));
+  ASSIGN_OR_RETURN(m->fabric_, metrics::RegisterGauge(registry, "ulysses_worker_fabric_info"));
   return m;
 }
+
+void WorkerMetrics::SetFabric(const std::string& fabric) { fabric_->WithLabels({fabric})->Set(1); }
 
 void WorkerMetrics::OnStep(const RankLabels& l, const contract::StepEvent& e) {
   const std::vector<std::string> v = Values(l);

@@ -37,6 +37,8 @@ class WorkerMetrics {
   void OnStep(const RankLabels& labels, const contract::StepEvent& step);
   // The attempt ended: removes its series.
   void Forget(const RankLabels& labels);
+  // ulysses_worker_fabric_info{fabric} = 1 (worker/agent/fabric.h FabricName), set once.
+  void SetFabric(const std::string& fabric);
 
  private:
   WorkerMetrics() = default;
@@ -50,6 +52,7 @@ class WorkerMetrics {
   metrics::GaugeFamily* tokens_per_s_ = nullptr;
   metrics::GaugeFamily* mfu_ = nullptr;
   metrics::CounterFamily* steps_ = nullptr;
+  metrics::GaugeFamily* fabric_ = nullptr;
 };
 
 }  // namespace ulysses::agent

@@ -38,14 +38,18 @@ TEST_F(WorkerAgentTest, FlagsCli11RejectsExit2) {
 
 // Values that parse but are invalid: the config's own validation.
 TEST_F(WorkerAgentTest, RejectsBadFlagsWithTheFlagName) {
-  auto [exit, out] = RunWorkerWithFlags({"--coordinator", "nohostport", "--name", "x", "--work-dir",
-                                         work_dir_, "--device", "tpu", "--engine-bin",
-                                         FAKE_RANK_PATH, "--collective-timeout-s", "-5"});
+  auto [exit, out] = RunWorkerWithFlags(
+      {"--coordinator", "nohostport", "--name", "x", "--work-dir", work_dir_, "--device", "tpu",
+       "--engine-bin", FAKE_RANK_PATH, "--collective-timeout-s", "-5", "--fabric", "myrinet"});
   EXPECT_EQ(exit, "exit code 2");
   EXPECT_NE(out.find("--coordinator: \"nohostport\" is not HOST:PORT"), std::string::npos) << out;
   EXPECT_NE(out.find("--devices: \"tpu\" has \"tpu\", which is not cuda:N"), std::string::npos)
       << out;
   EXPECT_NE(out.find("--collective-timeout-s: -5 is outside 0..86400"), std::string::npos) << out;
+  EXPECT_NE(out.find("--fabric: \"myrinet\" is not a fabric; use auto (detect), sockets, efa, "
+                     "tcpxo or ib"),
+            std::string::npos)
+      << out;
 }
 
 // Flags the command-line parser itself refuses (not a number, unknown, missing): the

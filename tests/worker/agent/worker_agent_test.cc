@@ -263,6 +263,27 @@ TEST_F(WorkerAgentTest, ServesTheRanksMetricsAndDropsThemWhenTheAttemptEnds) {
   EXPECT_NE(body.find("# TYPE ulysses_rank_step_seconds gauge"), std::string::npos);
 }
 
+// The fabric the agent reports at registration and exports: set by --fabric here (detection
+// itself: fabric_test); the log says what it is and why.
+TEST_F(WorkerAgentTest, ReportsItsFabricAtRegistrationAndAsAMetric) {
+  PeerServer peer;
+  const int metrics_port = ::ulysses::testing::FreeLoopbackPort();
+  ASSERT_GT(metrics_port, 0);
+  StartWorker(peer.port, 10,
+              {"--metrics-listen", absl::StrCat("127.0.0.1:", metrics_port), "--fabric", "efa"});
+  ASSERT_TRUE(peer.service.WaitForSession(1, seconds(20))) << WorkerLog();
+  const Regs regs = peer.service.Registers();
+  ASSERT_FALSE(regs.empty());
+  EXPECT_EQ(regs.front().fabric(), v1::FABRIC_EFA);
+  httplib::Client http("127.0.0.1", metrics_port);
+  auto res = http.Get("/metrics");
+  ASSERT_TRUE(res && res->status == 200);
+  EXPECT_NE(res->body.find("ulysses_worker_fabric_info{fabric=\"efa\"} 1\n"), std::string::npos)
+      << res->body;
+  EXPECT_NE(WorkerLog().find("fabric between nodes: efa (set by --fabric)"), std::string::npos)
+      << WorkerLog();
+}
+
 TEST_F(WorkerAgentTest, MetricsListenOnABusyPortFailsTheWorker) {
   PeerServer peer;
   // A plain listening socket (no SO_REUSEPORT) holds the port.
