@@ -87,6 +87,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   AddResumeCommand(app, ctx);
   AddConfigCommand(app, ctx);
   AddAdminCommand(app, ctx);
+  AddPreflightCommand(app, ctx);
 
   // Name an unknown verb instead of CLI11's "A subcommand is required".
   for (int i = 1; i < argc; ++i) {

@@ -28,6 +28,7 @@ void AddCancelCommand(CLI::App& app, CliContext& ctx);
 void AddResumeCommand(CLI::App& app, CliContext& ctx);
 void AddConfigCommand(CLI::App& app, CliContext& ctx);
 void AddAdminCommand(CLI::App& app, CliContext& ctx);  // client/cmd_admin.cc
+void AddPreflightCommand(CLI::App& app, CliContext& ctx);  // client/cmd_preflight.cc
 
 // Prints every line of a multi-line error to ctx.err as "<prefix>: <line>"
 // (no prefix when the line already starts with it).
