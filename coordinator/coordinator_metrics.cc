@@ -58,6 +58,7 @@ std::unique_ptr<CoordinatorMetrics> CoordinatorMetrics::Register(
   m->gang_wait = must(metrics::RegisterHistogram(registry, "ulysses_gang_wait_seconds"));
   m->scheduling_pass =
       must(metrics::RegisterHistogram(registry, "ulysses_scheduling_pass_seconds"));
+  m->wanted_workers = must(metrics::RegisterGauge(registry, "ulysses_wanted_workers"));
   m->restarts = must(metrics::RegisterCounter(registry, "ulysses_job_restarts_total"));
   m->preemptions = must(metrics::RegisterCounter(registry, "ulysses_preemptions_total"));
   m->preemption_lost_gpu_seconds =

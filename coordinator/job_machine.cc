@@ -13,6 +13,7 @@
 #include "common/spec/job_spec_parser.h"
 #include "coordinator/engine_spec.h"
 #include "coordinator/failure_budget.h"
+#include "coordinator/pool_demand.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/views.h"
 #include "google/protobuf/util/time_util.h"
@@ -231,6 +232,23 @@ int JobMachine::AllocatePort() {
   return port;
 }
 
+void JobMachine::SetWantedWorkers(const std::vector<QueuedJob>& queue) {
+  if (metrics_.wanted_workers == nullptr) return;
+  std::vector<PoolWorker> pool;
+  pool.reserve(state_.workers.size());
+  int64_t slots = 0;  // A worker's slots: the largest live worker's.
+  for (const auto& [id, w] : state_.workers) {
+    if (w->state == v1::WORKER_STATE_LOST) continue;
+    slots = std::max<int64_t>(slots, w->rec.capacity);
+    pool.push_back({w->rec.name, w->busy()});
+  }
+  std::vector<int64_t> worlds;
+  worlds.reserve(queue.size());
+  for (const QueuedJob& q : queue) worlds.push_back(int64_t{q.gang.sp} * q.gang.dp);
+  metrics_.wanted_workers->WithLabels()->Set(
+      static_cast<double>(WantedWorkers(pool, worlds, slots > 0 ? slots : 8)));
+}
+
 void JobMachine::Schedule(Txn& txn) {
   // One walk over the jobs and one over the workers: at 25,000 nodes and 10,000 queued
   // jobs each walk is what a pass costs (bench/schedule_pass, docs/BENCHMARKS.md).
@@ -272,6 +290,7 @@ void JobMachine::Schedule(Txn& txn) {
                      GangRequest{stage.sp, stage.dp, job.rec.node_label, job.allow_tcp_fabric == 0},
                      job.rec.not_before_ms > now, job.rec.tenant, may_preempt});
   }
+  SetWantedWorkers(queue);
   if (queue.empty()) return;
   std::vector<FreeWorker> idle;  // Views into state_, which the pass does not change.
   idle.reserve(state_.workers.size());

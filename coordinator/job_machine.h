@@ -19,6 +19,7 @@
 #include "coordinator/config.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/runtime.h"
+#include "coordinator/scheduler.h"
 
 namespace ulysses::coordinator {
 
@@ -144,6 +145,8 @@ class JobMachine {
   }
 
  private:
+  // ulysses_wanted_workers from the workers and the queue of this pass (pool_demand.h).
+  void SetWantedWorkers(const std::vector<QueuedJob>& queue);
   // The workers (each once) that still hold ranks of `attempt` of job `job_id`.
   std::vector<WorkerRt*> HoldingWorkers(const std::string& job_id, const AttemptRecord& attempt);
 

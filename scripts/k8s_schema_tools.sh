@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the npm packages tests/deploy validates deploy/k8s with (kubernetes-models: the
 # Kubernetes OpenAPI schemas; @kubernetes-models/prometheus-operator and /cert-manager: the
-# CRD schemas), pinned by tests/deploy/schema/package-lock.json, into DIR (default
+# CRD schemas; /keda: the ScaledObject), pinned by tests/deploy/schema/package-lock.json, into DIR (default
 # $ULYSSES_NPM_DIR, else ~/.cache/ulysses-npm/k8s-schema). Prints DIR/node_modules.
 # Idempotent: a DIR whose lock file matches is reused without network access.
 # Run by scripts/bootstrap.sh and, when missing, by tests/deploy/check_deploy.py.

@@ -43,6 +43,10 @@ std::vector<MetricDef> BuildCatalog() {
       Gauge("ulysses_jobs", {"state"}, kCoordinator, "Jobs by state."),
       Gauge("ulysses_queue_length", {}, kCoordinator,
             "Jobs waiting for placement (PENDING, PREEMPTED, RECOVERING)."),
+      Gauge("ulysses_wanted_workers", {}, kCoordinator,
+            "Workers the pool wants: busy workers plus the workers the queued gangs need, and at "
+            "least the highest busy pool ordinal + 1 (scale-in removes only idle workers); set by "
+            "every scheduling pass. KEDA scales the worker StatefulSet on it."),
       Histogram("ulysses_gang_wait_seconds", {}, kCoordinator, waits,
                 "Time a job waited in the queue until its whole group was placed."),
       Histogram("ulysses_scheduling_pass_seconds", {}, kCoordinator,

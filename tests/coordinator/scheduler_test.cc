@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/checkpoint_interval.h"
 #include "coordinator/config.h"
+#include "coordinator/pool_demand.h"
 #include "gtest/gtest.h"
 
 namespace ulysses::coordinator {
@@ -740,6 +741,47 @@ TEST(SchedulerFabricTest, AJobThatCanNeverGetAFabricBlocksNoOne) {
   EXPECT_EQ(live.EligibleFor(GangRequest{2, 2, "", true}), 4);  // e's 4 (a label too)
   EXPECT_EQ(live.EligibleFor(GangRequest{2, 2, "", false}), 8);
   EXPECT_EQ(LiveSlots::Of(idle).EligibleFor(GangRequest{2, 2, "", true}), 2);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(PoolDemandTest, OrdinalsOfStatefulSetNames) {
+  EXPECT_EQ(PoolOrdinal("ulysses-worker-0"), 0);
+  EXPECT_EQ(PoolOrdinal("ulysses-worker-17"), 17);
+  EXPECT_EQ(PoolOrdinal("node3-gpu5"), -1);
+  EXPECT_EQ(PoolOrdinal("worker"), -1);
+  EXPECT_EQ(PoolOrdinal("worker-"), -1);
+}
+
+TEST(PoolDemandTest, QueuedGangsRaiseItAndRunningOnesKeepIt) {
+  std::vector<PoolWorker> idle = {{"ulysses-worker-0", false}, {"ulysses-worker-1", false}};
+  EXPECT_EQ(WantedWorkers(idle, {}, 8), 0);
+  // A 16-rank gang and an 8-rank one queue: 2 + 1 nodes of 8 GPUs.
+  EXPECT_EQ(WantedWorkers(idle, {16, 8}, 8), 3);
+  EXPECT_EQ(WantedWorkers(idle, {9}, 8), 2);  // Rounded up to whole nodes.
+  // The 8-rank gang runs on worker 0: it is busy, not queued.
+  std::vector<PoolWorker> one_busy = {{"ulysses-worker-0", true}, {"ulysses-worker-1", false}};
+  EXPECT_EQ(WantedWorkers(one_busy, {16}, 8), 3);
+  EXPECT_EQ(WantedWorkers(one_busy, {}, 8), 1);  // It ended: down to what runs.
+}
+
+TEST(PoolDemandTest, ScaleInRemovesOnlyIdleWorkers) {
+  // Worker 5 runs ranks, 0..4 are idle: one busy worker, but a StatefulSet scaled to fewer
+  // than 6 would remove ulysses-worker-5 first. Wanted stays 6: only idle pods above it go.
+  std::vector<std::string> names;
+  for (int i = 0; i < 8; ++i) names.push_back(absl::StrCat("ulysses-worker-", i));
+  std::vector<PoolWorker> pool;
+  for (int i = 0; i < 8; ++i) pool.push_back({names[i], i == 5});
+  EXPECT_EQ(WantedWorkers(pool, {}, 8), 6);
+  // Every removed ordinal (>= wanted) is idle.
+  const int64_t wanted = WantedWorkers(pool, {}, 8);
+  for (const PoolWorker& w : pool) {
+    if (PoolOrdinal(w.name) >= wanted) EXPECT_FALSE(w.busy) << w.name;
+  }
+  // Names without an ordinal (workers outside a StatefulSet) count only as busy.
+  EXPECT_EQ(WantedWorkers({{"node3", true}}, {}, 8), 1);
 }
 
 }  // namespace

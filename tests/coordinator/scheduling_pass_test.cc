@@ -134,6 +134,14 @@ class FabricPassTest : public ::testing::Test {
     return job.ok() ? *job : v1::Job();
   }
 
+  // ulysses_wanted_workers as the last pass set it (-1: no sample).
+  double WantedWorkers() const {
+    const std::string text = registry_.Serialize();
+    const std::string key = "\nulysses_wanted_workers ";
+    const size_t at = text.find(key);
+    return at == std::string::npos ? -1 : std::stod(text.substr(at + key.size()));
+  }
+
   int Assignments() const {
     int n = 0;
     for (const CountingSink& s : sinks_) n += s.assignments;
@@ -160,10 +168,13 @@ TEST_F(FabricPassTest, ACudaGroupOverTwoSocketsWorkersWaitsWithTheReason) {
       << job.reason();
   EXPECT_NE(job.reason().find("spec.parallelism.allow_tcp_fabric: true"), std::string::npos)
       << job.reason();
+  EXPECT_EQ(WantedWorkers(), 2);  // The waiting 4-rank gang wants two 2-slot workers.
   // The job that allows TCP behind it is not blocked by it, and runs on the same workers.
   const v1::Job allowed = SubmitAndPass("tcp-ok", true);
   EXPECT_EQ(allowed.state(), v1::JOB_STATE_SCHEDULING) << allowed.reason();
   EXPECT_EQ(Assignments(), 4);
+  coordinator_->TickForTesting();
+  EXPECT_EQ(WantedWorkers(), 4);  // Both workers busy + the waiting gang's two.
 }
 
 TEST_F(FabricPassTest, OnEfaWorkersTheSameGroupIsPlaced) {

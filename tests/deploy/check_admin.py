@@ -33,7 +33,7 @@ RUNBOOK = os.path.join(ROOT, "docs", "RUNBOOK.md")
 KUBECTL = shutil.which("kubectl")
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 OVERLAYS = ("eks", "gke", "onprem")
-COMPONENTS = ("monitoring", "cert-manager", "rdma", "fabric-efa", "fabric-tcpxo", "fabric-ib", "spot")
+COMPONENTS = ("monitoring", "cert-manager", "rdma", "fabric-efa", "fabric-tcpxo", "fabric-ib", "spot", "keda")
 IMAGE_UID = 10001
 
 # RWX provisioner each overlay must use for the shared volume; none of them may hold SQLite.
@@ -572,7 +572,8 @@ class SchemaTest(unittest.TestCase):
                 self.assertIn(f"{len(objects)} of {len(objects)} objects valid", out)
                 kinds |= {d["kind"] for d in objects}
         self.assertLessEqual({"PodMonitor", "ServiceMonitor", "PrometheusRule", "Certificate",
-                              "Issuer", "StorageClass", "PriorityClass", "Job"}, kinds)
+                              "Issuer", "StorageClass", "PriorityClass", "Job", "ScaledObject"},
+                             kinds)
 
     def test_a_broken_object_fails(self):
         objects = render_with(list(COMPONENTS))
@@ -589,6 +590,7 @@ class SchemaTest(unittest.TestCase):
             edit("PodMonitor", lambda d: d["spec"]["podMetricsEndpoints"][0].update(interval="30 s")),
             edit("PrometheusRule", lambda d: d["spec"]["groups"][0].update(rules="none")),
             edit("Certificate", lambda d: d["spec"].update(dnsNames="ulysses-coordinator")),
+            edit("ScaledObject", lambda d: d["spec"].update(minReplicaCount="one")),
             {"apiVersion": "example.com/v1", "kind": "Unknown", "metadata": {"name": "x"}},
         ]
         for obj in breaks:

@@ -12,7 +12,7 @@ import unittest
 
 from check_admin import K8S, ROOT, find, pod_security_problems, read_text, render
 
-__all__ = ["FabricTest", "PlacementTest", "SpotTest"]
+__all__ = ["FabricTest", "PlacementTest", "SpotTest", "KedaTest"]
 
 OVERLAYS = ("eks", "gke", "onprem")
 CONTAINERFILE = os.path.join(ROOT, "deploy", "images", "Containerfile.gpu-worker")
@@ -212,3 +212,33 @@ class SpotTest(unittest.TestCase):
                 annotations = worker(overlay_objects(overlay))["metadata"]["annotations"]
                 self.assertEqual(annotations.get("karpenter.sh/do-not-disrupt"), "true")
                 self.assertEqual(annotations.get("cluster-autoscaler.kubernetes.io/safe-to-evict"), "false")
+
+
+class KedaTest(unittest.TestCase):
+    def test_scaled_object_scales_the_worker_statefulset_on_wanted_workers(self):
+        from check_admin import render_with
+        from deploy_common import catalog, metric_names
+        objects = render_with(["monitoring", "cert-manager", "keda"])
+        so = find(objects, "ScaledObject", "ulysses-worker")
+        sts = find(objects, "StatefulSet", "ulysses-worker")
+        ns = find(objects, "Namespace")["metadata"]["name"]
+        self.assertEqual(so["metadata"]["namespace"], ns)
+        self.assertEqual(so["spec"]["scaleTargetRef"],
+                         {"apiVersion": sts["apiVersion"], "kind": "StatefulSet",
+                          "name": sts["metadata"]["name"]})
+        self.assertGreaterEqual(so["spec"]["minReplicaCount"], 1)
+        (trigger,) = so["spec"]["triggers"]
+        self.assertEqual(trigger["type"], "prometheus")
+        query = trigger["metadata"]["query"]
+        self.assertIn("ulysses_wanted_workers", metric_names(query))
+        self.assertEqual(metric_names(query) - set(catalog()), set(), query)
+        # replicas = ceil(query / threshold): the query is a worker count.
+        self.assertEqual(trigger.get("metricType"), "AverageValue")
+        self.assertEqual(trigger["metadata"]["threshold"], "1")
+        # Scale-in one worker at a time (idle ones: the metric never drops below the highest busy
+        # ordinal + 1, PoolDemandTest.ScaleInRemovesOnlyIdleWorkers).
+        down = so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+        self.assertEqual(down["policies"], [{"type": "Pods", "value": 1, "periodSeconds": 300}])
+        # New workers need certificates no projected Secret lists: the CSI driver's.
+        tls = next(v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
+        self.assertEqual(tls["csi"]["driver"], "csi.cert-manager.io")

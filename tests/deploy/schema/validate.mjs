@@ -1,6 +1,7 @@
 // Validates Kubernetes objects against the OpenAPI schemas of the npm package
 // kubernetes-models (the Kubernetes API) and the CRD schemas of
-// @kubernetes-models/prometheus-operator and @kubernetes-models/cert-manager.
+// @kubernetes-models/prometheus-operator, @kubernetes-models/cert-manager and
+// @kubernetes-models/keda.
 //
 //   node validate.mjs NODE_MODULES_DIR < objects.json
 //
@@ -22,6 +23,9 @@ function modelPath(apiVersion, kind) {
   const [group, version] = apiVersion.includes("/") ? apiVersion.split("/") : ["", apiVersion];
   if (group.endsWith("monitoring.coreos.com")) {
     return join(modules, "@kubernetes-models/prometheus-operator", group, version, `${kind}.js`);
+  }
+  if (group === "keda.sh") {
+    return join(modules, "@kubernetes-models/keda", group, version, `${kind}.js`);
   }
   if (group.endsWith("cert-manager.io")) {
     return join(modules, "@kubernetes-models/cert-manager", group, version, `${kind}.js`);
