@@ -268,6 +268,17 @@ class ManifestTest(unittest.TestCase):
         self.assertIn({"ulysses.io/client": "true"}, selectors)
         self.assertTrue(any(s.items() <= worker_labels.items() for s in selectors))
         self.assertEqual(len(selectors), 2, "only workers and labelled clients reach gRPC")
+        # Clients only from namespaces labelled for it (never `namespaceSelector: {}`), which
+        # includes the deployment's own; workers (no namespaceSelector) only from this one.
+        client = next(p for p in grpc_peers
+                      if p["podSelector"]["matchLabels"] == {"ulysses.io/client": "true"})
+        ns_labels = client["namespaceSelector"]["matchLabels"]
+        self.assertTrue(ns_labels, "an empty namespaceSelector admits every namespace")
+        own = self.get("Namespace", kustomization_namespace())["metadata"]["labels"]
+        self.assertLessEqual(ns_labels.items(), own.items())
+        for p in grpc_peers:
+            if p is not client:
+                self.assertNotIn("namespaceSelector", p)
         metrics_peers = allowed[9090]
         self.assertEqual([p["podSelector"]["matchLabels"] for p in metrics_peers],
                          [{"app.kubernetes.io/name": "prometheus"}])
