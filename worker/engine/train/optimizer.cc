@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "worker/engine/train/cpu_adamw.h"
 #include "worker/engine/torch_compat.h"
 
 namespace ulysses::engine::train {
@@ -47,13 +48,17 @@ void AdamW::Step(const NamedParams& params, const std::vector<torch::Tensor>& gr
       targets[i] = master;
     }
   }
-  if (!FusedStep(params, grads, targets, lr)) {
+  // Entries the CPU kernel updates leave `targets` (written: it rounded the parameter too).
+  std::vector<bool> written(params.size(), false);
+  std::vector<torch::Tensor> remaining = targets;
+  if (config_.fast_cpu) CpuStep(params, grads, remaining, written, lr);
+  if (!FusedStep(params, grads, remaining, lr)) {
     const double bc1 = 1.0 - std::pow(config_.beta1, static_cast<double>(step_count_));
     const double bc2 = 1.0 - std::pow(config_.beta2, static_cast<double>(step_count_));
     for (size_t i = 0; i < params.size(); ++i) {
-      if (!targets[i].defined()) continue;
+      if (!remaining[i].defined()) continue;
       const std::string& name = params[i].first;
-      torch::Tensor& w = targets[i];
+      torch::Tensor& w = remaining[i];
       torch::Tensor& m = exp_avg_[name];
       torch::Tensor& v = exp_avg_sq_[name];
       torch::Tensor g = grads[i].to(m.scalar_type());
@@ -68,7 +73,7 @@ void AdamW::Step(const NamedParams& params, const std::vector<torch::Tensor>& gr
   }
   for (size_t i = 0; i < params.size(); ++i) {
     // Round each master to its low-precision parameter.
-    if (targets[i].defined() && !targets[i].is_same(params[i].second)) {
+    if (targets[i].defined() && !written[i] && !targets[i].is_same(params[i].second)) {
       params[i].second.copy_(targets[i]);
     }
   }
@@ -104,6 +109,42 @@ bool AdamW::FusedStep(const NamedParams& params, const std::vector<torch::Tensor
 #else
   return false;
 #endif
+}
+
+void AdamW::CpuStep(const NamedParams& params, const std::vector<torch::Tensor>& grads,
+                    std::vector<torch::Tensor>& targets, std::vector<bool>& written, double lr) {
+  std::vector<CpuAdamWTensors> batch;
+  std::vector<size_t> index;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!targets[i].defined()) continue;
+    const std::string& name = params[i].first;
+    CpuAdamWTensors t;
+    t.target = targets[i];
+    t.exp_avg = exp_avg_[name];
+    t.exp_avg_sq = exp_avg_sq_[name];
+    t.grad = grads[i];
+    const bool own_master = !targets[i].is_same(params[i].second);
+    if (own_master && params[i].second.scalar_type() == torch::kBFloat16) t.param = params[i].second;
+    t.decays = Decays(name, targets[i]);
+    // An fp16 parameter (or any the kernel cannot write) keeps the caller's rounding copy.
+    if (own_master && !t.param.defined()) continue;
+    if (!CpuAdamWApplies(t)) continue;
+    batch.push_back(std::move(t));
+    index.push_back(i);
+  }
+  if (batch.empty()) return;
+  CpuAdamWStep step;
+  step.lr = lr;
+  step.beta1 = config_.beta1;
+  step.beta2 = config_.beta2;
+  step.eps = config_.eps;
+  step.weight_decay = config_.weight_decay;
+  step.step = step_count_;
+  CpuAdamWUpdate(batch, step);
+  for (size_t i : index) {
+    written[i] = true;
+    targets[i] = torch::Tensor();
+  }
 }
 
 void AdamW::Step(const NamedParams& params, double lr) {

@@ -12,6 +12,10 @@
 // RMSNorm weights of 1.0) therefore accumulate instead of being rounded away. Masters are part of
 // the state (checkpointed), created from the parameter at the first step.
 //
+// Kernels: fp32 CUDA targets take libtorch's fused multi-tensor AdamW (2.2+); fp32 CPU targets
+// with fp32 or bf16 gradients take cpu_adamw.h's kernel (bf16 parameters written by it); anything
+// else (fp64, fp16 parameters) takes the reference loop of tensor ops in AdamW::Step.
+//
 // Not thread-safe. Step() mutates the parameters in place under no-grad.
 #ifndef ULYSSES_WORKER_ENGINE_TRAIN_OPTIMIZER_H_
 #define ULYSSES_WORKER_ENGINE_TRAIN_OPTIMIZER_H_
@@ -39,6 +43,10 @@ struct AdamWConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double weight_decay = 0.1;
+  // fp32 CPU targets (fp32 parameters, the fp32 masters of bf16 ones; the offloaded host state)
+  // take the one-pass vectorised kernel (cpu_adamw.h); false: the per-tensor reference loop for
+  // every target (the kernel's tests and bench/cpu_adam compare the two).
+  bool fast_cpu = true;
 };
 
 // True for parameters that get weight decay (matrices), false for norm weights.
@@ -74,6 +82,10 @@ class AdamW {
   // tensor (and libtorch has it); false when the caller must run the per-tensor loop.
   bool FusedStep(const NamedParams& params, const std::vector<torch::Tensor>& grads,
                  const std::vector<torch::Tensor>& targets, double lr);
+  // Updates (and clears from `targets`) every entry the CPU kernel takes; `written[i]` says the
+  // kernel also wrote the low-precision parameter.
+  void CpuStep(const NamedParams& params, const std::vector<torch::Tensor>& grads,
+               std::vector<torch::Tensor>& targets, std::vector<bool>& written, double lr);
 
   AdamWConfig config_;
   int64_t step_count_ = 0;
