@@ -1,5 +1,6 @@
 // ulyssesctl plan -f FILE [--set ...] [--device-type T] [--gpu-memory SIZE] [--mfu F]:
 // the offline per-stage plan (client/plan.h) with a fit verdict per stage.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,6 +11,8 @@
 #include "client/commands.h"
 #include "client/output.h"
 #include "client/plan.h"
+#include "common/spec/init_from.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/spec/job_spec_parser.h"
 
 namespace ulysses::client {
@@ -20,6 +23,7 @@ struct PlanOptions {
   std::vector<std::string> overrides;
   std::string device_type = "h100";
   std::string gpu_memory;
+  std::string host_memory;
   double mfu = 0.4;
 };
 
@@ -28,6 +32,20 @@ std::string Bytes(double v) { return v > 0 ? FormatBytes(v) : std::string("0"); 
 std::string Seconds(double s) {
   if (s <= 0) return "?";
   return s < 1 ? absl::StrFormat("%.0f ms", s * 1e3) : absl::StrFormat("%.1f s", s);
+}
+
+// "45 s", "12 min", "3.2 h", "2.1 days".
+std::string Duration(double s) {
+  if (s <= 0) return "?";
+  if (s < 120) return absl::StrFormat("%.0f s", s);
+  if (s < 7200) return absl::StrFormat("%.0f min", s / 60);
+  if (s < 3 * 86400) return absl::StrFormat("%.1f h", s / 3600);
+  return absl::StrFormat("%.1f days", s / 86400);
+}
+
+std::string GpuHours(double h) {
+  if (h <= 0) return "?";
+  return h < 10 ? absl::StrFormat("%.2f", h) : absl::StrFormat("%.0f", h);
 }
 
 Table LayoutTable(const std::vector<StagePlan>& plans) {
@@ -123,6 +141,9 @@ nlohmann::ordered_json StageJson(size_t i, const StagePlan& p) {
           {"step_seconds", p.step_seconds()}};
 }
 
+// Valid fixes printed per stage that does not fit, cheapest by GPU-hours first.
+constexpr size_t kFixesShown = 3;
+
 // Rows with the verdict and, for a stage that does not fit, the fix and its re-plan.
 nlohmann::ordered_json PlanJson(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
                                 const DeviceSpec& device) {
@@ -132,10 +153,20 @@ nlohmann::ordered_json PlanJson(const spec::JobSpec& job, const std::vector<Stag
     row["device_type"] = device.type;
     row["mfu_assumed"] = device.mfu;
     if (plans[i].nodes > 1) row["nodes_reason"] = ExplainNodes(job, i, device).text;
+    row["stage_gpu_hours"] = StageGpuHours(plans[i]);
     if (!plans[i].fits) {
-      const FitFix fix = FindFix(job, i, device);
-      row["fix"] = fix.found ? nlohmann::ordered_json(fix.changes) : nlohmann::ordered_json();
-      if (fix.found) row["fixed"] = StageJson(i, fix.plan);
+      const std::vector<FitFix> fixes = FindFixes(job, i, device, kFixesShown);
+      row["fix"] =
+          fixes.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(fixes[0].changes);
+      if (!fixes.empty()) row["fixed"] = StageJson(i, fixes[0].plan);
+      nlohmann::ordered_json all = nlohmann::ordered_json::array();
+      for (const FitFix& f : fixes) {
+        all.push_back({{"changes", f.changes},
+                       {"world_size", f.plan.world},
+                       {"step_seconds", f.plan.step_seconds()},
+                       {"gpu_hours", f.gpu_hours}});
+      }
+      row["fixes"] = std::move(all);
     }
     rows.push_back(std::move(row));
   }
@@ -194,17 +225,23 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
   }
   for (size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].fits) continue;
-    const FitFix fix = FindFix(job, i, device);
-    if (!fix.found) {
+    const std::vector<FitFix> fixes = FindFixes(job, i, device, kFixesShown);
+    if (fixes.empty()) {
       out << "stage " << i << " DOES NOT FIT in " << FormatBytes(plans[i].device_bytes)
-          << " and no change of memory options, zero_stage or sp_degree makes it fit: "
+          << " and no valid change of memory options, zero_stage or sp_degree makes it fit: "
              "use a device with more memory\n";
       continue;
     }
-    out << "stage " << i << " DOES NOT FIT: cheapest change that fits: --set "
-        << absl::StrJoin(fix.changes, " --set ") << "\n";
+    out << "stage " << i
+        << " DOES NOT FIT: changes that fit and pass validation, cheapest by GPU-hours first:\n";
+    for (size_t k = 0; k < fixes.size(); ++k) {
+      const FitFix& f = fixes[k];
+      out << "  " << k + 1 << ". --set " << absl::StrJoin(f.changes, " --set ") << "   (world "
+          << f.plan.world << ", step " << Seconds(f.plan.step_seconds()) << ", "
+          << GpuHours(f.gpu_hours) << " GPU-h for the stage)\n";
+    }
     Table fixed = MemoryHeader();
-    AddMemoryRow(fixed, absl::StrCat(i, " fixed"), fix.plan);
+    AddMemoryRow(fixed, absl::StrCat(i, " fixed (1.)"), fixes[0].plan);
     fixed.Print(out);
   }
   for (size_t i = 0; i < plans.size(); ++i) {
@@ -212,6 +249,22 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
     out << "stage " << i
         << " checkpoints: " << (plans[i].checkpoint_async ? "asynchronous" : "synchronous") << " ("
         << plans[i].checkpoint_reason << ")\n";
+  }
+  const JobTotals t = TotalsOf(job, plans, device);
+  out << "\njob " << job.metadata.name << ": " << t.stages << (t.stages == 1 ? " stage" : " stages")
+      << ", " << Duration(t.seconds) << " of training, " << GpuHours(t.gpu_hours) << " "
+      << device.type << (device.host_is_device ? "-hours" : " GPU-hours") << ", "
+      << (device.host_is_device ? std::string("1 host")
+                                : absl::StrCat(t.nodes, t.nodes == 1 ? " node" : " nodes", " (",
+                                               t.max_world, " GPUs at most)"))
+      << ", peak host memory per node " << Bytes(t.host_peak_per_node_bytes) << ", checkpoint disk "
+      << Bytes(t.checkpoint_disk_bytes) << " (" << Bytes(t.checkpoint_bytes)
+      << " per checkpoint x (keep_last " << t.keep_last << " + 1 being written))\n";
+  if (t.not_fitting.empty()) {
+    out << "verdict: every stage FITS\n";
+  } else {
+    out << "verdict: DOES NOT FIT (stage" << (t.not_fitting.size() == 1 ? " " : "s ")
+        << absl::StrJoin(t.not_fitting, ", ") << "; exit " << kExitPlanDoesNotFit << ")\n";
   }
   out << "\ntokens/rank = N/P; kv_heads = kv heads after replication for the exchange (Hkv');\n"
          "a2a/layer = forward all-to-all elements per layer per rank, (2*Hq + 2*Hkv')*D*N/P;\n"
@@ -231,6 +284,7 @@ void RunPlan(CliContext& ctx, const PlanOptions& opts) {
   OutputFormat format;
   spec::JobSpec job;
   if (!LoadSpecForVerb(ctx, opts.file, parse_options, OutputFormat::kTable, &format, &job)) return;
+  if (!ResolveInitFromForVerb(ctx, opts.file, &job)) return;
   absl::StatusOr<DeviceSpec> device = ResolveDevice(opts.device_type, opts.gpu_memory);
   if (!device.ok()) {
     PrintErrorLines(ctx, "", device.status().message());
@@ -243,6 +297,14 @@ void RunPlan(CliContext& ctx, const PlanOptions& opts) {
     return;
   }
   device->mfu = opts.mfu;
+  if (!opts.host_memory.empty()) {
+    const absl::Status host = SetHostMemory(opts.host_memory, &*device);
+    if (!host.ok()) {
+      PrintErrorLines(ctx, "", host.message());
+      ctx.exit_code = contract::kExitBadInput;
+      return;
+    }
+  }
   const std::vector<StagePlan> plans = PlanJob(job, &*device);
   switch (format) {
     case OutputFormat::kTable:
@@ -255,7 +317,9 @@ void RunPlan(CliContext& ctx, const PlanOptions& opts) {
       *ctx.out << JsonToYaml(PlanJson(job, plans, *device));
       break;
   }
-  ctx.exit_code = contract::kExitOk;
+  const bool fits =
+      std::all_of(plans.begin(), plans.end(), [](const StagePlan& p) { return p.fits; });
+  ctx.exit_code = fits ? contract::kExitOk : kExitPlanDoesNotFit;
 }
 
 }  // namespace
@@ -268,9 +332,26 @@ void AddDeviceFlags(CLI::App* cmd, std::string* device_type, std::string* gpu_me
                   "Memory of one device, e.g. 80GiB, 141GB, 512MiB (overrides --device-type's)");
 }
 
-bool CheckDeviceFit(CliContext& ctx, const std::string& file, const spec::JobSpec& job,
+bool ResolveInitFromForVerb(CliContext& ctx, const std::string& file, spec::JobSpec* job) {
+  absl::StatusOr<spec::ModelSpec> model = spec::ResolveInitFrom(job->model);
+  if (!model.ok()) {
+    PrintErrorLines(ctx, file,
+                    absl::StrCat(spec::fields::PathOf(&spec::ModelSpec::init_from), ": ",
+                                 model.status().message(),
+                                 " (the plan needs the shape the engine will load: run where "
+                                 "the model directory is readable, or give the shape)"));
+    ctx.exit_code = contract::kExitBadInput;
+    return false;
+  }
+  job->model = *std::move(model);
+  return true;
+}
+
+bool CheckDeviceFit(CliContext& ctx, const std::string& file, const spec::JobSpec& given,
                     const std::string& device_type, const std::string& gpu_memory, bool force) {
   if (device_type.empty() && gpu_memory.empty()) return true;
+  spec::JobSpec job = given;
+  if (!ResolveInitFromForVerb(ctx, file, &job)) return false;
   absl::StatusOr<DeviceSpec> device =
       ResolveDevice(device_type.empty() ? "h100" : device_type, gpu_memory);
   if (!device.ok()) {
@@ -299,13 +380,20 @@ void AddPlanCommand(CLI::App& app, CliContext& ctx) {
   AddDeviceFlags(cmd, &opts->device_type, &opts->gpu_memory);
   cmd->add_option("--mfu", opts->mfu, "Assumed model FLOPs utilisation for the step time")
       ->default_val(0.4);
+  cmd->add_option("--host-memory", opts->host_memory,
+                  "Host memory of one node, e.g. 2TiB (GPUs: shared by its 8 GPUs; default 2 TiB "
+                  "for h100/h200, 1 TiB for a100-80g; cpu: this host's)");
   cmd->footer(
       "Examples:\n"
       "  ulyssesctl plan -f configs/jobs/llama3-8b-1m.yaml\n"
       "  ulyssesctl plan -f job.yaml --device-type h200 -o json\n"
       "  ulyssesctl plan -f job.yaml --gpu-memory 40GiB --set spec.stages[3].sp_degree=16\n"
-      "Works offline: nothing is sent to the coordinator. The device defaults to h100.\n"
-      "A stage that does not fit gets the cheapest change that makes it fit.");
+      "  ulyssesctl plan -f job.yaml --device-type cpu --host-memory 64GiB\n"
+      "Works offline: nothing is sent to the coordinator. The device defaults to h100\n"
+      "(--device-type cpu plans a CPU run). With model.init_from the shape is read from its\n"
+      "config.json as the engine reads it. A stage that does not fit gets the valid changes that\n"
+      "make it fit, cheapest by GPU-hours first. Exit: 0 every stage fits, 3 a stage does not\n"
+      "fit (the plan is printed in full), 2 bad input.");
   cmd->callback([&ctx, opts] { RunPlan(ctx, *opts); });
 }
 

@@ -27,7 +27,7 @@ void AddLogsCommand(CLI::App& app, CliContext& ctx);
 void AddCancelCommand(CLI::App& app, CliContext& ctx);
 void AddResumeCommand(CLI::App& app, CliContext& ctx);
 void AddConfigCommand(CLI::App& app, CliContext& ctx);
-void AddAdminCommand(CLI::App& app, CliContext& ctx);  // client/cmd_admin.cc
+void AddAdminCommand(CLI::App& app, CliContext& ctx);      // client/cmd_admin.cc
 void AddPreflightCommand(CLI::App& app, CliContext& ctx);  // client/cmd_preflight.cc
 
 // Prints every line of a multi-line error to ctx.err as "<prefix>: <line>"
@@ -51,6 +51,12 @@ void AddDeviceFlags(CLI::App* cmd, std::string* device_type, std::string* gpu_me
 // returns false.
 bool CheckDeviceFit(CliContext& ctx, const std::string& file, const spec::JobSpec& job,
                     const std::string& device_type, const std::string& gpu_memory, bool force);
+
+// plan and the memory check plan the model the engine will load: with spec.model.init_from,
+// the shape read from its config.json by the engine's reader (spec::ResolveInitFrom). An
+// unreadable or disagreeing config.json is an error: prints it, sets contract::kExitBadInput
+// and returns false. `job` is unchanged without init_from.
+bool ResolveInitFromForVerb(CliContext& ctx, const std::string& file, spec::JobSpec* job);
 
 }  // namespace ulysses::client
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "client/output.h"
 #include "common/spec/job_spec_fields.h"
+#include "common/spec/job_spec_parser.h"
 #include "common/spec/memory_model.h"
 #include "common/spec/model_math.h"
 #include "common/spec/model_shape.h"
@@ -409,14 +411,23 @@ std::vector<EditGroup> CandidateEdits(const spec::JobSpec& s, size_t i, const De
 
 }  // namespace
 
-FitFix FindFix(const spec::JobSpec& s, size_t stage, const DeviceSpec& device) {
-  FitFix best;
+double StageGpuHours(const StagePlan& p) {
+  return static_cast<double>(p.world) * static_cast<double>(p.steps) * p.step_seconds() / 3600;
+}
+
+std::vector<FitFix> FindFixes(const spec::JobSpec& s, size_t stage, const DeviceSpec& device,
+                              size_t max) {
   const std::vector<EditGroup> groups = CandidateEdits(s, stage, device);
-  // Key of a combination: (number of edits, cost of its most expensive edit, sum of costs,
-  // option index within groups: smaller zero stage / sp first). Enumerate every
-  // combination of at most one option per group.
-  std::tuple<size_t, int, int, int> best_key{SIZE_MAX, 0, 0, 0};
-  std::vector<int> pick(groups.size(), -1);  // -1: group not used
+  // Every combination of at most one option per group (an odometer over -1..options-1 per
+  // group, -1: group not used) that fits and validates.
+  struct Found {
+    std::vector<int> pick;
+    std::tuple<size_t, int, int, int> key;  // edits, most expensive edit, sum of costs, options
+    FitFix fix;
+  };
+  std::vector<Found> found;
+  std::set<std::vector<int>> fitting;
+  std::vector<int> pick(groups.size(), -1);
   while (true) {
     std::vector<const Edit*> edits;
     int max_cost = -1, sum_cost = 0, option_sum = 0;
@@ -428,21 +439,25 @@ FitFix FindFix(const spec::JobSpec& s, size_t stage, const DeviceSpec& device) {
       sum_cost += e.cost;
       option_sum += pick[g];
     }
-    const std::tuple<size_t, int, int, int> key{edits.size(), max_cost, sum_cost, option_sum};
-    if (!edits.empty() && key < best_key) {
+    if (!edits.empty()) {
       spec::JobSpec trial = s;
       for (const Edit* e : edits) e->apply(trial);
       const StagePlan plan = PlanJob(trial, &device)[stage];
-      if (plan.fits) {
-        best_key = key;
-        best.found = true;
-        best.changes.clear();
-        for (const Edit* e : edits) best.changes.push_back(e->text);
-        best.fixed = trial;
-        best.plan = plan;
+      // A fix the validator would refuse (zero_stage 3 without checkpointing, an sp that does
+      // not divide seq_len, ...) is no fix.
+      if (plan.fits && spec::ValidateJobSpec(trial).ok()) {
+        Found f;
+        f.pick = pick;
+        f.key = {edits.size(), max_cost, sum_cost, option_sum};
+        f.fix.found = true;
+        for (const Edit* e : edits) f.fix.changes.push_back(e->text);
+        f.fix.fixed = std::move(trial);
+        f.fix.plan = plan;
+        f.fix.gpu_hours = StageGpuHours(plan);
+        fitting.insert(pick);
+        found.push_back(std::move(f));
       }
     }
-    // Next combination (odometer over -1..options-1 per group).
     size_t g = 0;
     for (; g < groups.size(); ++g) {
       if (++pick[g] < static_cast<int>(groups[g].options.size())) break;
@@ -450,7 +465,80 @@ FitFix FindFix(const spec::JobSpec& s, size_t stage, const DeviceSpec& device) {
     }
     if (g == groups.size()) break;
   }
-  return best;
+  // Minimal: no edit of it can be left out (the combination without it does not fit or is
+  // refused).
+  std::vector<const Found*> minimal;
+  for (const Found& f : found) {
+    bool reducible = false;
+    for (size_t g = 0; g < f.pick.size() && !reducible; ++g) {
+      if (f.pick[g] < 0) continue;
+      std::vector<int> fewer = f.pick;
+      fewer[g] = -1;
+      reducible = fitting.count(fewer) > 0;
+    }
+    if (!reducible) minimal.push_back(&f);
+  }
+  auto cheaper = [](const Found* a, const Found* b) {
+    const double ha = a->fix.gpu_hours, hb = b->fix.gpu_hours;
+    if (std::abs(ha - hb) > 1e-9 * std::max(ha, hb)) return ha < hb;
+    if (a->fix.plan.world != b->fix.plan.world) return a->fix.plan.world < b->fix.plan.world;
+    return a->key < b->key;
+  };
+  std::sort(minimal.begin(), minimal.end(), cheaper);
+  std::vector<FitFix> fixes;
+  for (size_t i = 0; i < minimal.size() && i < max; ++i) fixes.push_back(minimal[i]->fix);
+  return fixes;
+}
+
+FitFix FindFix(const spec::JobSpec& s, size_t stage, const DeviceSpec& device) {
+  std::vector<FitFix> fixes = FindFixes(s, stage, device, 1);
+  return fixes.empty() ? FitFix{} : std::move(fixes.front());
+}
+
+JobTotals TotalsOf(const spec::JobSpec& s, const std::vector<StagePlan>& plans,
+                   const DeviceSpec& device) {
+  JobTotals t;
+  t.stages = static_cast<int64_t>(plans.size());
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const StagePlan& p = plans[i];
+    t.seconds += static_cast<double>(p.steps) * p.step_seconds();
+    t.gpu_hours += StageGpuHours(p);
+    t.nodes = std::max(t.nodes, p.nodes);
+    t.max_world = std::max(t.max_world, p.world);
+    const double per_node =
+        device.host_is_device
+            ? p.peak_bytes() * static_cast<double>(p.world)
+            : p.host_peak_bytes() * static_cast<double>(std::min(
+                                        p.world, std::max<int64_t>(1, device.devices_per_node)));
+    t.host_peak_per_node_bytes = std::max(t.host_peak_per_node_bytes, per_node);
+    if (!p.fits) t.not_fitting.push_back(i);
+  }
+  const spec::ModelSpec& m = s.model;
+  if (m.hidden_size > 0 && m.num_attention_heads > 0 && m.num_key_value_heads > 0 &&
+      m.vocab_size > 0) {
+    t.checkpoint_bytes = spec::CheckpointStateBytes(spec::CountParameters(Shape(m)), m.dtype);
+  }
+  t.keep_last = std::max<int64_t>(1, s.checkpoint.keep_last);
+  t.checkpoint_disk_bytes = t.checkpoint_bytes * static_cast<double>(t.keep_last + 1);
+  return t;
+}
+
+absl::Status SetHostMemory(const std::string& text, DeviceSpec* d) {
+  absl::StatusOr<double> bytes = ParseByteSize(text, "--host-memory");
+  if (!bytes.ok()) return bytes.status();
+  if (d->host_is_device) {
+    if (d->memory_is_host_total) d->memory_bytes = *bytes;
+    d->host_memory_bytes = *bytes;
+    if (d->memory_bytes <= d->reserve_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("--host-memory: ", FormatBytes(*bytes),
+                                                     " is not more than the cpu "
+                                                     "process baseline of ",
+                                                     FormatBytes(d->reserve_bytes)));
+    }
+  } else {
+    d->host_memory_per_rank_bytes = *bytes / static_cast<double>(d->devices_per_node);
+  }
+  return absl::OkStatus();
 }
 
 NodeReason ExplainNodes(const spec::JobSpec& s, size_t stage, const DeviceSpec& device) {

@@ -144,10 +144,46 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& spec, const DeviceSpec* devi
 struct FitFix {
   bool found = false;
   std::vector<std::string> changes;  // e.g. "spec.parallelism.zero_stage=3"
-  spec::JobSpec fixed;               // The spec with the changes.
+  spec::JobSpec fixed;               // The spec with the changes (passes ValidateJobSpec).
   StagePlan plan;                    // The stage re-planned with them.
+  double gpu_hours = 0;              // The stage with them: StageGpuHours(plan).
 };
+// The first of FindFixes (found = false when there is none).
 FitFix FindFix(const spec::JobSpec& spec, size_t stage, const DeviceSpec& device);
+// Every minimal combination of the edits above (none of its edits can be left out) that makes
+// the stage fit and whose spec passes spec::ValidateJobSpec, cheapest first: by the stage's
+// GPU-hours, then fewer devices, then fewest and cheapest edits; at most `max` of them.
+std::vector<FitFix> FindFixes(const spec::JobSpec& spec, size_t stage, const DeviceSpec& device,
+                              size_t max);
+
+// Device-hours of a stage: world x steps x step time / 3600 (0 when the step time is unknown).
+double StageGpuHours(const StagePlan& plan);
+
+// The bottom line of a planned job (`ulyssesctl plan` prints it under the tables).
+struct JobTotals {
+  int64_t stages = 0;
+  double seconds = 0;    // Sum over stages of steps x step time (0 when unknown).
+  double gpu_hours = 0;  // Sum of StageGpuHours.
+  int64_t nodes = 1;     // The most nodes any stage takes.
+  int64_t max_world = 1;
+  // The largest host memory one node holds in any stage: host_peak per rank x the ranks on a
+  // node (cpu: every rank's peak, the host being the device).
+  double host_peak_per_node_bytes = 0;
+  double checkpoint_bytes = 0;       // One committed checkpoint (spec::CheckpointStateBytes).
+  int64_t keep_last = 1;             // spec.checkpoint.keep_last (at least 1 is kept).
+  double checkpoint_disk_bytes = 0;  // (keep_last + 1) checkpoints: the kept ones and a new one.
+  std::vector<size_t> not_fitting;   // Stages that do not fit.
+};
+JobTotals TotalsOf(const spec::JobSpec& spec, const std::vector<StagePlan>& plans,
+                   const DeviceSpec& device);
+
+// --host-memory: a node's host memory (GPUs: shared by its devices_per_node ranks; cpu: the
+// host's, which the ranks share as device memory too unless --gpu-memory gave that).
+absl::Status SetHostMemory(const std::string& text, DeviceSpec* device);
+
+// `ulyssesctl plan` exits with this when a stage does not fit (after printing the whole plan);
+// docs/CONTRACTS.md. 0 when every stage fits, 2 for bad input as every verb.
+inline constexpr int kExitPlanDoesNotFit = 3;
 
 // OK, or FailedPrecondition with one line per stage that does not fit:
 // "spec.stages[i]: needs X per rank, device has Y (h100, usable after reserve); fix: --set ..."

@@ -64,6 +64,30 @@ if [ ${#forbidden[@]} -gt 0 ]; then
 else
   echo "lint: no remove_all calls"
 fi
+# --- spec field paths in the engine ------------------------------------------------------
+# The engine names spec fields in its messages through spec::fields::PathOf / ShapePathOf
+# (common/spec/job_spec_fields.h), never as a literal "spec.x.y": a literal drifts when a field
+# moves. Reported: a string literal in worker/engine/**.cc naming spec.<section> (comments skipped).
+mapfile -t literal_paths < <(git ls-files -- 'worker/engine/*.cc' | while read -r f; do
+  [ -f "$f" ] && perl -ne '
+    next if m{^\s*//};
+    my $line = $_;
+    $line =~ s{//[^"]*$}{};
+    while ($line =~ /"((?:[^"\\]|\\.)*)"/g) {
+      my $lit = $1;
+      if ($lit =~ /(?<![A-Za-z0-9_.])spec\.(metadata|model|data|parallelism|memory|optimizer|stages|checkpoint|scheduling|eval)\b/) {
+        print "$ARGV:$.: \"$lit\"\n";
+        last;
+      }
+    }' "$f"
+done)
+if [ ${#literal_paths[@]} -gt 0 ]; then
+  echo "lint: spec field paths written as literals in the engine (use spec::fields::PathOf):"
+  printf '  %s\n' "${literal_paths[@]}"
+  status=1
+else
+  echo "lint: engine field paths through PathOf"
+fi
 [ "$format_only" = 1 ] && exit "$status"
 
 # --- clang-tidy over changed (or given) C++ files ------------------------------------------

@@ -29,6 +29,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -254,7 +255,9 @@ class Bench {
     j["step_seconds"] = secs;
     j["tokens_per_s"] = s / secs;
     j["tflops"] = StepFlops(s) / secs / 1e12;
-    j["mfu"] = StepFlops(s) / secs / (args_.peak_tflops * 1e12);
+    const std::optional<double> mfu = spec::Mfu(spec::ModelFlopsPerToken(config_, s), s / secs,
+                                                /*devices=*/1, args_.peak_tflops * 1e12);
+    j["mfu"] = mfu ? json(*mfu) : json(nullptr);
     j["peak_allocated_bytes"] = mem.peak_allocated;
     j["peak_reserved_bytes"] = mem.peak_reserved;
     j["attention_forwards_per_step"] =

@@ -315,6 +315,12 @@ std::string PathOf(T S::*member, size_t index = 0) {
   return found;
 }
 
+// The document path of a model shape field, a key of ForEachShapeField (model_shape.h; the shape
+// is listed there, not here): ShapePathOf("vocab_size") is "spec.model.vocab_size".
+inline std::string ShapePathOf(const std::string& key) {
+  return PathOf(&JobSpec::model) + "." + key;
+}
+
 }  // namespace ulysses::spec::fields
 
 #endif  // ULYSSES_COMMON_SPEC_JOB_SPEC_FIELDS_H_

@@ -13,6 +13,7 @@
 #include "common/dtype.h"
 #include "common/spec/job_spec_fields.h"
 #include "common/spec/job_spec_parser.h"
+#include "common/spec/needle_limits.h"
 #include "common/spec/spec_util.h"
 
 namespace ulysses::spec {
@@ -29,8 +30,6 @@ std::string At(const std::string& prefix, T S::*member) {
   return prefix + path.substr(path.rfind('.'));
 }
 
-constexpr int64_t kNeedleMinVocab = 64;
-constexpr int64_t kNeedleMinSeqLen = 64;
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 // Ten years: a larger interval is a typo (and keeps the seconds exact in a double).
 constexpr int64_t kMaxCheckpointSeconds = int64_t{10} * 365 * 86400;

@@ -37,11 +37,14 @@ double RecomputeFlopsPerToken(const ModelShape& shape, int64_t seq_len,
 
 std::optional<double> Mfu(double flops_per_token, double tokens_per_s, int64_t devices,
                           double peak_flops_per_s) {
-  if (!(flops_per_token > 0) || !(peak_flops_per_s > 0) || devices < 1 || !(tokens_per_s >= 0)) {
-    return std::nullopt;
-  }
-  const double mfu =
-      flops_per_token * tokens_per_s / (static_cast<double>(devices) * peak_flops_per_s);
+  if (!(flops_per_token > 0) || !(tokens_per_s >= 0)) return std::nullopt;
+  return MfuOfFlopRate(flops_per_token * tokens_per_s, devices, peak_flops_per_s);
+}
+
+std::optional<double> MfuOfFlopRate(double model_flops_per_s, int64_t devices,
+                                    double peak_flops_per_s) {
+  if (!(model_flops_per_s >= 0) || !(peak_flops_per_s > 0) || devices < 1) return std::nullopt;
+  const double mfu = model_flops_per_s / (static_cast<double>(devices) * peak_flops_per_s);
   if (!std::isfinite(mfu)) return std::nullopt;
   return mfu;
 }

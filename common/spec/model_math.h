@@ -1,6 +1,7 @@
 // The one definition of model FLOPs per token and MFU. Every figure that says "MFU" or
-// "TFLOP/s" uses it: the engine's progress line and step events (ulysses_rank_mfu_ratio),
-// `ulyssesctl plan`, bench/gpu/engine_bench and bench/gpu/hf_bench.py (whose Python copy,
+// "TFLOP/s" uses it: the engine's progress line and step events, the worker's
+// ulysses_rank_mfu_ratio gauge, `ulyssesctl plan`, bench/gpu/engine_bench and
+// bench/gpu/hf_bench.py (whose Python copy,
 // bench/gpu/model_math.py, is checked against this one by tests/common/spec/model_math_test.cc).
 //
 // Convention (docs/ENGINE.md "MFU"): a trained token costs
@@ -43,6 +44,12 @@ double RecomputeFlopsPerToken(const ModelShape& shape, int64_t seq_len,
 // unknown or not positive (peak 0 = unknown) or the result is not finite.
 std::optional<double> Mfu(double flops_per_token, double tokens_per_s, int64_t devices,
                           double peak_flops_per_s);
+
+// The same ratio from a model FLOP rate already multiplied out (flops_per_token x tokens_per_s,
+// e.g. a rank's step event model_flops_per_s): model_flops_per_s / (devices * peak). Mfu above
+// is this; the worker's ulysses_rank_mfu_ratio gauge (devices = 1) uses it. nullopt as Mfu.
+std::optional<double> MfuOfFlopRate(double model_flops_per_s, int64_t devices,
+                                    double peak_flops_per_s);
 
 }  // namespace ulysses::spec
 

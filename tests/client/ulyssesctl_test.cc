@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/file_tree.h"
 #include "common/spec/job_spec_parser.h"
@@ -305,14 +307,17 @@ spec:
 TEST_F(UlyssesctlTest, PlanShowsTokensAllToAllVolumeAndVerdict) {
   const std::string big = Write("big.yaml", kBigSpec);
   Result table = Run({"plan", "-f", big});
-  ASSERT_EQ(table.exit_code, 0) << table.err;
+  // A stage does not fit: the whole plan is printed and the exit is 3 (docs/CONTRACTS.md).
+  ASSERT_EQ(table.exit_code, 3) << table.err;
   EXPECT_THAT(table.out, HasSubstr("TOKENS/RANK"));
   EXPECT_THAT(table.out, HasSubstr("8.0G parameters"));
   EXPECT_THAT(table.out, HasSubstr("device h100: 80.0 GiB per rank"));
   EXPECT_THAT(table.out, HasSubstr("DOES NOT FIT"));
-  EXPECT_THAT(table.out, HasSubstr("stage 0 DOES NOT FIT: cheapest change that fits: --set "));
+  EXPECT_THAT(table.out, HasSubstr("stage 0 DOES NOT FIT: changes that fit and pass validation, "
+                                   "cheapest by GPU-hours first:\n  1. --set "));
+  EXPECT_THAT(table.out, HasSubstr("verdict: DOES NOT FIT (stages 0, 1; exit 3)"));
   Result r = Run({"plan", "-f", big, "-o", "json"});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 3) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j.size(), 2u);
   // Stage 0: N = 32768, P = 8: 4096 tokens per rank, 8 kv heads sharded 1 per rank.
@@ -335,7 +340,7 @@ TEST_F(UlyssesctlTest, PlanShowsTokensAllToAllVolumeAndVerdict) {
   EXPECT_GT(j[0]["step_seconds"].get<double>(), 0);
   // A bigger device changes the verdict's reference.
   Result h200 = Run({"plan", "-f", big, "--device-type", "h200", "-o", "json"});
-  ASSERT_EQ(h200.exit_code, 0) << h200.err;
+  ASSERT_EQ(h200.exit_code, 3) << h200.err;
   EXPECT_EQ(nlohmann::json::parse(h200.out)[0]["device_bytes_per_rank"], int64_t{141000000000});
   Result bad = Run({"plan", "-f", Write("bad.yaml", kBadSpec)});
   EXPECT_EQ(bad.exit_code, 2);
@@ -381,6 +386,103 @@ TEST_F(UlyssesctlTest, SubmitRefusesAStageThatDoesNotFitBeforeCallingTheCoordina
   EXPECT_EQ(forced.exit_code, 1);
   EXPECT_THAT(forced.err, HasSubstr("warning (--force)"));
   EXPECT_THAT(forced.err, HasSubstr("cannot reach the coordinator at 127.0.0.1:1"));
+}
+
+// Llama-3.1-70B's published config.json (the keys that shape the model).
+constexpr char kLlama70bConfig[] = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+  "attention_bias": false, "mlp_bias": false, "vocab_size": 128256, "hidden_size": 8192,
+  "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+  "num_key_value_heads": 8, "rope_theta": 500000.0, "rms_norm_eps": 1e-05,
+  "tie_word_embeddings": false, "max_position_embeddings": 131072,
+  "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+})";
+
+std::string InitFromSpec(const std::string& dir) {
+  return absl::StrCat(R"(apiVersion: ulysses/v1
+kind: TrainJob
+metadata: {name: finetune-70b}
+spec:
+  model: {init_from: )",
+                      dir, R"(, dtype: bfloat16}
+  data: {synthetic: {generator: random}}
+  memory: {tiled_loss: true}
+  stages:
+    - {seq_len: 131072, steps: 100, sp_degree: 8}
+)");
+}
+
+// plan and validate --device-type plan the model init_from loads, read from its config.json by
+// the engine's reader: a 70B fine-tune at SP 8 and 128K is 70.6G parameters and does not fit;
+// an unreadable config.json is an error naming it, not a 0-parameter plan.
+TEST_F(UlyssesctlTest, PlanAndValidateReadTheInitFromShape) {
+  std::filesystem::create_directories(dir_ / "llama70b");
+  Write("llama70b/config.json", kLlama70bConfig);
+  const std::string spec = Write("ft.yaml", InitFromSpec((dir_ / "llama70b").string()));
+  Result table = Run({"plan", "-f", spec});
+  EXPECT_EQ(table.exit_code, 3) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("job finetune-70b: 70.6G parameters, 80 layers, 64q/8kv heads"));
+  EXPECT_THAT(table.out, HasSubstr("DOES NOT FIT"));
+  EXPECT_THAT(table.out, HasSubstr("verdict: DOES NOT FIT (stage 0; exit 3)"));
+  Result json = Run({"plan", "-f", spec, "-o", "json"});
+  ASSERT_EQ(json.exit_code, 3) << json.err;
+  const nlohmann::json rows = nlohmann::json::parse(json.out);
+  EXPECT_EQ(rows[0]["fits"], false);
+  EXPECT_EQ(rows[0]["init_is_import"], true);
+  EXPECT_GT(rows[0]["parameter_bytes_per_rank"].get<double>(), 100e9);  // 70.6G x 2 B, replicated
+  Result checked = Run({"validate", "-f", spec, "--device-type", "h100"});
+  EXPECT_EQ(checked.exit_code, 2);
+  EXPECT_THAT(checked.err, HasSubstr(spec + ": spec.stages[0]: seq_len 131072 at sp 8 needs "));
+  // validate alone still prints the spec as written (init_from, no shape).
+  Result plain = Run({"validate", "-f", spec});
+  EXPECT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_THAT(plain.out, Not(HasSubstr("hidden_size")));
+
+  const std::string missing = Write("missing.yaml", InitFromSpec((dir_ / "nowhere").string()));
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"plan", "-f", missing},
+        std::vector<std::string>{"validate", "-f", missing, "--device-type", "h100"}}) {
+    Result r = Run(args);
+    EXPECT_EQ(r.exit_code, 2) << args[0];
+    EXPECT_THAT(r.err, HasSubstr(missing + ": spec.model.init_from: cannot open " +
+                                 (dir_ / "nowhere" / "config.json").string()));
+    EXPECT_EQ(r.out, "") << args[0];
+  }
+  std::filesystem::create_directories(dir_ / "broken");
+  Write("broken/config.json", "{not json");
+  Result broken =
+      Run({"plan", "-f", Write("broken.yaml", InitFromSpec((dir_ / "broken").string()))});
+  EXPECT_EQ(broken.exit_code, 2);
+  EXPECT_THAT(broken.err, HasSubstr("config.json is not a JSON object"));
+}
+
+// Every change plan prints for a stage that does not fit passes validate and fits the device:
+// `validate --device-type` with those --set arguments exits 0.
+TEST_F(UlyssesctlTest, EveryFixPlanPrintsPassesValidate) {
+  std::filesystem::create_directories(dir_ / "llama70b");
+  Write("llama70b/config.json", kLlama70bConfig);
+  const std::string ft = Write("ft.yaml", InitFromSpec((dir_ / "llama70b").string()));
+  int checked = 0;
+  for (const std::string& spec : {Write("big.yaml", kBigSpec), ft}) {
+    Result plan = Run({"plan", "-f", spec});
+    ASSERT_EQ(plan.exit_code, 3) << plan.err;
+    for (absl::string_view line : absl::StrSplit(plan.out, '\n')) {
+      // "  1. --set a=1 --set b=2   (world 8, step ..., ... GPU-h for the stage)"
+      const size_t at = line.find(". --set ");
+      if (at == absl::string_view::npos) continue;
+      const absl::string_view sets = line.substr(at + 2, line.find("   (") - at - 2);
+      std::vector<std::string> args = {"validate", "-f", spec, "--device-type", "h100"};
+      for (absl::string_view part : absl::StrSplit(sets, "--set ", absl::SkipWhitespace())) {
+        args.push_back("--set");
+        args.push_back(std::string(absl::StripAsciiWhitespace(part)));
+      }
+      Result r = Run(args);
+      EXPECT_EQ(r.exit_code, 0) << sets << "\n" << r.err;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 3);
 }
 
 }  // namespace

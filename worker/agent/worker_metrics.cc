@@ -1,10 +1,12 @@
 #include "worker/agent/worker_metrics.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "common/metrics/build_info.h"
 #include "common/metrics/catalog.h"
+#include "common/spec/model_math.h"
 #include "common/status.h"
 
 namespace ulysses::agent {
@@ -73,8 +75,12 @@ void WorkerMetrics::OnStep(const RankLabels& l, const contract::StepEvent& e) {
     memory_limit_->WithLabels(v)->Set(static_cast<double>(*e.memory_limit_bytes));
   }
   if (e.rank_tokens_per_s) tokens_per_s_->WithLabels(v)->Set(*e.rank_tokens_per_s);
-  if (e.model_flops_per_s && peak_flops_per_s_ > 0) {
-    mfu_->WithLabels(v)->Set(*e.model_flops_per_s / peak_flops_per_s_);
+  if (e.model_flops_per_s) {
+    // This rank's share: its model FLOP/s over one device's peak (common/spec/model_math.h).
+    if (std::optional<double> mfu =
+            spec::MfuOfFlopRate(*e.model_flops_per_s, 1, peak_flops_per_s_)) {
+      mfu_->WithLabels(v)->Set(*mfu);
+    }
   }
 }
 

@@ -232,8 +232,9 @@ std::vector<BadCase> BadCases() {
        "spec.data.synthetic.generator: 'needle' needs vocab_size >= 64, got 32"},
       {"needle_short_seq",
        With({{"generator: random", "generator: needle"},
-             {base_stages, "  stages:\n    - {seq_len: 32, steps: 10}\n"}}),
-       "spec.stages[0].seq_len: 32 is too short for the needle generator"},
+             {base_stages, "  stages:\n    - {seq_len: 8, steps: 10}\n"}}),
+       "spec.stages[0].seq_len: 8 is too short for the needle generator (use seq_len >= 16 or "
+       "generator: random)"},
       {"huge_world", With("{sp_degree: 2, dp_degree: 1}", "{sp_degree: 2, dp_degree: 9000000}"),
        "spec.stages[0]: sp_degree 2 x dp_degree 9000000 is more than 1048576 ranks (use fewer "
        "ranks)"},

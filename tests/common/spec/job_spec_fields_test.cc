@@ -288,10 +288,13 @@ TEST(JobSpecFieldsTest, TheSchemaListsExactlyTheFieldsOfTheList) {
 
 // PathOf (the --set text ulyssesctl plan prints) names every field where the list puts it.
 TEST(JobSpecFieldsTest, PathOfNamesEveryFieldByItsPlace) {
-  int fields = 0;
+  int fields = 0, shape_fields = 0;
   for (const Case& c : AllCases(Base())) {
     if (c.path_of.empty() && c.path.rfind("spec.model.", 0) == 0) {
-      continue;  // Shape fields: their own list (ForEachShapeField), no member pointer.
+      // Shape fields: their own list (ForEachShapeField), no member pointer; ShapePathOf.
+      EXPECT_EQ(fields::ShapePathOf(c.path.substr(11)), c.path);
+      ++shape_fields;
+      continue;
     }
     if (c.path.rfind("spec.eval.", 0) == 0) {
       // EvalSpec is used twice: its first place in document order is the stage's.
@@ -305,6 +308,7 @@ TEST(JobSpecFieldsTest, PathOfNamesEveryFieldByItsPlace) {
     ++fields;
   }
   EXPECT_GE(fields, 40);
+  EXPECT_GE(shape_fields, 9);
   EXPECT_EQ(fields::PathOf(&StageSpec::sp_degree, 3), "spec.stages[3].sp_degree");
   EXPECT_EQ(fields::PathOf(&OptimizerSpec::beta2), "spec.optimizer.betas");
   EXPECT_EQ(fields::PathOf(&CheckpointSpec::every_steps_auto), "spec.checkpoint.every_steps");

@@ -93,6 +93,18 @@ TEST(ModelMathTest, MfuIsModelFlopsOverDevicesTimesPeak) {
   EXPECT_FALSE(Mfu(1e6, std::numeric_limits<double>::infinity(), 4, 1e12).has_value());
 }
 
+// The FLOP-rate form (the worker's gauge) is the same ratio: Mfu is MfuOfFlopRate of the product.
+TEST(ModelMathTest, MfuOfFlopRateIsMfuOfTheProduct) {
+  std::optional<double> rate = MfuOfFlopRate(1e6 * 4e5, 4, 1e12);
+  ASSERT_TRUE(rate.has_value());
+  EXPECT_DOUBLE_EQ(*rate, *Mfu(1e6, 4e5, 4, 1e12));
+  EXPECT_DOUBLE_EQ(*MfuOfFlopRate(2.5e11, 1, 1e12), 0.25);
+  EXPECT_FALSE(MfuOfFlopRate(2.5e11, 1, 0).has_value()) << "unknown peak";
+  EXPECT_FALSE(MfuOfFlopRate(2.5e11, 0, 1e12).has_value()) << "no devices";
+  EXPECT_FALSE(MfuOfFlopRate(-1, 1, 1e12).has_value()) << "negative rate";
+  EXPECT_FALSE(MfuOfFlopRate(std::numeric_limits<double>::quiet_NaN(), 1, 1e12).has_value());
+}
+
 // bench/gpu/model_math.py (hf_bench.py's formula) gives the same figures as this one.
 TEST(ModelMathTest, PythonCopyAgreesWithTheCxxDefinition) {
   const char* source = std::getenv("ULYSSES_SOURCE_DIR");

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/contract/exit.h"
 #include "common/process/cpu_share.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/spec/job_spec_parser.h"
 #include "common/status.h"
 #include "common/stop.h"
@@ -275,9 +276,10 @@ int TrainCommand(int argc, char** argv) {
   OR_FAIL(spec, spec::LoadJobSpecFile(job, popts));
   for (size_t i = 0; i < spec.stages.size(); ++i) {
     if (nproc > 0 && spec.StageWorld(i) != nproc) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "--nproc: ", nproc, " != sp_degree ", spec.StageSp(i), " x dp_degree ", spec.StageDp(i),
-          " of spec.stages[", i, "] (omit --nproc or make them equal)")));
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--nproc: ", nproc, " != sp_degree ", spec.StageSp(i), " x dp_degree ",
+                       spec.StageDp(i), " of ", spec::fields::PathOf(&spec::JobSpec::stages), "[",
+                       i, "] (omit --nproc or make them equal)")));
     }
   }
   std::string out = f.Get("--out", (std::filesystem::path("runs") / spec.metadata.name).string());

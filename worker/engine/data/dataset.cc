@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/status.h"
 #include "worker/engine/data/packing.h"
 
@@ -130,11 +131,11 @@ class FileTokenDataset final : public TokenDataset {
     for (int64_t i = 0; i < available; ++i) {
       const uint32_t token = data_[begin + i];  // little-endian host (x86-64 / aarch64)
       if (vocab_size_ > 0 && static_cast<int64_t>(token) >= vocab_size_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "token file ", path_, ": token ", token, " at byte offset ", (begin + i) * 4,
-            " is >= vocab_size ", vocab_size_,
-            "; the file was tokenized for a larger vocabulary (fix spec.model.vocab_size or "
-            "the data)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("token file ", path_, ": token ", token, " at byte offset ",
+                         (begin + i) * 4, " is >= vocab_size ", vocab_size_,
+                         "; the file was tokenized for a larger vocabulary (fix ",
+                         spec::fields::ShapePathOf("vocab_size"), " or the data)"));
       }
       out[i] = token;
     }
@@ -344,8 +345,9 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> OpenSynthetic(const std::string& g
                                                             uint64_t seed,
                                                             int64_t validation_sequences) {
   if (validation_sequences < 1 && split == Split::kValidation) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.data.synthetic.validation_sequences must be >= 1, got ", validation_sequences));
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec::fields::PathOf(&spec::SyntheticDataSpec::validation_sequences),
+                     " must be >= 1, got ", validation_sequences));
   }
   if (generator == "random") {
     if (vocab_size < 1) {
@@ -358,13 +360,14 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> OpenSynthetic(const std::string& g
     if (vocab_size < NeedleVocab::kMinVocab) {
       return absl::InvalidArgumentError(
           absl::StrCat("the needle generator needs vocab_size >= ", NeedleVocab::kMinVocab,
-                       ", got ", vocab_size, "; raise spec.model.vocab_size"));
+                       ", got ", vocab_size, "; raise ", spec::fields::ShapePathOf("vocab_size")));
     }
     return std::unique_ptr<TokenDataset>(
         std::make_unique<NeedleDataset>(split, vocab_size, seed, validation_sequences));
   }
-  return absl::InvalidArgumentError(absl::StrCat("spec.data.synthetic.generator: unknown value \"",
-                                                 generator, "\"; use \"random\" or \"needle\""));
+  return absl::InvalidArgumentError(
+      absl::StrCat(spec::fields::PathOf(&spec::SyntheticDataSpec::generator), ": unknown value \"",
+                   generator, "\"; use \"random\" or \"needle\""));
 }
 
 absl::StatusOr<std::unique_ptr<TokenDataset>> OpenDataset(const spec::JobSpec& spec, Split split,
@@ -375,10 +378,13 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> OpenDataset(const spec::JobSpec& s
   }
   const std::string& path = split == Split::kTrain ? spec.data.train : spec.data.validation;
   if (path.empty()) {
+    using spec::fields::PathOf;
     return absl::FailedPreconditionError(
         split == Split::kTrain
-            ? "spec.data.train is empty; set a token file or spec.data.synthetic"
-            : "spec.data.validation is empty; set a validation token file to evaluate");
+            ? absl::StrCat(PathOf(&spec::DataSpec::train), " is empty; set a token file or ",
+                           PathOf(&spec::DataSpec::synthetic))
+            : absl::StrCat(PathOf(&spec::DataSpec::validation),
+                           " is empty; set a validation token file to evaluate"));
   }
   if (spec.data.format == "indexed") {
     return OpenPackedDataset(path, split, vocab_size, spec.seed, spec.data.packing);

@@ -36,6 +36,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/spec/job_spec.h"
+#include "common/spec/needle_limits.h"
 
 namespace ulysses::engine {
 
@@ -64,8 +65,9 @@ class TokenDataset {
 struct NeedleVocab {
   static constexpr int64_t kPad = 0, kBos = 1, kKey = 2, kQuery = 4;
   static constexpr int64_t kFirstFree = 8;
-  static constexpr int64_t kMinVocab = 64;
-  static constexpr int64_t kMinSeqLen = 16;
+  // The validator's limits too (one definition, common/spec/needle_limits.h).
+  static constexpr int64_t kMinVocab = spec::kNeedleMinVocab;
+  static constexpr int64_t kMinSeqLen = spec::kNeedleMinSeqLen;
 };
 
 // Where keys, values and filler live for a vocabulary size (>= NeedleVocab::kMinVocab).

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/status.h"
 
 namespace ulysses::engine {
@@ -92,7 +93,8 @@ absl::StatusOr<std::unique_ptr<IndexedTokens>> OpenIndexed(const std::string& pr
     return absl::InvalidArgumentError(
         absl::StrCat("dataset index ", idx,
                      ": magic is not \"ULYSIDX\" (not an index written by `ulysses-train data "
-                     "pack`; a flat uint32 token file goes in spec.data.train with format: flat)"));
+                     "pack`; a flat uint32 token file goes in ",
+                     spec::fields::PathOf(&spec::DataSpec::train), " with format: flat)"));
   }
   const uint32_t version = Load<uint32_t>(h + 8), dtype = Load<uint32_t>(h + 12),
                  flags = Load<uint32_t>(h + 16);
@@ -184,11 +186,11 @@ absl::Status IndexedTokens::Read(int64_t doc, int64_t begin, int64_t n, int64_t 
                            ? static_cast<int64_t>(Load<uint32_t>(tokens_ + 4 * (at + i)))
                            : static_cast<int64_t>(Load<uint16_t>(tokens_ + 2 * (at + i)));
     if (vocab_size > 0 && id >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dataset tokens ", TokensPath(prefix_), ": document ", doc, " token ", begin + i, ": id ",
-          id, " >= vocab_size ", vocab_size,
-          " (the data was tokenized for a larger vocabulary: fix spec.model.vocab_size or "
-          "re-tokenize)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset tokens ", TokensPath(prefix_), ": document ", doc, " token ",
+                       begin + i, ": id ", id, " >= vocab_size ", vocab_size,
+                       " (the data was tokenized for a larger vocabulary: fix ",
+                       spec::fields::ShapePathOf("vocab_size"), " or re-tokenize)"));
     }
     tokens[i] = id;
     const uint8_t m = mask_ ? mask_[at + i] : 1;

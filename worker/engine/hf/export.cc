@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/status.h"
 #include "worker/engine/hf/hf.h"
 #include "worker/engine/model/llama.h"
@@ -42,7 +43,8 @@ absl::StatusOr<ExportDtype> ParseExportDtype(const std::string& flag) {
   if (d == nullptr || !d->weight) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--dtype: '", flag, "' is not an export dtype (use bf16, fp16, fp32 or fp64, or ",
-        WeightDtypeList(), "; leave it out to export in the job's spec.model.dtype)"));
+        WeightDtypeList(), "; leave it out to export in the job's ",
+        spec::fields::PathOf(&spec::ModelSpec::dtype), ")"));
   }
   return ExportDtypeOf(*d);
 }

@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "common/dtype.h"
 #include "common/file_tree.h"
+#include "common/spec/init_from.h"
 #include "common/status.h"
 #include "worker/engine/model/torch_dtype.h"
 
@@ -477,32 +478,10 @@ absl::Status ForEachHfWeightShare(const std::string& dir, const ShareRequest& re
   return absl::OkStatus();
 }
 
-std::string HfConfigPath(const std::string& dir) {
-  return (fs::path(dir) / "config.json").string();
-}
+std::string HfConfigPath(const std::string& dir) { return spec::HfConfigPath(dir); }
 
 absl::StatusOr<spec::ModelShape> ReadHfConfig(const std::string& dir) {
-  const std::string path = HfConfigPath(dir);
-  ASSIGN_OR_RETURN(std::string text, ReadText(path));
-  nlohmann::json c = nlohmann::json::parse(text, nullptr, false);
-  if (c.is_discarded() || !c.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object"));
-  }
-  // What the shape does not say but the math depends on: refused unless it is ours.
-  auto unsupported = [&](const std::string& key, const std::string& why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": ", key, ": ", c[key].dump(), " is not supported (", why, ")"));
-  };
-  if (c.contains("hidden_act") && c["hidden_act"] != "silu") {
-    return unsupported("hidden_act", "the engine's Llama MLP is SwiGLU: silu");
-  }
-  for (const char* bias : {"attention_bias", "mlp_bias"}) {
-    if (c.contains(bias) && !c[bias].is_null() && c[bias] != false) {
-      return unsupported(bias, "the engine's Llama projections have no bias");
-    }
-  }
-  // The shape itself (with rope_scaling and head_dim) is read by the one shape reader.
-  return spec::ModelShapeFromJson(c, path);
+  return spec::ReadHfConfig(dir);  // The one reader (common/spec/init_from.h).
 }
 
 absl::Status WriteHfDirectory(const std::string& dir, const spec::ModelShape& model,

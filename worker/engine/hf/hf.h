@@ -33,10 +33,8 @@ namespace ulysses::engine {
 // <dir>/config.json.
 std::string HfConfigPath(const std::string& dir);
 
-// config.json -> model shape, read by spec::ModelShapeFromJson (rope_scaling none/llama3,
-// LlamaConfig defaults for absent keys, keys that do not change the math ignored). Rejects what the
-// engine's Llama does not implement (another rope type, head_dim != hidden/heads, hidden_act other
-// than silu, attention/mlp bias) naming the file, the key and the value.
+// config.json -> model shape: spec::ReadHfConfig (common/spec/init_from.h), the one reader that
+// `ulyssesctl plan` and `validate --device-type` use too.
 absl::StatusOr<spec::ModelShape> ReadHfConfig(const std::string& dir);
 
 // All tensors of dir's safetensors files, as contiguous float32 CPU tensors, sorted by name.

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
+#include "common/spec/job_spec_fields.h"
 #include "worker/engine/attention/kept_attention.h"
 #include "worker/engine/model/torch_dtype.h"
 #include "worker/engine/torch_compat.h"
@@ -159,8 +160,9 @@ absl::StatusOr<torch::Dtype> ParseDtype(const std::string& name) {
   if (name.empty()) return torch::kFloat;
   const DtypeInfo* d = FindDtype(name);
   if (d != nullptr && d->weight) return TorchType(*d);
-  return absl::InvalidArgumentError(
-      absl::StrCat("spec.model.dtype: '", name, "' is not a dtype (use ", WeightDtypeList(), ")"));
+  return absl::InvalidArgumentError(absl::StrCat(spec::fields::PathOf(&spec::ModelSpec::dtype),
+                                                 ": '", name, "' is not a dtype (use ",
+                                                 WeightDtypeList(), ")"));
 }
 
 torch::Tensor RopeInverseFrequencies(const LlamaConfig& c) {
@@ -171,8 +173,8 @@ torch::Tensor RopeInverseFrequencies(const LlamaConfig& c) {
       1.0 / torch::pow(c.rope_theta, torch::arange(0, d, 2, opts) / static_cast<double>(d));
   const spec::RopeScaling& r = c.rope_scaling;
   if (r.rope_type == spec::kRopeNone) return inv_freq;
-  TORCH_CHECK(r.rope_type == spec::kRopeLlama3, "spec.model.rope_scaling.rope_type: '", r.rope_type,
-              "' is not implemented (use none or llama3)");
+  TORCH_CHECK(r.rope_type == spec::kRopeLlama3, spec::fields::ShapePathOf("rope_scaling.rope_type"),
+              ": '", r.rope_type, "' is not implemented (use none or llama3)");
   // llama3: by wavelength against the original context C, keep the high frequencies
   // (wavelength < C / high_freq_factor), divide the low ones (> C / low_freq_factor) by
   // factor, and interpolate linearly in C / wavelength between the two.

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/spec/job_spec_fields.h"
 
 namespace ulysses::engine::train {
 
@@ -37,10 +38,11 @@ struct CheckpointSchedule::Mailbox {
 absl::StatusOr<std::unique_ptr<CheckpointSchedule>> CheckpointSchedule::Create(
     const spec::CheckpointSpec& spec, bool control_stdin, int rank) {
   if (spec.every_steps_auto && !control_stdin) {
-    return absl::InvalidArgumentError(
-        "spec.checkpoint.every_steps: auto needs the coordinator, which picks and sends the "
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec::fields::PathOf(&spec::CheckpointSpec::every_steps),
+        ": auto needs the coordinator, which picks and sends the "
         "interval; this rank has no control channel (ulysses-train train runs without one: use "
-        "every_steps: N or every_seconds: N)");
+        "every_steps: N or every_seconds: N)"));
   }
   auto mailbox = std::make_shared<Mailbox>();
   std::unique_ptr<CheckpointSchedule> s(new CheckpointSchedule(rank, mailbox));

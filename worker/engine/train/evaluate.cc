@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/status.h"
 #include "worker/engine/data/sharding.h"
 #include "worker/engine/train/guard.h"
@@ -17,9 +18,9 @@ absl::StatusOr<int64_t> ValidationSequences(const spec::JobSpec& spec, const Tok
   if (max_sequences > 0 && n > max_sequences) n = max_sequences;
   if (n < 0) n = spec.data.synthetic ? spec.data.synthetic->validation_sequences : 0;
   if (n <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.data.validation: no validation window of seq_len ", seq_len,
-                     " (the file is too short; give a longer file or a shorter seq_len)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec::fields::PathOf(&spec::DataSpec::validation), ": no validation window of seq_len ",
+        seq_len, " (the file is too short; give a longer file or a shorter seq_len)"));
   }
   return n;
 }

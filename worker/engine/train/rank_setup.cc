@@ -9,6 +9,7 @@
 #include <torch/cuda.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/spec/job_spec_parser.h"
 #include "common/status.h"
 #include "worker/engine/train/model_io.h"
@@ -40,11 +41,13 @@ absl::StatusOr<RankSetup> SetUpRank(const spec::JobSpec& spec, const LlamaConfig
   ASSIGN_OR_RETURN(torch::Dtype dtype, model::ParseDtype(spec.model.dtype));
   if (dtype == torch::kHalf && pc.device == "cpu") {
     return absl::InvalidArgumentError(
-        "spec.model.dtype: float16 on a CPU device: libtorch has no float16 matrix products on "
-        "CPU (use bfloat16 or float32 on CPU; float16 runs on cuda devices)");
+        absl::StrCat(spec::fields::PathOf(&spec::ModelSpec::dtype),
+                     ": float16 on a CPU device: libtorch has no float16 matrix products on "
+                     "CPU (use bfloat16 or float32 on CPU; float16 runs on cuda devices)"));
   }
   if (spec.memory.attention_block_size <= 0) {
-    return absl::InvalidArgumentError("spec.memory.attention_block_size: must be > 0");
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec::fields::PathOf(&spec::MemorySpec::attention_block_size), ": must be > 0"));
   }
   RankSetup s;
   ASSIGN_OR_RETURN(s.rt, Parallelize(pc));

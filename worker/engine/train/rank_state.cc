@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/status.h"
 #include "worker/engine/hf/hf.h"
 #include "worker/engine/train/model_io.h"
@@ -27,7 +28,7 @@ absl::StatusOr<RankInputs> ResolveRankInputs(const RankOptions& o) {
   in.dp = in.spec.StageDp(o.stage);
   if (stage.seq_len % in.sp != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("spec.stages[", o.stage, "].seq_len: ", stage.seq_len,
+        absl::StrCat(spec::fields::PathOf(&spec::StageSpec::seq_len, o.stage), ": ", stage.seq_len,
                      " is not divisible by sp_degree ", in.sp, " (use a multiple of ", in.sp, ")"));
   }
   in.checkpoint_root = CheckpointRoot(in.spec, o.out_dir);

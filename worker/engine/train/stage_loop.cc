@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/failpoint.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/spec/memory_model.h"
 #include "common/spec/model_math.h"
 #include "common/status.h"
@@ -169,7 +170,8 @@ absl::StatusOr<RankOutcome> RunStage(const RankOptions& o, RankInputs& in, RankS
     report.Step(r);
     if (skipped_in_a_row >= kMaxConsecutiveSkippedSteps) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "spec.stages[", o.stage, "] step ", step + 1, ": ", skipped_in_a_row,
+          spec::fields::PathOf(&spec::JobSpec::stages), "[", o.stage, "] step ", step + 1, ": ",
+          skipped_in_a_row,
           " consecutive steps had a non-finite loss or gradient norm (last: loss ", stats.loss,
           ", grad_norm ", stats.grad_norm,
           ") and were skipped; the run diverged (lower optimizer.lr, raise warmup_steps, set "

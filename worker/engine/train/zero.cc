@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/status.h"
 #include "worker/engine/train/model_io.h"
 
@@ -65,13 +66,15 @@ absl::StatusOr<std::unique_ptr<ZeroSharding>> ZeroSharding::Create(model::LlamaF
                                                                    const ZeroOptions& options,
                                                                    torch::Device device) {
   if (options.stage < 1 || options.stage > 3) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.parallelism.zero_stage: ", options.stage,
-                                                   " has no sharding (use 1, 2 or 3)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec::fields::PathOf(&spec::ParallelismSpec::zero_stage), ": ", options.stage,
+                     " has no sharding (use 1, 2 or 3)"));
   }
   if (options.stage == 3 && !options.activation_checkpointing) {
     return absl::FailedPreconditionError(
-        "spec.parallelism.zero_stage: 3 needs spec.memory.activation_checkpointing: true (layers "
-        "are re-gathered in backward by recomputing them)");
+        absl::StrCat(spec::fields::PathOf(&spec::ParallelismSpec::zero_stage), ": 3 needs ",
+                     spec::fields::PathOf(&spec::MemorySpec::activation_checkpointing),
+                     ": true (layers are re-gathered in backward by recomputing them)"));
   }
   if (options.sharded_init && options.stage != 3) {
     return absl::InvalidArgumentError("ZeroOptions::sharded_init is for stage 3");

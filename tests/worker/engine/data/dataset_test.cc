@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_parser.h"
 #include "tests/testing/temp_dir.h"
 
 namespace ulysses::engine {
@@ -257,6 +259,35 @@ TEST(SyntheticTest, NeedleValuesAreUniformOverTheKeysRange) {
     EXPECT_GT(c, total / l.values_per_key / 2);
     EXPECT_LT(c, total / l.values_per_key * 2);
   }
+}
+
+// The validator and the generator hold the same needle limits (one definition,
+// spec::SyntheticDataSpec): a spec the validator accepts at the limits opens and samples, one
+// token or id below them both refuse.
+TEST(SyntheticTest, NeedleLimitsAreTheValidators) {
+  auto spec_at = [](int64_t vocab, int64_t seq_len) {
+    return spec::ParseJobSpec(absl::StrCat(R"(apiVersion: ulysses/v1
+kind: TrainJob
+metadata: {name: needle-limits}
+spec:
+  model: {preset: tiny, vocab_size: )",
+                                           vocab, R"(}
+  data: {synthetic: {generator: needle, validation_sequences: 1}}
+  stages:
+    - {seq_len: )",
+                                           seq_len, R"(, steps: 1}
+)"));
+  };
+  const int64_t vocab = NeedleVocab::kMinVocab, seq = NeedleVocab::kMinSeqLen;
+  auto ok = spec_at(vocab, seq);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  auto ds = OpenDataset(*ok, Split::kTrain, ok->model.vocab_size);
+  ASSERT_TRUE(ds.ok()) << ds.status();
+  EXPECT_TRUE((*ds)->Get(0, seq).ok());
+  EXPECT_FALSE(spec_at(vocab, seq - 1).ok());
+  EXPECT_FALSE((*ds)->Get(0, seq - 1).ok());
+  EXPECT_FALSE(spec_at(vocab - 1, seq).ok());
+  EXPECT_FALSE(OpenSynthetic("needle", Split::kTrain, vocab - 1, 1, 1).ok());
 }
 
 TEST(OpenDatasetTest, UsesSpec) {
