@@ -159,37 +159,60 @@ class ManifestTest(unittest.TestCase):
                          {"grpc": 50051, "metrics": 9090})
 
     def test_backup_cronjob_example(self):
-        # deploy/k8s/examples/backup-cronjob.yaml (docs/OPERATIONS.md "Backup and restore"):
-        # backs up the coordinator's own state claim and state dir, on the coordinator's node
-        # (the claim is ReadWriteOnce), never two at once, into a claim of its own.
+        # deploy/k8s/examples/backup-cronjob.yaml (docs/OPERATIONS.md "Backup and restore"): a
+        # client pod streams `ulyssesctl admin backup` from the coordinator; it never mounts the
+        # coordinator's ReadWriteOncePod state claim (unschedulable next to the coordinator).
         with open(os.path.join(K8S, "examples", "backup-cronjob.yaml"), encoding="utf-8") as f:
             docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(f) if d}
         cron = docs[("CronJob", "ulysses-coordinator-backup")]
         self.assertEqual(cron["spec"]["concurrencyPolicy"], "Forbid")
-        pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-        dep = self.get("Deployment", "ulysses-coordinator")
-        dep_pod = dep["spec"]["template"]["spec"]
-        (term,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-        self.assertEqual(term["labelSelector"]["matchLabels"], dep["spec"]["selector"]["matchLabels"])
-        self.assertEqual(term["topologyKey"], "kubernetes.io/hostname")
+        template = cron["spec"]["jobTemplate"]["spec"]["template"]
+        pod = template["spec"]
+        dep_pod = self.get("Deployment", "ulysses-coordinator")["spec"]["template"]["spec"]
+        state_claim = next(v for v in dep_pod["volumes"] if v["name"] == "state")[
+            "persistentVolumeClaim"]["claimName"]
+        claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]
+                  if "persistentVolumeClaim" in v]
+        self.assertNotIn(state_claim, claims)
+        self.assertNotIn("affinity", pod)
+        # A client the NetworkPolicy admits.
+        self.assertEqual(template["metadata"]["labels"].get("ulysses.io/client"), "true")
         self.assertEqual(pod["securityContext"]["runAsUser"], dep_pod["securityContext"]["runAsUser"])
+        from check_admin import pod_security_problems
+        self.assertEqual(pod_security_problems(pod, "restricted"), [])
         (c,) = pod["containers"]
-        self.assertEqual(c["image"], dep_pod["containers"][0]["image"])
+        self.assertRegex(c["image"], r"^[a-z0-9.-]+\.[a-z]+/.*ulysses-control-plane:[\w.]+$")
         script = c["args"][0]
-        state_dir = next(a.split("=", 1)[1] for a in dep_pod["containers"][0]["args"]
-                         if a.startswith("--state-dir="))
-        self.assertIn(f"ulysses-coordinator backup --state-dir={state_dir} --to=", script)
-        volumes = {v["name"]: v for v in pod["volumes"]}
+        self.assertIn('ulyssesctl admin backup --to="$name"', script)
         mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
-        self.assertEqual(mounts["state"], state_dir)
-        dep_volumes = {v["name"]: v for v in dep_pod["volumes"]}
-        self.assertEqual(volumes["state"]["persistentVolumeClaim"]["claimName"],
-                         dep_volumes["state"]["persistentVolumeClaim"]["claimName"])
-        backups = volumes["backups"]["persistentVolumeClaim"]["claimName"]
-        self.assertIn(("PersistentVolumeClaim", backups), docs)
-        self.assertNotEqual(backups, dep_volumes["state"]["persistentVolumeClaim"]["claimName"])
-        self.assertIn(f'--to="$name"', script)
         self.assertIn(mounts["backups"], script.split("name=", 1)[1].split("\n", 1)[0])
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        self.assertIn(("PersistentVolumeClaim", volumes["backups"]["persistentVolumeClaim"]["claimName"]), docs)
+        # Only the CA of the coordinator's TLS Secret is mounted, never its key.
+        ca = volumes["ca"]["secret"]
+        self.assertEqual(ca["secretName"], next(v for v in dep_pod["volumes"] if v["name"] == "tls")["secret"]["secretName"])
+        self.assertEqual(ca["items"], [{"key": "ca.crt", "path": "ca.crt"}])
+        # The client config parses with the real ulyssesctl and names the Service, the mounted CA
+        # and the token file.
+        env = {e["name"]: e["value"] for e in c["env"]}
+        config_map = docs[("ConfigMap", volumes["client-config"]["configMap"]["name"])]
+        (name, text), = config_map["data"].items()
+        self.assertEqual(env["ULYSSES_CONFIG"], mounts["client-config"] + "/" + name)
+        (context,) = yaml.safe_load(text)["contexts"]
+        workers = self.get("StatefulSet", "ulysses-worker")["spec"]["template"]["spec"]["containers"][0]
+        dialled = next(a for a in workers["args"] if a.startswith("--coordinator=")).split("=", 1)[1]
+        self.assertEqual(context["server"], dialled)
+        self.assertEqual(context["ca"], mounts["ca"] + "/ca.crt")
+        self.assertTrue(context["token_file"].startswith(mounts["token"] + "/"))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, name)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            proc = subprocess.run([CLI_TOOL, "config", "get-contexts"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, timeout=60,
+                                  env=dict(os.environ, ULYSSES_CONFIG=path))
+            self.assertEqual(proc.returncode, 0, proc.stdout)
+            self.assertIn(context["name"], proc.stdout)
 
     def test_workers(self):
         sts = self.get("StatefulSet", "ulysses-worker")
