@@ -199,8 +199,10 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ChannelOptions&
       return absl::InvalidArgumentError(absl::StrCat(
           "server: \"", options.server,
           "\" is not a loopback address and no CA is given: plaintext would expose the token "
-          "(give the coordinator's CA (--ca, or `ca:` in the ulyssesctl context) for TLS, or "
-          "--insecure if this network is trusted)"));
+          "(give the coordinator's CA for TLS: ulyssesctl `config set-context NAME --server "
+          "HOST:PORT --ca CA.pem`, ulysses-worker --ca CA.pem; or, if this network is trusted, "
+          "allow plaintext: ulyssesctl `config set-context NAME --insecure true`, "
+          "ulysses-worker --insecure)"));
     }
     creds = grpc::InsecureChannelCredentials();
   }

@@ -388,6 +388,22 @@ TEST_F(UlyssesctlTest, SubmitRefusesAStageThatDoesNotFitBeforeCallingTheCoordina
   EXPECT_THAT(forced.err, HasSubstr("cannot reach the coordinator at 127.0.0.1:1"));
 }
 
+// Plaintext to a non-loopback coordinator is refused with a fix ulyssesctl has: its TLS
+// settings live in a context (`config set-context --ca / --insecure`), not on every verb.
+TEST_F(UlyssesctlTest, PlaintextRefusalNamesFlagsThatExist) {
+  Result r = Run({"get", "--coordinator", "10.255.255.1:50051"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("is not a loopback address and no CA is given"));
+  EXPECT_THAT(r.err, HasSubstr("ulyssesctl `config set-context NAME --server HOST:PORT --ca "
+                               "CA.pem`"));
+  EXPECT_THAT(r.err, HasSubstr("ulyssesctl `config set-context NAME --insecure true`"));
+  // What the message names is real: set-context takes both; a verb takes neither.
+  Result help = Run({"config", "set-context", "--help"});
+  EXPECT_THAT(help.out, HasSubstr("--ca"));
+  EXPECT_THAT(help.out, HasSubstr("--insecure"));
+  EXPECT_EQ(Run({"get", "--ca", "x.pem"}).exit_code, 2);
+}
+
 // Llama-3.1-70B's published config.json (the keys that shape the model).
 constexpr char kLlama70bConfig[] = R"({
   "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
