@@ -73,9 +73,10 @@ __attribute__((always_inline)) inline void Body(float* __restrict w, float* __re
 }
 
 // One clone of each loop per ISA (GCC and Clang on x86-64 Linux: ifunc-dispatched at load time).
+// By feature, not by "arch=" (which matches one CPU model exactly, so that any newer CPU took the
+// baseline clone and its fma library calls): AVX-512F (which implies FMA), FMA (AVX), baseline.
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
-#define ULYSSES_ISA_CLONES \
-  __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#define ULYSSES_ISA_CLONES __attribute__((target_clones("avx512f", "fma", "default")))
 #else
 #define ULYSSES_ISA_CLONES
 #endif
