@@ -580,4 +580,5 @@ from check_jobs_fit import *  # noqa: E402,F401,F403
 from check_cloud import *  # noqa: E402,F401,F403
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    import ctest_main  # noqa: E402  (exits 77 when a check skipped and none failed)
+    ctest_main.main()

@@ -5,8 +5,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -97,6 +99,17 @@ Cluster::~Cluster() {
   if (std::getenv("ULYSSES_E2E_KEEP") == nullptr) ulysses::RemoveTree(dir_).IgnoreError();
 }
 
+std::string RendezvousPortsConfig() {
+  const char* env = std::getenv("ULYSSES_E2E_RENDEZVOUS_PORTS");
+  if (env == nullptr || *env == '\0') return "";
+  int lo = 0, hi = 0;
+  if (std::sscanf(env, "%d-%d", &lo, &hi) != 2 || lo < 1 || hi > 65535 || lo > hi) {
+    ADD_FAILURE() << "ULYSSES_E2E_RENDEZVOUS_PORTS=" << env << ": want LO-HI, e.g. 29500-29599";
+    return "";
+  }
+  return absl::StrCat("rendezvous_port_min: ", lo, "\nrendezvous_port_max: ", hi, "\n");
+}
+
 void Cluster::StartCoordinator(double heartbeat_timeout_s, double lost_after_s,
                                const std::vector<std::string>& extra) {
   if (coordinator_) dead_logs_ += "=== coordinator (previous)\n" + coordinator_->Output();
@@ -122,7 +135,25 @@ void Cluster::StartCoordinator(double heartbeat_timeout_s, double lost_after_s,
     argv.push_back("--lost-after-s");
     argv.push_back(absl::StrCat(lost_after_s > 0 ? lost_after_s : heartbeat_timeout_s));
   }
-  argv.insert(argv.end(), extra.begin(), extra.end());
+  std::vector<std::string> rest = extra;
+  const std::string ports = RendezvousPortsConfig();
+  if (!ports.empty()) {
+    // The test's own --config, if any, with the rendezvous block added to it.
+    std::string config_text;
+    for (size_t i = 0; i + 1 < rest.size(); ++i) {
+      if (rest[i] != "--config") continue;
+      std::ifstream in(rest[i + 1]);
+      config_text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      if (!config_text.empty() && config_text.back() != '\n') config_text += "\n";
+      rest.erase(rest.begin() + static_cast<std::ptrdiff_t>(i),
+                 rest.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+      break;
+    }
+    const std::string path = dir_ + "/coordinator.yaml";
+    std::ofstream(path) << config_text << ports;
+    argv.insert(argv.end(), {"--config", path});
+  }
+  argv.insert(argv.end(), rest.begin(), rest.end());
   coordinator_ = Process::Start(argv);
   if (!coordinator_) return;
   auto line = coordinator_->WaitForLine("listening grpc=", seconds(30));

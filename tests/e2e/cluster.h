@@ -11,6 +11,8 @@
 // <state_dir>/admin.token; ulyssesctl uses it through a client config (config_path(),
 // context "e2e": address, CA, token_file).
 //
+// Rendezvous ports: see RendezvousPortsConfig(); gRPC and metrics listen on port 0.
+//
 // Binaries come from $ULYSSES_BIN_DIR. The engine is $ULYSSES_BIN_DIR/ulysses-train
 // (ULYSSES_E2E_ENGINE_BIN overrides it, for debugging the harness only).
 #ifndef ULYSSES_TESTS_E2E_CLUSTER_H_
@@ -42,6 +44,12 @@ using ::ulysses::testing::SourceDir;
 std::string EngineBin();
 
 using ::ulysses::testing::Result;
+
+// The coordinator config lines of this test's rendezvous port block
+// ($ULYSSES_E2E_RENDEZVOUS_PORTS=LO-HI, which tests/CMakeLists.txt's RENDEZVOUS_PORTS gives
+// each ctest entry, so entries run at once never hand out one port); "" when unset (the
+// coordinator's default range: run one such binary at a time by hand).
+std::string RendezvousPortsConfig();
 
 // Runs argv to completion (killed after `timeout`: exit_code -1, no test failure, so a caller
 // may retry), capturing stdout and stderr; with the environment defaults ranks get.

@@ -1,10 +1,14 @@
 // End-to-end tests: real coordinator, real workers, real ulysses-train, real
 // ulyssesctl, all on loopback. Each test builds its own cluster in a temp dir and
-// tears it down. Step counts are cut with --set so the suite fits in minutes on
-// 2 cores. Skipped (with the reason) when ulysses-train is not built.
+// tears it down. Step counts and contexts are cut with --set so the suite fits in minutes
+// on 2 cores (SmallContexts: the stages' contexts a quarter of tiny-demo's; its SP-4 stage
+// takes ~4.5 s a step at 4096 tokens, ~0.9 s at 1024). Skipped (with the reason) when
+// ulysses-train is not built.
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <set>
@@ -28,11 +32,33 @@ using nlohmann::json;
 
 std::string DemoSpec() { return SourceDir() + "/configs/jobs/tiny-demo.yaml"; }
 
-// tiny-demo cut down: stage steps as given, a checkpoint every 2 steps, small evals.
+// tiny-demo's first `stages` stages at a quarter of its contexts: 256, 512, 1024 tokens
+// (attention blocks of 128, so each rank's share of a sequence still spans whole blocks). The
+// tests' promises (stage regrouping, resume, recovery, scheduling) do not depend on the
+// context length; their step counts leave the same windows for a kill or a cancel.
+std::vector<std::string> SmallContexts(int stages = 3) {
+  std::vector<std::string> sets = {"spec.memory.attention_block_size=128"};
+  for (int i = 0; i < stages; ++i) {
+    sets.push_back(absl::StrCat("spec.stages[", i, "].seq_len=", 256 << i));
+  }
+  return sets;
+}
+
+// `sets` followed by SmallContexts(stages).
+std::vector<std::string> Small(std::vector<std::string> sets, int stages = 3) {
+  for (std::string& s : SmallContexts(stages)) sets.push_back(std::move(s));
+  return sets;
+}
+
+// tiny-demo cut down: stage steps as given, a checkpoint every 2 steps, small evals, small
+// contexts.
 std::vector<std::string> Short(std::vector<int> steps, int every = 2) {
-  std::vector<std::string> sets = {absl::StrCat("spec.checkpoint.every_steps=", every),
-                                   "spec.data.synthetic.validation_sequences=2",
-                                   "spec.optimizer.warmup_steps=1"};
+  std::vector<std::string> sets = SmallContexts(static_cast<int>(steps.size()));
+  for (const char* s :
+       {"spec.data.synthetic.validation_sequences=2", "spec.optimizer.warmup_steps=1"}) {
+    sets.push_back(s);
+  }
+  sets.push_back(absl::StrCat("spec.checkpoint.every_steps=", every));
   for (size_t i = 0; i < steps.size(); ++i) {
     sets.push_back(absl::StrCat("spec.stages[", i, "].steps=", steps[i]));
     sets.push_back(absl::StrCat("spec.stages[", i, "].warmup_steps=1"));
@@ -97,7 +123,7 @@ TEST_F(E2ETest, StagedJobSucceedsWithGroupsOfTheRightSize) {
   ASSERT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
   ASSERT_EQ(job["stages"].size(), 3u);
   const std::vector<int> want_world = {1, 2, 4};
-  const std::vector<int> want_seq = {1024, 2048, 4096};
+  const std::vector<int> want_seq = {256, 512, 1024};
   for (int s = 0; s < 3; ++s) {
     const json& stage = job["stages"][s];
     EXPECT_EQ(stage["state"], "COMPLETED");
@@ -112,6 +138,18 @@ TEST_F(E2ETest, StagedJobSucceedsWithGroupsOfTheRightSize) {
       }
     }
     EXPECT_TRUE(ran) << "no successful attempt for stage " << s;
+  }
+  // Its ranks met on a port of this ctest entry's own block (RendezvousPortsConfig), which
+  // is what lets the e2e entries run at once.
+  int lo = 0, hi = 0;
+  if (const char* block = std::getenv("ULYSSES_E2E_RENDEZVOUS_PORTS");
+      block != nullptr && std::sscanf(block, "%d-%d", &lo, &hi) == 2) {
+    for (const json& a : job["attempts"]) {
+      const std::string master = a.value("master", "");
+      const int port = std::atoi(master.c_str() + master.rfind(':') + 1);
+      EXPECT_GE(port, lo) << a.dump();
+      EXPECT_LE(port, hi) << a.dump();
+    }
   }
   EXPECT_EQ(job["restarts"], 0);
   EXPECT_GT(job["loss"].get<double>(), 0.0);
@@ -168,7 +206,8 @@ TEST_F(E2ETest, KilledWorkerIsRecoveredFromTheLastCheckpointWithTheSameLoss) {
   StartWorkers(5);
   ASSERT_TRUE(cluster_.WaitForIdleWorkers(5, seconds(30))) << cluster_.Logs();
   // Two identical 2-stage jobs (sp 1 then 2) side by side; one loses a worker.
-  std::vector<std::string> two_stage = Short({2, 6});
+  // Stage 1 long enough that the kill (after its step 3) lands well inside it.
+  std::vector<std::string> two_stage = Short({2, 16});
   two_stage.push_back("spec.scheduling.max_failures=3");
   // tiny-demo without its third stage.
   const std::string spec_path = cluster_.dir() + "/two-stage.yaml";
@@ -337,9 +376,9 @@ TEST_F(E2ETest, SigtermToAWorkerCheckpointsAndCountsAsAPreemption) {
   ASSERT_TRUE(cluster_.WaitForIdleWorkers(2, seconds(30))) << cluster_.Logs();
   const std::string id = cluster_.Submit(
       DemoSpec(),
-      {"spec.stages[0].steps=16", "spec.stages[0].sp_degree=2", "spec.checkpoint.every_steps=0",
-       "spec.data.synthetic.validation_sequences=2", "spec.stages[1].steps=1",
-       "spec.stages[2].steps=1", "spec.stages[2].sp_degree=2"});
+      Small({"spec.stages[0].steps=40", "spec.stages[0].sp_degree=2",
+             "spec.checkpoint.every_steps=0", "spec.data.synthetic.validation_sequences=2",
+             "spec.stages[1].steps=1", "spec.stages[2].steps=1", "spec.stages[2].sp_degree=2"}));
   ASSERT_FALSE(id.empty());
   json job = cluster_.WaitForJob(
       id, [](const json& j) { return StageStep(j, 0) >= 2 || JobTerminal(j); }, seconds(120));
@@ -380,9 +419,10 @@ TEST_F(E2ETest, AutoIntervalChangesInARunningJobWhenTheCoordinatorSendsANewOne) 
   constexpr int kSteps = 40;
   const std::string id = cluster_.Submit(
       DemoSpec(),
-      {absl::StrCat("spec.stages[0].steps=", kSteps), "spec.checkpoint.every_steps=auto",
-       "spec.data.synthetic.validation_sequences=2", "spec.stages[1].steps=1",
-       "spec.stages[1].sp_degree=1", "spec.stages[2].steps=1", "spec.stages[2].sp_degree=1"});
+      Small({absl::StrCat("spec.stages[0].steps=", kSteps), "spec.checkpoint.every_steps=auto",
+             "spec.data.synthetic.validation_sequences=2", "spec.stages[1].steps=1",
+             "spec.stages[1].sp_degree=1", "spec.stages[2].steps=1",
+             "spec.stages[2].sp_degree=1"}));
   ASSERT_FALSE(id.empty());
   // Stage 0 done (its checkpoint reports come before its ranks' exits): what it shows is in.
   json job = cluster_.WaitForJob(
@@ -447,9 +487,9 @@ TEST_F(E2ETest, JobFinishesAcrossACoordinatorKillAndRestart) {
   ASSERT_TRUE(cluster_.WaitForIdleWorkers(2, seconds(30))) << cluster_.Logs();
   const std::string id = cluster_.Submit(
       DemoSpec(),
-      {"spec.stages[0].steps=12", "spec.stages[0].sp_degree=2", "spec.checkpoint.every_steps=3",
-       "spec.data.synthetic.validation_sequences=2", "spec.stages[1].steps=2",
-       "spec.stages[2].steps=1", "spec.stages[2].sp_degree=2"});
+      Small({"spec.stages[0].steps=12", "spec.stages[0].sp_degree=2",
+             "spec.checkpoint.every_steps=3", "spec.data.synthetic.validation_sequences=2",
+             "spec.stages[1].steps=2", "spec.stages[2].steps=1", "spec.stages[2].sp_degree=2"}));
   ASSERT_FALSE(id.empty());
   json job = cluster_.WaitForJob(
       id, [](const json& j) { return StageStep(j, 0) >= 2 || JobTerminal(j); }, seconds(120));
@@ -468,10 +508,10 @@ TEST_F(E2ETest, JobFinishesAcrossACoordinatorKillAndRestart) {
 TEST_F(E2ETest, TooFewWorkersStaysPendingThenRunsAndPriorityWins) {
   StartWorkers(1);
   ASSERT_TRUE(cluster_.WaitForIdleWorkers(1, seconds(30))) << cluster_.Logs();
-  const std::vector<std::string> sp2 = {
-      "spec.stages[0].sp_degree=2", "spec.stages[0].steps=2",
-      "spec.stages[1].steps=1",     "spec.stages[2].steps=1",
-      "spec.stages[2].sp_degree=2", "spec.data.synthetic.validation_sequences=2"};
+  const std::vector<std::string> sp2 =
+      Small({"spec.stages[0].sp_degree=2", "spec.stages[0].steps=2", "spec.stages[1].steps=1",
+             "spec.stages[2].steps=1", "spec.stages[2].sp_degree=2",
+             "spec.data.synthetic.validation_sequences=2"});
   std::vector<std::string> low = sp2, high = sp2;
   low.push_back("spec.scheduling.priority=1");
   high.push_back("spec.scheduling.priority=10");
@@ -541,9 +581,9 @@ TEST_F(E2ETest, CancelledJobResumesFromItsCheckpointAndOnlyEndedJobsCanBeResumed
   StartWorkers(2);
   ASSERT_TRUE(cluster_.WaitForIdleWorkers(2, seconds(30))) << cluster_.Logs();
   const std::string id = cluster_.Submit(
-      DemoSpec(), {"spec.stages[0].steps=14", "spec.checkpoint.every_steps=2",
-                   "spec.data.synthetic.validation_sequences=2", "spec.stages[1].steps=1",
-                   "spec.stages[2].steps=1", "spec.stages[2].sp_degree=2"});
+      DemoSpec(), Small({"spec.stages[0].steps=40", "spec.checkpoint.every_steps=2",
+                         "spec.data.synthetic.validation_sequences=2", "spec.stages[1].steps=1",
+                         "spec.stages[2].steps=1", "spec.stages[2].sp_degree=2"}));
   ASSERT_FALSE(id.empty());
   json job = cluster_.WaitForJob(
       id, [](const json& j) { return StageStep(j, 0) >= 3 || JobTerminal(j); }, seconds(120));
