@@ -8,6 +8,7 @@
 # time to rerun one:
 #   A   build preload gputests throughput levers profile
 #   B   build maxseq hfmax
+#   C   build maxseq-offload (issue 49: Llama-3.1-8B's longest sequence with offload + tiling)
 # STEPs:
 #   build      scripts/gpu/build_engine.sh build-gpu, only the targets the other steps run
 #              -> build.log (errors and tail)
@@ -32,14 +33,23 @@
 #   maxseq     longest sequence the engine trains at (all memory features), Llama-3.2-1B then
 #              Llama-3.1-8B shapes, each time-boxed                          -> results.jsonl
 #   hfmax      the same for transformers                                       -> results.jsonl
+#   maxseq-offload  Llama-3.1-8B's longest sequence with activation checkpointing offloaded to
+#              pinned host memory, tiled MLP and tiled loss, from MAX_SEQ_OFFLOAD_START (131072),
+#              doubling then bisecting, one step per length (engine_bench --max-seq), each step
+#              bounded by MAX_SEQ_BUDGET; the fit records carry step seconds and peak bytes.
+#              engine_bench has no optimizer offload yet: the 8B fp32 state stays on the GPU, so
+#              this measures the activation side of issue 49's 500K target, not the target.
 #   fit256k    one 256k engine step                                            -> results.jsonl
 # Every record in results.jsonl carries "bench" (engine | hf), the git commit ($COMMIT or git),
 # the GPU's name (nvidia-smi) and the command that produced it. Every step appends
 # "<step> <seconds> ok|FAILED|TIMEOUT|SKIPPED" to timings.txt. A step gets at most its own budget
 # and what is left of DEADLINE_S (timeout); one with under 20 s left is skipped. A failed step is
 # reported and the next one still runs; the exit code is non-zero if any step failed.
+# DRY_RUN=1: print each step's budget and command and run nothing (no GPU, no build needed).
+# The do_* functions run through `bash -c` under timeout, which shellcheck cannot follow.
+# shellcheck disable=SC2317
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 RESULTS=${1:?usage: scripts/gpu/run_checks.sh RESULTS_DIR A|B|STEP...}
 shift
 STEPS=()
@@ -47,6 +57,7 @@ for a in "$@"; do
   case "$a" in
     A) STEPS+=(build preload gputests throughput levers profile) ;;
     B) STEPS+=(build maxseq hfmax) ;;
+    C) STEPS+=(build maxseq-offload) ;;
     *) STEPS+=("$a") ;;
   esac
 done
@@ -57,6 +68,7 @@ BUILD=${BUILD_DIR:-build-gpu}
 COMMIT=${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 SEQS=${SEQS:-8192,32768,131072}
 DEADLINE_S=${DEADLINE_S:-540}
+DRY_RUN=${DRY_RUN:-0}
 THROUGHPUT_FLAGS=${THROUGHPUT_FLAGS:---ac}
 MAX_SEQ_BUDGET=${MAX_SEQ_BUDGET:-60}
 GPU_NAME=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null || echo unknown)}
@@ -81,8 +93,10 @@ targets() {
       preload) t+=(fs_symbol_probe engine_data_test engine_hf_test engine_checkpoint_test) ;;
       gputests) t+=(gpu_engine_test ulysses-train) ;;
       tests) t+=(all) ;;
-      diag) t+=(${DIAG_TESTS:-engine_data_test engine_hf_test engine_checkpoint_test}) ;;
-      throughput | profile | maxseq | fit256k) t+=(engine_bench) ;;
+      diag)
+        # shellcheck disable=SC2206  # DIAG_TESTS is a list of test names.
+        t+=(${DIAG_TESTS:-engine_data_test engine_hf_test engine_checkpoint_test}) ;;
+      throughput | profile | maxseq | maxseq-offload | fit256k) t+=(engine_bench) ;;
       levers) t+=(engine_bench loss_bench) ;;
     esac
   done
@@ -120,6 +134,11 @@ step() {
     return
   fi
   echo "=== $name (at most $budget s)" >&2
+  if [ "$DRY_RUN" = 1 ]; then
+    echo "dry-run: timeout $budget $*" >&2
+    echo "$name 0 DRY_RUN" >> "$RESULTS/timings.txt"
+    return
+  fi
   local t0=$SECONDS rc=0
   # timeout runs the command in its own process group and kills all of it (ctest's children too).
   timeout --kill-after=10 "$budget" bash -c '"$@"' "$name" "$@" || rc=$?
@@ -142,7 +161,7 @@ do_build() {
   tail -n 5 "$RESULTS/build.full.log" >> "$RESULTS/build.log"
   rm -f "$RESULTS/build.full.log"
   cat "$RESULTS/build.log" >&2
-  return $rc
+  return "$rc"
 }
 
 # Issue 25's diagnosis: does std::filesystem::remove_all crash because it binds to
@@ -170,14 +189,14 @@ do_preload() {
   (cd "$BUILD" && ctest -R '^(engine_data_test|engine_hf_test|engine_checkpoint_test)$' \
      --output-on-failure --timeout 300) >> "$log" 2>&1 || rc=1
   grep -vE '^\s*$' "$log" | grep -E -- '---|call|exit|symbol|tests passed|Failed|[0-9]+$' | head -n 40 >&2
-  return $rc
+  return "$rc"
 }
 
 do_gpu_tests() {
   local rc=0
   (cd "$BUILD" && ctest -L gpu --output-on-failure --timeout 480) >> "$RESULTS/tests.log" 2>&1 || rc=1
   grep -E "INFO|tests passed|Passed|Failed|SKIPPED|Skipped|\*\*\*" "$RESULTS/tests.log" | tail -n 30 >&2
-  return $rc
+  return "$rc"
 }
 
 do_tests() {
@@ -188,7 +207,7 @@ do_tests() {
   (cd "$BUILD" && OMP_NUM_THREADS=2 ctest -j8 -LE gpu -E "${CPU_TESTS_EXCLUDE:-needle}" --output-on-failure \
      --timeout 600) >> "$RESULTS/tests.log" 2>&1 || rc=1
   grep -E "INFO|tests passed|Passed|Failed|SKIPPED|Skipped|\*\*\*" "$RESULTS/tests.log" | tail -n 60 >&2
-  return $rc
+  return "$rc"
 }
 
 do_diag() {
@@ -254,9 +273,13 @@ for s in "${STEPS[@]}"; do
           --tiled-loss --max-seq "${ENGINE_MAX_SEQ_START:-65536}" \
           --max-seq-step-budget "$MAX_SEQ_BUDGET"
       done ;;
+    maxseq-offload)
+      step engine-max-seq-offload-llama3.1-8b 220 record engine engine --shape llama3.1-8b --ac \
+        --offload-activations --tiled-mlp --tiled-loss \
+        --max-seq "${MAX_SEQ_OFFLOAD_START:-131072}" --max-seq-step-budget "$MAX_SEQ_BUDGET" ;;
     *) echo "run_checks: unknown step '$s'" >&2; failed=1 ;;
   esac
 done
-[ -f "$RESULTS/results.jsonl" ] && "$PY" bench/gpu/report.py "$RESULTS/results.jsonl" >&2
+[ "$DRY_RUN" != 1 ] && [ -f "$RESULTS/results.jsonl" ] && "$PY" bench/gpu/report.py "$RESULTS/results.jsonl" >&2
 echo "run_checks: $((SECONDS - START)) s in all; per step: $RESULTS/timings.txt" >&2
 exit $failed
