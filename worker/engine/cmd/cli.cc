@@ -477,6 +477,13 @@ int UlyssesTrainMain(int argc, char** argv) {
     return contract::kExitBadInput;
   }
   const std::string cmd = argv[1];
+  // `ulysses-train train --help` (any command): the usage, not "unknown flag".
+  for (int i = 2; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::cout << kUsage;
+      return contract::kExitOk;
+    }
+  }
   if (cmd == "rank") return RankCommand(argc, argv);
   if (cmd == "train") return TrainCommand(argc, argv);
   if (cmd == "eval") return EvalCommand(argc, argv);

@@ -280,6 +280,21 @@ TEST_F(TrainE2eTest, PackedJobResumesOnAnotherLayoutReadingOnFromTheSameSequence
 // step 2 is still the latest committed checkpoint and loads, that a rerun of the same
 // command resumes from it with per-step losses bit-identical to an uninterrupted run,
 // and that the rerun re-commits step 4 with the uninterrupted run's tensors.
+// --help (or -h) after any command prints the usage on stdout and exits 0.
+TEST_F(TrainE2eTest, HelpAfterAnyCommandPrintsTheUsage) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"train", "--help"},
+                                               {"eval", "-f", job_, "-h"},
+                                               {"export", "--help"},
+                                               {"rank", "--help"},
+                                               {"data", "pack", "--help"},
+                                               {"--help"}}) {
+    Result r = RunTrainer(args);
+    EXPECT_EQ(r.exit_code, 0) << args[0] << "\n" << r.err;
+    EXPECT_NE(r.out.find("usage:\n  ulysses-train train"), std::string::npos) << args[0];
+    EXPECT_EQ(r.err.find("unknown flag"), std::string::npos) << args[0] << ": " << r.err;
+  }
+}
+
 TEST_F(TrainE2eTest, BadInputIsRejectedWithExit2) {
   struct Case {
     std::vector<std::string> sets;
