@@ -14,6 +14,7 @@
 #include "common/spec/init_from.h"
 #include "common/spec/job_spec_fields.h"
 #include "common/spec/job_spec_parser.h"
+#include "common/spec/memory_model.h"
 
 namespace ulysses::client {
 namespace {
@@ -25,6 +26,7 @@ struct PlanOptions {
   std::string gpu_memory;
   std::string host_memory;
   double mfu = 0.4;
+  int64_t max_seq_gpus = 0;  // --max-seq N: the longest sequence on N devices instead of the plan
 };
 
 std::string Bytes(double v) { return v > 0 ? FormatBytes(v) : std::string("0"); }
@@ -278,6 +280,79 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
          "snapshot or copies); host_limit = a node's host memory per GPU\n";
 }
 
+// Bytes one rank moves between device and host per optimizer step for its offloads, and the
+// PCIe/host bandwidth that takes to hide under the step: activations out in forward and back in
+// backward (2x the offloaded checkpoints), the optimizer's fp32 gradient chunk out and the
+// updated chunk back.
+// (memory_model.h's per-element bytes: b parameter, g = 4 for 16-bit parameters else b, o = 2g
+// plus a 4-byte master for 16-bit ones; host_bytes = the offloaded optimizer P*(o+b)/W plus the
+// offloaded activations.)
+double OffloadBytesPerStep(const spec::JobSpec& job, const StagePlan& p) {
+  if (p.host_bytes <= 0) return 0;
+  const double b = static_cast<double>(spec::DtypeBytes(job.model.dtype));
+  const double g = b == 2 ? 4 : b;
+  const double o = 2 * g + (b == 2 ? 4 : 0);
+  const double chunk = ParameterCount(job.model) / static_cast<double>(std::max<int64_t>(1, p.world));
+  double bytes = 0, optimizer_host = 0;
+  if (job.parallelism.offload_optimizer && job.parallelism.zero_stage >= 1) {
+    optimizer_host = chunk * (o + b);
+    bytes += chunk * (g + b);  // gradient chunk out, updated parameter chunk back
+  }
+  if (job.parallelism.offload_activations) bytes += 2 * std::max(0.0, p.host_bytes - optimizer_host);
+  return bytes;
+}
+
+void RunMaxSeq(CliContext& ctx, const spec::JobSpec& job, const DeviceSpec& device, int64_t gpus,
+               OutputFormat format) {
+  absl::StatusOr<MaxSeqResult> r = MaxSequence(job, device, gpus);
+  if (!r.ok()) {
+    PrintErrorLines(ctx, "", r.status().message());
+    ctx.exit_code = contract::kExitBadInput;
+    return;
+  }
+  const double moved = OffloadBytesPerStep(job, r->at_max);
+  const double step = r->at_max.step_seconds();
+  const double bandwidth = step > 0 ? moved / step : 0;
+  if (format == OutputFormat::kTable) {
+    std::ostream& out = *ctx.out;
+    out << "longest sequence on " << gpus << " " << device.type << " (sp " << gpus
+        << ", dp 1; zero_stage " << job.parallelism.zero_stage
+        << (job.parallelism.offload_optimizer ? ", offload_optimizer" : "")
+        << (job.parallelism.offload_activations ? ", offload_activations" : "")
+        << (job.memory.activation_checkpointing ? ", activation_checkpointing" : "")
+        << (job.memory.tiled_mlp ? ", tiled_mlp" : "")
+        << (job.memory.tiled_loss ? ", tiled_loss" : "") << "): " << r->max_seq_len
+        << " tokens\n";
+    out << "limit: " << r->limit << "\n";
+    Table memory = MemoryHeader();
+    if (r->max_seq_len > 0) AddMemoryRow(memory, absl::StrCat(r->max_seq_len), r->at_max);
+    if (r->over.seq_len > 0) AddMemoryRow(memory, absl::StrCat(r->over.seq_len), r->over);
+    memory.Print(out);
+    if (r->max_seq_len > 0) {
+      out << "host per rank at " << r->max_seq_len << ": " << Bytes(r->at_max.host_peak_bytes())
+          << " (pinned offload " << Bytes(r->at_max.host_bytes) << "); device<->host "
+          << Bytes(moved) << " per step = " << Bytes(bandwidth) << "/s over a "
+          << Seconds(step) << " step\n";
+    }
+  } else {
+    nlohmann::ordered_json j;
+    j["gpus"] = gpus;
+    j["device_type"] = device.type;
+    j["max_seq_len"] = r->max_seq_len;
+    j["limit"] = r->limit;
+    if (r->max_seq_len > 0) j["at_max"] = StageJson(0, r->at_max);
+    if (r->over.seq_len > 0) j["over"] = StageJson(0, r->over);
+    j["offload_bytes_per_step"] = moved;
+    j["offload_bytes_per_s"] = bandwidth;
+    if (format == OutputFormat::kJson) {
+      *ctx.out << j.dump(2) << "\n";
+    } else {
+      *ctx.out << JsonToYaml(j);
+    }
+  }
+  ctx.exit_code = r->max_seq_len > 0 ? contract::kExitOk : kExitPlanDoesNotFit;
+}
+
 void RunPlan(CliContext& ctx, const PlanOptions& opts) {
   spec::ParseOptions parse_options;
   parse_options.overrides = opts.overrides;
@@ -304,6 +379,10 @@ void RunPlan(CliContext& ctx, const PlanOptions& opts) {
       ctx.exit_code = contract::kExitBadInput;
       return;
     }
+  }
+  if (opts.max_seq_gpus != 0) {
+    RunMaxSeq(ctx, job, *device, opts.max_seq_gpus, format);
+    return;
   }
   const std::vector<StagePlan> plans = PlanJob(job, &*device);
   switch (format) {
@@ -380,6 +459,9 @@ void AddPlanCommand(CLI::App& app, CliContext& ctx) {
   AddDeviceFlags(cmd, &opts->device_type, &opts->gpu_memory);
   cmd->add_option("--mfu", opts->mfu, "Assumed model FLOPs utilisation for the step time")
       ->default_val(0.4);
+  cmd->add_option("--max-seq", opts->max_seq_gpus,
+                  "Instead of the plan: the longest sequence the job's model and memory options "
+                  "train at on N GPUs of --device-type (one stage, sp N)");
   cmd->add_option("--host-memory", opts->host_memory,
                   "Host memory of one node, e.g. 2TiB (GPUs: shared by its 8 GPUs; default 2 TiB "
                   "for h100/h200, 1 TiB for a100-80g; cpu: this host's)");

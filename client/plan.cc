@@ -14,6 +14,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/output.h"
 #include "common/spec/job_spec_fields.h"
@@ -618,6 +619,86 @@ absl::Status CheckFits(const spec::JobSpec& s, const DeviceSpec& device) {
   }
   if (lines.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrJoin(lines, "\n"));
+}
+
+absl::StatusOr<MaxSeqResult> MaxSequence(const spec::JobSpec& s, const DeviceSpec& device,
+                                         int64_t gpus) {
+  if (gpus < 1 || gpus > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-seq: ", gpus, " GPUs is outside [1, 4096] (use e.g. --max-seq 8)"));
+  }
+  const int64_t heads = s.model.num_attention_heads;
+  if (heads > 0 && (gpus > heads || heads % gpus != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-seq: sp ", gpus, " must divide the model's ", heads,
+        " attention heads (Ulysses splits heads over the sp ranks; use a divisor of ", heads,
+        ")"));
+  }
+  spec::JobSpec trial = s;
+  trial.stages.resize(1);
+  trial.stages[0].steps = std::max<int64_t>(1, trial.stages[0].steps);
+  trial.stages[0].sp_degree = gpus;
+  trial.stages[0].dp_degree = 1;
+  trial.parallelism.sp_degree = gpus;
+  trial.parallelism.dp_degree = 1;
+  trial.optimizer.micro_batch_size = 1;
+  const int64_t unit = 1024 * gpus;
+  auto plan_at = [&](int64_t n) {
+    trial.stages[0].seq_len = n;
+    return PlanJob(trial, &device)[0];
+  };
+  MaxSeqResult r;
+  r.gpus = gpus;
+  constexpr int64_t kLimitUnits = int64_t{1} << 16;  // 64M tokens per GPU
+  int64_t good = 0, bad = 0;
+  for (int64_t k = 1; k <= kLimitUnits; k *= 2) {
+    StagePlan p = plan_at(k * unit);
+    if (!p.fits) {
+      bad = k;
+      r.over = p;
+      break;
+    }
+    good = k;
+    r.at_max = p;
+  }
+  if (bad == 0) {
+    r.max_seq_len = good * unit;
+    r.limit = "none below 64M tokens per GPU";
+    return r;
+  }
+  while (bad - good > 1) {
+    const int64_t mid = (good + bad) / 2;
+    StagePlan p = plan_at(mid * unit);
+    if (p.fits) {
+      good = mid;
+      r.at_max = p;
+    } else {
+      bad = mid;
+      r.over = p;
+    }
+  }
+  r.max_seq_len = good * unit;
+  const StagePlan& o = r.over;
+  if (o.host_limit_bytes > 0 && o.host_peak_bytes() > o.host_limit_bytes) {
+    r.limit = absl::StrCat("host memory: ", o.host_peak_phase(), " ",
+                           absl::StrFormat("%.1f GiB", o.host_peak_bytes() / (1 << 30)), " of ",
+                           absl::StrFormat("%.1f GiB", o.host_limit_bytes / (1 << 30)),
+                           " per rank");
+    return r;
+  }
+  const std::vector<std::pair<std::string, double>> terms = {
+      {"params", o.parameter_bytes},       {"grads", o.gradient_bytes},
+      {"optimizer", o.optimizer_bytes},    {"gathered", o.gathered_bytes},
+      {"act_saved", o.saved_activation_bytes}, {"act_peak", o.working_bytes},
+      {"runtime", o.runtime_bytes}};
+  const auto largest = std::max_element(
+      terms.begin(), terms.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  r.limit = absl::StrCat(
+      "device memory at ", o.seq_len, ": peak (", o.peak_phase(), ") ",
+      absl::StrFormat("%.1f GiB", o.peak_bytes() / (1 << 30)), " > ",
+      absl::StrFormat("%.1f GiB", o.device_bytes / (1 << 30)), "; largest term ", largest->first,
+      " ", absl::StrFormat("%.1f GiB", largest->second / (1 << 30)));
+  return r;
 }
 
 }  // namespace ulysses::client

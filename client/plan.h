@@ -189,6 +189,21 @@ inline constexpr int kExitPlanDoesNotFit = 3;
 // "spec.stages[i]: needs X per rank, device has Y (h100, usable after reserve); fix: --set ..."
 absl::Status CheckFits(const spec::JobSpec& spec, const DeviceSpec& device);
 
+// The longest sequence the spec's model, dtype, ZeRO stage, offload and memory options train at
+// on `gpus` devices (`ulyssesctl plan --max-seq N`): one stage of sp = gpus, dp 1, micro-batch 1,
+// lengths in multiples of 1024 * gpus, doubled until the plan stops fitting and then bisected
+// (memory grows with the length). `limit` names what stops the next length: the host memory, or
+// the largest per-rank device term there. An error when sp = gpus breaks the head rule.
+struct MaxSeqResult {
+  int64_t gpus = 1;
+  int64_t max_seq_len = 0;  // 0: not even 1024 * gpus fits
+  StagePlan at_max;         // the plan at max_seq_len (when > 0)
+  StagePlan over;           // the plan at the first length that does not fit
+  std::string limit;        // e.g. "act_saved 61.2 GiB of 79.1 GiB"
+};
+absl::StatusOr<MaxSeqResult> MaxSequence(const spec::JobSpec& spec, const DeviceSpec& device,
+                                         int64_t gpus);
+
 }  // namespace ulysses::client
 
 #endif  // ULYSSES_CLIENT_PLAN_H_

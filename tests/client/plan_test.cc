@@ -577,3 +577,62 @@ TEST(PlanTest, EveryShippedConfigFitsOnH100) {
 
 }  // namespace
 }  // namespace ulysses::client
+
+namespace ulysses::client {
+namespace {
+
+// `plan --max-seq`: the shipped 8B recipe (ZeRO-3, optimizer and activation offload, checkpointing,
+// tiled MLP and loss) on 80 GB H100s. On one GPU the search stops at ~120K tokens, where the
+// largest term is the fp32 gradients of the whole model (ZeRO shards nothing over one rank, and
+// gradients are not offloaded); at 512K one layer's backward (act_peak) alone exceeds the GPU.
+// On 8 it passes 2M, limited by act_peak.
+TEST(PlanTest, MaxSeqSearchesTheLongestFittingLengthAndNamesItsLimit) {
+  absl::StatusOr<spec::JobSpec> job = spec::LoadJobSpecFile(
+      std::string(std::getenv("ULYSSES_SOURCE_DIR")) + "/configs/jobs/llama3-8b-1m.yaml");
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<DeviceSpec> h100 = ResolveDevice("h100", "");
+  ASSERT_TRUE(h100.ok());
+  for (int64_t gpus : {1, 8}) {
+    absl::StatusOr<MaxSeqResult> r = MaxSequence(*job, *h100, gpus);
+    ASSERT_TRUE(r.ok()) << r.status();
+    // The longest length fits and the next multiple of 1024 * gpus does not.
+    ASSERT_GT(r->max_seq_len, 0);
+    EXPECT_EQ(r->max_seq_len % (1024 * gpus), 0);
+    EXPECT_TRUE(r->at_max.fits);
+    EXPECT_EQ(r->at_max.seq_len, r->max_seq_len);
+    EXPECT_EQ(r->at_max.sp, gpus);
+    EXPECT_FALSE(r->over.fits);
+    EXPECT_EQ(r->over.seq_len, r->max_seq_len + 1024 * gpus);
+    EXPECT_GT(r->at_max.host_bytes, 0) << "offload puts state in host memory";
+    if (gpus == 1) {
+      EXPECT_LT(r->max_seq_len, 500000);
+      EXPECT_GT(r->max_seq_len, 100000);
+      EXPECT_NE(r->limit.find("largest term grads"), std::string::npos) << r->limit;
+      // At 512K the gradients are still the largest term of a plan that does not fit.
+      spec::JobSpec at = *job;
+      at.stages.resize(1);
+      at.stages[0].seq_len = 524288;
+      at.stages[0].sp_degree = 1;
+      at.stages[0].dp_degree = 1;
+      at.parallelism.sp_degree = 1;
+      at.parallelism.dp_degree = 1;
+      const StagePlan p = PlanJob(at, &*h100)[0];
+      // At 512K one layer's backward alone (act_peak) is more than the device's memory.
+      EXPECT_FALSE(p.fits);
+      EXPECT_GT(p.working_bytes, p.device_bytes);
+    } else {
+      EXPECT_GT(r->max_seq_len, 2000000);
+      EXPECT_NE(r->limit.find("largest term act_peak"), std::string::npos) << r->limit;
+    }
+  }
+  // sp must divide the 32 attention heads.
+  absl::StatusOr<MaxSeqResult> bad = MaxSequence(*job, *h100, 3);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("must divide the model's 32 attention heads"),
+            std::string::npos)
+      << bad.status();
+  EXPECT_FALSE(MaxSequence(*job, *h100, 0).ok());
+}
+
+}  // namespace
+}  // namespace ulysses::client
