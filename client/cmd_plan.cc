@@ -175,6 +175,28 @@ nlohmann::ordered_json PlanJson(const spec::JobSpec& job, const std::vector<Stag
   return rows;
 }
 
+// Bytes one rank moves between device and host per optimizer step for its offloads, and the
+// PCIe/host bandwidth that takes to hide under the step: activations out in forward and back in
+// backward (2x the offloaded checkpoints), the optimizer's fp32 gradient chunk out and the
+// updated chunk back.
+// (memory_model.h's per-element bytes: b parameter, g = 4 for 16-bit parameters else b, o = 2g
+// plus a 4-byte master for 16-bit ones; host_bytes = the offloaded optimizer P*(o+b)/W plus the
+// offloaded activations.)
+double OffloadBytesPerStep(const spec::JobSpec& job, const StagePlan& p) {
+  if (p.host_bytes <= 0) return 0;
+  const double b = static_cast<double>(spec::DtypeBytes(job.model.dtype));
+  const double g = b == 2 ? 4 : b;
+  const double o = 2 * g + (b == 2 ? 4 : 0);
+  const double chunk = ParameterCount(job.model) / static_cast<double>(std::max<int64_t>(1, p.world));
+  double bytes = 0, optimizer_host = 0;
+  if (job.parallelism.offload_optimizer && job.parallelism.zero_stage >= 1) {
+    optimizer_host = chunk * (o + b);
+    bytes += chunk * (g + b);  // gradient chunk out, updated parameter chunk back
+  }
+  if (job.parallelism.offload_activations) bytes += 2 * std::max(0.0, p.host_bytes - optimizer_host);
+  return bytes;
+}
+
 void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
                 const DeviceSpec& device, std::ostream& out) {
   const spec::ModelSpec& m = job.model;
@@ -205,6 +227,24 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
   Table memory = MemoryHeader();
   for (size_t i = 0; i < plans.size(); ++i) AddMemoryRow(memory, absl::StrCat(i), plans[i]);
   memory.Print(out);
+  if (!device.host_is_device &&
+      (job.parallelism.offload_optimizer || job.parallelism.offload_activations)) {
+    // What offload puts in (pinned) host memory and the device<->host bandwidth it needs to
+    // stay hidden under the planned step.
+    out << "\noffload per rank (pinned host memory; device<->host traffic per step):\n";
+    Table offload({"stage", "offload_optimizer", "offload_activations", "pinned_host",
+                   "moved/step", "bandwidth", "host_limit"});
+    for (size_t i = 0; i < plans.size(); ++i) {
+      const StagePlan& p = plans[i];
+      const double moved = OffloadBytesPerStep(job, p);
+      const double step = p.step_seconds();
+      offload.AddRow({absl::StrCat(i), job.parallelism.offload_optimizer ? "yes" : "no",
+                      job.parallelism.offload_activations ? "yes" : "no", Bytes(p.host_bytes),
+                      Bytes(moved), step > 0 ? absl::StrCat(Bytes(moved / step), "/s") : "?",
+                      p.host_limit_bytes > 0 ? Bytes(p.host_limit_bytes) : "-"});
+    }
+    offload.Print(out);
+  }
   out << "\npeaks per rank (init/import: stage 0 from nothing; resume: from a checkpoint):\n";
   PeaksTable(plans).Print(out);
   // The job takes the most nodes any stage takes; the stage that cannot do with fewer says why.
@@ -278,28 +318,6 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
          "first step); peak = the largest of init, resume and steady, the one checked;\n"
          "host_* = host memory per rank (steady: offloaded state + a checkpoint save's "
          "snapshot or copies); host_limit = a node's host memory per GPU\n";
-}
-
-// Bytes one rank moves between device and host per optimizer step for its offloads, and the
-// PCIe/host bandwidth that takes to hide under the step: activations out in forward and back in
-// backward (2x the offloaded checkpoints), the optimizer's fp32 gradient chunk out and the
-// updated chunk back.
-// (memory_model.h's per-element bytes: b parameter, g = 4 for 16-bit parameters else b, o = 2g
-// plus a 4-byte master for 16-bit ones; host_bytes = the offloaded optimizer P*(o+b)/W plus the
-// offloaded activations.)
-double OffloadBytesPerStep(const spec::JobSpec& job, const StagePlan& p) {
-  if (p.host_bytes <= 0) return 0;
-  const double b = static_cast<double>(spec::DtypeBytes(job.model.dtype));
-  const double g = b == 2 ? 4 : b;
-  const double o = 2 * g + (b == 2 ? 4 : 0);
-  const double chunk = ParameterCount(job.model) / static_cast<double>(std::max<int64_t>(1, p.world));
-  double bytes = 0, optimizer_host = 0;
-  if (job.parallelism.offload_optimizer && job.parallelism.zero_stage >= 1) {
-    optimizer_host = chunk * (o + b);
-    bytes += chunk * (g + b);  // gradient chunk out, updated parameter chunk back
-  }
-  if (job.parallelism.offload_activations) bytes += 2 * std::max(0.0, p.host_bytes - optimizer_host);
-  return bytes;
 }
 
 void RunMaxSeq(CliContext& ctx, const spec::JobSpec& job, const DeviceSpec& device, int64_t gpus,

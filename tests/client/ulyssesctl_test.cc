@@ -304,6 +304,33 @@ spec:
     - {seq_len: 1048576, steps: 10, sp_degree: 32}
 )";
 
+// The shipped 8B recipe (optimizer and activation offload): plan shows each stage's pinned host
+// memory and device<->host traffic; --max-seq N answers the longest sequence on N H100s with the
+// term that limits it, and refuses an sp that does not divide the heads.
+TEST_F(UlyssesctlTest, PlanShowsOffloadPerStageAndMaxSeq) {
+  const std::string recipe =
+      std::string(std::getenv("ULYSSES_SOURCE_DIR")) + "/configs/jobs/llama3-8b-1m.yaml";
+  Result table = Run({"plan", "-f", recipe});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("offload per rank (pinned host memory; device<->host traffic"));
+  EXPECT_THAT(table.out, HasSubstr("PINNED_HOST"));
+  Result one = Run({"plan", "-f", recipe, "--max-seq", "1", "-o", "json"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const nlohmann::json j = nlohmann::json::parse(one.out);
+  EXPECT_EQ(j["gpus"], 1);
+  EXPECT_GT(j["max_seq_len"].get<int64_t>(), 100000);
+  EXPECT_LT(j["max_seq_len"].get<int64_t>(), 500000);
+  EXPECT_THAT(j["limit"].get<std::string>(), HasSubstr("largest term grads"));
+  EXPECT_GT(j["offload_bytes_per_s"].get<double>(), 0);
+  Result eight = Run({"plan", "-f", recipe, "--max-seq", "8"});
+  ASSERT_EQ(eight.exit_code, 0) << eight.err;
+  EXPECT_THAT(eight.out, HasSubstr("longest sequence on 8 h100 (sp 8, dp 1; zero_stage 3"));
+  EXPECT_THAT(eight.out, HasSubstr("largest term act_peak"));
+  Result bad = Run({"plan", "-f", recipe, "--max-seq", "3"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("sp 3 must divide the model's 32 attention heads"));
+}
+
 TEST_F(UlyssesctlTest, PlanShowsTokensAllToAllVolumeAndVerdict) {
   const std::string big = Write("big.yaml", kBigSpec);
   Result table = Run({"plan", "-f", big});
