@@ -11,6 +11,7 @@
 #include "common/contract/exit.h"
 #include "common/logging.h"
 #include "common/spec/job_spec_parser.h"
+#include "coordinator/auth/tokens.h"
 #include "coordinator/engine_spec.h"
 #include "coordinator/failure_budget.h"
 #include "coordinator/pool_demand.h"
@@ -445,6 +446,8 @@ void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids,
     metrics_.gang_wait->WithLabels()->Observe((SteadyMs() - job.queued_since_steady) / 1000.0);
   }
   const std::optional<v1::CheckpointInterval> interval = LaunchInterval(job, stage.world());
+  // One per attempt, in memory only: every rank of this generation gets it with its assignment.
+  absl::StatusOr<std::string> secret = auth::NewToken();
   for (size_t r = 0; r < worker_ids.size(); ++r) {
     WorkerRt& w = *state_.workers[worker_ids[r]];
     v1::CoordinatorMessage msg;
@@ -462,6 +465,8 @@ void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids,
     a->set_master_addr(attempt.master_addr);
     a->set_master_port(attempt.master_port);
     a->set_checkpoint_dir(rec.checkpoint_dir);
+    a->set_tenant(rec.tenant);
+    if (secret.ok()) a->set_rendezvous_secret(*secret);
     a->set_out_dir(rec.out_dir);
     a->set_seq_len(stage.seq_len);
     a->set_steps(stage.steps);

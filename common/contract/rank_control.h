@@ -26,6 +26,11 @@
 
 namespace ulysses::contract {
 
+// The environment variable that carries an attempt's rendezvous secret (Assignment
+// .rendezvous_secret) from the worker agent to `ulysses-train rank`, which reads and clears it:
+// never on a command line (other local users can read those).
+inline constexpr char kRendezvousSecretEnv[] = "ULYSSES_RENDEZVOUS_SECRET";
+
 // Versions stay exact in a float32 (the ranks agree on them in one all-reduce).
 inline constexpr int64_t kMaxControlVersion = (int64_t{1} << 24) - 1;
 inline constexpr double kMaxCheckpointIntervalSeconds = 315360000;  // ten years

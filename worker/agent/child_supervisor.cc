@@ -7,13 +7,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/contract/rank_control.h"
 #include "common/logging.h"
 #include "common/process/cpu_share.h"
+
+extern char** environ;
 
 namespace ulysses::agent {
 namespace {
@@ -54,7 +58,8 @@ bool Pump(int fd, std::string& buffer, OnLine on_line) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ChildSupervisor>> ChildSupervisor::Start(
-    const std::vector<std::string>& argv, const std::string& work_dir, ChildCallbacks callbacks) {
+    const std::vector<std::string>& argv, const std::string& work_dir, ChildCallbacks callbacks,
+    const std::vector<std::string>& env) {
   if (argv.empty()) return absl::InvalidArgumentError("child argv is empty");
 
   int out_pipe[2], err_pipe[2];
@@ -86,6 +91,19 @@ absl::StatusOr<std::unique_ptr<ChildSupervisor>> ChildSupervisor::Start(
   options.die_with_parent = true;
   options.exec_error_prefix = "ulysses-worker: exec of the engine binary failed";
   options.env_defaults = process::RankEnvironmentDefaults();
+  if (!env.empty()) {
+    std::vector<std::string> whole;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+      const std::string entry = *e;
+      const std::string name = entry.substr(0, entry.find('=') + 1);
+      const bool replaced = std::any_of(env.begin(), env.end(), [&](const std::string& v) {
+        return v.compare(0, name.size(), name) == 0;
+      });
+      if (!replaced) whole.push_back(entry);
+    }
+    whole.insert(whole.end(), env.begin(), env.end());
+    options.env = std::move(whole);
+  }
   // The supervisor thread must be the spawning thread (PDEATHSIG follows the parent
   // *thread*), so the thread spawns, publishes the pid, then runs the loop.
   ChildSupervisor* me = self.get();
@@ -264,6 +282,11 @@ void ChildSupervisor::Loop() {
   result_ = result;
 }
 
+std::vector<std::string> RankEnvironment(const RankLaunch& launch) {
+  if (launch.rendezvous_secret.empty()) return {};
+  return {absl::StrCat(contract::kRendezvousSecretEnv, "=", launch.rendezvous_secret)};
+}
+
 std::vector<std::string> BuildRankArgv(const RankLaunch& launch) {
   std::vector<std::string> argv = {launch.engine_bin,
                                    "rank",
@@ -285,6 +308,16 @@ std::vector<std::string> BuildRankArgv(const RankLaunch& launch) {
                                    launch.device,
                                    "--step-events",
                                    "all"};
+  if (!launch.job_id.empty()) {
+    argv.push_back("--job-id");
+    argv.push_back(launch.job_id);
+    argv.push_back("--tenant");
+    argv.push_back(launch.tenant);
+  }
+  if (launch.generation >= 0) {
+    argv.push_back("--generation");
+    argv.push_back(absl::StrCat(launch.generation));
+  }
   if (launch.collective_timeout_s > 0) {
     argv.push_back("--collective-timeout-s");
     argv.push_back(absl::StrCat(launch.collective_timeout_s));

@@ -64,8 +64,10 @@ class ChildSupervisor {
   // argv[0] must be a path to an executable. `work_dir` ("" = inherit) becomes the cwd.
   // Fails with InvalidArgument (empty argv) or Internal (pipe/fork failed); exec
   // failures show up as exit code 127 with the reason on stderr.
+  // `env`: "NAME=VALUE" entries set in the child's environment (replacing the agent's own).
   static absl::StatusOr<std::unique_ptr<ChildSupervisor>> Start(
-      const std::vector<std::string>& argv, const std::string& work_dir, ChildCallbacks callbacks);
+      const std::vector<std::string>& argv, const std::string& work_dir, ChildCallbacks callbacks,
+      const std::vector<std::string>& env = {});
 
   ~ChildSupervisor();
   ChildSupervisor(const ChildSupervisor&) = delete;
@@ -114,6 +116,13 @@ class ChildSupervisor {
 struct RankLaunch {
   std::string engine_bin;
   std::string spec_path;
+  // The job's identity (assignment ref.job_id and tenant): --job-id, --tenant when set.
+  std::string job_id;
+  std::string tenant;
+  int64_t generation = -1;  // >= 0: --generation
+  // The attempt's rendezvous secret: in the rank's environment (kRendezvousSecretEnv), not its
+  // argv (RankEnvironment).
+  std::string rendezvous_secret;
   std::string out_dir;
   int64_t stage = 0;
   int64_t rank = 0;
@@ -131,6 +140,8 @@ struct RankLaunch {
   double stop_grace_s = 0;
 };
 std::vector<std::string> BuildRankArgv(const RankLaunch& launch);
+// "NAME=VALUE" entries the rank gets in its environment on top of the agent's.
+std::vector<std::string> RankEnvironment(const RankLaunch& launch);
 
 }  // namespace ulysses::agent
 

@@ -565,18 +565,16 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
       --assigning_;
       const bool refused = !interval_line.ok();
       // A refused assignment: bad input (paths, interval) or the spec not written.
-      ReportExitLocked(ref, slot_index,
-                       refused ? contract::ExitCodeFor(interval_line.status())
-                               : contract::kExitPreempted,
-                       0,
-                       /*preempted=*/!refused, /*aborted=*/false,
-                       refused ? std::string(interval_line.status().message())
-                               : "worker is shutting down");
+      ReportExitLocked(
+          ref, slot_index,
+          refused ? contract::ExitCodeFor(interval_line.status()) : contract::kExitPreempted, 0,
+          /*preempted=*/!refused, /*aborted=*/false,
+          refused ? std::string(interval_line.status().message()) : "worker is shutting down");
       return;
     }
   }
   launch.control_stdin = interval_line->has_value();  // interval updates (kCheckpointInterval)
-  auto published = std::make_shared<bool>(false);  // Guarded by mu_.
+  auto published = std::make_shared<bool>(false);     // Guarded by mu_.
   // Blocks a callback of the child until the child is its slot's (bounded: publish follows).
   auto await_published = [this, published] {
     mu_.LockWhen(absl::Condition(published.get()));
@@ -602,7 +600,8 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
     await_published();
     OnExit(ref, slot_index, result);
   };
-  auto child = ChildSupervisor::Start(BuildRankArgv(launch), "", std::move(callbacks));
+  auto child = ChildSupervisor::Start(BuildRankArgv(launch), "", std::move(callbacks),
+                                      RankEnvironment(launch));
 
   absl::MutexLock lock(&mu_);
   --assigning_;
@@ -671,6 +670,10 @@ bool WorkerAgent::Impl::AdmitAssignmentLocked(const v1::Assignment& a,
     }
   }
   launch->engine_bin = config_.engine_bin;
+  launch->job_id = ref.job_id();
+  launch->tenant = a.tenant();
+  launch->generation = ref.generation();
+  launch->rendezvous_secret = a.rendezvous_secret();
   launch->stage = ref.stage();
   launch->rank = ref.rank();
   launch->world_size = std::max(1, a.world_size());
@@ -706,9 +709,9 @@ absl::StatusOr<std::optional<std::string>> WorkerAgent::Impl::PrepareRankFiles(
     absl::StatusOr<std::string> line = IntervalControlLine(a.checkpoint_interval());
     if (!line.ok()) {
       ULOG(WARNING) << "refusing " << RefString(ref) << ": " << line.status().message();
-      return absl::InvalidArgumentError(absl::StrCat("worker ", config_.name,
-                                       " refused the assignment's checkpoint interval: ",
-                                       line.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker ", config_.name,
+                       " refused the assignment's checkpoint interval: ", line.status().message()));
     }
     interval_line = *std::move(line);
   }

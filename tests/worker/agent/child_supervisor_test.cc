@@ -301,6 +301,14 @@ TEST(ChildSupervisorTest, BuildsTheRankArgvOfTheContract) {
   std::vector<std::string> with_grace = with_threads;
   with_grace.insert(with_grace.end() - 2, {"--stop-grace-s", "2.500"});
   EXPECT_EQ(BuildRankArgv(launch), with_grace);
+  // The job's identity (checkpoint manifests) and attempt (rendezvous keys).
+  launch.job_id = "job-000007";
+  launch.tenant = "research";
+  launch.generation = 3;
+  std::vector<std::string> with_identity = with_grace;
+  with_identity.insert(with_identity.begin() + 20,
+                       {"--job-id", "job-000007", "--tenant", "research", "--generation", "3"});
+  EXPECT_EQ(BuildRankArgv(launch), with_identity);
 }
 
 }  // namespace

@@ -249,7 +249,7 @@ absl::Status AsyncCheckpointer::WriteAndCommit(Job& job) {
   // disk and no manifest, while the training thread goes on.
   HangAtFailpoint("checkpoint.before_manifest", job.state.global_step);
   RETURN_IF_ERROR(checkpoint_internal::WriteManifest(job.dir, job.state, world, options_.mode));
-  checkpoint_internal::AfterCommit(options_.root, job.dir, world, options_.keep_last);
+  checkpoint_internal::AfterCommit(options_.root, job.dir, world, options_.keep_last, job.state);
   return absl::OkStatus();
 }
 

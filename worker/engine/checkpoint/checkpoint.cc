@@ -457,10 +457,24 @@ absl::Status CommitManifest(const std::string& dir, const CheckpointState& state
       {"shards", shards},
       {"tensors", tensors},
       {"extra", state.extra}};
+  if (!state.owner.job_id.empty()) {
+    manifest["owner"] = {{"tenant", state.owner.tenant}, {"job", state.owner.job_id}};
+  }
   return WriteFileAtomic((fs::path(dir) / kManifestName).string(), manifest.dump(1));
 }
 
-void ApplyRetention(const std::string& root, int64_t keep_last) {
+// Whether retention may remove the committed checkpoint in `path` on behalf of `state`'s owner.
+bool MayPrune(const std::string& path, const CheckpointState& state) {
+  if (state.owner.job_id.empty()) return true;
+  absl::StatusOr<nlohmann::json> manifest = ReadManifest(path);
+  if (!manifest.ok()) return false;  // Unreadable: nobody's to delete.
+  absl::Status may = CheckCheckpointOwner(path, checkpoint_internal::ManifestOwner(*manifest),
+                                          state.owner, state.adopt);
+  if (!may.ok()) ULOG(WARNING) << "checkpoint retention keeps " << path << ": " << may.message();
+  return may.ok();
+}
+
+void ApplyRetention(const std::string& root, int64_t keep_last, const CheckpointState& state) {
   keep_last = std::max<int64_t>(keep_last, 1);
   auto dirs = ListStepDirs(root);
   int64_t newest_committed = -1, committed_seen = 0;
@@ -468,6 +482,9 @@ void ApplyRetention(const std::string& root, int64_t keep_last) {
     const auto& [step, path, committed] = *it;
     bool remove = false;
     if (committed) {
+      // Another job's checkpoint (the coordinator never gives its directory to this job
+      // unless adopted; defence in depth) is neither counted nor removed.
+      if (!MayPrune(path, state)) continue;
       if (newest_committed < 0) newest_committed = step;
       remove = ++committed_seen > keep_last;
     } else {
@@ -525,6 +542,23 @@ uint32_t Crc32(const void* data, size_t size, uint32_t crc) {
 #endif
 }
 
+absl::Status CheckCheckpointOwner(const std::string& step_dir, const CheckpointOwner& written,
+                                  const CheckpointOwner& me, bool adopt) {
+  if (me.job_id.empty() || written.job_id.empty()) return absl::OkStatus();
+  if (written.tenant == me.tenant) {
+    if (written.job_id == me.job_id || adopt) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", step_dir, " was written by job ", written.job_id,
+                     ", this is job ", me.job_id,
+                     " (set spec.checkpoint.adopt: true to resume from and prune your tenant's "
+                     "other job's checkpoints, or use an empty checkpoint.dir)"));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("checkpoint ", step_dir, " was written by another tenant's job, this is job ",
+                   me.job_id, " of tenant ", me.tenant,
+                   " (it is neither resumed nor pruned: use an empty checkpoint.dir)"));
+}
+
 std::string StepDirName(int64_t global_step) { return absl::StrFormat("step-%08d", global_step); }
 
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const CheckpointState& state,
@@ -578,7 +612,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Checkp
     return absl::InternalError(absl::StrCat("checkpoint ", dir, " was not committed by rank 0 (",
                                             manifest, " missing); see rank 0's log"));
   }
-  if (rank == 0) checkpoint_internal::AfterCommit(root, dir, world, keep_last);
+  if (rank == 0) checkpoint_internal::AfterCommit(root, dir, world, keep_last, state);
   return dir;
 }
 
@@ -598,6 +632,17 @@ absl::StatusOr<int64_t> CheckpointBytes(const std::string& step_dir) {
 // LoadCheckpoint, ReadCheckpointInfo, LoadCheckpointShare: checkpoint_load.cc.
 
 namespace checkpoint_internal {
+
+CheckpointOwner ManifestOwner(const nlohmann::json& manifest) {
+  CheckpointOwner owner;
+  auto it = manifest.find("owner");
+  if (it == manifest.end() || !it->is_object()) return owner;
+  const nlohmann::json& o = *it;
+  if (o.contains("tenant") && o["tenant"].is_string())
+    owner.tenant = o["tenant"].get<std::string>();
+  if (o.contains("job") && o["job"].is_string()) owner.job_id = o["job"].get<std::string>();
+  return owner;
+}
 
 absl::StatusOr<nlohmann::json> ReadManifestJson(const std::string& step_dir) {
   return ReadManifest(step_dir);
@@ -680,7 +725,8 @@ absl::Status WriteSmallFileAtomic(const std::string& path, const std::string& by
   return WriteFileAtomic(path, bytes);
 }
 
-void AfterCommit(const std::string& root, const std::string& dir, int world, int64_t keep_last) {
+void AfterCommit(const std::string& root, const std::string& dir, int world, int64_t keep_last,
+                 const CheckpointState& state) {
   std::error_code ec;
   // Files of an earlier, uncommitted attempt with another world size are not in the manifest.
   auto entries = ListDirectory(dir);
@@ -691,7 +737,7 @@ void AfterCommit(const std::string& root, const std::string& dir, int world, int
       fs::remove(fs::path(dir) / name, ec);
     }
   }
-  ApplyRetention(root, keep_last);
+  ApplyRetention(root, keep_last, state);
 }
 
 }  // namespace checkpoint_internal

@@ -49,12 +49,33 @@ enum class SaveMode {
   kOwned,       // every rank passes (and writes) only what it owns: pieces and whole tensors
 };
 
+// Who wrote a checkpoint (the manifest's "owner"): the coordinator's tenant and job id, which a
+// rank gets from its assignment (ulysses-train rank --job-id/--tenant). Empty job_id: a run
+// outside a coordinator (no identity; CheckCheckpointOwner lets it read anything).
+struct CheckpointOwner {
+  std::string tenant;
+  std::string job_id;
+};
+
+// Whether `me` may resume from or prune a checkpoint `written` wrote (step_dir names it in the
+// error): yes when `me` has no identity, when `written` has none (a manifest of a build before
+// owners: the coordinator gives a directory with such files to no one else, docs/SECURITY.md),
+// when it is `me`, or, with `adopt` (spec.checkpoint.adopt), another job of `me`'s tenant.
+// Otherwise FAILED_PRECONDITION naming both jobs (another tenant's job is not named).
+absl::Status CheckCheckpointOwner(const std::string& step_dir, const CheckpointOwner& written,
+                                  const CheckpointOwner& me, bool adopt);
+
 struct CheckpointState {
   int64_t stage = 0;            // Stage index the checkpoint belongs to.
   int64_t step_in_stage = 0;    // Optimizer steps completed in that stage.
   int64_t global_step = 0;      // Names the step directory.
   bool stage_complete = false;  // True for the stage-end checkpoint.
   std::string spec_hash;        // spec::SpecHash of the job that wrote it.
+  CheckpointOwner owner;        // The job that wrote it (manifest "owner"; none when empty).
+  // Saves only (not written): retention also prunes checkpoints of `owner`'s tenant's other jobs
+  // (spec.checkpoint.adopt). Retention never removes a committed checkpoint CheckCheckpointOwner
+  // refuses to `owner`.
+  bool adopt = false;
   // "model/<hf name>", "optim/exp_avg/<hf name>", ... (no RNG state: training has
   // none, see docs/CHECKPOINTS.md). Names must be unique. Supported dtypes: float32/64, float16,
   // bfloat16, int64/32, int16, int8, uint8, bool. Loaded tensors are contiguous CPU tensors.

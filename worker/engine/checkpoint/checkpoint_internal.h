@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/engine/checkpoint/checkpoint.h"
 
 namespace ulysses::engine::checkpoint_internal {
 
@@ -20,6 +21,8 @@ inline constexpr int64_t kShardPrefixBytes = 32;
 
 // <step_dir>/manifest.json parsed; format and version checked (NOT_FOUND when uncommitted).
 absl::StatusOr<nlohmann::json> ReadManifestJson(const std::string& step_dir);
+// The manifest's "owner" (empty when it has none or it is malformed: a build before owners).
+CheckpointOwner ManifestOwner(const nlohmann::json& manifest);
 // "float32" -> kFloat32, ...; INVALID_ARGUMENT for a name the format does not know.
 absl::StatusOr<torch::ScalarType> DtypeFromString(const std::string& name);
 // Key of an entry: its name, plus "@<elem_offset>" for a piece.

@@ -68,6 +68,7 @@ absl::Status ParseState(const nlohmann::json& manifest, const std::string& step_
     state.stage_complete = manifest.at("stage_complete").get<bool>();
     state.spec_hash = manifest.at("spec_hash").get<std::string>();
     state.extra = manifest.value("extra", nlohmann::json::object());
+    state.owner = ci::ManifestOwner(manifest);
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(
         absl::StrCat("checkpoint manifest in ", step_dir, " is malformed: ", e.what()));

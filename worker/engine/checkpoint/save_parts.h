@@ -38,7 +38,10 @@ absl::Status WriteSmallFileAtomic(const std::string& path, const std::string& by
 
 // Rank 0 after a commit: removes shards of other world sizes from `dir`, then applies retention
 // (keep the newest keep_last committed; remove uncommitted dirs older than the newest committed).
-void AfterCommit(const std::string& root, const std::string& dir, int world, int64_t keep_last);
+// `state`: the committed state (its owner and adopt decide which older checkpoints retention
+// may remove).
+void AfterCommit(const std::string& root, const std::string& dir, int world, int64_t keep_last,
+                 const CheckpointState& state);
 
 }  // namespace ulysses::engine::checkpoint_internal
 

@@ -1,8 +1,10 @@
 #include "worker/engine/cmd/cli.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -13,10 +15,12 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/contract/exit.h"
+#include "common/contract/rank_control.h"
 #include "common/process/cpu_share.h"
 #include "common/spec/job_spec_fields.h"
 #include "common/spec/job_spec_parser.h"
@@ -197,10 +201,26 @@ absl::StatusOr<LocalDevicePlan> LocalDevices(const std::string& device) {
 
 int RankCommand(int argc, char** argv) {
   OR_FAIL(f, ParseFlags(argc, argv, 2,
-                        {"-f", "--out", "--stage", "--rank", "--world-size", "--master-addr",
-                         "--master-port", "--device", "--backend", "--collective-timeout-s",
-                         "--step-events", "--peak-flops", "--progress-line", "--intra-op-threads",
-                         "--stop-grace-s", "--control", "--set"}));
+                        {"-f",
+                         "--out",
+                         "--stage",
+                         "--rank",
+                         "--world-size",
+                         "--master-addr",
+                         "--master-port",
+                         "--device",
+                         "--backend",
+                         "--collective-timeout-s",
+                         "--step-events",
+                         "--peak-flops",
+                         "--progress-line",
+                         "--intra-op-threads",
+                         "--stop-grace-s",
+                         "--control",
+                         "--job-id",
+                         "--tenant",
+                         "--generation",
+                         "--set"}));
   RankOptions o;
   OR_FAIL(job, Required(f, "-f"));
   OR_FAIL(out, Required(f, "--out"));
@@ -224,6 +244,26 @@ int RankCommand(int argc, char** argv) {
   o.master_addr = f.Get("--master-addr", "127.0.0.1");
   o.device = f.Get("--device", "cpu");
   o.backend = f.Get("--backend", "auto");
+  o.job_id = f.Get("--job-id", "");
+  o.tenant = f.Get("--tenant", "");
+  for (const auto& [flag, value] :
+       {std::pair<const char*, const std::string*>{"--job-id", &o.job_id},
+        {"--tenant", &o.tenant}}) {
+    const bool plain =
+        value->size() <= 128 && std::all_of(value->begin(), value->end(), [](char c) {
+          return absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.';
+        });
+    if (!plain) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          flag, ": not at most 128 of [A-Za-z0-9._-] (the coordinator's job id and tenant)")));
+    }
+  }
+  OR_FAIL(generation, IntFlag(f, "--generation", -1));
+  o.generation = generation;
+  if (const char* secret = std::getenv(contract::kRendezvousSecretEnv); secret != nullptr) {
+    o.rendezvous_secret = secret;
+    unsetenv(contract::kRendezvousSecretEnv);  // Not inherited by anything the rank starts.
+  }
   const std::string step_events = f.Get("--step-events", "rank0");
   if (step_events != "rank0" && step_events != "all") {
     return Fail(absl::InvalidArgumentError(

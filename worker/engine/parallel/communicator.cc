@@ -1,10 +1,14 @@
 #include "worker/engine/parallel/communicator.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <cstdint>
 #include <exception>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -29,6 +33,48 @@ int ParseDevice(const std::string& device) {
     return index;
   }
   return -2;
+}
+
+std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// Rank 0 names the attempt in its store (and leaves a key only holders of the secret find);
+// every other rank checks both before it writes anything there.
+absl::Status CheckAttempt(c10d::Store& store, const CommConfig& config) {
+  const std::string proof = absl::StrCat(config.attempt, "/", config.secret, "/ulysses/joined");
+  const std::string where = absl::StrCat(config.master_addr, ":", config.master_port);
+  try {
+    if (config.rank == 0) {
+      store.set(proof, Bytes("1"));
+      store.set(kAttemptKey, Bytes(config.attempt));
+      return absl::OkStatus();
+    }
+    store.wait({kAttemptKey}, config.timeout);
+    const std::vector<uint8_t> named = store.get(kAttemptKey);
+    const std::string theirs(named.begin(), named.end());
+    const std::string fix =
+        "rank 0 of this attempt could not host the rendezvous on that port and another job's "
+        "rank 0 holds it (another coordinator on the host with an overlapping rendezvous port "
+        "range: give each its own rendezvous_port_min..rendezvous_port_max); the attempt is "
+        "retried";
+    if (theirs != config.attempt) {
+      return absl::UnavailableError(absl::StrCat(
+          "rank ", config.rank, " of ", config.attempt.empty() ? "a run" : config.attempt,
+          " met the rendezvous store of ",
+          theirs.empty() ? std::string("an unnamed attempt") : theirs.substr(0, 128), " at ", where,
+          " and left it (", fix, ")"));
+    }
+    if (!store.check({proof})) {
+      return absl::UnavailableError(
+          absl::StrCat("rank ", config.rank, " of ", config.attempt, " met a rendezvous store at ",
+                       where, " that names this attempt without its secret (", fix, ")"));
+    }
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    msg = msg.substr(0, msg.find('\n'));
+    return absl::UnavailableError(absl::StrCat("rendezvous at ", where, " (rank ", config.rank,
+                                               "): the store did not name its attempt: ", msg));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -100,9 +146,22 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const CommConfig& config) {
   } catch (const std::exception& e) {
     std::string msg = e.what();
     msg = msg.substr(0, msg.find('\n'));
+    if (rank == 0 && world > 1) {
+      return absl::UnavailableError(absl::StrCat(
+          "rank 0 could not host the rendezvous on port ", config.master_port, " of ",
+          config.master_addr, ": ", msg,
+          " (another process on that host holds the port, e.g. a job of another coordinator "
+          "whose rendezvous port range overlaps this one's: give each coordinator on a host "
+          "its own rendezvous_port_min..rendezvous_port_max; the attempt is retried)"));
+    }
     return absl::UnavailableError(absl::StrCat("rendezvous at ", config.master_addr, ":",
                                                config.master_port, " (rank ", rank, " of ", world,
                                                ") failed: ", msg));
+  }
+  if (!config.attempt.empty() || !config.secret.empty()) {
+    RETURN_IF_ERROR(CheckAttempt(*store, config));
+    store = c10::make_intrusive<c10d::PrefixStore>(absl::StrCat(config.attempt, "/", config.secret),
+                                                   store);
   }
 
   ProcessGroups groups;

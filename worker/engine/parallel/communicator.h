@@ -46,7 +46,18 @@ struct CommConfig {
   std::chrono::milliseconds timeout{60000};
   // "cpu" or "cuda:N" (nccl needs cuda:N; gloo takes either).
   std::string device = "cpu";
+  // The attempt this rendezvous belongs to ("job-000007 generation 3"; "" = none: a local run)
+  // and its secret (the coordinator's, per attempt). With either set, rank 0 publishes the
+  // attempt in the store and every key of the groups is prefixed with both; a rank that finds
+  // another attempt's store on the port (rank 0 of its own could not bind it and another job's
+  // rank 0 did) fails at once with UNAVAILABLE (exit 69: an infrastructure failure, retried) naming
+  // both attempts, the port and the fix, instead of joining that job's groups.
+  std::string attempt;
+  std::string secret;
 };
+
+// The store key that names a rendezvous' attempt (set by rank 0 before anything else).
+inline constexpr char kAttemptKey[] = "ulysses/attempt";
 
 // Checks every field once; messages name the field, the value and the fix.
 absl::Status ValidateCommConfig(const CommConfig& config);

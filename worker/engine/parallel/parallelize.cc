@@ -38,6 +38,8 @@ absl::StatusOr<ParallelRuntime> Parallelize(const ParallelConfig& config) {
   comm.sp_size = static_cast<int>(config.sp);
   comm.device = config.device;
   comm.timeout = config.timeout;
+  comm.attempt = config.attempt;
+  comm.secret = config.secret;
   ASSIGN_OR_RETURN(rt.groups, CreateProcessGroups(comm));
   return rt;
 }

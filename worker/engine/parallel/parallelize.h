@@ -38,6 +38,8 @@ struct ParallelConfig {
   std::string device = "cpu";    // cpu | cuda:N
   std::string backend = "auto";  // auto | gloo | nccl
   std::chrono::milliseconds timeout{60000};
+  std::string attempt;  // CommConfig::attempt
+  std::string secret;   // CommConfig::secret
 };
 
 struct ParallelRuntime {

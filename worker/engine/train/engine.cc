@@ -35,7 +35,9 @@ absl::StatusOr<RankOutcome> RunRankImpl(const RankOptions& o) {
   RankReporter report(o.rank == 0, o.out_dir, o.rank == 0 || o.step_events_all_ranks,
                       o.progress_line);
   // Decide where we start before touching the network (bad input fails fast on every rank).
-  ASSIGN_OR_RETURN(in.plan, PlanResume(in.checkpoint_root, spec::SpecHash(in.spec), o.stage));
+  ASSIGN_OR_RETURN(in.plan,
+                   PlanResume(in.checkpoint_root, spec::SpecHash(in.spec), o.stage,
+                              CheckpointOwner{o.tenant, o.job_id}, in.spec.checkpoint.adopt));
   if (in.plan.stage_done) {
     // The stage finished in an earlier run: its committed final checkpoint is this run's result
     // (rank 0 reports it; seconds 0, no blocked time: nothing was saved now).

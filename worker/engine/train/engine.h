@@ -44,6 +44,16 @@ struct RankOptions {
   int world_size = 1;                  // --world-size W (must be sp x dp of the stage)
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
+  // --job-id, --tenant: the coordinator's identity of the job (the worker agent passes the
+  // assignment's). Written into every manifest this rank commits; a checkpoint of another job
+  // is neither resumed nor pruned (CheckCheckpointOwner). "" = no identity (local runs).
+  std::string job_id;
+  std::string tenant;
+  int64_t generation = -1;  // --generation: the attempt (rendezvous keys); -1 = none
+  // $ULYSSES_RENDEZVOUS_SECRET (the coordinator's per-attempt secret, from the worker agent; read
+  // and cleared at start): with the job id and generation it prefixes every rendezvous key
+  // (CommConfig::attempt, ::secret).
+  std::string rendezvous_secret;
   std::string device = "cpu";    // cpu | cuda:N
   std::string backend = "auto";  // auto | gloo | nccl (parallelize.h)
   // --collective-timeout-s: the rendezvous and every collective fail (exit 69) after this,

@@ -58,6 +58,10 @@ absl::StatusOr<std::unique_ptr<RankState>> BuildRankState(const RankOptions& o, 
   pc.master_port = o.master_port;
   pc.device = o.device;
   pc.backend = o.backend;
+  if (!o.job_id.empty() || !o.rendezvous_secret.empty()) {
+    pc.attempt = absl::StrCat(o.job_id, " generation ", o.generation);
+    pc.secret = o.rendezvous_secret;
+  }
   // The peers wait for the slowest rank's checkpoint load (before the rendezvous) and write
   // (between a save's barriers): the timeout grows with the checkpoint (resume.h).
   int64_t checkpoint_bytes = EstimatedCheckpointBytes(s.config);

@@ -33,7 +33,7 @@ absl::StatusOr<std::optional<std::string>> FindLatestCheckpoint(const std::strin
 }
 
 absl::StatusOr<ResumePlan> PlanResume(const std::string& root, const std::string& spec_hash,
-                                      int stage) {
+                                      int stage, const CheckpointOwner& me, bool adopt) {
   ResumePlan plan;
   ASSIGN_OR_RETURN(std::optional<std::string> latest, FindLatestCheckpoint(root));
   if (!latest) {
@@ -44,6 +44,7 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& root, const std::string
     return plan;
   }
   ASSIGN_OR_RETURN(CheckpointState st, ReadCheckpointInfo(*latest, spec_hash));
+  RETURN_IF_ERROR(CheckCheckpointOwner(*latest, st.owner, me, adopt));
   if (st.stage > stage || (st.stage == stage && st.stage_complete)) {
     plan.stage_done = true;
     if (st.stage == stage) {  // this stage's own final checkpoint: the caller reports it

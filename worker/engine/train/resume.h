@@ -41,8 +41,11 @@ struct ResumePlan {
   std::string path;  // the checkpoint `state` came from
 };
 
+// `me` and `adopt`: the job's identity and spec.checkpoint.adopt; the latest checkpoint must pass
+// CheckCheckpointOwner (another job's is FAILED_PRECONDITION naming both).
 absl::StatusOr<ResumePlan> PlanResume(const std::string& root, const std::string& spec_hash,
-                                      int stage);
+                                      int stage, const CheckpointOwner& me = {},
+                                      bool adopt = false);
 
 // The slowest checkpoint storage the collective timeout plans for (a busy network file system
 // read by every rank at once): 100 MiB/s per rank.

@@ -99,6 +99,8 @@ absl::StatusOr<RankOutcome> RunStage(const RankOptions& o, RankInputs& in, RankS
     extra["data_cursor"] = cursor;
     CheckpointState state =
         TrainingCheckpointState(spec, point, rs.model, adam, std::move(extra), zero);
+    state.owner = CheckpointOwner{o.tenant, o.job_id};
+    state.adopt = spec.checkpoint.adopt;
     return periodic ? saver->Periodic(std::move(state), report)
                     : saver->Commit(std::move(state), report);
   };

@@ -287,6 +287,55 @@ TEST(CheckpointTest, RetentionKeepsNewest) {
   EXPECT_TRUE(fs::exists(root.path() + "/notes"));
 }
 
+CheckpointState OwnedState(int64_t step, const std::string& tenant, const std::string& job,
+                           bool adopt = false) {
+  CheckpointState s = MakeState(step);
+  s.owner = {tenant, job};
+  s.adopt = adopt;
+  return s;
+}
+
+// Before (b145c41) a manifest did not say which job wrote it: a job given another job's
+// directory resumed from its weights and its retention (keep_last) deleted them. Now the owner is
+// in the manifest, CheckCheckpointOwner refuses another job's (another tenant's always, the same
+// tenant's without adopt), and retention neither counts nor removes a checkpoint it refuses.
+TEST(CheckpointTest, AManifestNamesItsJobAndAnotherJobNeitherResumesNorPrunesIt) {
+  TempDir root;
+  auto alice = SaveParallel(root.path(), OwnedState(4, "research", "job-000001"), 2, 1);
+  ASSERT_TRUE(alice.ok()) << alice.status();
+  absl::StatusOr<CheckpointState> info = ReadCheckpointInfo(*alice, "abc123");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->owner.tenant, "research");
+  EXPECT_EQ(info->owner.job_id, "job-000001");
+
+  const CheckpointOwner bob{"other", "job-000002"}, alice2{"research", "job-000003"};
+  absl::Status refused = CheckCheckpointOwner(*alice, info->owner, bob, /*adopt=*/true);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("another tenant's job, this is job job-000002"),
+            std::string::npos)
+      << refused;
+  EXPECT_EQ(refused.message().find("job-000001"), std::string::npos) << refused;
+  absl::Status unadopted = CheckCheckpointOwner(*alice, info->owner, alice2, false);
+  EXPECT_EQ(unadopted.code(), absl::StatusCode::kFailedPrecondition) << unadopted;
+  EXPECT_NE(unadopted.message().find("written by job job-000001, this is job job-000003"),
+            std::string::npos)
+      << unadopted;
+  EXPECT_TRUE(CheckCheckpointOwner(*alice, info->owner, alice2, /*adopt=*/true).ok());
+  EXPECT_TRUE(CheckCheckpointOwner(*alice, info->owner, info->owner, false).ok());
+  EXPECT_TRUE(CheckCheckpointOwner(*alice, info->owner, CheckpointOwner{}, false).ok());
+
+  // Bob's saves into the same root with keep_last 1 leave alice's checkpoint alone.
+  ASSERT_TRUE(SaveParallel(root.path(), OwnedState(6, "other", "job-000002"), 2, 1).ok());
+  ASSERT_TRUE(SaveParallel(root.path(), OwnedState(8, "other", "job-000002"), 1, 1).ok());
+  EXPECT_TRUE(fs::exists(*alice + "/manifest.json"));
+  EXPECT_FALSE(fs::exists(root.path() + "/step-00000006"));
+  EXPECT_TRUE(fs::exists(root.path() + "/step-00000008/manifest.json"));
+  // Alice's next job adopting the directory prunes her tenant's, not bob's.
+  ASSERT_TRUE(SaveParallel(root.path(), OwnedState(10, "research", "job-000003", true), 1, 1).ok());
+  EXPECT_FALSE(fs::exists(*alice));
+  EXPECT_TRUE(fs::exists(root.path() + "/step-00000008/manifest.json"));
+}
+
 TEST(CheckpointTest, ManifestIsWrittenLast) {
   TempDir root;
   const std::string dir = root.path() + "/step-00000014";

@@ -8,6 +8,10 @@
 #include <chrono>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "tests/testing/rank_processes.h"
 #ifdef ULYSSES_HAVE_CUDA
@@ -242,6 +246,64 @@ TEST(CommunicatorTest, DeadPeerFailsWithStatusInsteadOfHanging) {
 }
 
 TEST(CommunicatorTest, SilentPeerTimesOutWithDeadlineExceeded) { ExpectAllOk("hung_peer", 2); }
+
+// Before (b145c41) rendezvous keys were prefixed only by group name: when rank 0 of one job
+// could not bind its port because another job's rank 0 held it (two coordinators on a host with
+// overlapping rendezvous ranges), its other ranks joined that job's store and failed later with an
+// unrelated gloo error, or mixed the two jobs' groups. Now rank 0 names its attempt in the store
+// and every key carries job, generation and the attempt's secret: the stray rank leaves at once
+// naming both attempts, rank 0's bind failure names the port and the fix, and the other job's
+// group forms untouched.
+TEST(CommunicatorTest, ARankThatMeetsAnotherAttemptsStoreLeavesItAtOnceNamingBoth) {
+  const int port = testing::FreePort();
+  auto config = [port](int rank, const std::string& attempt, const std::string& secret) {
+    CommConfig c;
+    c.rank = rank;
+    c.world_size = 2;
+    c.master_port = port;
+    c.timeout = std::chrono::seconds(30);
+    c.attempt = attempt;
+    c.secret = secret;
+    return c;
+  };
+  const std::string theirs = "job-000002 generation 1", mine = "job-000001 generation 3";
+  absl::StatusOr<ProcessGroups> their0 = absl::UnknownError("not run");
+  absl::StatusOr<ProcessGroups> their1 = absl::UnknownError("not run");
+  std::thread t0([&] { their0 = CreateProcessGroups(config(0, theirs, "s2")); });
+  // Our rank 1 reaches their store (it retries the connection until their rank 0 listens).
+  absl::StatusOr<ProcessGroups> my1 = CreateProcessGroups(config(1, mine, "s1"));
+  EXPECT_EQ(my1.status().code(), absl::StatusCode::kUnavailable) << my1.status();
+  const std::string left(my1.status().message());
+  EXPECT_NE(left.find("rank 1 of " + mine + " met the rendezvous store of " + theirs),
+            std::string::npos)
+      << left;
+  EXPECT_NE(left.find(absl::StrCat("127.0.0.1:", port)), std::string::npos) << left;
+  EXPECT_NE(left.find("rendezvous_port_min"), std::string::npos) << left;
+  // Our rank 0 cannot bind the port their rank 0 holds.
+  absl::StatusOr<ProcessGroups> my0 = CreateProcessGroups(config(0, mine, "s1"));
+  EXPECT_EQ(my0.status().code(), absl::StatusCode::kUnavailable) << my0.status();
+  EXPECT_NE(
+      my0.status().message().find(absl::StrCat("could not host the rendezvous on port ", port)),
+      std::string::npos)
+      << my0.status();
+  // A rank of their job and generation without the secret is refused too.
+  absl::StatusOr<ProcessGroups> forged = CreateProcessGroups(config(1, theirs, "guess"));
+  EXPECT_EQ(forged.status().code(), absl::StatusCode::kUnavailable) << forged.status();
+  EXPECT_NE(forged.status().message().find("without its secret"), std::string::npos)
+      << forged.status();
+  // Their own rank 1 joins: their group is whole and works.
+  std::thread t1([&] { their1 = CreateProcessGroups(config(1, theirs, "s2")); });
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(their0.ok()) << their0.status();
+  ASSERT_TRUE(their1.ok()) << their1.status();
+  std::vector<torch::Tensor> a = {torch::ones({3})}, b = {torch::full({3}, 2.0)};
+  std::thread r0([&] { EXPECT_TRUE(their0->world->AllReduceSum(a).ok()); });
+  EXPECT_TRUE(their1->world->AllReduceSum(b).ok());
+  r0.join();
+  EXPECT_TRUE(torch::equal(a[0], torch::full({3}, 3.0)));
+  EXPECT_TRUE(torch::equal(b[0], torch::full({3}, 3.0)));
+}
 
 TEST(CommunicatorTest, WorldOfOneNeedsNoStore) {
   CommConfig config;  // world 1, port 0
