@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/contract/exit.h"
 #include "common/contract/rank_control.h"
 #include "common/spec/job_spec_parser.h"
 #include "coordinator/job_machine.h"
@@ -14,22 +15,32 @@
 namespace ulysses::coordinator {
 namespace {
 
-// The GPU-seconds run and the failures (failed or lost attempts; preemptions come with a
+// Whether an ended attempt was interrupted by the infrastructure: a lost worker, or a rank that
+// failed from outside (contract::FailureKindOf on its exit: a peer lost, killed by a signal from
+// outside). A job's own crashes (exit 1, SIGSEGV, ...) say nothing about the machines.
+bool InfraFailure(const AttemptRecord& a) {
+  if (a.outcome == v1::ATTEMPT_OUTCOME_LOST) return true;
+  if (a.outcome != v1::ATTEMPT_OUTCOME_FAILED) return false;
+  const contract::ProcessExit exit{a.exit_code, a.exit_code > 128 ? a.exit_code - 128 : 0};
+  return contract::FailureKindOf(exit) == contract::FailureKind::kInfrastructure;
+}
+
+// The GPU-seconds run and the infrastructure failures (InfraFailure; preemptions come with a
 // notice and a checkpoint, bad input is not an interruption) of every attempt of `gpus` ranks
-// the coordinator holds.
-void ObservedFailures(const State& state, int64_t gpus, int64_t now_ms, double* gpu_seconds,
-                      int64_t* failures) {
+// of tenant `tenant`'s jobs the coordinator holds: another tenant's jobs neither move this
+// interval nor show in its reason.
+void ObservedFailures(const State& state, const std::string& tenant, int64_t gpus, int64_t now_ms,
+                      double* gpu_seconds, int64_t* failures) {
   *gpu_seconds = 0;
   *failures = 0;
   for (const auto& [id, job] : state.jobs) {
+    if (job->rec.tenant != tenant) continue;
     for (const AttemptRecord& a : job->rec.attempts) {
       if (static_cast<int64_t>(a.worker_ids.size()) != gpus || a.started_ms <= 0) continue;
       const int64_t end = a.ended() ? a.ended_ms : now_ms;
       *gpu_seconds += static_cast<double>(gpus) *
                       static_cast<double>(std::max<int64_t>(0, end - a.started_ms)) / 1000.0;
-      if (a.outcome == v1::ATTEMPT_OUTCOME_FAILED || a.outcome == v1::ATTEMPT_OUTCOME_LOST) {
-        ++*failures;
-      }
+      if (InfraFailure(a)) ++*failures;
     }
   }
 }
@@ -82,7 +93,8 @@ std::optional<v1::CheckpointInterval> JobMachine::LaunchInterval(JobRt& job, int
   JobIntervalState& st = job.interval;
   st.group_gpus = std::max<int64_t>(1, group_gpus);
   st.step_seconds.reset();  // a new group (maybe a new stage): its step time is measured again
-  ObservedFailures(state_, st.group_gpus, NowMs(), &st.observed_gpu_seconds, &st.observed_failures);
+  ObservedFailures(state_, job.rec.tenant, st.group_gpus, NowMs(), &st.observed_gpu_seconds,
+                   &st.observed_failures);
   const IntervalChoice choice = ChooseCheckpointInterval(InputsFor(job, config_));
   st.version = std::min(st.version + 1, contract::kMaxControlVersion);
   st.sent = choice;
@@ -94,7 +106,8 @@ void JobMachine::OnCheckpointCost(JobRt& job, double blocked_seconds, Txn& txn) 
   JobIntervalState& st = job.interval;
   st.cost_sum += blocked_seconds;
   st.cost_samples++;
-  ObservedFailures(state_, st.group_gpus, NowMs(), &st.observed_gpu_seconds, &st.observed_failures);
+  ObservedFailures(state_, job.rec.tenant, st.group_gpus, NowMs(), &st.observed_gpu_seconds,
+                   &st.observed_failures);
   SendIntervalIfChanged(job, txn);
 }
 

@@ -690,11 +690,13 @@ TEST_F(AutoIntervalTest, ObservedFailuresForTheGroupSizeAndACostPriorSetTheFirst
   config_.checkpoint_cost_prior_s = 8;
   auto other = std::make_unique<JobRt>();
   other->rec.id = "job-000009";
+  other->rec.tenant = job_->rec.tenant;
   AttemptRecord failed;
   failed.worker_ids = {"x", "y"};
   failed.started_ms = 1'000;
   failed.ended_ms = 1'000 + 3'600'000;
   failed.outcome = v1::ATTEMPT_OUTCOME_FAILED;
+  failed.exit_code = contract::kExitPeerLost;  // An infrastructure failure.
   AttemptRecord single;
   single.worker_ids = {"x"};
   single.started_ms = 1'000;
@@ -714,6 +716,42 @@ TEST_F(AutoIntervalTest, ObservedFailuresForTheGroupSizeAndACostPriorSetTheFirst
   EXPECT_DOUBLE_EQ(i.cost_seconds(), 8);
   EXPECT_NEAR(i.every_seconds(), std::sqrt(2 * 8 * mtbf), 1e-2);
   EXPECT_EQ(i.every_steps(), 0);
+}
+
+// Before (b145c41) every failed attempt of every tenant counted: bob's crash loop (25 failures
+// in 8 s) cut alice's auto interval from 60,405 s to 11,846 s and her reason quoted his
+// failures. Now only the job's own tenant's infrastructure failures count: another tenant's
+// lost and failed attempts and the tenant's own application failures (exit 1) leave it at the
+// prior.
+TEST_F(AutoIntervalTest, AnotherTenantsFailuresAndApplicationCrashesLeaveTheIntervalAlone) {
+  auto bobs = std::make_unique<JobRt>();
+  bobs->rec.id = "job-000009";
+  bobs->rec.tenant = job_->rec.tenant + "-other";
+  auto own = std::make_unique<JobRt>();
+  own->rec.id = "job-000010";
+  own->rec.tenant = job_->rec.tenant;
+  for (int n = 0; n < 25; ++n) {
+    AttemptRecord a;
+    a.worker_ids = {"x", "y"};
+    a.started_ms = 1'000 + n * 320;
+    a.ended_ms = a.started_ms + 300;
+    a.outcome = n % 2 == 0 ? v1::ATTEMPT_OUTCOME_FAILED : v1::ATTEMPT_OUTCOME_LOST;
+    a.exit_code = n % 2 == 0 ? contract::kExitPeerLost : 0;
+    bobs->rec.attempts.push_back(a);
+    a.outcome = v1::ATTEMPT_OUTCOME_FAILED;
+    a.exit_code = contract::kExitFailure;  // the tenant's own crash: not the machines
+    own->rec.attempts.push_back(a);
+  }
+  state_.jobs[bobs->rec.id] = std::move(bobs);
+  state_.jobs[own->rec.id] = std::move(own);
+  Txn launch;
+  machine_.Launch(*job_, {"w-a", "w-b"}, {0, 0}, launch);
+  ASSERT_EQ(launch.outbound.size(), 2u);
+  const v1::CheckpointInterval& i = launch.outbound[0].second.assignment().checkpoint_interval();
+  EXPECT_EQ(i.mtbf_source(), "prior") << i.reason();
+  // The own tenant's GPU-seconds count (25 x 0.3 s x 2 GPUs), none of bob's.
+  EXPECT_NEAR(i.mtbf_seconds(), (3.6e6 + 15) / 2, 0.5) << i.reason();
+  EXPECT_NE(i.reason().find("(prior: 0 failures in"), std::string::npos) << i.reason();
 }
 
 }  // namespace
