@@ -202,7 +202,7 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
   const spec::ModelSpec& m = job.model;
   out << "job " << job.metadata.name << ": " << FormatCount(ParameterCount(m)) << " parameters, "
       << m.num_hidden_layers << " layers, " << m.num_attention_heads << "q/"
-      << m.num_key_value_heads << "kv heads of dim " << m.head_dim() << ", " << m.dtype
+      << m.num_key_value_heads << "kv heads of dim " << m.HeadDim() << ", " << m.dtype
       << "; zero_stage " << job.parallelism.zero_stage
       << (job.parallelism.offload_optimizer ? ", offload_optimizer" : "")
       << (job.parallelism.offload_activations ? ", offload_activations" : "")

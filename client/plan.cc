@@ -206,7 +206,7 @@ std::vector<StagePlan> PlanJob(const spec::JobSpec& s, const DeviceSpec* device)
           p.sp == 1
               ? 0
               : static_cast<double>(2 * m.num_attention_heads + 2 * p.kv_heads_exchanged) *
-                    static_cast<double>(m.head_dim()) * static_cast<double>(p.tokens_per_rank) *
+                    static_cast<double>(m.HeadDim()) * static_cast<double>(p.tokens_per_rank) *
                     static_cast<double>(p.micro_batch);
       p.a2a_bytes = p.a2a_elements * b;
       spec::ModelStateInputs in;

@@ -228,7 +228,7 @@ class Bench {
 
   std::string Backend() const {
     auto opts = torch::TensorOptions().device(rt_.device).dtype(model_->HeadWeight().dtype());
-    const int64_t d = config_.head_dim();
+    const int64_t d = config_.HeadDim();
     torch::Tensor q = torch::zeros({1, 128, config_.num_attention_heads, d}, opts);
     torch::Tensor k = torch::zeros({1, 128, config_.num_key_value_heads, d}, opts);
     return SdpaBackendFor(q, k, k);

@@ -53,12 +53,11 @@ absl::StatusOr<ModelShape> ReadHfConfig(const std::string& dir) {
   if (c.contains("hidden_act") && c["hidden_act"] != "silu") {
     return unsupported("hidden_act", "the engine's Llama MLP is SwiGLU: silu");
   }
-  for (const char* bias : {"attention_bias", "mlp_bias"}) {
-    if (c.contains(bias) && !c[bias].is_null() && c[bias] != false) {
-      return unsupported(bias, "the engine's Llama projections have no bias");
-    }
+  if (c.contains("mlp_bias") && !c["mlp_bias"].is_null() && c["mlp_bias"] != false) {
+    return unsupported("mlp_bias", "the engine's MLP projections have no bias");
   }
-  // The shape itself (with rope_scaling and head_dim) is read by the one shape reader.
+  // The shape itself (family, rope_scaling, head_dim, attention biases, sliding window) is read
+  // by the one shape reader.
   return ModelShapeFromJson(c, path);
 }
 

@@ -128,6 +128,14 @@ void CheckModel(const JobSpec& s, Errors& e) {
             "is left to init_from, but init_from is empty", "set the field, or set init_from");
     }
   }
+  // A sliding window the engine can honour: no stage longer than it (then every token's window
+  // holds its whole causal prefix, which is what the engine computes).
+  if (m.from_init.count("sliding_window") == 0 && m.sliding_window > 0) {
+    std::vector<int64_t> lengths;
+    for (const StageSpec& stage : s.stages) lengths.push_back(stage.seq_len);
+    absl::Status window = CheckSlidingWindow(m.sliding_window, lengths, "");
+    if (!window.ok()) e.AddLine(std::string(window.message()));
+  }
   std::vector<std::string> weight_dtypes;  // common/dtype.h
   for (const DtypeInfo& d : kDtypes) {
     if (d.weight) weight_dtypes.emplace_back(d.name);

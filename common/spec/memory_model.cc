@@ -11,14 +11,16 @@ namespace ulysses::spec {
 
 ParameterCounts CountParameters(const ModelShape& m) {
   const double h = static_cast<double>(m.hidden_size);
-  const double d = static_cast<double>(m.head_dim());
+  const double d = static_cast<double>(m.HeadDim());
   const double hq = static_cast<double>(m.num_attention_heads);
   const double hkv = static_cast<double>(m.num_key_value_heads);
   const double inter = static_cast<double>(m.intermediate_size);
   const double vocab = static_cast<double>(m.vocab_size);
   ParameterCounts c;
-  // q, k, v, o projections; gate, up, down; two RMSNorm weights.
-  c.per_layer = h * hq * d + 2 * h * hkv * d + hq * d * h + 3 * h * inter + 2 * h;
+  // q, k, v, o projections; gate, up, down; two RMSNorm weights; the family's extras: q/k/v
+  // biases (qwen2) and the per-head q_norm / k_norm weights (qwen3).
+  c.per_layer = h * hq * d + 2 * h * hkv * d + hq * d * h + 3 * h * inter + 2 * h +
+                (m.attention_bias ? hq * d + 2 * hkv * d : 0) + (m.qk_norm ? 2 * d : 0);
   c.embedding = vocab * h;
   const double embeddings = c.embedding * (m.tie_word_embeddings ? 1 : 2);
   c.total = embeddings + static_cast<double>(m.num_hidden_layers) * c.per_layer + h;
@@ -163,7 +165,7 @@ ActivationBytes ActivationBytesPerRank(const ActivationInputs& in) {
   const double h = static_cast<double>(m.hidden_size);
   const double inter = static_cast<double>(m.intermediate_size);
   const double layers = static_cast<double>(m.num_hidden_layers);
-  const double d = static_cast<double>(m.head_dim());
+  const double d = static_cast<double>(m.HeadDim());
   const double hq = static_cast<double>(m.num_attention_heads);
   const double hkv = static_cast<double>(m.num_key_value_heads);
   const double hx = static_cast<double>(in.kv_heads_exchanged);

@@ -36,6 +36,24 @@ std::string Line(const std::string& path, const std::string& value, const std::s
 
 bool IsRopeKey(const std::string& key) { return absl::StartsWith(key, kRopePrefix); }
 
+// Shape integers where 0 means "none" or "derived" (not "missing").
+bool ZeroAllowed(const std::string& key) { return key == "head_dim" || key == "sliding_window"; }
+
+// The keys a family decides, which config.json spells otherwise (architectures / model_type)
+// or not at all.
+bool FamilyKey(const std::string& key) {
+  return key == "family" || key == "attention_bias" || key == "qk_norm";
+}
+
+// "LlamaForCausalLM (llama), ...": the architectures the readers accept.
+std::string ArchitectureList() {
+  std::vector<std::string> names;
+  for (const ModelFamily& f : kModelFamilies) {
+    names.push_back(absl::StrCat(f.architecture, " (", f.model_type, ")"));
+  }
+  return absl::StrJoin(names, ", ");
+}
+
 // A read-only reference to one field of a shape.
 using FieldRef = std::variant<const int64_t*, const double*, const bool*, const std::string*>;
 
@@ -107,14 +125,62 @@ void ShapeErrors(const ModelShape& s, const std::set<std::string>& unknown,
   auto path = [&](const std::string& key) { return prefix + key; };
   ForEachShapeField(s, [&](const char* key, const auto& value) {
     if constexpr (std::is_same_v<std::decay_t<decltype(value)>, int64_t>) {
-      if (!IsRopeKey(key) && known(key) && value <= 0) {
-        out->push_back(Line(path(key), absl::StrCat(value), "must be > 0", missing_fix));
+      if (!IsRopeKey(key) && known(key) && (ZeroAllowed(key) ? value < 0 : value <= 0)) {
+        const std::string k = key;
+        out->push_back(Line(
+            path(key), absl::StrCat(value), ZeroAllowed(key) ? "must be >= 0" : "must be > 0",
+            k == "head_dim"         ? "use 0 for hidden_size / num_attention_heads, or the "
+                                      "model's head width"
+            : k == "sliding_window" ? "use 0 for no window"
+                                    : missing_fix));
       }
     }
   });
+  const ModelFamily* family = FindModelFamily(s.family);
+  if (known("family") && family == nullptr) {
+    out->push_back(Line(path("family"), Quote(s.family), "is not a supported model family",
+                        absl::StrCat("use one of ", ModelFamilyList())));
+  }
+  if (known("family") && family != nullptr) {
+    if (known("attention_bias") && s.attention_bias != family->qkv_bias) {
+      out->push_back(Line(
+          path("attention_bias"), s.attention_bias ? "true" : "false",
+          absl::StrCat("is not what family ", Quote(family->name), " has"),
+          family->qkv_bias
+              ? absl::StrCat("family ", family->name,
+                             " always has q/k/v biases: set attention_bias: true or leave it out")
+              : "q/k/v biases are family qwen2's (HF's attention_bias of the other families "
+                "also biases o_proj, which the engine does not implement): set family: qwen2, "
+                "or attention_bias: false"));
+    }
+    if (known("qk_norm") && s.qk_norm != family->qk_norm) {
+      out->push_back(Line(
+          path("qk_norm"), s.qk_norm ? "true" : "false",
+          absl::StrCat("is not what family ", Quote(family->name), " has"),
+          family->qk_norm
+              ? absl::StrCat("family ", family->name,
+                             " always normalises q and k per head: set qk_norm: true or leave "
+                             "it out")
+              : "per-head q/k RMSNorm is family qwen3's: set family: qwen3, or qk_norm: false"));
+    }
+    if (known("sliding_window") && s.sliding_window > 0 && !family->sliding_window) {
+      out->push_back(Line(path("sliding_window"), absl::StrCat(s.sliding_window),
+                          absl::StrCat("is set but family ", Quote(family->name),
+                                       " has no sliding-window attention"),
+                          "remove sliding_window (only family mistral reads it)"));
+    }
+  }
   const int64_t hq = s.num_attention_heads, hkv = s.num_key_value_heads, h = s.hidden_size;
   const bool heads_known = known("num_attention_heads") && hq > 0;
-  if (heads_known && known("hidden_size") && h > 0) {
+  const bool explicit_head_dim = known("head_dim") && s.head_dim > 0;
+  if (explicit_head_dim) {
+    if (s.head_dim % 2 != 0) {
+      out->push_back(Line(path("head_dim"), absl::StrCat(s.head_dim), "is odd",
+                          absl::StrCat("RoPE rotates pairs of dimensions, so head_dim must be "
+                                       "even; use ",
+                                       s.head_dim - 1, " or ", s.head_dim + 1)));
+    }
+  } else if (heads_known && known("hidden_size") && h > 0 && known("head_dim")) {
     if (h % hq != 0) {
       out->push_back(Line(path("hidden_size"), absl::StrCat(h),
                           absl::StrCat("is not divisible by num_attention_heads ", hq),
@@ -237,6 +303,52 @@ std::string JsonText(const json& v) {
   return text;
 }
 
+// The models of the other families, with the numbers of their published config.json.
+void AddFamilyPresets(std::vector<std::pair<std::string, ModelShape>>* p) {
+  ModelShape mistral;  // mistralai/Mistral-7B-v0.3 (sliding_window null)
+  mistral.family = "mistral";
+  mistral.vocab_size = 32768;
+  mistral.hidden_size = 4096;
+  mistral.intermediate_size = 14336;
+  mistral.num_hidden_layers = 32;
+  mistral.num_attention_heads = 32;
+  mistral.num_key_value_heads = 8;
+  mistral.rope_theta = 1000000.0;
+  mistral.rms_norm_eps = 1e-5;
+  p->emplace_back("mistral-7b-v0.3", mistral);
+  ModelShape qwen25;  // Qwen/Qwen2.5-7B (use_sliding_window false: no window)
+  qwen25.family = "qwen2";
+  qwen25.attention_bias = true;
+  qwen25.vocab_size = 152064;
+  qwen25.hidden_size = 3584;
+  qwen25.intermediate_size = 18944;
+  qwen25.num_hidden_layers = 28;
+  qwen25.num_attention_heads = 28;
+  qwen25.num_key_value_heads = 4;
+  qwen25.rope_theta = 1000000.0;
+  qwen25.rms_norm_eps = 1e-6;
+  p->emplace_back("qwen2.5-7b", qwen25);
+  ModelShape qwen3_4b;  // Qwen/Qwen3-4B (head_dim 128 != 2560 / 32, tied embeddings)
+  qwen3_4b.family = "qwen3";
+  qwen3_4b.qk_norm = true;
+  qwen3_4b.vocab_size = 151936;
+  qwen3_4b.hidden_size = 2560;
+  qwen3_4b.intermediate_size = 9728;
+  qwen3_4b.num_hidden_layers = 36;
+  qwen3_4b.num_attention_heads = 32;
+  qwen3_4b.num_key_value_heads = 8;
+  qwen3_4b.head_dim = 128;
+  qwen3_4b.rope_theta = 1000000.0;
+  qwen3_4b.rms_norm_eps = 1e-6;
+  qwen3_4b.tie_word_embeddings = true;
+  p->emplace_back("qwen3-4b", qwen3_4b);
+  ModelShape qwen3_8b = qwen3_4b;  // Qwen/Qwen3-8B (head_dim 128 = 4096 / 32)
+  qwen3_8b.hidden_size = 4096;
+  qwen3_8b.intermediate_size = 12288;
+  qwen3_8b.tie_word_embeddings = false;
+  p->emplace_back("qwen3-8b", qwen3_8b);
+}
+
 const std::vector<std::pair<std::string, ModelShape>>& Presets() {
   static const auto* presets = [] {
     auto* p = new std::vector<std::pair<std::string, ModelShape>>;
@@ -279,12 +391,26 @@ const std::vector<std::pair<std::string, ModelShape>>& Presets() {
     llama3_70b.num_attention_heads = 64;
     llama3_70b.num_key_value_heads = 8;
     p->emplace_back("llama3-70b", llama3_70b);
+    AddFamilyPresets(p);
     return p;
   }();
   return *presets;
 }
 
 }  // namespace
+
+const ModelFamily* FindModelFamily(const std::string& name) {
+  for (const ModelFamily& f : kModelFamilies) {
+    if (name == f.name) return &f;
+  }
+  return nullptr;
+}
+
+std::string ModelFamilyList() {
+  std::vector<std::string> names;
+  for (const ModelFamily& f : kModelFamilies) names.emplace_back(f.name);
+  return absl::StrJoin(names, ", ");
+}
 
 const std::vector<std::string>& ShapeFieldKeys() {
   static const auto* keys = [] {
@@ -297,10 +423,12 @@ const std::vector<std::string>& ShapeFieldKeys() {
 }
 
 std::string ShapeFieldText(const ModelShape& shape, const std::string& key) {
+  if (key == "head_dim") return absl::StrCat(shape.HeadDim());
   return std::visit([](const auto* v) { return Text(v); }, Field(shape, key));
 }
 
 bool ShapeFieldEquals(const ModelShape& a, const ModelShape& b, const std::string& key) {
+  if (key == "head_dim") return a.HeadDim() == b.HeadDim();
   return std::visit(
       [&](const auto* va) {
         using T = std::decay_t<decltype(*va)>;
@@ -362,12 +490,23 @@ void FinishModelSpec(ModelSpec& model, const std::set<std::string>& given) {
   if (model.preset.empty() && given.count("num_key_value_heads") == 0) {
     model.num_key_value_heads = model.num_attention_heads;
   }
+  // The family's features, unless the document states them (validation compares).
+  if (const ModelFamily* family = model.Family(); family != nullptr) {
+    if (given.count("attention_bias") == 0) model.attention_bias = family->qkv_bias;
+    if (given.count("qk_norm") == 0) model.qk_norm = family->qk_norm;
+  }
 }
 
 bool ShapeFieldShown(const ModelSpec& model, const std::string& key) {
   if (model.from_init.count(key) != 0) {
     return false;
   }
+  const ModelFamily* family = model.Family();
+  if (key == "family") return model.family != kFamilyLlama;
+  if (key == "head_dim") return model.head_dim != 0;
+  if (key == "sliding_window") return model.sliding_window != 0;
+  if (key == "attention_bias") return family == nullptr || model.attention_bias != family->qkv_bias;
+  if (key == "qk_norm") return family == nullptr || model.qk_norm != family->qk_norm;
   if (IsRopeKey(key) && model.rope_scaling.rope_type == kRopeNone) {
     // No scaling is the absence of rope_scaling, except that with init_from an
     // explicit rope_type none is a claim about config.json to keep.
@@ -384,12 +523,21 @@ std::vector<std::string> ModelShapeErrors(const ModelSpec& model, const std::str
 
 nlohmann::json ModelShapeToJson(const ModelShape& shape) {
   json out = json::object();
+  const ModelFamily* family = shape.Family();
+  if (family != nullptr) {
+    out["architectures"] = {family->architecture};
+    out["model_type"] = family->model_type;
+  }
   ForEachShapeField(shape, [&](const char* key, const auto& value) {
-    if (!IsRopeKey(key)) {
+    if (!IsRopeKey(key) && !FamilyKey(key) && !ZeroAllowed(key)) {
       out[key] = value;
     }
   });
-  out["head_dim"] = shape.head_dim();
+  out["head_dim"] = shape.HeadDim();
+  if (family == nullptr || !family->qkv_bias) out["attention_bias"] = false;
+  if (family != nullptr && family->sliding_window) {
+    out["sliding_window"] = shape.sliding_window > 0 ? json(shape.sliding_window) : json(nullptr);
+  }
   const RopeScaling& r = shape.rope_scaling;
   if (r.rope_type == kRopeNone) {
     out["rope_scaling"] = nullptr;
@@ -433,8 +581,88 @@ absl::StatusOr<ModelShape> ModelShapeFromJson(const nlohmann::json& j, const std
     }
     return true;
   };
+  // The family: architectures[0] and model_type, each optional, agreeing when both given.
+  const ModelFamily* family = FindModelFamily(kFamilyLlama);
+  {
+    const ModelFamily* by_arch = nullptr;
+    const ModelFamily* by_type = nullptr;
+    bool bad = false;
+    auto arch = j.find("architectures");
+    if (arch != j.end() && !arch->is_null()) {
+      if (!arch->is_array() || arch->size() != 1 || !(*arch)[0].is_string()) {
+        errors.push_back(absl::StrCat(source, ": architectures: ", JsonText(*arch),
+                                      " is not a list of one architecture name (give one of ",
+                                      ArchitectureList(), ")"));
+        bad = true;
+      } else {
+        const std::string name = (*arch)[0].get<std::string>();
+        for (const ModelFamily& f : kModelFamilies) {
+          if (name == f.architecture) by_arch = &f;
+        }
+        if (by_arch == nullptr) {
+          errors.push_back(absl::StrCat(source, ": architectures: ", Quote(name),
+                                        " is not supported (the engine implements ",
+                                        ArchitectureList(), ")"));
+          bad = true;
+        }
+      }
+    }
+    auto type = j.find("model_type");
+    if (type != j.end() && !type->is_null()) {
+      const std::string name = type->is_string() ? type->get<std::string>() : type->dump();
+      for (const ModelFamily& f : kModelFamilies) {
+        if (name == f.model_type) by_type = &f;
+      }
+      if (by_type == nullptr) {
+        errors.push_back(absl::StrCat(source, ": model_type: ", Quote(name),
+                                      " is not supported (the engine implements ",
+                                      ArchitectureList(), ")"));
+        bad = true;
+      }
+    }
+    if (!bad && by_arch != nullptr && by_type != nullptr && by_arch != by_type) {
+      errors.push_back(absl::StrCat(source, ": model_type: ", Quote(by_type->model_type),
+                                    " disagrees with architectures ", Quote(by_arch->architecture),
+                                    " (fix the file: ", by_arch->architecture, " has model_type ",
+                                    by_arch->model_type, ")"));
+    }
+    if (by_arch != nullptr) {
+      family = by_arch;
+    } else if (by_type != nullptr) {
+      family = by_type;
+    }
+  }
+  s.family = family->name;
+  s.attention_bias = family->qkv_bias;
+  s.qk_norm = family->qk_norm;
+  if (!family->qkv_bias) {
+    auto bias = j.find("attention_bias");
+    if (bias != j.end() && !bias->is_null() && *bias != false) {
+      errors.push_back(absl::StrCat(
+          source, ": attention_bias: ", JsonText(*bias), " is not supported for ",
+          family->architecture,
+          " (it biases q/k/v and o_proj, and the engine has no o_proj bias; use weights "
+          "without attention biases)"));
+    }
+  }
+  if (family->sliding_window) {
+    auto window = j.find("sliding_window");
+    if (window != j.end() && !window->is_null() && !FromJsonValue(*window, &s.sliding_window)) {
+      errors.push_back(absl::StrCat(source, ": sliding_window: ", JsonText(*window),
+                                    " is not an integer or null (fix the file)"));
+    }
+  } else {
+    auto use = j.find("use_sliding_window");
+    if (use != j.end() && !use->is_null() && *use != false) {
+      errors.push_back(absl::StrCat(
+          source, ": use_sliding_window: ", JsonText(*use), " is not supported for ",
+          family->architecture,
+          " (the engine attends over the whole causal prefix; use_sliding_window: false is how "
+          "these models are published)"));
+    }
+  }
   ForEachShapeField(s, [&](const char* key, auto& value) {
-    if (IsRopeKey(key)) {
+    if (IsRopeKey(key) || FamilyKey(key) || ZeroAllowed(key)) {
       return;
     }
     const std::string k = key;
@@ -494,11 +722,12 @@ absl::StatusOr<ModelShape> ModelShapeFromJson(const nlohmann::json& j, const std
     if (!FromJsonValue(*head_dim, &d)) {
       errors.push_back(absl::StrCat(source, ": head_dim: ", JsonText(*head_dim),
                                     " is not an integer (fix the file)"));
-    } else if (s.num_attention_heads > 0 && d != s.head_dim()) {
-      errors.push_back(absl::StrCat(source, ": head_dim: ", d,
-                                    " is not hidden_size / num_attention_heads = ", s.head_dim(),
-                                    " (the engine's Llama derives head_dim from them; such a "
-                                    "model is not supported)"));
+    } else if (d <= 0) {
+      errors.push_back(
+          absl::StrCat(source, ": head_dim: ", d, " must be > 0 (fix the file, or remove it)"));
+    } else if (s.num_attention_heads <= 0 || s.hidden_size % s.num_attention_heads != 0 ||
+               d != s.hidden_size / s.num_attention_heads) {
+      s.head_dim = d;  // decoupled from hidden / heads (0 keeps the derived width)
     }
   }
   ShapeErrors(s, {}, source + ": ", "fix the file", &errors);
@@ -534,6 +763,23 @@ absl::StatusOr<ModelShape> ResolveModelShape(const ModelSpec& model, const Model
   RETURN_IF_ERROR(internal::ErrorsToStatus(errors));
   RETURN_IF_ERROR(out.Validate());
   return out;
+}
+
+absl::Status CheckSlidingWindow(int64_t window, const std::vector<int64_t>& stage_seq_lens,
+                                const std::string& source) {
+  if (window <= 0) return absl::OkStatus();
+  for (size_t i = 0; i < stage_seq_lens.size(); ++i) {
+    if (stage_seq_lens[i] > window) {
+      return absl::InvalidArgumentError(Line(
+          "spec.model.sliding_window",
+          absl::StrCat(window, source.empty() ? "" : absl::StrCat(" (from ", source, ")")),
+          absl::StrCat("is shorter than stages[", i, "].seq_len ", stage_seq_lens[i]),
+          "the engine attends over the whole causal prefix, which is sliding-window attention "
+          "only when no stage is longer than the window; lower that stage's seq_len, or use "
+          "weights without a window (Mistral 7B v0.2 and later have sliding_window: null)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckUlyssesHeads(int64_t hq, int64_t hkv, int64_t sp, const std::string& field) {

@@ -43,7 +43,7 @@ std::vector<BadCase> BadCases() {
       {"unknown_stage_key", With("{seq_len: 1024, steps: 10}", "{seqlen: 1024, steps: 10}"),
        "spec.stages[0].seqlen: unknown key (did you mean 'seq_len'?)"},
       {"unknown_key_far", With("{preset: tiny}", "{preset: tiny, banana: 1}"),
-       "spec.model.banana: unknown key (valid keys: preset, vocab_size,"},
+       "spec.model.banana: unknown key (valid keys: preset, family, vocab_size,"},
       {"wrong_type_int", With("{seq_len: 1024, steps: 10}", "{seq_len: 1024, steps: ten}"),
        "spec.stages[0].steps: 'ten' is not an integer"},
       {"wrong_type_double", With("lr: 1.0e-3", "lr: fast"),
@@ -51,7 +51,7 @@ std::vector<BadCase> BadCases() {
       {"wrong_type_bool", With("{tiled_loss: true}", "{tiled_loss: maybe}"),
        "spec.memory.tiled_loss: 'maybe' is not a boolean (write true or false)"},
       {"wrong_type_section", With("{preset: tiny}", "tiny"),
-       "spec.model: 'tiny' is not a mapping (expected keys: preset, vocab_size"},
+       "spec.model: 'tiny' is not a mapping (expected keys: preset, family, vocab_size"},
       {"wrong_type_stages", stages("  stages: 3\n"), "spec.stages: '3' is not a list"},
       {"wrong_type_betas", With("betas: [0.9, 0.95]", "betas: 0.9"),
        "spec.optimizer.betas: '0.9' is not a list of two numbers"},
@@ -96,6 +96,15 @@ std::vector<BadCase> BadCases() {
             "{preset: tiny, hidden_size: 384, num_attention_heads: 12, "
             "num_key_value_heads: 6}"),
        "with 12 query and 6 kv heads use one of 1, 2, 3, 6, 12"},
+      {"unsupported_family", With("{preset: tiny}", "{preset: tiny, family: gemma}"),
+       "spec.model.family: 'gemma' is not a supported model family (use one of llama, mistral, "
+       "qwen2, qwen3)"},
+      {"bias_on_llama", With("{preset: tiny}", "{preset: tiny, attention_bias: true}"),
+       "spec.model.attention_bias: true is not what family 'llama' has"},
+      {"sliding_window_shorter_than_a_stage",
+       With("{preset: tiny}", "{preset: tiny, family: mistral, sliding_window: 1024}"),
+       "spec.model.sliding_window: 1024 is shorter than stages[1].seq_len 2048 (the engine "
+       "attends over the whole causal prefix"},
       {"hidden_not_divisible_by_heads", With("{preset: tiny}", "{preset: tiny, hidden_size: 250}"),
        "spec.model.hidden_size: 250 is not divisible by num_attention_heads 8"},
       {"q_heads_not_divisible_by_kv",
@@ -158,8 +167,8 @@ std::vector<BadCase> BadCases() {
        "spec.model.dtype: 'fp8' is not a supported dtype (use float32, bfloat16, float16 or "
        "float64)"},
       {"unknown_preset", With("{preset: tiny}", "{preset: llama9}"),
-       "spec.model.preset: 'llama9' is not a known preset (use tiny, llama3-1b, llama3-8b or "
-       "llama3-70b"},
+       "spec.model.preset: 'llama9' is not a known preset (use tiny, llama3-1b, llama3-8b, "
+       "llama3-70b, mistral-7b-v0.3, qwen2.5-7b, qwen3-4b or qwen3-8b"},
       {"zero3_without_checkpointing",
        With("{sp_degree: 2, dp_degree: 1}", "{sp_degree: 2, zero_stage: 3}"),
        "spec.parallelism.zero_stage: 3 needs memory.activation_checkpointing (ZeRO-3 re-gathers "

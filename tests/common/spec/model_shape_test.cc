@@ -86,11 +86,13 @@ TEST(ModelShapeTest, FieldListCoversEveryMember) {
   // ModelShape or RopeScaling breaks this line until the field list (and this
   // test) name it too.
   const ModelShape shape;
-  const auto& [vocab, hidden, inter, layers, heads, kv, theta, eps, tied, rope] = shape;
+  const auto& [family, vocab, hidden, inter, layers, heads, kv, head_dim, theta, eps, tied, bias,
+                qk_norm, window, rope] = shape;
   const auto& [type, factor, low, high, original] = rope;
   (void)vocab, (void)hidden, (void)inter, (void)layers, (void)heads, (void)kv, (void)theta;
   (void)eps, (void)tied, (void)type, (void)factor, (void)low, (void)high, (void)original;
-  EXPECT_EQ(ShapeFieldKeys().size(), 9u + 5u);
+  (void)family, (void)head_dim, (void)bias, (void)qk_norm, (void)window;
+  EXPECT_EQ(ShapeFieldKeys().size(), 14u + 5u);
   // Each key reaches its own field.
   ModelShape a, b;
   int n = 0;
@@ -106,8 +108,9 @@ TEST(ModelShapeTest, FieldListCoversEveryMember) {
     ++n;
     EXPECT_FALSE(ShapeFieldEquals(a, b, key)) << key;
   });
-  EXPECT_EQ(b.vocab_size, 1);
-  EXPECT_EQ(b.rope_scaling.original_max_position_embeddings, 14);
+  EXPECT_EQ(b.family, "changed");
+  EXPECT_EQ(b.vocab_size, 2);
+  EXPECT_EQ(b.rope_scaling.original_max_position_embeddings, 19);
   EXPECT_EQ(b.rope_scaling.rope_type, "changed");
 }
 
@@ -120,12 +123,121 @@ TEST(ModelShapeTest, Llama31ConfigJsonReadsAsThePreset) {
   ExpectShapeEq(*shape, Preset("llama3-1b"));
 }
 
+// The published config.json of each family's model (keys the engine ignores included).
+constexpr char kQwen25_7b[] = R"({
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
+  "intermediate_size": 18944, "max_position_embeddings": 131072, "max_window_layers": 28,
+  "model_type": "qwen2", "num_attention_heads": 28, "num_hidden_layers": 28,
+  "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "sliding_window": 131072, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.1", "use_cache": true, "use_mrope": false,
+  "use_sliding_window": false, "vocab_size": 152064
+})";
+constexpr char kQwen3_4b[] = R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 2560, "initializer_range": 0.02, "intermediate_size": 9728,
+  "max_position_embeddings": 40960, "max_window_layers": 36, "model_type": "qwen3",
+  "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936
+})";
+constexpr char kMistral7b03[] = R"({
+  "architectures": ["MistralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+  "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+  "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.42.0.dev0",
+  "use_cache": true, "vocab_size": 32768
+})";
+
+TEST(ModelShapeTest, EachFamilysConfigJsonReadsAsItsPreset) {
+  absl::StatusOr<ModelShape> qwen25 = ModelShapeFromJson(json::parse(kQwen25_7b), "q");
+  ASSERT_TRUE(qwen25.ok()) << qwen25.status();
+  ExpectShapeEq(*qwen25, Preset("qwen2.5-7b"));
+  EXPECT_EQ(qwen25->family, "qwen2");
+  EXPECT_TRUE(qwen25->attention_bias);  // Qwen2's q/k/v biases: no config key, always there
+  EXPECT_EQ(qwen25->sliding_window, 0);  // use_sliding_window false: no window
+
+  absl::StatusOr<ModelShape> qwen3 = ModelShapeFromJson(json::parse(kQwen3_4b), "q3");
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status();
+  ExpectShapeEq(*qwen3, Preset("qwen3-4b"));
+  EXPECT_TRUE(qwen3->qk_norm);
+  EXPECT_EQ(qwen3->HeadDim(), 128);  // not 2560 / 32 = 80
+  // Qwen3-8B: head_dim 128 = 4096 / 32, still qwen3 (its q_norm / k_norm are not dropped).
+  json q8 = json::parse(kQwen3_4b);
+  q8.merge_patch({{"hidden_size", 4096}, {"intermediate_size", 12288},
+                  {"tie_word_embeddings", false}});
+  absl::StatusOr<ModelShape> qwen3_8b = ModelShapeFromJson(q8, "q8");
+  ASSERT_TRUE(qwen3_8b.ok()) << qwen3_8b.status();
+  ExpectShapeEq(*qwen3_8b, Preset("qwen3-8b"));
+  EXPECT_EQ(qwen3_8b->family, "qwen3");
+
+  absl::StatusOr<ModelShape> mistral = ModelShapeFromJson(json::parse(kMistral7b03), "m");
+  ASSERT_TRUE(mistral.ok()) << mistral.status();
+  ExpectShapeEq(*mistral, Preset("mistral-7b-v0.3"));
+  json windowed = json::parse(kMistral7b03);
+  windowed["sliding_window"] = 4096;  // Mistral 7B v0.1
+  mistral = ModelShapeFromJson(windowed, "m");
+  ASSERT_TRUE(mistral.ok()) << mistral.status();
+  EXPECT_EQ(mistral->sliding_window, 4096);
+
+  // The export names the family again: architectures, model_type, and no attention_bias key for
+  // qwen2 (whose biases have none).
+  const json out = ModelShapeToJson(*qwen25);
+  EXPECT_EQ(out.at("architectures"), json({"Qwen2ForCausalLM"}));
+  EXPECT_EQ(out.at("model_type"), "qwen2");
+  EXPECT_FALSE(out.contains("attention_bias"));
+  EXPECT_EQ(ModelShapeToJson(*qwen3).at("head_dim"), 128);
+  EXPECT_TRUE(ModelShapeToJson(*mistral).at("sliding_window") == 4096);
+}
+
+TEST(ModelShapeTest, FamilyFieldsAreValidatedAgainstTheFamily) {
+  ModelShape s = Preset("tiny");
+  s.family = "gemma";
+  EXPECT_THAT(Message(s.Validate()),
+              HasSubstr("spec.model.family: 'gemma' is not a supported model family (use one "
+                        "of llama, mistral, qwen2, qwen3)"));
+  s = Preset("tiny");
+  s.attention_bias = true;
+  EXPECT_THAT(Message(s.Validate()),
+              HasSubstr("spec.model.attention_bias: true is not what family 'llama' has"));
+  s = Preset("qwen3-4b");
+  s.qk_norm = false;
+  EXPECT_THAT(Message(s.Validate()),
+              HasSubstr("spec.model.qk_norm: false is not what family 'qwen3' has (family qwen3 "
+                        "always normalises q and k per head"));
+  s = Preset("qwen3-4b");
+  s.head_dim = 129;
+  EXPECT_THAT(Message(s.Validate()), HasSubstr("spec.model.head_dim: 129 is odd"));
+  s = Preset("tiny");
+  s.sliding_window = 64;
+  EXPECT_THAT(Message(s.Validate()),
+              HasSubstr("spec.model.sliding_window: 64 is set but family 'llama' has no "
+                        "sliding-window attention"));
+  // A decoupled head_dim lifts the hidden / heads rule (Qwen3-4B's 2560 / 32 = 80 is unused).
+  s = Preset("qwen3-4b");
+  s.hidden_size = 3000;
+  EXPECT_TRUE(s.Validate().ok()) << s.Validate();
+  // The family's features follow the family when the document does not state them.
+  ModelSpec spec = Preset("tiny");
+  spec.family = "qwen2";
+  FinishModelSpec(spec, {"family"});
+  EXPECT_TRUE(spec.attention_bias);
+  EXPECT_TRUE(spec.Validate().ok()) << spec.Validate();
+  EXPECT_TRUE(ShapeFieldShown(spec, "family"));
+  EXPECT_FALSE(ShapeFieldShown(spec, "attention_bias"));  // the family's: not written
+}
+
 TEST(ModelShapeTest, JsonRoundTripsEveryPreset) {
   for (const std::string& name : ModelPresetNames()) {
     SCOPED_TRACE(name);
     const ModelSpec preset = Preset(name);
     const json j = ModelShapeToJson(preset);
-    EXPECT_EQ(j.at("head_dim"), preset.head_dim());
+    EXPECT_EQ(j.at("head_dim"), preset.HeadDim());
     EXPECT_EQ(j.at("rope_scaling").is_null(), preset.rope_scaling.rope_type == "none");
     absl::StatusOr<ModelShape> back = ModelShapeFromJson(j, "x", JsonDefaults::kRequireAll);
     ASSERT_TRUE(back.ok()) << back.status();
@@ -212,9 +324,25 @@ TEST(ModelShapeTest, JsonErrorsNameSourceFieldAndValue) {
        {{"num_attention_heads", 32.5}},
        "f: num_attention_heads: 32.5 is not an integer"},
       {"heads_zero", {{"num_attention_heads", 0}}, "f: num_attention_heads: 0 must be > 0"},
-      {"head_dim",
-       {{"head_dim", 256}},
-       "f: head_dim: 256 is not hidden_size / num_attention_heads = 128"},
+      {"head_dim_odd", {{"head_dim", 127}}, "f: head_dim: 127 is odd"},
+      {"head_dim_zero", {{"head_dim", 0}}, "f: head_dim: 0 must be > 0"},
+      {"architecture",
+       {{"architectures", {"GPT2LMHeadModel"}}},
+       "f: architectures: 'GPT2LMHeadModel' is not supported (the engine implements "
+       "LlamaForCausalLM (llama), MistralForCausalLM (mistral), Qwen2ForCausalLM (qwen2), "
+       "Qwen3ForCausalLM (qwen3))"},
+      {"model_type", {{"model_type", "gemma"}}, "f: model_type: 'gemma' is not supported"},
+      {"type_disagrees",
+       {{"model_type", "qwen3"}},
+       "f: model_type: 'qwen3' disagrees with architectures 'LlamaForCausalLM'"},
+      {"llama_bias",
+       {{"attention_bias", true}},
+       "f: attention_bias: true is not supported for LlamaForCausalLM"},
+      {"qwen_window",
+       {{"architectures", {"Qwen2ForCausalLM"}},
+        {"model_type", "qwen2"},
+        {"use_sliding_window", true}},
+       "f: use_sliding_window: true is not supported for Qwen2ForCausalLM"},
       {"kv_not_dividing",
        {{"num_key_value_heads", 5}},
        "f: num_key_value_heads: 5 does not divide num_attention_heads 32"},

@@ -73,16 +73,14 @@ absl::Status WriteAtomically(const std::string& path,
   return absl::OkStatus();
 }
 
-// config.json: the shape keys (with head_dim and rope_scaling) from the one shape writer, plus what
-// transformers' LlamaConfig wants to know about the rest of the architecture.
+// config.json: the shape keys (family, head_dim, rope_scaling) from the one shape writer, plus
+// what transformers' configs want to know about the rest of the architecture.
 absl::Status WriteHfConfig(const std::string& dir, const spec::ModelShape& model,
                            const std::string& dtype_name) {
+  // architectures, model_type and the family's keys come with the shape.
   nlohmann::json config = spec::ModelShapeToJson(model);
   config.update({
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
       {"hidden_act", "silu"},
-      {"attention_bias", false},
       {"attention_dropout", 0.0},
       {"mlp_bias", false},
       {"initializer_range", 0.02},
@@ -103,7 +101,7 @@ absl::Status WriteHfConfig(const std::string& dir, const spec::ModelShape& model
 }  // namespace
 
 std::map<std::string, std::vector<int64_t>> HfLlamaShapes(const spec::ModelShape& m) {
-  const int64_t h = m.hidden_size, d = m.head_dim(), hq = m.num_attention_heads;
+  const int64_t h = m.hidden_size, d = m.HeadDim(), hq = m.num_attention_heads;
   const int64_t hkv = m.num_key_value_heads > 0 ? m.num_key_value_heads : hq;
   std::map<std::string, std::vector<int64_t>> shapes;
   shapes["model.embed_tokens.weight"] = {m.vocab_size, h};

@@ -166,7 +166,7 @@ absl::StatusOr<torch::Dtype> ParseDtype(const std::string& name) {
 }
 
 torch::Tensor RopeInverseFrequencies(const LlamaConfig& c) {
-  const int64_t d = c.head_dim();
+  const int64_t d = c.HeadDim();
   auto opts = torch::TensorOptions().dtype(torch::kDouble);
   // [d/2]: theta^(-2i/d)
   torch::Tensor inv_freq =
@@ -289,7 +289,7 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c) : config_(c) {
-  const int64_t d = c.head_dim();
+  const int64_t d = c.HeadDim();
   auto lin = [](int64_t in, int64_t out) { return LinearNoBias(in, out); };
   q_proj = register_module("q_proj", lin(c.hidden_size, c.num_attention_heads * d));
   k_proj = register_module("k_proj", lin(c.hidden_size, c.num_key_value_heads * d));
@@ -300,7 +300,7 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c) : config_(c) {
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                           const torch::Tensor& sin, const AttentionFn& attention,
                                           const torch::Tensor& doc_ids) {
-  const int64_t b = x.size(0), s = x.size(1), d = config_.head_dim();
+  const int64_t b = x.size(0), s = x.size(1), d = config_.HeadDim();
   const int64_t hq = config_.num_attention_heads, hkv = config_.num_key_value_heads;
   // [b, s/p, H] -> [b, s/p, hq, d] / [b, s/p, hkv, d]
   torch::Tensor q = q_proj(x).view({b, s, hq, d});

@@ -11,14 +11,45 @@ using json = nlohmann::json;
 using model::LlamaConfig;
 using model::LlamaForCausalLM;
 
+namespace {
+
+// What the engine's model cannot compute yet is refused, never run as another model.
+absl::Status CheckEngineSupports(const LlamaConfig& c) {
+  if (c.attention_bias || c.qk_norm) {
+    return absl::UnimplementedError(absl::StrCat(
+        "spec.model.family: '", c.family, "' needs ",
+        c.attention_bias ? "q/k/v biases" : "per-head q/k RMSNorm",
+        ", which this engine build does not implement (use family llama or mistral)"));
+  }
+  return absl::OkStatus();
+}
+
+// The sliding window against the stages, once the window is known (it may come from
+// config.json).
+absl::Status CheckWindow(const LlamaConfig& c, const spec::JobSpec& spec,
+                         const std::string& source) {
+  std::vector<int64_t> lengths;
+  for (const spec::StageSpec& stage : spec.stages) lengths.push_back(stage.seq_len);
+  return spec::CheckSlidingWindow(c.sliding_window, lengths, source);
+}
+
+}  // namespace
+
 absl::StatusOr<LlamaConfig> ResolveModelConfig(const spec::JobSpec& spec,
                                                const std::string& init_from) {
   if (init_from.empty()) {
     RETURN_IF_ERROR(spec.model.Validate());
-    return LlamaConfig(spec.model);
+    LlamaConfig config(spec.model);
+    RETURN_IF_ERROR(CheckEngineSupports(config));
+    RETURN_IF_ERROR(CheckWindow(config, spec, ""));
+    return config;
   }
   ASSIGN_OR_RETURN(LlamaConfig hf, ReadHfConfig(init_from));
-  return spec::ResolveModelShape(spec.model, hf, HfConfigPath(init_from));
+  ASSIGN_OR_RETURN(LlamaConfig config,
+                   spec::ResolveModelShape(spec.model, hf, HfConfigPath(init_from)));
+  RETURN_IF_ERROR(CheckEngineSupports(config));
+  RETURN_IF_ERROR(CheckWindow(config, spec, HfConfigPath(init_from)));
+  return config;
 }
 
 json ModelConfigToJson(const LlamaConfig& c) { return spec::ModelShapeToJson(c); }

@@ -357,12 +357,16 @@ TEST(HfTest, ConfigErrors) {
                 "silu)");
   EXPECT_EQ(error(R"(, "mlp_bias": true)"),
             path +
-                ": mlp_bias: true is not supported (the engine's Llama projections have no "
-                "bias)");
-  EXPECT_EQ(error(R"(, "head_dim": 16)"),
+                ": mlp_bias: true is not supported (the engine's MLP projections have no bias)");
+  EXPECT_EQ(error(R"(, "head_dim": 15)"),
             path +
-                ": head_dim: 16 is not hidden_size / num_attention_heads = 8 (the engine's "
-                "Llama derives head_dim from them; such a model is not supported)");
+                ": head_dim: 15 is odd (RoPE rotates pairs of dimensions, so head_dim must be "
+                "even; use 14 or 16)");
+  EXPECT_EQ(error(R"(, "architectures": ["GPT2LMHeadModel"])"),
+            path +
+                ": architectures: 'GPT2LMHeadModel' is not supported (the engine implements "
+                "LlamaForCausalLM (llama), MistralForCausalLM (mistral), Qwen2ForCausalLM "
+                "(qwen2), Qwen3ForCausalLM (qwen3))");
   std::ofstream(dir.Sub("c/config.json")) << R"({"vocab_size": 64})";
   EXPECT_NE(ReadHfConfig(dir.Sub("c")).status().message().find("hidden_size: missing"),
             std::string::npos);
