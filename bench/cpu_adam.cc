@@ -55,10 +55,14 @@ struct Shape {
 // Llama-3.1-8B: hidden 4096, intermediate 14336, 8 kv heads of 128.
 std::vector<Shape> LayerShapes(double scale) {
   auto r = [&](int64_t n) { return std::max<int64_t>(1, std::llround(n * scale)); };
-  return {{"q_proj.weight", r(4096), 4096},         {"k_proj.weight", r(1024), 4096},
-          {"v_proj.weight", r(1024), 4096},         {"o_proj.weight", r(4096), 4096},
-          {"gate_proj.weight", r(14336), 4096},     {"up_proj.weight", r(14336), 4096},
-          {"down_proj.weight", r(4096), 14336},     {"input_layernorm.weight", 1, 4096},
+  return {{"q_proj.weight", r(4096), 4096},
+          {"k_proj.weight", r(1024), 4096},
+          {"v_proj.weight", r(1024), 4096},
+          {"o_proj.weight", r(4096), 4096},
+          {"gate_proj.weight", r(14336), 4096},
+          {"up_proj.weight", r(14336), 4096},
+          {"down_proj.weight", r(4096), 14336},
+          {"input_layernorm.weight", 1, 4096},
           {"post_attention_layernorm.weight", 1, 4096}};
 }
 
@@ -72,8 +76,8 @@ Tensors Make(const std::vector<Shape>& shapes, torch::Dtype dtype) {
   torch::manual_seed(1);
   Tensors t;
   for (const Shape& s : shapes) {
-    std::vector<int64_t> size = s.rows == 1 ? std::vector<int64_t>{s.cols}
-                                            : std::vector<int64_t>{s.rows, s.cols};
+    std::vector<int64_t> size =
+        s.rows == 1 ? std::vector<int64_t>{s.cols} : std::vector<int64_t>{s.rows, s.cols};
     torch::Tensor p = (torch::randn(size) * 0.02).to(dtype);
     t.params.emplace_back("model.layers.0." + s.name, p);
     t.grads.push_back(torch::randn(size) * 1e-3);  // fp32 (ZeRO's gradient chunks)
@@ -239,12 +243,11 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("\n%lld parameters (one Llama-3.1-8B layer x %.3g), best of %d x %d steps\n",
-              static_cast<long long>(
-                  [&] {
-                    int64_t s = 0;
-                    for (const Shape& x : shapes) s += x.rows * x.cols;
-                    return s;
-                  }()),
+              static_cast<long long>([&] {
+                int64_t s = 0;
+                for (const Shape& x : shapes) s += x.rows * x.cols;
+                return s;
+              }()),
               scale, reps, iters);
   return 0;
 }

@@ -187,13 +187,15 @@ double OffloadBytesPerStep(const spec::JobSpec& job, const StagePlan& p) {
   const double b = static_cast<double>(spec::DtypeBytes(job.model.dtype));
   const double g = b == 2 ? 4 : b;
   const double o = 2 * g + (b == 2 ? 4 : 0);
-  const double chunk = ParameterCount(job.model) / static_cast<double>(std::max<int64_t>(1, p.world));
+  const double chunk =
+      ParameterCount(job.model) / static_cast<double>(std::max<int64_t>(1, p.world));
   double bytes = 0, optimizer_host = 0;
   if (job.parallelism.offload_optimizer && job.parallelism.zero_stage >= 1) {
     optimizer_host = chunk * (o + b);
     bytes += chunk * (g + b);  // gradient chunk out, updated parameter chunk back
   }
-  if (job.parallelism.offload_activations) bytes += 2 * std::max(0.0, p.host_bytes - optimizer_host);
+  if (job.parallelism.offload_activations)
+    bytes += 2 * std::max(0.0, p.host_bytes - optimizer_host);
   return bytes;
 }
 
@@ -232,8 +234,8 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
     // What offload puts in (pinned) host memory and the device<->host bandwidth it needs to
     // stay hidden under the planned step.
     out << "\noffload per rank (pinned host memory; device<->host traffic per step):\n";
-    Table offload({"stage", "offload_optimizer", "offload_activations", "pinned_host",
-                   "moved/step", "bandwidth", "host_limit"});
+    Table offload({"stage", "offload_optimizer", "offload_activations", "pinned_host", "moved/step",
+                   "bandwidth", "host_limit"});
     for (size_t i = 0; i < plans.size(); ++i) {
       const StagePlan& p = plans[i];
       const double moved = OffloadBytesPerStep(job, p);
@@ -339,8 +341,7 @@ void RunMaxSeq(CliContext& ctx, const spec::JobSpec& job, const DeviceSpec& devi
         << (job.parallelism.offload_activations ? ", offload_activations" : "")
         << (job.memory.activation_checkpointing ? ", activation_checkpointing" : "")
         << (job.memory.tiled_mlp ? ", tiled_mlp" : "")
-        << (job.memory.tiled_loss ? ", tiled_loss" : "") << "): " << r->max_seq_len
-        << " tokens\n";
+        << (job.memory.tiled_loss ? ", tiled_loss" : "") << "): " << r->max_seq_len << " tokens\n";
     out << "limit: " << r->limit << "\n";
     Table memory = MemoryHeader();
     if (r->max_seq_len > 0) AddMemoryRow(memory, absl::StrCat(r->max_seq_len), r->at_max);
@@ -349,8 +350,8 @@ void RunMaxSeq(CliContext& ctx, const spec::JobSpec& job, const DeviceSpec& devi
     if (r->max_seq_len > 0) {
       out << "host per rank at " << r->max_seq_len << ": " << Bytes(r->at_max.host_peak_bytes())
           << " (pinned offload " << Bytes(r->at_max.host_bytes) << "); device<->host "
-          << Bytes(moved) << " per step = " << Bytes(bandwidth) << "/s over a "
-          << Seconds(step) << " step\n";
+          << Bytes(moved) << " per step = " << Bytes(bandwidth) << "/s over a " << Seconds(step)
+          << " step\n";
     }
   } else {
     nlohmann::ordered_json j;

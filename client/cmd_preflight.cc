@@ -76,8 +76,8 @@ void RunPreflight(CliContext& ctx, const PreflightOptions& o) {
     absl::StatusOr<StorageProbeResult> r = ProbeStorage(po);
     if (!r.ok()) {
       PrintErrorLines(ctx, "preflight storage", r.status().message());
-      ctx.exit_code = absl::IsInvalidArgument(r.status()) ? contract::kExitBadInput
-                                                          : contract::kExitFailure;
+      ctx.exit_code =
+          absl::IsInvalidArgument(r.status()) ? contract::kExitBadInput : contract::kExitFailure;
       return;
     }
     probe = *r;

@@ -631,8 +631,7 @@ absl::StatusOr<MaxSeqResult> MaxSequence(const spec::JobSpec& s, const DeviceSpe
   if (heads > 0 && (gpus > heads || heads % gpus != 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max-seq: sp ", gpus, " must divide the model's ", heads,
-        " attention heads (Ulysses splits heads over the sp ranks; use a divisor of ", heads,
-        ")"));
+        " attention heads (Ulysses splits heads over the sp ranks; use a divisor of ", heads, ")"));
   }
   spec::JobSpec trial = s;
   trial.stages.resize(1);
@@ -680,24 +679,27 @@ absl::StatusOr<MaxSeqResult> MaxSequence(const spec::JobSpec& s, const DeviceSpe
   r.max_seq_len = good * unit;
   const StagePlan& o = r.over;
   if (o.host_limit_bytes > 0 && o.host_peak_bytes() > o.host_limit_bytes) {
-    r.limit = absl::StrCat("host memory: ", o.host_peak_phase(), " ",
-                           absl::StrFormat("%.1f GiB", o.host_peak_bytes() / (1 << 30)), " of ",
-                           absl::StrFormat("%.1f GiB", o.host_limit_bytes / (1 << 30)),
-                           " per rank");
+    r.limit =
+        absl::StrCat("host memory: ", o.host_peak_phase(), " ",
+                     absl::StrFormat("%.1f GiB", o.host_peak_bytes() / (1 << 30)), " of ",
+                     absl::StrFormat("%.1f GiB", o.host_limit_bytes / (1 << 30)), " per rank");
     return r;
   }
   const std::vector<std::pair<std::string, double>> terms = {
-      {"params", o.parameter_bytes},       {"grads", o.gradient_bytes},
-      {"optimizer", o.optimizer_bytes},    {"gathered", o.gathered_bytes},
-      {"act_saved", o.saved_activation_bytes}, {"act_peak", o.working_bytes},
+      {"params", o.parameter_bytes},
+      {"grads", o.gradient_bytes},
+      {"optimizer", o.optimizer_bytes},
+      {"gathered", o.gathered_bytes},
+      {"act_saved", o.saved_activation_bytes},
+      {"act_peak", o.working_bytes},
       {"runtime", o.runtime_bytes}};
   const auto largest = std::max_element(
       terms.begin(), terms.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
-  r.limit = absl::StrCat(
-      "device memory at ", o.seq_len, ": peak (", o.peak_phase(), ") ",
-      absl::StrFormat("%.1f GiB", o.peak_bytes() / (1 << 30)), " > ",
-      absl::StrFormat("%.1f GiB", o.device_bytes / (1 << 30)), "; largest term ", largest->first,
-      " ", absl::StrFormat("%.1f GiB", largest->second / (1 << 30)));
+  r.limit =
+      absl::StrCat("device memory at ", o.seq_len, ": peak (", o.peak_phase(), ") ",
+                   absl::StrFormat("%.1f GiB", o.peak_bytes() / (1 << 30)), " > ",
+                   absl::StrFormat("%.1f GiB", o.device_bytes / (1 << 30)), "; largest term ",
+                   largest->first, " ", absl::StrFormat("%.1f GiB", largest->second / (1 << 30)));
   return r;
 }
 

@@ -11,10 +11,13 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/file_tree.h"
+#include "common/logging.h"
 
 namespace ulysses::client {
 namespace {
@@ -38,7 +41,7 @@ class Pacer {
     if (limit_ <= 0) return;
     double due;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       sent_ += static_cast<double>(bytes);
       due = sent_ / limit_;
     }
@@ -49,8 +52,8 @@ class Pacer {
  private:
   const double limit_;
   const Clock::time_point start_;
-  std::mutex mu_;
-  double sent_ = 0;
+  absl::Mutex mu_;
+  double sent_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace
@@ -125,7 +128,9 @@ absl::StatusOr<StorageProbeResult> ProbeStorage(const StorageProbeOptions& o) {
   }
   for (std::thread& t : threads) t.join();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  fs::remove_all(probe_dir, ec);
+  if (absl::Status removed = RemoveTree(probe_dir); !removed.ok()) {
+    ULOG(WARNING) << "storage probe: " << removed;
+  }
   for (const std::string& e : errors) {
     if (!e.empty()) return absl::FailedPreconditionError(e);
   }

@@ -45,7 +45,7 @@ class CoordinatorMetrics {
 
   metrics::HistogramFamily* gang_wait = nullptr;
   metrics::HistogramFamily* scheduling_pass = nullptr;
-  metrics::GaugeFamily* wanted_workers = nullptr;  // pool_demand.h WantedWorkers.
+  metrics::GaugeFamily* wanted_workers = nullptr;                 // pool_demand.h WantedWorkers.
   metrics::CounterFamily* restarts = nullptr;                     // {reason}
   metrics::CounterFamily* preemptions = nullptr;                  // {reason: priority | worker}
   metrics::CounterFamily* preemption_lost_gpu_seconds = nullptr;  // {reason}

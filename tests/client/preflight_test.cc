@@ -25,8 +25,9 @@ struct CliRun {
 
 CliRun Preflight(std::vector<std::string> args) {
   const char* src = std::getenv("ULYSSES_SOURCE_DIR");
-  std::vector<std::string> argv = {"ulyssesctl", "preflight", "storage", "-f",
-                                   std::string(src ? src : ".") + "/configs/jobs/llama3-8b-1m.yaml"};
+  std::vector<std::string> argv = {
+      "ulyssesctl", "preflight", "storage", "-f",
+      std::string(src ? src : ".") + "/configs/jobs/llama3-8b-1m.yaml"};
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<const char*> c;
   for (const std::string& a : argv) c.push_back(a.c_str());

@@ -212,10 +212,9 @@ TEST(BackupTest, AnUpgradeBacksUpThePreviousSchemaAndRollingBackRestoresIt) {
     ASSERT_NO_FATAL_FAILURE(WriteJobs(**store, 1, 5));
   }
   const int previous = kSchemaVersion - 1;
-  ASSERT_NO_FATAL_FAILURE(
-      Sql(state + "/coordinator.db",
-          absl::StrCat("DROP TABLE checkpoint_dirs; UPDATE meta SET value='", previous,
-                       "' WHERE key='schema_version'")));
+  ASSERT_NO_FATAL_FAILURE(Sql(state + "/coordinator.db",
+                              absl::StrCat("DROP TABLE checkpoint_dirs; UPDATE meta SET value='",
+                                           previous, "' WHERE key='schema_version'")));
   EXPECT_TRUE(
       absl::StartsWith(NewestMigrationBackup(state).status().message(), "--rollback-to-backup:"));
   {

@@ -21,6 +21,7 @@
 #include "common/failpoint.h"
 #include "common/file_tree.h"
 #include "common/logging.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/status.h"
 #include "worker/engine/checkpoint/checkpoint_internal.h"
 #include "worker/engine/checkpoint/save_parts.h"
@@ -550,8 +551,10 @@ absl::Status CheckCheckpointOwner(const std::string& step_dir, const CheckpointO
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint ", step_dir, " was written by job ", written.job_id,
                      ", this is job ", me.job_id,
-                     " (set spec.checkpoint.adopt: true to resume from and prune your tenant's "
-                     "other job's checkpoints, or use an empty checkpoint.dir)"));
+                     " (set ", spec::fields::PathOf(&spec::CheckpointSpec::adopt),
+                     ": true to resume from and prune your tenant's other job's checkpoints, or "
+                     "use an empty ",
+                     spec::fields::PathOf(&spec::CheckpointSpec::dir), ")"));
   }
   return absl::FailedPreconditionError(
       absl::StrCat("checkpoint ", step_dir, " was written by another tenant's job, this is job ",

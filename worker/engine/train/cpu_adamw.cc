@@ -81,7 +81,7 @@ __attribute__((always_inline)) inline void Body(float* __restrict w, float* __re
 #define ULYSSES_ISA_CLONES
 #endif
 
-#define ULYSSES_DEFINE_LOOP(NAME, GRAD, DECAY, BF16)                                        \
+#define ULYSSES_DEFINE_LOOP(NAME, GRAD, DECAY, BF16)                                       \
   ULYSSES_ISA_CLONES void NAME(float* w, float* m, float* v, const GRAD* g, uint16_t* out, \
                                int64_t n, const Scalars& s) {                              \
     Body<GRAD, DECAY, BF16>(w, m, v, g, out, n, s);                                        \
@@ -146,14 +146,30 @@ void CpuAdamWUpdate(const std::vector<CpuAdamWTensors>& tensors, const CpuAdamWS
       uint16_t* o = out != nullptr ? out + begin : nullptr;
       float *wb = w + begin, *mb = m + begin, *vb = v + begin;
       switch (variant) {
-        case 0: LoopF32(wb, mb, vb, gf, o, n, s); break;
-        case 1: LoopF32Decay(wb, mb, vb, gf, o, n, s); break;
-        case 2: LoopF32Bf16(wb, mb, vb, gf, o, n, s); break;
-        case 3: LoopF32DecayBf16(wb, mb, vb, gf, o, n, s); break;
-        case 4: LoopBf16(wb, mb, vb, gb, o, n, s); break;
-        case 5: LoopBf16Decay(wb, mb, vb, gb, o, n, s); break;
-        case 6: LoopBf16Bf16(wb, mb, vb, gb, o, n, s); break;
-        default: LoopBf16DecayBf16(wb, mb, vb, gb, o, n, s); break;
+        case 0:
+          LoopF32(wb, mb, vb, gf, o, n, s);
+          break;
+        case 1:
+          LoopF32Decay(wb, mb, vb, gf, o, n, s);
+          break;
+        case 2:
+          LoopF32Bf16(wb, mb, vb, gf, o, n, s);
+          break;
+        case 3:
+          LoopF32DecayBf16(wb, mb, vb, gf, o, n, s);
+          break;
+        case 4:
+          LoopBf16(wb, mb, vb, gb, o, n, s);
+          break;
+        case 5:
+          LoopBf16Decay(wb, mb, vb, gb, o, n, s);
+          break;
+        case 6:
+          LoopBf16Bf16(wb, mb, vb, gb, o, n, s);
+          break;
+        default:
+          LoopBf16DecayBf16(wb, mb, vb, gb, o, n, s);
+          break;
       }
     });
   }

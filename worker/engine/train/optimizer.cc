@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "worker/engine/train/cpu_adamw.h"
 #include "worker/engine/torch_compat.h"
+#include "worker/engine/train/cpu_adamw.h"
 
 namespace ulysses::engine::train {
 namespace {
@@ -124,7 +124,8 @@ void AdamW::CpuStep(const NamedParams& params, const std::vector<torch::Tensor>&
     t.exp_avg_sq = exp_avg_sq_[name];
     t.grad = grads[i];
     const bool own_master = !targets[i].is_same(params[i].second);
-    if (own_master && params[i].second.scalar_type() == torch::kBFloat16) t.param = params[i].second;
+    if (own_master && params[i].second.scalar_type() == torch::kBFloat16)
+      t.param = params[i].second;
     t.decays = Decays(name, targets[i]);
     // An fp16 parameter (or any the kernel cannot write) keeps the caller's rounding copy.
     if (own_master && !t.param.defined()) continue;

@@ -55,7 +55,8 @@ void CompareOverSteps(torch::Dtype param_dtype, torch::Dtype grad_dtype, int ste
   std::vector<torch::Tensor> initial;
   for (const Case& c : cases) {
     torch::Tensor p = (torch::randn(c.shape) * 0.02).to(param_dtype);
-    if (c.shape.size() == 1) p = (torch::ones(c.shape) + 0.01 * torch::randn(c.shape)).to(param_dtype);
+    if (c.shape.size() == 1)
+      p = (torch::ones(c.shape) + 0.01 * torch::randn(c.shape)).to(param_dtype);
     initial.push_back(p.clone());
     fast.emplace_back(c.name, p.clone());
     reference.emplace_back(c.name, p.clone());
@@ -117,7 +118,7 @@ TEST(CpuAdamWTest, Fp32ParamsMatchTheReferenceToFp32Rounding) {
 }
 
 TEST(CpuAdamWTest, Bf16ParamsWithMastersMatchTheReference) {
-  CompareOverSteps(torch::kBFloat16, torch::kFloat, 20);  // ZeRO's fp32 gradient chunks
+  CompareOverSteps(torch::kBFloat16, torch::kFloat, 20);     // ZeRO's fp32 gradient chunks
   CompareOverSteps(torch::kBFloat16, torch::kBFloat16, 20);  // stage 0's bf16 .grad
 }
 
