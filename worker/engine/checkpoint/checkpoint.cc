@@ -548,13 +548,12 @@ absl::Status CheckCheckpointOwner(const std::string& step_dir, const CheckpointO
   if (me.job_id.empty() || written.job_id.empty()) return absl::OkStatus();
   if (written.tenant == me.tenant) {
     if (written.job_id == me.job_id || adopt) return absl::OkStatus();
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", step_dir, " was written by job ", written.job_id,
-                     ", this is job ", me.job_id,
-                     " (set ", spec::fields::PathOf(&spec::CheckpointSpec::adopt),
-                     ": true to resume from and prune your tenant's other job's checkpoints, or "
-                     "use an empty ",
-                     spec::fields::PathOf(&spec::CheckpointSpec::dir), ")"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", step_dir, " was written by job ", written.job_id, ", this is job ",
+        me.job_id, " (set ", spec::fields::PathOf(&spec::CheckpointSpec::adopt),
+        ": true to resume from and prune your tenant's other job's checkpoints, or "
+        "use an empty ",
+        spec::fields::PathOf(&spec::CheckpointSpec::dir), ")"));
   }
   return absl::FailedPreconditionError(
       absl::StrCat("checkpoint ", step_dir, " was written by another tenant's job, this is job ",
