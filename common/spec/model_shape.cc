@@ -127,12 +127,12 @@ void ShapeErrors(const ModelShape& s, const std::set<std::string>& unknown,
     if constexpr (std::is_same_v<std::decay_t<decltype(value)>, int64_t>) {
       if (!IsRopeKey(key) && known(key) && (ZeroAllowed(key) ? value < 0 : value <= 0)) {
         const std::string k = key;
-        out->push_back(Line(
-            path(key), absl::StrCat(value), ZeroAllowed(key) ? "must be >= 0" : "must be > 0",
-            k == "head_dim"         ? "use 0 for hidden_size / num_attention_heads, or the "
-                                      "model's head width"
-            : k == "sliding_window" ? "use 0 for no window"
-                                    : missing_fix));
+        out->push_back(Line(path(key), absl::StrCat(value),
+                            ZeroAllowed(key) ? "must be >= 0" : "must be > 0",
+                            k == "head_dim" ? "use 0 for hidden_size / num_attention_heads, or the "
+                                              "model's head width"
+                            : k == "sliding_window" ? "use 0 for no window"
+                                                    : missing_fix));
       }
     }
   });
@@ -770,13 +770,13 @@ absl::Status CheckSlidingWindow(int64_t window, const std::vector<int64_t>& stag
   if (window <= 0) return absl::OkStatus();
   for (size_t i = 0; i < stage_seq_lens.size(); ++i) {
     if (stage_seq_lens[i] > window) {
-      return absl::InvalidArgumentError(Line(
-          "spec.model.sliding_window",
-          absl::StrCat(window, source.empty() ? "" : absl::StrCat(" (from ", source, ")")),
-          absl::StrCat("is shorter than stages[", i, "].seq_len ", stage_seq_lens[i]),
-          "the engine attends over the whole causal prefix, which is sliding-window attention "
-          "only when no stage is longer than the window; lower that stage's seq_len, or use "
-          "weights without a window (Mistral 7B v0.2 and later have sliding_window: null)"));
+      return absl::InvalidArgumentError(
+          Line("spec.model.sliding_window",
+               absl::StrCat(window, source.empty() ? "" : absl::StrCat(" (from ", source, ")")),
+               absl::StrCat("is shorter than stages[", i, "].seq_len ", stage_seq_lens[i]),
+               "the engine attends over the whole causal prefix, which is sliding-window attention "
+               "only when no stage is longer than the window; lower that stage's seq_len, or use "
+               "weights without a window (Mistral 7B v0.2 and later have sliding_window: null)"));
     }
   }
   return absl::OkStatus();

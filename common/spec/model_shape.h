@@ -81,12 +81,12 @@ std::string ModelFamilyList();
 // with architectures / model_type). Defaults are those of a spec without preset.
 struct ModelShape {
   std::string family = kFamilyLlama;  // ModelFamily name (llama | mistral | qwen2 | qwen3).
-  int64_t vocab_size = 0;            // Token vocabulary size.
-  int64_t hidden_size = 0;           // Model width H.
-  int64_t intermediate_size = 0;     // SwiGLU inner width.
-  int64_t num_hidden_layers = 0;     // Decoder layers.
-  int64_t num_attention_heads = 0;   // Query heads Hq.
-  int64_t num_key_value_heads = 0;   // KV heads Hkv (GQA); defaults to Hq.
+  int64_t vocab_size = 0;             // Token vocabulary size.
+  int64_t hidden_size = 0;            // Model width H.
+  int64_t intermediate_size = 0;      // SwiGLU inner width.
+  int64_t num_hidden_layers = 0;      // Decoder layers.
+  int64_t num_attention_heads = 0;    // Query heads Hq.
+  int64_t num_key_value_heads = 0;    // KV heads Hkv (GQA); defaults to Hq.
   // Per-head width D; 0 = hidden_size / num_attention_heads. Qwen3 sets it apart from them
   // (Qwen3-4B: hidden 2560, 32 heads, head_dim 128): q_proj is [Hq*D, H], o_proj [H, Hq*D].
   int64_t head_dim = 0;
@@ -152,8 +152,8 @@ bool ShapeFieldEquals(const ModelShape& a, const ModelShape& b, const std::strin
 // The model part of a job spec (spec.model): a shape plus where it and the
 // weights come from.
 struct ModelSpec : ModelShape {
-  std::string preset;     // ModelPresetNames() or "" (explicit).
-  std::string init_from;  // HF directory (config.json + *.safetensors), or "".
+  std::string preset;             // ModelPresetNames() or "" (explicit).
+  std::string init_from;          // HF directory (config.json + *.safetensors), or "".
   std::string dtype = "float32";  // float32 | bfloat16 | float16 | float64 (float64: tests).
   // Shape keys (ShapeFieldKeys) the document left out while init_from is set and no
   // preset is given: the engine reads them from init_from's config.json

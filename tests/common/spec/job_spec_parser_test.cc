@@ -149,9 +149,9 @@ TEST(JobSpecParserTest, PresetsFillShapeAndExplicitFieldsWin) {
   EXPECT_EQ(spec->model.hidden_size, 256);
   ModelSpec unknown;
   unknown.preset = "llama9";
-  EXPECT_THAT(
-      std::string(ApplyModelPreset(unknown).message()),
-      HasSubstr("'llama9' is not a known preset (use tiny, llama3-1b, llama3-8b, llama3-70b, mistral-7b-v0.3, qwen2.5-7b, qwen3-4b or qwen3-8b"));
+  EXPECT_THAT(std::string(ApplyModelPreset(unknown).message()),
+              HasSubstr("'llama9' is not a known preset (use tiny, llama3-1b, llama3-8b, "
+                        "llama3-70b, mistral-7b-v0.3, qwen2.5-7b, qwen3-4b or qwen3-8b"));
 }
 
 TEST(JobSpecParserTest, KvHeadsDefaultToQueryHeads) {

@@ -87,7 +87,7 @@ TEST(ModelShapeTest, FieldListCoversEveryMember) {
   // test) name it too.
   const ModelShape shape;
   const auto& [family, vocab, hidden, inter, layers, heads, kv, head_dim, theta, eps, tied, bias,
-                qk_norm, window, rope] = shape;
+               qk_norm, window, rope] = shape;
   const auto& [type, factor, low, high, original] = rope;
   (void)vocab, (void)hidden, (void)inter, (void)layers, (void)heads, (void)kv, (void)theta;
   (void)eps, (void)tied, (void)type, (void)factor, (void)low, (void)high, (void)original;
@@ -159,7 +159,7 @@ TEST(ModelShapeTest, EachFamilysConfigJsonReadsAsItsPreset) {
   ASSERT_TRUE(qwen25.ok()) << qwen25.status();
   ExpectShapeEq(*qwen25, Preset("qwen2.5-7b"));
   EXPECT_EQ(qwen25->family, "qwen2");
-  EXPECT_TRUE(qwen25->attention_bias);  // Qwen2's q/k/v biases: no config key, always there
+  EXPECT_TRUE(qwen25->attention_bias);   // Qwen2's q/k/v biases: no config key, always there
   EXPECT_EQ(qwen25->sliding_window, 0);  // use_sliding_window false: no window
 
   absl::StatusOr<ModelShape> qwen3 = ModelShapeFromJson(json::parse(kQwen3_4b), "q3");
@@ -169,8 +169,8 @@ TEST(ModelShapeTest, EachFamilysConfigJsonReadsAsItsPreset) {
   EXPECT_EQ(qwen3->HeadDim(), 128);  // not 2560 / 32 = 80
   // Qwen3-8B: head_dim 128 = 4096 / 32, still qwen3 (its q_norm / k_norm are not dropped).
   json q8 = json::parse(kQwen3_4b);
-  q8.merge_patch({{"hidden_size", 4096}, {"intermediate_size", 12288},
-                  {"tie_word_embeddings", false}});
+  q8.merge_patch(
+      {{"hidden_size", 4096}, {"intermediate_size", 12288}, {"tie_word_embeddings", false}});
   absl::StatusOr<ModelShape> qwen3_8b = ModelShapeFromJson(q8, "q8");
   ASSERT_TRUE(qwen3_8b.ok()) << qwen3_8b.status();
   ExpectShapeEq(*qwen3_8b, Preset("qwen3-8b"));

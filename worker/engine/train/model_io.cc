@@ -1,6 +1,7 @@
 #include "worker/engine/train/model_io.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/spec/job_spec_fields.h"
 #include "common/status.h"
 #include "worker/engine/hf/hf.h"
 #include "worker/engine/train/guard.h"
@@ -16,10 +17,10 @@ namespace {
 // What the engine's model cannot compute yet is refused, never run as another model.
 absl::Status CheckEngineSupports(const LlamaConfig& c) {
   if (c.attention_bias || c.qk_norm) {
-    return absl::UnimplementedError(absl::StrCat(
-        "spec.model.family: '", c.family, "' needs ",
-        c.attention_bias ? "q/k/v biases" : "per-head q/k RMSNorm",
-        ", which this engine build does not implement (use family llama or mistral)"));
+    return absl::UnimplementedError(
+        absl::StrCat(spec::fields::ShapePathOf("family"), ": '", c.family, "' needs ",
+                     c.attention_bias ? "q/k/v biases" : "per-head q/k RMSNorm",
+                     ", which this engine build does not implement (use family llama or mistral)"));
   }
   return absl::OkStatus();
 }

@@ -356,8 +356,7 @@ TEST(HfTest, ConfigErrors) {
                 ": hidden_act: \"gelu\" is not supported (the engine's Llama MLP is SwiGLU: "
                 "silu)");
   EXPECT_EQ(error(R"(, "mlp_bias": true)"),
-            path +
-                ": mlp_bias: true is not supported (the engine's MLP projections have no bias)");
+            path + ": mlp_bias: true is not supported (the engine's MLP projections have no bias)");
   EXPECT_EQ(error(R"(, "head_dim": 15)"),
             path +
                 ": head_dim: 15 is odd (RoPE rotates pairs of dimensions, so head_dim must be "
