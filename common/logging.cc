@@ -4,14 +4,16 @@
 
 #include <sys/time.h>
 #include <unistd.h>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 
 namespace ulysses {
 namespace {
@@ -24,10 +26,11 @@ LogLevel LevelFromEnv() {
 }
 
 struct LogState {
-  std::mutex mu;
-  LogLevel level = LevelFromEnv();
-  LogSink sink;
-  LogFormat format = LogFormat::kText;
+  absl::Mutex mu;
+  // Read without the lock on every log call (cheap when disabled).
+  std::atomic<LogLevel> level{LevelFromEnv()};
+  LogSink sink ABSL_GUARDED_BY(mu);
+  LogFormat format ABSL_GUARDED_BY(mu) = LogFormat::kText;
 };
 
 LogState& State() {
@@ -118,8 +121,9 @@ void AppendJsonString(absl::string_view text, std::string* out) {
 }  // namespace
 
 void SetLogFormat(LogFormat format) {
-  std::lock_guard<std::mutex> lock(State().mu);
-  State().format = format;
+  LogState& state = State();
+  absl::MutexLock lock(&state.mu);
+  state.format = format;
 }
 
 absl::Status SetLogFormatFromFlag(absl::string_view flag, absl::string_view value) {
@@ -160,16 +164,9 @@ std::string TextLogLineToJson(const std::string& line) {
   return out;
 }
 
-void SetLogLevel(LogLevel level) {
-  std::lock_guard<std::mutex> lock(State().mu);
-  State().level = level;
-}
+void SetLogLevel(LogLevel level) { State().level.store(level, std::memory_order_relaxed); }
 
-LogLevel GetLogLevel() {
-  // Reads without the lock: a torn read of an enum is not possible on our targets,
-  // and logging must stay cheap when disabled.
-  return State().level;
-}
+LogLevel GetLogLevel() { return State().level.load(std::memory_order_relaxed); }
 
 absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view text) {
   std::string lower = absl::AsciiStrToLower(text);
@@ -182,8 +179,9 @@ absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view text) {
 }
 
 void SetLogSink(LogSink sink) {
-  std::lock_guard<std::mutex> lock(State().mu);
-  State().sink = std::move(sink);
+  LogState& state = State();
+  absl::MutexLock lock(&state.mu);
+  state.sink = std::move(sink);
 }
 
 namespace internal {
@@ -197,14 +195,15 @@ LogMessage::~LogMessage() {
   std::string line = stream_.str();
   LogSink sink;
   {
-    std::lock_guard<std::mutex> lock(State().mu);
-    if (State().format == LogFormat::kJson) {
+    LogState& state = State();
+    absl::MutexLock lock(&state.mu);
+    if (state.format == LogFormat::kJson) {
       std::fprintf(stderr, "%s\n", TextLogLineToJson(line).c_str());
     } else {
       std::fprintf(stderr, "%s\n", line.c_str());
     }
     std::fflush(stderr);
-    sink = State().sink;
+    sink = state.sink;
   }
   if (sink) sink(level_, line);
   if (level_ == LogLevel::kFatal) std::abort();

@@ -1,12 +1,14 @@
 #include "common/stop.h"
 
 #include <unistd.h>
+
 #include <atomic>
-#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
-#include <mutex>
 #include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace ulysses {
 namespace {
@@ -15,13 +17,12 @@ std::atomic<bool> g_stop{false};
 std::atomic<int> g_signal{0};
 std::atomic<int> g_sigint_count{0};
 int g_pipe[2] = {-1, -1};
-std::mutex g_mu;
-std::condition_variable g_cv;
+// Waiters block on g_mu until g_stop is set; Wake() makes absl::Mutex re-evaluate their
+// condition (a signal handler cannot take the lock: the pipe thread does it for them).
+absl::Mutex g_mu(absl::kConstInit);
+bool StopLoaded(void*) { return g_stop.load(); }
 
-void Wake() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_cv.notify_all();
-}
+void Wake() { absl::MutexLock lock(&g_mu); }
 
 void OnSignal(int sig) {
   if (sig == SIGINT && g_sigint_count.fetch_add(1) >= 1) _exit(130);
@@ -61,14 +62,14 @@ void RequestStop() {
 }
 
 bool WaitForStop(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(g_mu);
-  g_cv.wait_for(lock, timeout, [] { return g_stop.load(); });
+  absl::MutexLock lock(&g_mu);
+  g_mu.AwaitWithTimeout(absl::Condition(&StopLoaded, nullptr), absl::FromChrono(timeout));
   return g_stop.load();
 }
 
 void WaitForStop() {
-  std::unique_lock<std::mutex> lock(g_mu);
-  g_cv.wait(lock, [] { return g_stop.load(); });
+  absl::MutexLock lock(&g_mu);
+  g_mu.Await(absl::Condition(&StopLoaded, nullptr));
 }
 
 void ResetStopForTesting() {

@@ -1,5 +1,6 @@
 #include "coordinator/async_bidi.h"
 
+#include "absl/time/time.h"
 #include "common/logging.h"
 
 namespace ulysses::coordinator {
@@ -16,13 +17,13 @@ void CompletionQueues::Start(const std::function<void(grpc::ServerCompletionQueu
 }
 
 void CompletionQueues::Enter() {
-  std::lock_guard<std::mutex> lock(reactors_mu_);
+  absl::MutexLock lock(&reactors_mu_);
   ++reactors_;
 }
 
 void CompletionQueues::Leave() {
-  std::lock_guard<std::mutex> lock(reactors_mu_);
-  if (--reactors_ == 0) reactors_cv_.notify_all();
+  absl::MutexLock lock(&reactors_mu_);
+  --reactors_;  // Shutdown's Await re-evaluates as the lock is released.
 }
 
 void CompletionQueues::Shutdown(std::chrono::milliseconds reactors_timeout) {
@@ -30,8 +31,11 @@ void CompletionQueues::Shutdown(std::chrono::milliseconds reactors_timeout) {
   shut_down_ = true;
   if (!threads_.empty()) {
     // The queue threads run the reactors' last callbacks (their Finish, OnDone) meanwhile.
-    std::unique_lock<std::mutex> lock(reactors_mu_);
-    if (!reactors_cv_.wait_for(lock, reactors_timeout, [this] { return reactors_ == 0; })) {
+    absl::MutexLock lock(&reactors_mu_);
+    auto none_left = [this]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(reactors_mu_) { return reactors_ == 0; };
+    if (!reactors_mu_.AwaitWithTimeout(absl::Condition(&none_left),
+                                       absl::FromChrono(reactors_timeout))) {
       ULOG(ERROR) << reactors_ << " stream reactor(s) still alive " << reactors_timeout.count()
                   << " ms after the server's shutdown; shutting their completion queues down "
                      "anyway (an operation they start now aborts the process)";

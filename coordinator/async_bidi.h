@@ -33,13 +33,13 @@
 #include <grpcpp/support/async_stream.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc/completion_queue.h"
 
 namespace ulysses::coordinator {
@@ -73,9 +73,8 @@ class CompletionQueues {
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
   std::vector<std::thread> threads_;
   bool shut_down_ = false;
-  std::mutex reactors_mu_;
-  std::condition_variable reactors_cv_;
-  int reactors_ = 0;
+  absl::Mutex reactors_mu_;
+  int reactors_ ABSL_GUARDED_BY(reactors_mu_) = 0;
 };
 
 template <typename In, typename Out>
@@ -141,26 +140,26 @@ class AsyncBidiReactor {
   // caller. One lock a message (uncontended: a stream's callbacks run on one queue thread,
   // only its writes may start elsewhere).
   void Begin() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ++in_flight_;
   }
   bool ReadOrWriteCompleted() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     --in_flight_;
     return ClaimDoneLocked();
   }
   bool FinishCompleted() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     --in_flight_;
     finished_ = true;
     return ClaimDoneLocked();
   }
   bool CallCompleted() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     call_done_ = true;
     return ClaimDoneLocked();
   }
-  bool ClaimDoneLocked() {
+  bool ClaimDoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!finished_ || !call_done_ || in_flight_ > 0 || done_claimed_) return false;
     done_claimed_ = true;
     return true;
@@ -195,11 +194,12 @@ class AsyncBidiReactor {
   Stream stream_;
   std::function<void()> accepted_;
   Tag accept_tag_, read_tag_, write_tag_, finish_tag_, done_tag_;
-  std::mutex mu_;
-  int in_flight_ = 0;          // Reads, writes and Finish started and not yet completed.
-  bool finished_ = false;      // Finish completed.
-  bool call_done_ = false;     // The done notification arrived.
-  bool done_claimed_ = false;  // OnDone ran (or is running).
+  absl::Mutex mu_;
+  // Reads, writes and Finish started and not yet completed.
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;      // Finish completed.
+  bool call_done_ ABSL_GUARDED_BY(mu_) = false;     // The done notification arrived.
+  bool done_claimed_ ABSL_GUARDED_BY(mu_) = false;  // OnDone ran (or is running).
 };
 
 }  // namespace ulysses::coordinator

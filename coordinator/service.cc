@@ -6,11 +6,12 @@
 #include <deque>
 #include <functional>
 #include <iterator>
-#include <mutex>
 #include <string>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc/grpc_util.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -90,10 +91,13 @@ class QueuedWriter : public Base, public WriteStarter {
  public:
   // Bytes the queue may hold beyond the message being written (0 = unbounded): a reader
   // slower than that is cut with RESOURCE_EXHAUSTED once that message is written.
-  void SetQueueBound(int64_t bytes) { max_queued_bytes_ = bytes; }
+  void SetQueueBound(int64_t bytes) {
+    absl::MutexLock lock(&write_mu_);
+    max_queued_bytes_ = bytes;
+  }
 
   void Enqueue(Msg message) {
-    std::unique_lock<std::mutex> lock(write_mu_);
+    absl::ReleasableMutexLock lock(&write_mu_);
     if (finishing_) return;
     const int64_t size = static_cast<int64_t>(message.ByteSizeLong());
     if (max_queued_bytes_ > 0 && writing_ && queued_bytes_ + size > max_queued_bytes_) {
@@ -118,26 +122,26 @@ class QueuedWriter : public Base, public WriteStarter {
     // end. While writing_ with no write started nothing finishes the stream, so it lives.
     if (DeferredWrites::Defer(this)) return;
     const Msg* next = &queue_.front();
-    lock.unlock();
+    lock.Release();
     this->StartWrite(next);
   }
 
   void StartQueuedWrite() override {
-    std::unique_lock<std::mutex> lock(write_mu_);
+    absl::ReleasableMutexLock lock(&write_mu_);
     if (finish_deferred_) {
       finish_deferred_ = false;
       grpc::Status status = final_status_;
-      lock.unlock();
+      lock.Release();
       this->Finish(status);
       return;
     }
     const Msg* next = &queue_.front();  // Only OnWriteDone pops, after this write.
-    lock.unlock();
+    lock.Release();
     this->StartWrite(next);
   }
 
   void EndAfterDrain(const grpc::Status& status) {
-    std::unique_lock<std::mutex> lock(write_mu_);
+    absl::ReleasableMutexLock lock(&write_mu_);
     if (finishing_) return;
     finishing_ = true;
     final_status_ = status;
@@ -149,12 +153,12 @@ class QueuedWriter : public Base, public WriteStarter {
       finish_deferred_ = true;
       return;
     }
-    lock.unlock();
+    lock.Release();
     this->Finish(status);
   }
 
   void OnWriteDone(bool ok) override {
-    std::unique_lock<std::mutex> lock(write_mu_);
+    absl::ReleasableMutexLock lock(&write_mu_);
     queue_.pop_front();
     if (!ok) {  // Client gone: drop the rest.
       queue_.clear();
@@ -165,7 +169,7 @@ class QueuedWriter : public Base, public WriteStarter {
       const Msg* next = &queue_.front();
       queued_bytes_ =
           std::max<int64_t>(0, queued_bytes_ - static_cast<int64_t>(next->ByteSizeLong()));
-      lock.unlock();
+      lock.Release();
       this->StartWrite(next);
       return;
     }
@@ -174,7 +178,7 @@ class QueuedWriter : public Base, public WriteStarter {
     if (finishing_ && !finished_) {
       finished_ = true;
       grpc::Status status = final_status_;
-      lock.unlock();
+      lock.Release();
       this->Finish(status);
     }
   }
@@ -184,15 +188,18 @@ class QueuedWriter : public Base, public WriteStarter {
   }
 
  private:
-  std::mutex write_mu_;
-  std::deque<Msg> queue_;     // front() is being written while writing_.
-  int64_t queued_bytes_ = 0;  // Of the messages behind front() while writing_.
-  int64_t max_queued_bytes_ = 0;
-  bool writing_ = false;
-  bool finishing_ = false;
-  bool finished_ = false;
-  bool finish_deferred_ = false;  // Finish waits for StartQueuedWrite (DeferredWrites).
-  grpc::Status final_status_;
+  absl::Mutex write_mu_;
+  // front() is being written while writing_.
+  std::deque<Msg> queue_ ABSL_GUARDED_BY(write_mu_);
+  // Of the messages behind front() while writing_.
+  int64_t queued_bytes_ ABSL_GUARDED_BY(write_mu_) = 0;
+  int64_t max_queued_bytes_ ABSL_GUARDED_BY(write_mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(write_mu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(write_mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(write_mu_) = false;
+  // Finish waits for StartQueuedWrite (DeferredWrites).
+  bool finish_deferred_ ABSL_GUARDED_BY(write_mu_) = false;
+  grpc::Status final_status_ ABSL_GUARDED_BY(write_mu_);
 };
 
 // A stream's slot in StreamLimits, held from the reactor's start until it is deleted.

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "httplib.h"
 
@@ -41,7 +43,7 @@ class MetricsServer::Impl {
   ~Impl() { Stop(); }
 
   absl::Status Start() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (state_ != State::kNew) {
       return absl::FailedPreconditionError("metrics server: Start() called twice");
     }
@@ -92,7 +94,7 @@ class MetricsServer::Impl {
   }
 
   void Stop() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (state_ == State::kRunning) {
       server_.stop();
       if (thread_.joinable()) {
@@ -136,8 +138,8 @@ class MetricsServer::Impl {
   const MetricsServerConfig config_;
   const HealthCheck readiness_check_;
   const HealthCheck liveness_check_;
-  std::mutex mu_;  // Serialises Start/Stop.
-  State state_ = State::kNew;
+  absl::Mutex mu_;  // Serialises Start/Stop.
+  State state_ ABSL_GUARDED_BY(mu_) = State::kNew;
   httplib::Server server_;
   std::thread thread_;
   std::atomic<int> port_{0};

@@ -10,6 +10,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/failpoint.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -60,10 +62,9 @@ AsyncCheckpointer::AsyncCheckpointer(AsyncCheckpointOptions options)
 
 AsyncCheckpointer::~AsyncCheckpointer() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
   writer_.join();
 }
 
@@ -77,8 +78,8 @@ absl::StatusOr<double> AsyncCheckpointer::Begin(CheckpointState state,
   }
   // 1. At most one save in flight: wait for the previous one (counted).
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !busy_; });
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &AsyncCheckpointer::IdleLocked));
     if (finished_.has_value() && !finished_->ok()) {
       absl::Status failed = finished_->status();
       finished_.reset();
@@ -168,40 +169,41 @@ absl::StatusOr<double> AsyncCheckpointer::Begin(CheckpointState state,
   job->blocked_seconds = SecondsSince(t0);
   const double blocked = job->blocked_seconds;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     pending_ = std::move(job);
     busy_ = true;
   }
-  cv_.notify_all();
   return blocked;
 }
 
 std::optional<absl::StatusOr<AsyncSaveDone>> AsyncCheckpointer::Poll() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::optional<absl::StatusOr<AsyncSaveDone>> out = std::move(finished_);
   finished_.reset();
   return out;
 }
 
 std::optional<absl::StatusOr<AsyncSaveDone>> AsyncCheckpointer::Wait() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return !busy_; });
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &AsyncCheckpointer::IdleLocked));
   std::optional<absl::StatusOr<AsyncSaveDone>> out = std::move(finished_);
   finished_.reset();
   return out;
 }
 
 bool AsyncCheckpointer::WaitIdleUntil(std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_until(lock, deadline, [&] { return !busy_; });
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithDeadline(
+      absl::Condition(this, &AsyncCheckpointer::IdleLocked),
+      absl::Now() + absl::FromChrono(deadline - std::chrono::steady_clock::now()));
 }
 
 void AsyncCheckpointer::WriterLoop() {
   while (true) {
     std::unique_ptr<Job> job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || pending_ != nullptr; });
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &AsyncCheckpointer::WriterHasWorkLocked));
       if (pending_ == nullptr) return;  // stopping with nothing to write
       job = std::move(pending_);
     }
@@ -220,11 +222,10 @@ void AsyncCheckpointer::WriterLoop() {
     }
     job.reset();  // drops the references to the host buffers before the next Begin reuses them
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       finished_ = std::move(result);
       busy_ = false;
     }
-    cv_.notify_all();
   }
 }
 
@@ -264,7 +265,7 @@ absl::Status AsyncCheckpointer::AwaitShards(const std::string& dir, int64_t step
                                                 " could not write its shard: ", ReadText(failed)));
       }
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         if (stopping_) {
           return absl::CancelledError(absl::StrCat("checkpoint step ", step,
                                                    ": abandoned while waiting for rank ", r,

@@ -35,18 +35,18 @@
 #define ULYSSES_WORKER_ENGINE_CHECKPOINT_ASYNC_CHECKPOINT_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/engine/checkpoint/checkpoint.h"
 
 namespace ulysses::engine {
@@ -109,12 +109,16 @@ class AsyncCheckpointer {
   std::vector<bool> pinned_;            // buffers_[i] is pinned (its source was a CUDA tensor)
   double waited_seconds_ = 0;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::unique_ptr<Job> pending_;                           // handed to the writer
-  bool busy_ = false;                                      // a save is in flight
-  std::optional<absl::StatusOr<AsyncSaveDone>> finished_;  // not yet collected
-  bool stopping_ = false;
+  // Waits are absl::Mutex::Await on the conditions below (re-evaluated at every unlock).
+  absl::Mutex mu_;
+  std::unique_ptr<Job> pending_ ABSL_GUARDED_BY(mu_);  // handed to the writer
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;             // a save is in flight
+  std::optional<absl::StatusOr<AsyncSaveDone>> finished_ ABSL_GUARDED_BY(mu_);  // not collected
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !busy_; }
+  bool WriterHasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || pending_ != nullptr;
+  }
   std::thread writer_;
 };
 

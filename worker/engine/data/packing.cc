@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <map>
-#include <mutex>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status.h"
 
 namespace ulysses::engine {
@@ -102,7 +103,7 @@ class PackedDataset final : public TokenDataset {
 
   // First item of every sequence for seq_len s, built on first use.
   const std::vector<ItemRef>& Plan(int64_t s) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = plans_.find(s);
     if (it != plans_.end()) return it->second;
     std::vector<ItemRef>& plan = plans_[s];
@@ -126,8 +127,9 @@ class PackedDataset final : public TokenDataset {
   const int64_t vocab_size_;
   const uint64_t seed_;
   const bool packing_;
-  mutable std::mutex mu_;
-  mutable std::map<int64_t, std::vector<ItemRef>> plans_;  // node-stable: references stay valid
+  mutable absl::Mutex mu_;
+  // Node-stable: the references Plan returns stay valid after the lock is released.
+  mutable std::map<int64_t, std::vector<ItemRef>> plans_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -9,17 +9,18 @@
 #endif
 
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/status.h"
 #include "worker/engine/parallel/alltoall_clock.h"
 #include "worker/engine/parallel/group_health.h"
@@ -97,21 +98,23 @@ class NcclCommunicator final : public Communicator {
     {
       // Collectives still in flight finish first (the peers wait on them), within the timeout;
       // the watchdog aborts the communicator if they do not.
-      std::unique_lock<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (watchdog_.joinable()) {
-        cv_.wait_for(lock, timeout_ + std::chrono::seconds(1),
-                     [&] { return pending_.empty() || failed_.load(); });
+        mu_.AwaitWithTimeout(absl::Condition(this, &NcclCommunicator::SettledLocked),
+                             absl::FromChrono(timeout_ + std::chrono::seconds(1)));
       }
       stop_ = true;
     }
-    cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
     bool pending = false;
-    for (Pending& p : pending_) {
-      pending = pending || cudaEventQuery(p.done) == cudaErrorNotReady;
-      ReleaseEvents(p);
+    {
+      absl::MutexLock lock(&mu_);
+      for (Pending& p : pending_) {
+        pending = pending || cudaEventQuery(p.done) == cudaErrorNotReady;
+        ReleaseEvents(p);
+      }
     }
-    std::lock_guard<std::mutex> comm_lock(comm_mu_);
+    absl::MutexLock comm_lock(&comm_mu_);
     if (comm_ != nullptr) {
       // Unfinished work at destruction means a peer is gone: abort rather than wait on it.
       if (pending || health_.broken() || health_.aborted() || failed_.load()) {
@@ -120,6 +123,7 @@ class NcclCommunicator final : public Communicator {
         ncclCommDestroy(comm_);
       }
     }
+    absl::MutexLock events_lock(&events_mu_);
     for (cudaEvent_t e : free_plain_) cudaEventDestroy(e);
     for (cudaEvent_t e : free_timed_) cudaEventDestroy(e);
     if (scratch_ != nullptr) cudaFree(scratch_);
@@ -127,6 +131,8 @@ class NcclCommunicator final : public Communicator {
 
   // Creates the communicator (the unique id comes from the store) and starts the watchdog.
   absl::Status Init(c10d::Store& store) {
+    // Held throughout (no other thread exists yet): Check reads comm_.
+    absl::MutexLock comm_lock(&comm_mu_);
     RETURN_IF_ERROR(
         CudaStatus(cudaSetDevice(device_), absl::StrCat("cudaSetDevice(", device_, ")")));
     RETURN_IF_ERROR(CudaStatus(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc"));
@@ -152,7 +158,6 @@ class NcclCommunicator final : public Communicator {
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // Init and enqueues return at once: the deadline and Abort() apply.
-    std::lock_guard<std::mutex> comm_lock(comm_mu_);
     ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
     if (r != ncclSuccess && r != ncclInProgress) return Check(r, "ncclCommInitRankConfig");
     RETURN_IF_ERROR(WaitEnqueued("init"));
@@ -181,7 +186,7 @@ class NcclCommunicator final : public Communicator {
     const cudaStream_t stream = ComputeStream(device_);
     cudaEvent_t start = TakeEvent(/*timed=*/true);
     RETURN_IF_ERROR(CudaStatus(cudaEventRecord(start, stream), "cudaEventRecord"));
-    std::lock_guard<std::mutex> comm_lock(comm_mu_);
+    absl::MutexLock comm_lock(&comm_mu_);
     RETURN_IF_ERROR(Check(ncclGroupStart(), "ncclGroupStart"));
     for (int peer = 0; peer < size_; ++peer) {
       ncclSend(src + peer * chunk_bytes, chunk, type, peer, comm_, stream);
@@ -203,7 +208,7 @@ class NcclCommunicator final : public Communicator {
       types.push_back(type);
     }
     const cudaStream_t stream = ComputeStream(device_);
-    std::lock_guard<std::mutex> comm_lock(comm_mu_);
+    absl::MutexLock comm_lock(&comm_mu_);
     RETURN_IF_ERROR(Check(ncclGroupStart(), "ncclGroupStart"));
     for (size_t i = 0; i < tensors.size(); ++i) {
       ncclAllReduce(tensors[i].data_ptr(), tensors[i].data_ptr(), tensors[i].numel(), types[i],
@@ -222,7 +227,7 @@ class NcclCommunicator final : public Communicator {
     }
     ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(in.scalar_type()));
     const cudaStream_t stream = ComputeStream(device_);
-    std::lock_guard<std::mutex> comm_lock(comm_mu_);
+    absl::MutexLock comm_lock(&comm_mu_);
     return Enqueued(
         ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), type, ncclSum, comm_, stream),
         "reduce_scatter", stream);
@@ -239,7 +244,7 @@ class NcclCommunicator final : public Communicator {
     }
     ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(in.scalar_type()));
     const cudaStream_t stream = ComputeStream(device_);
-    std::lock_guard<std::mutex> comm_lock(comm_mu_);
+    absl::MutexLock comm_lock(&comm_mu_);
     return Enqueued(ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), type, comm_, stream),
                     "allgather", stream);
   }
@@ -249,7 +254,7 @@ class NcclCommunicator final : public Communicator {
     if (!t.is_contiguous()) return absl::InvalidArgumentError("AllReduceMax: not contiguous");
     ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(t.scalar_type()));
     const cudaStream_t stream = ComputeStream(device_);
-    std::lock_guard<std::mutex> comm_lock(comm_mu_);
+    absl::MutexLock comm_lock(&comm_mu_);
     return Enqueued(
         ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), type, ncclMax, comm_, stream),
         "allreduce_max", stream);
@@ -264,7 +269,7 @@ class NcclCommunicator final : public Communicator {
     }
     ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(t.scalar_type()));
     const cudaStream_t stream = ComputeStream(device_);
-    std::lock_guard<std::mutex> comm_lock(comm_mu_);
+    absl::MutexLock comm_lock(&comm_mu_);
     return Enqueued(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), type, root, comm_, stream),
                     "broadcast", stream);
   }
@@ -276,20 +281,26 @@ class NcclCommunicator final : public Communicator {
     const cudaStream_t stream = ComputeStream(device_);
     cudaEvent_t done = nullptr;
     {
-      std::lock_guard<std::mutex> comm_lock(comm_mu_);
+      absl::MutexLock comm_lock(&comm_mu_);
       RETURN_IF_ERROR(
           Enqueued(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream),
                    "barrier", stream, nullptr, &done));
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return failed_.load() || !IsPendingLocked(done); });
-    lock.unlock();
+    {
+      absl::MutexLock lock(&mu_);
+      auto released = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return failed_.load() || !IsPendingLocked(done);
+      };
+      mu_.Await(absl::Condition(&released));
+    }
     return Usable("barrier");
   }
 
   void Abort() override {
     health_.Abort();
-    cv_.notify_all();  // The watchdog aborts the communicator (cancelling pending collectives).
+    // Releasing mu_ makes the watchdog re-evaluate its wait: it aborts the communicator
+    // (cancelling pending collectives).
+    absl::MutexLock lock(&mu_);
   }
 
   int64_t bytes_sent() const override { return bytes_sent_; }
@@ -303,7 +314,8 @@ class NcclCommunicator final : public Communicator {
     std::string op;
   };
 
-  absl::Status Check(ncclResult_t r, const std::string& what) {
+  absl::Status Check(ncclResult_t r, const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(comm_mu_) {
     if (r == ncclSuccess || r == ncclInProgress) return absl::OkStatus();
     health_.MarkBroken();
     return absl::UnavailableError(absl::StrCat("nccl ", what, " on group '", name_,
@@ -316,7 +328,7 @@ class NcclCommunicator final : public Communicator {
   absl::Status Usable(const std::string& op) {
     if (failed_.load()) {
       health_.MarkBroken();
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (health_.aborted()) return health_.AbortedError(op);
       return failure_;
     }
@@ -325,7 +337,7 @@ class NcclCommunicator final : public Communicator {
 
   // A non-blocking communicator may still be enqueueing when the call returns (ncclInProgress,
   // rare): wait for the enqueue, not for the collective. Holds comm_mu_.
-  absl::Status WaitEnqueued(const std::string& op) {
+  absl::Status WaitEnqueued(const std::string& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(comm_mu_) {
     const auto deadline = Clock::now() + timeout_;
     while (true) {
       ncclResult_t state = ncclSuccess;
@@ -350,7 +362,8 @@ class NcclCommunicator final : public Communicator {
   // to the watchdog. `start`: the all-to-all's timed start event (else null). `done_out`: the
   // completion event, for Barrier's wait.
   absl::Status Enqueued(ncclResult_t enqueue, const std::string& op, cudaStream_t stream,
-                        cudaEvent_t start = nullptr, cudaEvent_t* done_out = nullptr) {
+                        cudaEvent_t start = nullptr, cudaEvent_t* done_out = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(comm_mu_) {
     Pending p;
     p.start = start;
     p.op = op;
@@ -366,15 +379,12 @@ class NcclCommunicator final : public Communicator {
     }
     p.deadline = Clock::now() + timeout_;
     if (done_out != nullptr) *done_out = p.done;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      pending_.push_back(std::move(p));
-    }
-    cv_.notify_all();
+    absl::MutexLock lock(&mu_);  // Order: comm_mu_, then mu_.
+    pending_.push_back(std::move(p));
     return absl::OkStatus();
   }
 
-  bool IsPendingLocked(cudaEvent_t done) const {
+  bool IsPendingLocked(cudaEvent_t done) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const Pending& p : pending_) {
       if (p.done == done) return true;
     }
@@ -382,7 +392,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   cudaEvent_t TakeEvent(bool timed) {
-    std::lock_guard<std::mutex> lock(events_mu_);
+    absl::MutexLock lock(&events_mu_);
     std::vector<cudaEvent_t>& pool = timed ? free_timed_ : free_plain_;
     if (!pool.empty()) {
       cudaEvent_t e = pool.back();
@@ -395,7 +405,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void ReleaseEvents(Pending& p) {
-    std::lock_guard<std::mutex> lock(events_mu_);
+    absl::MutexLock lock(&events_mu_);
     if (p.start != nullptr) {
       free_timed_.push_back(p.start);
       if (p.done != nullptr) free_timed_.push_back(p.done);
@@ -406,15 +416,14 @@ class NcclCommunicator final : public Communicator {
   }
 
   // Records the first failure and wakes Barrier; the caller then calls AbortComm (without mu_).
-  void FailLocked(absl::Status status) {
+  void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!failed_.load()) failure_ = std::move(status);
-    failed_.store(true);
-    cv_.notify_all();
+    failed_.store(true);  // Barrier's wait re-evaluates as mu_ is released.
   }
 
   // Kernels waiting on a dead peer end; the stream moves on. Takes comm_mu_ (never under mu_).
   void AbortComm() {
-    std::lock_guard<std::mutex> comm_lock(comm_mu_);
+    absl::MutexLock comm_lock(&comm_mu_);
     if (comm_ != nullptr) {
       ncclCommAbort(comm_);
       comm_ = nullptr;
@@ -427,20 +436,17 @@ class NcclCommunicator final : public Communicator {
   // released around the calls that take comm_mu_ (lock order: comm_mu_, then mu_).
   void Watch() {
     cudaSetDevice(device_);
-    std::unique_lock<std::mutex> lock(mu_);
+    mu_.Lock();
     while (!stop_) {
       if (health_.aborted() && !failed_.load()) {
         FailLocked(health_.AbortedError("collective"));
-        lock.unlock();
+        mu_.Unlock();
         AbortComm();
-        lock.lock();
+        mu_.Lock();
         continue;
       }
       if (pending_.empty() || failed_.load()) {
-        cv_.wait(lock, [&] {
-          return stop_ || (!pending_.empty() && !failed_.load()) ||
-                 (health_.aborted() && !failed_.load());
-        });
+        mu_.Await(absl::Condition(this, &NcclCommunicator::WatchdogHasWorkLocked));
         continue;
       }
       Pending& front = pending_.front();
@@ -453,8 +459,7 @@ class NcclCommunicator final : public Communicator {
           }
         }
         ReleaseEvents(front);
-        pending_.pop_front();
-        cv_.notify_all();  // Barrier waits for its event to leave pending_.
+        pending_.pop_front();  // Barrier's wait for its event re-evaluates as mu_ is released.
         continue;
       }
       absl::Status failure;
@@ -466,13 +471,13 @@ class NcclCommunicator final : public Communicator {
                                                            " ms (communicator aborted)"));
       } else {
         const std::string op = front.op;
-        lock.unlock();
+        mu_.Unlock();
         ncclResult_t state = ncclSuccess;
         {
-          std::lock_guard<std::mutex> comm_lock(comm_mu_);
+          absl::MutexLock comm_lock(&comm_mu_);
           if (comm_ != nullptr) ncclCommGetAsyncError(comm_, &state);
         }
-        lock.lock();
+        mu_.Lock();
         if (state != ncclSuccess && state != ncclInProgress) {
           failure = absl::UnavailableError(
               absl::StrCat("nccl ", op, " on group '", name_, "': ", ncclGetErrorString(state)));
@@ -480,34 +485,46 @@ class NcclCommunicator final : public Communicator {
       }
       if (!failure.ok()) {
         FailLocked(std::move(failure));
-        lock.unlock();
+        mu_.Unlock();
         AbortComm();
-        lock.lock();
+        mu_.Lock();
         continue;
       }
-      cv_.wait_for(lock, std::chrono::milliseconds(1));
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(1));  // Polls the event.
     }
+    mu_.Unlock();
+  }
+
+  // The destructor's wait: nothing in flight, or the group failed.
+  bool SettledLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return pending_.empty() || failed_.load();
+  }
+  // The watchdog's wait: stopping, a collective to retire, or an Abort() to act on.
+  bool WatchdogHasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || (!pending_.empty() && !failed_.load()) ||
+           (health_.aborted() && !failed_.load());
   }
 
   std::string name_;
   int rank_, size_, device_;
   std::chrono::milliseconds timeout_;
-  std::mutex comm_mu_;  // Guards comm_: the issuing thread's enqueues and the watchdog's abort.
-  ncclComm_t comm_ = nullptr;
+  // Lock order: comm_mu_, then mu_, then events_mu_ (ACQUIRED_AFTER below).
+  absl::Mutex comm_mu_;  // The issuing thread's enqueues and the watchdog's abort.
+  ncclComm_t comm_ ABSL_GUARDED_BY(comm_mu_) = nullptr;
   void* scratch_ = nullptr;
   GroupHealth health_;
   int64_t bytes_sent_ = 0;
 
-  std::mutex mu_;  // Guards pending_, failure_, stop_ (lock order: comm_mu_, then mu_).
-  std::condition_variable cv_;
-  std::deque<Pending> pending_;
-  absl::Status failure_;
+  absl::Mutex mu_ ABSL_ACQUIRED_AFTER(comm_mu_);
+  std::deque<Pending> pending_ ABSL_GUARDED_BY(mu_);
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> failed_{false};
-  bool stop_ = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread watchdog_;
 
-  std::mutex events_mu_;  // Guards the event pools.
-  std::vector<cudaEvent_t> free_plain_, free_timed_;
+  absl::Mutex events_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::vector<cudaEvent_t> free_plain_ ABSL_GUARDED_BY(events_mu_);
+  std::vector<cudaEvent_t> free_timed_ ABSL_GUARDED_BY(events_mu_);
 };
 
 }  // namespace

@@ -1,12 +1,13 @@
 #include "worker/engine/train/checkpoint_schedule.h"
 
 #include <iostream>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/spec/job_spec_fields.h"
 
@@ -14,8 +15,8 @@ namespace ulysses::engine::train {
 
 // The newest valid interval read from stdin, shared with the reader thread.
 struct CheckpointSchedule::Mailbox {
-  std::mutex mu;
-  std::optional<contract::CheckpointIntervalControl> newest;
+  absl::Mutex mu;
+  std::optional<contract::CheckpointIntervalControl> newest ABSL_GUARDED_BY(mu);
 
   void Deliver(const std::string& line, int rank) {
     if (line.empty()) return;
@@ -25,7 +26,7 @@ struct CheckpointSchedule::Mailbox {
                   << ": ignoring a control line that breaks the protocol: " << c.status().message();
       return;
     }
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     if (newest.has_value() && c->version <= newest->version) {
       ULOG(WARNING) << "rank " << rank << ": ignoring checkpoint interval version " << c->version
                     << " (already holds " << newest->version << ")";
@@ -66,7 +67,7 @@ void CheckpointSchedule::DeliverForTesting(const std::string& line) {
 }
 
 int64_t CheckpointSchedule::HeldVersion() const {
-  std::lock_guard<std::mutex> lock(mailbox_->mu);
+  absl::MutexLock lock(&mailbox_->mu);
   return mailbox_->newest.has_value() ? mailbox_->newest->version : applied_.version;
 }
 
@@ -84,7 +85,7 @@ bool CheckpointSchedule::Decide(const float* slots, int64_t step_in_stage) {
   const auto newest = static_cast<int64_t>(slots[1]);
   const auto oldest = static_cast<int64_t>(-slots[2]);
   if (newest == oldest && newest > applied_.version) {
-    std::lock_guard<std::mutex> lock(mailbox_->mu);
+    absl::MutexLock lock(&mailbox_->mu);
     if (mailbox_->newest.has_value() && mailbox_->newest->version == newest) {
       applied_ = *mailbox_->newest;
       ULOG(INFO) << "rank " << rank_ << ": checkpoint interval version " << applied_.version

@@ -8,6 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/contract/exit.h"
 #include "common/logging.h"
 #include "common/stop.h"
@@ -68,10 +71,9 @@ PreemptionWatch::PreemptionWatch(double grace_seconds, int rank, CheckpointSaver
 
 PreemptionWatch::~PreemptionWatch() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     done_ = true;
   }
-  cv_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -97,15 +99,16 @@ void PreemptionWatch::NoteOtherBegin() {
 }
 
 bool PreemptionWatch::WaitUntil(Clock::time_point t) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return !cv_.wait_until(lock, t, [&] { return done_; });
+  absl::MutexLock lock(&mu_);
+  return !mu_.AwaitWithDeadline(absl::Condition(&done_),
+                                absl::Now() + absl::FromChrono(t - Clock::now()));
 }
 
 void PreemptionWatch::Run() {
   // Poll the stop flag so that the destructor is never kept waiting long.
   while (!StopRequested()) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return done_; })) return;
+    absl::MutexLock lock(&mu_);
+    if (mu_.AwaitWithTimeout(absl::Condition(&done_), absl::Milliseconds(50))) return;
   }
   const Clock::time_point noticed = Clock::now();
   const Clock::time_point deadline =
@@ -136,7 +139,7 @@ void PreemptionWatch::Leave(const std::string& why, Clock::time_point deadline) 
                   << ": the checkpoint in flight did not finish within the grace (the previous "
                      "committed checkpoint stays the latest)";
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (done_) return;  // the training thread finished meanwhile and exits on its own
   ULOG(WARNING) << "rank " << rank_ << ": " << why << "; exiting " << contract::kExitPreempted;
   std::cout.flush();

@@ -26,12 +26,12 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/engine/train/checkpoint_saver.h"
 #include "worker/engine/train/rank_events.h"
 
@@ -89,9 +89,8 @@ class PreemptionWatch {
   std::atomic<double> step_seconds_{0};
   double recent_[5] = {0, 0, 0, 0, 0};  // training thread only
   int recent_count_ = 0;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;  // The destructor ran: the watch ends.
   std::thread thread_;
 };
 

@@ -7,13 +7,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <mutex>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "common/contract/rank_event.h"
 #include "worker/engine/checkpoint/checkpoint.h"
 
@@ -25,9 +26,9 @@ using json = nlohmann::json;
 
 // Every stdout event goes through the one protocol definition (common/contract/rank_event.h).
 // Serialised: the preemption watch (preemption.h) may report a checkpoint from its own thread.
-std::mutex g_stdout_mu;
+ABSL_CONST_INIT absl::Mutex g_stdout_mu(absl::kConstInit);
 void EmitEvent(const contract::RankEvent& event) {
-  std::lock_guard<std::mutex> lock(g_stdout_mu);
+  absl::MutexLock lock(&g_stdout_mu);
   contract::WriteRankEvent(std::cout, event);
 }
 
@@ -127,7 +128,7 @@ void RankReporter::Step(const StepReport& r) {
   if (!std::isfinite(r.stats.loss)) {
     // The protocol carries finite losses only; a skipped non-finite step is a log line
     // (metrics.jsonl records it with "skipped").
-    std::lock_guard<std::mutex> lock(g_stdout_mu);
+    absl::MutexLock lock(&g_stdout_mu);
     std::cout << "step " << r.step_in_stage << " of stage " << r.stage
               << " skipped: non-finite loss" << std::endl;
   }
