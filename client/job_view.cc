@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "client/goodput_view.h"
 #include "common/spec/job_spec_parser.h"
+#include "ulysses/v1/enum_names.h"
 
 namespace ulysses::client {
 namespace {
@@ -386,22 +387,6 @@ json JobDetailJson(const v1::Job& job) {
   return j;
 }
 
-// "sockets", "efa", "tcpxo", "ib"; "" when the worker reported none.
-std::string FabricJsonName(v1::Fabric f) {
-  switch (f) {
-    case v1::FABRIC_SOCKETS:
-      return "sockets";
-    case v1::FABRIC_EFA:
-      return "efa";
-    case v1::FABRIC_TCPXO:
-      return "tcpxo";
-    case v1::FABRIC_IB:
-      return "ib";
-    default:
-      return "";
-  }
-}
-
 json WorkerJson(const v1::Worker& w) {
   json j{{"id", w.id()},
          {"name", w.name()},
@@ -411,7 +396,7 @@ json WorkerJson(const v1::Worker& w) {
          {"devices", std::vector<std::string>(w.devices().begin(), w.devices().end())},
          {"capacity", w.capacity()},
          {"node", w.node_label()},
-         {"fabric", FabricJsonName(w.fabric())},
+         {"fabric", w.fabric() == v1::FABRIC_UNSPECIFIED ? "" : v1::FabricName(w.fabric())},
          {"host", w.host()},
          {"heartbeat_age_seconds", w.heartbeat_age_seconds()}};
   if (w.has_running() && !w.running().ref().job_id().empty()) {

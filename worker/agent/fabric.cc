@@ -138,26 +138,11 @@ FabricReport DetectFabric(const FabricProbe& probe) {
   return r;
 }
 
-const char* FabricName(v1::Fabric fabric) {
-  switch (fabric) {
-    case v1::FABRIC_SOCKETS:
-      return "sockets";
-    case v1::FABRIC_EFA:
-      return "efa";
-    case v1::FABRIC_TCPXO:
-      return "tcpxo";
-    case v1::FABRIC_IB:
-      return "ib";
-    default:
-      return "unspecified";
-  }
-}
-
 absl::StatusOr<v1::Fabric> ParseFabricFlag(const std::string& value, bool* detect) {
   *detect = value == "auto";
   if (*detect) return v1::FABRIC_SOCKETS;
   for (v1::Fabric f : {v1::FABRIC_SOCKETS, v1::FABRIC_EFA, v1::FABRIC_TCPXO, v1::FABRIC_IB}) {
-    if (value == FabricName(f)) return f;
+    if (value == v1::FabricName(f)) return f;
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "--fabric: \"", value, "\" is not a fabric; use auto (detect), sockets, efa, tcpxo or ib"));

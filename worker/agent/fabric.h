@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "ulysses/v1/enum_names.h"  // v1::FabricName: "sockets", "efa", "tcpxo", "ib".
 #include "ulysses/v1/types.pb.h"
 
 namespace ulysses::agent {
@@ -37,10 +38,9 @@ struct FabricReport {
 //   ib       a uverbs device of another adapter (InfiniBand / RoCE HCA), libibverbs on the
 //            path, and NCCL_IB_DISABLE not 1;
 //   sockets  otherwise (with why: e.g. EFA devices but no aws-ofi-nccl).
+// Names are v1::FabricName's (proto/ulysses/v1/enum_names.h).
 FabricReport DetectFabric(const FabricProbe& probe);
 
-// "sockets", "efa", "tcpxo", "ib" ("unspecified" for UNSPECIFIED).
-const char* FabricName(v1::Fabric fabric);
 // --fabric: auto (detect) | sockets | efa | tcpxo | ib; errors name the flag and the choices.
 absl::StatusOr<v1::Fabric> ParseFabricFlag(const std::string& value, bool* detect);
 
