@@ -131,8 +131,20 @@ def quote(s):
     return "'" + s.replace("'", "'\\''") + "'"
 
 
+def keep_visible_under_tmp():
+    """A checkout or build under /tmp (a clone in /tmp/ci) would vanish under the private
+    /tmp: bind the old /tmp at a directory outside it first and read the paths through that."""
+    global SOURCE, BIN
+    if not any(p == "/tmp" or p.startswith("/tmp/") for p in (SOURCE, BIN)):
+        return
+    old = tempfile.mkdtemp(prefix="readme-old-tmp-", dir="/dev/shm")
+    subprocess.run(["mount", "--bind", "/tmp", old], check=True)
+    SOURCE, BIN = (old + p[len("/tmp"):] if p.startswith("/tmp/") else p for p in (SOURCE, BIN))
+
+
 def inner():
     loopback_up()
+    keep_visible_under_tmp()
     subprocess.run(["mount", "-t", "tmpfs", "tmpfs", "/tmp"], check=True)
     work = tempfile.mkdtemp(prefix="readme-")
     os.makedirs(os.path.join(work, "build"))
