@@ -103,6 +103,21 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"data_roots",
        [&](const YAML::Node& n) { c->data_roots = n.as<std::vector<std::string>>(); }},
       {"state_max_bytes", [&](const YAML::Node& n) { c->state_max_bytes = n.as<int64_t>(); }},
+      {"metrics",
+       [&](const YAML::Node& n) {
+         if (!n.IsMap()) throw SectionError("metrics: must be a mapping (job_series: ...)");
+         for (const auto& kv : n) {
+           const std::string key = kv.first.as<std::string>();
+           if (key != "job_series") {
+             throw SectionError(
+                 absl::StrCat("metrics.", key, ": unknown setting (known: job_series)"));
+           }
+           absl::StatusOr<JobSeries> p =
+               ParseJobSeries("metrics.job_series", kv.second.as<std::string>());
+           if (!p.ok()) throw SectionError(std::string(p.status().message()));
+           c->metrics_job_series = *p;
+         }
+       }},
       {"quotas",
        [&](const YAML::Node& n) {
          absl::Status s = ParseQuotaPolicy(n, &c->quotas);

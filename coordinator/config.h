@@ -12,14 +12,17 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/quota.h"
 
 namespace ulysses::coordinator {
 
 struct CoordinatorConfig {
-  std::string listen = "127.0.0.1:50051";       // gRPC HOST:PORT (port 0 = pick one).
-  std::string state_dir;                        // Required. SQLite lives here.
-  std::string metrics_listen = "0.0.0.0:9091";  // Prometheus HOST:PORT ("" = off).
+  std::string listen = "127.0.0.1:50051";         // gRPC HOST:PORT (port 0 = pick one).
+  std::string state_dir;                          // Required. SQLite lives here.
+  std::string metrics_listen = "127.0.0.1:9091";  // Prometheus HOST:PORT ("" = off); loopback.
+  // YAML metrics.job_series: all | none | labels (coordinator_metrics.h JobSeries).
+  JobSeries metrics_job_series = JobSeries::kAll;
   double heartbeat_timeout_s = 10;  // No message for this long -> worker SUSPECT (no new work).
   // No message for this long -> worker LOST: its attempts end and restart elsewhere. Sized
   // so that a 30 s network blip (plus a heartbeat interval and scheduling slack) leaves the

@@ -430,6 +430,13 @@ void Coordinator::JobEndedLocked(JobRt& job) {
   metrics_->ForgetJob(job.rec.id);
 }
 
+std::map<std::string, std::string> Coordinator::JobTenants() {
+  std::map<std::string, std::string> out;
+  LockDeferringWrites lock(&mu_);
+  for (auto& [id, j] : state_.jobs) out.emplace(id, j->rec.tenant);
+  return out;
+}
+
 StateCounts Coordinator::Counts(CountsPart part) {
   StateCounts out;
   LockDeferringWrites lock(&mu_);

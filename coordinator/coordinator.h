@@ -36,6 +36,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -78,6 +79,8 @@ class Coordinator {
   // reported rather than waited on. A coordinator whose store is read-only stays live: its
   // ticks go on (each one probes the store) and it serves again by itself.
   absl::Status LivenessAt(int64_t now_ms, int64_t stall_ms) const;
+  // Every stored job's id -> tenant (metrics.job_series: labels). Takes the lock.
+  std::map<std::string, std::string> JobTenants() ABSL_LOCKS_EXCLUDED(mu_);
   // Why the coordinator is not serving ("" while it is): the state store's error.
   std::string health_reason() const;
   const CoordinatorConfig& config() const { return config_; }

@@ -1,8 +1,10 @@
 #include "coordinator/coordinator_metrics.h"
 
+#include <algorithm>
 #include <cctype>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/metrics/build_info.h"
 #include "common/metrics/catalog.h"
@@ -16,6 +18,59 @@ std::string Lower(std::string s) {
 }
 
 }  // namespace
+
+absl::StatusOr<JobSeries> ParseJobSeries(const std::string& field, const std::string& value) {
+  for (JobSeries p : {JobSeries::kAll, JobSeries::kNone, JobSeries::kLabels}) {
+    if (value == JobSeriesName(p)) return p;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": \"", value,
+      "\" is not a job-series policy; use all (per-job series), none (cluster-wide only) or "
+      "labels (per-job series with a tenant label)"));
+}
+
+const char* JobSeriesName(JobSeries policy) {
+  switch (policy) {
+    case JobSeries::kAll:
+      return "all";
+    case JobSeries::kNone:
+      return "none";
+    case JobSeries::kLabels:
+      return "labels";
+  }
+  return "all";
+}
+
+std::vector<metrics::FamilySnapshot> ApplyJobSeries(
+    std::vector<metrics::FamilySnapshot> families, JobSeries policy,
+    const std::map<std::string, std::string>& tenant_of) {
+  if (policy == JobSeries::kAll) return families;
+  std::vector<metrics::FamilySnapshot> out;
+  out.reserve(families.size());
+  for (metrics::FamilySnapshot& family : families) {
+    const bool had_samples = !family.samples.empty();
+    std::vector<metrics::Sample> kept;
+    kept.reserve(family.samples.size());
+    for (metrics::Sample& sample : family.samples) {
+      auto job = std::find_if(sample.labels.begin(), sample.labels.end(),
+                              [](const auto& label) { return label.first == "job_id"; });
+      if (job == sample.labels.end()) {
+        kept.push_back(std::move(sample));
+        continue;
+      }
+      if (policy == JobSeries::kNone) continue;
+      auto tenant = tenant_of.find(job->second);
+      // Right after job_id, before a histogram's `le` (which stays last).
+      sample.labels.insert(job + 1,
+                           {"tenant", tenant == tenant_of.end() ? std::string() : tenant->second});
+      kept.push_back(std::move(sample));
+    }
+    if (had_samples && kept.empty()) continue;
+    family.samples = std::move(kept);
+    out.push_back(std::move(family));
+  }
+  return out;
+}
 
 std::vector<metrics::CallbackSample> JobStateSamples(const std::map<v1::JobState, int>& counts) {
   std::vector<metrics::CallbackSample> out;

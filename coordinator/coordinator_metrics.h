@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "common/metrics/metrics.h"
+#include "common/metrics/text_format.h"
 #include "coordinator/goodput.h"
 #include "ulysses/v1/types.pb.h"
 
@@ -94,6 +96,25 @@ class CoordinatorMetrics {
  private:
   std::unique_ptr<metrics::Registry> owned_;
 };
+
+// metrics.job_series: what the coordinator's /metrics says about single jobs (docs/METRICS.md
+// "Per-job series"). The listener has no authentication, so whoever reaches it sees what this
+// lets through.
+//   kAll     every series labelled job_id, as recorded (the default);
+//   kNone    no series labelled job_id: only cluster-wide figures (jobs by state, workers,
+//            the queue, goodput and restarts by reason);
+//   kLabels  every job_id series also carries tenant="<the job's tenant>", so a per-tenant
+//            proxy in front of Prometheus (prom-label-proxy) can show each tenant only its own.
+enum class JobSeries { kAll, kNone, kLabels };
+// "all", "none" or "labels"; InvalidArgument naming `field`, the value and the choices.
+absl::StatusOr<JobSeries> ParseJobSeries(const std::string& field, const std::string& value);
+const char* JobSeriesName(JobSeries policy);
+// Applies `policy` to a scrape (Registry::Collect()). `tenant_of` maps a live job's id to its
+// tenant (kLabels); a job_id it does not know gets tenant="" (a series of a job that just
+// ended). A family the policy leaves without samples is dropped.
+std::vector<metrics::FamilySnapshot> ApplyJobSeries(
+    std::vector<metrics::FamilySnapshot> families, JobSeries policy,
+    const std::map<std::string, std::string>& tenant_of);
 
 // The samples of the ulysses_jobs and ulysses_workers gauges: one per state (lower-case
 // name without prefix), zero for states with no member.

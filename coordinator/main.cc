@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
   app.add_option("--listen", listen, "gRPC HOST:PORT (default 127.0.0.1:50051)");
   app.add_option("--state-dir", state_dir, "Directory for the SQLite state (required)");
   app.add_option("--metrics-listen", metrics_listen,
-                 "Prometheus /metrics HOST:PORT (default 0.0.0.0:9091)");
+                 "Prometheus /metrics and probes HOST:PORT (default 127.0.0.1:9091: loopback; the "
+                 "pod IP in a deploy)");
   app.add_option("--config", config_file, "YAML config file (flags override it)");
   app.add_option("--checkpoint-root", checkpoint_root,
                  "Shared checkpoint root (default <state-dir>/checkpoints)");

@@ -145,6 +145,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
         },
         [coordinator]() -> absl::Status {
           return coordinator->LivenessAt(SteadyMs(), kLivenessStallMs);
+        },
+        [coordinator, registry = &s->registry_, policy = config.metrics_job_series] {
+          if (policy == JobSeries::kAll) return registry->Serialize();
+          return metrics::WriteTextFormat(
+              ApplyJobSeries(registry->Collect(), policy,
+                             policy == JobSeries::kLabels ? coordinator->JobTenants()
+                                                          : std::map<std::string, std::string>{}));
         });
     RETURN_IF_ERROR(s->metrics_server_->Start());
   }

@@ -97,6 +97,22 @@ TEST(ConfigTest, SecurityKeysLoadFromYaml) {
   EXPECT_FALSE(ApplyConfigYaml("insecure: maybe\n", &c).ok());
 }
 
+TEST(ConfigTest, MetricsDefaultToLoopbackAndJobSeriesParses) {
+  CoordinatorConfig c;
+  EXPECT_EQ(c.metrics_listen, "127.0.0.1:9091");  // Not every interface.
+  EXPECT_EQ(c.metrics_job_series, JobSeries::kAll);
+  ASSERT_TRUE(ApplyConfigYaml("metrics: {job_series: labels}\n", &c).ok());
+  EXPECT_EQ(c.metrics_job_series, JobSeries::kLabels);
+  ASSERT_TRUE(ApplyConfigYaml("metrics: {job_series: none}\n", &c).ok());
+  EXPECT_EQ(c.metrics_job_series, JobSeries::kNone);
+  absl::Status bad = ApplyConfigYaml("metrics: {job_series: some}\n", &c);
+  EXPECT_TRUE(absl::StrContains(bad.message(), "metrics.job_series: \"some\" is not")) << bad;
+  EXPECT_TRUE(absl::StrContains(bad.message(), "use all")) << bad;
+  absl::Status unknown = ApplyConfigYaml("metrics: {jobs: all}\n", &c);
+  EXPECT_TRUE(absl::StrContains(unknown.message(), "metrics.jobs: unknown setting")) << unknown;
+  EXPECT_EQ(c.metrics_job_series, JobSeries::kNone);  // A refused value changes nothing.
+}
+
 TEST(ConfigTest, StreamCapsAreBoundedAndTheTotalCoversOneIdentity) {
   TempDir dir;
   CoordinatorConfig c = Base(dir);

@@ -15,7 +15,9 @@
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/grpc/grpc_util.h"
 #include "common/metrics/catalog.h"
 #include "common/spec/job_spec_parser.h"
@@ -553,6 +555,60 @@ TEST_F(CoordinatorGrpcTest, MetricsPassPromtool) {
   auto after = http.Get("/metrics");
   ASSERT_TRUE(after);
   EXPECT_EQ(after->body.find("job_id=\"" + *id + "\""), std::string::npos);
+}
+
+// metrics.job_series (coordinator_metrics.h JobSeries): the unauthenticated listener shows
+// no job ids at `none` and a tenant label on each at `labels`; cluster-wide figures stay.
+template <JobSeries kPolicy>
+class JobSeriesTest : public testing::CoordinatorServerTest {
+  void Configure(CoordinatorConfig* c) override { c->metrics_job_series = kPolicy; }
+
+ protected:
+  // A running job (admin, tenant "default") with a progress report; its id.
+  std::string RunningJob() {
+    FakeWorker& w1 = AddWorker("w1");
+    auto id = Submit(JobYaml("metered", "    - {seq_len: 256, steps: 2}\n"));
+    EXPECT_TRUE(id.ok());
+    auto a = w1.WaitAssignment();
+    EXPECT_TRUE(a);
+    if (!id.ok() || !a) return "";
+    w1.Started(a->ref());
+    w1.Progress(a->ref(), 1, 4.5);
+    EXPECT_TRUE(PollUntil([&] { return GetJob(*id).stages(0).progress().step() == 1; }));
+    return *id;
+  }
+};
+using JobSeriesNoneTest = JobSeriesTest<JobSeries::kNone>;
+using JobSeriesLabelsTest = JobSeriesTest<JobSeries::kLabels>;
+
+TEST_F(JobSeriesNoneTest, ScrapeNamesNoJob) {
+  const std::string id = RunningJob();
+  ASSERT_FALSE(id.empty());
+  const std::string body = Metrics();
+  EXPECT_EQ(body.find("job_id="), std::string::npos) << body;
+  EXPECT_EQ(body.find(id), std::string::npos) << body;
+  EXPECT_NE(body.find("ulysses_jobs{state=\"running\"} 1"), std::string::npos) << body;
+  const ::ulysses::testing::Result check =
+      ::ulysses::testing::Run({"/usr/bin/promtool", "check", "metrics"}, {.stdin_data = body});
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+}
+
+TEST_F(JobSeriesLabelsTest, EveryJobSeriesCarriesItsTenant) {
+  const std::string id = RunningJob();
+  ASSERT_FALSE(id.empty());
+  const std::string body = Metrics();
+  EXPECT_NE(body.find("ulysses_train_loss{job_id=\"" + id + "\",tenant=\"default\"} 4.5"),
+            std::string::npos)
+      << body;
+  // No job series without it.
+  for (absl::string_view line : absl::StrSplit(body, '\n')) {
+    if (absl::StrContains(line, "job_id=")) {
+      EXPECT_TRUE(absl::StrContains(line, "tenant=\"default\"")) << line;
+    }
+  }
+  const ::ulysses::testing::Result check =
+      ::ulysses::testing::Run({"/usr/bin/promtool", "check", "metrics"}, {.stdin_data = body});
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
 }
 
 // The coordinator registers exactly its rows of the metrics catalogue

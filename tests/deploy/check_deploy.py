@@ -151,7 +151,11 @@ class ManifestTest(unittest.TestCase):
         config_map = self.get("ConfigMap", volumes["config"]["configMap"]["name"])
         config = yaml.safe_load(config_map["data"]["coordinator.yaml"])
         self.assertEqual(config["listen"].rsplit(":", 1)[1], "50051")
-        self.assertEqual(config["metrics_listen"].rsplit(":", 1)[1], "9090")
+        # The metrics listener binds the pod IP (downward API), never every interface.
+        self.assertNotIn("metrics_listen", config)
+        self.assertEqual(flags.get("--metrics-listen"), "$(POD_IP):9090")
+        self.assertEqual({e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+                          for e in c.get("env", [])}.get("POD_IP"), "status.podIP")
 
         svc = self.get("Service", "ulysses-coordinator")
         self.assertEqual(svc["spec"]["selector"], dep["spec"]["selector"]["matchLabels"])
@@ -257,6 +261,8 @@ class ManifestTest(unittest.TestCase):
         annotations = sts["spec"]["template"]["metadata"]["annotations"]
         self.assertEqual(annotations["prometheus.io/scrape"], "true")
         self.assertEqual(flags["--metrics-listen"].rsplit(":", 1)[1], annotations["prometheus.io/port"])
+        self.assertEqual(flags["--metrics-listen"].rsplit(":", 1)[0], "$(POD_IP)",
+                         "the worker metrics listener binds the pod IP, never 0.0.0.0")
         self.assertIn({"name": "metrics", "containerPort": int(annotations["prometheus.io/port"])},
                       c["ports"])
         peak = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)]["value"], flags["--peak-flops"])

@@ -59,8 +59,9 @@ int main(int argc, char** argv) {
   app.add_option("--token", config.token,
                  "Bearer token (default: $ULYSSES_TOKEN; prefer --token-file: argv is visible)");
   app.add_option("--token-file", config.token_file, "File holding the bearer token");
-  app.add_option("--metrics-listen", config.metrics_listen,
-                 "Serve the rank's metrics on HOST:PORT (GET /metrics; e.g. 0.0.0.0:9091)");
+  app.add_option(
+      "--metrics-listen", config.metrics_listen,
+      "Serve the rank's metrics on HOST:PORT (GET /metrics; e.g. 127.0.0.1:9091, or the pod IP)");
   app.add_option("--peak-flops", config.peak_flops,
                  "Dense peak FLOP/s of the device for the MFU gauge (e.g. 989e12; 0 = unknown)")
       ->capture_default_str();

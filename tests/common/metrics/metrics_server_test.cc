@@ -1,6 +1,15 @@
 #include "common/metrics/metrics_server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "common/metrics/build_info.h"
 #include "gmock/gmock.h"
@@ -207,6 +216,160 @@ TEST(MetricsServerTest, StopIsCleanAndIdempotent) {
   EXPECT_TRUE(again.Start().ok());
 }
 
+// A raw TCP client, so a test can be the slow, half-finished or oversized peer that
+// httplib::Client never is. `source` picks the loopback address it connects from (all of
+// 127/8 is loopback), which is how the server counts its peers.
+class RawClient {
+ public:
+  RawClient(int port, const char* source = "127.0.0.1") {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    inet_pton(AF_INET, source, &from.sin_addr);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(port);
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    connected_ = fd_ >= 0 && bind(fd_, reinterpret_cast<sockaddr*>(&from), sizeof(from)) == 0 &&
+                 connect(fd_, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0;
+  }
+  ~RawClient() {
+    if (fd_ >= 0) close(fd_);
+  }
+  bool connected() const { return connected_; }
+  bool Send(const std::string& data) {
+    return send(fd_, data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
+  }
+  // Everything the server sends until it closes the connection, or until `timeout_ms`
+  // passes (then `closed` is false).
+  std::string ReadUntilClosed(int timeout_ms, bool* closed) {
+    std::string got;
+    *closed = false;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < end) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) continue;
+      char buf[4096];
+      ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) {
+        *closed = true;
+        break;
+      }
+      got.append(buf, static_cast<size_t>(n));
+    }
+    return got;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+// The finding: two anonymous clients that send a header line every few seconds held both
+// of the old server's threads, so the kubelet's /livez timed out and the coordinator would
+// have been restarted. Now slow clients (here 12, from another address, past their per-peer
+// share) hold no thread: /livez answers within the probe's 1 s timeout while they dribble.
+TEST(MetricsServerTest, SlowClientsCannotStarveLivez) {
+  Registry registry;
+  MetricsServer server(&registry, Loopback());
+  ASSERT_TRUE(server.Start().ok());
+  std::vector<std::unique_ptr<RawClient>> slow;
+  for (int i = 0; i < 12; ++i) {
+    slow.push_back(std::make_unique<RawClient>(server.port(), "127.0.0.2"));
+    ASSERT_TRUE(slow.back()->connected());
+    slow.back()->Send("GET /metrics HTTP/1.1\r\nHost: x\r\n");  // Headers never finish.
+  }
+  for (int round = 0; round < 3; ++round) {
+    for (auto& c : slow) c->Send("X-Slow: 1\r\n");
+    httplib::Client probe("127.0.0.1", server.port());
+    probe.set_connection_timeout(1);
+    probe.set_read_timeout(1);
+    auto res = probe.Get("/livez");
+    ASSERT_TRUE(res) << "round " << round << ": " << httplib::to_string(res.error());
+    EXPECT_EQ(res->status, 200);
+    EXPECT_EQ(res->body, "ok\n");
+  }
+}
+
+// A client that keeps a request open by dribbling header lines is cut at the read deadline
+// (counted from the connection, not from its last byte), without an answer.
+TEST(MetricsServerTest, DribblingClientIsCutAtTheReadDeadline) {
+  Registry registry;
+  MetricsServerConfig config = Loopback();
+  config.read_deadline_ms = 300;
+  MetricsServer server(&registry, config);
+  ASSERT_TRUE(server.Start().ok());
+  RawClient slow(server.port());
+  ASSERT_TRUE(slow.connected());
+  ASSERT_TRUE(slow.Send("GET /livez HTTP/1.1\r\n"));
+  bool closed = false;
+  std::string got;
+  // Up to 100 lines 100 ms apart (10 s, far past the deadline): the server hangs up first.
+  for (int line = 0; line < 100 && !closed; ++line) {
+    slow.Send("X-Slow: 1\r\n");
+    got += slow.ReadUntilClosed(100, &closed);
+  }
+  EXPECT_TRUE(closed) << "the server kept a request open past read_deadline_ms";
+  EXPECT_EQ(got, "") << "a request that never finished its headers got an answer";
+}
+
+// One peer cannot take every connection: past max_connections_per_peer its new connections
+// are closed at once, while another address is still served.
+TEST(MetricsServerTest, OnePeerGetsItsShareOfConnections) {
+  Registry registry;
+  MetricsServerConfig config = Loopback();
+  config.max_connections_per_peer = 3;
+  MetricsServer server(&registry, config);
+  ASSERT_TRUE(server.Start().ok());
+  std::vector<std::unique_ptr<RawClient>> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(std::make_unique<RawClient>(server.port(), "127.0.0.3"));
+    ASSERT_TRUE(held.back()->connected());
+    held.back()->Send("GET");  // Open, unfinished.
+  }
+  // Each held connection is accepted before the next is refused; the 4th from the same
+  // address is closed without an answer even though its request is complete.
+  RawClient fourth(server.port(), "127.0.0.3");
+  ASSERT_TRUE(fourth.connected());
+  fourth.Send("GET /livez HTTP/1.1\r\n\r\n");
+  bool closed = false;
+  EXPECT_EQ(fourth.ReadUntilClosed(5000, &closed), "");
+  EXPECT_TRUE(closed);
+  RawClient other(server.port(), "127.0.0.4");
+  ASSERT_TRUE(other.Send("GET /livez HTTP/1.1\r\n\r\n"));
+  std::string answer = other.ReadUntilClosed(5000, &closed);
+  EXPECT_TRUE(closed);
+  EXPECT_THAT(answer, HasSubstr("HTTP/1.1 200 OK"));
+  EXPECT_THAT(answer, HasSubstr("\r\n\r\nok\n"));
+}
+
+// Requests the listener does not serve get a clear status and never a read of a body.
+TEST(MetricsServerTest, RefusesBodiesOtherMethodsAndOversizedHeaders) {
+  Registry registry;
+  MetricsServer server(&registry, Loopback());
+  ASSERT_TRUE(server.Start().ok());
+  auto ask = [&](const std::string& request) {
+    RawClient c(server.port());
+    EXPECT_TRUE(c.Send(request));
+    bool closed = false;
+    std::string answer = c.ReadUntilClosed(5000, &closed);
+    EXPECT_TRUE(closed);
+    return answer.substr(0, answer.find("\r\n"));
+  };
+  EXPECT_EQ(ask("POST /metrics HTTP/1.1\r\n\r\n"), "HTTP/1.1 405 Method Not Allowed");
+  EXPECT_EQ(ask("GET /metrics HTTP/1.1\r\nContent-Length: 1000000\r\n\r\n"),
+            "HTTP/1.1 413 Payload Too Large");
+  EXPECT_EQ(ask("GET /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            "HTTP/1.1 413 Payload Too Large");
+  EXPECT_EQ(ask("GET /metrics HTTP/1.1\r\nX: " + std::string(20000, 'a') + "\r\n\r\n"),
+            "HTTP/1.1 431 Request Header Fields Too Large");
+  EXPECT_EQ(ask("nonsense\r\n\r\n"), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(ask("HEAD /livez HTTP/1.1\r\n\r\n"), "HTTP/1.1 200 OK");
+}
+
+// The listener binds loopback unless told otherwise (the deploy passes the pod IP).
+TEST(MetricsServerTest, DefaultsToLoopback) { EXPECT_EQ(MetricsServerConfig{}.host, "127.0.0.1"); }
+
 TEST(MetricsServerTest, InvalidConfigIsRejected) {
   Registry registry;
   MetricsServerConfig config = Loopback(70000);
@@ -217,6 +380,14 @@ TEST(MetricsServerTest, InvalidConfigIsRejected) {
   config.port = 0;
   config.host = "";
   EXPECT_THAT(ValidateMetricsServerConfig(config).message(), HasSubstr("metrics.host is empty"));
+  config.host = "127.0.0.1";
+  config.max_connections_per_peer = 500;
+  EXPECT_THAT(ValidateMetricsServerConfig(config).message(),
+              HasSubstr("metrics.max_connections_per_peer = 500 is out of range"));
+  config.max_connections_per_peer = 8;
+  config.read_deadline_ms = 0;
+  EXPECT_THAT(ValidateMetricsServerConfig(config).message(),
+              HasSubstr("metrics.read_deadline_ms = 0"));
 }
 
 }  // namespace
