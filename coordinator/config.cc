@@ -95,6 +95,8 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"max_streams_per_identity",
        [&](const YAML::Node& n) { c->max_streams_per_identity = n.as<int64_t>(); }},
       {"max_streams", [&](const YAML::Node& n) { c->max_streams = n.as<int64_t>(); }},
+      {"max_streams_per_tenant",
+       [&](const YAML::Node& n) { c->max_streams_per_tenant = n.as<int64_t>(); }},
       {"stream_queue_max_bytes",
        [&](const YAML::Node& n) { c->stream_queue_max_bytes = n.as<int64_t>(); }},
       {"session_queues", [&](const YAML::Node& n) { c->session_queues = n.as<int64_t>(); }},
@@ -345,6 +347,14 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
     e.push_back(absl::StrCat("max_streams: ", c->max_streams,
                              " is out of range (use max_streams_per_identity (",
                              c->max_streams_per_identity, ") .. 100000, e.g. 4096)"));
+  } else if (c->max_streams_per_tenant == 0) {
+    c->max_streams_per_tenant = std::max(c->max_streams_per_identity, c->max_streams / 4);
+  } else if (c->max_streams_per_tenant < c->max_streams_per_identity ||
+             c->max_streams_per_tenant > c->max_streams) {
+    e.push_back(absl::StrCat("max_streams_per_tenant: ", c->max_streams_per_tenant,
+                             " is out of range (use max_streams_per_identity (",
+                             c->max_streams_per_identity, ") .. max_streams (", c->max_streams,
+                             "), or 0 for a quarter of max_streams)"));
   }
   if (!e.empty()) return absl::InvalidArgumentError(absl::StrJoin(e, "\n"));
   // Jobs wait for their workers as long as the workers themselves may take to come back

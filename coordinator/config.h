@@ -75,9 +75,11 @@ struct CoordinatorConfig {
   // memory and SQLite (Kubernetes' ttlSecondsAfterFinished; its checkpoints stay on disk).
   // 0 = kept until the tenant's quotas.max_jobs refuses new jobs.
   double ended_job_ttl_s = 7 * 24 * 3600;
-  // Open WatchJob / GetJobLogs-follow streams (stream_limits.h): per caller identity and
-  // in all, 1..100000 each, max_streams >= max_streams_per_identity.
+  // Open WatchJob / GetJobLogs-follow streams (stream_limits.h): per caller identity, per
+  // tenant and in all, 1..100000 each, max_streams_per_identity <= max_streams_per_tenant <=
+  // max_streams (0 per tenant = a quarter of max_streams, at least max_streams_per_identity).
   int64_t max_streams_per_identity = 64;
+  int64_t max_streams_per_tenant = 0;
   int64_t max_streams = 4096;
   // Bytes a stream's send queue may hold (1 MiB .. 1 GiB): a slower reader is cut with
   // RESOURCE_EXHAUSTED, and a GetJobLogs tail sends at most half of it (the newest lines).

@@ -33,13 +33,16 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
                                                                  metrics::Registry* registry) {
   StoreOptions options;
   options.events_per_job = config.event_history;
-  options.max_bytes = config.state_max_bytes;
+  // state_max_bytes bounds everything the coordinator stores: the logs' files get a quarter,
+  // the database the rest.
+  const int64_t log_share = config.state_max_bytes / 4;
+  options.max_bytes = config.state_max_bytes - log_share;
   ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Open(config.state_dir, options));
   std::unique_ptr<Coordinator> c(new Coordinator(config, std::move(store), registry));
   {
     absl::MutexLock lock(&c->mu_);
-    c->log_files_ =
-        std::make_unique<JobLogFiles>(config.state_dir + "/logs", config.log_file_bytes_per_job);
+    c->log_files_ = std::make_unique<JobLogFiles>(config.state_dir + "/logs",
+                                                  config.log_file_bytes_per_job, log_share);
   }
   RETURN_IF_ERROR(c->Recover());
   return c;
@@ -83,7 +86,7 @@ absl::Status Coordinator::Recover() {
                      store_->LoadEvents(job.rec.id, static_cast<int>(config_.event_history)));
     for (const EventRecord& e : events) {
       v1::JobEvent ev;
-      if (ev.ParseFromString(e.payload)) job.events.push_back(std::move(ev));
+      if (ev.ParseFromString(e.payload)) KeepEvent(job, std::move(ev), config_.event_history);
       job.next_event_seq = e.sequence + 1;
     }
     // The job's log lines from before the restart (job_log_files.h).
@@ -192,6 +195,7 @@ void Coordinator::Tick(bool scan_workers) {
 
 void Coordinator::TickLocked(Txn& txn, bool scan_workers, bool force_pass) {
   const int64_t now = SteadyMs();
+  tenant_bytes_ = TenantBytesLocked();
   // First, before any pointer to a worker enters txn.
   if (scan_workers) machine_.ExpireLostWorkers(now, txn);
   machine_.ExpireEndedJobs(NowMs(), txn);
@@ -322,7 +326,19 @@ absl::Status Coordinator::CommitLocked(Txn& txn) {
   // Durable: now the side effects, still under mu_ so that every stream sees them in
   // the order of the commits (sinks only enqueue).
   if (log_files_ != nullptr) {
-    log_files_->Append(txn.log_files);
+    // A tenant at its byte quota keeps its new lines in memory only (tenant_bytes_: counted
+    // at each tick, plus what was written since).
+    log_files_->Append(txn.log_files, [this](const std::string& job_id, int64_t bytes) {
+      mu_.AssertHeld();
+      auto job = state_.jobs.find(job_id);
+      if (job == state_.jobs.end()) return true;
+      const std::string& tenant = job->second->rec.tenant;
+      const int64_t quota = config_.quotas.For(tenant).max_bytes;
+      int64_t& used = tenant_bytes_[tenant];
+      if (quota > 0 && used + bytes > quota) return false;
+      used += bytes;
+      return true;
+    });
     for (const std::string& id : txn.batch.deleted_jobs) log_files_->Remove(id);
   }
   for (auto& [worker, msg] : txn.outbound) {
@@ -381,9 +397,10 @@ void Coordinator::RestoreLocked(const Txn& txn) {
         store_->LoadEvents(id, static_cast<int>(config_.event_history));
     if (events.ok()) {
       job.events.clear();
+      job.event_bytes = 0;
       for (const EventRecord& e : *events) {
         v1::JobEvent ev;
-        if (ev.ParseFromString(e.payload)) job.events.push_back(std::move(ev));
+        if (ev.ParseFromString(e.payload)) KeepEvent(job, std::move(ev), config_.event_history);
       }
     }
     v1::LogLine line;
@@ -428,6 +445,15 @@ void Coordinator::JobEndedLocked(JobRt& job) {
   job.watchers.clear();
   job.log_followers.clear();
   metrics_->ForgetJob(job.rec.id);
+}
+
+std::map<std::string, int64_t> Coordinator::TenantBytesLocked() {
+  std::map<std::string, int64_t> out;
+  for (auto& [id, j] : state_.jobs) {
+    out[j->rec.tenant] +=
+        static_cast<int64_t>(j->rec.spec_yaml.size()) + j->event_bytes + log_files_->Bytes(id);
+  }
+  return out;
 }
 
 std::map<std::string, std::string> Coordinator::JobTenants() {

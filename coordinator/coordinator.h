@@ -164,6 +164,8 @@ class Coordinator {
   // Ends the streams of a job that reached a terminal state and forgets its series.
   void JobEndedLocked(JobRt& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   StateCounts Counts(CountsPart part) ABSL_LOCKS_EXCLUDED(mu_);
+  // Per tenant: its stored jobs' spec bytes, event bytes and log-file bytes.
+  std::map<std::string, int64_t> TenantBytesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckServingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // While NOT_SERVING after a store I/O error: one probe write; serving again on success.
   void ProbeStoreLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -175,6 +177,9 @@ class Coordinator {
   mutable absl::Mutex mu_;
   std::unique_ptr<Store> store_ ABSL_GUARDED_BY(mu_);            // Not thread-safe itself.
   std::unique_ptr<JobLogFiles> log_files_ ABSL_GUARDED_BY(mu_);  // <state_dir>/logs.
+  // Bytes each tenant stores (specs, events, log files: TenantBytesLocked), recounted every
+  // tick and grown by each log append in between (quotas.*.max_bytes).
+  std::map<std::string, int64_t> tenant_bytes_ ABSL_GUARDED_BY(mu_);
   State state_ ABSL_GUARDED_BY(mu_);
   // Operate on state_; every call needs mu_ (they hold references to state_).
   JobMachine machine_ ABSL_GUARDED_BY(mu_);

@@ -147,6 +147,13 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   }
   RETURN_IF_ERROR(CheckQueuedQuota(caller.tenant, waiting, config_.quotas));
   RETURN_IF_ERROR(CheckStoredJobsQuota(caller.tenant, stored, config_.quotas));
+  {
+    const std::map<std::string, int64_t> bytes = TenantBytesLocked();
+    auto mine = bytes.find(caller.tenant);
+    RETURN_IF_ERROR(CheckStoredBytesQuota(caller.tenant, mine == bytes.end() ? 0 : mine->second,
+                                          static_cast<int64_t>(rec.spec_yaml.size()),
+                                          config_.quotas));
+  }
   rec.number = state_.next_job_number;
   rec.id = absl::StrFormat("job-%06d", rec.number);
   Txn txn;

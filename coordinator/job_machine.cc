@@ -43,8 +43,7 @@ void JobMachine::AddEvent(JobRt& job, v1::JobEvent event, bool persist, Txn& txn
     EventRecord rec{job.rec.id, event.sequence(), NowMs(), event.SerializeAsString()};
     txn.batch.events.push_back(std::move(rec));
   }
-  job.events.push_back(event);
-  while (job.events.size() > static_cast<size_t>(config_.event_history)) job.events.pop_front();
+  KeepEvent(job, event, config_.event_history);
   if (!job.watchers.empty()) txn.notify.emplace_back(&job, std::move(event));
 }
 

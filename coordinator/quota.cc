@@ -28,11 +28,13 @@ absl::Status ParseTenantQuota(const YAML::Node& node, const std::string& path, T
         q->max_jobs = kv.second.as<int64_t>();
       } else if (key == "max_priority") {
         q->max_priority = kv.second.as<int64_t>();
+      } else if (key == "max_bytes") {
+        q->max_bytes = kv.second.as<int64_t>();
       } else {
         return absl::InvalidArgumentError(
             absl::StrCat(path, ".", key,
                          ": unknown setting (known: max_queued_jobs, max_workers, max_jobs, "
-                         "max_priority)"));
+                         "max_priority, max_bytes)"));
       }
     } catch (const std::exception&) {
       return absl::InvalidArgumentError(
@@ -51,6 +53,12 @@ void CheckTenantQuota(const TenantQuota& q, const std::string& path,
   if (q.max_jobs < 1 || q.max_jobs > kMaxQuota) {
     errors->push_back(
         absl::StrCat(path, ".max_jobs: ", q.max_jobs, " is out of range (use 1..", kMaxQuota, ")"));
+  }
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  if (q.max_bytes != 0 && (q.max_bytes < kMiB || q.max_bytes > (kMiB << 20))) {
+    errors->push_back(absl::StrCat(path, ".max_bytes: ", q.max_bytes,
+                                   " is out of range (use 1048576 (1 MiB) .. 1099511627776 (1 "
+                                   "TiB), or 0 for no limit)"));
   }
   if (q.max_priority < -1 || q.max_priority > kMaxQuota) {
     errors->push_back(absl::StrCat(path, ".max_priority: ", q.max_priority,
@@ -168,6 +176,18 @@ absl::Status CheckStoredJobsQuota(const std::string& tenant, int64_t stored,
       " stored jobs, its quota (ended jobs count until ended_job_ttl_s deletes them; an admin "
       "can raise quotas.tenants.",
       tenant, ".max_jobs = ", q.max_jobs, ")"));
+}
+
+absl::Status CheckStoredBytesQuota(const std::string& tenant, int64_t stored, int64_t adding,
+                                   const QuotaPolicy& policy) {
+  const TenantQuota& q = policy.For(tenant);
+  if (q.max_bytes == 0 || stored + adding <= q.max_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "tenant \"", tenant, "\" stores ", stored,
+      " bytes (specs, events and log files of its stored jobs; ended jobs count until "
+      "ended_job_ttl_s deletes them), and this spec's ",
+      adding, " would pass its byte quota quotas.tenants.", tenant, ".max_bytes = ", q.max_bytes,
+      " (delete ended jobs' records by waiting for their TTL, or ask an admin to raise it)"));
 }
 
 absl::Status CheckPreemptible(bool preemptible, bool is_admin) {

@@ -5,7 +5,7 @@
 //   quotas:
 //     max_user_priority: 100        # priorities above need the admin role
 //     cross_tenant_preemption_priority: 101   # default: max_user_priority + 1
-//     default: {max_queued_jobs: 100, max_workers: 0, max_jobs: 10000}   # 0 = no limit
+//     default: {max_queued_jobs: 100, max_workers: 0, max_jobs: 10000, max_bytes: 268435456}
 //     tenants:
 //       research: {max_queued_jobs: 20, max_workers: 16, max_priority: 50}
 //
@@ -33,6 +33,11 @@ struct TenantQuota {
   int64_t max_jobs = 10000;
   // The highest priority its non-admins may set (-1 = quotas.max_user_priority).
   int64_t max_priority = -1;
+  // Bytes the coordinator stores for it: specs, events and log files of its stored jobs
+  // (ended ones until ended_job_ttl_s). 1 MiB .. 1 TiB, 0 = no limit. At the quota its
+  // submits are refused and its jobs' new log lines stay in memory only. Keep the tenants'
+  // quotas together below state_max_bytes so that none can fill the store for the others.
+  int64_t max_bytes = int64_t{256} << 20;
 };
 
 struct QuotaPolicy {
@@ -64,6 +69,11 @@ absl::Status CheckPriority(int64_t priority, bool is_admin, const QuotaPolicy& p
 // RESOURCE_EXHAUSTED when `tenant` already stores `stored` jobs (its max_jobs).
 absl::Status CheckStoredJobsQuota(const std::string& tenant, int64_t stored,
                                   const QuotaPolicy& policy);
+
+// RESOURCE_EXHAUSTED when `tenant`, storing `stored` bytes, would pass its max_bytes by
+// `adding` (a new spec).
+absl::Status CheckStoredBytesQuota(const std::string& tenant, int64_t stored, int64_t adding,
+                                   const QuotaPolicy& policy);
 
 // PERMISSION_DENIED when a non-admin opts a job out of preemption
 // (spec.scheduling.preemptible: false).

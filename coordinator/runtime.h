@@ -108,7 +108,8 @@ struct JobRt {
   bool awaiting_reconnect = false;  // Recovered after a coordinator restart, ranks not back yet.
   int64_t reconnect_deadline_steady = 0;
   std::set<int> reconnected_ranks;
-  std::deque<v1::JobEvent> events;  // The newest config.event_history.
+  std::deque<v1::JobEvent> events;  // The newest config.event_history (KeepEvent).
+  int64_t event_bytes = 0;          // Serialized size of `events` (the tenant's byte quota).
   int64_t next_event_seq = 1;
   std::deque<v1::LogLine> logs;  // The newest lines, within the config's line and byte bounds.
   int64_t log_bytes = 0;         // Of `logs` (LogLineBytes).
@@ -141,6 +142,16 @@ struct JobRt {
   // (job_interval.cc). In memory only.
   JobIntervalState interval;
 };
+
+// Appends `event` to job.events, keeping the newest `history` and job.event_bytes in step.
+inline void KeepEvent(JobRt& job, v1::JobEvent event, int64_t history) {
+  job.event_bytes += static_cast<int64_t>(event.ByteSizeLong());
+  job.events.push_back(std::move(event));
+  while (job.events.size() > static_cast<size_t>(history)) {
+    job.event_bytes -= static_cast<int64_t>(job.events.front().ByteSizeLong());
+    job.events.pop_front();
+  }
+}
 
 // Everything the coordinator holds in memory.
 struct State {

@@ -209,18 +209,20 @@ class StreamSlot {
   absl::Status Take(StreamLimits* limits, const absl::StatusOr<auth::Principal>& caller) {
     if (!caller.ok()) return caller.status();
     std::string identity = StreamLimits::IdentityOf(*caller);
-    RETURN_IF_ERROR(limits->Acquire(identity));
+    RETURN_IF_ERROR(limits->Acquire(identity, caller->tenant));
     limits_ = limits;
     identity_ = std::move(identity);
+    tenant_ = caller->tenant;
     return absl::OkStatus();
   }
   ~StreamSlot() {
-    if (limits_ != nullptr) limits_->Release(identity_);
+    if (limits_ != nullptr) limits_->Release(identity_, tenant_);
   }
 
  private:
   StreamLimits* limits_ = nullptr;
   std::string identity_;
+  std::string tenant_;
 };
 
 // A stream's entry in the Authenticator's tracker: a reload that revokes the caller's

@@ -40,7 +40,8 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
       : coordinator_(coordinator),
         auth_(auth),
         rpc_seconds_(rpc_seconds),
-        streams_(stream_limits.per_identity, stream_limits.total, stream_limits.queue_bytes) {}
+        streams_(stream_limits.per_identity, stream_limits.total, stream_limits.queue_bytes,
+                 stream_limits.per_tenant) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const v1::SubmitJobRequest* request,

@@ -113,6 +113,17 @@ TEST(ConfigTest, MetricsDefaultToLoopbackAndJobSeriesParses) {
   EXPECT_EQ(c.metrics_job_series, JobSeries::kNone);  // A refused value changes nothing.
 }
 
+TEST(ConfigTest, TenantStreamCapDefaultsToAQuarterAndStaysBetweenTheOthers) {
+  TempDir dir;
+  CoordinatorConfig c = Base(dir);
+  ASSERT_TRUE(ValidateAndFinalize(&c).ok());
+  EXPECT_EQ(c.max_streams_per_tenant, 1024);  // 4096 / 4.
+  CoordinatorConfig above = Base(dir);
+  above.max_streams_per_tenant = 5000;
+  absl::Status s = ValidateAndFinalize(&above);
+  EXPECT_TRUE(absl::StrContains(s.message(), "max_streams_per_tenant: 5000 is out of range")) << s;
+}
+
 TEST(ConfigTest, StreamCapsAreBoundedAndTheTotalCoversOneIdentity) {
   TempDir dir;
   CoordinatorConfig c = Base(dir);

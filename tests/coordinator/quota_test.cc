@@ -44,6 +44,22 @@ TEST(QuotaTest, BadSectionsNameTheField) {
   EXPECT_THAT(std::string(range.message()), HasSubstr("quotas.default.max_queued_jobs: 0"));
 }
 
+TEST(QuotaTest, StoredBytesPerTenant) {
+  QuotaPolicy p =
+      FromYaml("quotas: {tenants: {small: {max_bytes: 2097152}, open: {max_bytes: 0}}}\n");
+  EXPECT_EQ(p.For("unknown").max_bytes, 256 << 20);                       // The default.
+  EXPECT_TRUE(CheckStoredBytesQuota("small", 1 << 20, 1 << 20, p).ok());  // Exactly at it.
+  absl::Status over = CheckStoredBytesQuota("small", 1 << 20, (1 << 20) + 1, p);
+  EXPECT_TRUE(absl::IsResourceExhausted(over)) << over;
+  EXPECT_THAT(std::string(over.message()), HasSubstr("quotas.tenants.small.max_bytes = 2097152"));
+  EXPECT_TRUE(CheckStoredBytesQuota("open", int64_t{1} << 50, 1, p).ok());  // 0: no limit.
+  CoordinatorConfig c;
+  c.state_dir = "/tmp/x";
+  ASSERT_TRUE(ApplyConfigYaml("quotas: {default: {max_bytes: 1000}}\n", &c).ok());
+  EXPECT_THAT(std::string(ValidateAndFinalize(&c).message()),
+              HasSubstr("quotas.default.max_bytes: 1000 is out of range"));
+}
+
 TEST(QuotaTest, PriorityAboveTheCapNeedsAdmin) {
   QuotaPolicy p;
   p.max_user_priority = 100;

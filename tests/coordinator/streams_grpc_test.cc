@@ -44,6 +44,28 @@ TEST(StreamLimitsTest, CapsPerIdentityAndInTotalAndReleasesSlots) {
   EXPECT_EQ(limits.open(), 3);
 }
 
+// One tenant's users together hold at most max_streams_per_tenant slots: the other tenants
+// keep theirs even when that tenant has many users (the finding: one tenant's users could
+// take every global slot).
+TEST(StreamLimitsTest, OneTenantsUsersCannotTakeEverySlot) {
+  StreamLimits limits(/*per_identity=*/2, /*total=*/6, /*queue_bytes=*/1 << 20,
+                      /*per_tenant=*/3);
+  EXPECT_TRUE(limits.Acquire("token:other/bob", "other").ok());
+  EXPECT_TRUE(limits.Acquire("token:other/bob", "other").ok());
+  EXPECT_TRUE(limits.Acquire("token:other/bob2", "other").ok());
+  absl::Status fourth = limits.Acquire("token:other/bob3", "other");
+  EXPECT_EQ(fourth.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(fourth.message(),
+                                "tenant other holds 3 open watch/follow streams, its "
+                                "max_streams_per_tenant 3"))
+      << fourth;
+  EXPECT_TRUE(limits.Acquire("token:research/alice", "research").ok());
+  EXPECT_TRUE(limits.Acquire("token:research/alice", "research").ok());
+  limits.Release("token:other/bob", "other");
+  EXPECT_TRUE(limits.Acquire("token:other/bob3", "other").ok());
+  EXPECT_EQ(limits.open(), 5);
+}
+
 // A client's open WatchJob stream.
 struct OpenStream {
   std::unique_ptr<grpc::ClientContext> ctx = std::make_unique<grpc::ClientContext>();

@@ -420,6 +420,54 @@ TEST_F(SecurityGrpcTest, WorkersShowOnlyTheCallersTenantsJobsAndHostsOnlyToAdmin
   EXPECT_EQ(workers_as(TestTokens::kAdmin).host(), "10.7.7.7");
 }
 
+// The finding: one tenant could fill state_max_bytes with 250 KB specs (submit + cancel) and
+// every tenant got UNAVAILABLE until the week-long TTL. Now each tenant's stored bytes (specs,
+// events, log files) are bounded by quotas.tenants.<t>.max_bytes: bob at his quota is refused
+// with the quota's name, alice's submits go on, and nothing of bob's refused job is stored.
+class ByteQuotaGrpcTest : public SecurityGrpcTest {
+ protected:
+  void SetUp() override {
+    config_.quotas.tenants["other"].max_bytes = 1 << 20;  // 1 MiB: four 250 KB specs.
+    SecurityGrpcTest::SetUp();
+  }
+  static std::string BigYaml(const std::string& name) {
+    std::string yaml = JobYaml(name, "    - {seq_len: 64, steps: 4}\n");
+    const std::string at = "  name: " + name + "\n";
+    yaml.replace(yaml.find(at), at.size(),
+                 absl::StrCat(at, "  labels: {big: ", std::string(250000, 'b'), "}\n"));
+    return yaml;
+  }
+};
+
+TEST_F(ByteQuotaGrpcTest, ATenantAtItsByteQuotaCannotMakeAnotherTenantsSubmitFail) {
+  absl::Status refused;
+  int accepted = 0;
+  for (int i = 0; i < 8 && refused.ok(); ++i) {
+    auto id = SubmitYamlAs(TestTokens::kBob, BigYaml(absl::StrCat("fill", i)));
+    if (id.ok()) {
+      ++accepted;
+    } else {
+      refused = id.status();
+    }
+  }
+  EXPECT_EQ(accepted, 4);  // 4 x ~250 KB stored, the 5th passes 1 MiB.
+  EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "quotas.tenants.other.max_bytes = 1048576"))
+      << refused;
+  // The other tenant is untouched: big and small submits go on, the store serves.
+  auto alices = SubmitYamlAs(TestTokens::kAlice, BigYaml("alices"));
+  EXPECT_TRUE(alices.ok()) << alices.status();
+  EXPECT_TRUE(SubmitAs(TestTokens::kAlice, "small").ok());
+  EXPECT_TRUE(Serving());
+  // The refused job left no trace: bob still has exactly his 4.
+  v1::ListJobsResponse list;
+  auto bob = v1::JobService::NewStub(Channel(WithToken(TestTokens::kBob)));
+  ASSERT_TRUE(Run([&](grpc::ClientContext* c) {
+                return bob->ListJobs(c, v1::ListJobsRequest(), &list);
+              }).ok());
+  EXPECT_EQ(list.jobs_size(), 4);
+}
+
 class TenancyGrpcTest : public SecurityGrpcTest {
  protected:
   void SetUp() override {
