@@ -8,7 +8,11 @@
 #include <cstdio>
 #include <cstring>
 
+#include <filesystem>
+#include <system_error>
+
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 
 namespace ulysses {
 
@@ -27,6 +31,22 @@ absl::Status WritePrivateFile(const std::string& path, const std::string& text) 
     unlink(tmp.c_str());
     return absl::FailedPreconditionError(
         absl::StrCat("cannot write \"", path, "\" (", std::strerror(errno), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EnsurePrivateDir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("directory \"", dir, "\": cannot create (", ec.message(), ")"));
+  }
+  struct stat st;
+  if (stat(dir.c_str(), &st) == 0 && (st.st_mode & 0777) != 0700 && chmod(dir.c_str(), 0700) != 0) {
+    ULOG(WARNING) << "directory " << dir << " stays mode " << std::oct << (st.st_mode & 0777)
+                  << std::dec << ": cannot make it 0700 (" << std::strerror(errno)
+                  << "); make it owner-only, it holds specs, paths and logs";
   }
   return absl::OkStatus();
 }

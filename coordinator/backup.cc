@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status.h"
+#include "coordinator/state_lock.h"
 #include "coordinator/store.h"
 
 namespace ulysses::coordinator {
@@ -276,6 +277,14 @@ absl::StatusOr<BackupInfo> RestoreStore(const std::string& from, const std::stri
     return absl::FailedPreconditionError(
         absl::StrCat("--state-dir \"", state_dir, "\": cannot create (", ec.message(), ")"));
   }
+  // Never under a live coordinator: it would keep writing to the store moved aside.
+  absl::StatusOr<std::unique_ptr<StateDirLock>> lock =
+      StateDirLock::Acquire(state_dir, "ulysses restore");
+  if (!lock.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("restore: ", lock.status().message(),
+                     " (a running coordinator keeps writing to its store: stop it, then restore)"));
+  }
   const std::string dst = StorePath(state_dir);
   const bool held = fs::exists(dst) || fs::exists(dst + "-wal");
   if (held && !force) {
@@ -291,6 +300,12 @@ absl::StatusOr<BackupInfo> RestoreStore(const std::string& from, const std::stri
     unlink(tmp.c_str());
     return absl::FailedPreconditionError(
         absl::StrCat("cannot copy \"", from, "\" to \"", tmp, "\" (", ec.message(), ")"));
+  }
+  // copy_file copies the backup's mode (often 0644): the store is owner-only.
+  if (chmod(tmp.c_str(), 0600) != 0) {
+    unlink(tmp.c_str());
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot make \"", tmp, "\" owner-only (", std::strerror(errno), ")"));
   }
   if (absl::Status s = FsyncPath(tmp, false); !s.ok()) {
     unlink(tmp.c_str());

@@ -1,5 +1,8 @@
 #include "coordinator/coordinator.h"
 
+#include "common/private_file.h"
+#include "coordinator/state_lock.h"
+
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -31,6 +34,12 @@ Coordinator::Coordinator(CoordinatorConfig config, std::unique_ptr<Store> store,
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const CoordinatorConfig& config,
                                                                  metrics::Registry* registry) {
+  // One coordinator per state dir (state_lock.h), owner-only.
+  if (absl::Status s = EnsurePrivateDir(config.state_dir); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("state ", s.message()));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<StateDirLock> state_lock,
+                   StateDirLock::Acquire(config.state_dir, "ulysses-coordinator"));
   StoreOptions options;
   options.events_per_job = config.event_history;
   // state_max_bytes bounds everything the coordinator stores: the logs' files get a quarter,
@@ -41,6 +50,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(const Coordinat
   std::unique_ptr<Coordinator> c(new Coordinator(config, std::move(store), registry));
   {
     absl::MutexLock lock(&c->mu_);
+    c->state_lock_ = std::move(state_lock);
     c->log_files_ = std::make_unique<JobLogFiles>(config.state_dir + "/logs",
                                                   config.log_file_bytes_per_job, log_share);
   }
@@ -155,6 +165,7 @@ void Coordinator::Shutdown() {
     j->watchers.clear();
     j->log_followers.clear();
   }
+  state_lock_.reset();  // Another coordinator (or a restore) may take the directory now.
 }
 
 void Coordinator::TickerLoop() {

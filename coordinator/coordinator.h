@@ -52,6 +52,7 @@
 #include "coordinator/job_log_files.h"
 #include "coordinator/job_machine.h"
 #include "coordinator/runtime.h"
+#include "coordinator/state_lock.h"
 #include "coordinator/store.h"
 #include "coordinator/worker_protocol.h"
 #include "ulysses/v1/job_service.pb.h"
@@ -175,8 +176,9 @@ class Coordinator {
   std::atomic<bool> serving_{false};
 
   mutable absl::Mutex mu_;
-  std::unique_ptr<Store> store_ ABSL_GUARDED_BY(mu_);            // Not thread-safe itself.
-  std::unique_ptr<JobLogFiles> log_files_ ABSL_GUARDED_BY(mu_);  // <state_dir>/logs.
+  std::unique_ptr<StateDirLock> state_lock_ ABSL_GUARDED_BY(mu_);  // Held until Shutdown().
+  std::unique_ptr<Store> store_ ABSL_GUARDED_BY(mu_);              // Not thread-safe itself.
+  std::unique_ptr<JobLogFiles> log_files_ ABSL_GUARDED_BY(mu_);    // <state_dir>/logs.
   // Bytes each tenant stores (specs, events, log files: TenantBytesLocked), recounted every
   // tick and grown by each log append in between (quotas.*.max_bytes).
   std::map<std::string, int64_t> tenant_bytes_ ABSL_GUARDED_BY(mu_);

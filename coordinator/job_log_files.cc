@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/file_tree.h"
 #include "common/logging.h"
+#include "common/private_file.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace ulysses::coordinator {
@@ -97,9 +98,9 @@ absl::Status JobLogFiles::AppendJob(const std::string& job_id, std::vector<std::
         "its tenant is at its byte quota (quotas.tenants.<tenant>.max_bytes)");
   }
   const std::string dir = JobDir(job_id);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  if (absl::Status s = EnsurePrivateDir(dir); !s.ok()) {
+    return absl::UnavailableError(s.message());
+  }
   const std::string current = dir + "/log.jsonl";
   const std::string previous = dir + "/log.1.jsonl";
   struct stat st;

@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
+#include "common/private_file.h"
 #include "common/status.h"
 #include "coordinator/backup.h"
 #include "coordinator/store_schema.h"
@@ -100,11 +101,9 @@ bool SameAttempt(const AttemptRecord& a, const AttemptRecord& b) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir, StoreOptions options) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("state dir \"", dir, "\": cannot create (", ec.message(), ")"));
+  // Owner-only, like every file in it (docs/SECURITY.md).
+  if (absl::Status s = EnsurePrivateDir(dir); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("state ", s.message()));
   }
   std::string path = dir + "/coordinator.db";
   // The store holds every spec, path and log: owner-only. SQLite gives its -wal and -shm

@@ -6,6 +6,8 @@
 #include "coordinator/backup.h"
 
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
@@ -18,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/state_lock.h"
 #include "coordinator/store.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/test_util.h"
@@ -139,6 +142,45 @@ TEST(BackupTest, RestoreRefusesAnOccupiedStateDirUnlessForcedAndKeepsTheOldStore
             !absl::EndsWith(e.path().string(), "-wal");
   }
   EXPECT_EQ(kept, 1) << "the replaced store was not kept aside";
+}
+
+// The finding: `restore --force` into a running coordinator's state dir succeeded while the
+// coordinator kept writing to the moved file, and the restored db kept the backup's 0644 until
+// the next start. Now the restore needs the state dir's lock (state_lock.h), which a live
+// coordinator holds, and the restored store is 0600 at once.
+TEST(BackupTest, RestoreRefusesALiveCoordinatorsStateDirAndLeavesTheStoreOwnerOnly) {
+  TempDir dir;
+  const std::string a = dir.path() + "/a", live = dir.path() + "/live";
+  {
+    auto store = Store::Open(a);
+    ASSERT_TRUE(store.ok());
+    ASSERT_NO_FATAL_FAILURE(WriteJobs(**store, 1, 3));
+  }
+  const std::string backup = dir.path() + "/a.bak";
+  ASSERT_TRUE(BackupStore(a, backup).ok());
+  ASSERT_EQ(chmod(backup.c_str(), 0644), 0);
+  {
+    auto store = Store::Open(live);
+    ASSERT_TRUE(store.ok());
+    ASSERT_NO_FATAL_FAILURE(WriteJobs(**store, 1, 7));
+  }
+  {
+    auto coordinator = StateDirLock::Acquire(live, "ulysses-coordinator");  // As it does.
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+    absl::StatusOr<BackupInfo> refused = RestoreStore(backup, live, /*force=*/true);
+    ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(absl::StrContains(refused.status().message(),
+                                  absl::StrCat("is in use by ulysses-coordinator pid ", getpid())))
+        << refused.status();
+    EXPECT_EQ(Jobs(live), 7) << "a refused restore changed the state dir";
+    // A second coordinator on the same directory is refused the same way.
+    EXPECT_FALSE(StateDirLock::Acquire(live, "ulysses-coordinator").ok());
+  }
+  ASSERT_TRUE(RestoreStore(backup, live, /*force=*/true).ok());  // Stopped: the lock is free.
+  EXPECT_EQ(Jobs(live), 3);
+  struct stat st;
+  ASSERT_EQ(stat((live + "/coordinator.db").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
 TEST(BackupTest, CorruptTruncatedForeignAndNewerFilesAreRefusedWithTheReason) {

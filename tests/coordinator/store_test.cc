@@ -4,6 +4,7 @@
 
 #include <sqlite3.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <csignal>
@@ -86,6 +87,23 @@ TEST(StoreTest, BatchRoundTripsThroughReopen) {
   ASSERT_TRUE(events.ok());
   ASSERT_EQ(events->size(), 1u);
   EXPECT_EQ((*events)[0].payload, "payload");
+}
+
+// The finding: the state dir was 0755 (the db 0600). Now the directory is owner-only too,
+// created so or tightened at open.
+TEST(StoreTest, TheStateDirIsOwnerOnly) {
+  TempDir dir;
+  const std::string open_dir = dir.path() + "/was-open";
+  ASSERT_EQ(mkdir(open_dir.c_str(), 0755), 0);
+  ASSERT_EQ(chmod(open_dir.c_str(), 0755), 0);
+  for (const std::string& state : {open_dir, dir.path() + "/new/state"}) {
+    ASSERT_TRUE(Store::Open(state).ok()) << state;
+    struct stat st;
+    ASSERT_EQ(stat(state.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0700u) << state;
+    ASSERT_EQ(stat((state + "/coordinator.db").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << state;
+  }
 }
 
 TEST(StoreTest, UpsertReplacesTheJobRow) {
