@@ -608,4 +608,28 @@ std::string TruncateText(absl::string_view text, size_t max_bytes) {
   return absl::StrCat(text.substr(0, keep), " [truncated ", text.size() - keep, " bytes]");
 }
 
+std::string EscapeControl(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    // C1 controls U+0080..U+009F are 0xC2 0x80..0x9F in UTF-8.
+    const bool c1 = c == 0xC2 && i + 1 < text.size() &&
+                    (static_cast<unsigned char>(text[i + 1]) & 0xE0) == 0x80;
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if ((c < 0x20 && c != '\t') || c == 0x7F) {
+      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
+    } else if (c1) {
+      absl::StrAppend(&out, "\\u00",
+                      absl::Hex(static_cast<unsigned char>(text[++i]), absl::kZeroPad2));
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 }  // namespace ulysses::coordinator

@@ -102,6 +102,12 @@ std::string InvalidReason(const v1::WorkerMessage& message);
 // in all (`max_bytes` >= 64).
 std::string TruncateText(absl::string_view text, size_t max_bytes);
 
+// Worker-supplied text (rank log lines, an exit's error message) made safe for the
+// coordinator's text log, Job.reason and a terminal: control characters (C0 but tab, DEL, C1)
+// become visible escapes ("\n", "\r", "\x1b"), so a worker cannot forge a log line or send
+// terminal escapes. Everything else is kept as is.
+std::string EscapeControl(absl::string_view text);
+
 }  // namespace ulysses::coordinator
 
 #endif  // ULYSSES_COORDINATOR_VALIDATION_H_

@@ -388,9 +388,7 @@ void WorkerProtocol::OnLogs(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
   }
   for (const v1::LogLine& l : b.lines()) {
     v1::LogLine line = l;
-    if (line.text().size() > kMaxLogLineBytes) {
-      line.set_text(TruncateText(l.text(), kMaxLogLineBytes));
-    }
+    line.set_text(TruncateText(EscapeControl(l.text()), kMaxLogLineBytes));
     line.set_worker_id(w.rec.id);
     line.set_rank(b.ref().rank());
     line.set_generation(b.ref().generation());
@@ -500,9 +498,10 @@ void WorkerProtocol::OnExited(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn)
                                 txn)) {
     return;
   }
-  std::string detail = x.error_message().empty()
-                           ? ""
-                           : absl::StrCat(": ", TruncateText(x.error_message(), kMaxReasonBytes));
+  std::string detail =
+      x.error_message().empty()
+          ? ""
+          : absl::StrCat(": ", TruncateText(EscapeControl(x.error_message()), kMaxReasonBytes));
   const contract::StopRequest stop = x.aborted()     ? contract::StopRequest::kAbort
                                      : x.preempted() ? contract::StopRequest::kPreempt
                                                      : contract::StopRequest::kNone;

@@ -4,10 +4,12 @@
 // another worker's job; a stale or ended generation cannot either; a committed
 // checkpoint must lie in its job's checkpoint dir. Each attack gets an error Ack, is
 // counted by reason, and changes nothing.
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/fake_worker.h"
@@ -256,6 +258,37 @@ TEST_F(FencingGrpcTest, AnEndedJobTakesNoLogsAndSucceedsOnlyWithItsFinalCheckpoi
   ExpectStale(*r.worker, Log(a2->ref(), "appended after the end"), "has ended");
   EXPECT_FALSE(HasLogLine(r.id, "appended after the end"));
   EXPECT_EQ(Rejected("job_not_running"), 1);
+}
+
+// The finding: a worker's exit message injected a forged line into the coordinator's text log
+// and raw escape characters into Job.reason. Worker text is escaped before logs and reasons:
+// no raw control character reaches the reason, the job's log lines or the coordinator's log.
+TEST_F(FencingGrpcTest, WorkerTextCannotForgeLogLinesOrSendTerminalEscapes) {
+  Running r = StartJob("honest", "forger");
+  ASSERT_NE(r.worker, nullptr);
+  const v1::WorkRef ref = r.assignment.ref();
+  const std::string forged =
+      "boom\n2026-12-04T00:00:00.000Z I 1 job_machine.cc:1] job-000001 "
+      "RUNNING -> SUCCEEDED\x1b[2J\r\x07\xc2\x9b";
+  r.worker->Log(ref, forged);
+  r.worker->Exited(ref, 1, forged);
+  ASSERT_TRUE(PollUntil([&] { return GetJob(r.id).failures() == 1; }));
+  const std::string reason = GetJob(r.id).attempts(0).reason();
+  EXPECT_TRUE(absl::StrContains(reason, "boom\\n2026-12-04T00:00:00.000Z")) << reason;
+  EXPECT_TRUE(absl::StrContains(reason, "\\x1b[2J\\r\\x07\\u009b")) << reason;
+  auto raw = [](const std::string& text) {
+    return std::any_of(text.begin(), text.end(), [](char c) {
+      const unsigned char u = static_cast<unsigned char>(c);
+      return (u < 0x20 && u != '\t') || u == 0x7F;
+    });
+  };
+  EXPECT_FALSE(raw(reason)) << reason;
+  bool seen = false;
+  for (const v1::LogLine& line : Logs(r.id)) {
+    EXPECT_FALSE(raw(line.text())) << line.text();
+    seen = seen || absl::StrContains(line.text(), "boom\\n2026");
+  }
+  EXPECT_TRUE(seen) << "the escaped line is kept";
 }
 
 TEST_F(FencingGrpcTest, StaleAndEndedGenerationsAreRejectedButLateLogsAreKept) {
