@@ -312,6 +312,7 @@ absl::StatusOr<Connection> ResolveConnection(const ConnectionFlags& flags) {
 
   ChannelOptions& ch = conn.channel;
   ch.version = metrics::BuildVersion();  // Checked by the coordinator's version policy.
+  ch.product = kClientProduct;           // Which makes the version header required.
   if (context != nullptr) {
     conn.context = context->name;
     ch.server = context->server;

@@ -5,8 +5,10 @@
 // 0.4.x), so the coordinator is upgraded first and the workers and clients follow; every other
 // version is refused with both versions and the fix. Workers send their version in
 // RegisterRequest.agent_version, ulyssesctl as `ulysses-version` call metadata
-// (kVersionMetadata, common/grpc/channel.h). A peer that sends none (a tool from before
-// versions were sent, grpcurl, test peers) is not checked.
+// (kVersionMetadata, common/grpc/channel.h). ulyssesctl names itself in its user-agent
+// ("ulyssesctl/<version>"), and a call from it without the header is refused; another peer
+// that sends none (grpcurl, a tool from before versions were sent, test peers) is not
+// checked. A refused version is quoted back at most 32 printable bytes long.
 #ifndef ULYSSES_COORDINATOR_VERSION_POLICY_H_
 #define ULYSSES_COORDINATOR_VERSION_POLICY_H_
 

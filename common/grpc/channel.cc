@@ -212,7 +212,11 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const ChannelOptions&
     interceptors.push_back(
         std::make_unique<CallMetadataInterceptorFactory>(options.token, options.version));
   }
-  return grpc::experimental::CreateCustomChannelWithInterceptors(options.server, creds, args,
+  grpc::ChannelArguments with_agent = args;
+  if (!options.product.empty() && !options.version.empty()) {
+    with_agent.SetUserAgentPrefix(absl::StrCat(options.product, "/", options.version));
+  }
+  return grpc::experimental::CreateCustomChannelWithInterceptors(options.server, creds, with_agent,
                                                                  std::move(interceptors));
 }
 

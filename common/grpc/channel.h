@@ -32,6 +32,8 @@ namespace ulysses {
 
 // The metadata key that carries a client's release version (MAJOR.MINOR.PATCH).
 inline constexpr char kVersionMetadata[] = "ulysses-version";
+// ulyssesctl's product name in its user-agent ("ulyssesctl/<version> grpc-c++/...").
+inline constexpr char kClientProduct[] = "ulyssesctl";
 
 struct ChannelOptions {
   std::string server;     // HOST:PORT, [V6]:PORT or a gRPC target (dns:///, ipv4:, unix:).
@@ -41,6 +43,10 @@ struct ChannelOptions {
   std::string token;      // Bearer token sent on every call; "" = none.
   bool insecure = false;  // Allow plaintext to a non-loopback server.
   std::string version;    // Sent as kVersionMetadata on every call; "" = none.
+  // The client's name ("ulyssesctl"): with `version`, the user-agent starts with
+  // "<product>/<version>", and a coordinator refuses a call from that product without its
+  // version header (coordinator/version_policy.h). "" = a plain gRPC user-agent.
+  std::string product;
 };
 
 // Checks `options` and builds the channel (it connects lazily). `args` are extra

@@ -59,6 +59,7 @@ struct TestChannelOptions {
   bool tls = true;          // false: plaintext (tokens as call credentials need TLS).
   std::string token;        // "" = none.
   std::string worker_cert;  // Worker name whose client certificate to present ("" = none).
+  std::string user_agent;   // A user-agent prefix ("ulyssesctl/0.1.0"); "" = gRPC's own.
 };
 
 inline TestChannelOptions WithToken(const std::string& token) {
@@ -76,6 +77,7 @@ inline std::shared_ptr<grpc::Channel> MakeTestChannel(int port, const TestChanne
   const std::string target = absl::StrCat("127.0.0.1:", port);
   grpc::ChannelArguments args;
   args.SetInt("grpc.use_local_subchannel_pool", 1);  // No connection sharing across identities.
+  if (!o.user_agent.empty()) args.SetUserAgentPrefix(o.user_agent);
   if (!o.tls) return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   const ::ulysses::testing::DevCerts& certs = o.worker_cert.empty()
                                                   ? ::ulysses::testing::TestCerts()

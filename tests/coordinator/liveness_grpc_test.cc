@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc/channel.h"
 #include "common/grpc/grpc_util.h"
@@ -31,6 +32,9 @@ namespace {
 using testing::FakeWorker;
 using testing::JobYaml;
 using testing::PollUntil;
+using testing::TestChannelOptions;
+using testing::TestTokens;
+using testing::WithToken;
 
 class LivenessGrpcTest : public testing::CoordinatorServerTest {
  protected:
@@ -404,6 +408,35 @@ TEST(VersionPolicyTest, TheOwnAndThePreviousMinorOfTheSameMajorAreAccepted) {
   EXPECT_TRUE(CheckPeerVersion("worker", "1.0.3", "1.0.0").ok());
   EXPECT_FALSE(CheckPeerVersion("worker", "0.9.0", "1.0.0").ok());   // Another major.
   EXPECT_TRUE(CheckPeerVersion("worker", "7.7.7", "unknown").ok());  // Development build.
+  // The finding: a 7 KB forged version was echoed whole. It is quoted at most 32 printable
+  // bytes long, with its size.
+  absl::Status forged = CheckPeerVersion("ulyssesctl", std::string(7000, '9') + "\x1b[2J", "0.4.2");
+  EXPECT_EQ(forged.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_LT(forged.message().size(), 300u) << forged.message();
+  EXPECT_TRUE(absl::StrContains(forged.message(), "... (7004 bytes)")) << forged.message();
+  EXPECT_EQ(forged.message().find('\x1b'), std::string::npos);
+}
+
+// The finding: the version check was advisory (omitting the header passed). ulyssesctl names
+// itself in its user-agent, and a call from it without the header is refused; a plain gRPC
+// client (grpcurl, these tests' stubs) is not asked for one.
+TEST_F(LivenessGrpcTest, UlyssesctlWithoutItsVersionHeaderIsRefused) {
+  TestChannelOptions as_ctl = WithToken(TestTokens::kAdmin);
+  as_ctl.user_agent = absl::StrCat(kClientProduct, "/", metrics::BuildVersion());
+  auto ctl = v1::JobService::NewStub(Channel(as_ctl));
+  auto list = [&](v1::JobService::Stub* stub, bool with_header) {
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    if (with_header) ctx.AddMetadata(kVersionMetadata, metrics::BuildVersion());
+    v1::ListJobsResponse resp;
+    return stub->ListJobs(&ctx, v1::ListJobsRequest(), &resp);
+  };
+  grpc::Status refused = list(ctl.get(), false);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(absl::StrContains(refused.error_message(), "sent no ulysses-version header"))
+      << refused.error_message();
+  EXPECT_TRUE(list(ctl.get(), true).ok());
+  EXPECT_TRUE(list(jobs_.get(), false).ok());  // Not ulyssesctl: not asked.
 }
 
 }  // namespace
