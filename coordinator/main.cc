@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "common/contract/cli11.h"
 #include "common/contract/exit.h"
+#include "common/grpc/library_logs.h"
 #include "common/log_format.h"
 #include "common/logging.h"
 #include "common/process/process_init.h"
@@ -115,6 +116,7 @@ int main(int argc, char** argv) {
     return *exit_code;
   }
 
+  ulysses::RouteLibraryLogs();  // libprotobuf and gRPC lines in the chosen format too.
   if (absl::Status s = ulysses::SetLogFormatFromFlag("--log-format", log_format); !s.ok()) {
     std::cerr << "ulysses-coordinator: " << s.message() << "\n";
     return ulysses::contract::kExitBadInput;

@@ -9,6 +9,7 @@
 #include "CLI/CLI.hpp"
 #include "common/contract/cli11.h"
 #include "common/contract/exit.h"
+#include "common/grpc/library_logs.h"
 #include "common/log_format.h"
 #include "common/logging.h"
 #include "common/process/process_init.h"
@@ -80,6 +81,7 @@ int main(int argc, char** argv) {
   if (std::optional<int> exit_code = ulysses::contract::ParseCommandLine(app, argc, argv)) {
     return *exit_code;
   }
+  ulysses::RouteLibraryLogs();  // libprotobuf and gRPC lines in the chosen format too.
   if (absl::Status s = ulysses::SetLogFormatFromFlag("--log-format", log_format); !s.ok()) {
     std::cerr << "ulysses-worker: " << s.message() << "\n";
     return ulysses::contract::kExitBadInput;
