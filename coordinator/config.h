@@ -85,6 +85,9 @@ struct CoordinatorConfig {
   // RESOURCE_EXHAUSTED, and a GetJobLogs tail sends at most half of it (the newest lines).
   // Memory for streams is bounded by max_streams * (this + one message of <= 1 MiB).
   int64_t stream_queue_max_bytes = 4 << 20;
+  // Seconds one write of a stream may wait for its client (1..3600): a client that grants
+  // no HTTP/2 flow credit is cut at the next message after it (RESOURCE_EXHAUSTED).
+  double stream_stall_s = 60;
   // Completion queues (one thread each) serving worker Sessions, 1..64: sessions are spread
   // over them, and with Debian's libgrpc each message's cost grows with the sessions on
   // its queue (coordinator/async_bidi.h; docs/COORDINATOR.md "Worker sessions").

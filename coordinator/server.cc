@@ -104,7 +104,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->job_service_ = std::make_unique<JobServiceImpl>(
       s->coordinator_.get(), s->authenticator_.get(), *rpc_seconds,
       StreamLimitsConfig{config.max_streams_per_identity, config.max_streams,
-                         config.stream_queue_max_bytes, config.max_streams_per_tenant});
+                         config.stream_queue_max_bytes, config.max_streams_per_tenant,
+                         static_cast<int64_t>(config.stream_stall_s * 1000)});
   s->worker_service_ = std::make_unique<WorkerServiceImpl>(s->coordinator_.get(),
                                                            s->authenticator_.get(), *rpc_seconds);
 

@@ -95,10 +95,37 @@ class QueuedWriter : public Base, public WriteStarter {
     absl::MutexLock lock(&write_mu_);
     max_queued_bytes_ = bytes;
   }
+  // A write the client has not taken for `stall_ms` (it grants no HTTP/2 flow credit) cuts
+  // the stream at the next message: RESOURCE_EXHAUSTED, and the call is cancelled so that
+  // its slot and queue go even though that write never completes on its own.
+  void SetStallDeadline(grpc::CallbackServerContext* context, int64_t stall_ms) {
+    absl::MutexLock lock(&write_mu_);
+    context_ = context;
+    stall_ms_ = stall_ms;
+  }
 
   void Enqueue(Msg message) {
     absl::ReleasableMutexLock lock(&write_mu_);
     if (finishing_) return;
+    if (writing_ && context_ != nullptr && stall_ms_ > 0 && write_started_ms_ > 0 &&
+        SteadyMs() - write_started_ms_ > stall_ms_) {
+      queue_.erase(std::next(queue_.begin()), queue_.end());
+      queued_bytes_ = 0;
+      finishing_ = true;
+      final_status_ = grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("the client has not read this stream for more than ", stall_ms_ / 1000,
+                       " s (stream_stall_s); read the stream continuously"));
+      // Under the coordinator's mutex the cancel waits for its end (DeferredWrites).
+      if (DeferredWrites::Defer(this)) {
+        cancel_deferred_ = true;
+        return;
+      }
+      grpc::CallbackServerContext* context = context_;
+      lock.Release();
+      context->TryCancel();
+      return;
+    }
     const int64_t size = static_cast<int64_t>(message.ByteSizeLong());
     if (max_queued_bytes_ > 0 && writing_ && queued_bytes_ + size > max_queued_bytes_) {
       // Drop what waits (the message being written must stay until its OnWriteDone).
@@ -122,12 +149,20 @@ class QueuedWriter : public Base, public WriteStarter {
     // end. While writing_ with no write started nothing finishes the stream, so it lives.
     if (DeferredWrites::Defer(this)) return;
     const Msg* next = &queue_.front();
+    write_started_ms_ = SteadyMs();
     lock.Release();
     this->StartWrite(next);
   }
 
   void StartQueuedWrite() override {
     absl::ReleasableMutexLock lock(&write_mu_);
+    if (cancel_deferred_) {  // A write in flight keeps the reactor alive until then.
+      cancel_deferred_ = false;
+      grpc::CallbackServerContext* context = context_;
+      lock.Release();
+      context->TryCancel();
+      return;
+    }
     if (finish_deferred_) {
       finish_deferred_ = false;
       grpc::Status status = final_status_;
@@ -136,6 +171,7 @@ class QueuedWriter : public Base, public WriteStarter {
       return;
     }
     const Msg* next = &queue_.front();  // Only OnWriteDone pops, after this write.
+    write_started_ms_ = SteadyMs();
     lock.Release();
     this->StartWrite(next);
   }
@@ -169,12 +205,14 @@ class QueuedWriter : public Base, public WriteStarter {
       const Msg* next = &queue_.front();
       queued_bytes_ =
           std::max<int64_t>(0, queued_bytes_ - static_cast<int64_t>(next->ByteSizeLong()));
+      write_started_ms_ = SteadyMs();
       lock.Release();
       this->StartWrite(next);
       return;
     }
     queued_bytes_ = 0;
     writing_ = false;
+    write_started_ms_ = 0;
     if (finishing_ && !finished_) {
       finished_ = true;
       grpc::Status status = final_status_;
@@ -195,6 +233,11 @@ class QueuedWriter : public Base, public WriteStarter {
   int64_t queued_bytes_ ABSL_GUARDED_BY(write_mu_) = 0;
   int64_t max_queued_bytes_ ABSL_GUARDED_BY(write_mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(write_mu_) = false;
+  // SteadyMs() when the write in flight started (0: none started).
+  int64_t write_started_ms_ ABSL_GUARDED_BY(write_mu_) = 0;
+  grpc::CallbackServerContext* context_ ABSL_GUARDED_BY(write_mu_) = nullptr;
+  int64_t stall_ms_ ABSL_GUARDED_BY(write_mu_) = 0;
+  bool cancel_deferred_ ABSL_GUARDED_BY(write_mu_) = false;
   bool finishing_ ABSL_GUARDED_BY(write_mu_) = false;
   bool finished_ ABSL_GUARDED_BY(write_mu_) = false;
   // Finish waits for StartQueuedWrite (DeferredWrites).
@@ -256,9 +299,11 @@ class WatchReactor final
       public JobEventSink {
  public:
   WatchReactor(Coordinator* coordinator, StreamLimits* limits, const auth::Authenticator* auth,
-               const absl::StatusOr<auth::Principal>& caller, const v1::WatchJobRequest& request)
+               grpc::CallbackServerContext* context, const absl::StatusOr<auth::Principal>& caller,
+               const v1::WatchJobRequest& request)
       : coordinator_(coordinator), job_id_(request.job_id()) {
     SetQueueBound(limits->queue_bytes());
+    SetStallDeadline(context, limits->stall_ms());
     absl::Status status = caller.status();
     if (status.ok()) status = ValidateWatchJobRequest(request);
     if (status.ok()) status = slot_.Take(limits, caller);
@@ -289,9 +334,11 @@ class LogsReactor final
       public LogSink {
  public:
   LogsReactor(Coordinator* coordinator, StreamLimits* limits, const auth::Authenticator* auth,
-              const absl::StatusOr<auth::Principal>& caller, const v1::GetJobLogsRequest& request)
+              grpc::CallbackServerContext* context, const absl::StatusOr<auth::Principal>& caller,
+              const v1::GetJobLogsRequest& request)
       : coordinator_(coordinator), job_id_(request.job_id()), queue_bytes_(limits->queue_bytes()) {
     SetQueueBound(queue_bytes_);
+    SetStallDeadline(context, limits->stall_ms());
     absl::Status status = caller.status();
     if (status.ok()) status = ValidateGetJobLogsRequest(request);
     // Every call holds a slot, a plain tail too: unread, it holds its reply as long as a
@@ -487,13 +534,13 @@ grpc::ServerUnaryReactor* JobServiceImpl::ResumeJob(grpc::CallbackServerContext*
 
 grpc::ServerWriteReactor<v1::JobEvent>* JobServiceImpl::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
-  return new WatchReactor(coordinator_, &streams_, auth_,
+  return new WatchReactor(coordinator_, &streams_, auth_, context,
                           Admit(*auth_, *context, auth::Rpc::kWatchJob), *request);
 }
 
 grpc::ServerWriteReactor<v1::GetJobLogsResponse>* JobServiceImpl::GetJobLogs(
     grpc::CallbackServerContext* context, const v1::GetJobLogsRequest* request) {
-  return new LogsReactor(coordinator_, &streams_, auth_,
+  return new LogsReactor(coordinator_, &streams_, auth_, context,
                          Admit(*auth_, *context, auth::Rpc::kGetJobLogs), *request);
 }
 

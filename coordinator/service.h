@@ -41,7 +41,7 @@ class JobServiceImpl final : public v1::JobService::CallbackService {
         auth_(auth),
         rpc_seconds_(rpc_seconds),
         streams_(stream_limits.per_identity, stream_limits.total, stream_limits.queue_bytes,
-                 stream_limits.per_tenant) {}
+                 stream_limits.per_tenant, stream_limits.stall_ms) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
                                       const v1::SubmitJobRequest* request,

@@ -22,6 +22,7 @@ struct StreamLimitsConfig {
   int64_t total = 4096;
   int64_t queue_bytes = 4 << 20;  // Bytes one stream's send queue may hold.
   int64_t per_tenant = 1024;      // All identities of one tenant together.
+  int64_t stall_ms = 60000;       // How long one write may wait for the client.
 };
 
 class StreamLimits {
@@ -29,13 +30,16 @@ class StreamLimits {
   // 1 <= `per_identity` <= `per_tenant` <= `total` (CoordinatorConfig validates them); a
   // `per_tenant` of 0 means `total`.
   StreamLimits(int64_t per_identity, int64_t total, int64_t queue_bytes = 4 << 20,
-               int64_t per_tenant = 0)
+               int64_t per_tenant = 0, int64_t stall_ms = 60000)
       : per_identity_(per_identity),
         per_tenant_(per_tenant > 0 ? per_tenant : total),
         total_(total),
-        queue_bytes_(queue_bytes) {}
+        queue_bytes_(queue_bytes),
+        stall_ms_(stall_ms) {}
   // The byte bound of each stream's send queue (StreamLimitsConfig::queue_bytes).
   int64_t queue_bytes() const { return queue_bytes_; }
+  // How long one write may wait for the client (StreamLimitsConfig::stall_ms).
+  int64_t stall_ms() const { return stall_ms_; }
 
   // The key streams are counted under: the token's user and tenant, or the certificate's CN.
   static std::string IdentityOf(const auth::Principal& caller);
@@ -53,6 +57,7 @@ class StreamLimits {
   const int64_t per_tenant_;
   const int64_t total_;
   const int64_t queue_bytes_;
+  const int64_t stall_ms_;
   mutable absl::Mutex mu_;
   std::map<std::string, int64_t> by_identity_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> by_tenant_ ABSL_GUARDED_BY(mu_);

@@ -7,6 +7,7 @@
 #include "common/contract/exit.h"
 #include "common/spec/job_spec_parser.h"
 #include "common/status.h"
+#include "coordinator/checkpoint_verify.h"
 #include "coordinator/path_policy.h"
 #include "coordinator/validation.h"
 #include "coordinator/views.h"
@@ -402,6 +403,15 @@ void WorkerProtocol::OnCheckpoint(WorkerRt& w, const v1::WorkerMessage& m, Txn& 
   const v1::Checkpoint& c = m.checkpoint().checkpoint();
   JobRt* job = Accept(w, m, ref, Need::kCheckpoint, /*abort=*/false, txn);
   if (job == nullptr) return;
+  // Rank 0 commits a checkpoint (it writes the manifest last) and speaks for the group: the
+  // worker of another rank may not set the job's checkpoint (its final one is the result).
+  if (ref.rank() != 0) {
+    Reject(w, m,
+           absl::PermissionDeniedError(absl::StrCat("rank ", ref.rank(), " of ", ref.job_id(),
+                                                    " reported a checkpoint; only rank 0 does")),
+           "checkpoint_not_rank0", txn);
+    return;
+  }
   if (absl::Status inside = CheckCommittedCheckpointPath("checkpoint.checkpoint.path", c.path(),
                                                          job->rec.checkpoint_dir);
       !inside.ok()) {
@@ -537,6 +547,18 @@ void WorkerProtocol::OnExited(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn)
                          ")"),
             "rank_failed", contract::FailureKind::kApplication, txn);
         break;
+      }
+      // The claim must hold on disk: rank 0's manifest of that step, with its shards.
+      if (final_stage) {
+        if (absl::Status on_disk = VerifyFinalCheckpoint(
+                {last->path, job->rec.tenant, job->rec.id, stage.index, stage.steps});
+            !on_disk.ok()) {
+          machine_.OnRankFailure(*job, v1::ATTEMPT_OUTCOME_FAILED, x.exit_code(),
+                                 absl::StrCat("all ranks of the final stage ", stage.index,
+                                              " exited 0, but ", on_disk.message()),
+                                 "rank_failed", contract::FailureKind::kApplication, txn);
+          break;
+        }
       }
       machine_.CompleteStage(*job, txn);
       break;

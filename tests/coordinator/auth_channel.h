@@ -60,6 +60,9 @@ struct TestChannelOptions {
   std::string token;        // "" = none.
   std::string worker_cert;  // Worker name whose client certificate to present ("" = none).
   std::string user_agent;   // A user-agent prefix ("ulyssesctl/0.1.0"); "" = gRPC's own.
+  // > 0: the HTTP/2 flow-control window this client grants per stream, fixed (no BDP
+  // probing): a client that does not read then stalls the server's writes at once.
+  int stream_window_bytes = 0;
 };
 
 inline TestChannelOptions WithToken(const std::string& token) {
@@ -78,6 +81,10 @@ inline std::shared_ptr<grpc::Channel> MakeTestChannel(int port, const TestChanne
   grpc::ChannelArguments args;
   args.SetInt("grpc.use_local_subchannel_pool", 1);  // No connection sharing across identities.
   if (!o.user_agent.empty()) args.SetUserAgentPrefix(o.user_agent);
+  if (o.stream_window_bytes > 0) {
+    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, o.stream_window_bytes);
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  }
   if (!o.tls) return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   const ::ulysses::testing::DevCerts& certs = o.worker_cert.empty()
                                                   ? ::ulysses::testing::TestCerts()

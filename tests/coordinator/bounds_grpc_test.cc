@@ -215,6 +215,7 @@ TEST_F(BoundsGrpcTest, AbsurdReportsAreRejectedWithTheFieldNamedAndChangeNothing
   EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_RUNNING);
   EXPECT_TRUE(Serving());
   // The honest path still works after the rejections.
+  testing::WriteCommittedCheckpoint(r.checkpoint_dir + "/step-00000060", 0, 60);
   uint64_t seq = r.worker->Checkpoint(r.ref, 60, r.checkpoint_dir + "/step-00000060");
   auto ack = r.worker->WaitAck(seq, kAckTimeout);
   ASSERT_TRUE(ack.has_value());

@@ -92,6 +92,7 @@ TEST_F(CoordinatorGrpcTest, SubmitAssignsRanksAndProgressShowsInGetJob) {
   EXPECT_DOUBLE_EQ(job.loss(), 2.5);
 
   const std::string step4 = a0.checkpoint_dir() + "/step-00000004";
+  testing::WriteCommittedCheckpoint(step4, 0, 4);
   uint64_t seq = assigned[0].first->Checkpoint(a0.ref(), 4, step4);
   auto ack = assigned[0].first->WaitAck(seq);
   ASSERT_TRUE(ack);

@@ -11,6 +11,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -20,9 +22,24 @@
 
 #include "absl/status/status.h"
 #include "common/grpc/grpc_util.h"
+#include "gtest/gtest.h"
 #include "ulysses/v1/worker_service.grpc.pb.h"
 
 namespace ulysses::coordinator::testing {
+
+// What rank 0 leaves on disk when it commits (the engine's layout, checkpoint.h): one shard
+// and manifest.json of `stage` and `step` (no owner: as a build before owners). The coordinator
+// reads it before a job is SUCCEEDED (coordinator/checkpoint_verify.h).
+inline void WriteCommittedCheckpoint(const std::string& path, int stage, int64_t step) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  ASSERT_FALSE(ec) << path << ": " << ec.message();
+  { std::ofstream(path + "/shard-0-of-1.bin", std::ios::binary) << std::string(16, 'x'); }
+  std::ofstream(path + "/manifest.json")
+      << "{\"format\": \"ulysses-checkpoint\", \"version\": 2, \"stage\": " << stage
+      << ", \"step_in_stage\": " << step
+      << ", \"shards\": [{\"file\": \"shard-0-of-1.bin\", \"bytes\": 16}]}";
+}
 
 class FakeWorker {
  public:
@@ -181,9 +198,10 @@ class FakeWorker {
   // does before it exits 0 (a job succeeds only with its final stage's checkpoint), and
   // waits for the coordinator's Ack.
   std::optional<v1::Ack> CommitLast(const v1::Assignment& a) {
-    return WaitAck(Checkpoint(a.ref(), a.steps(),
-                              a.checkpoint_dir() + "/stage" + std::to_string(a.ref().stage()) +
-                                  "-step-" + std::to_string(a.steps())));
+    const std::string path = a.checkpoint_dir() + "/stage" + std::to_string(a.ref().stage()) +
+                             "-step-" + std::to_string(a.steps());
+    WriteCommittedCheckpoint(path, a.ref().stage(), a.steps());
+    return WaitAck(Checkpoint(a.ref(), a.steps(), path));
   }
   uint64_t Exited(const v1::WorkRef& ref, int exit_code, const std::string& error = "") {
     SetRunning(std::nullopt);

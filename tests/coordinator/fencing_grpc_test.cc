@@ -203,6 +203,7 @@ TEST_F(FencingGrpcTest, SucceededAndPendingJobsTakeNoCheckpoint) {
   ASSERT_NE(done.worker, nullptr);
   const v1::WorkRef ref = done.assignment.ref();
   const std::string step60 = done.assignment.checkpoint_dir() + "/step-00000060";
+  testing::WriteCommittedCheckpoint(step60, 0, 60);
   auto ok = SendForAck(*done.worker, Checkpoint(ref, 60, step60));
   ASSERT_TRUE(ok && ok->result() == v1::ACK_CODE_OK);
   done.worker->Exited(ref, 0);
@@ -289,6 +290,60 @@ TEST_F(FencingGrpcTest, WorkerTextCannotForgeLogLinesOrSendTerminalEscapes) {
     seen = seen || absl::StrContains(line.text(), "boom\\n2026");
   }
   EXPECT_TRUE(seen) << "the escaped line is kept";
+}
+
+// The finding: a worker could mark a job SUCCEEDED by claiming a checkpoint that does not
+// exist, and the worker holding rank 1 of a two-rank job could set the job's final checkpoint.
+// Now only rank 0 reports checkpoints, and the final one must be on disk with a manifest of
+// that step and its shards before the job is SUCCEEDED.
+TEST_F(FencingGrpcTest, AForgedFinalCheckpointLeavesTheJobNotSucceeded) {
+  Running r = StartJob("honest", "forged");
+  ASSERT_NE(r.worker, nullptr);
+  const v1::WorkRef ref = r.assignment.ref();
+  const std::string dir = r.assignment.checkpoint_dir();
+  // Claimed, never written.
+  auto ack = SendForAck(*r.worker, Checkpoint(ref, 60, dir + "/step-00000060"));
+  ASSERT_TRUE(ack && ack->result() == v1::ACK_CODE_OK);
+  r.worker->Exited(ref, 0);
+  ASSERT_TRUE(PollUntil([&] { return GetJob(r.id).failures() == 1; }));
+  v1::Job job = GetJob(r.id);
+  EXPECT_NE(job.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(absl::StrContains(job.attempts(0).reason(), "has no manifest.json on disk"))
+      << job.attempts(0).reason();
+  // A manifest of another step at the claimed path is no result either.
+  auto a2 = r.worker->WaitAssignment();
+  ASSERT_TRUE(a2.has_value());
+  r.worker->Started(a2->ref());
+  testing::WriteCommittedCheckpoint(dir + "/step-00000060", 0, 30);
+  r.worker->Exited(a2->ref(), 0);
+  ASSERT_TRUE(PollUntil([&] { return GetJob(r.id).failures() == 2; }));
+  job = GetJob(r.id);
+  EXPECT_NE(job.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(absl::StrContains(job.attempts(1).reason(), "is of stage 0 step 30"))
+      << job.attempts(1).reason();
+}
+
+TEST_F(FencingGrpcTest, OnlyRankZeroSetsTheJobsCheckpoint) {
+  FakeWorker& w0 = AddWorker("w0");
+  FakeWorker& w1 = AddWorker("w1");
+  auto id = Submit(JobYaml("pair", "    - {seq_len: 256, steps: 60, sp_degree: 2}\n"));
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto a0 = w0.WaitAssignment();
+  auto a1 = w1.WaitAssignment();
+  ASSERT_TRUE(a0 && a1);
+  const v1::Assignment& rank1 = a0->ref().rank() == 1 ? *a0 : *a1;
+  FakeWorker& holder = a0->ref().rank() == 1 ? w0 : w1;
+  w0.Started(a0->ref());
+  w1.Started(a1->ref());
+  ASSERT_TRUE(WaitState(*id, v1::JOB_STATE_RUNNING));
+  const std::string path = rank1.checkpoint_dir() + "/step-00000060";
+  testing::WriteCommittedCheckpoint(path, 0, 60);
+  auto ack = SendForAck(holder, Checkpoint(rank1.ref(), 60, path));
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_NE(ack->result(), v1::ACK_CODE_OK);
+  EXPECT_TRUE(absl::StrContains(ack->message(), "only rank 0 does")) << ack->message();
+  EXPECT_FALSE(GetJob(*id).has_last_checkpoint());
+  EXPECT_EQ(Rejected("checkpoint_not_rank0"), 1);
 }
 
 TEST_F(FencingGrpcTest, StaleAndEndedGenerationsAreRejectedButLateLogsAreKept) {

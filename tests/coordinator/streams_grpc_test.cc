@@ -21,6 +21,7 @@
 namespace ulysses::coordinator {
 namespace {
 
+using testing::FakeWorker;
 using testing::JobYaml;
 using testing::PollUntil;
 using testing::TestTokens;
@@ -272,6 +273,74 @@ TEST_F(StreamsGrpcTest, LogBufferKeepsAtMostItsBytesNewestFirst) {
   EXPECT_FALSE(absl::StartsWith(lines.front().text(), "line 0 "));
   EXPECT_EQ(GetJob(*id).state(), v1::JOB_STATE_RUNNING);
   EXPECT_TRUE(Serving());
+}
+
+// The finding: a reader that never grants HTTP/2 flow credit was never cut (its memory stays
+// bounded, but it held its slot forever). A write that waits longer than stream_stall_s cuts
+// the stream at the next message and cancels the call, which frees the slot.
+class StallGrpcTest : public testing::CoordinatorServerTest {
+ protected:
+  void SetUp() override {
+    config_.max_streams_per_identity = 1;
+    config_.stream_queue_max_bytes = 256 << 20;  // The queue bound must not cut it first.
+    config_.stream_stall_s = 0.5;
+    CoordinatorServerTest::SetUp();
+  }
+};
+
+TEST_F(StallGrpcTest, AReaderThatGrantsNoFlowCreditIsCutAndFreesItsSlot) {
+  FakeWorker& w1 = AddWorker("w1");
+  auto alice = v1::JobService::NewStub(Channel(WithToken(TestTokens::kAlice)));
+  v1::SubmitJobRequest submit;
+  submit.set_spec_yaml(JobYaml("chatty", "    - {seq_len: 256, steps: 10}\n"));
+  v1::SubmitJobResponse submitted;
+  {
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    ASSERT_TRUE(alice->SubmitJob(&ctx, submit, &submitted).ok());
+  }
+  auto a = w1.WaitAssignment();
+  ASSERT_TRUE(a.has_value());
+  w1.Started(a->ref());
+  ASSERT_TRUE(WaitState(submitted.job_id(), v1::JOB_STATE_RUNNING));
+
+  // The stalled reader: a 1 KiB window it never reopens, and no Read().
+  testing::TestChannelOptions stingy = WithToken(TestTokens::kAlice);
+  stingy.stream_window_bytes = 1024;
+  auto stalled_stub = v1::JobService::NewStub(Channel(stingy));
+  grpc::ClientContext stalled_ctx;
+  v1::GetJobLogsRequest follow;
+  follow.set_job_id(submitted.job_id());
+  follow.set_follow(true);
+  auto stalled = stalled_stub->GetJobLogs(&stalled_ctx, follow);
+
+  // A tail by the same identity waits for the one slot until the stalled stream is cut.
+  auto tail_ok = [&] {
+    v1::GetJobLogsRequest tail;
+    tail.set_job_id(submitted.job_id());
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(5));
+    auto reader = alice->GetJobLogs(&ctx, tail);
+    v1::GetJobLogsResponse r;
+    while (reader->Read(&r)) {
+    }
+    return reader->Finish().ok();
+  };
+  EXPECT_FALSE(tail_ok()) << "the follow stream should hold alice's only slot";
+  const std::string line(16000, 'x');
+  int sent = 0;
+  const bool freed = PollUntil(
+      [&] {
+        for (int i = 0; i < 8; ++i, ++sent) w1.Log(a->ref(), line);  // Keeps a write pending.
+        return tail_ok();
+      },
+      std::chrono::seconds(30), std::chrono::milliseconds(100));
+  EXPECT_TRUE(freed) << "the stalled stream still holds its slot after " << sent << " lines";
+  stalled_ctx.TryCancel();
+  v1::GetJobLogsResponse r;
+  while (stalled->Read(&r)) {
+  }
+  (void)stalled->Finish();
 }
 
 }  // namespace
