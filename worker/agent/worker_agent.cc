@@ -573,6 +573,24 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
       return;
     }
   }
+  // Rank 0 hosts the group's rendezvous store on master_port: a port another process holds on
+  // this host (e.g. a job of another coordinator with an overlapping range) fails the attempt
+  // here, before any rank starts, with the port and the fix as the job's reason; the retry
+  // gets another port.
+  if (launch.rank == 0 && launch.world_size > 1 && launch.master_port > 0 &&
+      !net::TcpPortFree(launch.master_port)) {
+    absl::MutexLock lock(&mu_);
+    --assigning_;
+    ReportExitLocked(
+        ref, slot_index, contract::RankExitCodeFor(absl::UnavailableError("")), 0, false, false,
+        absl::StrCat("rank 0 cannot host the rendezvous: port ", launch.master_port, " on ",
+                     config_.name,
+                     " is in use by another process (e.g. a job of another "
+                     "coordinator whose rendezvous port range overlaps: give each coordinator on "
+                     "a host its own rendezvous_port_min..rendezvous_port_max); the attempt is "
+                     "retried on another port"));
+    return;
+  }
   launch.control_stdin = interval_line->has_value();  // interval updates (kCheckpointInterval)
   auto published = std::make_shared<bool>(false);     // Guarded by mu_.
   // Blocks a callback of the child until the child is its slot's (bounded: publish follows).

@@ -2,9 +2,14 @@
 // coordinator is built in parallel; tests/e2e covers the real one) with fake_rank as
 // the engine: registration, assignment -> child -> acked reports, abort, SIGTERM
 // preemption, and reconnect to a restarted coordinator with the child still running.
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "absl/strings/str_cat.h"
+#include "common/contract/exit.h"
 #include "tests/worker/agent/worker_agent_fixture.h"
 
 namespace ulysses::agent {
@@ -106,6 +111,44 @@ TEST_F(WorkerAgentTest, FailureExitCarriesTheStderrReason) {
   EXPECT_EQ(exited->exit_code(), 2);
   EXPECT_NE(exited->error_message().find("not divisible by sp_degree"), std::string::npos)
       << exited->error_message();
+}
+
+// The finding: when rank 0 could not bind its rendezvous port (another coordinator's job on
+// the host held it), the other ranks joined whichever store answered there and failed later
+// with an unrelated gloo error, and rank 0's bind error was not the job's reason. The agent of
+// rank 0 checks the port is free on its host before starting the rank: a held port ends the
+// attempt at once (exit 69: retried) with the port and the fix.
+TEST_F(WorkerAgentTest, ABusyRendezvousPortFailsRankZeroBeforeItStarts) {
+  const int held = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(held, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  ASSERT_EQ(bind(held, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(held, 1), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(held, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+
+  PeerServer peer;
+  StartWorker(peer.port);
+  ASSERT_TRUE(peer.service.WaitForSession(1, seconds(20))) << WorkerLog();
+  v1::CoordinatorMessage m = Assign(4, {"fake.steps=1"});
+  m.mutable_assignment()->set_world_size(2);
+  m.mutable_assignment()->set_master_port(port);
+  ASSERT_TRUE(peer.service.Send(m));
+  ASSERT_TRUE(
+      peer.service.WaitFor([](const Msgs& m, const Regs&) { return Exited(m); }, seconds(20)));
+  close(held);
+  const Msgs msgs = peer.service.Messages();
+  const v1::AttemptExited* exited = Exited(msgs);
+  EXPECT_EQ(exited->exit_code(), contract::kExitPeerLost);
+  EXPECT_NE(exited->error_message().find(absl::StrCat("port ", port, " on ")), std::string::npos)
+      << exited->error_message();
+  EXPECT_NE(exited->error_message().find("rendezvous_port_min..rendezvous_port_max"),
+            std::string::npos)
+      << exited->error_message();
+  EXPECT_EQ(Count(msgs, v1::WorkerMessage::kStarted), 0) << "the rank started anyway";
 }
 
 TEST_F(WorkerAgentTest, AbortKillsTheChildPromptly) {

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/net/host_port.h"
 
 namespace ulysses::engine {
 namespace {
@@ -20,19 +21,6 @@ int EphemeralStart() {
   int low = 0, high = 0;
   if (f >> low >> high && low > kRendezvousPortLow + 1000 && low <= 65535) return low;
   return 32768;
-}
-
-// True when `port` can be bound on every IPv4 address right now (what TCPStore binds).
-bool Bindable(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  close(fd);
-  return ok;
 }
 
 }  // namespace
@@ -47,7 +35,7 @@ absl::StatusOr<int> PickRendezvousPort() {
   std::uniform_int_distribution<int> pick(kRendezvousPortLow, high - 1);
   for (int attempt = 0; attempt < 200; ++attempt) {
     const int port = pick(gen);
-    if (Bindable(port)) return port;
+    if (net::TcpPortFree(port)) return port;
   }
   return absl::UnavailableError(absl::StrCat("no bindable rendezvous port in [", kRendezvousPortLow,
                                              ", ", high, ") after 200 tries"));
