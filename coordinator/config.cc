@@ -100,6 +100,8 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
       {"stream_queue_max_bytes",
        [&](const YAML::Node& n) { c->stream_queue_max_bytes = n.as<int64_t>(); }},
       {"stream_stall_s", [&](const YAML::Node& n) { c->stream_stall_s = n.as<double>(); }},
+      {"progress_log_interval_s",
+       [&](const YAML::Node& n) { c->progress_log_interval_s = n.as<double>(); }},
       {"session_queues", [&](const YAML::Node& n) { c->session_queues = n.as<int64_t>(); }},
       {"tls_reload_interval_s",
        [&](const YAML::Node& n) { c->tls_reload_interval_s = n.as<int64_t>(); }},
@@ -336,6 +338,10 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   if (c->stream_queue_max_bytes < (1 << 20) || c->stream_queue_max_bytes > (int64_t{1} << 30)) {
     e.push_back(absl::StrCat("stream_queue_max_bytes: ", c->stream_queue_max_bytes,
                              " is out of range (use 1048576 .. 1073741824, e.g. 4194304)"));
+  }
+  if (!(c->progress_log_interval_s >= 0 && c->progress_log_interval_s <= 3600)) {
+    e.push_back(absl::StrCat("progress_log_interval_s: ", c->progress_log_interval_s,
+                             " is out of range (use 0 .. 3600 seconds, 0 = no progress lines)"));
   }
   if (!(c->stream_stall_s >= 0.1 && c->stream_stall_s <= 3600)) {
     e.push_back(absl::StrCat("stream_stall_s: ", c->stream_stall_s,

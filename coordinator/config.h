@@ -88,6 +88,9 @@ struct CoordinatorConfig {
   // Seconds one write of a stream may wait for its client (1..3600): a client that grants
   // no HTTP/2 flow credit is cut at the next message after it (RESOURCE_EXHAUSTED).
   double stream_stall_s = 60;
+  // Seconds between rank 0's progress lines in a job's log (`ulyssesctl logs -f`: step, loss,
+  // tokens/s, MFU, checkpoint age; the stage's last step always), 0..3600, 0 = none.
+  double progress_log_interval_s = 10;
   // Completion queues (one thread each) serving worker Sessions, 1..64: sessions are spread
   // over them, and with Debian's libgrpc each message's cost grows with the sessions on
   // its queue (coordinator/async_bidi.h; docs/COORDINATOR.md "Worker sessions").

@@ -122,6 +122,7 @@ struct JobRt {
   int64_t recovering_since_steady = 0;
   int64_t last_progress_steady = 0;
   int64_t last_progress_generation = 0;
+  int64_t last_progress_log_steady = 0;  // When rank 0's last progress line was logged.
   // The job whose placement this job's live attempt is being preempted for (checkpoint now,
   // requeue); "" = none. Cleared when the attempt ends. Not persisted: after a coordinator
   // restart its ranks still exit as preempted (the worker reports the stop request).

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/contract/exit.h"
 #include "common/spec/job_spec_parser.h"
 #include "common/status.h"
@@ -327,6 +328,35 @@ void WorkerProtocol::OnStarted(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn
   MarkStarted(*job, ref.rank(), txn);
 }
 
+void WorkerProtocol::LogProgress(JobRt& job, const StageRecord& stage, const v1::StepProgress& p,
+                                 int64_t now_steady, Txn& txn) {
+  const int64_t every_ms = progress_log_every_ms_;
+  if (every_ms <= 0) return;
+  const bool last_step = stage.steps > 0 && p.step() >= stage.steps;
+  if (job.last_progress_log_steady > 0 && now_steady - job.last_progress_log_steady < every_ms &&
+      !last_step) {
+    return;
+  }
+  job.last_progress_log_steady = now_steady;
+  std::string text =
+      absl::StrCat("progress: stage ", stage.index + 1, " of ", job.rec.stages.size(), ", step ",
+                   p.step(), "/", stage.steps, ", loss ", absl::StrFormat("%.4f", p.loss()), ", ",
+                   absl::StrFormat("%.0f", p.tokens_per_s()), " tokens/s");
+  if (p.has_mfu()) absl::StrAppend(&text, absl::StrFormat(", MFU %.1f%%", 100 * p.mfu()));
+  // Work at risk, as ulysses_checkpoint_age_seconds: since the later of the last commit and
+  // the attempt's start.
+  const AttemptRecord* a = job.rec.current_attempt();
+  int64_t since = a == nullptr ? job.rec.started_ms : a->started_ms;
+  if (job.rec.last_checkpoint) since = std::max(since, job.rec.last_checkpoint->committed_ms);
+  if (since > 0) {
+    absl::StrAppend(&text, ", checkpoint age ", std::max<int64_t>(0, NowMs() - since) / 1000, " s");
+  }
+  v1::LogLine line;
+  line.set_stream(v1::LOG_STREAM_COORDINATOR);
+  line.set_text(std::move(text));
+  machine_.AddLog(job, std::move(line), txn);
+}
+
 void WorkerProtocol::OnProgress(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn) {
   const v1::WorkRef& ref = m.progress().ref();
   JobRt* job = Accept(w, m, ref, Need::kLiveAttempt, /*abort=*/true, txn);
@@ -363,6 +393,7 @@ void WorkerProtocol::OnProgress(WorkerRt& w, const v1::WorkerMessage& m, Txn& tx
     }
     SetCheckpointEvery(*job);
     UpdateStageEta(*job, stage, p.step(), now);
+    LogProgress(*job, stage, p, now, txn);
     v1::JobEvent ev;
     v1::StepProgress* sp = ev.mutable_progress();
     *sp = p;

@@ -27,7 +27,8 @@ class WorkerProtocol {
       : metrics_(metrics),
         state_(state),
         machine_(machine),
-        heartbeat_interval_ms_(static_cast<int64_t>(config.heartbeat_interval_s * 1000)) {}
+        heartbeat_interval_ms_(static_cast<int64_t>(config.heartbeat_interval_s * 1000)),
+        progress_log_every_ms_(static_cast<int64_t>(config.progress_log_interval_s * 1000)) {}
 
   struct Registered {
     WorkerRt* worker = nullptr;
@@ -50,6 +51,10 @@ class WorkerProtocol {
   void OnHeartbeat(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
   void OnStarted(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
   void OnProgress(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
+  // Rank 0's progress as a job log line (`ulyssesctl logs -f`), at most one per
+  // progress_log_interval_s, and the stage's last step always.
+  void LogProgress(JobRt& job, const StageRecord& stage, const v1::StepProgress& p,
+                   int64_t now_steady, Txn& txn);
   void OnLogs(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
   void OnCheckpoint(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
   void OnEval(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn);
@@ -95,6 +100,7 @@ class WorkerProtocol {
   State& state_;
   JobMachine& machine_;
   int64_t heartbeat_interval_ms_;
+  const int64_t progress_log_every_ms_;  // 0: no progress lines.
 };
 
 }  // namespace ulysses::coordinator

@@ -522,6 +522,48 @@ TEST_F(CoordinatorGrpcTest, LogsTailAndCancelAndResume) {
   EXPECT_EQ(again->ref().generation(), 2);
 }
 
+// The finding (issue 44): `logs -f` showed no training progress. Rank 0's progress becomes a
+// job log line, at most one per progress_log_interval_s (10 s) and the stage's last step
+// always, with the stage counted from 1 as people read it.
+TEST_F(CoordinatorGrpcTest, LogsCarryRankZerosProgressRateLimited) {
+  FakeWorker& w1 = AddWorker("w1");
+  auto id = Submit(JobYaml("chatty", "    - {seq_len: 256, steps: 50}\n"));
+  ASSERT_TRUE(id.ok());
+  auto a = w1.WaitAssignment();
+  ASSERT_TRUE(a);
+  w1.Started(a->ref());
+  v1::GetJobLogsRequest follow;
+  follow.set_job_id(*id);
+  follow.set_follow(true);
+  grpc::ClientContext ctx;
+  SetDeadlineAfter(&ctx, absl::Seconds(30));
+  auto reader = jobs_->GetJobLogs(&ctx, follow);
+  for (int step = 1; step <= 5; ++step) w1.Progress(a->ref(), step, 4.5, 1234);
+  w1.Progress(a->ref(), 50, 2.25, 1234);
+  std::vector<std::string> progress;
+  v1::GetJobLogsResponse r;
+  while (progress.size() < 2 && reader->Read(&r)) {
+    for (const v1::LogLine& line : r.lines()) {
+      if (absl::StartsWith(line.text(), "progress: ")) progress.push_back(line.text());
+    }
+  }
+  ctx.TryCancel();
+  while (reader->Read(&r)) {
+  }
+  (void)reader->Finish();
+  ASSERT_EQ(progress.size(), 2u);
+  EXPECT_TRUE(absl::StartsWith(progress[0],
+                               "progress: stage 1 of 1, step 1/50, loss 4.5000, 1234 tokens/s"))
+      << progress[0];
+  EXPECT_TRUE(absl::StrContains(progress[0], "checkpoint age ")) << progress[0];
+  EXPECT_TRUE(absl::StartsWith(progress[1], "progress: stage 1 of 1, step 50/50, loss 2.2500"))
+      << progress[1];
+  // Steps 2..5 came within the interval: not logged.
+  int lines = 0;
+  for (const v1::LogLine& line : Logs(*id)) lines += absl::StartsWith(line.text(), "progress: ");
+  EXPECT_EQ(lines, 2);
+}
+
 TEST_F(CoordinatorGrpcTest, MetricsPassPromtool) {
   FakeWorker& w1 = AddWorker("w1");
   auto id = Submit(JobYaml("metered", "    - {seq_len: 256, steps: 2}\n"));
