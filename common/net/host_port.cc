@@ -67,6 +67,10 @@ absl::string_view HostOf(absl::string_view address) {
 bool TcpPortFree(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
+  // As the store binds (c10d sets SO_REUSEADDR): the TIME_WAIT connections of an earlier
+  // attempt's store on this port do not hold it; a socket listening there does.
+  int yes = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_ANY);

@@ -31,8 +31,9 @@ bool IsLoopbackHost(absl::string_view host);
 // The host of "host:port", "[v6]:port" or a bare host / IPv6 literal without a port.
 absl::string_view HostOf(absl::string_view address);
 
-// True when TCP `port` can be bound on every IPv4 address of this host right now (what a
-// rank 0's rendezvous store binds); false when another process holds it.
+// True when TCP `port` can be bound on every IPv4 address of this host right now, with
+// SO_REUSEADDR as a rank 0's rendezvous store binds it; false when another socket listens
+// there (connections in TIME_WAIT do not count).
 bool TcpPortFree(int port);
 
 }  // namespace ulysses::net
