@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -64,7 +65,8 @@ std::string LogLineText(const v1::LogLine& line) {
 }  // namespace
 
 int CmdSubmit(JobClient& client, const std::string& file, const std::vector<std::string>& sets,
-              const std::string& output, std::ostream& out, std::ostream& err) {
+              const std::string& output, std::ostream& out, std::ostream& err,
+              bool allow_duplicate_name) {
   spec::ParseOptions options;
   options.overrides = sets;
   auto local = spec::LoadJobSpecFile(file, options);
@@ -75,7 +77,7 @@ int CmdSubmit(JobClient& client, const std::string& file, const std::vector<std:
   std::ifstream in(file);
   std::stringstream text;
   text << in.rdbuf();
-  auto response = client.Submit(text.str(), sets);
+  auto response = client.Submit(text.str(), sets, "", allow_duplicate_name);
   if (!response.ok()) return RpcError(response.status(), client, err);
   if (WantJson(output)) {
     PrintStructured(JobSummaryJson(response->job()), output, out);
@@ -85,8 +87,9 @@ int CmdSubmit(JobClient& client, const std::string& file, const std::vector<std:
   return contract::kExitOk;
 }
 
-int CmdGetJobs(JobClient& client, const std::string& output, std::ostream& out, std::ostream& err) {
-  auto jobs = client.ListJobs();
+int CmdGetJobs(JobClient& client, const std::string& output, std::ostream& out, std::ostream& err,
+               const v1::ListJobsRequest& filter) {
+  auto jobs = client.ListJobs(filter);
   if (!jobs.ok()) return RpcError(jobs.status(), client, err);
   if (WantJson(output)) {
     nlohmann::json list = nlohmann::json::array();
@@ -261,13 +264,41 @@ struct JobArgs {
   double timeout_s = 7 * 24 * 3600;
   std::string device_type, gpu_memory;  // submit: memory check (CheckDeviceFit)
   bool force = false;
+  bool allow_duplicate = false;             // submit
+  std::vector<std::string> states, labels;  // get jobs filters
+  std::string name, tenant;
 };
 
-// "job ID" or "ID" -> ID; "" when missing.
-std::string JobIdFrom(const std::vector<std::string>& words) {
+// "job X" or "X" -> X; "" when missing.
+std::string JobRefFrom(const std::vector<std::string>& words) {
   if (words.size() == 2 && words[0] == "job") return words[1];
   if (words.size() == 1 && words[0] != "job") return words[0];
   return "";
+}
+
+// The job id `words` name (an id, or a job's metadata.name: JobClient::ResolveJob); ""
+// after printing why (exit code set) when there is none.
+std::string JobIdFrom(JobClient& client, CliContext& ctx, const std::vector<std::string>& words,
+                      const char* verb) {
+  const std::string ref = JobRefFrom(words);
+  if (ref.empty()) {
+    *ctx.err << "error: " << verb << ": expected a job id or name\n";
+    ctx.exit_code = contract::kExitBadInput;
+    return "";
+  }
+  absl::StatusOr<std::string> id = client.ResolveJob(ref);
+  if (!id.ok()) {
+    ctx.exit_code = RpcError(id.status(), client, *ctx.err);
+    return "";
+  }
+  return *id;
+}
+
+// "running" / "RUNNING" / "JOB_STATE_RUNNING" -> the state; false when it is none.
+bool ParseJobState(std::string text, v1::JobState* state) {
+  for (char& c : text) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (text.rfind("JOB_STATE_", 0) != 0) text = "JOB_STATE_" + text;
+  return v1::JobState_Parse(text, state) && *state != v1::JOB_STATE_UNSPECIFIED;
 }
 
 }  // namespace
@@ -281,6 +312,8 @@ void AddSubmitCommand(CLI::App& app, CliContext& ctx) {
   AddDeviceFlags(cmd, &args->device_type, &args->gpu_memory);
   cmd->add_flag("--force", args->force,
                 "Submit even when a stage does not fit the device memory (a warning instead)");
+  cmd->add_flag("--allow-duplicate", args->allow_duplicate,
+                "Queue it even when a job of the same metadata.name has not ended");
   cmd->footer(absl::StrCat(
       "Prints the job id.\nExamples:\n"
       "  ulyssesctl submit -f configs/jobs/tiny-demo.yaml\n"
@@ -300,33 +333,53 @@ void AddSubmitCommand(CLI::App& app, CliContext& ctx) {
     }
     std::optional<JobClient> client = ClientFor(ctx);
     if (!client) return;
-    ctx.exit_code = CmdSubmit(*client, args->file, args->sets, ctx.output, *ctx.out, *ctx.err);
+    ctx.exit_code = CmdSubmit(*client, args->file, args->sets, ctx.output, *ctx.out, *ctx.err,
+                              args->allow_duplicate);
   });
 }
 
 void AddGetCommand(CLI::App& app, CliContext& ctx) {
   auto args = std::make_shared<JobArgs>();
   CLI::App* cmd = app.add_subcommand("get", "List jobs or workers, or show one job");
-  cmd->add_option("what", args->words, "jobs (default) | job ID | workers");
+  cmd->add_option("what", args->words, "jobs (default) | job ID|NAME | workers");
+  cmd->add_option("--state", args->states, "get jobs: only these states (repeatable: running)");
+  cmd->add_option("--name", args->name, "get jobs: only jobs of this metadata.name");
+  cmd->add_option("--label", args->labels, "get jobs: only jobs with this label (key=value)");
+  cmd->add_option("--tenant", args->tenant, "get jobs: only this tenant's (admins)");
   cmd->footer(
       absl::StrCat("Examples:\n"
                    "  ulyssesctl get jobs\n"
+                   "  ulyssesctl get jobs --state running --label team=research\n"
                    "  ulyssesctl get job job-000001 -o json\n"
+                   "  ulyssesctl get job tiny-demo      # by name\n"
                    "  ulyssesctl get workers\n",
                    kNeedsCoordinator));
   cmd->callback([&ctx, args] {
+    const auto& w = args->words;
+    v1::ListJobsRequest filter;
+    for (const std::string& text : args->states) {
+      v1::JobState state;
+      if (!ParseJobState(text, &state)) {
+        *ctx.err << "error: --state: \"" << text
+                 << "\" is not a job state (use pending, queued, scheduling, running, "
+                    "checkpointing, recovering, backoff, preempted, succeeded, failed or "
+                    "cancelled)\n";
+        ctx.exit_code = contract::kExitBadInput;
+        return;
+      }
+      filter.add_states(state);
+    }
+    filter.set_name(args->name);
+    for (const std::string& l : args->labels) filter.add_labels(l);
+    filter.set_tenant(args->tenant);
     std::optional<JobClient> client = ClientFor(ctx);
     if (!client) return;
-    const auto& w = args->words;
     if (w.empty() || (w.size() == 1 && w[0] == "jobs")) {
-      ctx.exit_code = CmdGetJobs(*client, ctx.output, *ctx.out, *ctx.err);
+      ctx.exit_code = CmdGetJobs(*client, ctx.output, *ctx.out, *ctx.err, filter);
     } else if (w.size() == 1 && w[0] == "workers") {
       ctx.exit_code = CmdGetWorkers(*client, ctx.output, *ctx.out, *ctx.err);
-    } else if (const std::string id = JobIdFrom(w); !id.empty()) {
+    } else if (const std::string id = JobIdFrom(*client, ctx, w, "get"); !id.empty()) {
       ctx.exit_code = CmdGetJob(*client, id, ctx.output, *ctx.out, *ctx.err);
-    } else {
-      *ctx.err << "error: get: expected `jobs`, `job ID` or `workers`\n";
-      ctx.exit_code = contract::kExitBadInput;
     }
   });
 }
@@ -335,21 +388,17 @@ void AddDescribeCommand(CLI::App& app, CliContext& ctx) {
   auto args = std::make_shared<JobArgs>();
   CLI::App* cmd =
       app.add_subcommand("describe", "Show a job in detail: stages, attempts, checkpoints, events");
-  cmd->add_option("what", args->words, "job ID")->required();
+  cmd->add_option("what", args->words, "job ID|NAME")->required();
   cmd->footer(
       absl::StrCat("Examples:\n"
                    "  ulyssesctl describe job job-000001\n"
                    "  ulyssesctl describe job job-000001 -o json\n",
                    kNeedsCoordinator));
   cmd->callback([&ctx, args] {
-    const std::string id = JobIdFrom(args->words);
-    if (id.empty()) {
-      *ctx.err << "error: describe: expected `job ID`\n";
-      ctx.exit_code = contract::kExitBadInput;
-      return;
-    }
     std::optional<JobClient> client = ClientFor(ctx);
     if (!client) return;
+    const std::string id = JobIdFrom(*client, ctx, args->words, "describe");
+    if (id.empty()) return;
     ctx.exit_code = CmdDescribeJob(*client, id, ctx.output, *ctx.out, *ctx.err);
   });
 }
@@ -358,7 +407,7 @@ void AddWatchCommand(CLI::App& app, CliContext& ctx) {
   auto args = std::make_shared<JobArgs>();
   CLI::App* cmd = app.add_subcommand(
       "watch", "Live progress per stage (step, loss, tokens/s, ETA) until the job ends");
-  cmd->add_option("what", args->words, "Job id")->required();
+  cmd->add_option("what", args->words, "Job id or name")->required();
   cmd->add_option("--timeout-s", args->timeout_s, "Give up after this many seconds");
   cmd->footer(absl::StrCat(
       "Exits 0 when the job SUCCEEDED, 1 when it FAILED or was CANCELLED (or on errors).\n"
@@ -367,9 +416,10 @@ void AddWatchCommand(CLI::App& app, CliContext& ctx) {
       "  ulyssesctl watch job-000001 -o json   # one JSON event per line\n",
       kNeedsCoordinator));
   cmd->callback([&ctx, args] {
-    const std::string id = JobIdFrom(args->words);
     std::optional<JobClient> client = ClientFor(ctx);
     if (!client) return;
+    const std::string id = JobIdFrom(*client, ctx, args->words, "watch");
+    if (id.empty()) return;
     ctx.exit_code =
         CmdWatch(*client, id, isatty(STDOUT_FILENO) == 1, ctx.output == "json",
                  absl::Seconds(args->timeout_s), absl::Seconds(120), *ctx.out, *ctx.err);
@@ -409,28 +459,31 @@ void AddTopCommand(CLI::App& app, CliContext& ctx) {
 void AddLogsCommand(CLI::App& app, CliContext& ctx) {
   auto args = std::make_shared<JobArgs>();
   CLI::App* cmd = app.add_subcommand("logs", "Log lines of a job's ranks");
-  cmd->add_option("what", args->words, "Job id")->required();
+  cmd->add_option("what", args->words, "Job id or name")->required();
   cmd->add_flag("-f,--follow", args->follow, "Keep streaming until the job ends");
   cmd->add_option("--tail", args->tail, "Lines from the end (-1 = all)");
   cmd->footer(absl::StrCat("Examples:\n  ulyssesctl logs job-000001 -f\n", kNeedsCoordinator));
   cmd->callback([&ctx, args] {
     std::optional<JobClient> client = ClientFor(ctx);
     if (!client) return;
-    ctx.exit_code =
-        CmdLogs(*client, JobIdFrom(args->words), args->tail, args->follow, *ctx.out, *ctx.err);
+    const std::string id = JobIdFrom(*client, ctx, args->words, "logs");
+    if (id.empty()) return;
+    ctx.exit_code = CmdLogs(*client, id, args->tail, args->follow, *ctx.out, *ctx.err);
   });
 }
 
 void AddCancelCommand(CLI::App& app, CliContext& ctx) {
   auto args = std::make_shared<JobArgs>();
   CLI::App* cmd = app.add_subcommand("cancel", "Cancel a job (it can be resumed)");
-  cmd->add_option("what", args->words, "Job id")->required();
+  cmd->add_option("what", args->words, "Job id or name")->required();
   cmd->add_option("--reason", args->reason, "Recorded as the job's reason");
   cmd->footer(absl::StrCat("Examples:\n  ulyssesctl cancel job-000001\n", kNeedsCoordinator));
   cmd->callback([&ctx, args] {
     std::optional<JobClient> client = ClientFor(ctx);
     if (!client) return;
-    ctx.exit_code = CmdCancel(*client, JobIdFrom(args->words), args->reason, *ctx.out, *ctx.err);
+    const std::string id = JobIdFrom(*client, ctx, args->words, "cancel");
+    if (id.empty()) return;
+    ctx.exit_code = CmdCancel(*client, id, args->reason, *ctx.out, *ctx.err);
   });
 }
 
@@ -438,12 +491,14 @@ void AddResumeCommand(CLI::App& app, CliContext& ctx) {
   auto args = std::make_shared<JobArgs>();
   CLI::App* cmd = app.add_subcommand(
       "resume", "Requeue a FAILED or CANCELLED job from its last committed checkpoint");
-  cmd->add_option("what", args->words, "Job id")->required();
+  cmd->add_option("what", args->words, "Job id or name")->required();
   cmd->footer(absl::StrCat("Examples:\n  ulyssesctl resume job-000001\n", kNeedsCoordinator));
   cmd->callback([&ctx, args] {
     std::optional<JobClient> client = ClientFor(ctx);
     if (!client) return;
-    ctx.exit_code = CmdResume(*client, JobIdFrom(args->words), *ctx.out, *ctx.err);
+    const std::string id = JobIdFrom(*client, ctx, args->words, "resume");
+    if (id.empty()) return;
+    ctx.exit_code = CmdResume(*client, id, *ctx.out, *ctx.err);
   });
 }
 

@@ -21,8 +21,11 @@ namespace ulysses::client {
 
 // Output formats of get/describe: "table" (default), "json", "yaml".
 int CmdSubmit(JobClient& client, const std::string& file, const std::vector<std::string>& sets,
-              const std::string& output, std::ostream& out, std::ostream& err);
-int CmdGetJobs(JobClient& client, const std::string& output, std::ostream& out, std::ostream& err);
+              const std::string& output, std::ostream& out, std::ostream& err,
+              bool allow_duplicate_name = false);
+// `filter`: ListJobsRequest's states, name, labels and tenant (`get jobs --state ...`).
+int CmdGetJobs(JobClient& client, const std::string& output, std::ostream& out, std::ostream& err,
+               const ulysses::v1::ListJobsRequest& filter = {});
 int CmdGetJob(JobClient& client, const std::string& id, const std::string& output,
               std::ostream& out, std::ostream& err);
 int CmdDescribeJob(JobClient& client, const std::string& id, const std::string& output,

@@ -11,9 +11,11 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/grpc/channel.h"
 #include "common/grpc/grpc_util.h"
+#include "common/status.h"
 #include "grpcpp/grpcpp.h"
 
 namespace ulysses::client {
@@ -40,9 +42,11 @@ std::string NewRequestId() {
 
 absl::StatusOr<v1::SubmitJobResponse> JobClient::Submit(const std::string& spec_yaml,
                                                         const std::vector<std::string>& sets,
-                                                        std::string request_id) {
+                                                        std::string request_id,
+                                                        bool allow_duplicate_name) {
   v1::SubmitJobRequest request;
   request.set_spec_yaml(spec_yaml);
+  request.set_allow_duplicate_name(allow_duplicate_name);
   for (const auto& s : sets) request.add_overrides(s);
   request.set_request_id(request_id.empty() ? NewRequestId() : std::move(request_id));
   absl::Duration backoff = submit_retry_.initial_backoff;
@@ -81,13 +85,13 @@ absl::StatusOr<v1::Job> JobClient::GetJob(const std::string& id, bool include_ev
   return response.job();
 }
 
-absl::StatusOr<std::vector<v1::Job>> JobClient::ListJobs() {
+absl::StatusOr<std::vector<v1::Job>> JobClient::ListJobs(const v1::ListJobsRequest& filter) {
   std::vector<v1::Job> jobs;
   std::string token;
   for (int page = 0; page < 1000; ++page) {
     grpc::ClientContext ctx;
     SetDeadlineAfter(&ctx, rpc_timeout_);
-    v1::ListJobsRequest request;
+    v1::ListJobsRequest request = filter;
     request.set_page_size(1000);
     request.set_page_token(token);
     v1::ListJobsResponse response;
@@ -98,6 +102,34 @@ absl::StatusOr<std::vector<v1::Job>> JobClient::ListJobs() {
     if (token.empty()) break;
   }
   return jobs;
+}
+
+absl::StatusOr<std::string> JobClient::ResolveJob(const std::string& ref) {
+  // An id: job- and six or more digits (coordinator/validation.h CheckJobId).
+  if (ref.size() > 4 && ref.compare(0, 4, "job-") == 0 &&
+      ref.find_first_not_of("0123456789", 4) == std::string::npos) {
+    return ref;
+  }
+  v1::ListJobsRequest filter;
+  filter.set_name(ref);
+  ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, ListJobs(filter));  // Newest first.
+  if (jobs.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no job has the id or name \"", ref, "\" (ulyssesctl get jobs lists them)"));
+  }
+  std::vector<std::string> live;
+  for (const v1::Job& job : jobs) {
+    const bool ended = job.state() == v1::JOB_STATE_SUCCEEDED ||
+                       job.state() == v1::JOB_STATE_FAILED ||
+                       job.state() == v1::JOB_STATE_CANCELLED;
+    if (!ended) live.push_back(job.id());
+  }
+  if (live.size() > 1) {
+    return absl::FailedPreconditionError(absl::StrCat("the name \"", ref, "\" is shared by ",
+                                                      live.size(), " jobs that have not ended (",
+                                                      absl::StrJoin(live, ", "), "): use an id"));
+  }
+  return live.empty() ? jobs.front().id() : live.front();
 }
 
 absl::StatusOr<v1::Job> JobClient::Cancel(const std::string& id, const std::string& reason) {

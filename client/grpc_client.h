@@ -33,9 +33,12 @@ class JobClient {
   // DEADLINE_EXCEEDED answer is retried with the same id, up to `submit_attempts` calls
   // in all with doubling backoff. Safe because the coordinator answers a repeated id with
   // the job it already created (SubmitJobRequest.request_id) instead of a second one.
+  // `allow_duplicate_name`: queue it even when another job of the tenant that has not ended
+  // has its metadata.name (SubmitJobRequest.allow_duplicate_name).
   absl::StatusOr<ulysses::v1::SubmitJobResponse> Submit(const std::string& spec_yaml,
                                                         const std::vector<std::string>& sets,
-                                                        std::string request_id = "");
+                                                        std::string request_id = "",
+                                                        bool allow_duplicate_name = false);
   // Retry policy of Submit (tests shorten the backoff).
   struct SubmitRetry {
     int attempts = 4;
@@ -47,8 +50,14 @@ class JobClient {
   int last_submit_calls() const { return last_submit_calls_; }
   absl::StatusOr<ulysses::v1::Job> GetJob(const std::string& id, bool include_events,
                                           bool include_spec);
-  // Every job (all pages), newest first.
-  absl::StatusOr<std::vector<ulysses::v1::Job>> ListJobs();
+  // Every job (all pages) matching `filter`'s fields (ListJobsRequest: states, name,
+  // labels, tenant; page fields ignored), newest first.
+  absl::StatusOr<std::vector<ulysses::v1::Job>> ListJobs(
+      const ulysses::v1::ListJobsRequest& filter = {});
+  // The id of the job `ref` names: `ref` itself when it is an id (job-NNNNNN); else the
+  // caller's job of that metadata.name that has not ended, or the newest one of that name
+  // when all ended. NotFound / FailedPrecondition (two live jobs of that name: lists them).
+  absl::StatusOr<std::string> ResolveJob(const std::string& ref);
   absl::StatusOr<ulysses::v1::Job> Cancel(const std::string& id, const std::string& reason);
   absl::StatusOr<ulysses::v1::Job> Resume(const std::string& id);
   absl::StatusOr<std::vector<ulysses::v1::Worker>> ListWorkers();

@@ -88,6 +88,15 @@ absl::StatusOr<JobRecord> NewJobRecord(const v1::SubmitJobRequest& request,
   return rec;
 }
 
+// The job's metadata.labels, parsed from its stored spec once (ListJobs label filters).
+const std::map<std::string, std::string>& LabelsOf(JobRt& job) {
+  if (!job.labels) {
+    absl::StatusOr<spec::JobSpec> s = spec::ParseJobSpec(job.rec.spec_yaml, {});
+    job.labels = s.ok() ? s->metadata.labels : std::map<std::string, std::string>{};
+  }
+  return *job.labels;
+}
+
 }  // namespace
 
 absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJobRequest& request,
@@ -144,6 +153,14 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
     if (other->rec.tenant != caller.tenant) continue;
     ++stored;
     if (IsQueued(other->rec.state)) ++waiting;
+    // A name finds one job among the tenant's jobs that have not ended (ulyssesctl NAME).
+    if (!request.allow_duplicate_name() && !other->rec.terminal() && other->rec.name == rec.name) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "metadata.name: \"", rec.name, "\" is already the name of ", other->rec.id, " (",
+          StateName(other->rec.state),
+          "); a tenant's jobs that have not ended have distinct names: cancel it, choose "
+          "another metadata.name (--set metadata.name=...), or submit with --allow-duplicate"));
+    }
   }
   RETURN_IF_ERROR(CheckQueuedQuota(caller.tenant, waiting, config_.quotas));
   RETURN_IF_ERROR(CheckStoredJobsQuota(caller.tenant, stored, config_.quotas));
@@ -241,12 +258,33 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
                                                    "\" is not a token from ListJobs (omit it)"));
   }
   std::set<int> states(request.states().begin(), request.states().end());
+  if (!request.tenant().empty() && request.tenant() != caller.tenant && !caller.admin()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("tenant: \"", request.tenant(),
+                     "\" is another tenant's; only an admin lists other tenants' jobs (omit it)"));
+  }
+  std::vector<std::pair<std::string, std::string>> labels;
+  for (const std::string& kv : request.labels()) {
+    const size_t eq = kv.find('=');
+    labels.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+  }
   LockDeferringWrites lock(&mu_);
   std::vector<const JobRt*> matching;
   for (auto& [id, j] : state_.jobs) {
     if (j->rec.number >= before) continue;
     if (!states.empty() && !states.count(j->rec.state)) continue;
     if (!auth::MaySeeTenant(caller, j->rec.tenant)) continue;
+    if (!request.name().empty() && j->rec.name != request.name()) continue;
+    if (!request.tenant().empty() && j->rec.tenant != request.tenant()) continue;
+    if (!labels.empty()) {
+      const std::map<std::string, std::string>& have = LabelsOf(*j);
+      bool all = true;
+      for (const auto& [k, v] : labels) {
+        auto it = have.find(k);
+        all = all && it != have.end() && it->second == v;
+      }
+      if (!all) continue;
+    }
     matching.push_back(j.get());
   }
   std::sort(matching.begin(), matching.end(),

@@ -123,6 +123,8 @@ struct JobRt {
   int64_t last_progress_steady = 0;
   int64_t last_progress_generation = 0;
   int64_t last_progress_log_steady = 0;  // When rank 0's last progress line was logged.
+  // metadata.labels of the stored spec, parsed on first use (ListJobs label filters).
+  std::optional<std::map<std::string, std::string>> labels;
   // The job whose placement this job's live attempt is being preempted for (checkpoint now,
   // requeue); "" = none. Cleared when the attempt ends. Not persisted: after a coordinator
   // restart its ranks still exit as preempted (the worker reports the stop request).

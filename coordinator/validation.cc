@@ -236,6 +236,21 @@ absl::Status ValidateListJobsRequest(const v1::ListJobsRequest& request) {
                      "use JOB_STATE_PENDING .. JOB_STATE_CANCELLED");
     }
   }
+  RETURN_IF_ERROR(CheckLength("name", request.name(), 253, "use a job's metadata.name"));
+  RETURN_IF_ERROR(CheckLength("tenant", request.tenant(), 128, "use a tenant's name"));
+  if (request.labels_size() > 16) {
+    return Invalid("labels", absl::StrCat(request.labels_size(), " entries"), "are more than 16",
+                   "filter by at most 16 labels");
+  }
+  for (int i = 0; i < request.labels_size(); ++i) {
+    const std::string field = absl::StrCat("labels[", i, "]");
+    RETURN_IF_ERROR(CheckLength(field, request.labels(i), 317, "use key=value"));
+    const size_t eq = request.labels(i).find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return Invalid(field, absl::StrCat("\"", request.labels(i), "\""), "is not key=value",
+                     "use e.g. team=research");
+    }
+  }
   return CheckLength("page_token", request.page_token(), kMaxPageTokenBytes,
                      "pass next_page_token from the previous ListJobs response, or omit it");
 }

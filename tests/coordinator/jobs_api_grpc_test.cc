@@ -5,6 +5,7 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc/grpc_util.h"
 #include "gtest/gtest.h"
@@ -56,13 +57,14 @@ TEST_F(JobsApiGrpcTest, SubmitWithARequestIdIsIdempotentAcrossRestarts) {
   EXPECT_EQ(retry->job().id(), first->job_id());
   EXPECT_EQ(retry->canonical_spec_yaml(), first->canonical_spec_yaml());
   EXPECT_EQ(CountJobs(), 1);
-  // Another id is another job.
-  auto other = SubmitWithId(yaml, "req-other");
+  // Another id is another job (of another name: a tenant's live jobs have distinct names).
+  const std::string yaml2 = JobYaml("twice", "    - {seq_len: 256, steps: 4}\n");
+  auto other = SubmitWithId(yaml2, "req-other");
   ASSERT_TRUE(other.ok());
   EXPECT_NE(other->job_id(), first->job_id());
   // Without an id every submission is a new job (unchanged behaviour).
-  ASSERT_TRUE(Submit(yaml).ok());
-  ASSERT_TRUE(Submit(yaml).ok());
+  ASSERT_TRUE(Submit(JobYaml("third", "    - {seq_len: 256, steps: 4}\n")).ok());
+  ASSERT_TRUE(Submit(JobYaml("fourth", "    - {seq_len: 256, steps: 4}\n")).ok());
   EXPECT_EQ(CountJobs(), 4);
 
   RestartServer();
@@ -70,6 +72,99 @@ TEST_F(JobsApiGrpcTest, SubmitWithARequestIdIsIdempotentAcrossRestarts) {
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_EQ(after->job_id(), first->job_id());
   EXPECT_EQ(CountJobs(), 4);
+}
+
+// The finding (issue 44): the same file submitted twice made two jobs of one name, silently,
+// and a name found no job. A tenant's jobs that have not ended have distinct names.
+TEST_F(JobsApiGrpcTest, ASecondLiveJobOfTheSameNameIsRefusedUnlessAllowed) {
+  const std::string yaml = JobYaml("dup", "    - {seq_len: 256, steps: 4}\n");
+  auto first = Submit(yaml);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto again = Submit(yaml);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
+  EXPECT_TRUE(absl::StrContains(again.status().message(),
+                                absl::StrCat("\"dup\" is already the name of ", *first)))
+      << again.status();
+  EXPECT_TRUE(absl::StrContains(again.status().message(), "--allow-duplicate"));
+  EXPECT_EQ(CountJobs(), 1);  // The refused one left no trace.
+  v1::SubmitJobRequest allowed;
+  allowed.set_spec_yaml(yaml);
+  allowed.set_allow_duplicate_name(true);
+  v1::SubmitJobResponse resp;
+  {
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    ASSERT_TRUE(jobs_->SubmitJob(&ctx, allowed, &resp).ok());
+  }
+  // Another tenant's name space is its own.
+  auto bob = v1::JobService::NewStub(Channel(testing::WithToken(testing::TestTokens::kBob)));
+  {
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(yaml);
+    v1::SubmitJobResponse r;
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    EXPECT_TRUE(bob->SubmitJob(&ctx, req, &r).ok());
+  }
+  // Ended jobs do not hold their name.
+  for (const std::string& id : {*first, resp.job_id()}) {
+    v1::CancelJobRequest cancel;
+    cancel.set_job_id(id);
+    v1::CancelJobResponse r;
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    ASSERT_TRUE(jobs_->CancelJob(&ctx, cancel, &r).ok());
+  }
+  EXPECT_TRUE(Submit(yaml).ok());
+}
+
+// `get jobs` filters: by name, by labels (all must match), by tenant (others' only for admins).
+TEST_F(JobsApiGrpcTest, ListJobsFiltersByNameLabelsAndTenant) {
+  auto labelled = [](const std::string& name, const std::string& labels) {
+    std::string y = JobYaml(name, "    - {seq_len: 256, steps: 4}\n");
+    const std::string at = "  name: " + name + "\n";
+    y.replace(y.find(at), at.size(), at + "  labels: " + labels + "\n");
+    return y;
+  };
+  auto alice = v1::JobService::NewStub(Channel(testing::WithToken(testing::TestTokens::kAlice)));
+  auto bob = v1::JobService::NewStub(Channel(testing::WithToken(testing::TestTokens::kBob)));
+  auto submit = [&](v1::JobService::Stub* stub, const std::string& yaml) {
+    v1::SubmitJobRequest req;
+    req.set_spec_yaml(yaml);
+    v1::SubmitJobResponse r;
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    EXPECT_TRUE(stub->SubmitJob(&ctx, req, &r).ok());
+    return r.job_id();
+  };
+  const std::string a1 = submit(alice.get(), labelled("a1", "{team: research, size: small}"));
+  submit(alice.get(), labelled("a2", "{team: infra}"));
+  const std::string b1 = submit(bob.get(), labelled("b1", "{team: research}"));
+  auto list = [&](v1::JobService::Stub* stub, const v1::ListJobsRequest& req,
+                  grpc::StatusCode want = grpc::StatusCode::OK) {
+    v1::ListJobsResponse r;
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    EXPECT_EQ(stub->ListJobs(&ctx, req, &r).error_code(), want);
+    std::set<std::string> ids;
+    for (const v1::Job& j : r.jobs()) ids.insert(j.id());
+    return ids;
+  };
+  v1::ListJobsRequest by_name;
+  by_name.set_name("a1");
+  EXPECT_EQ(list(jobs_.get(), by_name), (std::set<std::string>{a1}));
+  v1::ListJobsRequest by_labels;
+  by_labels.add_labels("team=research");
+  EXPECT_EQ(list(jobs_.get(), by_labels), (std::set<std::string>{a1, b1}));
+  by_labels.add_labels("size=small");
+  EXPECT_EQ(list(jobs_.get(), by_labels), (std::set<std::string>{a1}));
+  v1::ListJobsRequest by_tenant;
+  by_tenant.set_tenant("other");
+  EXPECT_EQ(list(jobs_.get(), by_tenant), (std::set<std::string>{b1}));
+  EXPECT_TRUE(list(alice.get(), by_tenant, grpc::StatusCode::PERMISSION_DENIED).empty());
+  v1::ListJobsRequest bad;
+  bad.add_labels("team");
+  list(jobs_.get(), bad, grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 // `every_steps: auto` is accepted and stored (the canonical spec keeps it, across a restart);

@@ -229,7 +229,9 @@ nlohmann::json Cluster::Describe(const std::string& id) {
 
 std::string Cluster::Submit(const std::string& spec_path, const std::vector<std::string>& sets,
                             Result* result) {
-  std::vector<std::string> args = {"submit", "-f", spec_path};
+  // Tests run jobs of one spec side by side (a victim and its reference): the name of a
+  // live job is not unique for them (tests/coordinator covers the refusal).
+  std::vector<std::string> args = {"submit", "-f", spec_path, "--allow-duplicate"};
   for (const auto& s : sets) {
     args.push_back("--set");
     args.push_back(s);

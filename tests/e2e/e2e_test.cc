@@ -168,8 +168,22 @@ TEST_F(E2ETest, StagedJobSucceedsWithGroupsOfTheRightSize) {
   Result logs = cluster_.Ctl({"logs", id, "--tail", "-1"});
   EXPECT_EQ(logs.exit_code, 0) << logs.err;
   EXPECT_NE(logs.out.find("started rank"), std::string::npos) << logs.out;
+  // Rank 0's progress is in the logs (issue 44), the stage counted from 1.
+  EXPECT_NE(logs.out.find("progress: stage 3 of 3, step 2/2"), std::string::npos) << logs.out;
   Result follow = cluster_.Ctl({"logs", id, "-f"}, seconds(20));
   EXPECT_EQ(follow.exit_code, 0) << "logs -f must end with the job: " << follow.err;
+  // The job is found by its name, and `get jobs` filters by state and name.
+  const std::string name = job["name"].get<std::string>();
+  Result by_name = cluster_.Ctl({"get", "job", name, "-o", "json"});
+  ASSERT_EQ(by_name.exit_code, 0) << by_name.err;
+  EXPECT_EQ(json::parse(by_name.out)["id"], id) << by_name.out;
+  Result filtered =
+      cluster_.Ctl({"get", "jobs", "--state", "succeeded", "--name", name, "-o", "json"});
+  ASSERT_EQ(filtered.exit_code, 0) << filtered.err;
+  EXPECT_EQ(json::parse(filtered.out).size(), 1u) << filtered.out;
+  Result none = cluster_.Ctl({"get", "jobs", "--state", "running", "-o", "json"});
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_EQ(json::parse(none.out).size(), 0u) << none.out;
   Result events = cluster_.Ctl({"watch", id, "-o", "json"});
   EXPECT_EQ(events.exit_code, 0) << events.err;
   EXPECT_NE(events.out.find("\"type\":\"snapshot\""), std::string::npos) << events.out;
