@@ -485,7 +485,16 @@ StateCounts Coordinator::Counts(CountsPart part) {
       for (auto& [id, j] : state_.jobs) out.queued_jobs += IsQueued(j->rec.state) ? 1 : 0;
       break;
     case CountsPart::kWorkers:
-      for (auto& [id, w] : state_.workers) out.workers_by_state[w->state]++;
+      for (auto& [id, w] : state_.workers) {
+        out.workers_by_state[w->state]++;
+        if (w->state == v1::WORKER_STATE_LOST) continue;
+        const int64_t busy = static_cast<int64_t>(w->slots.size());
+        const int64_t idle = std::max<int64_t>(0, w->rec.capacity - busy);
+        const bool schedulable = !w->draining && (w->state == v1::WORKER_STATE_IDLE ||
+                                                  w->state == v1::WORKER_STATE_BUSY);
+        out.busy_slots += busy;
+        (schedulable ? out.free_slots : out.unavailable_slots) += idle;
+      }
       break;
     case CountsPart::kHeartbeats: {
       const int64_t now = SteadyMs();

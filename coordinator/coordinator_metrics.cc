@@ -167,6 +167,13 @@ std::unique_ptr<CoordinatorMetrics> CoordinatorMetrics::Register(
   check(metrics::RegisterCallbackGaugeFamily(registry, "ulysses_workers", [counts] {
     return WorkerStateSamples(counts(CountsPart::kWorkers).workers_by_state);
   }));
+  check(metrics::RegisterCallbackGaugeFamily(registry, "ulysses_worker_slots", [counts] {
+    const StateCounts c = counts(CountsPart::kWorkers);
+    return std::vector<metrics::CallbackSample>{
+        {{"busy"}, static_cast<double>(c.busy_slots)},
+        {{"free"}, static_cast<double>(c.free_slots)},
+        {{"unavailable"}, static_cast<double>(c.unavailable_slots)}};
+  }));
   auto per_key = [counts](CountsPart part) {
     StateCounts c = counts(part);
     auto& pairs = part == CountsPart::kHeartbeats       ? c.heartbeat_ages_s

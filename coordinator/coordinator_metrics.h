@@ -23,6 +23,10 @@ namespace ulysses::coordinator {
 struct StateCounts {
   std::map<v1::JobState, int> jobs_by_state;
   std::map<v1::WorkerState, int> workers_by_state;
+  // Slots of the workers not LOST: busy, free (schedulable), unavailable (kWorkers).
+  int64_t busy_slots = 0;
+  int64_t free_slots = 0;
+  int64_t unavailable_slots = 0;
   int queued_jobs = 0;                                            // PENDING, PREEMPTED, RECOVERING.
   std::vector<std::pair<std::string, double>> heartbeat_ages_s;   // Per non-lost worker.
   std::vector<std::pair<std::string, double>> checkpoint_ages_s;  // Per running job.

@@ -508,7 +508,20 @@ std::vector<QueueDecision> PlanQueueFrom(SlotPool pool, std::vector<QueuedJob> q
       } else {
         d.kind = QueueDecision::Kind::kUnplaced;
         d.reason = absl::StrCat("stage ", job.stage_index, ": ", p.reason);
-        if (live.EligibleFor(job.gang) >= needed) {
+        const int64_t eligible = live.EligibleFor(job.gang);
+        if (eligible < needed) {
+          // Not a matter of waiting: the registered cluster cannot hold the gang at all.
+          absl::StrAppend(
+              &d.reason, "; unschedulable: the registered workers have ", eligible, " slot",
+              eligible == 1 ? "" : "s", " in all",
+              job.gang.required_label.empty()
+                  ? std::string()
+                  : absl::StrCat(" with node label \"", job.gang.required_label, "\""),
+              " for a group of ", needed,
+              " (start workers with a larger --capacity, add workers, or lower this stage's "
+              "sp_degree x dp_degree)");
+        }
+        if (eligible >= needed) {
           head = &job;
           // Workers that free up first in the order: the head waits for them anyway, and
           // every idle worker its placement leaves out is free for backfill.

@@ -82,6 +82,9 @@ std::vector<MetricDef> BuildCatalog() {
       Gauge("ulysses_worker_heartbeat_age_seconds", {"worker"}, kCoordinator,
             "Seconds since the last message from each non-lost worker."),
       Gauge("ulysses_workers", {"state"}, kCoordinator, "Workers by state."),
+      Gauge("ulysses_worker_slots", {"state"}, kCoordinator,
+            "Slots (ranks: GPUs) of the registered workers that are not lost, by state: busy, "
+            "free (schedulable now), unavailable (suspect, disconnected or draining)."),
       // Settings the alerts compare against (deploy/k8s/prometheus/ulysses-rules.yml).
       Gauge("ulysses_heartbeat_timeout_seconds", {}, kCoordinator,
             "The coordinator's heartbeat_timeout_s: a worker silent this long is lost."),

@@ -582,6 +582,7 @@ TEST_F(CoordinatorGrpcTest, MetricsPassPromtool) {
   for (const char* needle :
        {"ulysses_jobs{state=\"running\"} 1", "ulysses_queue_length 0",
         "ulysses_workers{state=\"busy\"} 1", "ulysses_build_info{",
+        "ulysses_worker_slots{state=\"busy\"} 1", "ulysses_worker_slots{state=\"free\"} 0",
         "ulysses_worker_heartbeat_age_seconds{worker=\"w-w1\"}",
         "ulysses_rpc_duration_seconds_bucket{method=\"/ulysses.v1.JobService/SubmitJob\"",
         "ulysses_gang_wait_seconds_count 1"}) {

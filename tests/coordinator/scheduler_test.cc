@@ -301,6 +301,27 @@ TEST(PreemptionTest, OnlyAsManyAsNeededAndNeverEqualHigherOrOptedOut) {
   EXPECT_TRUE(PlanPreemption(Queued("high", 5, 3, 9), {}, running).empty());
 }
 
+// The finding (issue 44): a job the whole cluster cannot hold waited forever behind
+// "needs 4 free slots, 2 available". Its reason says it is unschedulable, what the cluster has
+// and the fix; it does not become the head (jobs behind it still run).
+TEST(PlanQueueTest, AGangLargerThanTheClusterIsUnschedulableWithTheFix) {
+  auto idle = Workers({{"a", "n"}, {"b", "n"}});
+  std::vector<QueueDecision> d =
+      PlanQueue({Queued("big", 0, 1, 4), Queued("small", 0, 2, 1)}, idle, LiveSlots::Of(idle));
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].kind, QueueDecision::Kind::kUnplaced);
+  EXPECT_EQ(d[0].reason,
+            "stage 0: needs 4 free slots, 2 available; unschedulable: the registered workers have "
+            "2 slots in all for a group of 4 (start workers with a larger --capacity, add "
+            "workers, or lower this stage's sp_degree x dp_degree)");
+  EXPECT_EQ(d[1].kind, QueueDecision::Kind::kLaunch);
+  // Waiting for busy slots is not unschedulable.
+  std::vector<QueueDecision> busy =
+      PlanQueue({Queued("two", 0, 3, 2)}, std::vector<IdleWorker>{}, LiveSlots::Of(idle));
+  ASSERT_EQ(busy.size(), 1u);
+  EXPECT_EQ(busy[0].reason.find("unschedulable"), std::string::npos) << busy[0].reason;
+}
+
 TEST(PlanQueueTest, TheHeadPreemptsAndLowerJobsWaitForIt) {
   auto live = Workers({{"a", "n"}, {"b", "n"}, {"c", "n"}, {"d", "n"}});
   std::vector<RunningJob> running = {Running("low-a", 0, 1, {"a", "b"}, 300.0),
