@@ -1,6 +1,7 @@
 #include "common/process/process.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -56,9 +57,20 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const SpawnOpt
   const char* cwd = options.work_dir.empty() ? nullptr : options.work_dir.c_str();
   const std::string exec_error = options.exec_error_prefix + ": ";
   const pid_t parent = getpid();
+  // Every signal is blocked across fork (as posix_spawn does): a SIGTERM sent to the child
+  // before it reset its handlers would otherwise run the parent's handler copied into it (the
+  // agent's stop flag) and be lost, and the rank would never see its graceful stop. The child
+  // resets the handlers first, then unblocks: a SIGTERM already sent gets the default action.
+  sigset_t all, old_mask;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old_mask);
   const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
-  if (pid > 0) return pid;
+  if (pid != 0) {
+    const int fork_errno = errno;
+    pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+    if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(fork_errno)));
+    return pid;
+  }
 
   // Child.
   if (options.own_process_group) setpgid(0, 0);
@@ -66,12 +78,12 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const SpawnOpt
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);  // The parent died before prctl took effect.
   }
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig != SIGKILL && sig != SIGSTOP) signal(sig, SIG_DFL);
+  }
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
-  signal(SIGTERM, SIG_DFL);
-  signal(SIGINT, SIG_DFL);
-  signal(SIGPIPE, SIG_DFL);
   if (options.stdout_fd >= 0) dup2(options.stdout_fd, STDOUT_FILENO);
   if (options.stderr_fd >= 0) dup2(options.stderr_fd, STDERR_FILENO);
   if (options.stdin_fd >= 0) {

@@ -370,8 +370,12 @@ TEST_F(CoordinatorGrpcTest, PendingJobExplainsWhyAndHigherPriorityGoesFirst) {
       Submit(JobYaml("high", "    - {seq_len: 256, steps: 2, sp_degree: 2}\n", "{priority: 10}"));
   ASSERT_TRUE(low.ok() && high.ok());
   FakeWorker& w1 = AddWorker("w1");
+  // One slot in the whole cluster: the reason says the job cannot run until it grows.
   ASSERT_TRUE(PollUntil([&] {
-    return GetJob(*high).reason() == "stage 0: needs 2 free slots, 1 available";
+    return GetJob(*high).reason() ==
+           "stage 0: needs 2 free slots, 1 available; unschedulable: the registered workers "
+           "have 1 slot in all for a group of 2 (start workers with a larger --capacity, add "
+           "workers, or lower this stage's sp_degree x dp_degree)";
   })) << GetJob(*high).reason();
   EXPECT_EQ(GetJob(*high).state(), v1::JOB_STATE_PENDING);
   FakeWorker& w2 = AddWorker("w2");

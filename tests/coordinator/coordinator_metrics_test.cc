@@ -55,9 +55,9 @@ TEST(CoordinatorMetricsTest, RegistersEveryFamilyAndComputesGaugesAtScrape) {
   EXPECT_TRUE(Has(text, "ulysses_queue_length 1")) << text;
   EXPECT_TRUE(Has(text, "ulysses_worker_heartbeat_age_seconds{worker=\"w-a\"} 1.5")) << text;
   EXPECT_TRUE(Has(text, "ulysses_checkpoint_age_seconds{job_id=\"job-000009\"} 42")) << text;
-  // One call per scrape-time gauge: jobs, workers, queue, heartbeat ages, checkpoint ages and
-  // goodput ratios (CountsPart).
-  EXPECT_EQ(scrapes, 6);
+  // One call per scrape-time gauge: jobs, workers, worker slots, queue, heartbeat ages,
+  // checkpoint ages and goodput ratios (CountsPart).
+  EXPECT_EQ(scrapes, 7);
   EXPECT_NE(text.find("ulysses_build_info"), std::string::npos);
 
   // Per-job gauges of every stage, and another job's, then the job ends.
