@@ -326,7 +326,10 @@ TEST_F(StallGrpcTest, AReaderThatGrantsNoFlowCreditIsCutAndFreesItsSlot) {
     }
     return reader->Finish().ok();
   };
-  EXPECT_FALSE(tail_ok()) << "the follow stream should hold alice's only slot";
+  // The follow's call starts asynchronously: once it holds alice's only slot, a tail waits.
+  ASSERT_TRUE(PollUntil([&] { return !tail_ok(); }, std::chrono::seconds(10),
+                        std::chrono::milliseconds(20)))
+      << "the follow stream never held alice's only slot";
   const std::string line(16000, 'x');
   int sent = 0;
   const bool freed = PollUntil(
