@@ -326,10 +326,12 @@ TEST_F(StallGrpcTest, AReaderThatGrantsNoFlowCreditIsCutAndFreesItsSlot) {
     }
     return reader->Finish().ok();
   };
-  // The follow's call starts asynchronously: once it holds alice's only slot, a tail waits.
-  ASSERT_TRUE(PollUntil([&] { return !tail_ok(); }, std::chrono::seconds(10),
-                        std::chrono::milliseconds(20)))
-      << "the follow stream never held alice's only slot";
+  // The follow's call starts asynchronously (a tail started first would take the one slot
+  // and the follow would be refused): its first message, the job's lines so far, shows it
+  // holds the slot. From then on nothing is read.
+  v1::GetJobLogsResponse first;
+  ASSERT_TRUE(stalled->Read(&first)) << "the follow stream did not start";
+  EXPECT_FALSE(tail_ok()) << "the follow stream should hold alice's only slot";
   const std::string line(16000, 'x');
   int sent = 0;
   const bool freed = PollUntil(
