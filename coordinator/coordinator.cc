@@ -513,9 +513,7 @@ StateCounts Coordinator::Counts(CountsPart part) {
         if (j->rec.state != v1::JOB_STATE_RUNNING && j->rec.state != v1::JOB_STATE_CHECKPOINTING) {
           continue;
         }
-        const AttemptRecord* a = j->rec.current_attempt();
-        int64_t since = a == nullptr ? j->rec.started_ms : a->started_ms;
-        if (j->rec.last_checkpoint) since = std::max(since, j->rec.last_checkpoint->committed_ms);
+        const int64_t since = WorkAtRiskSinceMs(j->rec);
         if (since <= 0) continue;
         out.checkpoint_ages_s.emplace_back(id, std::max<int64_t>(0, now - since) / 1000.0);
       }

@@ -8,6 +8,7 @@
 #ifndef ULYSSES_COORDINATOR_RUNTIME_H_
 #define ULYSSES_COORDINATOR_RUNTIME_H_
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -145,6 +146,16 @@ struct JobRt {
   // (job_interval.cc). In memory only.
   JobIntervalState interval;
 };
+
+// The start of the work a failure now would lose (ulysses_checkpoint_age_seconds, the
+// progress lines): the later of the last commit and the current attempt's start (a
+// restarted attempt resumed from that commit); the job's start without an attempt.
+inline int64_t WorkAtRiskSinceMs(const JobRecord& rec) {
+  const AttemptRecord* a = rec.current_attempt();
+  int64_t since = a == nullptr ? rec.started_ms : a->started_ms;
+  if (rec.last_checkpoint) since = std::max(since, rec.last_checkpoint->committed_ms);
+  return since;
+}
 
 // Appends `event` to job.events, keeping the newest `history` and job.event_bytes in step.
 inline void KeepEvent(JobRt& job, v1::JobEvent event, int64_t history) {

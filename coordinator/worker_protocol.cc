@@ -343,12 +343,8 @@ void WorkerProtocol::LogProgress(JobRt& job, const StageRecord& stage, const v1:
                    p.step(), "/", stage.steps, ", loss ", absl::StrFormat("%.4f", p.loss()), ", ",
                    absl::StrFormat("%.0f", p.tokens_per_s()), " tokens/s");
   if (p.has_mfu()) absl::StrAppend(&text, absl::StrFormat(", MFU %.1f%%", 100 * p.mfu()));
-  // Work at risk, as ulysses_checkpoint_age_seconds: since the later of the last commit and
-  // the attempt's start.
-  const AttemptRecord* a = job.rec.current_attempt();
-  int64_t since = a == nullptr ? job.rec.started_ms : a->started_ms;
-  if (job.rec.last_checkpoint) since = std::max(since, job.rec.last_checkpoint->committed_ms);
-  if (since > 0) {
+  // Work at risk, as ulysses_checkpoint_age_seconds.
+  if (const int64_t since = WorkAtRiskSinceMs(job.rec); since > 0) {
     absl::StrAppend(&text, ", checkpoint age ", std::max<int64_t>(0, NowMs() - since) / 1000, " s");
   }
   v1::LogLine line;
