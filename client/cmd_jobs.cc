@@ -79,6 +79,12 @@ int CmdSubmit(JobClient& client, const std::string& file, const std::vector<std:
   text << in.rdbuf();
   auto response = client.Submit(text.str(), sets, "", allow_duplicate_name);
   if (!response.ok()) return RpcError(response.status(), client, err);
+  // Accepted, but a stage can never be placed on the cluster as registered: say so now.
+  for (const v1::JobCondition& c : response->job().conditions()) {
+    if (c.status()) {
+      err << "warning: " << response->job_id() << " is " << c.type() << ": " << c.message() << "\n";
+    }
+  }
   if (WantJson(output)) {
     PrintStructured(JobSummaryJson(response->job()), output, out);
   } else {

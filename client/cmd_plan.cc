@@ -55,7 +55,7 @@ Table LayoutTable(const std::vector<StagePlan>& plans) {
                "a2a/layer", "a2a_bytes", "compute/step", "a2a/step", "step_time"});
   for (size_t i = 0; i < plans.size(); ++i) {
     const StagePlan& p = plans[i];
-    table.AddRow({absl::StrCat(i), absl::StrCat(p.seq_len), absl::StrCat(p.steps),
+    table.AddRow({absl::StrCat(i + 1), absl::StrCat(p.seq_len), absl::StrCat(p.steps),
                   absl::StrCat(p.sp), absl::StrCat(p.dp), absl::StrCat(p.world),
                   absl::StrCat(p.tokens_per_rank), absl::StrCat(p.kv_heads_exchanged),
                   p.sp == 1 ? "0" : (p.a2a_elements > 0 ? FormatCount(p.a2a_elements) : "?"),
@@ -86,7 +86,7 @@ Table PeaksTable(const std::vector<StagePlan>& plans) {
     const StagePlan& p = plans[i];
     const std::string init =
         i == 0 ? absl::StrCat(Bytes(p.init_bytes), p.init_is_import ? " (import)" : "") : "-";
-    table.AddRow({absl::StrCat(i), init, Bytes(p.resume_bytes), Bytes(p.total_bytes()),
+    table.AddRow({absl::StrCat(i + 1), init, Bytes(p.resume_bytes), Bytes(p.total_bytes()),
                   absl::StrCat(Bytes(p.peak_bytes()), " (", p.peak_phase(), ")"),
                   Bytes(p.device_bytes), i == 0 ? Bytes(p.init_host_bytes) : "-",
                   Bytes(p.resume_host_bytes), Bytes(p.steady_host_bytes),
@@ -98,7 +98,7 @@ Table PeaksTable(const std::vector<StagePlan>& plans) {
 }
 
 nlohmann::ordered_json StageJson(size_t i, const StagePlan& p) {
-  return {{"stage", i},
+  return {{"stage", i + 1},
           {"seq_len", p.seq_len},
           {"steps", p.steps},
           {"sp_degree", p.sp},
@@ -227,7 +227,7 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
   LayoutTable(plans).Print(out);
   out << "\nmemory per rank:\n";
   Table memory = MemoryHeader();
-  for (size_t i = 0; i < plans.size(); ++i) AddMemoryRow(memory, absl::StrCat(i), plans[i]);
+  for (size_t i = 0; i < plans.size(); ++i) AddMemoryRow(memory, absl::StrCat(i + 1), plans[i]);
   memory.Print(out);
   if (!device.host_is_device &&
       (job.parallelism.offload_optimizer || job.parallelism.offload_activations)) {
@@ -240,14 +240,14 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
       const StagePlan& p = plans[i];
       const double moved = OffloadBytesPerStep(job, p);
       const double step = p.step_seconds();
-      offload.AddRow({absl::StrCat(i), job.parallelism.offload_optimizer ? "yes" : "no",
+      offload.AddRow({absl::StrCat(i + 1), job.parallelism.offload_optimizer ? "yes" : "no",
                       job.parallelism.offload_activations ? "yes" : "no", Bytes(p.host_bytes),
                       Bytes(moved), step > 0 ? absl::StrCat(Bytes(moved / step), "/s") : "?",
                       p.host_limit_bytes > 0 ? Bytes(p.host_limit_bytes) : "-"});
     }
     offload.Print(out);
   }
-  out << "\npeaks per rank (init/import: stage 0 from nothing; resume: from a checkpoint):\n";
+  out << "\npeaks per rank (init/import: stage 1 from nothing; resume: from a checkpoint):\n";
   PeaksTable(plans).Print(out);
   // The job takes the most nodes any stage takes; the stage that cannot do with fewer says why.
   int64_t most = 0;
@@ -255,10 +255,10 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
   for (size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].nodes <= 1) continue;
     const NodeReason reason = ExplainNodes(job, i, device);
-    out << "stage " << i << " needs " << reason.text << "\n";
+    out << "stage " << i + 1 << " needs " << reason.text << "\n";
     if (plans[i].nodes > most || (plans[i].nodes == most && why.empty() && !reason.fewer_fits)) {
       most = plans[i].nodes;
-      why = reason.fewer_fits ? "" : absl::StrCat("stage ", i, " does not fit on fewer");
+      why = reason.fewer_fits ? "" : absl::StrCat("stage ", i + 1, " does not fit on fewer");
     }
   }
   if (most > 1) {
@@ -271,12 +271,13 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
     if (plans[i].fits) continue;
     const std::vector<FitFix> fixes = FindFixes(job, i, device, kFixesShown);
     if (fixes.empty()) {
-      out << "stage " << i << " DOES NOT FIT in " << FormatBytes(plans[i].device_bytes)
+      out << "stage " << i + 1 << " of " << plans.size() << " DOES NOT FIT in "
+          << FormatBytes(plans[i].device_bytes)
           << " and no valid change of memory options, zero_stage or sp_degree makes it fit: "
              "use a device with more memory\n";
       continue;
     }
-    out << "stage " << i
+    out << "stage " << i + 1 << " of " << plans.size()
         << " DOES NOT FIT: changes that fit and pass validation, cheapest by GPU-hours first:\n";
     for (size_t k = 0; k < fixes.size(); ++k) {
       const FitFix& f = fixes[k];
@@ -285,12 +286,12 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
           << GpuHours(f.gpu_hours) << " GPU-h for the stage)\n";
     }
     Table fixed = MemoryHeader();
-    AddMemoryRow(fixed, absl::StrCat(i, " fixed (1.)"), fixes[0].plan);
+    AddMemoryRow(fixed, absl::StrCat(i + 1, " fixed (1.)"), fixes[0].plan);
     fixed.Print(out);
   }
   for (size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].checkpoint_reason.empty()) continue;
-    out << "stage " << i
+    out << "stage " << i + 1
         << " checkpoints: " << (plans[i].checkpoint_async ? "asynchronous" : "synchronous") << " ("
         << plans[i].checkpoint_reason << ")\n";
   }
@@ -308,7 +309,9 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
     out << "verdict: every stage FITS\n";
   } else {
     out << "verdict: DOES NOT FIT (stage" << (t.not_fitting.size() == 1 ? " " : "s ")
-        << absl::StrJoin(t.not_fitting, ", ") << "; exit " << kExitPlanDoesNotFit << ")\n";
+        << absl::StrJoin(t.not_fitting, ", ",
+                         [](std::string* o, size_t i) { absl::StrAppend(o, i + 1); })
+        << "; exit " << kExitPlanDoesNotFit << ")\n";
   }
   out << "\ntokens/rank = N/P; kv_heads = kv heads after replication for the exchange (Hkv');\n"
          "a2a/layer = forward all-to-all elements per layer per rank, (2*Hq + 2*Hkv')*D*N/P;\n"

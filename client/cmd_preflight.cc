@@ -107,7 +107,7 @@ void RunPreflight(CliContext& ctx, const PreflightOptions& o) {
     Table t({"STAGE", "SEQ_LEN", "WORLD", "CHECKPOINT", "SAVE", "STEP", "STEP+SAVE", "VERDICT"});
     for (size_t i = 0; i < saves.size(); ++i) {
       const StageSave& s = saves[i];
-      t.AddRow({absl::StrCat(i), absl::StrCat(plans[i].seq_len), absl::StrCat(plans[i].world),
+      t.AddRow({absl::StrCat(i + 1), absl::StrCat(plans[i].seq_len), absl::StrCat(plans[i].world),
                 FormatBytes(s.checkpoint_bytes), Seconds(s.save_seconds), Seconds(s.step_seconds),
                 Seconds(s.step_seconds + s.save_seconds), s.fits ? "FITS" : "DOES NOT FIT"});
     }
@@ -135,7 +135,7 @@ void RunPreflight(CliContext& ctx, const PreflightOptions& o) {
     j["grace_seconds"] = o.grace_s;
     j["stages"] = nlohmann::ordered_json::array();
     for (size_t i = 0; i < saves.size(); ++i) {
-      j["stages"].push_back({{"stage", i},
+      j["stages"].push_back({{"stage", i + 1},
                              {"checkpoint_bytes", saves[i].checkpoint_bytes},
                              {"save_seconds", saves[i].save_seconds},
                              {"step_seconds", saves[i].step_seconds},

@@ -33,7 +33,7 @@ void PrintSummary(const spec::JobSpec& s, std::ostream& out) {
       << ", spec hash " << spec::SpecHash(s) << "\n";
   Table table({"stage", "seq_len", "steps", "sp", "dp", "world", "lr", "warmup"});
   for (size_t i = 0; i < s.stages.size(); ++i) {
-    table.AddRow({absl::StrCat(i), absl::StrCat(s.stages[i].seq_len),
+    table.AddRow({absl::StrCat(i + 1), absl::StrCat(s.stages[i].seq_len),
                   absl::StrCat(s.stages[i].steps), absl::StrCat(s.StageSp(i)),
                   absl::StrCat(s.StageDp(i)), absl::StrCat(s.StageWorld(i)),
                   FormatNumber(s.StageLr(i)), absl::StrCat(s.StageWarmup(i))});

@@ -46,6 +46,36 @@ std::string Duration(double seconds) {
   return absl::StrFormat("%ds", s);
 }
 
+// The 1-based stage number a person reads for the 0-based `index` (docs/CONTRACTS.md
+// "Stage numbers"): text and JSON alike.
+int StageNumber(int index) { return index + 1; }
+
+// The job's current stage number, 1..stages (a SUCCEEDED job's is its last).
+int CurrentStageNumber(const v1::Job& job) {
+  return std::max(1, std::min(job.stage_index() + 1, job.stages_size()));
+}
+
+// The global step a checkpoint directory is named by ("step-00000080": 80; CHECKPOINTS.md);
+// nullopt for another name.
+std::optional<int64_t> GlobalStepOf(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (base.size() <= 5 || base.compare(0, 5, "step-") != 0) return std::nullopt;
+  int64_t n = 0;
+  for (size_t i = 5; i < base.size(); ++i) {
+    if (base[i] < '0' || base[i] > '9' || n > (INT64_MAX - 9) / 10) return std::nullopt;
+    n = n * 10 + (base[i] - '0');
+  }
+  return n;
+}
+
+// "stage 2 of 3, step 20 (global step 80)": where a checkpoint was taken.
+std::string CheckpointWhere(const v1::Checkpoint& c, int stages) {
+  const std::optional<int64_t> global = GlobalStepOf(c.path());
+  return absl::StrCat("stage ", StageNumber(c.stage()), " of ", stages, ", step ", c.step(),
+                      global ? absl::StrCat(" (global step ", *global, ")") : std::string());
+}
+
 const v1::StageStatus* CurrentStage(const v1::Job& job) {
   if (job.stages_size() == 0) return nullptr;
   const int index = std::min(job.stage_index(), job.stages_size() - 1);
@@ -53,9 +83,11 @@ const v1::StageStatus* CurrentStage(const v1::Job& job) {
 }
 
 json CheckpointJson(const v1::Checkpoint& c) {
+  const std::optional<int64_t> global = GlobalStepOf(c.path());
   return json{{"path", c.path()},
-              {"stage", c.stage()},
+              {"stage", StageNumber(c.stage())},
               {"step", c.step()},
+              {"global_step", global ? json(*global) : json(nullptr)},
               {"bytes", c.bytes()},
               {"seconds", c.seconds()},
               {"generation", c.generation()},
@@ -75,17 +107,41 @@ json PlacementJson(const v1::Attempt& a) {
   return out;
 }
 
+// The attempt ended with a rank's exit code: not while it runs, nor when it was cancelled,
+// lost or aborted (its ranks were stopped, not exited on their own).
+bool AttemptExited(const v1::Attempt& a) {
+  return a.has_ended_at() && (a.outcome() == v1::ATTEMPT_OUTCOME_SUCCEEDED ||
+                              a.outcome() == v1::ATTEMPT_OUTCOME_FAILED ||
+                              a.outcome() == v1::ATTEMPT_OUTCOME_BAD_INPUT ||
+                              a.outcome() == v1::ATTEMPT_OUTCOME_PREEMPTED);
+}
+
+json ConditionJson(const v1::JobCondition& c) {
+  return json{{"type", c.type()},
+              {"status", c.status()},
+              {"reason", c.reason()},
+              {"message", c.message()},
+              {"stage", StageNumber(c.stage())},
+              {"last_transition_time", TimeJson(c.last_transition_time())}};
+}
+
+// "Unschedulable (ClusterTooSmall): stage 3 of 3 needs 4 slots ..." / "... no longer holds".
+std::string ConditionText(const v1::JobCondition& c) {
+  return c.status() ? absl::StrCat(c.type(), " (", c.reason(), "): ", c.message())
+                    : absl::StrCat(c.type(), ": no longer holds");
+}
+
 json AttemptJson(const v1::Attempt& a) {
   return json{
       {"generation", a.generation()},
-      {"stage", a.stage()},
+      {"stage", StageNumber(a.stage())},
       {"world_size", a.worker_ids_size()},
       {"worker_ids", std::vector<std::string>(a.worker_ids().begin(), a.worker_ids().end())},
       {"placement", PlacementJson(a)},
       {"warnings", std::vector<std::string>(a.warnings().begin(), a.warnings().end())},
       {"master", absl::StrCat(a.master_addr(), ":", a.master_port())},
       {"outcome", OutcomeName(a.outcome())},
-      {"exit_code", a.exit_code()},
+      {"exit_code", AttemptExited(a) ? json(a.exit_code()) : json(nullptr)},
       {"reason", a.reason()},
       {"started_at", TimeJson(a.started_at())},
       {"ended_at", TimeJson(a.ended_at())}};
@@ -121,13 +177,15 @@ json JobEventJson(const v1::JobEvent& e) {
   switch (e.kind_case()) {
     case v1::JobEvent::kStateChange:
       j["type"] = "state_change";
-      j["from"] = JobStateName(e.state_change().from());
+      j["from"] = e.state_change().from() == v1::JOB_STATE_UNSPECIFIED
+                      ? json(nullptr)  // The job's first state: it was submitted.
+                      : json(JobStateName(e.state_change().from()));
       j["to"] = JobStateName(e.state_change().to());
       j["reason"] = e.state_change().reason();
       break;
     case v1::JobEvent::kProgress:
       j["type"] = "progress";
-      j["stage"] = e.progress().stage();
+      j["stage"] = StageNumber(e.progress().stage());
       j["step"] = e.progress().step();
       j["steps"] = e.progress().steps();
       j["loss"] = e.progress().loss();
@@ -142,11 +200,20 @@ json JobEventJson(const v1::JobEvent& e) {
       break;
     case v1::JobEvent::kEval:
       j["type"] = "eval";
-      j["stage"] = e.eval().stage();
+      j["stage"] = StageNumber(e.eval().stage());
       j["step"] = e.eval().step();
       j["seq_len"] = e.eval().seq_len();
       j["loss"] = e.eval().loss();
-      j["accuracy"] = e.eval().accuracy();
+      // Only an evaluation that measures accuracy has one (the needle task).
+      j["accuracy"] = e.eval().has_accuracy() ? json(e.eval().accuracy()) : json(nullptr);
+      break;
+    case v1::JobEvent::kCondition:
+      j["type"] = "condition";
+      j["condition"] = ConditionJson(e.condition());
+      break;
+    case v1::JobEvent::kReason:
+      j["type"] = "reason";
+      j["reason"] = e.reason();
       break;
     case v1::JobEvent::kAttemptStarted:
       j["type"] = "attempt_started";
@@ -167,22 +234,31 @@ json JobEventJson(const v1::JobEvent& e) {
 
 namespace {
 
-std::string EventText(const v1::JobEvent& e) {
+// `stages`: the job's stage count ("stage 2 of 3").
+std::string EventText(const v1::JobEvent& e, int stages) {
   switch (e.kind_case()) {
     case v1::JobEvent::kStateChange:
-      return absl::StrCat(JobStateName(e.state_change().from()), " -> ",
-                          JobStateName(e.state_change().to()),
+      return absl::StrCat(e.state_change().from() == v1::JOB_STATE_UNSPECIFIED
+                              ? std::string("submitted")
+                              : JobStateName(e.state_change().from()),
+                          " -> ", JobStateName(e.state_change().to()),
                           e.state_change().reason().empty() ? "" : ": ", e.state_change().reason());
     case v1::JobEvent::kCheckpoint:
-      return absl::StrCat("checkpoint stage ", e.checkpoint().stage(), " step ",
-                          e.checkpoint().step(), " ", e.checkpoint().path());
+      return absl::StrCat("checkpoint ", CheckpointWhere(e.checkpoint(), stages), ": ",
+                          e.checkpoint().path());
     case v1::JobEvent::kEval:
-      return absl::StrFormat("eval stage %d step %d seq %d loss %.4f accuracy %.3f",
-                             e.eval().stage(), e.eval().step(), e.eval().seq_len(), e.eval().loss(),
-                             e.eval().accuracy());
+      return absl::StrCat(
+          absl::StrFormat("eval stage %d of %d step %d seq %d loss %.4f",
+                          StageNumber(e.eval().stage()), stages, e.eval().step(),
+                          e.eval().seq_len(), e.eval().loss()),
+          e.eval().has_accuracy() ? absl::StrFormat(" accuracy %.3f", e.eval().accuracy()) : "");
+    case v1::JobEvent::kCondition:
+      return absl::StrCat(e.condition().status() ? "warning: " : "", ConditionText(e.condition()));
+    case v1::JobEvent::kReason:
+      return absl::StrCat("waiting: ", e.reason());
     case v1::JobEvent::kAttemptStarted:
-      return absl::StrCat("attempt gen ", e.attempt_started().generation(), " stage ",
-                          e.attempt_started().stage(), " started on ",
+      return absl::StrCat("attempt gen ", e.attempt_started().generation(), " of stage ",
+                          StageNumber(e.attempt_started().stage()), " of ", stages, " started on ",
                           absl::StrJoin(e.attempt_started().worker_ids(), ","),
                           e.attempt_started().warnings_size() == 0 ? "" : "; warning: ",
                           absl::StrJoin(e.attempt_started().warnings(), "; warning: "));
@@ -192,8 +268,9 @@ std::string EventText(const v1::JobEvent& e) {
                           e.attempt_ended().reason().empty() ? "" : ": ",
                           e.attempt_ended().reason());
     case v1::JobEvent::kProgress:
-      return absl::StrFormat("stage %d step %d/%d loss %.4f", e.progress().stage(),
-                             e.progress().step(), e.progress().steps(), e.progress().loss());
+      return absl::StrFormat("stage %d of %d step %d/%d loss %.4f",
+                             StageNumber(e.progress().stage()), stages, e.progress().step(),
+                             e.progress().steps(), e.progress().loss());
     default:
       return "";
   }
@@ -228,7 +305,7 @@ json JobSummaryJson(const v1::Job& job) {
          {"name", job.name()},
          {"state", JobStateName(job.state())},
          {"reason", job.reason()},
-         {"stage", job.stage_index()},
+         {"stage", CurrentStageNumber(job)},
          {"stages_total", job.stages_size()},
          {"seq_len", stage ? stage->seq_len() : 0},
          {"step", stage ? stage->progress().step() : 0},
@@ -245,6 +322,9 @@ json JobSummaryJson(const v1::Job& job) {
                              ? CheckpointJson(job.last_checkpoint())
                              : json(nullptr);
   j["goodput"] = GoodputJson(job.goodput());
+  json conditions = json::array();
+  for (const v1::JobCondition& c : job.conditions()) conditions.push_back(ConditionJson(c));
+  j["conditions"] = conditions;
   return j;
 }
 
@@ -345,22 +425,23 @@ json JobDetailJson(const v1::Job& job) {
   j["preemptible"] = job.preemptible();
   json stages = json::array();
   for (const auto& s : job.stages()) {
-    stages.push_back(json{{"index", s.index()},
-                          {"state", StageStateName(s.state())},
-                          {"seq_len", s.seq_len()},
-                          {"steps", s.steps()},
-                          {"step", s.progress().step()},
-                          {"sp", s.sp()},
-                          {"dp", s.dp()},
-                          {"world_size", s.sp() * std::max(1, s.dp())},
-                          {"loss", s.progress().loss()},
-                          {"tokens_per_s", s.progress().tokens_per_s()},
-                          {"eval_loss", s.eval().loss()},
-                          {"eval_accuracy", s.eval().accuracy()},
-                          {"eval_seq_len", s.eval().seq_len()},
-                          {"attempts", s.attempts()},
-                          {"started_at", TimeJson(s.started_at())},
-                          {"finished_at", TimeJson(s.finished_at())}});
+    stages.push_back(
+        json{{"stage", StageNumber(s.index())},
+             {"state", StageStateName(s.state())},
+             {"seq_len", s.seq_len()},
+             {"steps", s.steps()},
+             {"step", s.progress().step()},
+             {"sp", s.sp()},
+             {"dp", s.dp()},
+             {"world_size", s.sp() * std::max(1, s.dp())},
+             {"loss", s.progress().loss()},
+             {"tokens_per_s", s.progress().tokens_per_s()},
+             {"eval_loss", s.eval().loss()},
+             {"eval_accuracy", s.eval().has_accuracy() ? json(s.eval().accuracy()) : json(nullptr)},
+             {"eval_seq_len", s.eval().seq_len()},
+             {"attempts", s.attempts()},
+             {"started_at", TimeJson(s.started_at())},
+             {"finished_at", TimeJson(s.finished_at())}});
   }
   if (std::optional<spec::JobSpec> sp = JobSpecOf(job)) {
     j["data"] = json(spec::AllFieldsJson(sp->data));
@@ -402,7 +483,7 @@ json WorkerJson(const v1::Worker& w) {
   if (w.has_running() && !w.running().ref().job_id().empty()) {
     j["running"] = json{{"job_id", w.running().ref().job_id()},
                         {"generation", w.running().ref().generation()},
-                        {"stage", w.running().ref().stage()},
+                        {"stage", StageNumber(w.running().ref().stage())},
                         {"rank", w.running().ref().rank()},
                         {"pid", w.running().pid()}};
   } else {
@@ -412,7 +493,7 @@ json WorkerJson(const v1::Worker& w) {
   for (const v1::RunningWork& r : w.running_ranks()) {
     ranks.push_back(json{{"job_id", r.ref().job_id()},
                          {"generation", r.ref().generation()},
-                         {"stage", r.ref().stage()},
+                         {"stage", StageNumber(r.ref().stage())},
                          {"rank", r.ref().rank()},
                          {"slot", r.slot()},
                          {"pid", r.pid()}});
@@ -437,18 +518,28 @@ void PrintTable(const std::vector<std::vector<std::string>>& rows, std::ostream&
   }
 }
 
+// The job's reason, and each condition that holds and the reason does not already say.
+std::string ReasonWithConditions(const v1::Job& job) {
+  std::string out = job.reason();
+  for (const v1::JobCondition& c : job.conditions()) {
+    if (!c.status() || out.find(c.message()) != std::string::npos) continue;
+    absl::StrAppend(&out, out.empty() ? "" : "; ", ConditionText(c));
+  }
+  return out;
+}
+
 void PrintJobsTable(const std::vector<v1::Job>& jobs, std::ostream& out) {
   std::vector<std::vector<std::string>> rows = {
       {"ID", "NAME", "STATE", "STAGE", "SEQ_LEN", "STEP", "LOSS", "RESTARTS", "PREEMPT", "REASON"}};
   for (const auto& job : jobs) {
     const v1::StageStatus* stage = CurrentStage(job);
-    const int shown_stage = std::min(job.stage_index() + 1, job.stages_size());
     rows.push_back({job.id(), job.name(), JobStateName(job.state()),
-                    absl::StrCat(shown_stage, "/", job.stages_size()),
+                    absl::StrCat(CurrentStageNumber(job), "/", job.stages_size()),
                     stage ? absl::StrCat(stage->seq_len()) : "-",
                     stage ? absl::StrCat(stage->progress().step(), "/", stage->steps()) : "-",
                     job.loss() > 0 ? absl::StrFormat("%.4f", job.loss()) : "-",
-                    absl::StrCat(job.restarts()), absl::StrCat(job.preemptions()), job.reason()});
+                    absl::StrCat(job.restarts()), absl::StrCat(job.preemptions()),
+                    ReasonWithConditions(job)});
   }
   PrintTable(rows, out);
 }
@@ -468,10 +559,9 @@ std::vector<std::vector<std::string>> TopTable(const std::vector<v1::Job>& jobs,
     const v1::StageStatus* stage = CurrentStage(job);
     const bool progress = stage != nullptr && stage->has_progress();
     const v1::StepProgress p = progress ? stage->progress() : v1::StepProgress();
-    const int shown_stage = std::min(job.stage_index() + 1, job.stages_size());
     const std::optional<double> age = CheckpointAgeSeconds(job, now_unix_ms);
     rows.push_back({job.id(), job.name(), JobStateName(job.state()),
-                    absl::StrCat(shown_stage, "/", job.stages_size()),
+                    absl::StrCat(CurrentStageNumber(job), "/", job.stages_size()),
                     stage ? absl::StrCat(stage->seq_len()) : "-",
                     stage ? absl::StrCat(p.step(), "/", stage->steps()) : "-",
                     progress ? absl::StrFormat("%.4f", p.loss()) : "-",
@@ -495,7 +585,7 @@ json TopJson(const std::vector<v1::Job>& jobs, int64_t now_unix_ms, bool include
     json j{{"id", job.id()},
            {"name", job.name()},
            {"state", JobStateName(job.state())},
-           {"stage", stage ? stage->index() : job.stage_index()},
+           {"stage", stage ? StageNumber(stage->index()) : CurrentStageNumber(job)},
            {"stages_total", job.stages_size()},
            {"seq_len", stage ? stage->seq_len() : 0},
            {"step", p.step()},
@@ -520,14 +610,14 @@ void PrintWorkersTable(const std::vector<v1::Worker>& workers, std::ostream& out
     std::vector<std::string> running;
     for (const v1::RunningWork& r : w.running_ranks()) {
       const auto& ref = r.ref();
-      running.push_back(absl::StrCat(ref.job_id(), " g", ref.generation(), " s", ref.stage(), " r",
-                                     ref.rank(),
+      running.push_back(absl::StrCat(ref.job_id(), " g", ref.generation(), " s",
+                                     StageNumber(ref.stage()), " r", ref.rank(),
                                      w.capacity() > 1 ? absl::StrCat("@", r.slot()) : ""));
     }
     if (running.empty() && w.has_running() && !w.running().ref().job_id().empty()) {
       const auto& ref = w.running().ref();
-      running.push_back(
-          absl::StrCat(ref.job_id(), " g", ref.generation(), " s", ref.stage(), " r", ref.rank()));
+      running.push_back(absl::StrCat(ref.job_id(), " g", ref.generation(), " s",
+                                     StageNumber(ref.stage()), " r", ref.rank()));
     }
     const int capacity = std::max(1, w.capacity());
     std::string devices = w.devices_size() > 0 ? absl::StrJoin(w.devices(), ",") : w.device();
@@ -544,6 +634,9 @@ void PrintJobDescription(const v1::Job& job, std::ostream& out) {
   out << "Job:          " << job.id() << " (" << job.name() << ")\n";
   out << "State:        " << JobStateName(job.state())
       << (job.reason().empty() ? "" : "  (" + job.reason() + ")") << "\n";
+  for (const v1::JobCondition& c : job.conditions()) {
+    if (c.status()) out << "Condition:    " << ConditionText(c) << "\n";
+  }
   out << "Priority:     " << job.priority() << "\n";
   out << "Created:      " << TimeString(job.created_at()) << "\n";
   if (!TimeString(job.finished_at()).empty()) {
@@ -565,8 +658,8 @@ void PrintJobDescription(const v1::Job& job, std::ostream& out) {
     out << "  why:        " << IntervalWhy(job.checkpoint_interval()) << "\n";
   }
   if (job.has_last_checkpoint() && !job.last_checkpoint().path().empty()) {
-    out << "Last ckpt:    stage " << job.last_checkpoint().stage() << " step "
-        << job.last_checkpoint().step() << "  " << job.last_checkpoint().path() << "\n";
+    out << "Last ckpt:    " << CheckpointWhere(job.last_checkpoint(), job.stages_size()) << "  "
+        << job.last_checkpoint().path() << "\n";
   }
   const std::optional<spec::JobSpec> sp = JobSpecOf(job);
   if (sp) {
@@ -577,7 +670,7 @@ void PrintJobDescription(const v1::Job& job, std::ostream& out) {
     out << "Eval:         " << EvalText(sp->eval) << "\n";
     for (size_t i = 0; i < sp->stages.size(); ++i) {
       if (sp->stages[i].eval)
-        out << "  stage " << i << ":     " << EvalText(*sp->stages[i].eval) << "\n";
+        out << "  stage " << i + 1 << ":     " << EvalText(*sp->stages[i].eval) << "\n";
     }
   }
   out << "\nStages:\n";
@@ -586,23 +679,25 @@ void PrintJobDescription(const v1::Job& job, std::ostream& out) {
                                                  "ATTEMPTS"}};
   for (const auto& s : job.stages()) {
     const size_t i = static_cast<size_t>(std::max(0, s.index()));
-    rows.push_back({absl::StrCat("  ", s.index()), StageStateName(s.state()),
+    rows.push_back({absl::StrCat("  ", StageNumber(s.index())), StageStateName(s.state()),
                     absl::StrCat(s.seq_len()), absl::StrCat(s.sp()), absl::StrCat(s.dp()),
                     sp && i < sp->stages.size() ? absl::StrCat(GlobalBatch(*sp, i)) : "-",
                     absl::StrCat(s.progress().step(), "/", s.steps()),
                     s.has_progress() ? absl::StrFormat("%.4f", s.progress().loss()) : "-",
                     s.has_eval() ? absl::StrFormat("%.4f", s.eval().loss()) : "-",
-                    s.has_eval() ? absl::StrFormat("%.3f", s.eval().accuracy()) : "-",
+                    s.has_eval() && s.eval().has_accuracy()
+                        ? absl::StrFormat("%.3f", s.eval().accuracy())
+                        : "-",
                     absl::StrCat(s.attempts())});
   }
   PrintTable(rows, out);
   out << "\nAttempts:\n";
   rows = {{"  GEN", "STAGE", "WORKERS", "OUTCOME", "EXIT", "STARTED", "ENDED", "REASON"}};
   for (const auto& a : job.attempts()) {
-    rows.push_back({absl::StrCat("  ", a.generation()), absl::StrCat(a.stage()),
+    rows.push_back({absl::StrCat("  ", a.generation()), absl::StrCat(StageNumber(a.stage())),
                     absl::StrJoin(a.worker_ids(), ","), OutcomeName(a.outcome()),
-                    absl::StrCat(a.exit_code()), TimeString(a.started_at()),
-                    TimeString(a.ended_at()), a.reason()});
+                    AttemptExited(a) ? absl::StrCat(a.exit_code()) : "-",
+                    TimeString(a.started_at()), TimeString(a.ended_at()), a.reason()});
   }
   PrintTable(rows, out);
   if (job.attempts_size() > 0) {
@@ -622,7 +717,7 @@ void PrintJobDescription(const v1::Job& job, std::ostream& out) {
   out << "\nEvents:\n";
   for (const auto& e : job.events()) {
     if (e.has_progress()) continue;  // Progress is summarised in the stage table.
-    out << "  " << TimeString(e.time()) << "  " << EventText(e) << "\n";
+    out << "  " << TimeString(e.time()) << "  " << EventText(e, job.stages_size()) << "\n";
   }
 }
 
@@ -633,6 +728,9 @@ void WatchView::OnEvent(const v1::JobEvent& event) {
     if (!tty_) {
       out_ << job_.id() << " " << job_.name() << ": " << JobStateName(job_.state())
            << (job_.reason().empty() ? "" : " (" + job_.reason() + ")") << "\n";
+      for (const v1::JobCondition& c : job_.conditions()) {
+        if (c.status()) out_ << "warning: " << ConditionText(c) << "\n";
+      }
     }
   } else if (event.has_progress()) {
     const auto& p = event.progress();
@@ -652,16 +750,23 @@ void WatchView::OnEvent(const v1::JobEvent& event) {
   } else if (event.has_state_change()) {
     job_.set_state(event.state_change().to());
     job_.set_reason(event.state_change().reason());
-    if (!tty_) out_ << "state " << EventText(event) << "\n";
+    if (!tty_) out_ << "state " << EventText(event, job_.stages_size()) << "\n";
+  } else if (event.has_reason()) {
+    job_.set_reason(event.reason());
+    if (!tty_) out_ << EventText(event, job_.stages_size()) << "\n";
+  } else if (event.has_condition()) {
+    job_.clear_conditions();
+    if (event.condition().status()) *job_.add_conditions() = event.condition();
+    if (!tty_) out_ << EventText(event, job_.stages_size()) << "\n";
   } else if (event.has_eval()) {
     const auto& e = event.eval();
     if (e.stage() >= 0 && e.stage() < job_.stages_size()) {
       *job_.mutable_stages(e.stage())->mutable_eval() = e;
     }
-    if (!tty_) out_ << EventText(event) << "\n";
+    if (!tty_) out_ << EventText(event, job_.stages_size()) << "\n";
   } else if (event.has_checkpoint()) {
     *job_.mutable_last_checkpoint() = event.checkpoint();
-    if (!tty_) out_ << EventText(event) << "\n";
+    if (!tty_) out_ << EventText(event, job_.stages_size()) << "\n";
   } else if (event.has_attempt_started() || event.has_attempt_ended()) {
     if (event.has_attempt_ended()) {
       const auto& a = event.attempt_ended();
@@ -674,7 +779,7 @@ void WatchView::OnEvent(const v1::JobEvent& event) {
       job_.set_stage_index(event.attempt_started().stage());
       job_.mutable_stages(event.attempt_started().stage())->set_state(v1::STAGE_STATE_RUNNING);
     }
-    if (!tty_) out_ << EventText(event) << "\n";
+    if (!tty_) out_ << EventText(event, job_.stages_size()) << "\n";
   }
   if (tty_) Redraw();
   out_.flush();
@@ -705,8 +810,9 @@ std::string WatchView::StageLine(const v1::StageStatus& s) {
   if (p.loss() > 0) line += absl::StrFormat(" loss %.4f", p.loss());
   if (p.tokens_per_s() > 0) line += absl::StrFormat(" tok/s %.0f", p.tokens_per_s());
   line += " ETA " + eta;
-  if (s.has_eval()) {
-    line += absl::StrFormat(" eval_loss %.4f acc %.3f", s.eval().loss(), s.eval().accuracy());
+  if (s.has_eval()) line += absl::StrFormat(" eval_loss %.4f", s.eval().loss());
+  if (s.has_eval() && s.eval().has_accuracy()) {
+    line += absl::StrFormat(" acc %.3f", s.eval().accuracy());
   }
   return line;
 }
@@ -719,10 +825,16 @@ void WatchView::Redraw() {
   block += absl::StrCat("\033[2K", job_.id(), " ", job_.name(), ": ", JobStateName(job_.state()),
                         job_.reason().empty() ? "" : " (" + job_.reason() + ")", "\n");
   ++lines;
+  for (const v1::JobCondition& c : job_.conditions()) {
+    if (!c.status()) continue;
+    block += absl::StrCat("\033[2K  warning: ", ConditionText(c), "\n");
+    ++lines;
+  }
   for (const auto& s : job_.stages()) {
     block += absl::StrCat("\033[2K  ", StageLine(s), "\n");
     ++lines;
   }
+  block += "\033[J";  // Lines a shorter block left from the last draw.
   drawn_lines_ = lines;
   out_ << block;
 }

@@ -40,9 +40,9 @@ absl::Status VerifyFinalCheckpoint(const ExpectedCheckpoint& e) {
     return m.contains(key) && m[key].is_number_integer() ? m[key].get<int64_t>() : -1;
   };
   if (number("stage") != e.stage || number("step_in_stage") != e.step) {
-    return Refused(e,
-                   absl::StrCat("is of stage ", number("stage"), " step ", number("step_in_stage"),
-                                ", not the final stage ", e.stage, " step ", e.step));
+    return Refused(
+        e, absl::StrCat("is of stage ", number("stage") + 1, " step ", number("step_in_stage"),
+                        ", not the final stage ", e.stage + 1, " step ", e.step));
   }
   if (m.contains("owner")) {
     const nlohmann::json& o = m["owner"];

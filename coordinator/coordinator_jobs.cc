@@ -88,6 +88,14 @@ absl::StatusOr<JobRecord> NewJobRecord(const v1::SubmitJobRequest& request,
   return rec;
 }
 
+// The job as shown: its record and the conditions held in memory (an ended job waits for
+// nothing: it has none).
+v1::Job JobView(const JobRt& job, bool full) {
+  v1::Job out = JobToProto(job.rec, full);
+  if (job.unschedulable.status() && !job.rec.terminal()) *out.add_conditions() = job.unschedulable;
+  return out;
+}
+
 // The job's metadata.labels, parsed from its stored spec once (ListJobs label filters).
 const std::map<std::string, std::string>& LabelsOf(JobRt& job) {
   if (!job.labels) {
@@ -136,7 +144,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
       }
       response.set_job_id(earlier->rec.id);
       response.set_canonical_spec_yaml(earlier->rec.spec_yaml);
-      *response.mutable_job() = JobToProto(earlier->rec, true);
+      *response.mutable_job() = JobView(*earlier, true);
       return response;
     }
   }
@@ -144,7 +152,12 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   rec.state_entered_ms = rec.created_ms;
   if (request.dry_run()) {
     rec.reason = "dry run: valid, not queued";
-    *response.mutable_job() = JobToProto(rec, true);
+    JobRt preview;  // Its Unschedulable condition, as the real submission would get it.
+    preview.rec = std::move(rec);
+    preview.allow_tcp_fabric = s.parallelism.allow_tcp_fabric ? 1 : 0;
+    Txn scratch;  // Never committed.
+    machine_.UpdateUnschedulable(preview, machine_.RegisteredSlots(), scratch);
+    *response.mutable_job() = JobView(preview, true);
     return response;
   }
   int64_t waiting = 0;  // The tenant's jobs waiting for workers (quotas.max_queued_jobs).
@@ -205,6 +218,9 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   const std::string id = job.rec.id;
   state_.jobs[id] = std::move(rt);
   machine_.SetState(job, v1::JOB_STATE_PENDING, "queued", txn);
+  // A stage larger than the registered cluster: accepted, with the condition and its event.
+  job.allow_tcp_fabric = s.parallelism.allow_tcp_fabric ? 1 : 0;
+  machine_.UpdateUnschedulable(job, machine_.RegisteredSlots(), txn);
   if (absl::Status st = CommitLocked(txn); !st.ok()) {
     if (JobRt* failed = state_.FindJob(id); failed != nullptr) {  // RestoreLocked may have.
       machine_.ForgetLogs(*failed);
@@ -217,7 +233,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   if (!job.rec.request_id.empty()) state_.job_by_request[job.rec.request_id] = id;
   RequestScheduleLocked();  // The ticker's next pass places it.
   response.set_job_id(id);
-  *response.mutable_job() = JobToProto(job.rec, true);
+  *response.mutable_job() = JobView(job, true);
   return response;
 }
 
@@ -226,7 +242,7 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const v1::GetJobRequest& request,
   LockDeferringWrites lock(&mu_);
   JobRt* rt = Visible(state_.FindJob(request.job_id()), caller);
   if (rt == nullptr) return JobNotFound(request.job_id());
-  v1::Job job = JobToProto(rt->rec, true);
+  v1::Job job = JobView(*rt, true);
   if (rt->interval.sent.has_value()) {
     // every_steps: auto (job_interval.cc): what the current attempt's ranks were sent, in
     // memory only.
@@ -293,7 +309,7 @@ absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsReq
   size_t bytes = 0;
   size_t i = 0;
   for (; i < matching.size() && i < static_cast<size_t>(page_size); ++i) {
-    v1::Job job = JobToProto(matching[i]->rec, false);
+    v1::Job job = JobView(*matching[i], false);
     job.clear_spec_yaml();
     bytes += job.ByteSizeLong();
     if (i > 0 && bytes > kMaxPageBytes) break;  // The rest on the next page.
@@ -322,7 +338,7 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const std::string& job_id, const 
   machine_.AccountCancel(*job);
   machine_.SetState(*job, v1::JOB_STATE_CANCELLED, why, txn, caller.user);
   RETURN_IF_ERROR(CommitLocked(txn));
-  return JobToProto(job->rec, true);
+  return JobView(*job, true);
 }
 
 absl::StatusOr<v1::Job> Coordinator::ResumeJob(const std::string& job_id,
@@ -348,7 +364,7 @@ absl::StatusOr<v1::Job> Coordinator::ResumeJob(const std::string& job_id,
                     txn, caller.user);
   RETURN_IF_ERROR(CommitLocked(txn));
   RequestScheduleLocked();
-  return JobToProto(job->rec, true);
+  return JobView(*job, true);
 }
 
 absl::StatusOr<v1::ListWorkersResponse> Coordinator::ListWorkers(
@@ -396,7 +412,7 @@ absl::Status Coordinator::WatchJob(const std::string& job_id, const auth::Princi
   v1::JobEvent snapshot;
   snapshot.set_job_id(job_id);
   *snapshot.mutable_time() = google::protobuf::util::TimeUtil::MillisecondsToTimestamp(NowMs());
-  *snapshot.mutable_snapshot() = JobToProto(job->rec, true);
+  *snapshot.mutable_snapshot() = JobView(*job, true);
   snapshot.mutable_snapshot()->clear_spec_yaml();
   sink->OnEvent(snapshot);
   if (job->rec.terminal()) {

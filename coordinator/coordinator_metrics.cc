@@ -212,7 +212,8 @@ void CoordinatorMetrics::ForgetJob(const std::string& job_id) {
 
 void CoordinatorMetrics::SetJobStage(const std::string& job_id, int stage_index, int64_t steps_n,
                                      int64_t seq_len_n, int group) {
-  if (stage) stage->WithLabels({job_id})->Set(stage_index);
+  // Stage numbers a person reads are 1-based (docs/CONTRACTS.md, "Stage numbers").
+  if (stage) stage->WithLabels({job_id})->Set(stage_index + 1);
   if (steps) steps->WithLabels({job_id})->Set(static_cast<double>(steps_n));
   if (seq_len) seq_len->WithLabels({job_id})->Set(static_cast<double>(seq_len_n));
   if (group_size) group_size->WithLabels({job_id})->Set(group);
@@ -229,7 +230,7 @@ void CoordinatorMetrics::SetHeartbeatInterval(double seconds) {
 
 void CoordinatorMetrics::SetEval(const std::string& job_id, int stage_index, double loss_value,
                                  std::optional<double> accuracy) {
-  const std::string s = std::to_string(stage_index);
+  const std::string s = std::to_string(stage_index + 1);  // the 1-based stage label
   if (eval_loss) eval_loss->WithLabels({job_id, s})->Set(loss_value);
   if (eval_accuracy && accuracy.has_value()) eval_accuracy->WithLabels({job_id, s})->Set(*accuracy);
 }

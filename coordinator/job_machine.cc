@@ -22,6 +22,16 @@
 namespace ulysses::coordinator {
 namespace {
 
+// The job's groups span workers only over a fabric (not spec.parallelism.allow_tcp_fabric).
+bool FabricRequired(const JobRt& job) {
+  if (job.allow_tcp_fabric < 0) {
+    // The canonical spec the coordinator wrote itself (NewJobRecord): it parses.
+    absl::StatusOr<spec::JobSpec> s = spec::ParseJobSpec(job.rec.spec_yaml, {});
+    job.allow_tcp_fabric = s.ok() && s->parallelism.allow_tcp_fabric ? 1 : 0;
+  }
+  return job.allow_tcp_fabric == 0;
+}
+
 // A worker whose CUDA slots reach other nodes only over TCP sockets (GangRequest's
 // fabric_required keeps groups from spanning it). CPU slots (Gloo) and workers that reported no
 // fabric (older agents) are not restricted.
@@ -255,6 +265,9 @@ void JobMachine::Schedule(Txn& txn) {
   const int64_t now = NowMs();
   next_backoff_end_ms_ = INT64_MAX;
   std::vector<QueuedJob> queue;
+  // Queued jobs, and live ones that still hold an Unschedulable condition (a later stage too
+  // large): their condition is rechecked against the registered cluster every pass.
+  std::vector<JobRt*> recheck;
   std::map<std::string, int64_t> in_use;  // Workers held by each tenant's live attempts.
   std::vector<const JobRt*> preemptible;  // Running jobs a higher priority may preempt.
   // Jobs being preempted, by the job they make room for (named in its reason).
@@ -270,9 +283,17 @@ void JobMachine::Schedule(Txn& txn) {
         preemptible.push_back(&job);
       }
     }
-    if (job.rec.terminal() || job.awaiting_reconnect || !IsQueued(job.rec.state)) continue;
+    if (job.rec.terminal()) continue;
+    const bool conditioned = job.unschedulable.status();
+    if (job.awaiting_reconnect || !IsQueued(job.rec.state)) {
+      if (conditioned) recheck.push_back(j.get());
+      continue;
+    }
     const AttemptRecord* a = job.rec.attempts.empty() ? nullptr : &job.rec.attempts.back();
-    if (a != nullptr && a->generation == job.rec.generation && !a->ended()) continue;
+    if (a != nullptr && a->generation == job.rec.generation && !a->ended()) {
+      if (conditioned) recheck.push_back(j.get());
+      continue;
+    }
     const StageRecord& stage = job.rec.stages[job.rec.stage_index];
     const bool may_preempt = std::find(config_.non_preempting_priorities.begin(),
                                        config_.non_preempting_priorities.end(),
@@ -281,17 +302,20 @@ void JobMachine::Schedule(Txn& txn) {
     if (job.rec.not_before_ms > now) {
       next_backoff_end_ms_ = std::min(next_backoff_end_ms_, job.rec.not_before_ms);
     }
-    if (job.allow_tcp_fabric < 0) {
-      // The canonical spec the coordinator wrote itself (NewJobRecord): it parses.
-      absl::StatusOr<spec::JobSpec> s = spec::ParseJobSpec(job.rec.spec_yaml, {});
-      job.allow_tcp_fabric = s.ok() && s->parallelism.allow_tcp_fabric ? 1 : 0;
-    }
     queue.push_back({job.rec.id, job.rec.priority, job.rec.number, stage.index,
-                     GangRequest{stage.sp, stage.dp, job.rec.node_label, job.allow_tcp_fabric == 0},
-                     job.rec.not_before_ms > now, job.rec.tenant, may_preempt});
+                     GangRequest{stage.sp, stage.dp, job.rec.node_label, FabricRequired(job)},
+                     job.rec.not_before_ms > now, job.rec.tenant, may_preempt,
+                     static_cast<int>(job.rec.stages.size())});
+    recheck.push_back(j.get());
   }
   SetWantedWorkers(queue);
-  if (queue.empty()) return;
+  if (queue.empty()) {
+    if (!recheck.empty()) {
+      const LiveSlots live = RegisteredSlots();
+      for (JobRt* job : recheck) UpdateUnschedulable(*job, live, txn);
+    }
+    return;
+  }
   std::vector<FreeWorker> idle;  // Views into state_, which the pass does not change.
   idle.reserve(state_.workers.size());
   LiveSlots live;                   // Counts only: every slot of every worker not LOST.
@@ -332,6 +356,7 @@ void JobMachine::Schedule(Txn& txn) {
       }
     }
   }
+  for (JobRt* job : recheck) UpdateUnschedulable(*job, live, txn);
   // Running jobs that a queued job may preempt (PlanPreemption takes only preemptible
   // ones of lower priority than the preempting job): listing every running job's slots
   // per pass would be 200,000 entries on a full 25,000-node cluster.
@@ -398,10 +423,53 @@ void JobMachine::Schedule(Txn& txn) {
     if (reason != job.rec.reason) {
       job.rec.reason = std::move(reason);
       txn.jobs.insert(&job);
+      if (!job.watchers.empty()) {  // watch shows the reason it waits for now (not kept).
+        v1::JobEvent ev;
+        ev.set_job_id(job.rec.id);
+        *ev.mutable_time() = TimeUtil::MillisecondsToTimestamp(NowMs());
+        ev.set_reason(job.rec.reason);
+        txn.notify.emplace_back(&job, std::move(ev));
+      }
     }
   }
   in_pass_ = false;
   ports_in_use_.reset();
+}
+
+LiveSlots JobMachine::RegisteredSlots() const {
+  LiveSlots live;
+  for (const auto& [id, w] : state_.workers) {
+    if (w->state != v1::WORKER_STATE_LOST) {
+      live.Add(w->rec.node_label, std::max(0, w->rec.capacity), TcpOnly(*w));
+    }
+  }
+  return live;
+}
+
+void JobMachine::UpdateUnschedulable(JobRt& job, const LiveSlots& live, Txn& txn) {
+  std::vector<GangRequest> gangs;
+  gangs.reserve(job.rec.stages.size());
+  for (const StageRecord& st : job.rec.stages) {
+    gangs.push_back({st.sp, st.dp, job.rec.node_label, FabricRequired(job)});
+  }
+  const std::optional<UnschedulableStage> u =
+      FirstUnschedulableStage(gangs, job.rec.stage_index, live);
+  v1::JobCondition& c = job.unschedulable;
+  const bool was = c.status();
+  if (!u.has_value() && !was) return;
+  if (u.has_value() && was && c.message() == u->message) return;
+  c.set_type("Unschedulable");
+  c.set_status(u.has_value());
+  c.set_reason("ClusterTooSmall");
+  if (u.has_value()) {
+    c.set_message(u->message);
+    c.set_stage(u->stage);
+  }
+  if (was == c.status()) return;  // Still holds, in other words: no event.
+  *c.mutable_last_transition_time() = TimeUtil::MillisecondsToTimestamp(NowMs());
+  v1::JobEvent event;
+  *event.mutable_condition() = c;
+  AddEvent(job, std::move(event), /*persist=*/true, txn);
 }
 
 void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids,
@@ -491,9 +559,9 @@ void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids,
   *ev.mutable_attempt_started() = AttemptToProto(attempt, stage.sp);
   AddEvent(job, std::move(ev), true, txn);
   SetState(job, v1::JOB_STATE_SCHEDULING,
-           absl::StrCat("starting stage ", stage.index, " (generation ", rec.generation, ") on ",
-                        worker_ids.size(), " slots, rendezvous ", attempt.master_addr, ":",
-                        attempt.master_port),
+           absl::StrCat("starting ", StageName(stage.index, static_cast<int>(rec.stages.size())),
+                        " (generation ", rec.generation, ") on ", worker_ids.size(),
+                        " slots, rendezvous ", attempt.master_addr, ":", attempt.master_port),
            txn);
 }
 
@@ -653,7 +721,8 @@ void JobMachine::CompleteStage(JobRt& job, Txn& txn) {
   JobRecord& rec = job.rec;
   StageRecord& stage = rec.stages[rec.stage_index];
   EndAttempt(job, v1::ATTEMPT_OUTCOME_SUCCEEDED, 0,
-             absl::StrCat("stage ", stage.index, " finished"), 0, txn);
+             absl::StrCat(StageName(stage.index, static_cast<int>(rec.stages.size())), " finished"),
+             0, txn);
   stage.state = v1::STAGE_STATE_COMPLETED;
   stage.finished_ms = NowMs();
   stage.step = stage.steps;
@@ -666,8 +735,9 @@ void JobMachine::CompleteStage(JobRt& job, Txn& txn) {
   }
   const StageRecord& next = rec.stages[rec.stage_index];
   SetState(job, v1::JOB_STATE_PENDING,
-           absl::StrCat("stage ", stage.index, " finished; stage ", next.index, " (seq_len ",
-                        next.seq_len, ", ", next.world(), " workers) queued"),
+           absl::StrCat(StageName(stage.index, static_cast<int>(rec.stages.size())),
+                        " finished; stage ", next.index + 1, " (seq_len ", next.seq_len, ", ",
+                        next.world(), " slots) queued"),
            txn);
 }
 

@@ -90,6 +90,12 @@ class JobMachine {
   // Places queued jobs on idle workers (coordinator/scheduler.h) and launches them;
   // unplaced jobs get the reason as their `reason`.
   void Schedule(Txn& txn);
+  // Every slot of the workers not LOST, by label and fabric (what Schedule places against).
+  LiveSlots RegisteredSlots() const;
+  // The job's Unschedulable condition from `live`: its first stage from the current one on
+  // that the registered workers cannot hold (scheduler.h FirstUnschedulableStage). A condition
+  // that starts or stops holding is an event (persisted); a changed message is not.
+  void UpdateUnschedulable(JobRt& job, const LiveSlots& live, Txn& txn);
   // The earliest end of a queued job's restart backoff seen by the last Schedule (wall
   // ms; INT64_MAX when none waits): the ticker's next pass is due then.
   int64_t next_backoff_end_ms() const { return next_backoff_end_ms_; }

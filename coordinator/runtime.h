@@ -130,6 +130,9 @@ struct JobRt {
   // requeue); "" = none. Cleared when the attempt ends. Not persisted: after a coordinator
   // restart its ranks still exit as preempted (the worker reports the stop request).
   std::string preempting_for;
+  // Job.conditions' Unschedulable (status false: does not hold). In memory: set at submission
+  // and by each scheduling pass while the job waits (JobMachine::UpdateUnschedulable).
+  v1::JobCondition unschedulable;
   // The stage ETA's base: the first rank-0 progress report of this generation and stage.
   int64_t eta_base_steady = 0;
   int64_t eta_base_step = 0;

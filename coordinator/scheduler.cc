@@ -437,6 +437,42 @@ std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<I
                    std::move(in_use), running, freeing);
 }
 
+namespace {
+
+// "the registered workers have 2 slots in all for a group of 4 (start workers ...)".
+std::string ClusterHasText(const GangRequest& gang, int64_t eligible) {
+  const int64_t needed = int64_t{gang.sp} * gang.dp;
+  return absl::StrCat(
+      "the registered workers have ", eligible, " slot", eligible == 1 ? "" : "s", " in all",
+      gang.required_label.empty() ? std::string()
+                                  : absl::StrCat(" with node label \"", gang.required_label, "\""),
+      " for a group of ", needed,
+      " (start workers with a larger --capacity, add workers, or lower the stage's sp_degree x "
+      "dp_degree)");
+}
+
+}  // namespace
+
+std::string StageName(int index, int count) {
+  return absl::StrCat("stage ", index + 1, " of ", count);
+}
+
+std::optional<UnschedulableStage> FirstUnschedulableStage(const std::vector<GangRequest>& stages,
+                                                          int from, const LiveSlots& live) {
+  const int count = static_cast<int>(stages.size());
+  for (int i = std::max(0, from); i < count; ++i) {
+    const int64_t needed = int64_t{stages[i].sp} * stages[i].dp;
+    const int64_t available = live.EligibleFor(stages[i]);
+    if (available >= needed) continue;
+    return UnschedulableStage{
+        i, needed, available,
+        absl::StrCat(StageName(i, count), " needs ", needed, needed == 1 ? " slot" : " slots",
+                     " (sp ", stages[i].sp, " x dp ", stages[i].dp, "); ",
+                     ClusterHasText(stages[i], available))};
+  }
+  return std::nullopt;
+}
+
 LiveSlots LiveSlots::Of(const std::vector<IdleWorker>& live) {
   LiveSlots out;
   for (const IdleWorker& w : live) out.Add(w.node_label, 1, w.tcp_only);
@@ -489,7 +525,7 @@ std::vector<QueueDecision> PlanQueueFrom(SlotPool pool, std::vector<QueuedJob> q
     if (quotas != nullptr &&
         !FitsWorkerQuota(job.tenant, in_use[job.tenant], needed, *quotas, &over_quota)) {
       d.kind = QueueDecision::Kind::kUnplaced;
-      d.reason = absl::StrCat("stage ", job.stage_index, ": ", over_quota);
+      d.reason = absl::StrCat(StageName(job.stage_index, job.stage_count), ": ", over_quota);
     } else if (job.in_backoff) {
       d.kind = QueueDecision::Kind::kBackoff;
     } else {
@@ -507,19 +543,11 @@ std::vector<QueueDecision> PlanQueueFrom(SlotPool pool, std::vector<QueuedJob> q
                                 " (priority ", head->priority, ")");
       } else {
         d.kind = QueueDecision::Kind::kUnplaced;
-        d.reason = absl::StrCat("stage ", job.stage_index, ": ", p.reason);
+        d.reason = absl::StrCat(StageName(job.stage_index, job.stage_count), ": ", p.reason);
         const int64_t eligible = live.EligibleFor(job.gang);
         if (eligible < needed) {
           // Not a matter of waiting: the registered cluster cannot hold the gang at all.
-          absl::StrAppend(
-              &d.reason, "; unschedulable: the registered workers have ", eligible, " slot",
-              eligible == 1 ? "" : "s", " in all",
-              job.gang.required_label.empty()
-                  ? std::string()
-                  : absl::StrCat(" with node label \"", job.gang.required_label, "\""),
-              " for a group of ", needed,
-              " (start workers with a larger --capacity, add workers, or lower this stage's "
-              "sp_degree x dp_degree)");
+          absl::StrAppend(&d.reason, "; unschedulable: ", ClusterHasText(job.gang, eligible));
         }
         if (eligible >= needed) {
           head = &job;

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -91,11 +92,12 @@ struct QueuedJob {
   std::string id;
   int64_t priority = 0;
   int64_t number = 0;       // Submission order.
-  int stage_index = 0;      // The stage to place (named in reasons).
+  int stage_index = 0;      // The stage to place (0-based; named 1-based in reasons).
   GangRequest gang;         // Its group.
   bool in_backoff = false;  // Restart backoff still running (not_before_ms in the future).
   std::string tenant;       // For the tenant's max_workers quota.
   bool may_preempt = true;  // false: a non-preempting priority class (waits instead).
+  int stage_count = 1;      // The job's stages ("stage 2 of 3" in reasons).
 };
 
 // A job whose attempt holds workers now, as the queue sees it.
@@ -173,6 +175,23 @@ struct LiveSlots {
   // label (one worker or node label may hold a group whole).
   int64_t EligibleFor(const GangRequest& request) const;
 };
+
+// How a person reads a stage (docs/CONTRACTS.md "Stage numbers"): 1-based, "stage 2 of 3"
+// for the 0-based `index` of `count` stages.
+std::string StageName(int index, int count);
+
+// A stage no cluster of the registered workers could ever hold: its group is larger than
+// every slot they have (LiveSlots::EligibleFor).
+struct UnschedulableStage {
+  int stage = 0;          // 0-based index.
+  int64_t needed = 0;     // sp x dp.
+  int64_t available = 0;  // EligibleFor its gang.
+  std::string message;    // The stage, what it needs, what the cluster has, and the fix.
+};
+// The first of stages[from..] that `live` cannot hold, or nullopt when each fits.
+std::optional<UnschedulableStage> FirstUnschedulableStage(const std::vector<GangRequest>& stages,
+                                                          int from, const LiveSlots& live);
+
 std::vector<QueueDecision> PlanQueue(std::vector<QueuedJob> queue, std::vector<IdleWorker> idle,
                                      const LiveSlots& live, const QuotaPolicy* quotas = nullptr,
                                      std::map<std::string, int64_t> in_use = {},

@@ -20,8 +20,8 @@ void SetTime(int64_t ms, google::protobuf::Timestamp* ts) {
 
 std::string CheckpointText(const JobRecord& job) {
   if (!job.last_checkpoint) return "the start of the stage (no committed checkpoint)";
-  return absl::StrCat("checkpoint stage ", job.last_checkpoint->stage, " step ",
-                      job.last_checkpoint->step);
+  return absl::StrCat("the checkpoint of stage ", job.last_checkpoint->stage + 1, " of ",
+                      job.stages.size(), " at step ", job.last_checkpoint->step);
 }
 
 v1::Checkpoint CheckpointToProto(const CheckpointRecord& c) {

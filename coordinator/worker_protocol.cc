@@ -165,9 +165,9 @@ WorkerProtocol::Fenced WorkerProtocol::FenceReport(const WorkerRt& w, const v1::
     }
   }
   if (held == nullptr) {
-    return reject("not_assigned",
-                  absl::StrCat("rank ", ref.rank(), " of stage ", ref.stage(), " of ", ref.job_id(),
-                               " generation ", ref.generation(), " is not assigned to ", w.rec.id));
+    return reject("not_assigned", absl::StrCat("rank ", ref.rank(), " of stage index ", ref.stage(),
+                                               " of ", ref.job_id(), " generation ",
+                                               ref.generation(), " is not assigned to ", w.rec.id));
   }
   out.job = job;
   out.attempt = held;
@@ -282,7 +282,8 @@ void WorkerProtocol::MarkStarted(JobRt& job, int rank, Txn& txn) {
   if (job.rec.state == v1::JOB_STATE_SCHEDULING &&
       job.started_ranks.size() == static_cast<size_t>(stage.world())) {
     machine_.SetState(job, v1::JOB_STATE_RUNNING,
-                      absl::StrCat("all ", stage.world(), " ranks of stage ", stage.index,
+                      absl::StrCat("all ", stage.world(), " ranks of ",
+                                   StageName(stage.index, static_cast<int>(job.rec.stages.size())),
                                    " running (generation ", job.rec.generation, ")"),
                       txn);
     metrics_.SetJobStage(job.rec.id, stage.index, stage.steps, stage.seq_len, stage.world());
@@ -566,10 +567,11 @@ void WorkerProtocol::OnExited(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn)
       if (final_stage && (!last || last->stage != stage.index || last->step != stage.steps)) {
         machine_.OnRankFailure(
             *job, v1::ATTEMPT_OUTCOME_FAILED, x.exit_code(),
-            absl::StrCat("all ranks of the final stage ", stage.index,
-                         " exited 0 without a committed checkpoint of its last step (step ",
+            absl::StrCat("all ranks of the final stage (",
+                         StageName(stage.index, static_cast<int>(job->rec.stages.size())),
+                         ") exited 0 without a committed checkpoint of its last step (step ",
                          stage.steps, "; the last committed is ",
-                         last ? absl::StrCat("stage ", last->stage, " step ", last->step)
+                         last ? absl::StrCat("stage ", last->stage + 1, " step ", last->step)
                               : std::string("none"),
                          ")"),
             "rank_failed", contract::FailureKind::kApplication, txn);
@@ -580,10 +582,12 @@ void WorkerProtocol::OnExited(WorkerRt& w, const v1::WorkerMessage& m, Txn& txn)
         if (absl::Status on_disk = VerifyFinalCheckpoint(
                 {last->path, job->rec.tenant, job->rec.id, stage.index, stage.steps});
             !on_disk.ok()) {
-          machine_.OnRankFailure(*job, v1::ATTEMPT_OUTCOME_FAILED, x.exit_code(),
-                                 absl::StrCat("all ranks of the final stage ", stage.index,
-                                              " exited 0, but ", on_disk.message()),
-                                 "rank_failed", contract::FailureKind::kApplication, txn);
+          machine_.OnRankFailure(
+              *job, v1::ATTEMPT_OUTCOME_FAILED, x.exit_code(),
+              absl::StrCat("all ranks of the final stage (",
+                           StageName(stage.index, static_cast<int>(job->rec.stages.size())),
+                           ") exited 0, but ", on_disk.message()),
+              "rank_failed", contract::FailureKind::kApplication, txn);
           break;
         }
       }

@@ -31,7 +31,7 @@ Overloaded(Ts...) -> Overloaded<Ts...>;
 // The optional per-rank fields of a step event, in wire order within each type.
 template <typename E>
 auto StepNumbers(E& e) {
-  return std::array<std::pair<const char*, decltype(&e.step_seconds)>, 11>{{
+  return std::array<std::pair<const char*, decltype(&e.step_seconds)>, 13>{{
       {"step_seconds", &e.step_seconds},
       {"data_wait_seconds", &e.data_wait_seconds},
       {"forward_seconds", &e.forward_seconds},
@@ -43,6 +43,8 @@ auto StepNumbers(E& e) {
       {"mfu", &e.mfu},
       {"median_step_seconds", &e.median_step_seconds},
       {"slowest_step_seconds", &e.slowest_step_seconds},
+      {"grad_norm", &e.grad_norm},
+      {"lr", &e.lr},
   }};
 }
 template <typename E>

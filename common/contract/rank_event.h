@@ -72,6 +72,9 @@ struct StepEvent {
   // 0..world-1: the rank with slowest_step_seconds (the lowest such rank on a tie); given
   // exactly when slowest_step_seconds is.
   std::optional<int64_t> slowest_rank;
+  // The global gradient norm before clipping, and the learning rate the step applied.
+  std::optional<double> grad_norm;
+  std::optional<double> lr;
 };
 
 // A checkpoint was committed (every shard durable, manifest written last).

@@ -117,7 +117,8 @@ std::vector<MetricDef> BuildCatalog() {
               "integrated between rank-0 progress reports)."),
       Gauge("ulysses_train_steps", kJob, kCoordinator,
             "Optimizer steps of the job's current stage (ulysses_train_step counts up to it)."),
-      Gauge("ulysses_train_stage", kJob, kCoordinator, "Index of the job's current stage."),
+      Gauge("ulysses_train_stage", kJob, kCoordinator,
+            "Number of the job's current stage, counted from 1."),
       Gauge("ulysses_train_seq_len", kJob, kCoordinator,
             "Global sequence length of the job's current stage."),
       Gauge("ulysses_train_group_size", kJob, kCoordinator,
@@ -158,6 +159,11 @@ std::vector<MetricDef> BuildCatalog() {
       Gauge("ulysses_rank_mfu_ratio", kRank, kWorker,
             "Model FLOPs utilisation of the rank's last step, 0..1 (needs ulysses-worker "
             "--peak-flops)."),
+      Gauge("ulysses_rank_grad_norm", kRank, kWorker,
+            "Global gradient norm of the rank's last step, before clipping (the same on every "
+            "rank of the group)."),
+      Gauge("ulysses_rank_learning_rate", kRank, kWorker,
+            "Learning rate the rank's last step applied (warmup and schedule included)."),
       Counter("ulysses_rank_steps_total", kRank, kWorker,
               "Optimizer steps the rank finished during the attempt."),
       Gauge("ulysses_worker_fabric_info", {"fabric"}, kWorker,

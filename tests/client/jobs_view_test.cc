@@ -53,7 +53,9 @@ TEST(JobViewTest, SummaryJsonHasTheContractFields) {
   }
   EXPECT_EQ(j["id"], "job-000007");
   EXPECT_EQ(j["state"], "RUNNING");
-  EXPECT_EQ(j["stage"], 1);
+  // Stage numbers a person reads are 1-based (docs/CONTRACTS.md "Stage numbers"): the
+  // proto's stage index 1 is the second stage.
+  EXPECT_EQ(j["stage"], 2);
   EXPECT_EQ(j["seq_len"], 2048);
   EXPECT_EQ(j["step"], 4);
   EXPECT_EQ(j["restarts"], 1);
@@ -81,6 +83,8 @@ TEST(JobViewTest, DetailJsonHasStagesAttemptsAndCheckpoints) {
   ASSERT_EQ(j["stages"].size(), 3u);
   EXPECT_EQ(j["stages"][2]["world_size"], 4);
   EXPECT_EQ(j["stages"][0]["state"], "UNSPECIFIED");
+  EXPECT_EQ(j["stages"][0]["stage"], 1);
+  EXPECT_EQ(j["stages"][2]["stage"], 3);
   ASSERT_EQ(j["attempts"].size(), 1u);
   EXPECT_EQ(j["attempts"][0]["world_size"], 2);
   EXPECT_EQ(j["attempts"][0]["outcome"], "LOST");
@@ -202,7 +206,7 @@ TEST(JobViewTest, DescribeShowsDataBatchAndEvalFromTheSpec) {
   EXPECT_NE(text.find("Eval:         every 200 steps and at the stage end, at most 64 validation"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("stage 2:     at the stage end, at most 8 validation"), std::string::npos)
+  EXPECT_NE(text.find("stage 3:     at the stage end, at most 8 validation"), std::string::npos)
       << text;
   // Without a spec (an older coordinator) the description still prints, without those lines.
   std::ostringstream plain;
@@ -264,6 +268,49 @@ TEST(JobViewTest, PlainWatchViewPrintsOneLinePerProgressAndTheEnd) {
   EXPECT_EQ(text.find("\033["), std::string::npos) << "no escape codes when not a TTY";
   EXPECT_NE(text.find("RUNNING -> FAILED: max_failures exhausted"), std::string::npos) << text;
   EXPECT_NE(text.find("job-000007 finished: FAILED"), std::string::npos) << text;
+}
+
+// A job the cluster is too small for: watch warns with the condition from the snapshot,
+// prints the reason it waits for as it changes and the condition's clearing; describe and
+// the JSON carry the condition, its stage counted from 1.
+TEST(JobViewTest, WatchAndDescribeShowTheUnschedulableConditionAndTheWaitingReason) {
+  v1::Job job = SampleJob();
+  v1::JobCondition* c = job.add_conditions();
+  c->set_type("Unschedulable");
+  c->set_status(true);
+  c->set_reason("ClusterTooSmall");
+  c->set_stage(2);
+  c->set_message("stage 3 of 3 needs 4 slots (sp 4 x dp 1); the registered workers have 2 slots");
+  std::ostringstream described;
+  PrintJobDescription(job, described);
+  EXPECT_NE(described.str().find("Condition:    Unschedulable (ClusterTooSmall): stage 3 of 3 "
+                                 "needs 4 slots"),
+            std::string::npos)
+      << described.str();
+  const nlohmann::json j = JobDetailJson(job);
+  ASSERT_EQ(j["conditions"].size(), 1u) << j.dump();
+  EXPECT_EQ(j["conditions"][0]["stage"], 3);
+  EXPECT_EQ(j["conditions"][0]["type"], "Unschedulable");
+
+  std::ostringstream out;
+  WatchView view(out, /*tty=*/false);
+  v1::JobEvent snap;
+  *snap.mutable_snapshot() = job;
+  view.OnEvent(snap);
+  v1::JobEvent waiting;
+  waiting.set_reason("stage 2 of 3: needs 2 free slots, 1 available");
+  view.OnEvent(waiting);
+  v1::JobEvent cleared;
+  *cleared.mutable_condition() = *c;
+  cleared.mutable_condition()->set_status(false);
+  view.OnEvent(cleared);
+  const std::string text = out.str();
+  EXPECT_NE(text.find("warning: Unschedulable (ClusterTooSmall): stage 3 of 3 needs 4 slots"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("waiting: stage 2 of 3: needs 2 free slots, 1 available"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("Unschedulable: no longer holds"), std::string::npos) << text;
 }
 
 // `top`: one row per job not yet ended, with the current stage's live figures; "-" (JSON:

@@ -340,18 +340,22 @@ TEST_F(UlyssesctlTest, PlanShowsTokensAllToAllVolumeAndVerdict) {
   EXPECT_THAT(table.out, HasSubstr("8.0G parameters"));
   EXPECT_THAT(table.out, HasSubstr("device h100: 80.0 GiB per rank"));
   EXPECT_THAT(table.out, HasSubstr("DOES NOT FIT"));
-  EXPECT_THAT(table.out, HasSubstr("stage 0 DOES NOT FIT: changes that fit and pass validation, "
-                                   "cheapest by GPU-hours first:\n  1. --set "));
-  EXPECT_THAT(table.out, HasSubstr("verdict: DOES NOT FIT (stages 0, 1; exit 3)"));
+  EXPECT_THAT(table.out,
+              HasSubstr("stage 1 of 2 DOES NOT FIT: changes that fit and pass validation, "
+                        "cheapest by GPU-hours first:\n  1. --set "));
+  EXPECT_THAT(table.out, HasSubstr("verdict: DOES NOT FIT (stages 1, 2; exit 3)"));
   Result r = Run({"plan", "-f", big, "-o", "json"});
   ASSERT_EQ(r.exit_code, 3) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j.size(), 2u);
-  // Stage 0: N = 32768, P = 8: 4096 tokens per rank, 8 kv heads sharded 1 per rank.
+  // Stage 1 (j[0]; "stage" is 1-based as everywhere a person reads it): N = 32768, P = 8:
+  // 4096 tokens per rank, 8 kv heads sharded 1 per rank.
+  EXPECT_EQ(j[0]["stage"], 1);
+  EXPECT_EQ(j[1]["stage"], 2);
   EXPECT_EQ(j[0]["tokens_per_rank"], 4096);
   EXPECT_EQ(j[0]["kv_heads_exchanged"], 8);
   EXPECT_EQ(j[0]["a2a_elements_per_layer_per_rank"], (2 * 32 + 2 * 8) * 128 * 4096);
-  // Stage 1: N = 1M, P = 32: kv heads replicated to 32.
+  // Stage 2: N = 1M, P = 32: kv heads replicated to 32.
   EXPECT_EQ(j[1]["world_size"], 32);
   EXPECT_EQ(j[1]["tokens_per_rank"], 32768);
   EXPECT_EQ(j[1]["kv_heads_exchanged"], 32);
@@ -467,7 +471,7 @@ TEST_F(UlyssesctlTest, PlanAndValidateReadTheInitFromShape) {
   EXPECT_EQ(table.exit_code, 3) << table.err;
   EXPECT_THAT(table.out, HasSubstr("job finetune-70b: 70.6G parameters, 80 layers, 64q/8kv heads"));
   EXPECT_THAT(table.out, HasSubstr("DOES NOT FIT"));
-  EXPECT_THAT(table.out, HasSubstr("verdict: DOES NOT FIT (stage 0; exit 3)"));
+  EXPECT_THAT(table.out, HasSubstr("verdict: DOES NOT FIT (stage 1; exit 3)"));
   Result json = Run({"plan", "-f", spec, "-o", "json"});
   ASSERT_EQ(json.exit_code, 3) << json.err;
   const nlohmann::json rows = nlohmann::json::parse(json.out);

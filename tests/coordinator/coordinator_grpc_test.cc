@@ -3,12 +3,14 @@
 // peers and JobService clients (fixture: grpc_fixture.h).
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <future>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -373,9 +375,9 @@ TEST_F(CoordinatorGrpcTest, PendingJobExplainsWhyAndHigherPriorityGoesFirst) {
   // One slot in the whole cluster: the reason says the job cannot run until it grows.
   ASSERT_TRUE(PollUntil([&] {
     return GetJob(*high).reason() ==
-           "stage 0: needs 2 free slots, 1 available; unschedulable: the registered workers "
+           "stage 1 of 1: needs 2 free slots, 1 available; unschedulable: the registered workers "
            "have 1 slot in all for a group of 2 (start workers with a larger --capacity, add "
-           "workers, or lower this stage's sp_degree x dp_degree)";
+           "workers, or lower the stage's sp_degree x dp_degree)";
   })) << GetJob(*high).reason();
   EXPECT_EQ(GetJob(*high).state(), v1::JOB_STATE_PENDING);
   FakeWorker& w2 = AddWorker("w2");
@@ -384,8 +386,112 @@ TEST_F(CoordinatorGrpcTest, PendingJobExplainsWhyAndHigherPriorityGoesFirst) {
   EXPECT_EQ(a[0].second.ref().job_id(), *high);
   EXPECT_EQ(GetJob(*low).state(), v1::JOB_STATE_PENDING);
   EXPECT_TRUE(PollUntil([&] {
-    return GetJob(*low).reason() == "stage 0: needs 2 free slots, 0 available";
+    return GetJob(*low).reason() == "stage 1 of 1: needs 2 free slots, 0 available";
   })) << GetJob(*low).reason();
+}
+
+// A job whose stage needs more slots than the registered cluster has in all is accepted (the
+// cluster may grow) with an Unschedulable condition naming the stage, what it needs, what the
+// cluster has and the fix: in the SubmitJob response, GetJob, the watch snapshot, and as a
+// persisted event. A worker that brings the slots clears it (an event too) and the job runs.
+TEST_F(CoordinatorGrpcTest, AJobLargerThanTheClusterIsAcceptedAsUnschedulableUntilItGrows) {
+  FakeWorker& w1 = AddWorker("w1");  // registered (one slot) when AddWorker returns
+  v1::SubmitJobRequest req;
+  req.set_spec_yaml(JobYaml("big",
+                            "    - {seq_len: 256, steps: 1}\n"
+                            "    - {seq_len: 512, steps: 1, sp_degree: 2}\n"));
+  v1::SubmitJobResponse resp;
+  {
+    grpc::ClientContext ctx;
+    SetDeadlineAfter(&ctx, absl::Seconds(10));
+    grpc::Status s = jobs_->SubmitJob(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  const std::string id = resp.job_id();
+  const std::string message =
+      "stage 2 of 2 needs 2 slots (sp 2 x dp 1); the registered workers have 1 slot in all for "
+      "a group of 2 (start workers with a larger --capacity, add workers, or lower the stage's "
+      "sp_degree x dp_degree)";
+  ASSERT_EQ(resp.job().conditions_size(), 1) << resp.job().DebugString();
+  const v1::JobCondition& c = resp.job().conditions(0);
+  EXPECT_EQ(c.type(), "Unschedulable");
+  EXPECT_TRUE(c.status());
+  EXPECT_EQ(c.reason(), "ClusterTooSmall");
+  EXPECT_EQ(c.stage(), 1);  // 0-based in the API; "stage 2 of 2" in the message
+  EXPECT_EQ(c.message(), message);
+  EXPECT_TRUE(c.has_last_transition_time());
+  // Watch from here: the snapshot carries the condition, the stream its clearing.
+  std::mutex mu;
+  std::vector<v1::JobEvent> events;  // guarded by mu
+  std::promise<void> subscribed;
+  grpc::ClientContext watch_ctx;
+  SetDeadlineAfter(&watch_ctx, absl::Seconds(60));
+  std::thread watcher([&] {
+    v1::WatchJobRequest wreq;
+    wreq.set_job_id(id);
+    auto reader = jobs_->WatchJob(&watch_ctx, wreq);
+    v1::JobEvent ev;
+    bool first = true;
+    while (reader->Read(&ev)) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        events.push_back(ev);
+      }
+      if (first) subscribed.set_value();
+      first = false;
+    }
+    if (first) subscribed.set_value();
+    reader->Finish();
+  });
+  absl::Cleanup stop_watcher = [&] {
+    if (!watcher.joinable()) return;
+    watch_ctx.TryCancel();
+    watcher.join();
+  };
+  subscribed.get_future().wait();
+  // Stage 1 (one slot) runs meanwhile; the condition stays and is persisted as one event.
+  auto a1 = w1.WaitAssignment();
+  ASSERT_TRUE(a1);
+  v1::Job job = GetJob(id);
+  ASSERT_EQ(job.conditions_size(), 1);
+  EXPECT_EQ(job.conditions(0).message(), message);
+  int condition_events = 0;
+  for (const v1::JobEvent& e : job.events()) {
+    if (e.has_condition()) {
+      ++condition_events;
+      EXPECT_TRUE(e.condition().status());
+      EXPECT_EQ(e.condition().message(), message);
+    }
+  }
+  EXPECT_EQ(condition_events, 1) << job.DebugString();
+  // The cluster grows to 2 slots: the condition clears before stage 2 needs them.
+  FakeWorker& w2 = AddWorker("w2");
+  ASSERT_TRUE(PollUntil([&] { return GetJob(id).conditions_size() == 0; }))
+      << GetJob(id).DebugString();
+  job = GetJob(id);
+  ASSERT_FALSE(job.events().empty());
+  bool cleared = false;
+  for (const v1::JobEvent& e : job.events())
+    cleared |= e.has_condition() && !e.condition().status();
+  EXPECT_TRUE(cleared) << job.DebugString();
+  w1.Started(a1->ref());
+  ASSERT_TRUE(w1.CommitLast(*a1));
+  w1.Exited(a1->ref(), 0);
+  auto a = CollectAssignments({&w1, &w2}, 2);
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[0].second.ref().stage(), 1);
+  ASSERT_TRUE(PollUntil([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::any_of(events.begin(), events.end(), [](const v1::JobEvent& e) {
+      return e.has_condition() && !e.condition().status();
+    });
+  }));
+  watch_ctx.TryCancel();
+  watcher.join();
+  ASSERT_FALSE(events.empty());
+  ASSERT_TRUE(events.front().has_snapshot());
+  ASSERT_EQ(events.front().snapshot().conditions_size(), 1);
+  EXPECT_EQ(events.front().snapshot().conditions(0).message(), message);
 }
 
 TEST_F(CoordinatorGrpcTest, BadSpecIsRejectedWithTheValidationMessageAndNoTrace) {
@@ -721,7 +827,7 @@ TEST_F(CoordinatorGrpcTest, JobLevelGaugesFollowTheJobAndLeaveWithIt) {
   EXPECT_EQ(SampleValue(body, "ulysses_train_seq_len" + job), 256) << body;
   EXPECT_EQ(SampleValue(body, "ulysses_train_group_size" + job), 1);
   EXPECT_EQ(SampleValue(body, "ulysses_train_steps" + job), 10);
-  EXPECT_EQ(SampleValue(body, "ulysses_train_stage" + job), 0);
+  EXPECT_EQ(SampleValue(body, "ulysses_train_stage" + job), 1);  // stage 1 of 1, 1-based
   // Work at risk: the job runs without a checkpoint, so it is counted from the attempt start.
   EXPECT_GE(SampleValue(body, "ulysses_checkpoint_age_seconds" + job).value_or(-1), 0);
   // One progress report gives no rate; the ETA appears with the second.
@@ -743,7 +849,8 @@ TEST_F(CoordinatorGrpcTest, JobLevelGaugesFollowTheJobAndLeaveWithIt) {
     if (accuracy) r->set_accuracy(*accuracy);
     w1.Send(std::move(m));
   };
-  const std::string stage0 = "{job_id=\"" + *id + "\",stage=\"0\"}";
+  // The first stage (index 0 in the report) is labelled stage="1".
+  const std::string stage0 = "{job_id=\"" + *id + "\",stage=\"1\"}";
   eval(std::nullopt);
   ASSERT_TRUE(
       PollUntil([&] { return SampleValue(scrape(), "ulysses_eval_loss" + stage0) == 3.5; }));

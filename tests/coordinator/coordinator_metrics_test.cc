@@ -68,15 +68,17 @@ TEST(CoordinatorMetricsTest, RegistersEveryFamilyAndComputesGaugesAtScrape) {
   metrics->SetEval("job-000002", 0, 4.0, 0.5);
   std::string with = registry.Serialize();
   EXPECT_TRUE(Has(with, "ulysses_train_group_size{job_id=\"job-000001\"} 2")) << with;
+  // Stage index 1 is stage 2 in the gauge and in the labels, as in the CLI (1-based).
+  EXPECT_TRUE(Has(with, "ulysses_train_stage{job_id=\"job-000001\"} 2")) << with;
   EXPECT_TRUE(Has(with, "ulysses_checkpoint_every_steps{job_id=\"job-000001\"} 20")) << with;
-  EXPECT_TRUE(Has(with, "ulysses_eval_accuracy{job_id=\"job-000001\",stage=\"0\"} 0.25"));
-  EXPECT_TRUE(Has(with, "ulysses_eval_loss{job_id=\"job-000001\",stage=\"1\"} 3"));
-  EXPECT_EQ(with.find("ulysses_eval_accuracy{job_id=\"job-000001\",stage=\"1\"}"),
+  EXPECT_TRUE(Has(with, "ulysses_eval_accuracy{job_id=\"job-000001\",stage=\"1\"} 0.25"));
+  EXPECT_TRUE(Has(with, "ulysses_eval_loss{job_id=\"job-000001\",stage=\"2\"} 3"));
+  EXPECT_EQ(with.find("ulysses_eval_accuracy{job_id=\"job-000001\",stage=\"2\"}"),
             std::string::npos);  // That evaluation measured no accuracy.
   metrics->ForgetJob("job-000001");
   const std::string after = registry.Serialize();
   EXPECT_EQ(after.find("job-000001\""), std::string::npos) << after;
-  EXPECT_TRUE(Has(after, "ulysses_eval_accuracy{job_id=\"job-000002\",stage=\"0\"} 0.5"));
+  EXPECT_TRUE(Has(after, "ulysses_eval_accuracy{job_id=\"job-000002\",stage=\"1\"} 0.5"));
 }
 
 // The settings the alerts compare against (deploy/k8s/prometheus/ulysses-rules.yml).

@@ -319,7 +319,8 @@ TEST_F(FencingGrpcTest, AForgedFinalCheckpointLeavesTheJobNotSucceeded) {
   ASSERT_TRUE(PollUntil([&] { return GetJob(r.id).failures() == 2; }));
   job = GetJob(r.id);
   EXPECT_NE(job.state(), v1::JOB_STATE_SUCCEEDED);
-  EXPECT_TRUE(absl::StrContains(job.attempts(1).reason(), "is of stage 0 step 30"))
+  EXPECT_TRUE(absl::StrContains(job.attempts(1).reason(),
+                                "is of stage 1 step 30, not the final stage 1 step 60"))
       << job.attempts(1).reason();
 }
 

@@ -414,7 +414,7 @@ TEST_F(FailureBudgetTest, AHigherPriorityJobPreemptsTheLowOneWhichResumesLater) 
   EXPECT_EQ(preempting_aborts, 2);
   EXPECT_EQ(high.rec.state, v1::JOB_STATE_PENDING);
   EXPECT_EQ(high.rec.reason,
-            "stage 0: needs 2 free slots, 0 available; preempting job-000001 (priority 0)");
+            "stage 1 of 1: needs 2 free slots, 0 available; preempting job-000001 (priority 0)");
   // While it checkpoints, another schedule chooses no further victim and sends nothing.
   Txn again;
   machine_.Schedule(again);
@@ -440,7 +440,8 @@ TEST_F(FailureBudgetTest, AHigherPriorityJobPreemptsTheLowOneWhichResumesLater) 
   machine_.Schedule(placed);
   EXPECT_EQ(high.rec.state, v1::JOB_STATE_SCHEDULING);
   EXPECT_EQ(job_->rec.state, v1::JOB_STATE_PREEMPTED);
-  EXPECT_NE(job_->rec.reason.find("restarting from checkpoint stage 0 step 6"), std::string::npos)
+  EXPECT_NE(job_->rec.reason.find("restarting from the checkpoint of stage 1 of 1 at step 6"),
+            std::string::npos)
       << job_->rec.reason;
 }
 
@@ -466,7 +467,7 @@ TEST_F(FailureBudgetTest, ANonPreemptingPriorityClassWaitsInsteadOfPreempting) {
   EXPECT_TRUE(job_->preempting_for.empty());
   EXPECT_TRUE(txn.outbound.empty());
   EXPECT_EQ(high.rec.reason,
-            "stage 0: needs 2 free slots, 0 available; priority 10 is a non-preempting class: "
+            "stage 1 of 1: needs 2 free slots, 0 available; priority 10 is a non-preempting class: "
             "waiting for running jobs to end");
   // Another priority, not in the list, preempts as before.
   high.rec.priority = 11;

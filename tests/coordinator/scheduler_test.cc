@@ -142,7 +142,7 @@ TEST(SchedulerTest, QueueLaunchesSeveralJobsOnTheSlotsOfOneWorker) {
   used.insert(d[1].slots.begin(), d[1].slots.end());
   EXPECT_EQ(used, (std::set<int>{0, 1, 2, 3}));
   EXPECT_EQ(d[2].kind, QueueDecision::Kind::kUnplaced);
-  EXPECT_EQ(d[2].reason, "stage 0: needs 1 free slot, 0 available");
+  EXPECT_EQ(d[2].reason, "stage 1 of 1: needs 1 free slot, 0 available");
 }
 
 TEST(SchedulerTest, QueueOrderIsPriorityThenFifo) {
@@ -178,7 +178,7 @@ TEST(PlanQueueTest, LaunchesInPriorityThenFifoOrder) {
   EXPECT_EQ(d[1].kind, QueueDecision::Kind::kLaunch);
   EXPECT_EQ(d[2].job_id, "low");
   EXPECT_EQ(d[2].kind, QueueDecision::Kind::kUnplaced);
-  EXPECT_EQ(d[2].reason, "stage 0: needs 1 free slot, 0 available");
+  EXPECT_EQ(d[2].reason, "stage 1 of 1: needs 1 free slot, 0 available");
   // Each worker is used once.
   std::set<std::string> used;
   for (const auto& x : d) used.insert(x.worker_ids.begin(), x.worker_ids.end());
@@ -310,10 +310,11 @@ TEST(PlanQueueTest, AGangLargerThanTheClusterIsUnschedulableWithTheFix) {
       PlanQueue({Queued("big", 0, 1, 4), Queued("small", 0, 2, 1)}, idle, LiveSlots::Of(idle));
   ASSERT_EQ(d.size(), 2u);
   EXPECT_EQ(d[0].kind, QueueDecision::Kind::kUnplaced);
-  EXPECT_EQ(d[0].reason,
-            "stage 0: needs 4 free slots, 2 available; unschedulable: the registered workers have "
-            "2 slots in all for a group of 4 (start workers with a larger --capacity, add "
-            "workers, or lower this stage's sp_degree x dp_degree)");
+  EXPECT_EQ(
+      d[0].reason,
+      "stage 1 of 1: needs 4 free slots, 2 available; unschedulable: the registered workers have "
+      "2 slots in all for a group of 4 (start workers with a larger --capacity, add "
+      "workers, or lower the stage's sp_degree x dp_degree)");
   EXPECT_EQ(d[1].kind, QueueDecision::Kind::kLaunch);
   // Waiting for busy slots is not unschedulable.
   std::vector<QueueDecision> busy =
@@ -331,7 +332,8 @@ TEST(PlanQueueTest, TheHeadPreemptsAndLowerJobsWaitForIt) {
   ASSERT_EQ(d.size(), 2u);
   EXPECT_EQ(d[0].kind, QueueDecision::Kind::kPreempt);
   EXPECT_EQ(VictimIds(d[0].victims), std::vector<std::string>{"low-b"});
-  EXPECT_EQ(d[0].reason, "stage 0: needs 2 free slots, 0 available; preempting low-b (priority 0)");
+  EXPECT_EQ(d[0].reason,
+            "stage 1 of 1: needs 2 free slots, 0 available; preempting low-b (priority 0)");
   EXPECT_EQ(d[1].kind, QueueDecision::Kind::kBlocked);
   // Next round: low-b's workers are freeing; no further victim is chosen.
   running[1].preemptible = false;
@@ -356,7 +358,7 @@ TEST(PlanQueueTest, ANonPreemptingHeadWaitsButStillHoldsItsPlaceInTheQueue) {
   EXPECT_EQ(d[0].kind, QueueDecision::Kind::kUnplaced);
   EXPECT_TRUE(d[0].victims.empty());
   EXPECT_EQ(d[0].reason,
-            "stage 0: needs 2 free slots, 1 available; priority 10 is a non-preempting class: "
+            "stage 1 of 1: needs 2 free slots, 1 available; priority 10 is a non-preempting class: "
             "waiting for running jobs to end");
   // It is still the head: the idle worker is reserved for it, not backfilled.
   EXPECT_EQ(d[1].kind, QueueDecision::Kind::kBlocked);
@@ -767,6 +769,38 @@ TEST(SchedulerFabricTest, AJobThatCanNeverGetAFabricBlocksNoOne) {
 }  // namespace
 
 namespace {
+
+// Submission's placeability check: the first stage from the current one that the registered
+// cluster can never hold, named 1-based with what it needs, what there is and the fix.
+TEST(UnschedulableStageTest, TheFirstStageLargerThanTheClusterIsNamedWithTheFix) {
+  LiveSlots live;
+  live.Add("", 2);
+  live.Add("a100", 1);
+  const std::vector<GangRequest> stages = {{1, 1}, {2, 1}, {2, 2}, {4, 2}};
+  std::optional<UnschedulableStage> u = FirstUnschedulableStage(stages, 0, live);
+  ASSERT_TRUE(u.has_value());
+  EXPECT_EQ(u->stage, 2);
+  EXPECT_EQ(u->needed, 4);
+  EXPECT_EQ(u->available, 3);
+  EXPECT_EQ(u->message,
+            "stage 3 of 4 needs 4 slots (sp 2 x dp 2); the registered workers have 3 slots in all "
+            "for a group of 4 (start workers with a larger --capacity, add workers, or lower the "
+            "stage's sp_degree x dp_degree)");
+  // Stages already done do not count; from the last one it is still too large.
+  u = FirstUnschedulableStage(stages, 3, live);
+  ASSERT_TRUE(u.has_value());
+  EXPECT_EQ(u->stage, 3);
+  // A required node label counts only its own slots.
+  u = FirstUnschedulableStage({{2, 1, "a100"}}, 0, live);
+  ASSERT_TRUE(u.has_value());
+  EXPECT_NE(u->message.find("1 slot in all with node label \"a100\" for a group of 2"),
+            std::string::npos)
+      << u->message;
+  // Grown by one worker of 5 slots: every stage fits.
+  live.Add("", 5);
+  EXPECT_FALSE(FirstUnschedulableStage(stages, 0, live).has_value());
+  EXPECT_EQ(StageName(1, 3), "stage 2 of 3");
+}
 
 TEST(PoolDemandTest, OrdinalsOfStatefulSetNames) {
   EXPECT_EQ(PoolOrdinal("ulysses-worker-0"), 0);

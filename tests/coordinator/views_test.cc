@@ -139,7 +139,7 @@ TEST(ViewsTest, WorkerHeartbeatAgeComesFromTheSteadyClock) {
 
 TEST(ViewsTest, CheckpointTextNamesWhereARestartBegins) {
   JobRecord r = TwoStageJob();
-  EXPECT_EQ(CheckpointText(r), "checkpoint stage 0 step 4");
+  EXPECT_EQ(CheckpointText(r), "the checkpoint of stage 1 of 2 at step 4");
   r.last_checkpoint.reset();
   EXPECT_EQ(CheckpointText(r), "the start of the stage (no committed checkpoint)");
 }

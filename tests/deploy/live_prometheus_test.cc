@@ -199,8 +199,8 @@ TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) 
   prom.set_connection_timeout(2);
   prom.set_read_timeout(10);
 
-  // Stage 0 (sp 1) with an eval that measures needle accuracy; stage 1 on a group of 2
-  // (all-to-all), long enough to be killed and recover.
+  // Stage 1 (sp 1) with an eval that measures needle accuracy; stage 2 on a group of 2
+  // (all-to-all), long enough to be killed and recover. The CLI's "stage" is 1-based.
   const std::string id = cluster.Submit(
       SourceDir() + "/configs/jobs/tiny-demo.yaml",
       {"spec.stages[0].steps=3", "spec.stages[1].steps=400", "spec.stages[0].warmup_steps=1",
@@ -211,8 +211,8 @@ TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) 
     return j.is_object() && j.value("stage", -1) == stage ? j.value("step", int64_t{0}) : -1;
   };
   json job = cluster.WaitForJob(
-      id, [&](const json& j) { return stage_step(j, 1) >= 3; }, seconds(300));
-  ASSERT_GE(stage_step(job, 1), 3) << job.dump(2) << cluster.Logs();
+      id, [&](const json& j) { return stage_step(j, 2) >= 3; }, seconds(300));
+  ASSERT_GE(stage_step(job, 2), 3) << job.dump(2) << cluster.Logs();
   const std::string victim = Cluster::NameFromId(job["attempts"].back()["worker_ids"][1]);
   cluster.worker(victim)->Kill9();
 
@@ -223,12 +223,12 @@ TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) 
   EXPECT_TRUE(seen.count("UlyssesTrainingStalled")) << ReadFile(log_);
 
   // Recovered on the spare worker and training again.
-  const int64_t before = stage_step(job, 1);
+  const int64_t before = stage_step(job, 2);
   job = cluster.WaitForJob(
       id,
       [&](const json& j) {
         return j.value("state", "") == "RUNNING" && j.value("restarts", 0) >= 1 &&
-               stage_step(j, 1) > before;
+               stage_step(j, 2) > before;
       },
       seconds(180));
   ASSERT_EQ(job.value("state", ""), "RUNNING") << job.dump(2) << cluster.Logs();
@@ -257,6 +257,34 @@ TEST_F(LivePrometheusTest, EveryDashboardExpressionAndTheFailureAlertsWorkLive) 
   // heartbeat timeout (4 s).
   EXPECT_FALSE(Query(&prom, "ulysses_checkpoint_every_steps == 2").empty());
   EXPECT_FALSE(Query(&prom, "ulysses_heartbeat_timeout_seconds == 4").empty());
+
+  // One stage numbering (docs/CONTRACTS.md, "Stage numbers"): the job runs its second stage
+  // of 2, and the CLI's JSON, its events (progress and the first stage's evaluation) and the
+  // Prometheus series all call it 2 and the first stage 1.
+  job = cluster.Describe(id);
+  EXPECT_EQ(job.value("stage", -1), 2) << job.dump(2);
+  int progress_stage = -1, eval_stage = -1;
+  for (const json& e : job["events"]) {
+    if (e.value("type", "") == "progress") progress_stage = e.value("stage", -1);
+    if (e.value("type", "") == "eval" && eval_stage < 0) eval_stage = e.value("stage", -1);
+  }
+  EXPECT_EQ(progress_stage, 2) << job["events"].dump(1);
+  EXPECT_EQ(eval_stage, 1) << job["events"].dump(1);
+  const std::string of_job = absl::StrCat("{job_id=\"", id, "\"}");
+  const json stage_gauge = Query(&prom, "ulysses_train_stage" + of_job);
+  ASSERT_EQ(stage_gauge.size(), 1u) << stage_gauge.dump();
+  EXPECT_EQ(stage_gauge[0]["value"][1], "2") << stage_gauge.dump();
+  const json eval_series = Query(&prom, "ulysses_eval_loss" + of_job);
+  ASSERT_FALSE(eval_series.empty());
+  EXPECT_EQ(eval_series[0]["metric"].value("stage", ""), "1") << eval_series.dump();
+  ::ulysses::testing::PollUntil(  // the spare worker's rank series of stage 2, once scraped
+      [&] { return !Query(&prom, "ulysses_rank_steps_total{stage=\"2\"}").empty(); }, seconds(30),
+      milliseconds(250));
+  const json rank_series = Query(&prom, "ulysses_rank_steps_total" + of_job);
+  ASSERT_FALSE(rank_series.empty());
+  for (const json& s : rank_series) {
+    EXPECT_EQ(s["metric"].value("stage", ""), "2") << rank_series.dump();
+  }
   (void)cluster.Ctl({"cancel", id});
 }
 

@@ -66,6 +66,8 @@ std::vector<std::string> Short(std::vector<int> steps, int every = 2) {
   return sets;
 }
 
+// `stage` is the 1-based stage number the CLI's JSON carries (docs/CONTRACTS.md, "Stage
+// numbers"); so is ResumptionOf's.
 int64_t StageStep(const json& job, int stage) {
   if (!job.is_object() || job.value("stage", -1) != stage) return -1;
   return job.value("step", int64_t{0});
@@ -131,13 +133,13 @@ TEST_F(E2ETest, StagedJobSucceedsWithGroupsOfTheRightSize) {
     EXPECT_EQ(stage["world_size"], want_world[s]);
     bool ran = false;
     for (const json& a : job["attempts"]) {
-      if (a["stage"] == s && a["outcome"] == "SUCCEEDED") {
+      if (a["stage"] == s + 1 && a["outcome"] == "SUCCEEDED") {
         EXPECT_EQ(a["world_size"], want_world[s]) << a.dump();
         EXPECT_EQ(a["worker_ids"].size(), static_cast<size_t>(want_world[s]));
         ran = true;
       }
     }
-    EXPECT_TRUE(ran) << "no successful attempt for stage " << s;
+    EXPECT_TRUE(ran) << "no successful attempt for stage " << s + 1;
   }
   // Its ranks met on a port of this ctest entry's own block (RendezvousPortsConfig), which
   // is what lets the e2e entries run at once.
@@ -201,7 +203,8 @@ TEST_F(E2ETest, StagedJobSucceedsWithGroupsOfTheRightSize) {
   ASSERT_EQ(rows.size(), 1u) << top_all.out;
   const json& row = rows[0];
   EXPECT_EQ(row["id"], id);
-  EXPECT_EQ(row["stage"], 2);
+  EXPECT_EQ(row["stage"], 3);  // the third of 3, counted from 1 as in every CLI view
+  EXPECT_EQ(row["stages_total"], 3);
   EXPECT_EQ(row["step"], 2);
   ASSERT_TRUE(row["slowest_rank"].is_number_integer()) << row.dump();
   EXPECT_GE(row["slowest_rank"].get<int>(), 0);
@@ -240,13 +243,13 @@ TEST_F(E2ETest, KilledWorkerIsRecoveredFromTheLastCheckpointWithTheSameLoss) {
   const std::string reference_job = cluster_.Submit(spec_path, two_stage);
   ASSERT_FALSE(victim_job.empty());
   ASSERT_FALSE(reference_job.empty());
-  // Wait until the victim is in stage 1 past its first checkpoint (step >= 3).
+  // Wait until the victim is in stage 2 past its first checkpoint (step >= 3).
   json job = cluster_.WaitForJob(
-      victim_job, [](const json& j) { return StageStep(j, 1) >= 3 || JobTerminal(j); },
+      victim_job, [](const json& j) { return StageStep(j, 2) >= 3 || JobTerminal(j); },
       seconds(240));
   ASSERT_EQ(JobState(job), "RUNNING") << job.dump(2);
   const json& attempt = job["attempts"].back();
-  ASSERT_EQ(attempt["stage"], 1);
+  ASSERT_EQ(attempt["stage"], 2);
   const std::string victim = Cluster::NameFromId(attempt["worker_ids"][1]);
   const int64_t ckpt_step =
       job["last_checkpoint"].is_null() ? 0 : job["last_checkpoint"].value("step", 0);
@@ -264,11 +267,11 @@ TEST_F(E2ETest, KilledWorkerIsRecoveredFromTheLastCheckpointWithTheSameLoss) {
   ASSERT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
   EXPECT_EQ(job["restarts"], 1);
   EXPECT_EQ(job["preemptions"], 0);
-  // The restart resumed from stage 1's last committed checkpoint, not from the start
+  // The restart resumed from stage 2's last committed checkpoint, not from the start
   // of the stage (which would also reproduce the loss: training is deterministic): its
   // first reported step is the one after that checkpoint.
-  EXPECT_GE(ckpt_step, 2) << "no checkpoint of stage 1 was committed before the kill";
-  const Resumption resumed = ResumptionOf(job, 1);
+  EXPECT_GE(ckpt_step, 2) << "no checkpoint of stage 2 was committed before the kill";
+  const Resumption resumed = ResumptionOf(job, 2);
   EXPECT_GE(resumed.checkpoint_step, ckpt_step) << job["events"].dump(1);
   EXPECT_EQ(resumed.first_step, resumed.checkpoint_step + 1)
       << "the restarted attempt did not resume from the last checkpoint\n"
@@ -326,6 +329,8 @@ TEST_F(E2ETest, PackedMaskedDocumentJobTrainsLikeUlyssesTrainWithPeriodicEvals) 
   ASSERT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
 
   // ulysses-train's metrics: (stage, step) -> step loss, and its evaluations in order.
+  // metrics.jsonl is a machine record with the 0-based stage index; the CLI's events count
+  // stages from 1 (docs/CONTRACTS.md, "Stage numbers").
   std::map<std::pair<int, int64_t>, double> ref_loss;
   std::vector<json> ref_evals;
   {
@@ -336,7 +341,7 @@ TEST_F(E2ETest, PackedMaskedDocumentJobTrainsLikeUlyssesTrainWithPeriodicEvals) 
       if (j.contains("eval")) {
         ref_evals.push_back(j["eval"]);
       } else {
-        ref_loss[{j["stage"].get<int>(), j["step_in_stage"].get<int64_t>()}] =
+        ref_loss[{j["stage"].get<int>() + 1, j["step_in_stage"].get<int64_t>()}] =
             j["loss"].get<double>();
       }
     }
@@ -359,7 +364,7 @@ TEST_F(E2ETest, PackedMaskedDocumentJobTrainsLikeUlyssesTrainWithPeriodicEvals) 
   EXPECT_EQ(progress, 8) << job["events"].dump(1);
   ASSERT_EQ(evals.size(), 4u) << job["events"].dump(1);
   for (size_t i = 0; i < evals.size(); ++i) {
-    EXPECT_EQ(evals[i]["stage"], i / 2) << evals[i].dump();
+    EXPECT_EQ(evals[i]["stage"], i / 2 + 1) << evals[i].dump();
     EXPECT_EQ(evals[i]["step"], i % 2 == 0 ? 2 : 4) << evals[i].dump();
     EXPECT_EQ(evals[i]["seq_len"], i < 2 ? 128 : 256) << evals[i].dump();
     EXPECT_EQ(evals[i]["step"], ref_evals[i]["step_in_stage"]);
@@ -382,7 +387,8 @@ TEST_F(E2ETest, PackedMaskedDocumentJobTrainsLikeUlyssesTrainWithPeriodicEvals) 
   EXPECT_NE(describe.out.find("every 2 steps and at the stage end, at most 2 validation"),
             std::string::npos)
       << describe.out;
-  EXPECT_NE(describe.out.find("eval stage 1 step 2 seq 256"), std::string::npos) << describe.out;
+  EXPECT_NE(describe.out.find("eval stage 2 of 2 step 2 seq 256"), std::string::npos)
+      << describe.out;
 }
 
 TEST_F(E2ETest, SigtermToAWorkerCheckpointsAndCountsAsAPreemption) {
@@ -395,7 +401,7 @@ TEST_F(E2ETest, SigtermToAWorkerCheckpointsAndCountsAsAPreemption) {
              "spec.stages[1].steps=1", "spec.stages[2].steps=1", "spec.stages[2].sp_degree=2"}));
   ASSERT_FALSE(id.empty());
   json job = cluster_.WaitForJob(
-      id, [](const json& j) { return StageStep(j, 0) >= 2 || JobTerminal(j); }, seconds(120));
+      id, [](const json& j) { return StageStep(j, 1) >= 2 || JobTerminal(j); }, seconds(120));
   ASSERT_EQ(JobState(job), "RUNNING") << job.dump(2);
   ASSERT_TRUE(job["last_checkpoint"].is_null()) << "every_steps=0: no checkpoint yet";
   const std::string victim = Cluster::NameFromId(job["attempts"].back()["worker_ids"][0]);
@@ -409,7 +415,7 @@ TEST_F(E2ETest, SigtermToAWorkerCheckpointsAndCountsAsAPreemption) {
   EXPECT_EQ(job["preemptions"], 1) << job.dump(2);
   EXPECT_EQ(job["restarts"], 0);
   ASSERT_FALSE(job["last_checkpoint"].is_null()) << "no preemption checkpoint committed";
-  EXPECT_EQ(job["last_checkpoint"]["stage"], 0);
+  EXPECT_EQ(job["last_checkpoint"]["stage"], 1);
   EXPECT_GE(job["last_checkpoint"]["step"].get<int64_t>(), 2);
   // A replacement worker joins; the job resumes from that checkpoint and finishes.
   cluster_.StartWorker("w-replacement");
@@ -438,10 +444,10 @@ TEST_F(E2ETest, AutoIntervalChangesInARunningJobWhenTheCoordinatorSendsANewOne) 
              "spec.stages[1].sp_degree=1", "spec.stages[2].steps=1",
              "spec.stages[2].sp_degree=1"}));
   ASSERT_FALSE(id.empty());
-  // Stage 0 done (its checkpoint reports come before its ranks' exits): what it shows is in.
+  // Stage 1 done (its checkpoint reports come before its ranks' exits): what it shows is in.
   json job = cluster_.WaitForJob(
-      id, [](const json& j) { return j.value("stage", 0) >= 1 || JobTerminal(j); }, seconds(300));
-  ASSERT_GE(job.value("stage", 0), 1) << job.dump(2);
+      id, [](const json& j) { return j.value("stage", 0) >= 2 || JobTerminal(j); }, seconds(300));
+  ASSERT_GE(job.value("stage", 0), 2) << job.dump(2);
   ASSERT_NE(JobState(job), "FAILED") << job.dump(2);
   // The steps of stage 0 the rank applied version 1 (the assignment's) and its first update
   // from, in its log lines (the rank's first lines after version 1's). Updates sent within one
@@ -465,12 +471,12 @@ TEST_F(E2ETest, AutoIntervalChangesInARunningJobWhenTheCoordinatorSendsANewOne) 
   }
   const int first = applied_from(first_at), from = applied_from(update_at);
   ASSERT_GT(first, 0) << logs;
-  ASSERT_GT(from, first) << "the update was not applied in stage 0\n" << logs;
+  ASSERT_GT(from, first) << "the update was not applied in stage 1\n" << logs;
   ASSERT_LE(from, kSteps) << "the stage ended before the new interval arrived";
-  // Stage 0's committed checkpoints, from the job's events.
+  // Stage 1's committed checkpoints, from the job's events.
   std::set<int64_t> steps;
   for (const json& e : job["events"]) {
-    if (e.value("type", "") == "checkpoint" && e["checkpoint"].value("stage", -1) == 0) {
+    if (e.value("type", "") == "checkpoint" && e["checkpoint"].value("stage", -1) == 1) {
       steps.insert(e["checkpoint"].value("step", int64_t{-1}));
     }
   }
@@ -506,7 +512,7 @@ TEST_F(E2ETest, JobFinishesAcrossACoordinatorKillAndRestart) {
              "spec.stages[1].steps=2", "spec.stages[2].steps=1", "spec.stages[2].sp_degree=2"}));
   ASSERT_FALSE(id.empty());
   json job = cluster_.WaitForJob(
-      id, [](const json& j) { return StageStep(j, 0) >= 2 || JobTerminal(j); }, seconds(120));
+      id, [](const json& j) { return StageStep(j, 1) >= 2 || JobTerminal(j); }, seconds(120));
   ASSERT_EQ(JobState(job), "RUNNING") << job.dump(2);
   cluster_.KillCoordinator();
   Result down = cluster_.Ctl({"get", "jobs"});
@@ -583,8 +589,20 @@ TEST_F(E2ETest, ABadSpecIsRejectedByTheServerAndLeavesNoTrace) {
   for (const char* table : {"jobs", "stages", "attempts", "checkpoints", "events"}) {
     EXPECT_EQ(cluster_.StoreRows(table), 0) << table;
   }
-  const std::string id = cluster_.Submit(DemoSpec(), {});
+  // No worker has registered: the job is accepted, and ulyssesctl warns that it cannot be
+  // placed yet, naming the stage, the need and the fix; describe shows the condition.
+  Result submitted;
+  const std::string id = cluster_.Submit(DemoSpec(), {}, &submitted);
   EXPECT_EQ(id, "job-000001");
+  EXPECT_NE(submitted.err.find("warning: job-000001 is Unschedulable: stage 1 of 3 needs 1 slot "
+                               "(sp 1 x dp 1); the registered workers have 0 slots in all"),
+            std::string::npos)
+      << submitted.err;
+  EXPECT_NE(submitted.err.find("--capacity"), std::string::npos) << submitted.err;
+  Result described = cluster_.Ctl({"describe", "job", id});
+  EXPECT_NE(described.out.find("Condition:    Unschedulable (ClusterTooSmall): stage 1 of 3"),
+            std::string::npos)
+      << described.out;
   // Unknown job: one clear line, exit 2 (bad input).
   Result missing = cluster_.Ctl({"describe", "job", "job-999999"});
   EXPECT_EQ(missing.exit_code, 2);
@@ -600,7 +618,7 @@ TEST_F(E2ETest, CancelledJobResumesFromItsCheckpointAndOnlyEndedJobsCanBeResumed
                          "spec.stages[2].steps=1", "spec.stages[2].sp_degree=2"}));
   ASSERT_FALSE(id.empty());
   json job = cluster_.WaitForJob(
-      id, [](const json& j) { return StageStep(j, 0) >= 3 || JobTerminal(j); }, seconds(120));
+      id, [](const json& j) { return StageStep(j, 1) >= 3 || JobTerminal(j); }, seconds(120));
   ASSERT_EQ(JobState(job), "RUNNING") << job.dump(2);
   auto stub = JobStub(cluster_);
   ASSERT_NE(stub, nullptr);
@@ -635,7 +653,7 @@ TEST_F(E2ETest, CancelledJobResumesFromItsCheckpointAndOnlyEndedJobsCanBeResumed
   job = cluster_.WaitForJob(id, JobTerminal, seconds(300));
   EXPECT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
   // It went on from the checkpoint the cancelled ranks committed, not from step 0.
-  const Resumption r = ResumptionOf(job, 0);
+  const Resumption r = ResumptionOf(job, 1);
   EXPECT_GE(r.checkpoint_step, 2) << job["events"].dump(1);
   EXPECT_EQ(r.first_step, r.checkpoint_step + 1) << job["events"].dump(1);
   // A job that SUCCEEDED has nothing left to resume.

@@ -8,7 +8,7 @@
 //     added to the lock (the failure prints its line), so every API change shows up
 //     in review as a lock diff.
 // To rewrite the lock after a deliberate change (v1 is not yet released):
-//   ULYSSES_WRITE_API_LOCK=1 build/tests/proto/proto_api_shape_test
+//   ULYSSES_WRITE_API_LOCK=1 build/bin/proto_api_shape_test
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>

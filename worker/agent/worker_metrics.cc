@@ -12,8 +12,10 @@
 namespace ulysses::agent {
 namespace {
 
+// The `stage` label is the 1-based stage number (docs/CONTRACTS.md, "Stage numbers");
+// RankLabels::stage is the protocol's 0-based index.
 std::vector<std::string> Values(const RankLabels& l) {
-  return {l.job_id, std::to_string(l.stage), std::to_string(l.rank)};
+  return {l.job_id, std::to_string(l.stage + 1), std::to_string(l.rank)};
 }
 
 std::vector<std::string> With(const RankLabels& l, const std::string& extra) {
@@ -46,6 +48,8 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Register(metrics::
   ASSIGN_OR_RETURN(m->tokens_per_s_,
                    metrics::RegisterGauge(registry, "ulysses_rank_tokens_per_second"));
   ASSIGN_OR_RETURN(m->mfu_, metrics::RegisterGauge(registry, "ulysses_rank_mfu_ratio"));
+  ASSIGN_OR_RETURN(m->grad_norm_, metrics::RegisterGauge(registry, "ulysses_rank_grad_norm"));
+  ASSIGN_OR_RETURN(m->lr_, metrics::RegisterGauge(registry, "ulysses_rank_learning_rate"));
   ASSIGN_OR_RETURN(m->steps_, metrics::RegisterCounter(registry, "ulysses_rank_steps_total"));
   ASSIGN_OR_RETURN(m->fabric_, metrics::RegisterGauge(registry, "ulysses_worker_fabric_info"));
   return m;
@@ -75,6 +79,8 @@ void WorkerMetrics::OnStep(const RankLabels& l, const contract::StepEvent& e) {
     memory_limit_->WithLabels(v)->Set(static_cast<double>(*e.memory_limit_bytes));
   }
   if (e.rank_tokens_per_s) tokens_per_s_->WithLabels(v)->Set(*e.rank_tokens_per_s);
+  if (e.grad_norm) grad_norm_->WithLabels(v)->Set(*e.grad_norm);
+  if (e.lr) lr_->WithLabels(v)->Set(*e.lr);
   if (e.model_flops_per_s) {
     // This rank's share: its model FLOP/s over one device's peak (common/spec/model_math.h).
     if (std::optional<double> mfu =
@@ -90,7 +96,7 @@ void WorkerMetrics::Forget(const RankLabels& l) {
     return std::equal(v.begin(), v.end(), labels.begin());
   };
   for (metrics::GaugeFamily* g : {step_seconds_, alltoall_seconds_, memory_limit_, tokens_per_s_,
-                                  mfu_, phase_seconds_, memory_peak_}) {
+                                  mfu_, grad_norm_, lr_, phase_seconds_, memory_peak_}) {
     g->RemoveIf(same_rank);
   }
   alltoall_bytes_->RemoveIf(same_rank);

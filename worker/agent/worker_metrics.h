@@ -51,6 +51,8 @@ class WorkerMetrics {
   metrics::GaugeFamily* memory_limit_ = nullptr;
   metrics::GaugeFamily* tokens_per_s_ = nullptr;
   metrics::GaugeFamily* mfu_ = nullptr;
+  metrics::GaugeFamily* grad_norm_ = nullptr;
+  metrics::GaugeFamily* lr_ = nullptr;
   metrics::CounterFamily* steps_ = nullptr;
   metrics::GaugeFamily* fabric_ = nullptr;
 };

@@ -109,7 +109,10 @@ TEST(RankEventTest, StepCarriesOptionalGroupFigures) {
   e.median_step_seconds = 0.25;
   e.slowest_step_seconds = 0.75;
   e.slowest_rank = 3;
+  e.grad_norm = 1.25;
+  e.lr = 0.0005;
   const std::string line = SerializeRankEvent(e);
+  EXPECT_NE(line.find(R"("grad_norm":1.25,"lr":0.0005)"), std::string::npos) << line;
   EXPECT_NE(line.find(R"("mfu":0.375,"median_step_seconds":0.25,"slowest_step_seconds":0.75)"),
             std::string::npos)
       << line;
@@ -117,6 +120,9 @@ TEST(RankEventTest, StepCarriesOptionalGroupFigures) {
   EXPECT_EQ(MustParse(line), RankEvent(e)) << line;
   StepEvent other = e;
   other.slowest_rank = 2;
+  EXPECT_FALSE(MustParse(line) == RankEvent(other));
+  other = e;
+  other.lr = 0.001;
   EXPECT_FALSE(MustParse(line) == RankEvent(other));
   const std::string base = R"({"event":"step","stage":0,"step":1,"steps":1,"loss":1,)"
                            R"("tokens_per_s":1,"seq_len":8,)";

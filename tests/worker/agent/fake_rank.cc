@@ -172,6 +172,8 @@ int main(int argc, char** argv) {
     event.memory_limit_bytes = 8 << 20;
     event.rank_tokens_per_s = 500;
     event.model_flops_per_s = 1e12;
+    event.grad_norm = 1.5;
+    event.lr = 0.001;
     contract::WriteRankEvent(std::cout, event);
     if (g_term) {
       contract::WriteRankEvent(

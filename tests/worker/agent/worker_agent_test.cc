@@ -272,7 +272,8 @@ TEST_F(WorkerAgentTest, ServesTheRanksMetricsAndDropsThemWhenTheAttemptEnds) {
 
   // generation 3, stage 0, rank 0 (Assign); the fake rank's fixed figures.
   ASSERT_TRUE(peer.service.Send(Assign(3, {"fake.steps=100000", "fake.step_ms=20"})));
-  const std::string rank = "job_id=\"job-000001\",stage=\"0\",rank=\"0\"";
+  // Stage index 0 is labelled stage="1" (1-based, docs/CONTRACTS.md "Stage numbers").
+  const std::string rank = "job_id=\"job-000001\",stage=\"1\",rank=\"0\"";
   PollUntil([&] { return scrape().find("ulysses_rank_steps_total{" + rank) != std::string::npos; },
             seconds(20), milliseconds(20));
   ASSERT_NE(scrape().find("ulysses_rank_steps_total{" + rank), std::string::npos) << WorkerLog();
@@ -288,7 +289,8 @@ TEST_F(WorkerAgentTest, ServesTheRanksMetricsAndDropsThemWhenTheAttemptEnds) {
         "ulysses_rank_memory_peak_bytes{" + rank + ",kind=\"reserved\"} 2097152",
         "ulysses_rank_memory_limit_bytes{" + rank + "} 8388608",
         "ulysses_rank_tokens_per_second{" + rank + "} 500",
-        "ulysses_rank_mfu_ratio{" + rank + "} 0.25"}) {
+        "ulysses_rank_mfu_ratio{" + rank + "} 0.25", "ulysses_rank_grad_norm{" + rank + "} 1.5",
+        "ulysses_rank_learning_rate{" + rank + "} 0.001"}) {
     EXPECT_NE(body.find(want + "\n"), std::string::npos) << want << "\n" << body;
   }
   EXPECT_NE(body.find("ulysses_alltoall_bytes_total{" + rank + "} "), std::string::npos);

@@ -74,8 +74,11 @@ GroupStepFigures GroupFigures(const std::vector<double>& step_seconds) {
 
 std::string ProgressLine(const contract::StepEvent& e,
                          std::optional<double> checkpoint_age_seconds) {
-  std::string line = absl::StrFormat("stage %d step %d/%d seq_len %d loss %.4f tok/s %.0f", e.stage,
-                                     e.step, e.steps, e.seq_len, e.loss, e.tokens_per_s);
+  // A person reads this line: the stage counts from 1 (docs/CONTRACTS.md, "Stage numbers");
+  // the event's `stage` is the 0-based index.
+  std::string line =
+      absl::StrFormat("stage %d step %d/%d seq_len %d loss %.4f tok/s %.0f", e.stage + 1, e.step,
+                      e.steps, e.seq_len, e.loss, e.tokens_per_s);
   if (e.mfu.has_value()) absl::StrAppendFormat(&line, " mfu %.1f%%", *e.mfu * 100);
   if (e.slowest_rank.has_value() && e.slowest_step_seconds.has_value()) {
     absl::StrAppendFormat(&line, " slowest r%d %.3fs", *e.slowest_rank, *e.slowest_step_seconds);
@@ -119,6 +122,11 @@ void RankReporter::Step(const StepReport& r) {
       event.median_step_seconds = r.group->median_step_seconds;
     }
     if (r.mfu.has_value() && std::isfinite(*r.mfu) && *r.mfu >= 0) event.mfu = *r.mfu;
+    // A skipped step's norm may be non-finite: the protocol carries finite ones only.
+    if (std::isfinite(r.stats.grad_norm) && r.stats.grad_norm >= 0) {
+      event.grad_norm = r.stats.grad_norm;
+    }
+    if (std::isfinite(r.lr) && r.lr >= 0) event.lr = r.lr;
     if (step_events_) EmitEvent(event);
     if (enabled_ && progress_line_) {
       std::cerr << ProgressLine(event, r.checkpoint_age_seconds) + "\n" << std::flush;
@@ -129,7 +137,7 @@ void RankReporter::Step(const StepReport& r) {
     // The protocol carries finite losses only; a skipped non-finite step is a log line
     // (metrics.jsonl records it with "skipped").
     absl::MutexLock lock(&g_stdout_mu);
-    std::cout << "step " << r.step_in_stage << " of stage " << r.stage
+    std::cout << "step " << r.step_in_stage << " of stage " << r.stage + 1
               << " skipped: non-finite loss" << std::endl;
   }
   AppendMetrics(out_dir_, json{{"step", r.global_step},

@@ -31,13 +31,13 @@ TEST(GroupFiguresTest, SlowestIsTheLowestRankWithTheLongestStepAndMedianIsTheMid
 TEST(ProgressLineTest, ShowsTheFiguresTheEventHas) {
   contract::StepEvent e{0, 3, 10, 4.15234, 1234.4, 256};
   EXPECT_EQ(ProgressLine(e, std::nullopt),
-            "stage 0 step 3/10 seq_len 256 loss 4.1523 tok/s 1234 ckpt none");
+            "stage 1 step 3/10 seq_len 256 loss 4.1523 tok/s 1234 ckpt none");
   e.mfu = 0.1234;
   e.slowest_rank = 1;
   e.slowest_step_seconds = 0.52;
   e.median_step_seconds = 0.48;
   EXPECT_EQ(ProgressLine(e, 12.4),
-            "stage 0 step 3/10 seq_len 256 loss 4.1523 tok/s 1234 mfu 12.3% slowest r1 0.520s "
+            "stage 1 step 3/10 seq_len 256 loss 4.1523 tok/s 1234 mfu 12.3% slowest r1 0.520s "
             "(median 0.480s) ckpt 12s ago");
 }
 

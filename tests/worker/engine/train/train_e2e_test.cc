@@ -41,7 +41,7 @@ TEST_F(TrainE2eTest, Sp4TrainingAndEvalMatchSp1) {
     ++with_group;
   }
   EXPECT_EQ(with_group, 20) << b.out;
-  EXPECT_NE(b.err.find("stage 0 step 20/20 seq_len 128 loss "), std::string::npos) << b.err;
+  EXPECT_NE(b.err.find("stage 1 step 20/20 seq_len 128 loss "), std::string::npos) << b.err;
   EXPECT_NE(b.err.find("% slowest r"), std::string::npos) << b.err;
   EXPECT_NE(b.err.find("s ago"), std::string::npos) << "checkpoint age after a commit: " << b.err;
   EXPECT_EQ(a.err.find(" mfu "), std::string::npos) << "no MFU without --peak-flops: " << a.err;
