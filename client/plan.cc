@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/output.h"
+#include "common/spec/gpu_peaks.h"
 #include "common/spec/job_spec_fields.h"
 #include "common/spec/job_spec_parser.h"
 #include "common/spec/memory_model.h"
@@ -113,7 +114,7 @@ absl::StatusOr<DeviceSpec> ResolveDevice(const std::string& type, const std::str
     d.memory_bytes = type == "h100" ? 80 * kGiB : 141e9;
     d.host_memory_per_rank_bytes = 2048 * kGiB / 8;  // DGX/HGX H100 and H200: 2 TiB, 8 GPUs
     d.devices_per_node = 8;
-    d.peak_flops_bf16 = 989e12;
+    d.peak_flops_bf16 = spec::GpuPeakNamed(type == "h100" ? "H100 SXM" : "H200").bf16_dense_flops;
     d.peak_flops_fp32 = 494.5e12;  // TF32
     d.peak_flops_fp64 = 67e12;
     d.a2a_bytes_per_s = 150e9;  // NVLink 4 within a node, effective all-to-all
@@ -121,7 +122,7 @@ absl::StatusOr<DeviceSpec> ResolveDevice(const std::string& type, const std::str
     d.memory_bytes = 80 * kGiB;
     d.host_memory_per_rank_bytes = 1024 * kGiB / 8;  // DGX A100: 1 TiB (2 TiB option), 8 GPUs
     d.devices_per_node = 8;
-    d.peak_flops_bf16 = 312e12;
+    d.peak_flops_bf16 = spec::GpuPeakNamed("A100").bf16_dense_flops;
     d.peak_flops_fp32 = 156e12;  // TF32
     d.peak_flops_fp64 = 19.5e12;
     d.a2a_bytes_per_s = 100e9;  // NVLink 3

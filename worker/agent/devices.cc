@@ -1,7 +1,10 @@
 #include "worker/agent/devices.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -9,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/spec/gpu_peaks.h"
 
 namespace ulysses::agent {
 namespace {
@@ -68,6 +72,43 @@ absl::StatusOr<std::vector<std::string>> ParseDevices(const std::string& spec, i
         "\" (a worker runs one rank per GPU: leave --capacity out)"));
   }
   return out;
+}
+
+std::vector<std::string> GpuModels(const std::string& root) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
+    std::ifstream in(entry.path() / "information");
+    std::string line;
+    int lines = 0;
+    while (++lines <= 64 && std::getline(in, line)) {  // a few lines; bounded all the same
+      absl::string_view v = line;
+      if (!absl::ConsumePrefix(&v, "Model:")) continue;
+      v = absl::StripAsciiWhitespace(v);
+      if (!v.empty() && v.size() <= 128) out.emplace_back(v);
+      break;
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+PeakFlops PeakFlopsOfModels(const std::vector<std::string>& models) {
+  if (models.empty())
+    return {0, "no GPU model reported by the driver: no MFU without --peak-flops"};
+  if (models.front() != models.back()) {
+    return {0, absl::StrCat("GPUs of different models (", models.front(), ", ", models.back(),
+                            "): pass --peak-flops for MFU")};
+  }
+  const std::optional<spec::GpuPeak> peak = spec::GpuPeakOf(models.front());
+  if (!peak.has_value()) {
+    return {0, absl::StrCat("GPU model \"", models.front(),
+                            "\" is not in the peak table (common/spec/gpu_peaks.h): pass "
+                            "--peak-flops for MFU")};
+  }
+  return {peak->bf16_dense_flops,
+          absl::StrCat("dense bf16 peak of the ", peak->model, " (driver: \"", models.front(),
+                       "\"); --peak-flops overrides")};
 }
 
 int CountVisibleGpus() {

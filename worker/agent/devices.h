@@ -24,6 +24,19 @@ absl::StatusOr<std::vector<std::string>> ParseDevices(const std::string& spec, i
 // /dev/nvidia<N> device files.
 int CountVisibleGpus();
 
+// The GPU models the NVIDIA driver reports, one per GPU of the node, sorted: the "Model:"
+// line of <root>/<pci bus>/information ("NVIDIA H100 80GB HBM3"). Empty without the driver.
+std::vector<std::string> GpuModels(const std::string& root = "/proc/driver/nvidia/gpus");
+
+// The MFU denominator a worker takes without --peak-flops: the dense bf16 peak of its GPUs'
+// model from common/spec/gpu_peaks.h, with `why` saying where it came from or what to pass.
+// 0 when there are no GPUs, the models differ, or the model is not in the table.
+struct PeakFlops {
+  double flops = 0;
+  std::string why;
+};
+PeakFlops PeakFlopsOfModels(const std::vector<std::string>& models);
+
 }  // namespace ulysses::agent
 
 #endif  // ULYSSES_WORKER_AGENT_DEVICES_H_

@@ -64,7 +64,8 @@ int main(int argc, char** argv) {
       "--metrics-listen", config.metrics_listen,
       "Serve the rank's metrics on HOST:PORT (GET /metrics; e.g. 127.0.0.1:9091, or the pod IP)");
   app.add_option("--peak-flops", config.peak_flops,
-                 "Dense peak FLOP/s of the device for the MFU gauge (e.g. 989e12; 0 = unknown)")
+                 "Dense peak FLOP/s of the device for MFU (e.g. 989e12; 0 = the GPU model's "
+                 "bf16 peak from the built-in table, none on CPU)")
       ->capture_default_str();
   app.add_option("--fabric", config.fabric_flag,
                  "Transport to other nodes' GPUs: auto (detect from the RDMA devices, the NCCL "

@@ -224,6 +224,9 @@ absl::Status WorkerAgent::Impl::Run() {
                  : config_.cert_file.empty() ? "TLS"
                                              : "mutual TLS")
              << (config_.token.empty() ? ", no token" : ", token") << ")";
+  ULOG(INFO) << "peak FLOP/s for MFU: "
+             << (config_.peak_flops > 0 ? absl::StrCat(config_.peak_flops) : std::string("none"))
+             << " (" << config_.peak_flops_why << ")";
   ULOG(INFO) << "fabric between nodes: " << FabricName(config_.fabric) << " (" << config_.fabric_why
              << ")";
   {

@@ -90,6 +90,14 @@ absl::Status WorkerConfig::Validate() {
     errors.push_back(absl::StrCat("--peak-flops: ", peak_flops,
                                   " is not a finite number >= 0 (the device's dense peak "
                                   "FLOP/s, e.g. 989e12 for an H100 in bf16; 0 = unknown)"));
+  } else if (peak_flops > 0) {
+    peak_flops_why = "set by --peak-flops";
+  } else if (!devices.empty() && devices.front().rfind("cuda", 0) == 0) {
+    const PeakFlops detected = PeakFlopsOfModels(GpuModels());
+    peak_flops = detected.flops;
+    peak_flops_why = detected.why;
+  } else {
+    peak_flops_why = "CPU slots: no MFU without --peak-flops";
   }
   {
     bool detect = false;

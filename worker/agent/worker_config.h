@@ -50,8 +50,10 @@ struct WorkerConfig {
   // there; "" = no metrics server.
   std::string metrics_listen;
   // --peak-flops: the device's dense peak FLOP/s for ulysses_rank_mfu_ratio (989e12 for an
-  // H100 in bf16); 0 = unknown (no MFU series).
+  // H100 in bf16). 0 (not given): on GPUs, Validate takes the GPU model's from
+  // common/spec/gpu_peaks.h (PeakFlopsOfModels), else it stays 0 (no MFU series).
   double peak_flops = 0;
+  std::string peak_flops_why;  // Filled by Validate: where peak_flops came from.
   // --intra-op-threads: each rank's libtorch intra-op threads (ulysses-train rank
   // --intra-op-threads); 0 = its share of the cores, usable cores / slots
   // (common/process/cpu_share.h).

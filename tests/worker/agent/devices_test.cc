@@ -2,11 +2,14 @@
 #include "worker/agent/devices.h"
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 
 namespace ulysses::agent {
 namespace {
@@ -57,6 +60,35 @@ TEST(DevicesTest, VisibleGpusFollowCudaVisibleDevices) {
   } else {
     setenv("CUDA_VISIBLE_DEVICES", before.c_str(), 1);
   }
+}
+
+// MFU without flags: the driver's model lines (a /proc/driver/nvidia/gpus tree written here)
+// give the GPU model, and the table its dense bf16 peak; mixed or unknown models give none,
+// with what to pass.
+TEST(DevicesTest, PeakFlopsComeFromTheDriversGpuModel) {
+  ::ulysses::testing::TempDir dir{"gpus"};
+  auto gpu = [&](const std::string& bus, const std::string& model) {
+    std::filesystem::create_directories(dir.path() + "/" + bus);
+    std::ofstream(dir.path() + "/" + bus + "/information")
+        << "Model: \t\t " << model << "\nIRQ:\t\t 42\nGPU UUID:\t GPU-0\n";
+  };
+  EXPECT_TRUE(GpuModels(dir.path() + "/missing").empty());
+  gpu("0000:18:00.0", "NVIDIA H100 80GB HBM3");
+  gpu("0000:2a:00.0", "NVIDIA H100 80GB HBM3");
+  const std::vector<std::string> models = GpuModels(dir.path());
+  EXPECT_EQ(models, (Devices{"NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"}));
+  PeakFlops p = PeakFlopsOfModels(models);
+  EXPECT_EQ(p.flops, 989e12);
+  EXPECT_THAT(p.why, HasSubstr("H100 SXM"));
+  EXPECT_THAT(p.why, HasSubstr("--peak-flops overrides"));
+  gpu("0000:3a:00.0", "NVIDIA A100-SXM4-80GB");
+  p = PeakFlopsOfModels(GpuModels(dir.path()));
+  EXPECT_EQ(p.flops, 0);
+  EXPECT_THAT(p.why, HasSubstr("different models"));
+  p = PeakFlopsOfModels({"NVIDIA GeForce RTX 4090"});
+  EXPECT_EQ(p.flops, 0);
+  EXPECT_THAT(p.why, HasSubstr("is not in the peak table"));
+  EXPECT_EQ(PeakFlopsOfModels({}).flops, 0);
 }
 
 }  // namespace
