@@ -67,6 +67,10 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const SpawnOpt
   const pid_t pid = fork();
   if (pid != 0) {
     const int fork_errno = errno;
+    // The parent makes the group too (as shells do): a kill(-pid) that comes before the child
+    // ran its own setpgid would find no such group (ESRCH) and the stop would be lost. It fails
+    // harmlessly (EACCES) when the child has already exec'd, which it does only after its own.
+    if (pid > 0 && options.own_process_group) setpgid(pid, pid);
     pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
     if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(fork_errno)));
     return pid;

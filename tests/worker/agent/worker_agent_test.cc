@@ -240,7 +240,8 @@ TEST_F(WorkerAgentTest, ATwoSlotWorkerRunsTwoRanksAtOnceAndOneAbortStopsBoth) {
 
 // Per-rank metrics on --metrics-listen (a real scrape over loopback): exactly the
 // worker's rows of the metrics catalogue, the rank's figures from its step events with
-// labels {job_id, stage, rank}, and none of the attempt's series once it ended.
+// labels {job_id, stage, rank}, and none of the attempt's series once it ended; the agent's own
+// state (slots busy/free, session, peak FLOP/s) idle or busy.
 TEST_F(WorkerAgentTest, ServesTheRanksMetricsAndDropsThemWhenTheAttemptEnds) {
   PeerServer peer;
   const int metrics_port = ::ulysses::testing::FreeLoopbackPort();
@@ -269,6 +270,16 @@ TEST_F(WorkerAgentTest, ServesTheRanksMetricsAndDropsThemWhenTheAttemptEnds) {
   }
   EXPECT_EQ(exported, catalogue) << body;
   EXPECT_NE(body.find("ulysses_build_info{"), std::string::npos);
+  // An idle worker says what it has: its one slot free, its session, the peak MFU divides by.
+  PollUntil([&] { return scrape().find("ulysses_worker_connected 1\n") != std::string::npos; },
+            seconds(20), milliseconds(20));
+  body = scrape();
+  for (const char* want :
+       {"ulysses_worker_agent_slots{state=\"busy\"} 0\n",
+        "ulysses_worker_agent_slots{state=\"free\"} 1\n", "ulysses_worker_connected 1\n",
+        "ulysses_worker_peak_flops 4000000000000\n"}) {
+    EXPECT_NE(body.find(want), std::string::npos) << want << body;
+  }
 
   // generation 3, stage 0, rank 0 (Assign); the fake rank's fixed figures.
   ASSERT_TRUE(peer.service.Send(Assign(3, {"fake.steps=100000", "fake.step_ms=20"})));
@@ -293,6 +304,8 @@ TEST_F(WorkerAgentTest, ServesTheRanksMetricsAndDropsThemWhenTheAttemptEnds) {
         "ulysses_rank_learning_rate{" + rank + "} 0.001"}) {
     EXPECT_NE(body.find(want + "\n"), std::string::npos) << want << "\n" << body;
   }
+  EXPECT_NE(body.find("ulysses_worker_agent_slots{state=\"busy\"} 1\n"), std::string::npos) << body;
+  EXPECT_NE(body.find("ulysses_worker_agent_slots{state=\"free\"} 0\n"), std::string::npos) << body;
   EXPECT_NE(body.find("ulysses_alltoall_bytes_total{" + rank + "} "), std::string::npos);
 
   v1::CoordinatorMessage abort;
@@ -305,6 +318,7 @@ TEST_F(WorkerAgentTest, ServesTheRanksMetricsAndDropsThemWhenTheAttemptEnds) {
       peer.service.WaitFor([](const Msgs& m, const Regs&) { return Exited(m); }, seconds(10)));
   body = scrape();
   EXPECT_EQ(body.find("job-000001"), std::string::npos) << body;
+  EXPECT_NE(body.find("ulysses_worker_agent_slots{state=\"busy\"} 0\n"), std::string::npos) << body;
   EXPECT_NE(body.find("# TYPE ulysses_rank_step_seconds gauge"), std::string::npos);
 }
 
@@ -407,7 +421,8 @@ TEST_F(WorkerAgentTest, AShutdownRacingAnAssignmentLeavesNoRankWithoutItsGracefu
   EXPECT_TRUE(exited->preempted()) << exited->error_message() << "\n" << WorkerLog();
   EXPECT_FALSE(exited->aborted());
   if (started_pid != 0) {
-    EXPECT_NE(exited->signal(), SIGKILL) << "the rank was killed, not stopped gracefully";
+    EXPECT_NE(exited->signal(), SIGKILL) << "the rank was killed, not stopped gracefully\n"
+                                         << WorkerLog();
     EXPECT_NE(kill(static_cast<pid_t>(started_pid), 0), 0) << "the rank still runs";
   }
 }
