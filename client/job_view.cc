@@ -159,8 +159,16 @@ std::vector<std::pair<const char*, std::optional<json>>> StepFigures(const v1::S
   };
 }
 
-// Seconds since the job's last committed checkpoint; std::nullopt without one.
+// The work a failure now would lose, in seconds: for a running job since the coordinator's
+// work_at_risk_since (the rule ulysses_checkpoint_age_seconds follows), otherwise since the last
+// committed checkpoint; std::nullopt without either.
 std::optional<double> CheckpointAgeSeconds(const v1::Job& job, int64_t now_unix_ms) {
+  // A running job: the work at risk, by the coordinator's rule (the metric's).
+  if (job.has_work_at_risk_since()) {
+    const google::protobuf::Timestamp& t = job.work_at_risk_since();
+    return std::max<int64_t>(0, now_unix_ms - (t.seconds() * 1000 + t.nanos() / 1'000'000)) /
+           1000.0;
+  }
   if (!job.has_last_checkpoint() || job.last_checkpoint().path().empty() ||
       !job.last_checkpoint().has_committed_at()) {
     return std::nullopt;

@@ -561,7 +561,8 @@ void JobMachine::Launch(JobRt& job, const std::vector<std::string>& worker_ids,
   SetState(job, v1::JOB_STATE_SCHEDULING,
            absl::StrCat("starting ", StageName(stage.index, static_cast<int>(rec.stages.size())),
                         " (generation ", rec.generation, ") on ", worker_ids.size(),
-                        " slots, rendezvous ", attempt.master_addr, ":", attempt.master_port),
+                        worker_ids.size() == 1 ? " slot" : " slots", ", rendezvous ",
+                        attempt.master_addr, ":", attempt.master_port),
            txn);
 }
 

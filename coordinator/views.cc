@@ -122,6 +122,11 @@ v1::Job JobToProto(const JobRecord& r, bool full) {
   p.set_preemptions(r.preemptions);
   p.set_failures(r.failures);
   if (r.last_checkpoint) *p.mutable_last_checkpoint() = CheckpointToProto(*r.last_checkpoint);
+  if (r.state == v1::JOB_STATE_RUNNING || r.state == v1::JOB_STATE_CHECKPOINTING) {
+    if (const int64_t since = WorkAtRiskSinceMs(r); since > 0) {
+      SetTime(since, p.mutable_work_at_risk_since());
+    }
+  }
   p.set_loss(r.loss);
   if (full) {
     // Newest first until the budget is spent, then back in generation order.

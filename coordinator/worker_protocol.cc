@@ -281,11 +281,13 @@ void WorkerProtocol::MarkStarted(JobRt& job, int rank, Txn& txn) {
   const StageRecord& stage = job.rec.stages[job.rec.stage_index];
   if (job.rec.state == v1::JOB_STATE_SCHEDULING &&
       job.started_ranks.size() == static_cast<size_t>(stage.world())) {
-    machine_.SetState(job, v1::JOB_STATE_RUNNING,
-                      absl::StrCat("all ", stage.world(), " ranks of ",
-                                   StageName(stage.index, static_cast<int>(job.rec.stages.size())),
-                                   " running (generation ", job.rec.generation, ")"),
-                      txn);
+    machine_.SetState(
+        job, v1::JOB_STATE_RUNNING,
+        absl::StrCat(stage.world() == 1 ? std::string("the rank")
+                                        : absl::StrCat("all ", stage.world(), " ranks"),
+                     " of ", StageName(stage.index, static_cast<int>(job.rec.stages.size())),
+                     " running (generation ", job.rec.generation, ")"),
+        txn);
     metrics_.SetJobStage(job.rec.id, stage.index, stage.steps, stage.seq_len, stage.world());
   }
 }

@@ -166,6 +166,14 @@ std::vector<MetricDef> BuildCatalog() {
             "Learning rate the rank's last step applied (warmup and schedule included)."),
       Counter("ulysses_rank_steps_total", kRank, kWorker,
               "Optimizer steps the rank finished during the attempt."),
+      Gauge("ulysses_worker_agent_slots", {"state"}, kWorker,
+            "This worker's slots (ranks: GPUs) by state: busy (running a rank) or free; "
+            "exported idle or not, their sum is the worker's --devices."),
+      Gauge("ulysses_worker_connected", {}, kWorker,
+            "1 while the worker holds a session with the coordinator, 0 while it reconnects."),
+      Gauge("ulysses_worker_peak_flops", {}, kWorker,
+            "Dense peak FLOP/s of one slot's device that MFU divides by (--peak-flops, else the "
+            "GPU model's bf16 peak); 0 = unknown, no ulysses_rank_mfu_ratio series."),
       Gauge("ulysses_worker_fabric_info", {"fabric"}, kWorker,
             "1 for the transport the worker's GPUs have to other nodes, as detected at start "
             "(fabric=sockets, efa, tcpxo or ib; docs/DEPLOY.md \"Fabric between nodes\")."),

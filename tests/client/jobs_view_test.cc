@@ -375,6 +375,20 @@ TEST(TopViewTest, RowsShowLiveFiguresOfJobsNotYetEnded) {
   }
 }
 
+// CKPT_AGE of a running job is the coordinator's work at risk (work_at_risk_since, the clock of
+// ulysses_checkpoint_age_seconds): after a restart it counts from the attempt's start, not from
+// the older commit the attempt resumed from.
+TEST(TopViewTest, CheckpointAgeOfARunningJobIsTheCoordinatorsWorkAtRisk) {
+  v1::Job running = SampleJob();
+  running.mutable_last_checkpoint()->mutable_committed_at()->set_seconds(1'700'000'000);
+  running.mutable_work_at_risk_since()->set_seconds(1'700'000'050);  // the restart
+  const int64_t now_ms = 1'700'000'065'400;
+  const auto rows = TopTable({running}, now_ms);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1][10], "15s") << "15.4 s since the attempt started, not 65.4 s";
+  EXPECT_DOUBLE_EQ(TopJson({running}, now_ms)[0]["checkpoint_age_seconds"].get<double>(), 15.4);
+}
+
 // `top` names an unreachable coordinator (exit 1) and refuses an interval out of range (2).
 TEST(TopViewTest, TopAgainstNoCoordinatorExitsOneNamingIt) {
   std::ostringstream out, err;

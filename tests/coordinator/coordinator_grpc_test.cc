@@ -828,8 +828,18 @@ TEST_F(CoordinatorGrpcTest, JobLevelGaugesFollowTheJobAndLeaveWithIt) {
   EXPECT_EQ(SampleValue(body, "ulysses_train_group_size" + job), 1);
   EXPECT_EQ(SampleValue(body, "ulysses_train_steps" + job), 10);
   EXPECT_EQ(SampleValue(body, "ulysses_train_stage" + job), 1);  // stage 1 of 1, 1-based
-  // Work at risk: the job runs without a checkpoint, so it is counted from the attempt start.
+  // Work at risk: the job runs without a checkpoint, so it is counted from the attempt start;
+  // the job's work_at_risk_since (top's CKPT_AGE) is the same instant.
   EXPECT_GE(SampleValue(body, "ulysses_checkpoint_age_seconds" + job).value_or(-1), 0);
+  auto ms = [](const google::protobuf::Timestamp& t) {
+    return t.seconds() * 1000 + t.nanos() / 1'000'000;
+  };
+  {
+    const v1::Job j = GetJob(*id);
+    ASSERT_TRUE(j.has_work_at_risk_since());
+    ASSERT_GT(j.attempts_size(), 0);
+    EXPECT_EQ(ms(j.work_at_risk_since()), ms(j.attempts(j.attempts_size() - 1).started_at()));
+  }
   // One progress report gives no rate; the ETA appears with the second.
   w1.Progress(a->ref(), 1, 4.5);
   ASSERT_TRUE(PollUntil([&] { return GetJob(*id).stages(0).progress().step() == 1; }));
@@ -864,6 +874,11 @@ TEST_F(CoordinatorGrpcTest, JobLevelGaugesFollowTheJobAndLeaveWithIt) {
   ASSERT_TRUE(ack);
   EXPECT_EQ(ack->result(), v1::ACK_CODE_OK) << ack->message();
   EXPECT_GE(SampleValue(scrape(), "ulysses_checkpoint_age_seconds" + job).value_or(-1), 0);
+  {
+    const v1::Job j = GetJob(*id);
+    ASSERT_TRUE(j.has_last_checkpoint());
+    EXPECT_EQ(ms(j.work_at_risk_since()), ms(j.last_checkpoint().committed_at()));
+  }
 
   // The job ends: every series naming it goes (bounded cardinality).
   ASSERT_TRUE(w1.CommitLast(*a));

@@ -198,6 +198,15 @@ absl::Status WorkerAgent::Impl::StartMetrics() {
   if (config_.metrics_listen.empty()) return absl::OkStatus();
   ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Register(&registry_, config_.peak_flops));
   metrics_->SetFabric(FabricName(config_.fabric));
+  RETURN_IF_ERROR(metrics_->ServeAgentState([this] {
+    absl::MutexLock lock(&mu_);
+    AgentState s;
+    for (const Slot& slot : slots_) ++(slot.ref ? s.busy_slots : s.free_slots);
+    // Before Run() fills slots_ (the scrape raced the start): every device is free.
+    if (slots_.empty()) s.free_slots = static_cast<int64_t>(config_.devices.size());
+    s.connected = !session_broken_;
+    return s;
+  }));
   ASSIGN_OR_RETURN(net::HostPort at,
                    net::ParseHostPort("--metrics-listen", config_.metrics_listen, "0.0.0.0:9091"));
   metrics::MetricsServerConfig mc;

@@ -32,6 +32,7 @@ constexpr const char* kMemoryKinds[] = {"allocated", "reserved"};
 absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Register(metrics::Registry* registry,
                                                                        double peak_flops_per_s) {
   std::unique_ptr<WorkerMetrics> m(new WorkerMetrics);
+  m->registry_ = registry;
   m->peak_flops_per_s_ = peak_flops_per_s;
   RETURN_IF_ERROR(metrics::RegisterBuildInfo(registry));
   ASSIGN_OR_RETURN(m->step_seconds_, metrics::RegisterGauge(registry, "ulysses_rank_step_seconds"));
@@ -56,6 +57,20 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Register(metrics::
 }
 
 void WorkerMetrics::SetFabric(const std::string& fabric) { fabric_->WithLabels({fabric})->Set(1); }
+
+absl::Status WorkerMetrics::ServeAgentState(std::function<AgentState()> state) {
+  RETURN_IF_ERROR(metrics::RegisterCallbackGaugeFamily(
+      registry_, "ulysses_worker_agent_slots", [state]() -> std::vector<metrics::CallbackSample> {
+        const AgentState s = state();
+        return {{{"busy"}, static_cast<double>(s.busy_slots)},
+                {{"free"}, static_cast<double>(s.free_slots)}};
+      }));
+  RETURN_IF_ERROR(metrics::RegisterCallbackGauge(
+      registry_, "ulysses_worker_connected", [state] { return state().connected ? 1.0 : 0.0; }));
+  const double peak = peak_flops_per_s_;
+  return metrics::RegisterCallbackGauge(registry_, "ulysses_worker_peak_flops",
+                                        [peak] { return peak; });
+}
 
 void WorkerMetrics::OnStep(const RankLabels& l, const contract::StepEvent& e) {
   const std::vector<std::string> v = Values(l);

@@ -8,6 +8,7 @@
 #ifndef ULYSSES_WORKER_AGENT_WORKER_METRICS_H_
 #define ULYSSES_WORKER_AGENT_WORKER_METRICS_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,13 @@
 #include "common/metrics/metrics.h"
 
 namespace ulysses::agent {
+
+// The agent's own state, read at scrape time (so an idle worker reports it too).
+struct AgentState {
+  int64_t busy_slots = 0;  // running a rank
+  int64_t free_slots = 0;
+  bool connected = false;  // holds a session with the coordinator
+};
 
 struct RankLabels {
   std::string job_id;
@@ -39,9 +47,14 @@ class WorkerMetrics {
   void Forget(const RankLabels& labels);
   // ulysses_worker_fabric_info{fabric} = 1 (worker/agent/fabric.h FabricName), set once.
   void SetFabric(const std::string& fabric);
+  // ulysses_worker_agent_slots{state}, ulysses_worker_connected and ulysses_worker_peak_flops,
+  // computed from `state()` at each scrape (called from the scraping thread without a registry
+  // lock; it must be thread-safe). Once.
+  absl::Status ServeAgentState(std::function<AgentState()> state);
 
  private:
   WorkerMetrics() = default;
+  metrics::Registry* registry_ = nullptr;
   double peak_flops_per_s_ = 0;
   metrics::GaugeFamily* step_seconds_ = nullptr;
   metrics::GaugeFamily* phase_seconds_ = nullptr;

@@ -43,7 +43,7 @@ constexpr char kUsage[] =
     "  ulysses-train eval   -f JOB.yaml [--nproc N] [--checkpoint DIR | --init-from HFDIR]"
     " [--seq-len T]\n"
     "  ulysses-train export --checkpoint DIR --hf-out DIR [--dtype bf16|fp16|fp32|fp64]\n"
-    "                       [--max-file-bytes N]\n"
+    "                       [--max-file-bytes N] [--tokenizer-from HFDIR]\n"
     "  ulysses-train rank   -f JOB.yaml --out DIR --stage I --rank R --world-size W"
     " --master-addr HOST --master-port PORT [--device cpu|cuda:N] [--backend auto|gloo|nccl]"
     " [--collective-timeout-s S] [--step-events rank0|all] [--peak-flops F]"
@@ -435,8 +435,9 @@ int EvalCommand(int argc, char** argv) {
 }
 
 int ExportCommand(int argc, char** argv) {
-  OR_FAIL(f,
-          ParseFlags(argc, argv, 2, {"--checkpoint", "--hf-out", "--dtype", "--max-file-bytes"}));
+  OR_FAIL(f, ParseFlags(
+                 argc, argv, 2,
+                 {"--checkpoint", "--hf-out", "--dtype", "--max-file-bytes", "--tokenizer-from"}));
   ExportOptions o;
   if (f.Has("--max-file-bytes")) {
     const std::string v = f.Get("--max-file-bytes");
@@ -454,14 +455,26 @@ int ExportCommand(int argc, char** argv) {
   OR_FAIL(out, Required(f, "--hf-out"));
   o.checkpoint = ckpt;
   o.hf_out = out;
+  if (f.Has("--tokenizer-from")) {
+    o.tokenizer_from = f.Get("--tokenizer-from");
+    if (o.tokenizer_from.empty()) {
+      return Fail(absl::InvalidArgumentError(
+          "--tokenizer-from: '' is not a directory (give the HF model directory, or leave it out "
+          "to copy the tokenizer of the job's init_from)"));
+    }
+  }
   OR_FAIL(result, ExportCheckpoint(o));
-  std::cout << nlohmann::json{{"hf_out", out},
+  if (!result.tokenizer_note.empty()) std::cerr << "warning: " << result.tokenizer_note << "\n";
+  std::cout << nlohmann::json{{"checkpoint", result.checkpoint},
+                              {"hf_out", out},
                               {"dtype", result.dtype},
                               {"tensors", result.tensors},
                               {"from_masters", result.from_masters},
                               {"files", result.files},
                               {"largest_tensor_bytes", result.largest_tensor_bytes},
-                              {"bytes_read", result.bytes_read}}
+                              {"bytes_read", result.bytes_read},
+                              {"tokenizer_from", result.tokenizer_from},
+                              {"tokenizer_files", result.tokenizer_files}}
                    .dump()
             << std::endl;
   return contract::kExitOk;

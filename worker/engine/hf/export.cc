@@ -71,6 +71,106 @@ absl::StatusOr<ExportDtype> JobDtype(const CheckpointState& st,
       "checkpoint ", checkpoint, ": model weights are stored as ", c10::toString(*stored)));
 }
 
+// --checkpoint: a step directory (it has a manifest.json), a checkpoint root, or a job's output
+// directory (its checkpoints/ root): the newest committed step of the root.
+absl::StatusOr<std::string> ResolveCheckpoint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat("--checkpoint: ", dir, " is not a directory"));
+  }
+  if (fs::exists(fs::path(dir) / kManifestName, ec)) return dir;
+  for (const fs::path& root : {fs::path(dir), fs::path(dir) / "checkpoints"}) {
+    absl::StatusOr<std::string> latest = LatestCommittedCheckpoint(root.string());
+    if (latest.ok()) return latest;
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "--checkpoint: ", dir, " is no committed checkpoint (no ", kManifestName,
+      ") and holds no committed step-* directory, neither itself nor in ", dir,
+      "/checkpoints (give a step directory, a checkpoint root or a job's --out directory)"));
+}
+
+// The kTokenizerFiles present in `dir`, each checked (a regular file or a link to one, at most
+// kTokenizerMaxFileBytes).
+absl::StatusOr<std::vector<std::string>> TokenizerFilesIn(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> found;
+  for (const char* name : kTokenizerFiles) {
+    const fs::path p = fs::path(dir) / name;
+    std::error_code ec;
+    if (!fs::exists(p, ec)) continue;
+    if (!fs::is_regular_file(p, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer file ", p.string(), " is not a regular file"));
+    }
+    const auto size = fs::file_size(p, ec);
+    if (ec || size > static_cast<uintmax_t>(kTokenizerMaxFileBytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokenizer file ", p.string(), " is ", ec ? ec.message() : absl::StrCat(size, " B"),
+          ", above the ", kTokenizerMaxFileBytes, " B a tokenizer file may be"));
+    }
+    found.push_back(name);
+  }
+  return found;
+}
+
+std::string FileList() {
+  std::string out;
+  for (const char* name : kTokenizerFiles) absl::StrAppend(&out, out.empty() ? "" : ", ", name);
+  return out;
+}
+
+// An explicit --tokenizer-from: a directory holding at least one of kTokenizerFiles.
+absl::Status CheckTokenizerFrom(const std::string& dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat("--tokenizer-from: ", dir, " is not a directory"));
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> files, TokenizerFilesIn(dir));
+  if (files.empty()) {
+    return absl::NotFoundError(absl::StrCat("--tokenizer-from: ", dir, " holds none of ",
+                                            FileList(),
+                                            " (give the HF model directory the job started from)"));
+  }
+  return absl::OkStatus();
+}
+
+// Copies the tokenizer files into hf_out: from --tokenizer-from, else from the checkpoint's
+// extra.init_from when that directory is still there (else a note says why none were copied).
+absl::Status CopyTokenizer(const ExportOptions& o, const CheckpointState& st, ExportResult& r) {
+  namespace fs = std::filesystem;
+  std::string from = o.tokenizer_from;
+  if (from.empty()) {
+    const nlohmann::json init = st.extra.value("init_from", nlohmann::json());
+    if (!init.is_string() || init.get<std::string>().empty()) return absl::OkStatus();
+    from = init.get<std::string>();
+    std::error_code ec;
+    if (!fs::is_directory(from, ec)) {
+      r.tokenizer_note = absl::StrCat("the job's init_from ", from,
+                                      " is not here: no tokenizer files copied (pass "
+                                      "--tokenizer-from DIR)");
+      return absl::OkStatus();
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> files, TokenizerFilesIn(from));
+  if (files.empty()) {
+    r.tokenizer_note = absl::StrCat("init_from ", from, " holds none of ", FileList());
+    return absl::OkStatus();
+  }
+  for (const std::string& name : files) {
+    std::error_code ec;
+    fs::copy_file(fs::path(from) / name, fs::path(o.hf_out) / name,
+                  fs::copy_options::overwrite_existing, ec);
+    if (ec) {
+      return absl::InternalError(absl::StrCat("copying ", (fs::path(from) / name).string(), " to ",
+                                              o.hf_out, ": ", ec.message()));
+    }
+  }
+  r.tokenizer_from = from;
+  r.tokenizer_files = files;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ExportResult> ExportCheckpoint(const ExportOptions& o) {
@@ -82,19 +182,22 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const ExportOptions& o) {
   }
   if (o.checkpoint.empty()) return absl::InvalidArgumentError("--checkpoint: required");
   if (o.hf_out.empty()) return absl::InvalidArgumentError("--hf-out: required");
+  ASSIGN_OR_RETURN(const std::string step_dir, ResolveCheckpoint(o.checkpoint));
+  if (!o.tokenizer_from.empty()) RETURN_IF_ERROR(CheckTokenizerFrom(o.tokenizer_from));
   std::error_code ec;
   if (fs::exists(o.hf_out, ec) && !fs::is_empty(o.hf_out, ec)) {
     return absl::AlreadyExistsError(
         absl::StrCat("--hf-out: ", o.hf_out, " exists and is not empty (choose a new directory)"));
   }
   ExportResult result;
+  result.checkpoint = step_dir;
   RETURN_IF_ERROR(Guard("ulysses-train export", [&]() -> absl::Status {
     // The manifest only; then one tensor at a time (checkpoint.h CheckpointReader).
     ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
-                     CheckpointReader::Open(o.checkpoint, ""));
+                     CheckpointReader::Open(step_dir, ""));
     const CheckpointState& st = reader->info();
     if (!st.extra.contains("model_config")) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", o.checkpoint, ": no model_config"));
+      return absl::DataLossError(absl::StrCat("checkpoint ", step_dir, ": no model_config"));
     }
     ASSIGN_OR_RETURN(model::LlamaConfig config, ModelConfigFromJson(st.extra["model_config"]));
     std::map<std::string, CheckpointReader::TensorInfo> stored;
@@ -111,7 +214,7 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const ExportOptions& o) {
     if (asked.has_value()) {
       dtype = *asked;
     } else {
-      ASSIGN_OR_RETURN(dtype, JobDtype(st, weight_dtype, o.checkpoint));
+      ASSIGN_OR_RETURN(dtype, JobDtype(st, weight_dtype, step_dir));
     }
     // Where each weight comes from, checked before anything is written: the master is the weight
     // before rounding, the better source for any other dtype.
@@ -119,12 +222,12 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const ExportOptions& o) {
     for (const auto& [name, shape] : HfLlamaShapes(config)) {
       auto weight = stored.find(kModelPrefix + name);
       if (weight == stored.end()) {
-        return absl::DataLossError(absl::StrCat("checkpoint ", o.checkpoint, ": tensor ",
-                                                kModelPrefix, name, " is missing"));
+        return absl::DataLossError(
+            absl::StrCat("checkpoint ", step_dir, ": tensor ", kModelPrefix, name, " is missing"));
       }
       if (weight->second.shape != shape) {
         return absl::DataLossError(
-            absl::StrCat("checkpoint ", o.checkpoint, ": ", weight->first, " has shape ",
+            absl::StrCat("checkpoint ", step_dir, ": ", weight->first, " has shape ",
                          c10::str(c10::IntArrayRef(weight->second.shape)),
                          ", its model_config needs ", c10::str(c10::IntArrayRef(shape))));
       }
@@ -132,7 +235,7 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const ExportOptions& o) {
       if (master != stored.end() && weight->second.dtype != dtype.type) {
         if (master->second.shape != shape) {
           return absl::DataLossError(
-              absl::StrCat("checkpoint ", o.checkpoint, ": ", kMasterPrefix, name, " has shape ",
+              absl::StrCat("checkpoint ", step_dir, ": ", kMasterPrefix, name, " has shape ",
                            c10::str(c10::IntArrayRef(master->second.shape)), ", the weight has ",
                            c10::str(c10::IntArrayRef(shape))));
         }
@@ -154,7 +257,7 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const ExportOptions& o) {
     result.files = written.files;
     result.largest_tensor_bytes = written.largest_tensor_bytes;
     result.bytes_read = reader->stats().data_bytes;
-    return absl::OkStatus();
+    return CopyTokenizer(o, st, result);
   }));
   return result;
 }

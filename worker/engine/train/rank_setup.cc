@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include <torch/cuda.h>
 
@@ -89,6 +90,12 @@ json CheckpointExtra(const spec::JobSpec& spec, const LlamaConfig& config,
              {"dp_degree", rt.dp},
              {"model_config", ModelConfigToJson(config)},
              {"dtype", spec.model.dtype}};
+  // The HF model the job started from, absolute: `ulysses-train export` copies its tokenizer.
+  if (!spec.model.init_from.empty()) {
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::absolute(spec.model.init_from, ec);
+    extra["init_from"] = ec ? spec.model.init_from : abs.lexically_normal().string();
+  }
   if (scaler.enabled) {
     extra["loss_scale"] = scaler.scale;
     extra["loss_scale_good_steps"] = scaler.good_steps;

@@ -4,7 +4,9 @@
 //   - without --dtype the export is in the job's spec.model.dtype, the stored weights as trained;
 //   - an fp32 export of a bf16 job is the fp32 masters (optim/master/<name>) bit for bit, and not
 //     the bf16 weights upcast; an fp16 export rounds the masters once;
-//   - a bad --dtype is exit 2 naming the flag, the value and the choices, and writes nothing.
+//   - a bad --dtype is exit 2 naming the flag, the value and the choices, and writes nothing;
+//   - --checkpoint takes a job's --out directory or a checkpoint root as its newest committed step;
+//   - the tokenizer files of the job's init_from model (or --tokenizer-from) travel with it.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -262,6 +264,113 @@ TEST_F(ExportTest, BadDtypeIsRefusedNamingFlagValueAndChoicesAndWritesNothing) {
   }
   // The checkpoint is untouched: it still loads and exports.
   EXPECT_EQ(Export(*bf16_ckpt_, "bf16", "after-bad")["dtype"], "bfloat16");
+}
+
+// --checkpoint of a job's --out directory or of its checkpoint root exports the newest committed
+// step (an uncommitted newer step directory is passed over); a directory with none is refused
+// naming the flag and writes nothing.
+TEST_F(ExportTest, AJobDirectoryOrCheckpointRootExportsItsNewestCommittedStep) {
+  const fs::path dir(dir_->path());
+  const fs::path step(*fp32_ckpt_);
+  const fs::path root = dir / "root-copy";
+  fs::copy(step.parent_path(), root, fs::copy_options::recursive);
+  fs::create_directories(root / "step-99999999");  // a save that never committed
+  const json direct = Export(*fp32_ckpt_, "fp32", "by-step");
+  EXPECT_EQ(direct["checkpoint"], *fp32_ckpt_);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {step.parent_path().parent_path().string(), *fp32_ckpt_},  // the job's --out
+      {step.parent_path().string(), *fp32_ckpt_},                // its checkpoints/ root
+      {root.string(), (root / step.filename()).string()}};
+  int n = 0;
+  for (const auto& [given, expected] : cases) {
+    const json exported = Export(given, "fp32", "by-dir-" + std::to_string(n++));
+    EXPECT_EQ(exported["checkpoint"], expected) << given;
+    auto a = LoadHfWeights(direct["hf_out"].get<std::string>());
+    auto b = LoadHfWeights(exported["hf_out"].get<std::string>());
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_EQ(a->size(), b->size());
+    for (size_t i = 0; i < a->size(); ++i) {
+      EXPECT_TRUE(torch::equal((*a)[i].tensor, (*b)[i].tensor)) << given << " " << (*a)[i].name;
+    }
+  }
+  const fs::path empty = dir / "no-checkpoints";
+  fs::create_directories(empty / "checkpoints");
+  const fs::path out = dir / "hf-from-empty";
+  Result r = RunTrainer({"export", "--checkpoint", empty.string(), "--hf-out", out.string()});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--checkpoint: " + empty.string()), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no committed step-* directory"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out)) << "a refused export writes nothing";
+}
+
+// A job that started from an HF model exports with that model's tokenizer files (byte for byte,
+// nothing else of the directory); --tokenizer-from names them for any checkpoint and a missing
+// one is refused before anything is written; a job's init_from that has gone is a warning.
+TEST_F(ExportTest, TheInitFromModelsTokenizerFilesTravelWithTheExport) {
+  const fs::path dir(dir_->path());
+  const json base = Export(*fp32_ckpt_, "fp32", "init-base");
+  EXPECT_TRUE(base["tokenizer_files"].empty()) << "a job without init_from has no tokenizer";
+  EXPECT_EQ(base["tokenizer_from"], "");
+  const fs::path hf = fs::canonical(base["hf_out"].get<std::string>());
+  const std::map<std::string, std::string> tokenizer = {
+      {"tokenizer.json", R"({"version": "1.0", "model": {"type": "BPE"}})"},
+      {"tokenizer_config.json", R"({"eos_token": "</s>"})"},
+      {"generation_config.json", R"({"temperature": 0.6})"}};
+  for (const auto& [name, text] : tokenizer) std::ofstream(hf / name) << text;
+  std::ofstream(hf / "README.md") << "not a tokenizer file";
+
+  const fs::path job = dir / "init.yaml";
+  std::ofstream(job) << "apiVersion: ulysses/v1\nkind: TrainJob\nmetadata: {name: init}\n"
+                        "spec:\n  model: {init_from: "
+                     << hf.string()
+                     << ", dtype: float32}\n  data: {train: " << (dir / "train.bin").string()
+                     << ", validation: " << (dir / "val.bin").string()
+                     << "}\n  memory: {attention_block_size: 32}\n"
+                        "  optimizer: {lr: 1.0e-3, warmup_steps: 0}\n"
+                        "  stages: [{seq_len: 64, steps: 2}]\n  seed: 5\n";
+  const fs::path run = dir / "run-init";
+  Result trained = RunTrainer({"train", "-f", job.string(), "--out", run.string()});
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+
+  const json exported = Export(run.string(), "", "with-tokenizer");
+  EXPECT_EQ(exported["tokenizer_from"], hf.string());
+  std::vector<std::string> copied = exported["tokenizer_files"].get<std::vector<std::string>>();
+  std::sort(copied.begin(), copied.end());
+  EXPECT_EQ(copied, (std::vector<std::string>{"generation_config.json", "tokenizer.json",
+                                              "tokenizer_config.json"}));
+  const fs::path out = exported["hf_out"].get<std::string>();
+  for (const auto& [name, text] : tokenizer) EXPECT_EQ(ReadFile(out / name), text) << name;
+  EXPECT_FALSE(fs::exists(out / "README.md"));
+
+  // --tokenizer-from: for a checkpoint that had no init_from.
+  const fs::path explicit_out = dir / "hf-tokenizer-from";
+  Result r = RunTrainer({"export", "--checkpoint", *fp32_ckpt_, "--hf-out", explicit_out.string(),
+                         "--tokenizer-from", hf.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(ReadFile(explicit_out / "tokenizer.json"), tokenizer.at("tokenizer.json"));
+  // A --tokenizer-from that is missing, or holds no tokenizer, writes nothing.
+  for (const fs::path& bad : {dir / "no-such-model", dir / "no-checkpoints"}) {
+    fs::create_directories(dir / "no-checkpoints");
+    const fs::path refused = dir / "hf-refused";
+    Result b = RunTrainer({"export", "--checkpoint", *fp32_ckpt_, "--hf-out", refused.string(),
+                           "--tokenizer-from", bad.string()});
+    EXPECT_NE(b.exit_code, 0) << bad;
+    EXPECT_NE(b.err.find("--tokenizer-from: " + bad.string()), std::string::npos) << b.err;
+    EXPECT_FALSE(fs::exists(refused)) << "a refused export writes nothing";
+  }
+  // The job's init_from moved away: the weights export, the warning says what to pass.
+  const fs::path moved = dir / "init-moved";
+  fs::rename(hf, moved);
+  const fs::path gone_out = dir / "hf-init-gone";
+  Result g = RunTrainer({"export", "--checkpoint", run.string(), "--hf-out", gone_out.string()});
+  fs::rename(moved, hf);
+  ASSERT_EQ(g.exit_code, 0) << g.err;
+  EXPECT_NE(g.err.find("warning: the job's init_from " + hf.string() + " is not here"),
+            std::string::npos)
+      << g.err;
+  EXPECT_NE(g.err.find("--tokenizer-from"), std::string::npos) << g.err;
+  EXPECT_TRUE(fs::exists(gone_out / "config.json"));
+  EXPECT_FALSE(fs::exists(gone_out / "tokenizer.json"));
 }
 
 }  // namespace
