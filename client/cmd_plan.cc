@@ -199,8 +199,8 @@ double OffloadBytesPerStep(const spec::JobSpec& job, const StagePlan& p) {
   return bytes;
 }
 
-void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
-                const DeviceSpec& device, std::ostream& out) {
+// The job's model and options, and the device it is planned on.
+void PrintJobAndDevice(const spec::JobSpec& job, const DeviceSpec& device, std::ostream& out) {
   const spec::ModelSpec& m = job.model;
   out << "job " << job.metadata.name << ": " << FormatCount(ParameterCount(m)) << " parameters, "
       << m.num_hidden_layers << " layers, " << m.num_attention_heads << "q/"
@@ -224,11 +224,11 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
       << "all-to-all " << FormatBytes(device.a2a_bytes_per_s) << "/s"
       << (device.host_is_device ? " (offload options are no-ops: the host is the device)" : "")
       << "\n";
-  LayoutTable(plans).Print(out);
-  out << "\nmemory per rank:\n";
-  Table memory = MemoryHeader();
-  for (size_t i = 0; i < plans.size(); ++i) AddMemoryRow(memory, absl::StrCat(i + 1), plans[i]);
-  memory.Print(out);
+}
+
+// What offload puts in (pinned) host memory and the bandwidth it needs, when it is on.
+void PrintOffload(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
+                  const DeviceSpec& device, std::ostream& out) {
   if (!device.host_is_device &&
       (job.parallelism.offload_optimizer || job.parallelism.offload_activations)) {
     // What offload puts in (pinned) host memory and the device<->host bandwidth it needs to
@@ -247,8 +247,11 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
     }
     offload.Print(out);
   }
-  out << "\npeaks per rank (init/import: stage 1 from nothing; resume: from a checkpoint):\n";
-  PeaksTable(plans).Print(out);
+}
+
+// The nodes each multi-node stage takes and why; the job takes the most of them.
+void PrintNodes(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
+                const DeviceSpec& device, std::ostream& out) {
   // The job takes the most nodes any stage takes; the stage that cannot do with fewer says why.
   int64_t most = 0;
   std::string why;
@@ -267,6 +270,11 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
                         : absl::StrCat(" (", why, ")"))
         << "\n";
   }
+}
+
+// For each stage that does not fit: the cheapest changes that do (validated), or why none.
+void PrintFixes(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
+                const DeviceSpec& device, std::ostream& out) {
   for (size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].fits) continue;
     const std::vector<FitFix> fixes = FindFixes(job, i, device, kFixesShown);
@@ -289,6 +297,12 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
     AddMemoryRow(fixed, absl::StrCat(i + 1, " fixed (1.)"), fixes[0].plan);
     fixed.Print(out);
   }
+}
+
+// The job's bottom line: stages, time, GPU-hours, nodes, host memory, checkpoint disk; the
+// verdict.
+void PrintTotals(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
+                 const DeviceSpec& device, std::ostream& out) {
   for (size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].checkpoint_reason.empty()) continue;
     out << "stage " << i + 1
@@ -313,6 +327,22 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
                          [](std::string* o, size_t i) { absl::StrAppend(o, i + 1); })
         << "; exit " << kExitPlanDoesNotFit << ")\n";
   }
+}
+
+void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
+                const DeviceSpec& device, std::ostream& out) {
+  PrintJobAndDevice(job, device, out);
+  LayoutTable(plans).Print(out);
+  out << "\nmemory per rank:\n";
+  Table memory = MemoryHeader();
+  for (size_t i = 0; i < plans.size(); ++i) AddMemoryRow(memory, absl::StrCat(i + 1), plans[i]);
+  memory.Print(out);
+  PrintOffload(job, plans, device, out);
+  out << "\npeaks per rank (init/import: stage 1 from nothing; resume: from a checkpoint):\n";
+  PeaksTable(plans).Print(out);
+  PrintNodes(job, plans, device, out);
+  PrintFixes(job, plans, device, out);
+  PrintTotals(job, plans, device, out);
   out << "\ntokens/rank = N/P; kv_heads = kv heads after replication for the exchange (Hkv');\n"
          "a2a/layer = forward all-to-all elements per layer per rank, (2*Hq + 2*Hkv')*D*N/P;\n"
          "step_time = model FLOPs (6*params*tokens + attention, recompute included) / (peak * "

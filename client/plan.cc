@@ -175,128 +175,159 @@ std::string StagePlan::host_peak_phase() const {
 
 double ParameterCount(const spec::ModelSpec& m) { return spec::CountParameters(Shape(m)).total; }
 
+namespace {
+
+// What the memory model needs of the job's state for one stage's world.
+spec::ModelStateInputs StateInputs(const spec::JobSpec& s, const spec::ParameterCounts& counts,
+                                   const StagePlan& p, const DeviceSpec* device) {
+  spec::ModelStateInputs in;
+  in.params = counts;
+  in.dtype = s.model.dtype;
+  in.zero_stage = s.parallelism.zero_stage;
+  in.world = p.world;
+  in.offload_optimizer =
+      s.parallelism.offload_optimizer && !(device != nullptr && device->host_is_device);
+  in.activation_checkpointing = s.memory.activation_checkpointing;
+  return in;
+}
+
+// A stage's layout: its sequence, degrees, the tokens a rank holds and the device it runs on.
+StagePlan StageLayout(const spec::JobSpec& s, size_t i, const DeviceSpec* device) {
+  StagePlan p;
+  p.seq_len = s.stages[i].seq_len;
+  p.steps = s.stages[i].steps;
+  p.sp = std::max<int64_t>(1, s.StageSp(i));
+  p.dp = std::max<int64_t>(1, s.StageDp(i));
+  p.world = p.sp * p.dp;
+  p.tokens_per_rank = p.seq_len / p.sp;
+  p.micro_batch = std::max<int64_t>(1, s.optimizer.micro_batch_size);
+  p.kv_heads_exchanged = spec::UlyssesKvHeadsExchanged(s.model.num_key_value_heads, p.sp);
+  if (device != nullptr) {
+    p.runtime_bytes = device->reserve_bytes;
+    p.device_bytes = device->memory_is_host_total
+                         ? device->memory_bytes / static_cast<double>(p.world)
+                         : device->memory_bytes;
+    p.nodes = (p.world + device->devices_per_node - 1) / device->devices_per_node;
+    if (!device->host_is_device) p.host_limit_bytes = device->host_memory_per_rank_bytes;
+  }
+  return p;
+}
+
+// A rank's device and host memory in steady state (common/spec/memory_model.h), and the
+// checkpoint mode that memory allows. Fills p's byte figures and checkpoint choice.
+void PlanSteadyMemory(const spec::JobSpec& s, const spec::ParameterCounts& counts,
+                      const DeviceSpec* device, StagePlan& p) {
+  const spec::ModelSpec& m = s.model;
+  const bool host_is_device = device != nullptr && device->host_is_device;
+  // q, k, v in (scatter heads) and the attention output back: (2 Hq + 2 Hkv') D N/P.
+  // SP 1 holds the whole sequence and exchanges nothing.
+  p.a2a_elements =
+      p.sp == 1 ? 0
+                : static_cast<double>(2 * m.num_attention_heads + 2 * p.kv_heads_exchanged) *
+                      static_cast<double>(m.HeadDim()) * static_cast<double>(p.tokens_per_rank) *
+                      static_cast<double>(p.micro_batch);
+  p.a2a_bytes = p.a2a_elements * static_cast<double>(spec::DtypeBytes(m.dtype));
+  const spec::ModelStateBytes state = spec::ModelStatePerRank(StateInputs(s, counts, p, device));
+  p.parameter_bytes = state.parameters;
+  p.gradient_bytes = state.gradients;
+  p.optimizer_bytes = state.optimizer;
+  spec::ActivationInputs ai;
+  ai.shape = Shape(s.model);
+  ai.dtype = s.model.dtype;
+  ai.tokens = p.tokens_per_rank * p.micro_batch;
+  ai.sp = p.sp;
+  ai.kv_heads_exchanged = p.kv_heads_exchanged;
+  ai.activation_checkpointing = s.memory.activation_checkpointing;
+  ai.keep_attention_outputs = s.memory.keep_attention_outputs;
+  ai.tiled_mlp = s.memory.tiled_mlp;
+  ai.tiled_loss = s.memory.tiled_loss;
+  ai.loss_tile_tokens = s.memory.loss_tile_tokens;
+  ai.offload_activations = s.parallelism.offload_activations && !host_is_device;
+  const spec::ActivationBytes act = spec::ActivationBytesPerRank(ai);
+  const double overhead = device != nullptr ? device->transient_overhead : 1.0;
+  p.gathered_bytes = state.gathered * overhead;  // allocated and freed per layer
+  p.saved_activation_bytes = act.saved * overhead;
+  p.working_bytes = act.working * overhead;
+  p.host_bytes = state.host_optimizer + act.host;
+  p.snapshot_host_bytes =
+      spec::SnapshotBytesPerRank(counts, m.dtype, p.world, s.parallelism.zero_stage);
+  // The host memory left to a rank's snapshot after what the job keeps there (unknown
+  // without a device: the engine then decides from the memory it finds).
+  double host_per_rank = 0;
+  if (device != nullptr) {
+    host_per_rank =
+        device->host_memory_per_rank_bytes > 0
+            ? device->host_memory_per_rank_bytes - p.host_bytes
+            : device->host_memory_bytes / static_cast<double>(p.world) - p.total_bytes();
+    host_per_rank = std::max(host_per_rank, 1.0);
+  }
+  const spec::CheckpointModeChoice mode =
+      spec::ChooseCheckpointMode(s.checkpoint.async, p.snapshot_host_bytes, host_per_rank);
+  p.checkpoint_async = mode.async;
+  p.checkpoint_reason = mode.reason;
+  // A save holds in host memory the asynchronous snapshot, or (synchronous) the copies of
+  // what the device holds (the parameter chunk, device-resident optimizer state).
+  p.steady_host_bytes =
+      p.host_bytes + (p.checkpoint_async
+                          ? p.snapshot_host_bytes
+                          : (host_is_device ? 0 : p.parameter_bytes + p.optimizer_bytes));
+}
+
+// Start-up peaks (spec::StartupPerRank): resume, export, and for the first stage init or
+// import. On cpu the host is the device: the two add up.
+void PlanStartupMemory(const spec::JobSpec& s, const spec::ParameterCounts& counts,
+                       const DeviceSpec* device, bool first_stage, StagePlan& p) {
+  const bool host_is_device = device != nullptr && device->host_is_device;
+  const spec::StartupBytes start = spec::StartupPerRank(StateInputs(s, counts, p, device));
+  auto device_side = [&](double device_part, double host_part) {
+    return (host_is_device ? device_part + host_part : device_part) + p.runtime_bytes;
+  };
+  auto host_side = [&](double host_part) { return host_is_device ? 0.0 : host_part; };
+  p.resume_bytes = device_side(start.resume_device, start.resume_host);
+  p.resume_host_bytes = host_side(start.resume_host);
+  p.export_bytes = start.export_host + (host_is_device ? p.runtime_bytes : 0);
+  if (first_stage) {
+    p.init_is_import = !s.model.init_from.empty();
+    p.init_bytes = p.init_is_import ? device_side(start.import_device, start.import_host)
+                                    : device_side(start.init_device, start.init_host);
+    p.init_host_bytes = host_side(p.init_is_import ? start.import_host : start.init_host);
+  }
+}
+
+// A step's compute and all-to-all seconds on `device` at its assumed MFU.
+void PlanStepTime(const spec::JobSpec& s, const DeviceSpec& device, StagePlan& p) {
+  const double tokens = static_cast<double>(p.seq_len) *
+                        static_cast<double>(s.optimizer.grad_accum_steps) *
+                        static_cast<double>(p.micro_batch);
+  p.flops_per_rank = FlopsPerToken(s, p.seq_len) * tokens / static_cast<double>(p.sp);
+  // On cpu the ranks share the host's cores.
+  const double peak = PeakFlops(device, s.model.dtype) /
+                      (device.host_is_device ? static_cast<double>(p.world) : 1.0);
+  p.compute_seconds = p.flops_per_rank / (peak * device.mfu);
+  // Forward and backward (and the recomputed forward) exchange a2a_bytes per layer,
+  // of which (P-1)/P leaves the rank.
+  const double passes = s.memory.activation_checkpointing ? 3 : 2;
+  const double sent = p.a2a_bytes * static_cast<double>(p.sp - 1) / static_cast<double>(p.sp) *
+                      static_cast<double>(s.model.num_hidden_layers) * passes *
+                      static_cast<double>(s.optimizer.grad_accum_steps);
+  p.a2a_seconds = sent / device.a2a_bytes_per_s;
+}
+
+}  // namespace
+
 std::vector<StagePlan> PlanJob(const spec::JobSpec& s, const DeviceSpec* device) {
   const spec::ModelSpec& m = s.model;
   const bool shape_known = m.hidden_size > 0 && m.num_attention_heads > 0 &&
                            m.num_key_value_heads > 0 && m.vocab_size > 0;
   const spec::ParameterCounts counts =
       shape_known ? spec::CountParameters(Shape(m)) : spec::ParameterCounts{};
-  const double b = static_cast<double>(spec::DtypeBytes(m.dtype));
-  const bool host_is_device = device != nullptr && device->host_is_device;
   std::vector<StagePlan> plans;
   for (size_t i = 0; i < s.stages.size(); ++i) {
-    StagePlan p;
-    p.seq_len = s.stages[i].seq_len;
-    p.steps = s.stages[i].steps;
-    p.sp = std::max<int64_t>(1, s.StageSp(i));
-    p.dp = std::max<int64_t>(1, s.StageDp(i));
-    p.world = p.sp * p.dp;
-    p.tokens_per_rank = p.seq_len / p.sp;
-    p.micro_batch = std::max<int64_t>(1, s.optimizer.micro_batch_size);
-    p.kv_heads_exchanged = spec::UlyssesKvHeadsExchanged(m.num_key_value_heads, p.sp);
-    if (device != nullptr) {
-      p.runtime_bytes = device->reserve_bytes;
-      p.device_bytes = device->memory_is_host_total
-                           ? device->memory_bytes / static_cast<double>(p.world)
-                           : device->memory_bytes;
-    }
+    StagePlan p = StageLayout(s, i, device);
     if (shape_known) {
-      // q, k, v in (scatter heads) and the attention output back: (2 Hq + 2 Hkv') D N/P.
-      // SP 1 holds the whole sequence and exchanges nothing.
-      p.a2a_elements =
-          p.sp == 1
-              ? 0
-              : static_cast<double>(2 * m.num_attention_heads + 2 * p.kv_heads_exchanged) *
-                    static_cast<double>(m.HeadDim()) * static_cast<double>(p.tokens_per_rank) *
-                    static_cast<double>(p.micro_batch);
-      p.a2a_bytes = p.a2a_elements * b;
-      spec::ModelStateInputs in;
-      in.params = counts;
-      in.dtype = m.dtype;
-      in.zero_stage = s.parallelism.zero_stage;
-      in.world = p.world;
-      in.offload_optimizer = s.parallelism.offload_optimizer && !host_is_device;
-      in.activation_checkpointing = s.memory.activation_checkpointing;
-      const spec::ModelStateBytes state = spec::ModelStatePerRank(in);
-      p.parameter_bytes = state.parameters;
-      p.gradient_bytes = state.gradients;
-      p.optimizer_bytes = state.optimizer;
-      spec::ActivationInputs ai;
-      ai.shape = Shape(s.model);
-      ai.dtype = s.model.dtype;
-      ai.tokens = p.tokens_per_rank * p.micro_batch;
-      ai.sp = p.sp;
-      ai.kv_heads_exchanged = p.kv_heads_exchanged;
-      ai.activation_checkpointing = s.memory.activation_checkpointing;
-      ai.keep_attention_outputs = s.memory.keep_attention_outputs;
-      ai.tiled_mlp = s.memory.tiled_mlp;
-      ai.tiled_loss = s.memory.tiled_loss;
-      ai.loss_tile_tokens = s.memory.loss_tile_tokens;
-      ai.offload_activations = s.parallelism.offload_activations && !host_is_device;
-      const spec::ActivationBytes act = spec::ActivationBytesPerRank(ai);
-      const double overhead = device != nullptr ? device->transient_overhead : 1.0;
-      p.gathered_bytes = state.gathered * overhead;  // allocated and freed per layer
-      p.saved_activation_bytes = act.saved * overhead;
-      p.working_bytes = act.working * overhead;
-      p.host_bytes = state.host_optimizer + act.host;
-      p.snapshot_host_bytes =
-          spec::SnapshotBytesPerRank(counts, m.dtype, p.world, s.parallelism.zero_stage);
-      // The host memory left to a rank's snapshot after what the job keeps there (unknown
-      // without a device: the engine then decides from the memory it finds).
-      double host_per_rank = 0;
-      if (device != nullptr) {
-        host_per_rank =
-            device->host_memory_per_rank_bytes > 0
-                ? device->host_memory_per_rank_bytes - p.host_bytes
-                : device->host_memory_bytes / static_cast<double>(p.world) - p.total_bytes();
-        host_per_rank = std::max(host_per_rank, 1.0);
-      }
-      const spec::CheckpointModeChoice mode =
-          spec::ChooseCheckpointMode(s.checkpoint.async, p.snapshot_host_bytes, host_per_rank);
-      p.checkpoint_async = mode.async;
-      p.checkpoint_reason = mode.reason;
-      // A save holds in host memory the asynchronous snapshot, or (synchronous) the copies of
-      // what the device holds (the parameter chunk, device-resident optimizer state).
-      p.steady_host_bytes =
-          p.host_bytes + (p.checkpoint_async
-                              ? p.snapshot_host_bytes
-                              : (host_is_device ? 0 : p.parameter_bytes + p.optimizer_bytes));
-      // Start-up peaks (spec::StartupPerRank). On cpu the host is the device: the two add up.
-      const spec::StartupBytes start = spec::StartupPerRank(in);
-      auto device_side = [&](double device_part, double host_part) {
-        return (host_is_device ? device_part + host_part : device_part) + p.runtime_bytes;
-      };
-      auto host_side = [&](double host_part) { return host_is_device ? 0.0 : host_part; };
-      p.resume_bytes = device_side(start.resume_device, start.resume_host);
-      p.resume_host_bytes = host_side(start.resume_host);
-      p.export_bytes = start.export_host + (host_is_device ? p.runtime_bytes : 0);
-      if (i == 0) {
-        p.init_is_import = !m.init_from.empty();
-        p.init_bytes = p.init_is_import ? device_side(start.import_device, start.import_host)
-                                        : device_side(start.init_device, start.init_host);
-        p.init_host_bytes = host_side(p.init_is_import ? start.import_host : start.init_host);
-      }
-      if (device != nullptr) {
-        const double tokens = static_cast<double>(p.seq_len) *
-                              static_cast<double>(s.optimizer.grad_accum_steps) *
-                              static_cast<double>(p.micro_batch);
-        p.flops_per_rank = FlopsPerToken(s, p.seq_len) * tokens / static_cast<double>(p.sp);
-        // On cpu the ranks share the host's cores.
-        const double peak = PeakFlops(*device, m.dtype) /
-                            (device->host_is_device ? static_cast<double>(p.world) : 1.0);
-        p.compute_seconds = p.flops_per_rank / (peak * device->mfu);
-        // Forward and backward (and the recomputed forward) exchange a2a_bytes per layer,
-        // of which (P-1)/P leaves the rank.
-        const double passes = s.memory.activation_checkpointing ? 3 : 2;
-        const double sent = p.a2a_bytes * static_cast<double>(p.sp - 1) /
-                            static_cast<double>(p.sp) * static_cast<double>(m.num_hidden_layers) *
-                            passes * static_cast<double>(s.optimizer.grad_accum_steps);
-        p.a2a_seconds = sent / device->a2a_bytes_per_s;
-      }
-    }
-    if (device != nullptr) {
-      p.nodes = (p.world + device->devices_per_node - 1) / device->devices_per_node;
-      if (!device->host_is_device) p.host_limit_bytes = device->host_memory_per_rank_bytes;
+      PlanSteadyMemory(s, counts, device, p);
+      PlanStartupMemory(s, counts, device, i == 0, p);
+      if (device != nullptr) PlanStepTime(s, *device, p);
     }
     p.fits = device == nullptr ||
              (p.peak_bytes() <= p.device_bytes &&

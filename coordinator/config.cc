@@ -189,8 +189,10 @@ int64_t SuspectAfterMs(const CoordinatorConfig& c, int64_t told_interval_ms) {
   return std::max(static_cast<int64_t>(c.heartbeat_timeout_s * 1000), 3 * told_interval_ms);
 }
 
-absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
-  std::vector<std::string> e;
+namespace {
+
+// Where the coordinator listens and with what: addresses, TLS, tokens, its state dir.
+void CheckEndpoints(CoordinatorConfig* c, std::vector<std::string>& e) {
   if (absl::StatusOr<net::HostPort> listen =
           net::ParseHostPort("listen", c->listen, "0.0.0.0:50051");
       !listen.ok()) {
@@ -223,6 +225,11 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   if (c->state_dir.empty()) {
     e.push_back("state_dir: empty (pass --state-dir DIR; SQLite state lives there)");
   }
+}
+
+// Liveness and recovery timings, ports, graces, the checkpoint-interval priors and the
+// priorities that never preempt. Fills heartbeat_interval_s when 0.
+void CheckTimings(CoordinatorConfig* c, std::vector<std::string>& e) {
   if (!(c->heartbeat_timeout_s > 0 && c->heartbeat_timeout_s <= 3600)) {
     e.push_back(absl::StrCat("heartbeat_timeout_s: ", c->heartbeat_timeout_s,
                              " is out of range (use 0 < seconds <= 3600, e.g. 10; a silent "
@@ -295,6 +302,11 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
                                " is listed twice (list each priority once)"));
     }
   }
+}
+
+// What the coordinator keeps and serves: state and log sizes, quotas, retention, streams.
+// Fills max_streams_per_tenant when 0.
+void CheckLimits(CoordinatorConfig* c, std::vector<std::string>& e) {
   if (c->state_max_bytes != 0 && c->state_max_bytes < (1 << 20)) {
     e.push_back(absl::StrCat("state_max_bytes: ", c->state_max_bytes,
                              " is too small (use 0 for no cap, or at least 1048576)"));
@@ -367,7 +379,10 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
                              c->max_streams_per_identity, ") .. max_streams (", c->max_streams,
                              "), or 0 for a quarter of max_streams)"));
   }
-  if (!e.empty()) return absl::InvalidArgumentError(absl::StrJoin(e, "\n"));
+}
+
+// The defaults that follow from other fields, and the roots resolved as spec paths are.
+void FinalizeRoots(CoordinatorConfig* c, std::vector<std::string>& e) {
   // Jobs wait for their workers as long as the workers themselves may take to come back
   // before they are LOST: at 25,000 agents the reconnect storm after a restart takes
   // ~30 s (docs/BENCHMARKS.md), past two heartbeat timeouts (20 s by default).
@@ -399,6 +414,17 @@ absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   for (size_t i = 0; i < c->data_roots.size(); ++i) {
     resolve_root(absl::StrCat("data_roots[", i, "]"), &c->data_roots[i]);
   }
+}
+
+}  // namespace
+
+absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
+  std::vector<std::string> e;
+  CheckEndpoints(c, e);
+  CheckTimings(c, e);
+  CheckLimits(c, e);
+  if (!e.empty()) return absl::InvalidArgumentError(absl::StrJoin(e, "\n"));
+  FinalizeRoots(c, e);
   if (!e.empty()) return absl::InvalidArgumentError(absl::StrJoin(e, "\n"));
   return absl::OkStatus();
 }

@@ -46,11 +46,13 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/metrics/metrics.h"
+#include "common/spec/job_spec.h"
 #include "coordinator/auth/principal.h"
 #include "coordinator/config.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/job_log_files.h"
 #include "coordinator/job_machine.h"
+#include "coordinator/path_policy.h"
 #include "coordinator/runtime.h"
 #include "coordinator/state_lock.h"
 #include "coordinator/store.h"
@@ -168,6 +170,24 @@ class Coordinator {
   // Per tenant: its stored jobs' spec bytes, event bytes and log-file bytes.
   std::map<std::string, int64_t> TenantBytesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckServingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SubmitJob's steps (coordinator_jobs.cc). A retried request_id: sets rec's request id and
+  // hash and returns the job its first submission created (nullptr: none); the same id for
+  // another spec is AlreadyExists.
+  absl::StatusOr<const JobRt*> EarlierSubmissionLocked(const v1::SubmitJobRequest& request,
+                                                       const auth::Principal& caller,
+                                                       JobRecord& rec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Distinct names among the tenant's jobs that have not ended, and its quotas (queued jobs,
+  // stored jobs, stored bytes).
+  absl::Status CheckTenantLimitsLocked(const v1::SubmitJobRequest& request,
+                                       const auth::Principal& caller, const JobRecord& rec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's own checkpoint directory (rec.checkpoint_dir), its claim added to txn.
+  absl::StatusOr<CheckpointDirRecord> ClaimCheckpointDirLocked(const spec::JobSpec& s,
+                                                               const auth::Principal& caller,
+                                                               const PathRoots& roots,
+                                                               JobRecord& rec, Txn& txn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // While NOT_SERVING after a store I/O error: one probe write; serving again on success.
   void ProbeStoreLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

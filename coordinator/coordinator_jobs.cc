@@ -107,59 +107,34 @@ const std::map<std::string, std::string>& LabelsOf(JobRt& job) {
 
 }  // namespace
 
-absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJobRequest& request,
-                                                             const auth::Principal& caller) {
-  spec::JobSpec s;
-  ASSIGN_OR_RETURN(JobRecord rec, NewJobRecord(request, &s));
-  rec.owner = caller.user;
-  rec.tenant = caller.tenant;
-  const PathRoots roots{config_.data_roots, config_.checkpoint_root};
-  RETURN_IF_ERROR(CheckSpecPaths(s, roots));
-  RETURN_IF_ERROR(
-      CheckPriority(s.scheduling.priority, caller.admin(), config_.quotas, caller.tenant));
-  RETURN_IF_ERROR(CheckPreemptible(s.scheduling.preemptible, caller.admin()));
-  v1::SubmitJobResponse response;
-  response.set_canonical_spec_yaml(rec.spec_yaml);
-  LockDeferringWrites lock(&mu_);
-  RETURN_IF_ERROR(CheckServingLocked());
-  if (!request.request_id().empty() && !request.dry_run()) {
-    // Idempotent: a retry gets the job its first attempt created (durable across restarts:
-    // the store keeps request ids); the same id for a different spec is refused.
-    // Scoped by tenant: another tenant's id neither finds nor reveals this tenant's job.
-    rec.request_id = absl::StrCat(caller.tenant, "/", request.request_id());
-    rec.request_hash = Fingerprint(rec.spec_yaml);
-    auto known = state_.job_by_request.find(rec.request_id);
-    if (known != state_.job_by_request.end()) {
-      JobRt* earlier = state_.FindJob(known->second);
-      if (earlier == nullptr) {
-        return absl::InternalError(absl::StrCat("request_id \"", request.request_id(), "\" names ",
-                                                known->second, ", which no longer exists"));
-      }
-      if (earlier->rec.request_hash != rec.request_hash) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            "request_id \"", request.request_id(), "\" was already used for ", earlier->rec.id,
-            " with a different spec (use a new request_id for a new job, or the same spec to "
-            "get ",
-            earlier->rec.id, ")"));
-      }
-      response.set_job_id(earlier->rec.id);
-      response.set_canonical_spec_yaml(earlier->rec.spec_yaml);
-      *response.mutable_job() = JobView(*earlier, true);
-      return response;
-    }
+absl::StatusOr<const JobRt*> Coordinator::EarlierSubmissionLocked(
+    const v1::SubmitJobRequest& request, const auth::Principal& caller, JobRecord& rec) {
+  if (request.request_id().empty() || request.dry_run()) return nullptr;
+  // Idempotent: a retry gets the job its first attempt created (durable across restarts:
+  // the store keeps request ids); the same id for a different spec is refused.
+  // Scoped by tenant: another tenant's id neither finds nor reveals this tenant's job.
+  rec.request_id = absl::StrCat(caller.tenant, "/", request.request_id());
+  rec.request_hash = Fingerprint(rec.spec_yaml);
+  auto known = state_.job_by_request.find(rec.request_id);
+  if (known == state_.job_by_request.end()) return nullptr;
+  const JobRt* earlier = state_.FindJob(known->second);
+  if (earlier == nullptr) {
+    return absl::InternalError(absl::StrCat("request_id \"", request.request_id(), "\" names ",
+                                            known->second, ", which no longer exists"));
   }
-  rec.created_ms = NowMs();
-  rec.state_entered_ms = rec.created_ms;
-  if (request.dry_run()) {
-    rec.reason = "dry run: valid, not queued";
-    JobRt preview;  // Its Unschedulable condition, as the real submission would get it.
-    preview.rec = std::move(rec);
-    preview.allow_tcp_fabric = s.parallelism.allow_tcp_fabric ? 1 : 0;
-    Txn scratch;  // Never committed.
-    machine_.UpdateUnschedulable(preview, machine_.RegisteredSlots(), scratch);
-    *response.mutable_job() = JobView(preview, true);
-    return response;
+  if (earlier->rec.request_hash != rec.request_hash) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "request_id \"", request.request_id(), "\" was already used for ", earlier->rec.id,
+        " with a different spec (use a new request_id for a new job, or the same spec to "
+        "get ",
+        earlier->rec.id, ")"));
   }
+  return earlier;
+}
+
+absl::Status Coordinator::CheckTenantLimitsLocked(const v1::SubmitJobRequest& request,
+                                                  const auth::Principal& caller,
+                                                  const JobRecord& rec) {
   int64_t waiting = 0;  // The tenant's jobs waiting for workers (quotas.max_queued_jobs).
   int64_t stored = 0;   // Every job the store keeps for it, ended ones too (max_jobs).
   for (const auto& [other_id, other] : state_.jobs) {
@@ -177,39 +152,80 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   }
   RETURN_IF_ERROR(CheckQueuedQuota(caller.tenant, waiting, config_.quotas));
   RETURN_IF_ERROR(CheckStoredJobsQuota(caller.tenant, stored, config_.quotas));
-  {
-    const std::map<std::string, int64_t> bytes = TenantBytesLocked();
-    auto mine = bytes.find(caller.tenant);
-    RETURN_IF_ERROR(CheckStoredBytesQuota(caller.tenant, mine == bytes.end() ? 0 : mine->second,
-                                          static_cast<int64_t>(rec.spec_yaml.size()),
-                                          config_.quotas));
+  const std::map<std::string, int64_t> bytes = TenantBytesLocked();
+  auto mine = bytes.find(caller.tenant);
+  return CheckStoredBytesQuota(caller.tenant, mine == bytes.end() ? 0 : mine->second,
+                               static_cast<int64_t>(rec.spec_yaml.size()), config_.quotas);
+}
+
+absl::StatusOr<CheckpointDirRecord> Coordinator::ClaimCheckpointDirLocked(
+    const spec::JobSpec& s, const auth::Principal& caller, const PathRoots& roots, JobRecord& rec,
+    Txn& txn) {
+  // One checkpoint directory per job: retention deletes old checkpoints in it.
+  std::vector<std::string> taken, taken_by;
+  for (const auto& [other_id, other] : state_.jobs) {
+    // An ended job's directory is claimed by its checkpoint_dirs record (below), which
+    // outlives the job; a running one's is never shared, adopt or not.
+    if (other->rec.terminal()) continue;
+    taken.push_back(other->rec.checkpoint_dir);
+    // Another tenant's job is not named (nor its directory) in the error.
+    taken_by.push_back(auth::MaySeeTenant(caller, other->rec.tenant) ? other_id : "");
   }
+  ASSIGN_OR_RETURN(rec.checkpoint_dir, JobCheckpointDir(s, rec.id, roots, taken, taken_by));
+  std::vector<DirClaim> claims;
+  for (const auto& [path, claim] : state_.checkpoint_dirs) {
+    claims.push_back({claim.path, claim.tenant, claim.job_id});
+  }
+  RETURN_IF_ERROR(
+      CheckCheckpointDirClaims(rec.checkpoint_dir, caller.tenant, s.checkpoint.adopt, claims));
+  // Durable with the job, kept after it (checkpoint_dirs).
+  CheckpointDirRecord claim{rec.checkpoint_dir, caller.tenant, rec.id, rec.number, rec.created_ms};
+  txn.batch.checkpoint_dirs.push_back(claim);
+  // The spec a rank will run must carry exactly this directory (engine_spec.h).
+  RETURN_IF_ERROR(EngineSpecYaml(rec.spec_yaml, rec.checkpoint_dir).status());
+  return claim;
+}
+
+absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJobRequest& request,
+                                                             const auth::Principal& caller) {
+  spec::JobSpec s;
+  ASSIGN_OR_RETURN(JobRecord rec, NewJobRecord(request, &s));
+  rec.owner = caller.user;
+  rec.tenant = caller.tenant;
+  const PathRoots roots{config_.data_roots, config_.checkpoint_root};
+  RETURN_IF_ERROR(CheckSpecPaths(s, roots));
+  RETURN_IF_ERROR(
+      CheckPriority(s.scheduling.priority, caller.admin(), config_.quotas, caller.tenant));
+  RETURN_IF_ERROR(CheckPreemptible(s.scheduling.preemptible, caller.admin()));
+  v1::SubmitJobResponse response;
+  response.set_canonical_spec_yaml(rec.spec_yaml);
+  LockDeferringWrites lock(&mu_);
+  RETURN_IF_ERROR(CheckServingLocked());
+  ASSIGN_OR_RETURN(const JobRt* earlier, EarlierSubmissionLocked(request, caller, rec));
+  if (earlier != nullptr) {
+    response.set_job_id(earlier->rec.id);
+    response.set_canonical_spec_yaml(earlier->rec.spec_yaml);
+    *response.mutable_job() = JobView(*earlier, true);
+    return response;
+  }
+  rec.created_ms = NowMs();
+  rec.state_entered_ms = rec.created_ms;
+  if (request.dry_run()) {
+    rec.reason = "dry run: valid, not queued";
+    JobRt preview;  // Its Unschedulable condition, as the real submission would get it.
+    preview.rec = std::move(rec);
+    preview.allow_tcp_fabric = s.parallelism.allow_tcp_fabric ? 1 : 0;
+    Txn scratch;  // Never committed.
+    machine_.UpdateUnschedulable(preview, machine_.RegisteredSlots(), scratch);
+    *response.mutable_job() = JobView(preview, true);
+    return response;
+  }
+  RETURN_IF_ERROR(CheckTenantLimitsLocked(request, caller, rec));
   rec.number = state_.next_job_number;
   rec.id = absl::StrFormat("job-%06d", rec.number);
   Txn txn;
-  CheckpointDirRecord claim;  // Durable with the job, kept after it (checkpoint_dirs).
-  {  // One checkpoint directory per job: retention deletes old checkpoints in it.
-    std::vector<std::string> taken, taken_by;
-    for (const auto& [other_id, other] : state_.jobs) {
-      // An ended job's directory is claimed by its checkpoint_dirs record (below), which
-      // outlives the job; a running one's is never shared, adopt or not.
-      if (other->rec.terminal()) continue;
-      taken.push_back(other->rec.checkpoint_dir);
-      // Another tenant's job is not named (nor its directory) in the error.
-      taken_by.push_back(auth::MaySeeTenant(caller, other->rec.tenant) ? other_id : "");
-    }
-    ASSIGN_OR_RETURN(rec.checkpoint_dir, JobCheckpointDir(s, rec.id, roots, taken, taken_by));
-    std::vector<DirClaim> claims;
-    for (const auto& [path, claim] : state_.checkpoint_dirs) {
-      claims.push_back({claim.path, claim.tenant, claim.job_id});
-    }
-    RETURN_IF_ERROR(
-        CheckCheckpointDirClaims(rec.checkpoint_dir, caller.tenant, s.checkpoint.adopt, claims));
-    claim = {rec.checkpoint_dir, caller.tenant, rec.id, rec.number, rec.created_ms};
-    txn.batch.checkpoint_dirs.push_back(claim);
-    // The spec a rank will run must carry exactly this directory (engine_spec.h).
-    RETURN_IF_ERROR(EngineSpecYaml(rec.spec_yaml, rec.checkpoint_dir).status());
-  }
+  ASSIGN_OR_RETURN(const CheckpointDirRecord claim,
+                   ClaimCheckpointDirLocked(s, caller, roots, rec, txn));
   rec.out_dir = config_.out_root + "/" + rec.id;
   rec.state = v1::JOB_STATE_UNSPECIFIED;
   auto rt = std::make_unique<JobRt>();

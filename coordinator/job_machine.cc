@@ -264,68 +264,78 @@ void JobMachine::Schedule(Txn& txn) {
   // jobs each walk is what a pass costs (bench/schedule_pass, docs/BENCHMARKS.md).
   const int64_t now = NowMs();
   next_backoff_end_ms_ = INT64_MAX;
-  std::vector<QueuedJob> queue;
-  // Queued jobs, and live ones that still hold an Unschedulable condition (a later stage too
-  // large): their condition is rechecked against the registered cluster every pass.
-  std::vector<JobRt*> recheck;
-  std::map<std::string, int64_t> in_use;  // Workers held by each tenant's live attempts.
-  std::vector<const JobRt*> preemptible;  // Running jobs a higher priority may preempt.
-  // Jobs being preempted, by the job they make room for (named in its reason).
-  std::multimap<std::string, const JobRt*> preempting;
-  int64_t max_preempting_priority = INT64_MIN;
+  PassJobs jobs = CollectJobs(now);
+  SetWantedWorkers(jobs.queue);
+  if (jobs.queue.empty()) {
+    if (!jobs.recheck.empty()) {
+      const LiveSlots live = RegisteredSlots();
+      for (JobRt* job : jobs.recheck) UpdateUnschedulable(*job, live, txn);
+    }
+    return;
+  }
+  const PassSlots slots = CollectSlots();
+  for (JobRt* job : jobs.recheck) UpdateUnschedulable(*job, slots.live, txn);
+  const std::vector<RunningJob> running = PreemptionCandidates(jobs, now);
+  in_pass_ = true;  // AllocatePort keeps its port set for the launches below.
+  for (QueueDecision& d : PlanQueue(std::move(jobs.queue), slots.idle, slots.live, &config_.quotas,
+                                    std::move(jobs.in_use), running, slots.freeing)) {
+    Apply(d, jobs, txn);
+  }
+  in_pass_ = false;
+  ports_in_use_.reset();
+}
+
+JobMachine::PassJobs JobMachine::CollectJobs(int64_t now) {
+  PassJobs out;
   for (auto& [id, j] : state_.jobs) {
     const JobRt& job = *j;
-    if (!job.preempting_for.empty()) preempting.emplace(job.preempting_for, &job);
+    if (!job.preempting_for.empty()) out.preempting.emplace(job.preempting_for, &job);
     if (const AttemptRecord* a = job.rec.current_attempt(); a != nullptr && !a->ended()) {
-      in_use[job.rec.tenant] += static_cast<int64_t>(a->worker_ids.size());
+      out.in_use[job.rec.tenant] += static_cast<int64_t>(a->worker_ids.size());
       if (job.rec.preemptible && job.rec.state == v1::JOB_STATE_RUNNING &&
           job.preempting_for.empty() && !job.awaiting_reconnect) {
-        preemptible.push_back(&job);
+        out.preemptible.push_back(&job);
       }
     }
     if (job.rec.terminal()) continue;
     const bool conditioned = job.unschedulable.status();
     if (job.awaiting_reconnect || !IsQueued(job.rec.state)) {
-      if (conditioned) recheck.push_back(j.get());
+      if (conditioned) out.recheck.push_back(j.get());
       continue;
     }
     const AttemptRecord* a = job.rec.attempts.empty() ? nullptr : &job.rec.attempts.back();
     if (a != nullptr && a->generation == job.rec.generation && !a->ended()) {
-      if (conditioned) recheck.push_back(j.get());
+      if (conditioned) out.recheck.push_back(j.get());
       continue;
     }
     const StageRecord& stage = job.rec.stages[job.rec.stage_index];
     const bool may_preempt = std::find(config_.non_preempting_priorities.begin(),
                                        config_.non_preempting_priorities.end(),
                                        job.rec.priority) == config_.non_preempting_priorities.end();
-    if (may_preempt) max_preempting_priority = std::max(max_preempting_priority, job.rec.priority);
+    if (may_preempt) {
+      out.max_preempting_priority = std::max(out.max_preempting_priority, job.rec.priority);
+    }
     if (job.rec.not_before_ms > now) {
       next_backoff_end_ms_ = std::min(next_backoff_end_ms_, job.rec.not_before_ms);
     }
-    queue.push_back({job.rec.id, job.rec.priority, job.rec.number, stage.index,
-                     GangRequest{stage.sp, stage.dp, job.rec.node_label, FabricRequired(job)},
-                     job.rec.not_before_ms > now, job.rec.tenant, may_preempt,
-                     static_cast<int>(job.rec.stages.size())});
-    recheck.push_back(j.get());
+    out.queue.push_back({job.rec.id, job.rec.priority, job.rec.number, stage.index,
+                         GangRequest{stage.sp, stage.dp, job.rec.node_label, FabricRequired(job)},
+                         job.rec.not_before_ms > now, job.rec.tenant, may_preempt,
+                         static_cast<int>(job.rec.stages.size())});
+    out.recheck.push_back(j.get());
   }
-  SetWantedWorkers(queue);
-  if (queue.empty()) {
-    if (!recheck.empty()) {
-      const LiveSlots live = RegisteredSlots();
-      for (JobRt* job : recheck) UpdateUnschedulable(*job, live, txn);
-    }
-    return;
-  }
-  std::vector<FreeWorker> idle;  // Views into state_, which the pass does not change.
-  idle.reserve(state_.workers.size());
-  LiveSlots live;                   // Counts only: every slot of every worker not LOST.
-  std::vector<IdleWorker> freeing;  // Busy with an attempt that ended or is being preempted.
+  return out;
+}
+
+JobMachine::PassSlots JobMachine::CollectSlots() const {
+  PassSlots out;
+  out.idle.reserve(state_.workers.size());
   // One entry per free or freeing slot: a full cluster has few, and a busy slot costs a
   // job lookup only when its job differs from the previous slot's.
-  for (auto& [id, w] : state_.workers) {
+  for (const auto& [id, w] : state_.workers) {
     const bool tcp_only = TcpOnly(*w);
     if (w->state != v1::WORKER_STATE_LOST) {
-      live.Add(w->rec.node_label, std::max(0, w->rec.capacity), tcp_only);
+      out.live.Add(w->rec.node_label, std::max(0, w->rec.capacity), tcp_only);
     }
     if (w->draining) continue;
     const bool connected = w->sink != nullptr &&
@@ -338,8 +348,9 @@ void JobMachine::Schedule(Txn& txn) {
       while (held != w->slots.end() && held->first < slot) ++held;
       if (held == w->slots.end() || held->first != slot) {
         if (!connected) continue;
-        if (free == nullptr)
-          free = &idle.emplace_back(FreeWorker{w->rec.id, w->rec.node_label, {}, tcp_only});
+        if (free == nullptr) {
+          free = &out.idle.emplace_back(FreeWorker{w->rec.id, w->rec.node_label, {}, tcp_only});
+        }
         free->slots.push_back(slot);
         continue;
       }
@@ -352,17 +363,20 @@ void JobMachine::Schedule(Txn& txn) {
       const AttemptRecord* a = last_job == nullptr ? nullptr : last_job->rec.current_attempt();
       if (a == nullptr || a->ended() || a->generation != ref.generation() ||
           !last_job->preempting_for.empty()) {
-        freeing.push_back({w->rec.id, w->rec.node_label, slot, tcp_only});
+        out.freeing.push_back({w->rec.id, w->rec.node_label, slot, tcp_only});
       }
     }
   }
-  for (JobRt* job : recheck) UpdateUnschedulable(*job, live, txn);
-  // Running jobs that a queued job may preempt (PlanPreemption takes only preemptible
-  // ones of lower priority than the preempting job): listing every running job's slots
-  // per pass would be 200,000 entries on a full 25,000-node cluster.
+  return out;
+}
+
+std::vector<RunningJob> JobMachine::PreemptionCandidates(const PassJobs& jobs, int64_t now) const {
+  // Only preemptible ones of lower priority than a job that may preempt (PlanPreemption takes
+  // no others): listing every running job's slots per pass would be 200,000 entries on a full
+  // 25,000-node cluster.
   std::vector<RunningJob> running;
-  for (const JobRt* j : preemptible) {
-    if (j->rec.priority >= max_preempting_priority) continue;
+  for (const JobRt* j : jobs.preemptible) {
+    if (j->rec.priority >= jobs.max_preempting_priority) continue;
     const AttemptRecord* a = j->rec.current_attempt();
     RunningJob r;
     r.id = j->rec.id;
@@ -373,67 +387,63 @@ void JobMachine::Schedule(Txn& txn) {
         r.workers.push_back({w->rec.id, w->rec.node_label, a->slots[rank], TcpOnly(*w)});
       }
     }
-    int64_t since = a->started_ms;
-    if (j->rec.last_checkpoint) since = std::max(since, j->rec.last_checkpoint->committed_ms);
-    r.gpu_seconds_at_risk =
-        static_cast<double>(a->worker_ids.size()) * std::max<int64_t>(0, now - since) / 1000.0;
+    // The work a preemption now would lose (the rule of ulysses_checkpoint_age_seconds).
+    r.gpu_seconds_at_risk = static_cast<double>(a->worker_ids.size()) *
+                            std::max<int64_t>(0, now - WorkAtRiskSinceMs(j->rec)) / 1000.0;
     r.tenant = j->rec.tenant;
     r.preemptible = true;
     running.push_back(std::move(r));
   }
-  in_pass_ = true;  // AllocatePort keeps its port set for the launches below.
-  for (QueueDecision& d : PlanQueue(std::move(queue), idle, live, &config_.quotas,
-                                    std::move(in_use), running, freeing)) {
-    JobRt& job = *state_.jobs[d.job_id];
-    std::string reason;
-    switch (d.kind) {
-      case QueueDecision::Kind::kLaunch:
-        Launch(job, d.worker_ids, d.slots, txn);
-        if (d.backfill) {
-          v1::LogLine line;
-          line.set_stream(v1::LOG_STREAM_COORDINATOR);
-          line.set_text("backfilled: started on idle workers the waiting head job does not need");
-          AddLog(job, std::move(line), txn);
-        }
-        continue;
-      case QueueDecision::Kind::kPreempt:
-        for (const Victim& v : d.victims) {
-          if (JobRt* victim = state_.FindJob(v.job_id); victim != nullptr) {
-            PreemptForPriority(*victim, job, v.gpu_seconds_at_risk, txn);
-          }
-        }
-        reason = std::move(d.reason);
-        break;
-      case QueueDecision::Kind::kBackoff:
-        continue;  // Restart backoff still running; keep its explanation.
-      case QueueDecision::Kind::kBlocked:
-        reason = std::move(d.reason);
-        break;
-      case QueueDecision::Kind::kUnplaced:
-        reason = std::move(d.reason);
-        for (auto [it, end] = preempting.equal_range(job.rec.id); it != end; ++it) {
-          absl::StrAppend(&reason, "; preempting ", NameFor(*it->second, job),
-                          " (it checkpoints first)");
-        }
-        if (job.rec.state == v1::JOB_STATE_RECOVERING || job.rec.state == v1::JOB_STATE_PREEMPTED) {
-          reason = absl::StrCat("restarting from ", CheckpointText(job.rec), "; ", reason);
-        }
-        break;
-    }
-    if (reason != job.rec.reason) {
-      job.rec.reason = std::move(reason);
-      txn.jobs.insert(&job);
-      if (!job.watchers.empty()) {  // watch shows the reason it waits for now (not kept).
-        v1::JobEvent ev;
-        ev.set_job_id(job.rec.id);
-        *ev.mutable_time() = TimeUtil::MillisecondsToTimestamp(NowMs());
-        ev.set_reason(job.rec.reason);
-        txn.notify.emplace_back(&job, std::move(ev));
+  return running;
+}
+
+void JobMachine::Apply(QueueDecision& d, const PassJobs& jobs, Txn& txn) {
+  JobRt& job = *state_.jobs[d.job_id];
+  std::string reason;
+  switch (d.kind) {
+    case QueueDecision::Kind::kLaunch:
+      Launch(job, d.worker_ids, d.slots, txn);
+      if (d.backfill) {
+        v1::LogLine line;
+        line.set_stream(v1::LOG_STREAM_COORDINATOR);
+        line.set_text("backfilled: started on idle workers the waiting head job does not need");
+        AddLog(job, std::move(line), txn);
       }
-    }
+      return;
+    case QueueDecision::Kind::kPreempt:
+      for (const Victim& v : d.victims) {
+        if (JobRt* victim = state_.FindJob(v.job_id); victim != nullptr) {
+          PreemptForPriority(*victim, job, v.gpu_seconds_at_risk, txn);
+        }
+      }
+      reason = std::move(d.reason);
+      break;
+    case QueueDecision::Kind::kBackoff:
+      return;  // Restart backoff still running; keep its explanation.
+    case QueueDecision::Kind::kBlocked:
+      reason = std::move(d.reason);
+      break;
+    case QueueDecision::Kind::kUnplaced:
+      reason = std::move(d.reason);
+      for (auto [it, end] = jobs.preempting.equal_range(job.rec.id); it != end; ++it) {
+        absl::StrAppend(&reason, "; preempting ", NameFor(*it->second, job),
+                        " (it checkpoints first)");
+      }
+      if (job.rec.state == v1::JOB_STATE_RECOVERING || job.rec.state == v1::JOB_STATE_PREEMPTED) {
+        reason = absl::StrCat("restarting from ", CheckpointText(job.rec), "; ", reason);
+      }
+      break;
   }
-  in_pass_ = false;
-  ports_in_use_.reset();
+  if (reason == job.rec.reason) return;
+  job.rec.reason = std::move(reason);
+  txn.jobs.insert(&job);
+  if (!job.watchers.empty()) {  // watch shows the reason it waits for now (not kept).
+    v1::JobEvent ev;
+    ev.set_job_id(job.rec.id);
+    *ev.mutable_time() = TimeUtil::MillisecondsToTimestamp(NowMs());
+    ev.set_reason(job.rec.reason);
+    txn.notify.emplace_back(&job, std::move(ev));
+  }
 }
 
 LiveSlots JobMachine::RegisteredSlots() const {

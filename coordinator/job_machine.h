@@ -10,6 +10,7 @@
 #define ULYSSES_COORDINATOR_JOB_MACHINE_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -151,6 +152,31 @@ class JobMachine {
   }
 
  private:
+  // Schedule's walk over the jobs: what waits, what runs, what is being preempted.
+  struct PassJobs {
+    std::vector<QueuedJob> queue;
+    // Queued jobs, and live ones that still hold an Unschedulable condition (a later stage
+    // too large): their condition is rechecked against the registered cluster every pass.
+    std::vector<JobRt*> recheck;
+    std::map<std::string, int64_t> in_use;  // Workers held by each tenant's live attempts.
+    std::vector<const JobRt*> preemptible;  // Running jobs a higher priority may preempt.
+    // Jobs being preempted, by the job they make room for (named in its reason).
+    std::multimap<std::string, const JobRt*> preempting;
+    int64_t max_preempting_priority = INT64_MIN;
+  };
+  // Schedule's walk over the workers' slots.
+  struct PassSlots {
+    std::vector<FreeWorker> idle;     // Views into state_, which the pass does not change.
+    LiveSlots live;                   // Counts only: every slot of every worker not LOST.
+    std::vector<IdleWorker> freeing;  // Busy with an attempt that ended or is being preempted.
+  };
+  PassJobs CollectJobs(int64_t now);
+  PassSlots CollectSlots() const;
+  // The preemptible running jobs of lower priority than the highest queued one that may
+  // preempt, with their slots and the GPU-seconds a preemption now would lose.
+  std::vector<RunningJob> PreemptionCandidates(const PassJobs& jobs, int64_t now) const;
+  // Carries out one of PlanQueue's decisions; a changed waiting reason is kept and watched.
+  void Apply(QueueDecision& d, const PassJobs& jobs, Txn& txn);
   // ulysses_wanted_workers from the workers and the queue of this pass (pool_demand.h).
   void SetWantedWorkers(const std::vector<QueuedJob>& queue);
   // The workers (each once) that still hold ranks of `attempt` of job `job_id`.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/contract/cli11.h"
 #include "common/contract/exit.h"
@@ -22,6 +23,7 @@
 #include "common/log_format.h"
 #include "common/logging.h"
 #include "common/process/process_init.h"
+#include "common/status.h"
 #include "common/stop.h"
 #include "coordinator/auth/tokens.h"
 #include "coordinator/backup.h"
@@ -30,179 +32,188 @@
 
 namespace {
 
+using ulysses::coordinator::CoordinatorConfig;
+namespace contract = ulysses::contract;
+
 std::atomic<bool> g_reload{false};  // Lock-free: safe to set from a signal handler.
 void OnSighup(int) { g_reload.store(true); }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  ulysses::InitProcess(argv[0]);  // Crash traces; Abseil's deadlock detector off.
-  using ulysses::coordinator::CoordinatorConfig;
-  CLI::App app{"ulysses-coordinator: schedules Ulysses training jobs onto workers"};
+// The daemon's flags: each overrides its config-file field when given (-1 / "" = not given).
+struct DaemonFlags {
   std::string listen, state_dir, metrics_listen, config_file, checkpoint_root;
   std::string tls_cert, tls_key, tls_client_ca, token_file;
+  std::vector<std::string> data_roots;
   bool insecure = false;
   std::string log_format = "text";
   double heartbeat_timeout_s = -1;
   double lost_after_s = -1;
   double reconnect_window_s = -1;
-  app.add_option("--listen", listen, "gRPC HOST:PORT (default 127.0.0.1:50051)");
-  app.add_option("--state-dir", state_dir, "Directory for the SQLite state (required)");
-  app.add_option("--metrics-listen", metrics_listen,
+};
+
+void AddDaemonFlags(CLI::App& app, DaemonFlags& f) {
+  app.add_option("--listen", f.listen, "gRPC HOST:PORT (default 127.0.0.1:50051)");
+  app.add_option("--state-dir", f.state_dir, "Directory for the SQLite state (required)");
+  app.add_option("--metrics-listen", f.metrics_listen,
                  "Prometheus /metrics and probes HOST:PORT (default 127.0.0.1:9091: loopback; the "
                  "pod IP in a deploy)");
-  app.add_option("--config", config_file, "YAML config file (flags override it)");
-  app.add_option("--checkpoint-root", checkpoint_root,
+  app.add_option("--config", f.config_file, "YAML config file (flags override it)");
+  app.add_option("--checkpoint-root", f.checkpoint_root,
                  "Shared checkpoint root (default <state-dir>/checkpoints)");
-  std::vector<std::string> data_roots;
-  app.add_option("--data-root", data_roots,
+  app.add_option("--data-root", f.data_roots,
                  "Directory specs may read data/init_from from (repeatable; default: none, "
                  "synthetic data only)");
-  app.add_option("--heartbeat-timeout-s", heartbeat_timeout_s,
+  app.add_option("--heartbeat-timeout-s", f.heartbeat_timeout_s,
                  "Seconds without a worker message before it is SUSPECT (no new work; "
                  "default 10)");
-  app.add_option("--lost-after-s", lost_after_s,
+  app.add_option("--lost-after-s", f.lost_after_s,
                  "Seconds without a worker message before it is LOST and its jobs restart "
                  "(>= --heartbeat-timeout-s; default 45)");
-  app.add_option("--reconnect-window-s", reconnect_window_s,
+  app.add_option("--reconnect-window-s", f.reconnect_window_s,
                  "After a restart, seconds no known worker is declared LOST and RECOVERING jobs "
                  "wait for their workers (default 2 x --heartbeat-timeout-s)");
-  app.add_option("--tls-cert", tls_cert, "Server certificate (PEM); with --tls-key enables TLS");
-  app.add_option("--tls-key", tls_key, "Server private key (PEM)");
-  app.add_option("--tls-client-ca", tls_client_ca,
+  app.add_option("--tls-cert", f.tls_cert, "Server certificate (PEM); with --tls-key enables TLS");
+  app.add_option("--tls-key", f.tls_key, "Server private key (PEM)");
+  app.add_option("--tls-client-ca", f.tls_client_ca,
                  "CA of worker client certificates (mutual TLS for workers)");
-  app.add_option("--token-file", token_file,
+  app.add_option("--token-file", f.token_file,
                  "YAML bearer-token file (default: create <state-dir>/admin.token); SIGHUP "
                  "reloads it");
-  app.add_flag("--insecure", insecure,
+  app.add_flag("--insecure", f.insecure,
                "Allow plaintext gRPC on a non-loopback address (tokens travel in the clear)");
-  app.add_option("--log-format", log_format,
+  app.add_option("--log-format", f.log_format,
                  "text (default) or json: one JSON object per stderr line for log collectors");
+}
 
+// `token create`.
+struct TokenFlags {
+  CLI::App* create = nullptr;
+  std::string user, tenant, role, file;
+};
+
+void AddTokenCommand(CLI::App& app, TokenFlags& t) {
   CLI::App* token_cmd = app.add_subcommand("token", "Manage bearer tokens");
-  CLI::App* create = token_cmd->add_subcommand(
-      "create", "Print a new token once and add its sha256 to --token-file");
-  std::string t_user, t_tenant, t_role, t_file;
-  create->add_option("--user", t_user, "User (or worker name for role worker)")->required();
-  create->add_option("--tenant", t_tenant, "Tenant whose jobs the token sees")->required();
-  create->add_option("--role", t_role, "admin | user | viewer | worker")->required();
-  create->add_option("--token-file", t_file,
-                     "Token file to append the hash to (omitted: the entry is printed to "
-                     "stderr for you to add)");
+  t.create = token_cmd->add_subcommand("create",
+                                       "Print a new token once and add its sha256 to --token-file");
+  t.create->add_option("--user", t.user, "User (or worker name for role worker)")->required();
+  t.create->add_option("--tenant", t.tenant, "Tenant whose jobs the token sees")->required();
+  t.create->add_option("--role", t.role, "admin | user | viewer | worker")->required();
+  t.create->add_option("--token-file", t.file,
+                       "Token file to append the hash to (omitted: the entry is printed to "
+                       "stderr for you to add)");
   token_cmd->require_subcommand(1);
+}
 
-  // Backup and restore of the SQLite store (coordinator/backup.h, docs/OPERATIONS.md).
-  CLI::App* backup_cmd = app.add_subcommand(
-      "backup", "Copy the store of --state-dir to --to (safe while the coordinator runs)");
+int RunTokenCreate(const TokenFlags& t) {
+  auto made = ulysses::coordinator::auth::CreateToken(t.user, t.tenant, t.role, t.file);
+  if (!made.ok()) {
+    std::cerr << "ulysses-coordinator token create: " << made.status().message() << "\n";
+    return contract::kExitBadInput;
+  }
+  std::cout << made->first << std::endl;
+  if (t.file.empty()) {
+    std::cerr << "add to your token file (only this hash is stored; the token above is shown "
+                 "once):\n"
+              << ulysses::coordinator::auth::FormatTokenFile({made->second});
+  } else {
+    std::cerr << "added " << t.user << " (tenant " << t.tenant << ", role " << t.role << ") to "
+              << t.file << "; send SIGHUP to the coordinator to load it\n";
+  }
+  return contract::kExitOk;
+}
+
+// Backup and restore of the SQLite store (coordinator/backup.h, docs/OPERATIONS.md).
+struct BackupFlags {
+  CLI::App* backup = nullptr;
+  CLI::App* restore = nullptr;
   std::string b_state_dir, b_to;
-  backup_cmd->add_option("--state-dir", b_state_dir, "The coordinator's state dir")->required();
-  backup_cmd->add_option("--to", b_to, "Backup file to write (replaced atomically)")->required();
-  CLI::App* restore_cmd =
+  std::string r_from, r_state_dir;
+  bool r_force = false, r_rollback = false;
+};
+
+void AddBackupCommands(CLI::App& app, BackupFlags& b) {
+  b.backup = app.add_subcommand(
+      "backup", "Copy the store of --state-dir to --to (safe while the coordinator runs)");
+  b.backup->add_option("--state-dir", b.b_state_dir, "The coordinator's state dir")->required();
+  b.backup->add_option("--to", b.b_to, "Backup file to write (replaced atomically)")->required();
+  b.restore =
       app.add_subcommand("restore",
                          "Verify a backup and install it as the store of --state-dir (coordinator "
                          "stopped)");
-  std::string r_from, r_state_dir;
-  bool r_force = false, r_rollback = false;
-  CLI::Option* from_opt = restore_cmd->add_option("--from", r_from, "Backup file");
-  restore_cmd->add_option("--state-dir", r_state_dir, "State dir to restore into")->required();
-  restore_cmd->add_flag("--force", r_force,
-                        "Replace a store already in --state-dir (kept aside, not deleted)");
-  CLI::Option* rollback_opt = restore_cmd->add_flag(
-      "--rollback-to-backup", r_rollback,
+  CLI::Option* from_opt = b.restore->add_option("--from", b.r_from, "Backup file");
+  b.restore->add_option("--state-dir", b.r_state_dir, "State dir to restore into")->required();
+  b.restore->add_flag("--force", b.r_force,
+                      "Replace a store already in --state-dir (kept aside, not deleted)");
+  CLI::Option* rollback_opt = b.restore->add_flag(
+      "--rollback-to-backup", b.r_rollback,
       "Undo a schema upgrade: restore the newest coordinator.db.schema-v<N>.bak of --state-dir "
       "(implies --force); then run the previous ulysses-coordinator");
   from_opt->excludes(rollback_opt);
-  if (std::optional<int> exit_code = ulysses::contract::ParseCommandLine(app, argc, argv)) {
-    return *exit_code;
-  }
+}
 
-  ulysses::RouteLibraryLogs();  // libprotobuf and gRPC lines in the chosen format too.
-  if (absl::Status s = ulysses::SetLogFormatFromFlag("--log-format", log_format); !s.ok()) {
-    std::cerr << "ulysses-coordinator: " << s.message() << "\n";
-    return ulysses::contract::kExitBadInput;
+int RunBackupOrRestore(BackupFlags b) {
+  const bool is_backup = b.backup->parsed();
+  if (!is_backup && b.r_from.empty() && !b.r_rollback) {
+    std::cerr << "ulysses-coordinator restore: --from: missing (give the backup file, or "
+                 "--rollback-to-backup to undo a schema upgrade)\n";
+    return contract::kExitBadInput;
   }
-  if (create->parsed()) {
-    auto made = ulysses::coordinator::auth::CreateToken(t_user, t_tenant, t_role, t_file);
-    if (!made.ok()) {
-      std::cerr << "ulysses-coordinator token create: " << made.status().message() << "\n";
-      return ulysses::contract::kExitBadInput;
+  if (b.r_rollback) {
+    absl::StatusOr<std::string> newest = ulysses::coordinator::NewestMigrationBackup(b.r_state_dir);
+    if (!newest.ok()) {
+      std::cerr << "ulysses-coordinator restore: " << newest.status().message() << "\n";
+      return contract::kExitBadInput;
     }
-    std::cout << made->first << std::endl;
-    if (t_file.empty()) {
-      std::cerr << "add to your token file (only this hash is stored; the token above is shown "
-                   "once):\n"
-                << ulysses::coordinator::auth::FormatTokenFile({made->second});
-    } else {
-      std::cerr << "added " << t_user << " (tenant " << t_tenant << ", role " << t_role << ") to "
-                << t_file << "; send SIGHUP to the coordinator to load it\n";
-    }
-    return ulysses::contract::kExitOk;
+    b.r_from = *newest;
+    b.r_force = true;
   }
+  absl::StatusOr<ulysses::coordinator::BackupInfo> done =
+      is_backup ? ulysses::coordinator::BackupStore(b.b_state_dir, b.b_to)
+                : ulysses::coordinator::RestoreStore(b.r_from, b.r_state_dir, b.r_force);
+  const char* verb = is_backup ? "backup" : "restore";
+  if (!done.ok()) {
+    std::cerr << "ulysses-coordinator " << verb << ": " << done.status().message() << "\n";
+    return absl::IsFailedPrecondition(done.status()) || absl::IsInvalidArgument(done.status())
+               ? contract::kExitBadInput
+               : contract::kExitFailure;
+  }
+  std::cout << "ulysses-coordinator " << verb << ": " << done->path << " (" << done->bytes
+            << " bytes, schema version " << done->schema_version << ", " << done->jobs << " jobs, "
+            << absl::StrFormat("%.3f", done->seconds) << " s)" << std::endl;
+  return contract::kExitOk;
+}
 
-  if (backup_cmd->parsed() || restore_cmd->parsed()) {
-    const bool is_backup = backup_cmd->parsed();
-    if (restore_cmd->parsed() && r_from.empty() && !r_rollback) {
-      std::cerr << "ulysses-coordinator restore: --from: missing (give the backup file, or "
-                   "--rollback-to-backup to undo a schema upgrade)\n";
-      return ulysses::contract::kExitBadInput;
-    }
-    if (r_rollback) {
-      absl::StatusOr<std::string> newest = ulysses::coordinator::NewestMigrationBackup(r_state_dir);
-      if (!newest.ok()) {
-        std::cerr << "ulysses-coordinator restore: " << newest.status().message() << "\n";
-        return ulysses::contract::kExitBadInput;
-      }
-      r_from = *newest;
-      r_force = true;
-    }
-    absl::StatusOr<ulysses::coordinator::BackupInfo> done =
-        is_backup ? ulysses::coordinator::BackupStore(b_state_dir, b_to)
-                  : ulysses::coordinator::RestoreStore(r_from, r_state_dir, r_force);
-    const char* verb = is_backup ? "backup" : "restore";
-    if (!done.ok()) {
-      std::cerr << "ulysses-coordinator " << verb << ": " << done.status().message() << "\n";
-      return absl::IsFailedPrecondition(done.status()) || absl::IsInvalidArgument(done.status())
-                 ? ulysses::contract::kExitBadInput
-                 : ulysses::contract::kExitFailure;
-    }
-    std::cout << "ulysses-coordinator " << verb << ": " << done->path << " (" << done->bytes
-              << " bytes, schema version " << done->schema_version << ", " << done->jobs
-              << " jobs, " << absl::StrFormat("%.3f", done->seconds) << " s)" << std::endl;
-    return ulysses::contract::kExitOk;
-  }
-
+// The config file, then the flags given over it, validated once.
+absl::StatusOr<CoordinatorConfig> ConfigOf(const DaemonFlags& f) {
   CoordinatorConfig config;
-  if (!config_file.empty()) {
-    absl::Status s = ulysses::coordinator::LoadConfigFile(config_file, &config);
-    if (!s.ok()) {
-      std::cerr << "ulysses-coordinator: " << s.message() << "\n";
-      return ulysses::contract::kExitBadInput;
-    }
+  if (!f.config_file.empty()) {
+    RETURN_IF_ERROR(ulysses::coordinator::LoadConfigFile(f.config_file, &config));
   }
-  if (!listen.empty()) config.listen = listen;
-  if (!state_dir.empty()) config.state_dir = state_dir;
-  if (!metrics_listen.empty()) config.metrics_listen = metrics_listen;
-  if (!checkpoint_root.empty()) config.checkpoint_root = checkpoint_root;
-  if (heartbeat_timeout_s >= 0) config.heartbeat_timeout_s = heartbeat_timeout_s;
-  if (lost_after_s >= 0) config.lost_after_s = lost_after_s;
-  if (reconnect_window_s >= 0) config.reconnect_window_s = reconnect_window_s;
-  if (!tls_cert.empty()) config.tls_cert = tls_cert;
-  if (!tls_key.empty()) config.tls_key = tls_key;
-  if (!tls_client_ca.empty()) config.tls_client_ca = tls_client_ca;
-  if (!token_file.empty()) config.token_file = token_file;
-  if (insecure) config.insecure = true;
-  if (!data_roots.empty()) config.data_roots = data_roots;
+  if (!f.listen.empty()) config.listen = f.listen;
+  if (!f.state_dir.empty()) config.state_dir = f.state_dir;
+  if (!f.metrics_listen.empty()) config.metrics_listen = f.metrics_listen;
+  if (!f.checkpoint_root.empty()) config.checkpoint_root = f.checkpoint_root;
+  if (f.heartbeat_timeout_s >= 0) config.heartbeat_timeout_s = f.heartbeat_timeout_s;
+  if (f.lost_after_s >= 0) config.lost_after_s = f.lost_after_s;
+  if (f.reconnect_window_s >= 0) config.reconnect_window_s = f.reconnect_window_s;
+  if (!f.tls_cert.empty()) config.tls_cert = f.tls_cert;
+  if (!f.tls_key.empty()) config.tls_key = f.tls_key;
+  if (!f.tls_client_ca.empty()) config.tls_client_ca = f.tls_client_ca;
+  if (!f.token_file.empty()) config.token_file = f.token_file;
+  if (f.insecure) config.insecure = true;
+  if (!f.data_roots.empty()) config.data_roots = f.data_roots;
   if (absl::Status s = ulysses::coordinator::ValidateAndFinalize(&config); !s.ok()) {
-    std::cerr << "ulysses-coordinator: invalid configuration:\n" << s.message() << "\n";
-    return ulysses::contract::kExitBadInput;
+    return absl::InvalidArgumentError(absl::StrCat("invalid configuration:\n", s.message()));
   }
+  return config;
+}
 
+int RunDaemon(const CoordinatorConfig& config) {
   ulysses::InstallStopSignalHandlers();
   std::signal(SIGHUP, OnSighup);
   auto server = ulysses::coordinator::CoordinatorServer::Start(config);
   if (!server.ok()) {
     std::cerr << "ulysses-coordinator: " << server.status().message() << "\n";
-    return ulysses::contract::kExitFailure;
+    return contract::kExitFailure;
   }
   // Ready line for scripts and tests: the bound ports.
   std::cout << "ulysses-coordinator listening grpc=" << (*server)->port()
@@ -213,5 +224,34 @@ int main(int argc, char** argv) {
   }
   ULOG(INFO) << "stop requested (signal " << ulysses::StopSignal() << "); shutting down";
   (*server)->Shutdown();
-  return ulysses::contract::kExitOk;
+  return contract::kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ulysses::InitProcess(argv[0]);  // Crash traces; Abseil's deadlock detector off.
+  CLI::App app{"ulysses-coordinator: schedules Ulysses training jobs onto workers"};
+  DaemonFlags flags;
+  TokenFlags token;
+  BackupFlags backup;
+  AddDaemonFlags(app, flags);
+  AddTokenCommand(app, token);
+  AddBackupCommands(app, backup);
+  if (std::optional<int> exit_code = contract::ParseCommandLine(app, argc, argv)) {
+    return *exit_code;
+  }
+  ulysses::RouteLibraryLogs();  // libprotobuf and gRPC lines in the chosen format too.
+  if (absl::Status s = ulysses::SetLogFormatFromFlag("--log-format", flags.log_format); !s.ok()) {
+    std::cerr << "ulysses-coordinator: " << s.message() << "\n";
+    return contract::kExitBadInput;
+  }
+  if (token.create->parsed()) return RunTokenCreate(token);
+  if (backup.backup->parsed() || backup.restore->parsed()) return RunBackupOrRestore(backup);
+  absl::StatusOr<CoordinatorConfig> config = ConfigOf(flags);
+  if (!config.ok()) {
+    std::cerr << "ulysses-coordinator: " << config.status().message() << "\n";
+    return contract::kExitBadInput;
+  }
+  return RunDaemon(*config);
 }

@@ -118,24 +118,20 @@ std::string ValidSpDegrees(int64_t hq, int64_t hkv) {
 
 // Appends the validation lines of `s` (keys in `unknown` skipped, with the rules
 // that need them). `prefix` starts each path ("spec.model." or "<file>: ").
-void ShapeErrors(const ModelShape& s, const std::set<std::string>& unknown,
-                 const std::string& prefix, const std::string& missing_fix,
-                 std::vector<std::string>* out) {
-  auto known = [&](const char* key) { return unknown.count(key) == 0; };
-  auto path = [&](const std::string& key) { return prefix + key; };
-  ForEachShapeField(s, [&](const char* key, const auto& value) {
-    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, int64_t>) {
-      if (!IsRopeKey(key) && known(key) && (ZeroAllowed(key) ? value < 0 : value <= 0)) {
-        const std::string k = key;
-        out->push_back(Line(path(key), absl::StrCat(value),
-                            ZeroAllowed(key) ? "must be >= 0" : "must be > 0",
-                            k == "head_dim" ? "use 0 for hidden_size / num_attention_heads, or the "
-                                              "model's head width"
-                            : k == "sliding_window" ? "use 0 for no window"
-                                                    : missing_fix));
-      }
-    }
-  });
+namespace {
+
+// What ShapeErrors' parts share: the fields left out of the check and how a field is named.
+struct ShapeCheck {
+  const std::set<std::string>& unknown;
+  const std::string& prefix;
+  bool known(const char* key) const { return unknown.count(key) == 0; }
+  std::string path(const std::string& key) const { return prefix + key; }
+};
+
+// family and what it fixes: attention_bias, qk_norm, sliding_window.
+void FamilyErrors(const ModelShape& s, const ShapeCheck& c, std::vector<std::string>* out) {
+  auto known = [&](const char* key) { return c.known(key); };
+  auto path = [&](const std::string& key) { return c.path(key); };
   const ModelFamily* family = FindModelFamily(s.family);
   if (known("family") && family == nullptr) {
     out->push_back(Line(path("family"), Quote(s.family), "is not a supported model family",
@@ -170,6 +166,12 @@ void ShapeErrors(const ModelShape& s, const std::set<std::string>& unknown,
                           "remove sliding_window (only family mistral reads it)"));
     }
   }
+}
+
+// The head layout: head_dim (explicit or hidden / heads, even) and the kv-head grouping.
+void HeadErrors(const ModelShape& s, const ShapeCheck& c, std::vector<std::string>* out) {
+  auto known = [&](const char* key) { return c.known(key); };
+  auto path = [&](const std::string& key) { return c.path(key); };
   const int64_t hq = s.num_attention_heads, hkv = s.num_key_value_heads, h = s.hidden_size;
   const bool heads_known = known("num_attention_heads") && hq > 0;
   const bool explicit_head_dim = known("head_dim") && s.head_dim > 0;
@@ -204,6 +206,12 @@ void ShapeErrors(const ModelShape& s, const std::set<std::string>& unknown,
                                      "of ",
                                      Divisors(hq))));
   }
+}
+
+// rope_theta, rms_norm_eps and the rope_scaling numbers for its type.
+void RopeErrors(const ModelShape& s, const ShapeCheck& c, std::vector<std::string>* out) {
+  auto known = [&](const char* key) { return c.known(key); };
+  auto path = [&](const std::string& key) { return c.path(key); };
   if (known("rope_theta") && !(std::isfinite(s.rope_theta) && s.rope_theta > 0)) {
     out->push_back(Line(path("rope_theta"), FormatDouble(s.rope_theta), "must be > 0",
                         "Llama 3 uses 500000.0, Llama 2 10000.0"));
@@ -256,6 +264,32 @@ void ShapeErrors(const ModelShape& s, const std::set<std::string>& unknown,
                         absl::StrCat(r.original_max_position_embeddings), "must be > 0",
                         "the context length the model was pre-trained at; Llama 3 uses 8192"));
   }
+}
+
+}  // namespace
+
+void ShapeErrors(const ModelShape& s, const std::set<std::string>& unknown,
+                 const std::string& prefix, const std::string& missing_fix,
+                 std::vector<std::string>* out) {
+  const ShapeCheck c{unknown, prefix};
+  auto known = [&](const char* key) { return c.known(key); };
+  auto path = [&](const std::string& key) { return c.path(key); };
+  ForEachShapeField(s, [&](const char* key, const auto& value) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, int64_t>) {
+      if (!IsRopeKey(key) && known(key) && (ZeroAllowed(key) ? value < 0 : value <= 0)) {
+        const std::string k = key;
+        out->push_back(Line(path(key), absl::StrCat(value),
+                            ZeroAllowed(key) ? "must be >= 0" : "must be > 0",
+                            k == "head_dim" ? "use 0 for hidden_size / num_attention_heads, or the "
+                                              "model's head width"
+                            : k == "sliding_window" ? "use 0 for no window"
+                                                    : missing_fix));
+      }
+    }
+  });
+  FamilyErrors(s, c, out);
+  HeadErrors(s, c, out);
+  RopeErrors(s, c, out);
 }
 
 // One JSON value into a field; false (with an error line) when it has the wrong type.
@@ -552,21 +586,16 @@ nlohmann::json ModelShapeToJson(const ModelShape& shape) {
   return out;
 }
 
-absl::StatusOr<ModelShape> ModelShapeFromJson(const nlohmann::json& j, const std::string& source,
-                                              JsonDefaults defaults) {
-  if (!j.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, ": ", JsonText(j), " is not a JSON object (give a Llama config)"));
-  }
-  const bool hf = defaults == JsonDefaults::kHfDefaults;
-  ModelShape s;
-  if (hf) {
-    s.rms_norm_eps = 1e-6;  // transformers' LlamaConfig default
-  }
-  std::vector<std::string> errors;
-  bool kv_given = false;
-  auto read = [&](const json& object, const std::string& shown, const char* name, auto* field,
-                  bool required) {
+namespace {
+
+// Reads `name` of `object` into `field`: false when absent or null (an error when required) or
+// of the wrong kind (an error naming the file, the key shown and the value).
+struct JsonFieldReader {
+  const std::string& source;
+  std::vector<std::string>& errors;
+  template <typename T>
+  bool operator()(const json& object, const std::string& shown, const char* name, T* field,
+                  bool required) const {
     auto it = object.find(name);
     if (it == object.end() || it->is_null()) {
       if (required) {
@@ -580,61 +609,63 @@ absl::StatusOr<ModelShape> ModelShapeFromJson(const nlohmann::json& j, const std
       return false;
     }
     return true;
-  };
-  // The family: architectures[0] and model_type, each optional, agreeing when both given.
-  const ModelFamily* family = FindModelFamily(kFamilyLlama);
-  {
-    const ModelFamily* by_arch = nullptr;
-    const ModelFamily* by_type = nullptr;
-    bool bad = false;
-    auto arch = j.find("architectures");
-    if (arch != j.end() && !arch->is_null()) {
-      if (!arch->is_array() || arch->size() != 1 || !(*arch)[0].is_string()) {
-        errors.push_back(absl::StrCat(source, ": architectures: ", JsonText(*arch),
-                                      " is not a list of one architecture name (give one of ",
-                                      ArchitectureList(), ")"));
-        bad = true;
-      } else {
-        const std::string name = (*arch)[0].get<std::string>();
-        for (const ModelFamily& f : kModelFamilies) {
-          if (name == f.architecture) by_arch = &f;
-        }
-        if (by_arch == nullptr) {
-          errors.push_back(absl::StrCat(source, ": architectures: ", Quote(name),
-                                        " is not supported (the engine implements ",
-                                        ArchitectureList(), ")"));
-          bad = true;
-        }
-      }
-    }
-    auto type = j.find("model_type");
-    if (type != j.end() && !type->is_null()) {
-      const std::string name = type->is_string() ? type->get<std::string>() : type->dump();
+  }
+};
+
+// The family: architectures[0] and model_type, each optional, agreeing when both given;
+// llama when neither names one.
+const ModelFamily* FamilyOfJson(const json& j, const std::string& source,
+                                std::vector<std::string>& errors) {
+  const ModelFamily* by_arch = nullptr;
+  const ModelFamily* by_type = nullptr;
+  bool bad = false;
+  auto arch = j.find("architectures");
+  if (arch != j.end() && !arch->is_null()) {
+    if (!arch->is_array() || arch->size() != 1 || !(*arch)[0].is_string()) {
+      errors.push_back(absl::StrCat(source, ": architectures: ", JsonText(*arch),
+                                    " is not a list of one architecture name (give one of ",
+                                    ArchitectureList(), ")"));
+      bad = true;
+    } else {
+      const std::string name = (*arch)[0].get<std::string>();
       for (const ModelFamily& f : kModelFamilies) {
-        if (name == f.model_type) by_type = &f;
+        if (name == f.architecture) by_arch = &f;
       }
-      if (by_type == nullptr) {
-        errors.push_back(absl::StrCat(source, ": model_type: ", Quote(name),
+      if (by_arch == nullptr) {
+        errors.push_back(absl::StrCat(source, ": architectures: ", Quote(name),
                                       " is not supported (the engine implements ",
                                       ArchitectureList(), ")"));
         bad = true;
       }
     }
-    if (!bad && by_arch != nullptr && by_type != nullptr && by_arch != by_type) {
-      errors.push_back(absl::StrCat(source, ": model_type: ", Quote(by_type->model_type),
-                                    " disagrees with architectures ", Quote(by_arch->architecture),
-                                    " (fix the file: ", by_arch->architecture, " has model_type ",
-                                    by_arch->model_type, ")"));
+  }
+  auto type = j.find("model_type");
+  if (type != j.end() && !type->is_null()) {
+    const std::string name = type->is_string() ? type->get<std::string>() : type->dump();
+    for (const ModelFamily& f : kModelFamilies) {
+      if (name == f.model_type) by_type = &f;
     }
-    if (by_arch != nullptr) {
-      family = by_arch;
-    } else if (by_type != nullptr) {
-      family = by_type;
+    if (by_type == nullptr) {
+      errors.push_back(absl::StrCat(source, ": model_type: ", Quote(name),
+                                    " is not supported (the engine implements ", ArchitectureList(),
+                                    ")"));
+      bad = true;
     }
   }
-  s.family = family->name;
-  s.attention_bias = family->qkv_bias;
-  s.qk_norm = family->qk_norm;
+  if (!bad && by_arch != nullptr && by_type != nullptr && by_arch != by_type) {
+    errors.push_back(absl::StrCat(source, ": model_type: ", Quote(by_type->model_type),
+                                  " disagrees with architectures ", Quote(by_arch->architecture),
+                                  " (fix the file: ", by_arch->architecture, " has model_type ",
+                                  by_arch->model_type, ")"));
+  }
+  if (by_arch != nullptr) return by_arch;
+  if (by_type != nullptr) return by_type;
+  return FindModelFamily(kFamilyLlama);
+}
+
+// The keys whose meaning depends on the family: attention_bias, sliding_window.
+void ReadFamilyKeys(const json& j, const std::string& source, const ModelFamily* family,
+                    ModelShape& s, std::vector<std::string>& errors) {
   if (!family->qkv_bias) {
     auto bias = j.find("attention_bias");
     if (bias != j.end() && !bias->is_null() && *bias != false) {
@@ -661,6 +692,70 @@ absl::StatusOr<ModelShape> ModelShapeFromJson(const nlohmann::json& j, const std
           "these models are published)"));
     }
   }
+}
+
+// rope_scaling (an object): {rope_type (or the older "type"), ...}; none or llama3.
+void ReadRopeScaling(const json* rope, const JsonFieldReader& read, ModelShape& s) {
+  const std::string& source = read.source;
+  std::vector<std::string>& errors = read.errors;
+  if (!rope->is_object()) {
+    errors.push_back(absl::StrCat(source, ": rope_scaling: ", JsonText(*rope),
+                                  " is not an object or null (fix the file)"));
+  } else {
+    std::string type, legacy;
+    const bool has_type = read(*rope, "rope_scaling.rope_type", "rope_type", &type, false);
+    const bool has_legacy = read(*rope, "rope_scaling.type", "type", &legacy, false);
+    if (has_type && has_legacy && type != legacy) {
+      errors.push_back(absl::StrCat(source, ": rope_scaling: rope_type ", Quote(type), " and type ",
+                                    Quote(legacy), " disagree (keep one of them)"));
+    } else if (!has_type && !has_legacy) {
+      errors.push_back(absl::StrCat(source,
+                                    ": rope_scaling.rope_type: missing (give "
+                                    "rope_type: llama3, or rope_scaling: null for none)"));
+    }
+    if (!has_type) {
+      type = legacy;
+    }
+    if (type == "default" || type == kRopeNone) {
+      s.rope_scaling = RopeScaling{};  // transformers' name for no scaling
+    } else if (type == kRopeLlama3) {
+      RopeScaling& r = s.rope_scaling;
+      r.rope_type = kRopeLlama3;
+      read(*rope, "rope_scaling.factor", "factor", &r.factor, true);
+      read(*rope, "rope_scaling.low_freq_factor", "low_freq_factor", &r.low_freq_factor, true);
+      read(*rope, "rope_scaling.high_freq_factor", "high_freq_factor", &r.high_freq_factor, true);
+      read(*rope, "rope_scaling.original_max_position_embeddings",
+           "original_max_position_embeddings", &r.original_max_position_embeddings, true);
+    } else if (has_type || has_legacy) {
+      errors.push_back(absl::StrCat(
+          source, ": rope_scaling.rope_type: ", Quote(type),
+          " is not supported (the engine implements RoPE scaling of type llama3 only; use "
+          "weights whose config.json has rope_type llama3 or no rope_scaling)"));
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<ModelShape> ModelShapeFromJson(const nlohmann::json& j, const std::string& source,
+                                              JsonDefaults defaults) {
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": ", JsonText(j), " is not a JSON object (give a Llama config)"));
+  }
+  const bool hf = defaults == JsonDefaults::kHfDefaults;
+  ModelShape s;
+  if (hf) {
+    s.rms_norm_eps = 1e-6;  // transformers' LlamaConfig default
+  }
+  std::vector<std::string> errors;
+  bool kv_given = false;
+  const JsonFieldReader read{source, errors};
+  const ModelFamily* family = FamilyOfJson(j, source, errors);
+  s.family = family->name;
+  s.attention_bias = family->qkv_bias;
+  s.qk_norm = family->qk_norm;
+  ReadFamilyKeys(j, source, family, s, errors);
   ForEachShapeField(s, [&](const char* key, auto& value) {
     if (IsRopeKey(key) || FamilyKey(key) || ZeroAllowed(key)) {
       return;
@@ -676,45 +771,9 @@ absl::StatusOr<ModelShape> ModelShapeFromJson(const nlohmann::json& j, const std
   if (!kv_given) {
     s.num_key_value_heads = s.num_attention_heads;
   }
-  // rope_scaling: null/absent = none; {rope_type (or the older "type"), ...}.
+  // rope_scaling: null/absent = none.
   auto rope = j.find("rope_scaling");
-  if (rope != j.end() && !rope->is_null()) {
-    if (!rope->is_object()) {
-      errors.push_back(absl::StrCat(source, ": rope_scaling: ", JsonText(*rope),
-                                    " is not an object or null (fix the file)"));
-    } else {
-      std::string type, legacy;
-      const bool has_type = read(*rope, "rope_scaling.rope_type", "rope_type", &type, false);
-      const bool has_legacy = read(*rope, "rope_scaling.type", "type", &legacy, false);
-      if (has_type && has_legacy && type != legacy) {
-        errors.push_back(absl::StrCat(source, ": rope_scaling: rope_type ", Quote(type),
-                                      " and type ", Quote(legacy), " disagree (keep one of them)"));
-      } else if (!has_type && !has_legacy) {
-        errors.push_back(absl::StrCat(source,
-                                      ": rope_scaling.rope_type: missing (give "
-                                      "rope_type: llama3, or rope_scaling: null for none)"));
-      }
-      if (!has_type) {
-        type = legacy;
-      }
-      if (type == "default" || type == kRopeNone) {
-        s.rope_scaling = RopeScaling{};  // transformers' name for no scaling
-      } else if (type == kRopeLlama3) {
-        RopeScaling& r = s.rope_scaling;
-        r.rope_type = kRopeLlama3;
-        read(*rope, "rope_scaling.factor", "factor", &r.factor, true);
-        read(*rope, "rope_scaling.low_freq_factor", "low_freq_factor", &r.low_freq_factor, true);
-        read(*rope, "rope_scaling.high_freq_factor", "high_freq_factor", &r.high_freq_factor, true);
-        read(*rope, "rope_scaling.original_max_position_embeddings",
-             "original_max_position_embeddings", &r.original_max_position_embeddings, true);
-      } else if (has_type || has_legacy) {
-        errors.push_back(absl::StrCat(
-            source, ": rope_scaling.rope_type: ", Quote(type),
-            " is not supported (the engine implements RoPE scaling of type llama3 only; use "
-            "weights whose config.json has rope_type llama3 or no rope_scaling)"));
-      }
-    }
-  }
+  if (rope != j.end() && !rope->is_null()) ReadRopeScaling(&*rope, read, s);
   RETURN_IF_ERROR(internal::ErrorsToStatus(errors));
   auto head_dim = j.find("head_dim");
   if (head_dim != j.end() && !head_dim->is_null()) {

@@ -81,11 +81,11 @@ absl::Status ParseState(const nlohmann::json& manifest, const std::string& step_
   return absl::OkStatus();
 }
 
-absl::StatusOr<Layout> ParseLayout(const nlohmann::json& manifest, const std::string& step_dir,
-                                   LoadStats& stats) {
-  Layout layout;
-  const std::string where = (fs::path(step_dir) / kManifestName).string();
-  std::vector<Entry> entries;
+// The manifest's shards (into layout) and tensor entries, each checked against its shard and
+// its byte size.
+absl::Status ParseEntries(const nlohmann::json& manifest, const std::string& where,
+                          const std::string& step_dir, Layout& layout,
+                          std::vector<Entry>& entries) {
   try {
     for (const auto& shard : manifest.at("shards")) {
       const std::string file = shard.at("file").get<std::string>();
@@ -126,6 +126,11 @@ absl::StatusOr<Layout> ParseLayout(const nlohmann::json& manifest, const std::st
     return absl::DataLossError(
         absl::StrCat("checkpoint manifest ", where, " is malformed: ", e.what()));
   }
+  return absl::OkStatus();
+}
+
+// Every shard present with the size the manifest records.
+absl::Status CheckShardSizes(const Layout& layout, const std::vector<Entry>& entries) {
   // Every shard present with the size the manifest records (a stat: no byte is read).
   for (size_t r = 0; r < layout.shard_paths.size(); ++r) {
     const std::string& path = layout.shard_paths[r];
@@ -152,6 +157,12 @@ absl::StatusOr<Layout> ParseLayout(const nlohmann::json& manifest, const std::st
           " (truncated or replaced; resume from an older step dir or remove this one)"));
     }
   }
+  return absl::OkStatus();
+}
+
+// Entries without an offset (older manifests) take it from their shard's table.
+absl::Status FillOffsets(const std::string& step_dir, const Layout& layout,
+                         std::vector<Entry>& entries, LoadStats& stats) {
   // Manifests of older builds do not record offsets: take them from the shards' tables.
   std::map<int, std::map<std::string, int64_t>> tables;
   for (Entry& e : entries) {
@@ -170,6 +181,11 @@ absl::StatusOr<Layout> ParseLayout(const nlohmann::json& manifest, const std::st
     }
     e.offset = found->second;
   }
+  return absl::OkStatus();
+}
+
+// Each entry within its shard's bytes, grouped by name in manifest order.
+absl::Status IndexEntries(std::vector<Entry>& entries, Layout& layout) {
   for (Entry& e : entries) {
     if (e.offset < ci::kShardPrefixBytes || e.offset + e.bytes > layout.shard_bytes[e.shard]) {
       return absl::DataLossError(absl::StrCat("checkpoint shard ", layout.shard_paths[e.shard],
@@ -181,6 +197,11 @@ absl::StatusOr<Layout> ParseLayout(const nlohmann::json& manifest, const std::st
     if (fresh) layout.order.push_back(e.name);
     it->second.push_back(std::move(e));
   }
+  return absl::OkStatus();
+}
+
+// The pieces of every name tile it.
+absl::Status CheckTiling(const std::string& where, Layout& layout) {
   // The pieces of every name tile it: one whole entry, or pieces [0, n) without gap or overlap.
   for (auto& [name, list] : layout.by_name) {
     std::sort(list.begin(), list.end(),
@@ -205,6 +226,19 @@ absl::StatusOr<Layout> ParseLayout(const nlohmann::json& manifest, const std::st
                        " elements; the checkpoint is damaged: resume from an older ", "step dir"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Layout> ParseLayout(const nlohmann::json& manifest, const std::string& step_dir,
+                                   LoadStats& stats) {
+  Layout layout;
+  const std::string where = (fs::path(step_dir) / kManifestName).string();
+  std::vector<Entry> entries;
+  RETURN_IF_ERROR(ParseEntries(manifest, where, step_dir, layout, entries));
+  RETURN_IF_ERROR(CheckShardSizes(layout, entries));
+  RETURN_IF_ERROR(FillOffsets(step_dir, layout, entries, stats));
+  RETURN_IF_ERROR(IndexEntries(entries, layout));
+  RETURN_IF_ERROR(CheckTiling(where, layout));
   return layout;
 }
 
