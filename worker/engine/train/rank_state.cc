@@ -64,7 +64,7 @@ absl::StatusOr<std::unique_ptr<RankState>> BuildRankState(const RankOptions& o, 
   }
   // The peers wait for the slowest rank's checkpoint load (before the rendezvous) and write
   // (between a save's barriers): the timeout grows with the checkpoint (resume.h).
-  int64_t checkpoint_bytes = EstimatedCheckpointBytes(s.config);
+  int64_t checkpoint_bytes = EstimatedCheckpointBytes(s.config, in.spec.model.dtype);
   if (in.plan.state) {
     ASSIGN_OR_RETURN(int64_t loaded, CheckpointBytes(in.plan.path));
     checkpoint_bytes = std::max(checkpoint_bytes, loaded);

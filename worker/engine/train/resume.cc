@@ -13,8 +13,9 @@
 
 namespace ulysses::engine::train {
 
-int64_t EstimatedCheckpointBytes(const spec::ModelShape& shape) {
-  return static_cast<int64_t>(spec::CountParameters(shape).total * 16.0);
+int64_t EstimatedCheckpointBytes(const spec::ModelShape& shape, const std::string& dtype) {
+  const double state = spec::CheckpointStateBytes(spec::CountParameters(shape), dtype);
+  return static_cast<int64_t>(state * 1.01) + kCheckpointMetadataBytes;
 }
 
 int64_t ScaledCollectiveTimeoutSeconds(int64_t base_s, int64_t checkpoint_bytes) {

@@ -51,10 +51,13 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& root, const std::string
 // read by every rank at once): 100 MiB/s per rank.
 inline constexpr int64_t kCheckpointFloorBytesPerSecond = int64_t{100} << 20;
 
-// An upper bound of a checkpoint of `shape`: 16 bytes a parameter (weights in their dtype, fp32
-// masters when that dtype is 16-bit, AdamW's two fp32 moments: 12 bytes in fp32, 14 in bf16),
-// the state a save writes and a resume reads.
-int64_t EstimatedCheckpointBytes(const spec::ModelShape& shape);
+// An upper bound of a checkpoint of `shape` in `dtype` (spec.model.dtype), the state a save
+// writes and a resume reads: spec::CheckpointStateBytes (memory_model.h: the weights in their
+// dtype, fp32 masters of 16-bit weights, AdamW's two moments; 12 bytes a parameter in fp32, 14 in
+// bf16, 24 in fp64) plus 1 % and kCheckpointMetadataBytes for the manifest, the shard tables
+// and extra (a tiny model's commit writes ~3 % over its state).
+inline constexpr int64_t kCheckpointMetadataBytes = int64_t{64} << 10;
+int64_t EstimatedCheckpointBytes(const spec::ModelShape& shape, const std::string& dtype);
 
 // The rendezvous and collective timeout of a rank: `base_s` (--collective-timeout-s) plus the
 // time to move `checkpoint_bytes` at kCheckpointFloorBytesPerSecond, rounded up. Every rank
