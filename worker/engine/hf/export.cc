@@ -18,6 +18,7 @@
 #include "worker/engine/train/guard.h"
 #include "worker/engine/train/model_io.h"
 #include "worker/engine/train/optimizer.h"
+#include "worker/engine/train/training_state.h"
 
 namespace ulysses::engine {
 namespace {
@@ -25,7 +26,6 @@ namespace {
 using train::Guard;
 using train::kMasterPrefix;
 using train::kModelPrefix;
-using train::ModelConfigFromJson;
 
 struct ExportDtype {
   torch::ScalarType type = torch::kFloat32;
@@ -51,17 +51,14 @@ absl::StatusOr<ExportDtype> ParseExportDtype(const std::string& flag) {
 
 // The job's dtype: the checkpoint's extra.dtype (spec.model.dtype), or for a checkpoint written
 // before it was recorded, the dtype its model weights are stored in.
-absl::StatusOr<ExportDtype> JobDtype(const CheckpointState& st,
+absl::StatusOr<ExportDtype> JobDtype(const train::TrainingState& training,
                                      std::optional<torch::ScalarType> stored,
                                      const std::string& checkpoint) {
-  if (st.extra.contains("dtype")) {
-    const nlohmann::json& d = st.extra["dtype"];
-    if (d.is_string()) {
-      absl::StatusOr<ExportDtype> parsed = ParseExportDtype(d.get<std::string>());
-      if (parsed.ok()) return parsed;
-    }
-    return absl::DataLossError(absl::StrCat("checkpoint ", checkpoint, ": extra.dtype ", d.dump(),
-                                            " is not a model dtype"));
+  if (!training.dtype.empty()) {
+    absl::StatusOr<ExportDtype> parsed = ParseExportDtype(training.dtype);
+    if (parsed.ok()) return parsed;
+    return absl::DataLossError(absl::StrCat("checkpoint ", checkpoint, ": extra.dtype \"",
+                                            training.dtype, "\" is not a model dtype"));
   }
   if (!stored.has_value()) {
     return absl::DataLossError(absl::StrCat("checkpoint ", checkpoint, ": no model weights"));
@@ -137,13 +134,13 @@ absl::Status CheckTokenizerFrom(const std::string& dir) {
 
 // Copies the tokenizer files into hf_out: from --tokenizer-from, else from the checkpoint's
 // extra.init_from when that directory is still there (else a note says why none were copied).
-absl::Status CopyTokenizer(const ExportOptions& o, const CheckpointState& st, ExportResult& r) {
+absl::Status CopyTokenizer(const ExportOptions& o, const train::TrainingState& training,
+                           ExportResult& r) {
   namespace fs = std::filesystem;
   std::string from = o.tokenizer_from;
   if (from.empty()) {
-    const nlohmann::json init = st.extra.value("init_from", nlohmann::json());
-    if (!init.is_string() || init.get<std::string>().empty()) return absl::OkStatus();
-    from = init.get<std::string>();
+    if (training.init_from.empty()) return absl::OkStatus();
+    from = training.init_from;
     std::error_code ec;
     if (!fs::is_directory(from, ec)) {
       r.tokenizer_note = absl::StrCat("the job's init_from ", from,
@@ -195,11 +192,10 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const ExportOptions& o) {
     // The manifest only; then one tensor at a time (checkpoint.h CheckpointReader).
     ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
                      CheckpointReader::Open(step_dir, ""));
-    const CheckpointState& st = reader->info();
-    if (!st.extra.contains("model_config")) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", step_dir, ": no model_config"));
-    }
-    ASSIGN_OR_RETURN(model::LlamaConfig config, ModelConfigFromJson(st.extra["model_config"]));
+    const std::string where = absl::StrCat("checkpoint ", step_dir);
+    ASSIGN_OR_RETURN(const train::TrainingState training,
+                     train::TrainingState::FromJson(reader->info().extra, where));
+    ASSIGN_OR_RETURN(model::LlamaConfig config, training.ModelConfig(where));
     std::map<std::string, CheckpointReader::TensorInfo> stored;
     for (const auto& [name, info] : reader->tensors()) stored[name] = info;
     const std::string master_prefix = kMasterPrefix;
@@ -214,7 +210,7 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const ExportOptions& o) {
     if (asked.has_value()) {
       dtype = *asked;
     } else {
-      ASSIGN_OR_RETURN(dtype, JobDtype(st, weight_dtype, step_dir));
+      ASSIGN_OR_RETURN(dtype, JobDtype(training, weight_dtype, step_dir));
     }
     // Where each weight comes from, checked before anything is written: the master is the weight
     // before rounding, the better source for any other dtype.
@@ -257,7 +253,7 @@ absl::StatusOr<ExportResult> ExportCheckpoint(const ExportOptions& o) {
     result.files = written.files;
     result.largest_tensor_bytes = written.largest_tensor_bytes;
     result.bytes_read = reader->stats().data_bytes;
-    return CopyTokenizer(o, st, result);
+    return CopyTokenizer(o, training, result);
   }));
   return result;
 }

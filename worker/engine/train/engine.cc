@@ -65,10 +65,9 @@ absl::StatusOr<EvalResult> RunEvalRankImpl(const EvalOptions& o) {
   LlamaConfig config;
   if (!o.checkpoint.empty()) {
     ASSIGN_OR_RETURN(CheckpointState st, ReadCheckpointInfo(o.checkpoint, ""));
-    if (!st.extra.contains("model_config")) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", o.checkpoint, ": no model_config"));
-    }
-    ASSIGN_OR_RETURN(config, ModelConfigFromJson(st.extra["model_config"]));
+    const std::string where = absl::StrCat("checkpoint ", o.checkpoint);
+    ASSIGN_OR_RETURN(const TrainingState training, TrainingState::FromJson(st.extra, where));
+    ASSIGN_OR_RETURN(config, training.ModelConfig(where));
     state = std::move(st);
   } else {
     std::string init = o.init_from.empty() ? spec.model.init_from : o.init_from;

@@ -83,39 +83,31 @@ int SetIntraOpThreads(int threads) {
   return get();
 }
 
-json CheckpointExtra(const spec::JobSpec& spec, const LlamaConfig& config,
-                     const ParallelRuntime& rt, const LossScaler& scaler) {
-  json extra{{"seed", spec.seed},
-             {"sp_degree", rt.sp},
-             {"dp_degree", rt.dp},
-             {"model_config", ModelConfigToJson(config)},
-             {"dtype", spec.model.dtype}};
+TrainingState TrainingStateOf(const spec::JobSpec& spec, const LlamaConfig& config,
+                              const ParallelRuntime& rt, const LossScaler& scaler) {
+  TrainingState t;
+  t.seed = spec.seed;
+  t.sp_degree = rt.sp;
+  t.dp_degree = rt.dp;
+  t.model_config = config;
+  t.dtype = spec.model.dtype;
   // The HF model the job started from, absolute: `ulysses-train export` copies its tokenizer.
   if (!spec.model.init_from.empty()) {
     std::error_code ec;
     const std::filesystem::path abs = std::filesystem::absolute(spec.model.init_from, ec);
-    extra["init_from"] = ec ? spec.model.init_from : abs.lexically_normal().string();
+    t.init_from = ec ? spec.model.init_from : abs.lexically_normal().string();
   }
   if (scaler.enabled) {
-    extra["loss_scale"] = scaler.scale;
-    extra["loss_scale_good_steps"] = scaler.good_steps;
+    t.loss_scale = scaler.scale;
+    t.loss_scale_good_steps = scaler.good_steps;
   }
-  return extra;
+  return t;
 }
 
-absl::Status RestoreLossScale(const json& extra, LossScaler& scaler) {
-  if (!scaler.enabled || !extra.contains("loss_scale")) return absl::OkStatus();
-  const json& scale = extra["loss_scale"];
-  const json& good = extra.value("loss_scale_good_steps", json(0));
-  if (!scale.is_number() || !good.is_number_integer() || !(scale.get<double>() > 0) ||
-      !std::isfinite(scale.get<double>()) || good.get<int64_t>() < 0) {
-    return absl::DataLossError(absl::StrCat("checkpoint extra.loss_scale: ", scale.dump(),
-                                            " / loss_scale_good_steps: ", good.dump(),
-                                            " are not a positive finite scale and a count"));
-  }
-  scaler.scale = scale.get<double>();
-  scaler.good_steps = good.get<int64_t>();
-  return absl::OkStatus();
+void RestoreLossScale(const TrainingState& training, LossScaler& scaler) {
+  if (!scaler.enabled || !training.loss_scale) return;
+  scaler.scale = *training.loss_scale;
+  scaler.good_steps = training.loss_scale_good_steps;
 }
 
 }  // namespace ulysses::engine::train

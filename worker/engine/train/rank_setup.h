@@ -18,6 +18,7 @@
 #include "worker/engine/parallel/ulysses_attention.h"
 #include "worker/engine/train/optimizer.h"
 #include "worker/engine/train/train_step.h"
+#include "worker/engine/train/training_state.h"
 
 namespace ulysses::engine::train {
 
@@ -50,12 +51,13 @@ int RanksOnThisHost(const torch::Device& device, int world_size);
 // OpenBLAS's thread count after the call, or 0 when the BLAS library is not OpenBLAS.
 int SetIntraOpThreads(int threads);
 
-// A training checkpoint's `extra`: seed, layout, model config, dtype and the float16 loss scale.
-nlohmann::json CheckpointExtra(const spec::JobSpec& spec, const model::LlamaConfig& config,
-                               const ParallelRuntime& rt, const LossScaler& scaler);
+// A training checkpoint's state (training_state.h) as of now: seed, layout, model config,
+// dtype, init_from and the float16 loss scale (the data cursor and adam_steps are the caller's).
+TrainingState TrainingStateOf(const spec::JobSpec& spec, const model::LlamaConfig& config,
+                              const ParallelRuntime& rt, const LossScaler& scaler);
 
-// Restores the float16 loss scale from a checkpoint's extra (absent: keep the initial scale).
-absl::Status RestoreLossScale(const nlohmann::json& extra, LossScaler& scaler);
+// Restores the float16 loss scale from a checkpoint's state (absent: keep the initial scale).
+void RestoreLossScale(const TrainingState& training, LossScaler& scaler);
 
 }  // namespace ulysses::engine::train
 

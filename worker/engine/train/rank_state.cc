@@ -40,8 +40,8 @@ absl::StatusOr<std::unique_ptr<RankState>> BuildRankState(const RankOptions& o, 
   RankState& s = *state;
   const spec::StageSpec& stage = in.spec.stages[in.stage];
   const int64_t sp = in.sp, dp = in.dp;
-  if (in.plan.state && in.plan.state->extra.contains("model_config")) {
-    ASSIGN_OR_RETURN(s.config, ModelConfigFromJson(in.plan.state->extra["model_config"]));
+  if (in.plan.state && in.plan.training.model_config) {
+    s.config = *in.plan.training.model_config;
   } else {
     ASSIGN_OR_RETURN(s.config, ResolveModelConfig(in.spec, in.spec.model.init_from));
   }
@@ -126,7 +126,8 @@ absl::StatusOr<std::unique_ptr<RankState>> BuildRankState(const RankOptions& o, 
                << read.data_bytes << " tensor bytes + " << read.metadata_bytes << " header bytes";
   }
   if (in.plan.state) {
-    RETURN_IF_ERROR(RestoreOptimizer(*in.plan.state, rs.model, adam, s.zero.get()));
+    RETURN_IF_ERROR(
+        RestoreOptimizer(*in.plan.state, in.plan.training, rs.model, adam, s.zero.get()));
     // Weights and optimizer state live in the model and AdamW now: drop the loaded host copy
     // (this rank's share) instead of holding it for the rest of the run.
     std::vector<NamedTensor>().swap(in.plan.state->tensors);
@@ -138,8 +139,7 @@ absl::StatusOr<std::unique_ptr<RankState>> BuildRankState(const RankOptions& o, 
 
   s.trainer = std::make_unique<Trainer>(rs.model, rs.attention, rs.rt.groups.world.get(), &adam,
                                         in.spec.optimizer.grad_clip, rs.rt.device, s.zero.get());
-  if (in.plan.state)
-    RETURN_IF_ERROR(RestoreLossScale(in.plan.state->extra, s.trainer->loss_scaler()));
+  if (in.plan.state) RestoreLossScale(in.plan.training, s.trainer->loss_scaler());
   return state;
 }
 

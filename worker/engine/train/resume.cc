@@ -45,6 +45,7 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& root, const std::string
     return plan;
   }
   ASSIGN_OR_RETURN(CheckpointState st, ReadCheckpointInfo(*latest, spec_hash));
+  const std::string where = absl::StrCat("checkpoint ", *latest);
   RETURN_IF_ERROR(CheckCheckpointOwner(*latest, st.owner, me, adopt));
   if (st.stage > stage || (st.stage == stage && st.stage_complete)) {
     plan.stage_done = true;
@@ -59,6 +60,7 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& root, const std::string
         absl::StrCat("checkpoint ", *latest, " is stage ", st.stage, " step ", st.step_in_stage,
                      " (complete=", st.stage_complete, "); run stage ", st.stage, " first"));
   }
+  ASSIGN_OR_RETURN(plan.training, TrainingState::FromJson(st.extra, where));
   plan.state = std::move(st);
   plan.path = *latest;
   return plan;
@@ -66,7 +68,7 @@ absl::StatusOr<ResumePlan> PlanResume(const std::string& root, const std::string
 
 CheckpointState TrainingCheckpointState(const spec::JobSpec& spec, const CommitPoint& point,
                                         model::LlamaForCausalLM& model, const AdamW& optimizer,
-                                        nlohmann::json extra, const ZeroSharding* zero) {
+                                        TrainingState training, const ZeroSharding* zero) {
   CheckpointState state;
   state.stage = point.stage;
   state.step_in_stage = point.step_in_stage;
@@ -81,19 +83,19 @@ CheckpointState TrainingCheckpointState(const spec::JobSpec& spec, const CommitP
       state.tensors.push_back({kModelPrefix + name, t.detach()});
     for (auto& [name, t] : optimizer.StateTensors()) state.tensors.push_back({name, t.detach()});
   }
-  extra["adam_steps"] = optimizer.step_count();
-  state.extra = std::move(extra);
+  training.adam_steps = optimizer.step_count();
+  state.extra = training.ToJson();
   return state;
 }
 
 absl::StatusOr<CommitResult> CommitTraining(const spec::JobSpec& spec, const std::string& root,
                                             const CommitPoint& point,
                                             model::LlamaForCausalLM& model, const AdamW& optimizer,
-                                            nlohmann::json extra, Communicator& world,
+                                            TrainingState training, Communicator& world,
                                             const ZeroSharding* zero) {
   auto t0 = std::chrono::steady_clock::now();
   CheckpointState state =
-      TrainingCheckpointState(spec, point, model, optimizer, std::move(extra), zero);
+      TrainingCheckpointState(spec, point, model, optimizer, std::move(training), zero);
   Communicator* w = &world;
   ASSIGN_OR_RETURN(std::string path,
                    SaveCheckpoint(
@@ -141,16 +143,10 @@ absl::Status RestoreModel(const CheckpointState& state, const std::string& path,
   return LoadParams(model, ModelTensors(state), absl::StrCat("checkpoint ", path));
 }
 
-absl::Status RestoreOptimizer(const CheckpointState& state, model::LlamaForCausalLM& model,
-                              AdamW& optimizer, ZeroSharding* zero) {
-  int64_t adam_steps = 0;
-  if (state.extra.contains("adam_steps")) {
-    if (!state.extra["adam_steps"].is_number_integer() ||
-        state.extra["adam_steps"].get<int64_t>() < 0) {
-      return absl::DataLossError("checkpoint extra.adam_steps: not a non-negative integer");
-    }
-    adam_steps = state.extra["adam_steps"].get<int64_t>();
-  }
+absl::Status RestoreOptimizer(const CheckpointState& state, const TrainingState& training,
+                              model::LlamaForCausalLM& model, AdamW& optimizer,
+                              ZeroSharding* zero) {
+  const int64_t adam_steps = training.adam_steps.value_or(0);
   if (zero != nullptr) return zero->LoadOwnedState(state.tensors, adam_steps);
   std::map<std::string, torch::Tensor> named;
   for (const auto& t : state.tensors) named[t.name] = t.tensor;
@@ -160,7 +156,9 @@ absl::Status RestoreOptimizer(const CheckpointState& state, model::LlamaForCausa
 absl::Status RestoreTraining(const CheckpointState& state, const std::string& path,
                              model::LlamaForCausalLM& model, AdamW& optimizer) {
   RETURN_IF_ERROR(RestoreModel(state, path, model));
-  return RestoreOptimizer(state, model, optimizer, nullptr);
+  ASSIGN_OR_RETURN(TrainingState training,
+                   TrainingState::FromJson(state.extra, absl::StrCat("checkpoint ", path)));
+  return RestoreOptimizer(state, training, model, optimizer, nullptr);
 }
 
 }  // namespace ulysses::engine::train

@@ -24,6 +24,7 @@
 #include "worker/engine/model/llama.h"
 #include "worker/engine/parallel/communicator.h"
 #include "worker/engine/train/optimizer.h"
+#include "worker/engine/train/training_state.h"
 #include "worker/engine/train/zero.h"
 
 namespace ulysses::engine::train {
@@ -39,6 +40,8 @@ struct ResumePlan {
   // that missed its commit, e.g. a coordinator restored from a backup, learns of it).
   std::optional<CheckpointState> state;
   std::string path;  // the checkpoint `state` came from
+  // state->extra read and checked (training_state.h) when resuming (not with stage_done).
+  TrainingState training;
 };
 
 // `me` and `adopt`: the job's identity and spec.checkpoint.adopt; the latest checkpoint must pass
@@ -80,18 +83,19 @@ struct CommitResult {
 };
 
 // The state a checkpoint of this rank holds: model weights ("model/<name>"), AdamW state (with
-// ZeRO: the chunks this rank owns, as pieces) and `extra` plus adam_steps. The tensors are views of
+// ZeRO: the chunks this rank owns, as pieces) and `training` (its adam_steps set from the
+// optimizer) as its extra. The tensors are views of
 // the live training tensors (on the training device): copy them before the next step changes them.
 CheckpointState TrainingCheckpointState(const spec::JobSpec& spec, const CommitPoint& point,
                                         model::LlamaForCausalLM& model, const AdamW& optimizer,
-                                        nlohmann::json extra, const ZeroSharding* zero);
+                                        TrainingState training, const ZeroSharding* zero);
 
-// Collective over `world`: saves model weights ("model/<name>"), AdamW state and `extra` (plus
+// Collective over `world`: saves model weights ("model/<name>"), AdamW state and `training` (plus
 // adam_steps), keeping spec.checkpoint.keep_last committed checkpoints.
 absl::StatusOr<CommitResult> CommitTraining(const spec::JobSpec& spec, const std::string& root,
                                             const CommitPoint& point,
                                             model::LlamaForCausalLM& model, const AdamW& optimizer,
-                                            nlohmann::json extra, Communicator& world,
+                                            TrainingState training, Communicator& world,
                                             const ZeroSharding* zero = nullptr);
 
 // What rank `rank` of `world` keeps of a checkpoint for `model` (its full parameters, as built)
@@ -112,8 +116,9 @@ absl::Status RestoreTraining(const CheckpointState& state, const std::string& pa
 // stage 3 the weight chunks (into `zero`'s chunks when set: ZeroSharding::LoadOwnedState).
 absl::Status RestoreModel(const CheckpointState& state, const std::string& path,
                           model::LlamaForCausalLM& model);
-absl::Status RestoreOptimizer(const CheckpointState& state, model::LlamaForCausalLM& model,
-                              AdamW& optimizer, ZeroSharding* zero);
+// `training`: the checkpoint's extra (TrainingState::FromJson), for AdamW's step count.
+absl::Status RestoreOptimizer(const CheckpointState& state, const TrainingState& training,
+                              model::LlamaForCausalLM& model, AdamW& optimizer, ZeroSharding* zero);
 
 }  // namespace ulysses::engine::train
 

@@ -106,14 +106,9 @@ absl::Status StageRun::Init() {
 
 absl::Status StageRun::RestoreCursor() {
   cursor_ = s_.start_step * layout_.GlobalBatch();
-  const ResumePlan& plan = in_.plan;
-  if (plan.state && plan.state->stage == o_.stage && plan.state->extra.contains("data_cursor")) {
-    const json& c = plan.state->extra["data_cursor"];
-    if (!c.is_number_integer() || c.get<int64_t>() < 0) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", plan.path, " extra.data_cursor: ",
-                                              c.dump(), " is not a sequence count >= 0"));
-    }
-    cursor_ = c.get<int64_t>();
+  const ResumePlan& plan = in_.plan;  // its extra checked by PlanResume (training_state.h)
+  if (plan.state && plan.state->stage == o_.stage && plan.training.data_cursor) {
+    cursor_ = *plan.training.data_cursor;
   }
   return absl::OkStatus();
 }
@@ -198,10 +193,10 @@ absl::Status StageRun::Diverged(int64_t step, const StepStats& stats) const {
 
 absl::Status StageRun::Commit(int64_t step_in_stage, bool complete, bool periodic) {
   CommitPoint point{o_.stage, step_in_stage, s_.global_step, complete};
-  json extra = CheckpointExtra(spec_, s_.config, rs_.rt, s_.trainer->loss_scaler());
-  extra["data_cursor"] = cursor_;
-  CheckpointState state =
-      TrainingCheckpointState(spec_, point, rs_.model, *s_.adam, std::move(extra), s_.zero.get());
+  TrainingState training = TrainingStateOf(spec_, s_.config, rs_.rt, s_.trainer->loss_scaler());
+  training.data_cursor = cursor_;
+  CheckpointState state = TrainingCheckpointState(spec_, point, rs_.model, *s_.adam,
+                                                  std::move(training), s_.zero.get());
   state.owner = CheckpointOwner{o_.tenant, o_.job_id};
   state.adopt = spec_.checkpoint.adopt;
   return periodic ? saver_->Periodic(std::move(state), report_)

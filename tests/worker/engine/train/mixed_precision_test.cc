@@ -187,7 +187,7 @@ TEST(MixedPrecisionTest, CheckpointKeepsMastersAndResumeIsBitIdentical) {
   TinyRun b(torch::kBFloat16);
   for (int64_t step = 0; step < 2; ++step) EXPECT_EQ(b.Step(step).loss, want[step]);
   auto commit = CommitTraining(spec, root.string(), CommitPoint{0, 2, 2, false}, b.model, *b.adam,
-                               nlohmann::json::object(), *b.rt.groups.world);
+                               TrainingState{}, *b.rt.groups.world);
   ASSERT_TRUE(commit.ok()) << commit.status();
   auto state = LoadCheckpoint(commit->path, "");
   ASSERT_TRUE(state.ok()) << state.status();
@@ -224,7 +224,7 @@ TEST(MixedPrecisionTest, CheckpointSizeEstimateBoundsTheCommittedBytes) {
     TinyRun run(dtype);
     run.Step(0);  // AdamW's moments exist after the first step.
     auto commit = CommitTraining(spec, root.string(), CommitPoint{0, 1, 1, false}, run.model,
-                                 *run.adam, nlohmann::json::object(), *run.rt.groups.world);
+                                 *run.adam, TrainingState{}, *run.rt.groups.world);
     ASSERT_TRUE(commit.ok()) << commit.status();
     auto written = CheckpointBytes(commit->path);
     ASSERT_TRUE(written.ok()) << written.status();

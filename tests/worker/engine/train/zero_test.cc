@@ -130,7 +130,9 @@ int ChildMain(const ::ulysses::testing::ChildEnv& env) {
     });
   }
   if (resume) {
-    absl::Status s = RestoreOptimizer(*resume, m, adam, zero.get());
+    auto training = TrainingState::FromJson(resume->extra, "checkpoint");
+    CHILD_CHECK(env, training.ok(), training.status());
+    absl::Status s = RestoreOptimizer(*resume, *training, m, adam, zero.get());
     CHILD_CHECK(env, s.ok(), s);
     resume.reset();  // the share lives in the model / ZeRO chunks now
   }
@@ -162,8 +164,9 @@ int ChildMain(const ::ulysses::testing::ChildEnv& env) {
     spec::JobSpec spec;
     spec.checkpoint.keep_last = 1;
     CommitPoint point{0, first_step + steps, first_step + steps, false};
-    nlohmann::json extra = {{"model_config", ModelConfigToJson(::ulysses::testing::TinyLlama())},
-                            {"dtype", bf16 ? "bfloat16" : "float64"}};
+    TrainingState extra;
+    extra.model_config = ::ulysses::testing::TinyLlama();
+    extra.dtype = bf16 ? "bfloat16" : "float64";
     auto c =
         CommitTraining(spec, Env("ZT_CKPT_OUT"), point, m, adam, extra, *groups->world, zero.get());
     CHILD_CHECK(env, c.ok(), c.status());
