@@ -15,6 +15,7 @@
 #include "common/stop.h"
 #include "worker/engine/data/dataset.h"
 #include "worker/engine/train/guard.h"
+#include "worker/engine/train/host_threads.h"
 #include "worker/engine/train/model_io.h"
 #include "worker/engine/train/rank_events.h"
 #include "worker/engine/train/rank_setup.h"

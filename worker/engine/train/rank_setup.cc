@@ -1,14 +1,5 @@
 #include "worker/engine/train/rank_setup.h"
 
-#include <ATen/Parallel.h>
-#include <dlfcn.h>
-
-#include <algorithm>
-#include <cmath>
-#include <filesystem>
-
-#include <torch/cuda.h>
-
 #include "absl/strings/str_cat.h"
 #include "common/spec/job_spec_fields.h"
 #include "common/spec/job_spec_parser.h"
@@ -62,52 +53,6 @@ absl::StatusOr<RankSetup> SetUpRank(const spec::JobSpec& spec, const LlamaConfig
   attn.block_size = spec.memory.attention_block_size;
   s.attention = UlyssesAttentionFn(s.rt.groups.sp.get(), attn);
   return s;
-}
-
-int RanksOnThisHost(const torch::Device& device, int world_size) {
-  if (!device.is_cuda()) return world_size;
-  return std::max(1, std::min<int>(world_size, static_cast<int>(torch::cuda::device_count())));
-}
-
-int SetIntraOpThreads(int threads) {
-  at::set_num_threads(threads);
-  // OpenBLAS's C API (cblas.h), looked up at run time: the engine links the BLAS interface, not
-  // OpenBLAS, and another implementation (MKL in pip torch, which at::set_num_threads covers)
-  // has no such symbols.
-  using SetFn = void (*)(int);
-  using GetFn = int (*)();
-  auto set = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  auto get = reinterpret_cast<GetFn>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  if (set == nullptr || get == nullptr) return 0;
-  set(threads);
-  return get();
-}
-
-TrainingState TrainingStateOf(const spec::JobSpec& spec, const LlamaConfig& config,
-                              const ParallelRuntime& rt, const LossScaler& scaler) {
-  TrainingState t;
-  t.seed = spec.seed;
-  t.sp_degree = rt.sp;
-  t.dp_degree = rt.dp;
-  t.model_config = config;
-  t.dtype = spec.model.dtype;
-  // The HF model the job started from, absolute: `ulysses-train export` copies its tokenizer.
-  if (!spec.model.init_from.empty()) {
-    std::error_code ec;
-    const std::filesystem::path abs = std::filesystem::absolute(spec.model.init_from, ec);
-    t.init_from = ec ? spec.model.init_from : abs.lexically_normal().string();
-  }
-  if (scaler.enabled) {
-    t.loss_scale = scaler.scale;
-    t.loss_scale_good_steps = scaler.good_steps;
-  }
-  return t;
-}
-
-void RestoreLossScale(const TrainingState& training, LossScaler& scaler) {
-  if (!scaler.enabled || !training.loss_scale) return;
-  scaler.scale = *training.loss_scale;
-  scaler.good_steps = training.loss_scale_good_steps;
 }
 
 }  // namespace ulysses::engine::train

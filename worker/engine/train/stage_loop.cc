@@ -20,6 +20,7 @@
 #include "worker/engine/train/checkpoint_saver.h"
 #include "worker/engine/train/checkpoint_schedule.h"
 #include "worker/engine/train/evaluate.h"
+#include "worker/engine/train/host_threads.h"
 #include "worker/engine/train/preemption.h"
 #include "worker/engine/train/step_agreement.h"
 #include "worker/engine/train/step_meter.h"
@@ -193,7 +194,8 @@ absl::Status StageRun::Diverged(int64_t step, const StepStats& stats) const {
 
 absl::Status StageRun::Commit(int64_t step_in_stage, bool complete, bool periodic) {
   CommitPoint point{o_.stage, step_in_stage, s_.global_step, complete};
-  TrainingState training = TrainingStateOf(spec_, s_.config, rs_.rt, s_.trainer->loss_scaler());
+  TrainingState training =
+      TrainingStateOf(spec_, s_.config, rs_.rt.sp, rs_.rt.dp, s_.trainer->loss_scaler());
   training.data_cursor = cursor_;
   CheckpointState state = TrainingCheckpointState(spec_, point, rs_.model, *s_.adam,
                                                   std::move(training), s_.zero.get());

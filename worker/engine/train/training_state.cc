@@ -1,6 +1,7 @@
 #include "worker/engine/train/training_state.h"
 
 #include <cmath>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -95,6 +96,33 @@ absl::StatusOr<TrainingState> TrainingState::FromJson(const json& extra, const s
 absl::StatusOr<model::LlamaConfig> TrainingState::ModelConfig(const std::string& where) const {
   if (!model_config) return absl::DataLossError(absl::StrCat(where, ": no model_config"));
   return *model_config;
+}
+
+TrainingState TrainingStateOf(const spec::JobSpec& spec, const model::LlamaConfig& config,
+                              int64_t sp, int64_t dp, const LossScaler& scaler) {
+  TrainingState t;
+  t.seed = spec.seed;
+  t.sp_degree = sp;
+  t.dp_degree = dp;
+  t.model_config = config;
+  t.dtype = spec.model.dtype;
+  // The HF model the job started from, absolute: `ulysses-train export` copies its tokenizer.
+  if (!spec.model.init_from.empty()) {
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::absolute(spec.model.init_from, ec);
+    t.init_from = ec ? spec.model.init_from : abs.lexically_normal().string();
+  }
+  if (scaler.enabled) {
+    t.loss_scale = scaler.scale;
+    t.loss_scale_good_steps = scaler.good_steps;
+  }
+  return t;
+}
+
+void RestoreLossScale(const TrainingState& training, LossScaler& scaler) {
+  if (!scaler.enabled || !training.loss_scale) return;
+  scaler.scale = *training.loss_scale;
+  scaler.good_steps = training.loss_scale_good_steps;
 }
 
 }  // namespace ulysses::engine::train

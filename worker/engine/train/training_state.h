@@ -21,7 +21,9 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "common/spec/job_spec.h"
 #include "worker/engine/model/llama.h"
+#include "worker/engine/train/train_step.h"
 
 namespace ulysses::engine::train {
 
@@ -44,6 +46,14 @@ struct TrainingState {
   // model_config, or DataLoss naming `where` when the checkpoint has none.
   absl::StatusOr<model::LlamaConfig> ModelConfig(const std::string& where) const;
 };
+
+// A training checkpoint's state as of now: seed, layout (sp x dp), model config, dtype,
+// init_from and the float16 loss scale (the data cursor and adam_steps are the caller's).
+TrainingState TrainingStateOf(const spec::JobSpec& spec, const model::LlamaConfig& config,
+                              int64_t sp, int64_t dp, const LossScaler& scaler);
+
+// Restores the float16 loss scale from a checkpoint's state (absent: keep the initial scale).
+void RestoreLossScale(const TrainingState& training, LossScaler& scaler);
 
 }  // namespace ulysses::engine::train
 

@@ -1,4 +1,4 @@
-#include "worker/engine/train/rank_setup.h"
+#include "worker/engine/train/host_threads.h"
 
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
