@@ -1,13 +1,11 @@
-// Where a rank starts and how training state goes to and from checkpoints.
+// Where a rank starts and how training state comes back from a checkpoint.
 //
 // PlanResume() decides, before any network traffic, what a rank of stage `stage` does with the
 // checkpoints under root: run the stage fresh (stage 0 with none), resume mid-stage or from the
 // previous stage's final checkpoint, or nothing (the stage is already complete). A checkpoint of a
 // different spec hash, or a gap (stage k+2 after an incomplete stage k), is FAILED_PRECONDITION.
 //
-// CommitTraining() is collective over the world: without ZeRO every rank passes its full
-// (replicated) model and optimizer state and checkpoint.h splits the writing; with ZeRO each rank
-// writes only the chunks it owns (SaveMode::kOwned pieces). RestoreTraining() loads model weights
+// The commit, the other direction, is commit.h. RestoreTraining() loads model weights
 // and AdamW state from any committed checkpoint, whatever layout and ZeRO stage wrote it; a rank
 // reads only the pieces overlapping what it keeps (ResumeShare).
 #ifndef ULYSSES_WORKER_ENGINE_TRAIN_RESUME_H_
@@ -68,35 +66,6 @@ int64_t EstimatedCheckpointBytes(const spec::ModelShape& shape, const std::strin
 // barriers, so its peers wait for the slowest reader or writer that long; a fixed timeout would
 // turn a slow load of a large model into a lost peer (exit 69). Capped at 7 days.
 int64_t ScaledCollectiveTimeoutSeconds(int64_t base_s, int64_t checkpoint_bytes);
-
-// What identifies a checkpoint besides the tensors.
-struct CommitPoint {
-  int stage = 0;
-  int64_t step_in_stage = 0;
-  int64_t global_step = 0;
-  bool stage_complete = false;
-};
-
-struct CommitResult {
-  std::string path;
-  double seconds = 0;
-};
-
-// The state a checkpoint of this rank holds: model weights ("model/<name>"), AdamW state (with
-// ZeRO: the chunks this rank owns, as pieces) and `training` (its adam_steps set from the
-// optimizer) as its extra. The tensors are views of
-// the live training tensors (on the training device): copy them before the next step changes them.
-CheckpointState TrainingCheckpointState(const spec::JobSpec& spec, const CommitPoint& point,
-                                        model::LlamaForCausalLM& model, const AdamW& optimizer,
-                                        TrainingState training, const ZeroSharding* zero);
-
-// Collective over `world`: saves model weights ("model/<name>"), AdamW state and `training` (plus
-// adam_steps), keeping spec.checkpoint.keep_last committed checkpoints.
-absl::StatusOr<CommitResult> CommitTraining(const spec::JobSpec& spec, const std::string& root,
-                                            const CommitPoint& point,
-                                            model::LlamaForCausalLM& model, const AdamW& optimizer,
-                                            TrainingState training, Communicator& world,
-                                            const ZeroSharding* zero = nullptr);
 
 // What rank `rank` of `world` keeps of a checkpoint for `model` (its full parameters, as built)
 // at ZeRO `zero_stage`: the model weights whole (stages 0-2) or its chunk (stage 3, zero.h

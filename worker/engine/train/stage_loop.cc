@@ -19,6 +19,7 @@
 #include "worker/engine/data/batches.h"
 #include "worker/engine/train/checkpoint_saver.h"
 #include "worker/engine/train/checkpoint_schedule.h"
+#include "worker/engine/train/commit.h"
 #include "worker/engine/train/evaluate.h"
 #include "worker/engine/train/host_threads.h"
 #include "worker/engine/train/preemption.h"

@@ -14,6 +14,7 @@
 #include "worker/engine/data/batches.h"
 #include "worker/engine/data/dataset.h"
 #include "worker/engine/parallel/parallelize.h"
+#include "worker/engine/train/commit.h"
 #include "worker/engine/train/model_io.h"
 #include "worker/engine/train/optimizer.h"
 #include "worker/engine/train/resume.h"

@@ -42,6 +42,7 @@
 #include "worker/engine/hf/hf.h"
 #include "worker/engine/parallel/communicator.h"
 #include "worker/engine/parallel/ulysses_attention.h"
+#include "worker/engine/train/commit.h"
 #include "worker/engine/train/engine.h"
 #include "worker/engine/train/evaluate.h"
 #include "worker/engine/train/model_io.h"
