@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/testing/tiny_model.h"
 #include "worker/engine/train/model_io.h"
 
 namespace ulysses::engine::train {
@@ -15,23 +16,12 @@ namespace {
 
 using json = nlohmann::json;
 
-model::LlamaConfig Tiny() {
-  model::LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  return c;
-}
-
 TEST(TrainingStateTest, WhatASaveWritesReadsBackEqual) {
   TrainingState t;
   t.seed = -3;
   t.sp_degree = 4;
   t.dp_degree = 2;
-  t.model_config = Tiny();
+  t.model_config = ::ulysses::testing::TinyLlama();
   t.dtype = "bfloat16";
   t.init_from = "/models/llama";
   t.loss_scale = 1024.0;
@@ -49,7 +39,8 @@ TEST(TrainingStateTest, WhatASaveWritesReadsBackEqual) {
   EXPECT_EQ(back->sp_degree, 4);
   EXPECT_EQ(back->dp_degree, 2);
   ASSERT_TRUE(back->model_config.has_value());
-  EXPECT_EQ(ModelConfigToJson(*back->model_config), ModelConfigToJson(Tiny()));
+  EXPECT_EQ(ModelConfigToJson(*back->model_config),
+            ModelConfigToJson(::ulysses::testing::TinyLlama()));
   EXPECT_EQ(back->dtype, "bfloat16");
   EXPECT_EQ(back->init_from, "/models/llama");
   EXPECT_EQ(back->loss_scale, 1024.0);
