@@ -163,19 +163,17 @@ std::vector<std::pair<const char*, std::optional<json>>> StepFigures(const v1::S
 // work_at_risk_since (the rule ulysses_checkpoint_age_seconds follows), otherwise since the last
 // committed checkpoint; std::nullopt without either.
 std::optional<double> CheckpointAgeSeconds(const v1::Job& job, int64_t now_unix_ms) {
-  // A running job: the work at risk, by the coordinator's rule (the metric's).
+  const google::protobuf::Timestamp* since = nullptr;
   if (job.has_work_at_risk_since()) {
-    const google::protobuf::Timestamp& t = job.work_at_risk_since();
-    return std::max<int64_t>(0, now_unix_ms - (t.seconds() * 1000 + t.nanos() / 1'000'000)) /
-           1000.0;
-  }
-  if (!job.has_last_checkpoint() || job.last_checkpoint().path().empty() ||
-      !job.last_checkpoint().has_committed_at()) {
+    since = &job.work_at_risk_since();  // a running job: the coordinator's rule (the metric's)
+  } else if (job.has_last_checkpoint() && !job.last_checkpoint().path().empty() &&
+             job.last_checkpoint().has_committed_at()) {
+    since = &job.last_checkpoint().committed_at();
+  } else {
     return std::nullopt;
   }
-  const google::protobuf::Timestamp& t = job.last_checkpoint().committed_at();
-  const int64_t committed_ms = t.seconds() * 1000 + t.nanos() / 1'000'000;
-  return std::max<int64_t>(0, now_unix_ms - committed_ms) / 1000.0;
+  const int64_t since_ms = since->seconds() * 1000 + since->nanos() / 1'000'000;
+  return std::max<int64_t>(0, now_unix_ms - since_ms) / 1000.0;
 }
 
 }  // namespace

@@ -8,7 +8,6 @@
 
 namespace ulysses::engine::train {
 
-using json = nlohmann::json;
 using model::LlamaConfig;
 
 absl::StatusOr<spec::JobSpec> LoadSpec(const std::string& path,

@@ -7,8 +7,6 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/str_cat.h"
 #include "common/failpoint.h"
 #include "common/spec/job_spec_fields.h"
@@ -27,8 +25,6 @@
 #include "worker/engine/train/step_meter.h"
 
 namespace ulysses::engine::train {
-
-using json = nlohmann::json;
 
 namespace {
 
