@@ -19,18 +19,35 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/config/settings_yaml.h"
 #include "common/net/host_port.h"
 #include "common/spec/job_spec.h"
+#include "coordinator/config_fields.h"
 #include "coordinator/path_policy.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ulysses::coordinator {
 namespace {
 
-// A nested section's own parse error, reported as it is (not as a type mismatch).
-struct SectionError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+// `metrics:` (job_series only).
+std::vector<std::string> ReadMetricsSection(const YAML::Node& n, CoordinatorConfig* c) {
+  if (!n.IsMap()) return {"metrics: must be a mapping (job_series: ...)"};
+  std::vector<std::string> errors;
+  for (const auto& kv : n) {
+    const std::string key = kv.first.as<std::string>();
+    if (key != "job_series") {
+      errors.push_back(absl::StrCat("metrics.", key, ": unknown setting (known: job_series)"));
+      continue;
+    }
+    absl::StatusOr<JobSeries> p = ParseJobSeries("metrics.job_series", kv.second.as<std::string>());
+    if (p.ok()) {
+      c->metrics_job_series = *p;
+    } else {
+      errors.emplace_back(p.status().message());
+    }
+  }
+  return errors;
+}
 
 }  // namespace
 
@@ -45,110 +62,28 @@ absl::Status ApplyConfigYaml(const std::string& yaml_text, CoordinatorConfig* c)
   if (!root.IsMap()) {
     return absl::InvalidArgumentError("config: top level must be a mapping of settings");
   }
-  using Setter = std::function<void(const YAML::Node&)>;
-  std::map<std::string, Setter> setters = {
-      {"listen", [&](const YAML::Node& n) { c->listen = n.as<std::string>(); }},
-      {"state_dir", [&](const YAML::Node& n) { c->state_dir = n.as<std::string>(); }},
-      {"metrics_listen", [&](const YAML::Node& n) { c->metrics_listen = n.as<std::string>(); }},
-      {"heartbeat_timeout_s",
-       [&](const YAML::Node& n) { c->heartbeat_timeout_s = n.as<double>(); }},
-      {"heartbeat_interval_s",
-       [&](const YAML::Node& n) { c->heartbeat_interval_s = n.as<double>(); }},
-      {"lost_after_s", [&](const YAML::Node& n) { c->lost_after_s = n.as<double>(); }},
-      {"max_heartbeats_per_s",
-       [&](const YAML::Node& n) { c->max_heartbeats_per_s = n.as<double>(); }},
-      {"reconnect_window_s", [&](const YAML::Node& n) { c->reconnect_window_s = n.as<double>(); }},
-      {"checkpoint_root", [&](const YAML::Node& n) { c->checkpoint_root = n.as<std::string>(); }},
-      {"out_root", [&](const YAML::Node& n) { c->out_root = n.as<std::string>(); }},
-      {"restart_backoff_base_s",
-       [&](const YAML::Node& n) { c->restart_backoff_base_s = n.as<double>(); }},
-      {"restart_backoff_max_s",
-       [&](const YAML::Node& n) { c->restart_backoff_max_s = n.as<double>(); }},
-      {"log_buffer_lines", [&](const YAML::Node& n) { c->log_buffer_lines = n.as<int64_t>(); }},
-      {"rendezvous_port_min",
-       [&](const YAML::Node& n) { c->rendezvous_port_min = n.as<int64_t>(); }},
-      {"rendezvous_port_max",
-       [&](const YAML::Node& n) { c->rendezvous_port_max = n.as<int64_t>(); }},
-      {"abort_grace_s", [&](const YAML::Node& n) { c->abort_grace_s = n.as<double>(); }},
-      {"cancel_grace_s", [&](const YAML::Node& n) { c->cancel_grace_s = n.as<double>(); }},
-      {"preemption_grace_s", [&](const YAML::Node& n) { c->preemption_grace_s = n.as<double>(); }},
-      {"checkpoint_mtbf_prior_gpu_hours",
-       [&](const YAML::Node& n) { c->checkpoint_mtbf_prior_gpu_hours = n.as<double>(); }},
-      {"checkpoint_cost_prior_s",
-       [&](const YAML::Node& n) { c->checkpoint_cost_prior_s = n.as<double>(); }},
-      {"non_preempting_priorities",
-       [&](const YAML::Node& n) { c->non_preempting_priorities = n.as<std::vector<int64_t>>(); }},
-      {"event_history", [&](const YAML::Node& n) { c->event_history = n.as<int64_t>(); }},
-      {"tls_cert", [&](const YAML::Node& n) { c->tls_cert = n.as<std::string>(); }},
-      {"tls_key", [&](const YAML::Node& n) { c->tls_key = n.as<std::string>(); }},
-      {"tls_client_ca", [&](const YAML::Node& n) { c->tls_client_ca = n.as<std::string>(); }},
-      {"token_file", [&](const YAML::Node& n) { c->token_file = n.as<std::string>(); }},
-      {"insecure", [&](const YAML::Node& n) { c->insecure = n.as<bool>(); }},
-      {"log_buffer_bytes_per_job",
-       [&](const YAML::Node& n) { c->log_buffer_bytes_per_job = n.as<int64_t>(); }},
-      {"log_buffer_bytes_total",
-       [&](const YAML::Node& n) { c->log_buffer_bytes_total = n.as<int64_t>(); }},
-      {"lost_worker_ttl_s", [&](const YAML::Node& n) { c->lost_worker_ttl_s = n.as<double>(); }},
-      {"ended_job_ttl_s", [&](const YAML::Node& n) { c->ended_job_ttl_s = n.as<double>(); }},
-      {"log_file_bytes_per_job",
-       [&](const YAML::Node& n) { c->log_file_bytes_per_job = n.as<int64_t>(); }},
-      {"max_streams_per_identity",
-       [&](const YAML::Node& n) { c->max_streams_per_identity = n.as<int64_t>(); }},
-      {"max_streams", [&](const YAML::Node& n) { c->max_streams = n.as<int64_t>(); }},
-      {"max_streams_per_tenant",
-       [&](const YAML::Node& n) { c->max_streams_per_tenant = n.as<int64_t>(); }},
-      {"stream_queue_max_bytes",
-       [&](const YAML::Node& n) { c->stream_queue_max_bytes = n.as<int64_t>(); }},
-      {"stream_stall_s", [&](const YAML::Node& n) { c->stream_stall_s = n.as<double>(); }},
-      {"progress_log_interval_s",
-       [&](const YAML::Node& n) { c->progress_log_interval_s = n.as<double>(); }},
-      {"session_queues", [&](const YAML::Node& n) { c->session_queues = n.as<int64_t>(); }},
-      {"tls_reload_interval_s",
-       [&](const YAML::Node& n) { c->tls_reload_interval_s = n.as<int64_t>(); }},
-      {"data_roots",
-       [&](const YAML::Node& n) { c->data_roots = n.as<std::vector<std::string>>(); }},
-      {"state_max_bytes", [&](const YAML::Node& n) { c->state_max_bytes = n.as<int64_t>(); }},
+  // The two sections' readers may throw on a value of the wrong type (YAML::Node::as).
+  auto guarded = [](const char* key, auto read) {
+    return [key, read](const YAML::Node& n) -> std::vector<std::string> {
+      try {
+        return read(n);
+      } catch (const std::exception& e) {
+        return {absl::StrCat(key, ": ", YAML::Dump(n), " has the wrong type (", e.what(), ")")};
+      }
+    };
+  };
+  const std::map<std::string, config::SectionReader> sections = {
       {"metrics",
-       [&](const YAML::Node& n) {
-         if (!n.IsMap()) throw SectionError("metrics: must be a mapping (job_series: ...)");
-         for (const auto& kv : n) {
-           const std::string key = kv.first.as<std::string>();
-           if (key != "job_series") {
-             throw SectionError(
-                 absl::StrCat("metrics.", key, ": unknown setting (known: job_series)"));
-           }
-           absl::StatusOr<JobSeries> p =
-               ParseJobSeries("metrics.job_series", kv.second.as<std::string>());
-           if (!p.ok()) throw SectionError(std::string(p.status().message()));
-           c->metrics_job_series = *p;
-         }
-       }},
-      {"quotas",
-       [&](const YAML::Node& n) {
-         absl::Status s = ParseQuotaPolicy(n, &c->quotas);
-         if (!s.ok()) throw SectionError(std::string(s.message()));
-       }},
+       guarded("metrics", [c](const YAML::Node& n) { return ReadMetricsSection(n, c); })},
+      {"quotas", guarded("quotas",
+                         [c](const YAML::Node& n) -> std::vector<std::string> {
+                           absl::Status s = ParseQuotaPolicy(n, &c->quotas);
+                           if (s.ok()) return {};
+                           return {std::string(s.message())};
+                         })},
   };
   std::vector<std::string> errors;
-  for (const auto& kv : root) {
-    std::string key = kv.first.as<std::string>();
-    auto it = setters.find(key);
-    if (it == setters.end()) {
-      std::vector<std::string> known;
-      for (const auto& s : setters) known.push_back(s.first);
-      errors.push_back(absl::StrCat("config.", key,
-                                    ": unknown setting (known: ", absl::StrJoin(known, ", "), ")"));
-      continue;
-    }
-    try {
-      it->second(kv.second);
-    } catch (const SectionError& e) {  // Already `<field>: <value> <problem> (<fix>)`.
-      errors.push_back(absl::StrCat("config.", e.what()));
-    } catch (const std::exception& e) {
-      errors.push_back(absl::StrCat("config.", key, ": ", YAML::Dump(kv.second),
-                                    " has the wrong type (", e.what(), ")"));
-    }
-  }
+  config::ReadSettingsYaml(root, CoordinatorSettings{}, sections, "config.", c, &errors);
   if (!errors.empty()) return absl::InvalidArgumentError(absl::StrJoin(errors, "\n"));
   return absl::OkStatus();
 }
@@ -222,19 +157,13 @@ void CheckEndpoints(CoordinatorConfig* c, std::vector<std::string>& e) {
       e.push_back(std::string(at.status().message()));
     }
   }
-  if (c->state_dir.empty()) {
-    e.push_back("state_dir: empty (pass --state-dir DIR; SQLite state lives there)");
-  }
 }
 
-// Liveness and recovery timings, ports, graces, the checkpoint-interval priors and the
-// priorities that never preempt. Fills heartbeat_interval_s when 0.
+// The rules across fields (each field's own range is CoordinatorSettings'): liveness timings,
+// the restart backoff, the port range, the priorities that never preempt. Fills
+// heartbeat_interval_s when 0.
 void CheckTimings(CoordinatorConfig* c, std::vector<std::string>& e) {
-  if (!(c->heartbeat_timeout_s > 0 && c->heartbeat_timeout_s <= 3600)) {
-    e.push_back(absl::StrCat("heartbeat_timeout_s: ", c->heartbeat_timeout_s,
-                             " is out of range (use 0 < seconds <= 3600, e.g. 10; a silent "
-                             "worker is SUSPECT after it and LOST after lost_after_s)"));
-  } else if (!(c->lost_after_s >= c->heartbeat_timeout_s && c->lost_after_s <= 86400)) {
+  if (!(c->lost_after_s >= c->heartbeat_timeout_s && c->lost_after_s <= 86400)) {
     e.push_back(absl::StrCat("lost_after_s: ", c->lost_after_s,
                              " is out of range (use heartbeat_timeout_s (", c->heartbeat_timeout_s,
                              ") .. 86400 seconds, e.g. 45 to ride out a 30 s network blip; "
@@ -246,50 +175,16 @@ void CheckTimings(CoordinatorConfig* c, std::vector<std::string>& e) {
                              " must be > 0 and <= heartbeat_timeout_s / 2 (",
                              c->heartbeat_timeout_s / 2, ")"));
   }
-  if (!(c->max_heartbeats_per_s == 0 ||
-        (c->max_heartbeats_per_s >= 1 && c->max_heartbeats_per_s <= 1e7))) {
-    e.push_back(absl::StrCat("max_heartbeats_per_s: ", c->max_heartbeats_per_s,
-                             " is out of range (use 1 .. 10000000, e.g. 5000, or 0 for a fixed "
-                             "heartbeat_interval_s whatever the cluster's size)"));
-  }
-  if (!(c->reconnect_window_s >= 0 && c->reconnect_window_s <= 86400)) {
-    e.push_back(absl::StrCat("reconnect_window_s: ", c->reconnect_window_s,
-                             " is out of range (use 0 .. 86400 seconds; 0 = 2 x "
-                             "heartbeat_timeout_s; size it to the time all workers need to "
-                             "reconnect after a coordinator restart)"));
-  }
   if (!(c->restart_backoff_base_s >= 0 && c->restart_backoff_max_s >= c->restart_backoff_base_s)) {
     e.push_back(
         absl::StrCat("restart_backoff_base_s/restart_backoff_max_s: ", c->restart_backoff_base_s,
                      "/", c->restart_backoff_max_s, " invalid (need 0 <= base <= max)"));
-  }
-  if (c->log_buffer_lines < 1 || c->log_buffer_lines > 10000000) {
-    e.push_back(absl::StrCat("log_buffer_lines: ", c->log_buffer_lines,
-                             " is out of range (use 1..10000000)"));
   }
   if (c->rendezvous_port_min < 1 || c->rendezvous_port_max > 65535 ||
       c->rendezvous_port_min > c->rendezvous_port_max) {
     e.push_back(absl::StrCat("rendezvous_port_min/rendezvous_port_max: ", c->rendezvous_port_min,
                              "/", c->rendezvous_port_max,
                              " is not a port range (use 1 <= min <= max <= 65535)"));
-  }
-  if (c->abort_grace_s < 0 || c->cancel_grace_s < 0) {
-    e.push_back("abort_grace_s/cancel_grace_s: negative (use seconds >= 0)");
-  }
-  if (!(c->preemption_grace_s >= 0 && c->preemption_grace_s <= 86400)) {
-    e.push_back(absl::StrCat("preemption_grace_s: ", c->preemption_grace_s,
-                             " is out of range (use 0..86400 seconds; 0 = cancel_grace_s)"));
-  }
-  if (!(c->checkpoint_mtbf_prior_gpu_hours > 0 && c->checkpoint_mtbf_prior_gpu_hours <= 1e9)) {
-    e.push_back(
-        absl::StrCat("checkpoint_mtbf_prior_gpu_hours: ", c->checkpoint_mtbf_prior_gpu_hours,
-                     " is out of range (use GPU-hours per failure in (0, 1e9], e.g. "
-                     "50677, Llama 3's observed rate)"));
-  }
-  if (!(c->checkpoint_cost_prior_s >= 0 && c->checkpoint_cost_prior_s <= 86400)) {
-    e.push_back(absl::StrCat("checkpoint_cost_prior_s: ", c->checkpoint_cost_prior_s,
-                             " is out of range (use the seconds one checkpoint blocks training, "
-                             "0..86400; 0 = measure it at the first step)"));
   }
   std::set<int64_t> seen_priorities;
   for (int64_t p : c->non_preempting_priorities) {
@@ -304,69 +199,20 @@ void CheckTimings(CoordinatorConfig* c, std::vector<std::string>& e) {
   }
 }
 
-// What the coordinator keeps and serves: state and log sizes, quotas, retention, streams.
+// The limits bounded by other fields: quotas, the log buffers' total, the stream caps.
 // Fills max_streams_per_tenant when 0.
 void CheckLimits(CoordinatorConfig* c, std::vector<std::string>& e) {
-  if (c->state_max_bytes != 0 && c->state_max_bytes < (1 << 20)) {
-    e.push_back(absl::StrCat("state_max_bytes: ", c->state_max_bytes,
-                             " is too small (use 0 for no cap, or at least 1048576)"));
-  }
   if (absl::Status s = ValidateQuotaPolicy(c->quotas); !s.ok()) {
     e.push_back(std::string(s.message()));
   }
-  if (c->event_history < 1 || c->event_history > 10000) {
-    e.push_back(absl::StrCat("event_history: ", c->event_history,
-                             " is out of range (use 1..10000 events kept per job)"));
-  }
-  constexpr int64_t kKiB = 1024, kGiB = 1024 * 1024 * 1024;
-  if (c->log_buffer_bytes_per_job < 64 * kKiB || c->log_buffer_bytes_per_job > kGiB) {
-    e.push_back(absl::StrCat("log_buffer_bytes_per_job: ", c->log_buffer_bytes_per_job,
-                             " is out of range (use 65536..1073741824 bytes)"));
-  } else if (c->log_buffer_bytes_total < c->log_buffer_bytes_per_job ||
-             c->log_buffer_bytes_total > 64 * kGiB) {
+  constexpr int64_t kGiB = 1024 * 1024 * 1024;
+  if (c->log_buffer_bytes_total < c->log_buffer_bytes_per_job ||
+      c->log_buffer_bytes_total > 64 * kGiB) {
     e.push_back(absl::StrCat("log_buffer_bytes_total: ", c->log_buffer_bytes_total,
                              " is out of range (use log_buffer_bytes_per_job (",
                              c->log_buffer_bytes_per_job, ") .. 68719476736 bytes)"));
   }
-  if (!(c->ended_job_ttl_s >= 0 && c->ended_job_ttl_s <= 10 * 365 * 24 * 3600.0)) {
-    e.push_back(absl::StrCat("ended_job_ttl_s: ", c->ended_job_ttl_s,
-                             " is out of range (use 0 to keep ended jobs, or up to 315360000 "
-                             "seconds, e.g. 604800 for a week)"));
-  }
-  if (c->log_file_bytes_per_job != 0 &&
-      (c->log_file_bytes_per_job < 64 * kKiB || c->log_file_bytes_per_job > 64 * kGiB)) {
-    e.push_back(absl::StrCat("log_file_bytes_per_job: ", c->log_file_bytes_per_job,
-                             " is out of range (use 0 for no log files, or 65536.."
-                             "68719476736 bytes, e.g. 67108864)"));
-  }
-  if (!(c->lost_worker_ttl_s > 0 && c->lost_worker_ttl_s <= 30 * 24 * 3600)) {
-    e.push_back(absl::StrCat("lost_worker_ttl_s: ", c->lost_worker_ttl_s,
-                             " is out of range (use 0 < seconds <= 2592000, e.g. 3600)"));
-  }
-  if (c->tls_reload_interval_s < 1 || c->tls_reload_interval_s > 86400) {
-    e.push_back(absl::StrCat("tls_reload_interval_s: ", c->tls_reload_interval_s,
-                             " is out of range (use 1..86400 seconds, e.g. 60)"));
-  }
-  if (c->stream_queue_max_bytes < (1 << 20) || c->stream_queue_max_bytes > (int64_t{1} << 30)) {
-    e.push_back(absl::StrCat("stream_queue_max_bytes: ", c->stream_queue_max_bytes,
-                             " is out of range (use 1048576 .. 1073741824, e.g. 4194304)"));
-  }
-  if (!(c->progress_log_interval_s >= 0 && c->progress_log_interval_s <= 3600)) {
-    e.push_back(absl::StrCat("progress_log_interval_s: ", c->progress_log_interval_s,
-                             " is out of range (use 0 .. 3600 seconds, 0 = no progress lines)"));
-  }
-  if (!(c->stream_stall_s >= 0.1 && c->stream_stall_s <= 3600)) {
-    e.push_back(absl::StrCat("stream_stall_s: ", c->stream_stall_s,
-                             " is out of range (use 0.1 .. 3600 seconds, e.g. 60)"));
-  }
-  if (c->session_queues < 1 || c->session_queues > 64) {
-    e.push_back(absl::StrCat("session_queues: ", c->session_queues,
-                             " is out of range (use 1..64 completion queues, e.g. 8)"));
-  }
-  if (c->max_streams_per_identity < 1 || c->max_streams_per_identity > 100000) {
-    e.push_back(absl::StrCat("max_streams_per_identity: ", c->max_streams_per_identity,
-                             " is out of range (use 1..100000 open streams, e.g. 64)"));
-  } else if (c->max_streams < c->max_streams_per_identity || c->max_streams > 100000) {
+  if (c->max_streams < c->max_streams_per_identity || c->max_streams > 100000) {
     e.push_back(absl::StrCat("max_streams: ", c->max_streams,
                              " is out of range (use max_streams_per_identity (",
                              c->max_streams_per_identity, ") .. 100000, e.g. 4096)"));
@@ -420,6 +266,7 @@ void FinalizeRoots(CoordinatorConfig* c, std::vector<std::string>& e) {
 
 absl::Status ValidateAndFinalize(CoordinatorConfig* c) {
   std::vector<std::string> e;
+  config::CheckSettings(*c, CoordinatorSettings{}, &e);  // Each field's own range.
   CheckEndpoints(c, e);
   CheckTimings(c, e);
   CheckLimits(c, e);

@@ -2,7 +2,7 @@
 // docs/SECURITY.md.
 //   ulysses-coordinator --listen HOST:PORT --state-dir DIR --metrics-listen HOST:PORT
 //                       [--config FILE] [--tls-cert F --tls-key F [--tls-client-ca F]]
-//                       [--token-file F] [--insecure]
+//                       [--token-file F] [--insecure] [--<any setting, dashed> VALUE]
 //   ulysses-coordinator token create --user U --tenant T --role R [--token-file F]
 // Flags override the config file. SIGHUP reloads the token file. Exit codes
 // (common/contract/exit.h): 0 after SIGTERM/SIGINT, 2 on bad flags/config, 1 when the
@@ -17,6 +17,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/config/settings_cli.h"
 #include "common/contract/cli11.h"
 #include "common/contract/exit.h"
 #include "common/grpc/library_logs.h"
@@ -28,6 +29,7 @@
 #include "coordinator/auth/tokens.h"
 #include "coordinator/backup.h"
 #include "coordinator/config.h"
+#include "coordinator/config_fields.h"
 #include "coordinator/server.h"
 
 namespace {
@@ -38,48 +40,17 @@ namespace contract = ulysses::contract;
 std::atomic<bool> g_reload{false};  // Lock-free: safe to set from a signal handler.
 void OnSighup(int) { g_reload.store(true); }
 
-// The daemon's flags: each overrides its config-file field when given (-1 / "" = not given).
+// The daemon's flags: one per CoordinatorConfig setting (coordinator/config_fields.h), each
+// overriding the config file's value when given, and two of the daemon's own.
 struct DaemonFlags {
-  std::string listen, state_dir, metrics_listen, config_file, checkpoint_root;
-  std::string tls_cert, tls_key, tls_client_ca, token_file;
-  std::vector<std::string> data_roots;
-  bool insecure = false;
+  ulysses::config::FlagOverrides<CoordinatorConfig> settings;
+  std::string config_file;
   std::string log_format = "text";
-  double heartbeat_timeout_s = -1;
-  double lost_after_s = -1;
-  double reconnect_window_s = -1;
 };
 
 void AddDaemonFlags(CLI::App& app, DaemonFlags& f) {
-  app.add_option("--listen", f.listen, "gRPC HOST:PORT (default 127.0.0.1:50051)");
-  app.add_option("--state-dir", f.state_dir, "Directory for the SQLite state (required)");
-  app.add_option("--metrics-listen", f.metrics_listen,
-                 "Prometheus /metrics and probes HOST:PORT (default 127.0.0.1:9091: loopback; the "
-                 "pod IP in a deploy)");
   app.add_option("--config", f.config_file, "YAML config file (flags override it)");
-  app.add_option("--checkpoint-root", f.checkpoint_root,
-                 "Shared checkpoint root (default <state-dir>/checkpoints)");
-  app.add_option("--data-root", f.data_roots,
-                 "Directory specs may read data/init_from from (repeatable; default: none, "
-                 "synthetic data only)");
-  app.add_option("--heartbeat-timeout-s", f.heartbeat_timeout_s,
-                 "Seconds without a worker message before it is SUSPECT (no new work; "
-                 "default 10)");
-  app.add_option("--lost-after-s", f.lost_after_s,
-                 "Seconds without a worker message before it is LOST and its jobs restart "
-                 "(>= --heartbeat-timeout-s; default 45)");
-  app.add_option("--reconnect-window-s", f.reconnect_window_s,
-                 "After a restart, seconds no known worker is declared LOST and RECOVERING jobs "
-                 "wait for their workers (default 2 x --heartbeat-timeout-s)");
-  app.add_option("--tls-cert", f.tls_cert, "Server certificate (PEM); with --tls-key enables TLS");
-  app.add_option("--tls-key", f.tls_key, "Server private key (PEM)");
-  app.add_option("--tls-client-ca", f.tls_client_ca,
-                 "CA of worker client certificates (mutual TLS for workers)");
-  app.add_option("--token-file", f.token_file,
-                 "YAML bearer-token file (default: create <state-dir>/admin.token); SIGHUP "
-                 "reloads it");
-  app.add_flag("--insecure", f.insecure,
-               "Allow plaintext gRPC on a non-loopback address (tokens travel in the clear)");
+  f.settings.AddTo(app, ulysses::coordinator::CoordinatorSettings{});
   app.add_option("--log-format", f.log_format,
                  "text (default) or json: one JSON object per stderr line for log collectors");
 }
@@ -188,19 +159,7 @@ absl::StatusOr<CoordinatorConfig> ConfigOf(const DaemonFlags& f) {
   if (!f.config_file.empty()) {
     RETURN_IF_ERROR(ulysses::coordinator::LoadConfigFile(f.config_file, &config));
   }
-  if (!f.listen.empty()) config.listen = f.listen;
-  if (!f.state_dir.empty()) config.state_dir = f.state_dir;
-  if (!f.metrics_listen.empty()) config.metrics_listen = f.metrics_listen;
-  if (!f.checkpoint_root.empty()) config.checkpoint_root = f.checkpoint_root;
-  if (f.heartbeat_timeout_s >= 0) config.heartbeat_timeout_s = f.heartbeat_timeout_s;
-  if (f.lost_after_s >= 0) config.lost_after_s = f.lost_after_s;
-  if (f.reconnect_window_s >= 0) config.reconnect_window_s = f.reconnect_window_s;
-  if (!f.tls_cert.empty()) config.tls_cert = f.tls_cert;
-  if (!f.tls_key.empty()) config.tls_key = f.tls_key;
-  if (!f.tls_client_ca.empty()) config.tls_client_ca = f.tls_client_ca;
-  if (!f.token_file.empty()) config.token_file = f.token_file;
-  if (f.insecure) config.insecure = true;
-  if (!f.data_roots.empty()) config.data_roots = f.data_roots;
+  f.settings.ApplyTo(&config);
   if (absl::Status s = ulysses::coordinator::ValidateAndFinalize(&config); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("invalid configuration:\n", s.message()));
   }

@@ -17,6 +17,7 @@
 #include "common/spec/path_confine.h"
 #include "worker/agent/devices.h"
 #include "worker/agent/fabric.h"
+#include "worker/agent/worker_config_fields.h"
 
 namespace ulysses::agent {
 namespace {
@@ -40,12 +41,11 @@ std::vector<std::string> RootFlags(const WorkerConfig& c) {
 
 absl::Status WorkerConfig::Validate() {
   std::vector<std::string> errors;
+  config::CheckSettings(*this, WorkerSettings{}, &errors, /*by_flag=*/true);  // Own ranges.
   if (coordinator.empty() || coordinator.find(':') == std::string::npos) {
     errors.push_back(absl::StrCat("--coordinator: \"", coordinator,
                                   "\" is not HOST:PORT (e.g. --coordinator 127.0.0.1:50051)"));
   }
-  if (name.empty())
-    errors.push_back("--name: empty (give each worker a unique name, e.g. node3-gpu5)");
   if (absl::StatusOr<std::vector<std::string>> parsed =
           ParseDevices(device, capacity, CountVisibleGpus());
       parsed.ok()) {
@@ -53,9 +53,7 @@ absl::Status WorkerConfig::Validate() {
   } else {
     errors.emplace_back(parsed.status().message());
   }
-  if (work_dir.empty()) {
-    errors.push_back("--work-dir: empty (a writable directory for spec files and job output)");
-  } else {
+  if (!work_dir.empty()) {
     std::error_code ec;
     fs::create_directories(work_dir, ec);
     if (ec) {
@@ -76,9 +74,6 @@ absl::Status WorkerConfig::Validate() {
         absl::StrCat("--engine-bin: \"", engine_bin,
                      "\" is not an executable (build ulysses-train or pass its path)"));
   }
-  if (advertise_host.empty()) {
-    errors.push_back("--advertise-host: empty (the address other ranks reach this worker on)");
-  }
   if (!metrics_listen.empty()) {
     if (absl::StatusOr<net::HostPort> at =
             net::ParseHostPort("--metrics-listen", metrics_listen, "0.0.0.0:9091");
@@ -87,9 +82,7 @@ absl::Status WorkerConfig::Validate() {
     }
   }
   if (!(peak_flops >= 0) || !std::isfinite(peak_flops)) {
-    errors.push_back(absl::StrCat("--peak-flops: ", peak_flops,
-                                  " is not a finite number >= 0 (the device's dense peak "
-                                  "FLOP/s, e.g. 989e12 for an H100 in bf16; 0 = unknown)"));
+    peak_flops_why = "invalid";  // The settings' range check names it.
   } else if (peak_flops > 0) {
     peak_flops_why = "set by --peak-flops";
   } else if (!devices.empty() && devices.front().rfind("cuda", 0) == 0) {
@@ -113,19 +106,8 @@ absl::Status WorkerConfig::Validate() {
       fabric_why = "set by --fabric";
     }
   }
-  if (intra_op_threads < 0 || intra_op_threads > process::kMaxIntraOpThreads) {
-    errors.push_back(absl::StrCat("--intra-op-threads: ", intra_op_threads, " is outside 0..",
-                                  process::kMaxIntraOpThreads,
-                                  " (each rank's libtorch threads; 0 = usable cores / slots)"));
-  }
-  if (grace_period.count() < 0) {
-    errors.push_back(absl::StrCat("--grace-period-s: ", grace_period.count() / 1000.0,
-                                  " is negative (use >= 0; Kubernetes gives 30 by default)"));
-  }
-  if (collective_timeout_s < 0 || collective_timeout_s > 86400) {
-    errors.push_back(absl::StrCat("--collective-timeout-s: ", collective_timeout_s,
-                                  " is outside 0..86400 (0 = the engine's 60 s; use e.g. 600 "
-                                  "when ranks load large checkpoints)"));
+  if (grace_period_s >= 0 && std::isfinite(grace_period_s)) {
+    grace_period = std::chrono::milliseconds(static_cast<int64_t>(grace_period_s * 1000));
   }
   if (!token.empty() && !token_file.empty()) {
     errors.push_back(absl::StrCat("--token-file: \"", token_file,

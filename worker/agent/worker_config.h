@@ -1,5 +1,7 @@
-// ulysses-worker's configuration: one struct with every flag (worker/agent/main.cc fills it),
-// validated once with messages that name the flag, the value and the fix.
+// ulysses-worker's configuration: one struct with every flag (the list of its settings, flags
+// and ranges is worker_config_fields.h; worker/agent/main.cc fills it), validated once with
+// messages that name the flag, the value and the fix. The reconnect and deadline timings below
+// are not flags.
 #ifndef ULYSSES_WORKER_AGENT_WORKER_CONFIG_H_
 #define ULYSSES_WORKER_AGENT_WORKER_CONFIG_H_
 
@@ -26,10 +28,11 @@ struct WorkerConfig {
   // assignment whose paths lie outside them (assignment_check.h). Empty = not checked.
   std::string checkpoint_root;
   std::vector<std::string> data_roots;
-  std::string node_label;                         // Node / NVLink domain label ("" = the name).
-  std::string engine_bin;                         // ulysses-train path ("" = next to this binary).
-  std::string advertise_host = "127.0.0.1";       // Address other ranks reach this worker on.
-  std::chrono::milliseconds grace_period{30000};  // SIGTERM -> SIGKILL on preemption.
+  std::string node_label;                    // Node / NVLink domain label ("" = the name).
+  std::string engine_bin;                    // ulysses-train path ("" = next to this binary).
+  std::string advertise_host = "127.0.0.1";  // Address other ranks reach this worker on.
+  double grace_period_s = 30;                // --grace-period-s: SIGTERM -> SIGKILL on preemption.
+  std::chrono::milliseconds grace_period{30000};  // grace_period_s, filled by Validate.
   // --collective-timeout-s: passed to each rank (rendezvous and collective timeout; 0 = the
   // engine's default of 60 s). Size it for the slowest checkpoint load of a rank.
   int collective_timeout_s = 0;

@@ -1,0 +1,56 @@
+// The rows of a markdown table in one of the repo's docs, for tests that hold a doc to the code.
+#ifndef ULYSSES_TESTS_TESTING_DOC_TABLE_H_
+#define ULYSSES_TESTS_TESTING_DOC_TABLE_H_
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace ulysses::testing {
+
+// $ULYSSES_SOURCE_DIR/<relative> (ctest sets the variable); "" when unset.
+inline std::string SourcePath(const std::string& relative) {
+  const char* dir = std::getenv("ULYSSES_SOURCE_DIR");
+  return dir == nullptr ? "" : std::string(dir) + "/" + relative;
+}
+
+// The cells (trimmed) of each body row of the first table after the line that starts with
+// `heading`, header and separator rows left out. Empty when the file or heading is missing.
+inline std::vector<std::vector<std::string>> DocTableRows(const std::string& path,
+                                                          const std::string& heading) {
+  std::ifstream in(path);
+  std::string line;
+  bool after_heading = false;
+  bool in_table = false;
+  int row = 0;
+  std::vector<std::vector<std::string>> rows;
+  while (std::getline(in, line)) {
+    if (!after_heading) {
+      after_heading = line.rfind(heading, 0) == 0;
+      continue;
+    }
+    if (line.rfind("|", 0) != 0) {
+      if (in_table) break;
+      continue;
+    }
+    in_table = true;
+    if (row++ < 2) continue;  // Header and |---|.
+    absl::string_view body = line;
+    absl::ConsumePrefix(&body, "|");
+    absl::ConsumeSuffix(&body, "|");
+    std::vector<std::string> cells;
+    for (absl::string_view cell : absl::StrSplit(body, " | ")) {
+      cells.emplace_back(absl::StripAsciiWhitespace(cell));
+    }
+    rows.push_back(std::move(cells));
+  }
+  return rows;
+}
+
+}  // namespace ulysses::testing
+
+#endif  // ULYSSES_TESTS_TESTING_DOC_TABLE_H_
