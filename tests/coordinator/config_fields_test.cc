@@ -140,14 +140,8 @@ TEST(CoordinatorSettingsTest, TheDocsTableHasARowPerSettingInOrderWithItsDefault
   const std::string path = testing::SourcePath("docs/COORDINATOR.md");
   ASSERT_FALSE(path.empty()) << "$ULYSSES_SOURCE_DIR is unset (run through ctest)";
   std::vector<std::pair<std::string, std::string>> documented;
-  for (const std::vector<std::string>& row : testing::DocTableRows(path, "## Configuration")) {
-    ASSERT_GE(row.size(), 2u);
-    std::string key = row[0];
-    if (key.size() >= 2 && key.front() == '`' && key.back() == '`') {
-      key = key.substr(1, key.size() - 2);
-    }
-    if (absl::StrContains(key, ".")) continue;  // A section's row.
-    documented.emplace_back(key, row[1]);
+  for (auto& [key, shown] : testing::DocTableNameAndDefault(path, "## Configuration")) {
+    if (!absl::StrContains(key, ".")) documented.emplace_back(key, shown);  // Not a section's.
   }
   EXPECT_EQ(documented, config::DefaultsTable<CoordinatorConfig>(CoordinatorSettings{}));
 }

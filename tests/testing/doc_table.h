@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_split.h"
@@ -49,6 +50,19 @@ inline std::vector<std::vector<std::string>> DocTableRows(const std::string& pat
     rows.push_back(std::move(cells));
   }
   return rows;
+}
+
+// (first cell without its backticks, second cell) of each row of that table: a settings
+// table's name and default.
+inline std::vector<std::pair<std::string, std::string>> DocTableNameAndDefault(
+    const std::string& path, const std::string& heading) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const std::vector<std::string>& row : DocTableRows(path, heading)) {
+    absl::string_view name = row[0];
+    if (absl::ConsumePrefix(&name, "`")) absl::ConsumeSuffix(&name, "`");
+    out.emplace_back(std::string(name), row.size() > 1 ? row[1] : "");
+  }
+  return out;
 }
 
 }  // namespace ulysses::testing

@@ -100,13 +100,8 @@ TEST(WorkerSettingsTest, EachBoundedOrRequiredSettingIsRefusedWithItsFlagAndFix)
 TEST(WorkerSettingsTest, TheDocsTableHasARowPerFlagInOrderWithItsDefault) {
   const std::string path = testing::SourcePath("docs/OPERATIONS.md");
   ASSERT_FALSE(path.empty()) << "$ULYSSES_SOURCE_DIR is unset (run through ctest)";
-  std::vector<std::pair<std::string, std::string>> documented;
-  for (const std::vector<std::string>& row : testing::DocTableRows(path, "### Workers")) {
-    ASSERT_GE(row.size(), 3u);
-    std::string flag = row[0];
-    if (flag.size() >= 2 && flag.front() == '`') flag = flag.substr(1, flag.size() - 2);
-    documented.emplace_back(flag, row[1]);
-  }
+  const std::vector<std::pair<std::string, std::string>> documented =
+      testing::DocTableNameAndDefault(path, "### Workers");
   EXPECT_EQ(documented, config::DefaultsTable<WorkerConfig>(WorkerSettings{}, /*by_flag=*/true));
 }
 
