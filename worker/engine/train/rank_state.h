@@ -54,6 +54,23 @@ struct RankState {
   std::chrono::milliseconds collective_timeout{0};
 };
 
+// Where this rank's weights and optimizer state come from, decided once from the resume plan and
+// the spec (init / import / resume x ZeRO-3 or not); BuildRankState executes it step by step.
+enum class StateSource { kInit, kImport, kResume };
+struct StatePlan {
+  StateSource source = StateSource::kInit;
+  int zero_stage = 0;
+  bool config_from_checkpoint = false;  // resume: the checkpoint's model config, not the spec's
+  bool sharded_init = false;            // ZeRO-3: no rank builds the whole model (zero.h)
+  bool restore_whole_model = false;     // resume below ZeRO-3: the share into the model
+  bool import_whole_model = false;      // import below ZeRO-3: init_from into the model
+  bool import_chunks = false;           // import at ZeRO-3: init_from's byte ranges, by chunk
+  bool seed_chunks = false;             // init with ZeRO: the chunks made from the seed
+  bool restore_optimizer = false;       // resume: AdamW moments, step counts, the loss scale
+  const char* Name() const;             // "init", "import" or "resume": the start-up log line
+};
+StatePlan PlanRankState(const spec::JobSpec& spec, const ResumePlan& resume);
+
 // Rendezvous, model and state for in.plan: the checkpoint's share of this rank (resume),
 // spec.model.init_from (import, by byte ranges at ZeRO-3) or the seeded init; in.plan.state's
 // tensors are released once loaded into the model and optimizer. Logs the start-up peak RSS.
