@@ -20,15 +20,23 @@ export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file
 export CCACHE_DEPEND=1
 export CCACHE_PCH_EXTSUM=1
 
-out="" depfile="" emits_pch=0 prev=""
+# CMake passes the PCH's header as `-Xclang -include -Xclang <BUILD_DIR>/...`, an argument
+# ccache does not know to be a path (its base_dir rewriting skips it): name it relative to the
+# build directory, where the compiler runs, so that it hashes the same in every checkout.
+args=() out="" depfile="" emits_pch=0 prev=""
 for arg in "$@"; do
   case "$prev" in
     -o) out=$arg ;;
     -MF) depfile=$arg ;;
   esac
   [ "$arg" = "-emit-pch" ] && emits_pch=1
+  if [ "$PWD" = "$build_dir" ] && [[ "$arg" == "$build_dir"/*/cmake_pch.hxx ]]; then
+    arg=${arg#"$build_dir"/}
+  fi
+  args+=("$arg")
   prev=$arg
 done
+set -- "${args[@]}"
 if [ "$emits_pch" = 0 ] || [ -z "$out" ] || [ -z "$depfile" ]; then
   exec "$@"
 fi
