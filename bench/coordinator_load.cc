@@ -350,8 +350,8 @@ int main(int argc, char** argv) {
   app.add_flag("--check", check,
                "Exit 1 unless every heartbeat was answered, no session ended early, no worker is "
                "LOST or SUSPECT at the end and, with --restart-after, every agent came back "
-               "and every job running at the kill runs on the same generation (the ctest "
-               "regressions)");
+               "and every job running at the kill runs on the same generation, no rank of an "
+               "attempt live at the kill refused (the ctest regressions)");
   app.add_option("--coordinator", bin, "ulysses-coordinator binary (default: next to this one)");
   app.add_option("--watchers", watchers,
                  "WatchJob streams opened at the end of the warm-up, round-robin over the jobs "
@@ -541,6 +541,8 @@ int main(int argc, char** argv) {
   std::vector<std::vector<std::unique_ptr<SimWorker>>> retired(kReconnectThreads);
   std::atomic<long> reregistrations{0}, register_failures{0};
   std::atomic<long> ranks_kept{0}, ranks_refused{0};  // Reported ranks the coordinator kept.
+  std::mutex refused_mu;
+  std::vector<v1::WorkRef> refused_refs;  // Guarded by refused_mu: the ranks it refused.
   std::vector<std::thread> reconnectors;
   for (int t = 0; restart_after >= 0 && t < kReconnectThreads; ++t) {
     reconnectors.emplace_back([&, t] {
@@ -587,6 +589,10 @@ int main(int argc, char** argv) {
           }
           reregistrations++;
           if (rank.has_value()) (resp.keep_running() ? ranks_kept : ranks_refused)++;
+          if (rank.has_value() && !resp.keep_running()) {
+            std::lock_guard<std::mutex> lock(refused_mu);
+            refused_refs.push_back(rank->ref);
+          }
           r.waiting = false;
           retired[t].push_back(std::move(sims[i]));
           sims[i] = std::make_unique<SimWorker>(wstubs[i % channels].get(), queue_for(i),
@@ -677,11 +683,17 @@ int main(int argc, char** argv) {
   std::string restart_report;
   int restart_back = -1;  // Agents back after the restart (-1: no restart).
   std::map<std::string, int64_t> running_at_kill;  // Job id -> generation, at the kill.
-  int jobs_moved = 0;  // Of those, jobs not RUNNING on the same generation at the end.
+  // Job id -> (generation, state) of every job at the kill: a rank the restarted coordinator
+  // refuses must be of an attempt that was no longer live then (ended, its abort or exit ack
+  // still in flight when the coordinator died); refusing a live attempt's rank is the bug.
+  std::map<std::string, std::pair<int64_t, std::string>> at_kill;
+  long live_ranks_refused = 0;  // Refused ranks of attempts live at the kill.
+  int jobs_moved = 0;           // Of those, jobs not RUNNING on the same generation at the end.
   if (restart_after >= 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(restart_after));
     // The jobs running now (id -> generation): a restart must leave their ranks running.
-    for (const auto& [id, at] : JobGenerations(jobs.get())) {
+    at_kill = JobGenerations(jobs.get());
+    for (const auto& [id, at] : at_kill) {
       if (at.second == "JOB_STATE_RUNNING") running_at_kill[id] = at.first;
     }
     const auto killed = Clock::now();
@@ -810,6 +822,20 @@ int main(int argc, char** argv) {
     for (const auto& [what, n] : after) printf(" %s %d", what.c_str(), n);
     printf("; ranks reported on re-registering: %ld kept, %ld refused\n", ranks_kept.load(),
            ranks_refused.load());
+    std::lock_guard<std::mutex> lock(refused_mu);
+    for (const v1::WorkRef& ref : refused_refs) {
+      auto it = at_kill.find(ref.job_id());
+      const bool live = it != at_kill.end() && it->second.first == ref.generation() &&
+                        (it->second.second == "JOB_STATE_RUNNING" ||
+                         it->second.second == "JOB_STATE_SCHEDULING" ||
+                         it->second.second == "JOB_STATE_CHECKPOINTING");
+      live_ranks_refused += live ? 1 : 0;
+      printf("  refused: %s generation %lld rank %d (%s at the kill: %s)\n", ref.job_id().c_str(),
+             static_cast<long long>(ref.generation()), ref.rank(), live ? "LIVE" : "not live",
+             it == at_kill.end()
+                 ? "unknown job"
+                 : absl::StrCat("generation ", it->second.first, " ", it->second.second).c_str());
+    }
   }
   if (!watch_streams.empty()) {
     int64_t events = 0;
@@ -852,15 +878,15 @@ int main(int argc, char** argv) {
     const bool restarted = restart_after >= 0;
     if (unanswered != 0 || (!restarted && skipped != 0) || dead != 0 || lost != 0 || suspect != 0 ||
         registered != workers || hb_lat.count() == 0 ||
-        (restarted && (restart_back != workers || jobs_moved != 0 || ranks_refused != 0))) {
+        (restarted && (restart_back != workers || jobs_moved != 0 || live_ranks_refused != 0))) {
       const std::string back =
           restarted ? absl::StrCat(", ", restart_back, " back after the restart") : "";
       fprintf(stderr,
               "--check failed: %lld heartbeats unanswered, %ld skipped, %d sessions ended early, "
               "%d workers LOST, %d SUSPECT, %ld of %d registered, %zu heartbeats answered%s, "
-              "%d jobs not continued in place, %ld ranks refused\n",
+              "%d jobs not continued in place, %ld ranks of live attempts refused\n",
               static_cast<long long>(unanswered), skipped.load(), dead, lost, suspect, registered,
-              workers, hb_lat.count(), back.c_str(), jobs_moved, ranks_refused.load());
+              workers, hb_lat.count(), back.c_str(), jobs_moved, live_ranks_refused);
       return 1;
     }
     printf("--check passed\n");
