@@ -398,6 +398,47 @@ absl::StatusOr<std::vector<NamedTensor>> LoadHfWeightsShare(const std::string& d
   return out;
 }
 
+absl::Status CheckHfTensorsConsumed(const std::string& dir,
+                                    const std::vector<std::string>& model_names) {
+  ASSIGN_OR_RETURN(std::vector<std::string> files, HfWeightFiles(dir));
+  std::map<std::string, StoredTensor> stored;
+  int64_t header_bytes = 0;
+  for (const std::string& file : files) {
+    RETURN_IF_ERROR(ReadSafetensorsHeader(file, stored, &header_bytes));
+  }
+  const std::set<std::string> wanted(model_names.begin(), model_names.end());
+  std::vector<std::string> unexpected, missing;
+  for (const auto& [name, t] : stored) {
+    if (wanted.count(name)) continue;
+    const bool hf_buffer = absl::EndsWith(name, ".rotary_emb.inv_freq");
+    const bool tied_head = name == "lm_head.weight";  // Not a parameter: tied to the embedding.
+    if (!hf_buffer && !tied_head) unexpected.push_back(absl::StrCat(name, " (", t.file, ")"));
+  }
+  for (const std::string& name : wanted) {
+    if (!stored.count(name)) missing.push_back(name);
+  }
+  constexpr size_t kListed = 8;
+  auto listed = [&](std::vector<std::string> names) {
+    const size_t more = names.size() > kListed ? names.size() - kListed : 0;
+    names.resize(std::min(names.size(), kListed));
+    return absl::StrCat(absl::StrJoin(names, ", "),
+                        more ? absl::StrCat(" and ", more, " more") : "");
+  };
+  if (!unexpected.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "init_from ", dir, ": ", unexpected.size(),
+        " tensor(s) the model has no place for: ", listed(unexpected),
+        " (a checkpoint of another family or shape: check config.json's architectures and the "
+        "spec's model fields; nothing is dropped silently)"));
+  }
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("init_from ", dir, ": ", missing.size(),
+                                                   " tensor(s) missing: ", listed(missing),
+                                                   " (is it a checkpoint of this shape?)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ForEachHfWeightShare(const std::string& dir, const ShareRequest& request,
                                   const std::function<absl::Status(NamedTensor)>& sink,
                                   LoadStats* stats) {

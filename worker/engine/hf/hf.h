@@ -51,6 +51,15 @@ absl::StatusOr<std::vector<NamedTensor>> LoadHfWeightsShare(const std::string& d
                                                             const ShareRequest& request,
                                                             LoadStats* stats = nullptr);
 
+// Every tensor of dir's safetensors files is one of `model_names` (the model's parameters, by
+// HF name) and every model name is in the files: an import consumes the whole checkpoint, so a
+// tensor the model has no place for (a q_norm of another family, a bias) is an error naming it,
+// never dropped. HF's own leftovers are allowed: `*.rotary_emb.inv_freq` buffers (written by
+// transformers before 4.31) and `lm_head.weight` beside a model without one (tied embeddings).
+// Reads headers only.
+absl::Status CheckHfTensorsConsumed(const std::string& dir,
+                                    const std::vector<std::string>& model_names);
+
 // The same, handing each tensor to `sink` as soon as it is read (peak: one tensor), in request
 // (name) order; stops at the first error of sink.
 absl::Status ForEachHfWeightShare(const std::string& dir, const ShareRequest& request,

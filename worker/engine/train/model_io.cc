@@ -147,6 +147,9 @@ absl::Status LoadInitFrom(LlamaForCausalLM& model, const std::string& init_from,
     request[name].shape = p.sizes().vec();
     params[name] = p;
   }
+  std::vector<std::string> names;
+  for (const auto& [name, p] : params) names.push_back(name);
+  RETURN_IF_ERROR(CheckHfTensorsConsumed(init_from, names));  // Nothing dropped silently.
   return Guard(absl::StrCat("init_from ", init_from), [&]() -> absl::Status {
     torch::NoGradGuard no_grad;
     // One tensor at a time, straight into its parameter (converted to its dtype and device).

@@ -171,6 +171,9 @@ absl::StatusOr<std::unique_ptr<RankState>> BuildRankState(const RankOptions& o, 
   // Taken before the sharding frees the parameters' shapes.
   ShareRequest import_share;
   if (plan.import_chunks) {
+    std::vector<std::string> names;  // Every rank checks the whole file set: nothing dropped.
+    for (auto& [name, p] : Params(rs.model)) names.push_back(name);
+    RETURN_IF_ERROR(CheckHfTensorsConsumed(in.spec.model.init_from, names));
     import_share = ImportShare(rs.model, rs.rt.groups.world->rank(), rs.rt.groups.world->size());
   }
   if (plan.zero_stage > 0) RETURN_IF_ERROR(Shard(in, plan, s));

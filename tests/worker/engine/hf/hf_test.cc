@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/trainer.h"
 
@@ -240,6 +241,44 @@ TEST(HfTest, ShapeAndDtypeErrorsNameTheTensor) {
                 .message()
                 .find("missing"),
             std::string::npos);
+}
+
+// An import consumes every tensor of the checkpoint: a stray one (another family's q_norm) and a
+// missing one are errors naming them; HF's inv_freq buffers and a tied model's lm_head are not.
+TEST(HfTest, ImportConsumesEveryTensorAndNamesAStrayOrMissingOne) {
+  TempDir dir;
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied);
+    const spec::ModelSpec m = TinyModel(tied);
+    const std::string hf = dir.Sub(tied ? "tied" : "untied");
+    ASSERT_TRUE(WriteHfDirectory(hf, m, RandomWeights(m, 0.02)).ok());
+    std::vector<std::string> names;
+    for (const auto& [name, shape] : HfLlamaShapes(m)) names.push_back(name);
+    EXPECT_TRUE(CheckHfTensorsConsumed(hf, names).ok());
+
+    std::vector<NamedTensor> leftovers = {
+        {"model.layers.0.self_attn.rotary_emb.inv_freq", torch::ones({4})}};
+    if (tied) leftovers.push_back({"lm_head.weight", torch::ones({64, 32})});
+    ASSERT_TRUE(WriteSafetensors(hf + "/extra.safetensors", leftovers).ok());
+    EXPECT_TRUE(CheckHfTensorsConsumed(hf, names).ok()) << CheckHfTensorsConsumed(hf, names);
+    fs::remove(hf + "/extra.safetensors");
+
+    ASSERT_TRUE(WriteSafetensors(hf + "/qwen3.safetensors",
+                                 {{"model.layers.0.self_attn.q_norm.weight", torch::ones({8})}})
+                    .ok());
+    absl::Status stray = CheckHfTensorsConsumed(hf, names);
+    EXPECT_TRUE(absl::StrContains(stray.message(),
+                                  "1 tensor(s) the model has no place for: "
+                                  "model.layers.0.self_attn.q_norm.weight"))
+        << stray;
+    fs::remove(hf + "/qwen3.safetensors");
+
+    names.push_back("model.layers.9.mlp.up_proj.weight");
+    absl::Status missing = CheckHfTensorsConsumed(hf, names);
+    EXPECT_TRUE(absl::StrContains(missing.message(),
+                                  "1 tensor(s) missing: model.layers.9.mlp.up_proj.weight"))
+        << missing;
+  }
 }
 
 // Sharded import: a multi-file checkpoint (index.json) reads like the single-file one, and a rank
