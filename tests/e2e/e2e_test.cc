@@ -267,15 +267,21 @@ TEST_F(E2ETest, KilledWorkerIsRecoveredFromTheLastCheckpointWithTheSameLoss) {
   ASSERT_EQ(JobState(job), "SUCCEEDED") << job.dump(2);
   EXPECT_EQ(job["restarts"], 1);
   EXPECT_EQ(job["preemptions"], 0);
-  // The restart resumed from stage 2's last committed checkpoint, not from the start
-  // of the stage (which would also reproduce the loss: training is deterministic): its
-  // first reported step is the one after that checkpoint.
+  // The restart resumed from stage 2's newest committed checkpoint, not from the start of
+  // the stage (which would also reproduce the loss: training is deterministic): its first
+  // reported step is the one after a checkpoint step (every 2), at least the last one the
+  // coordinator recorded. Later is right too: rank 0 may commit one more as the group breaks
+  // (the manifest is on disk, its report is lost with the aborted rank), and the engine
+  // resumes from the newest committed checkpoint on disk.
   EXPECT_GE(ckpt_step, 2) << "no checkpoint of stage 2 was committed before the kill";
   const Resumption resumed = ResumptionOf(job, 2);
   EXPECT_GE(resumed.checkpoint_step, ckpt_step) << job["events"].dump(1);
-  EXPECT_EQ(resumed.first_step, resumed.checkpoint_step + 1)
+  const int64_t resumed_from = resumed.first_step - 1;
+  EXPECT_GE(resumed_from, resumed.checkpoint_step)
       << "the restarted attempt did not resume from the last checkpoint\n"
       << job["events"].dump(1);
+  EXPECT_EQ(resumed_from % 2, 0) << "step " << resumed_from << " is not a checkpoint step\n"
+                                 << job["events"].dump(1);
   json reference = cluster_.WaitForJob(reference_job, JobTerminal, seconds(300));
   ASSERT_EQ(JobState(reference), "SUCCEEDED") << reference.dump(2);
   EXPECT_EQ(reference["restarts"], 0);

@@ -1,42 +1,32 @@
 #include "worker/agent/worker_agent.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cmath>
-#include <deque>
 #include <filesystem>
 #include <fstream>
-#include <map>
+#include <memory>
 #include <optional>
-#include <random>
-#include <thread>
 #include <variant>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
-#include "common/metrics/build_info.h"
 #include "common/metrics/metrics_server.h"
 #include "common/net/host_port.h"
 #include "common/process/cpu_share.h"
-#include "common/spec/path_confine.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
-#include "ulysses/v1/worker_service.grpc.pb.h"
+#include "ulysses/v1/worker_service.pb.h"
 #include "worker/agent/agent_messages.h"
 #include "worker/agent/assignment_check.h"
 #include "worker/agent/child_supervisor.h"
+#include "worker/agent/coordinator_session.h"
 #include "worker/agent/devices.h"
 #include "worker/agent/fabric.h"
+#include "worker/agent/slot_table.h"
 #include "worker/agent/worker_metrics.h"
 
 namespace ulysses::agent {
@@ -44,167 +34,100 @@ namespace {
 
 namespace v1 = ::ulysses::v1;
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-constexpr size_t kMaxOutbox = 20000;
-constexpr size_t kMaxPendingLogs = 5000;
-constexpr size_t kMaxLinesPerBatch = 500;
-constexpr milliseconds kLogFlushInterval{200};
-constexpr milliseconds kReconnectAbortGrace{2000};
-// The heartbeat intervals a coordinator may ask for (RegisterResponse, Ack); others are
-// ignored with a warning.
-constexpr milliseconds kMinHeartbeatInterval{100};
-constexpr milliseconds kMaxHeartbeatInterval{3600 * 1000};
 
 }  // namespace
 
+// The agent proper: dispatch of the coordinator's messages, the assignments' launch, the
+// children's callbacks and the shutdown. The session (CoordinatorSession) and the slots
+// (SlotTable) are its parts; mu() is the one lock of all three.
 class WorkerAgent::Impl {
  public:
-  explicit Impl(WorkerConfig config) : config_(std::move(config)) {}
+  explicit Impl(WorkerConfig config)
+      : config_(std::move(config)),
+        session_(config_, &slots_, [this](const v1::CoordinatorMessage& m) { Dispatch(m); }) {}
 
   absl::Status Run();
   void RequestShutdown() {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&mu());
     shutdown_ = true;
   }
 
  private:
-  using Stream = grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>;
+  absl::Mutex& mu() ABSL_LOCK_RETURNED(session_.mu()) { return session_.mu(); }
 
-  void SessionLoop();
-  absl::Status Register();
-  absl::Status RunSession();
-  void WriterLoop(Stream* stream, grpc::ClientContext* ctx);
-  void Handle(const v1::CoordinatorMessage& msg);
-  // Heartbeats every `ms` from now on (a coordinator's value, checked), and the session's
-  // liveness timeout with it: heartbeats ask for an ack, so a silent coordinator means a dead
-  // session.
-  void SetHeartbeatIntervalLocked(int64_t ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every coordinator message but acks (the session's), on the session thread.
+  void Dispatch(const v1::CoordinatorMessage& msg);
+  void HandleAbort(const v1::Abort& abort);
+  void HandleCheckpointInterval(const v1::CheckpointIntervalUpdate& update);
   void HandleAssignment(const v1::Assignment& assignment);
   // HandleAssignment's phases. Admit: false when refused (reported) or a duplicate; else the
   // slot's previous child in `replaced` (stopped if it still ran), `launch` filled but for its
   // files, and assigning_ counted up. Prepare: checks the paths and the interval, writes the
   // spec; the interval's control line if the assignment has one. Bad input is
-  // InvalidArgument (exit 2 in the report), a write failure Internal (exit 1).
+  // InvalidArgument (exit 2 in the report), a write failure Internal (exit 1). Refused
+  // before the fork: reports the prepared assignment's refusal (bad input, shutdown, rank 0's
+  // rendezvous port taken) and counts assigning_ down; false when it may start. Publish:
+  // the child becomes the slot's, its `started` report queued.
   bool AdmitAssignmentLocked(const v1::Assignment& a, std::unique_ptr<ChildSupervisor>* replaced,
-                             RankLaunch* launch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                             RankLaunch* launch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
+  RankLaunch LaunchFor(const v1::Assignment& a, const std::string& device, int slots) const;
   absl::StatusOr<std::optional<std::string>> PrepareRankFiles(const v1::Assignment& a,
                                                               RankLaunch* launch) const;
+  bool RefusedBeforeFork(const v1::Assignment& a, const RankLaunch& launch,
+                         const absl::StatusOr<std::optional<std::string>>& interval_line)
+      ABSL_LOCKS_EXCLUDED(mu());
+  // The child's callbacks; each waits for `*published` (guarded by mu()) first.
+  ChildCallbacks CallbacksFor(const v1::WorkRef& ref, int slot, std::shared_ptr<bool> published);
+  void PublishLocked(const v1::Assignment& a, const RankLaunch& launch,
+                     std::unique_ptr<ChildSupervisor> child,
+                     const std::optional<std::string>& interval_line)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
 
-  void EnqueueLocked(v1::WorkerMessage msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FlushLogsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AddLogLocked(const v1::WorkRef& ref, v1::LogStream stream, std::string text)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void NoteLocked(const v1::WorkRef& ref, const std::string& text)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `slot`: the slot the rank ran on (claimed until the report is acked).
   void ReportExitLocked(const v1::WorkRef& ref, int slot, int exit_code, int signal, bool preempted,
-                        bool aborted, const std::string& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Await conditions (absl::Mutex re-evaluates them whenever mu_ is released).
-  // Shutdown drain: every report written and acked, no log line left.
-  bool DrainedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !session_broken_ && outbox_.empty() && inflight_.empty() && logs_.empty();
-  }
-  // The session writer has something to do before its next heartbeat.
-  bool WriterHasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return session_broken_ || !outbox_.empty();
-  }
+                        bool aborted, const std::string& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
 
   // Child callbacks (supervisor thread).
-  void OnEvent(const v1::WorkRef& ref, const contract::RankEvent& event);
-  void OnBadEvent(const v1::WorkRef& ref, const std::string& line, const absl::Status& error);
-  void OnExit(const v1::WorkRef& ref, int slot, const ChildResult& result);
+  void OnEvent(const v1::WorkRef& ref, const contract::RankEvent& event) ABSL_LOCKS_EXCLUDED(mu());
+  void OnBadEvent(const v1::WorkRef& ref, const std::string& line, const absl::Status& error)
+      ABSL_LOCKS_EXCLUDED(mu());
+  void OnExit(const v1::WorkRef& ref, int slot, const ChildResult& result)
+      ABSL_LOCKS_EXCLUDED(mu());
 
   absl::Status StartMetrics();
-
-  WorkerConfig config_;
-  std::unique_ptr<v1::WorkerService::Stub> stub_;
-  metrics::Registry registry_;
-  std::unique_ptr<WorkerMetrics> metrics_;  // Null without --metrics-listen.
-  std::unique_ptr<metrics::MetricsServer> metrics_server_;
-
-  absl::Mutex mu_;
-  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;  // Graceful shutdown requested.
-  // Assignments admitted but not yet published (HandleAssignment forks outside mu_).
-  int assigning_ ABSL_GUARDED_BY(mu_) = 0;
+  void LogStartup() const;
+  // Run()'s shutdown: preempts every running rank (its children, to be waited for).
+  std::vector<ChildSupervisor*> PreemptAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu());
   // Run()'s shutdown starts once no assignment is between admit and publish.
-  bool ShutdownSettledLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  bool ShutdownSettledLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu()) {
     return shutdown_ && assigning_ == 0;
   }
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // Session loop must end.
-  std::string worker_id_ ABSL_GUARDED_BY(mu_);
-  milliseconds heartbeat_interval_ ABSL_GUARDED_BY(mu_){1000};
-  milliseconds coordinator_timeout_ ABSL_GUARDED_BY(mu_){0};  // RegisterResponse's.
-  // No message from the coordinator this long: reconnect.
-  milliseconds liveness_timeout_ ABSL_GUARDED_BY(mu_){15000};
-  Clock::time_point last_received_ ABSL_GUARDED_BY(mu_);
-  std::deque<v1::WorkerMessage> outbox_ ABSL_GUARDED_BY(mu_);  // Not yet written (no seq).
-  // Written, awaiting ack (this session).
-  std::map<uint64_t, v1::WorkerMessage> inflight_ ABSL_GUARDED_BY(mu_);
-  struct PendingLog {
-    v1::WorkRef ref;
-    v1::LogLine line;
-  };
-  std::deque<PendingLog> logs_ ABSL_GUARDED_BY(mu_);
-  uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
-  bool session_broken_ ABSL_GUARDED_BY(mu_) = true;
-  grpc::ClientContext* session_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
-  // One per device (config_.devices): the rank it runs. A finished child is kept until the
-  // slot's next assignment or shutdown (destroying it joins its supervisor thread).
-  struct Slot {
-    std::string device;
-    std::optional<v1::WorkRef> ref;  // Its rank while the child runs.
-    int64_t pid = 0;
-    std::unique_ptr<ChildSupervisor> child;
-  };
-  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
-  // Exit reports not yet acked, with their slot: still claimed on re-registration, or the
-  // coordinator would count those ranks as vanished.
-  std::vector<std::pair<v1::WorkRef, int>> unacked_exits_ ABSL_GUARDED_BY(mu_);
 
-  bool AnyRunningLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return std::any_of(slots_.begin(), slots_.end(),
-                       [](const Slot& s) { return s.ref.has_value(); });
-  }
-  // Every rank it runs or whose exit is unacked, for Register and heartbeats.
-  std::vector<v1::RunningWork> RunningRanksLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  WorkerConfig config_;
+  metrics::Registry registry_;
+  std::unique_ptr<WorkerMetrics> metrics_;  // Null without --metrics-listen.
+  // Declared before the slots (its lock outlives them); given their address only.
+  CoordinatorSession session_;
+  SlotTable slots_ ABSL_GUARDED_BY(mu());
+  bool shutdown_ ABSL_GUARDED_BY(mu()) = false;  // Graceful shutdown requested.
+  // Assignments admitted but not yet published (HandleAssignment forks outside mu()).
+  int assigning_ ABSL_GUARDED_BY(mu()) = 0;
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;  // Scrapes take mu().
 };
-
-std::vector<v1::RunningWork> WorkerAgent::Impl::RunningRanksLocked() const {
-  std::vector<v1::RunningWork> out;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!slots_[i].ref) continue;
-    v1::RunningWork r;
-    *r.mutable_ref() = *slots_[i].ref;
-    r.set_pid(slots_[i].pid);
-    r.set_slot(static_cast<int>(i));
-    out.push_back(std::move(r));
-  }
-  for (const auto& [ref, exit_slot] : unacked_exits_) {
-    const int slot = exit_slot;  // A lambda cannot capture a structured binding in C++17.
-    const bool running = std::any_of(out.begin(), out.end(),
-                                     [&](const v1::RunningWork& r) { return r.slot() == slot; });
-    if (running) continue;  // The slot runs a newer rank already.
-    v1::RunningWork r;
-    *r.mutable_ref() = ref;
-    r.set_slot(slot);
-    out.push_back(std::move(r));
-  }
-  return out;
-}
 
 absl::Status WorkerAgent::Impl::StartMetrics() {
   if (config_.metrics_listen.empty()) return absl::OkStatus();
   ASSIGN_OR_RETURN(metrics_, WorkerMetrics::Register(&registry_, config_.peak_flops));
   metrics_->SetFabric(FabricName(config_.fabric));
   RETURN_IF_ERROR(metrics_->ServeAgentState([this] {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&mu());
     AgentState s;
-    for (const Slot& slot : slots_) ++(slot.ref ? s.busy_slots : s.free_slots);
+    s.busy_slots = slots_.Busy();
+    s.free_slots = slots_.size() - s.busy_slots;
     // Before Run() fills slots_ (the scrape raced the start): every device is free.
     if (slots_.empty()) s.free_slots = static_cast<int64_t>(config_.devices.size());
-    s.connected = !session_broken_;
+    s.connected = session_.ConnectedLocked();
     return s;
   }));
   ASSIGN_OR_RETURN(net::HostPort at,
@@ -218,14 +141,7 @@ absl::Status WorkerAgent::Impl::StartMetrics() {
   return absl::OkStatus();
 }
 
-absl::Status WorkerAgent::Impl::Run() {
-  RETURN_IF_ERROR(StartMetrics());
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(config_.Channel(), args);
-  if (!channel.ok()) return channel.status();
-  stub_ = v1::WorkerService::NewStub(*channel);
+void WorkerAgent::Impl::LogStartup() const {
   ULOG(INFO) << "ulysses-worker " << config_.name << " (" << config_.devices.size()
              << " slot(s): " << absl::StrJoin(config_.devices, ",") << ", engine "
              << config_.engine_bin << ") -> coordinator " << config_.coordinator << " ("
@@ -238,312 +154,74 @@ absl::Status WorkerAgent::Impl::Run() {
              << " (" << config_.peak_flops_why << ")";
   ULOG(INFO) << "fabric between nodes: " << FabricName(config_.fabric) << " (" << config_.fabric_why
              << ")";
-  {
-    absl::MutexLock lock(&mu_);
-    for (const std::string& device : config_.devices) slots_.push_back(Slot{device});
-  }
-  std::thread session_thread([this] { SessionLoop(); });
+}
 
-  mu_.Lock();
-  mu_.Await(absl::Condition(this, &Impl::ShutdownSettledLocked));
-  std::vector<ChildSupervisor*> stopping;
-  for (Slot& slot : slots_) {
-    if (!slot.ref || slot.child == nullptr) continue;
-    ULOG(INFO) << "shutting down: preempting " << RefString(*slot.ref) << " (grace "
-               << config_.grace_period.count() / 1000.0 << " s)";
-    NoteLocked(*slot.ref, absl::StrCat("worker ", config_.name,
-                                       " is shutting down: SIGTERM to the rank, grace ",
-                                       config_.grace_period.count() / 1000.0, " s"));
-    v1::WorkerMessage notice;
-    *notice.mutable_preempting()->mutable_ref() = *slot.ref;
-    EnqueueLocked(std::move(notice));
-    slot.child->Stop(contract::StopRequest::kPreempt, config_.grace_period);
-    stopping.push_back(slot.child.get());
+absl::Status WorkerAgent::Impl::Run() {
+  RETURN_IF_ERROR(StartMetrics());
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(config_.Channel(), args);
+  if (!channel.ok()) return channel.status();
+  LogStartup();
+  {
+    absl::MutexLock lock(&mu());
+    slots_.Open(config_.devices);
   }
+  session_.Start(*std::move(channel));
+
+  mu().Lock();
+  mu().Await(absl::Condition(this, &Impl::ShutdownSettledLocked));
+  std::vector<ChildSupervisor*> stopping = PreemptAllLocked();
   if (!stopping.empty()) {
-    mu_.Unlock();
+    mu().Unlock();
     // Bounded: the SIGKILL tier fires after the grace. The children stay owned by their
     // slots (assignments that arrive now are refused: shutdown_ is set).
     for (ChildSupervisor* child : stopping) child->Wait();
-    mu_.Lock();
+    mu().Lock();
   }
   // Deliver the exit report (and the last logs) before leaving.
-  FlushLogsLocked();
-  const bool drained = mu_.AwaitWithTimeout(absl::Condition(this, &Impl::DrainedLocked),
-                                            absl::FromChrono(config_.report_drain));
-  if (!drained) ULOG(WARNING) << "shutting down with unacknowledged reports";
-  stopping_ = true;
-  if (session_ctx_ != nullptr) session_ctx_->TryCancel();
-  std::vector<Slot> slots;
-  slots.swap(slots_);
-  mu_.Unlock();
-  session_thread.join();
-  slots.clear();  // Joins the supervisor threads (their callbacks lock mu_).
+  if (!session_.DrainLocked(absl::FromChrono(config_.report_drain))) {
+    ULOG(WARNING) << "shutting down with unacknowledged reports";
+  }
+  session_.StopLocked();
+  std::vector<Slot> slots = slots_.TakeAll();
+  mu().Unlock();
+  session_.Join();
+  slots.clear();  // Joins the supervisor threads (their callbacks lock mu()).
   if (metrics_server_) metrics_server_->Stop();
   ULOG(INFO) << "ulysses-worker " << config_.name << " stopped";
   return absl::OkStatus();
 }
 
-void WorkerAgent::Impl::SessionLoop() {
-  milliseconds backoff = config_.reconnect_min;
-  std::mt19937 rng(std::random_device{}());
-  while (true) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return;
-    }
-    const auto started = Clock::now();
-    absl::Status status = Register();
-    if (status.ok()) status = RunSession();
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return;
-    if (Clock::now() - started > std::chrono::seconds(10)) backoff = config_.reconnect_min;
-    const milliseconds wait(
-        std::uniform_int_distribution<int64_t>(backoff.count() / 2, backoff.count())(rng));
-    ULOG(WARNING) << "coordinator session ended (" << status << "); reconnecting in "
-                  << wait.count() << " ms"
-                  << (AnyRunningLocked() ? " (the ranks keep running)" : "");
-    mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::FromChrono(wait));
-    backoff = std::min(backoff * 2, config_.reconnect_max);
+std::vector<ChildSupervisor*> WorkerAgent::Impl::PreemptAllLocked() {
+  std::vector<ChildSupervisor*> stopping;
+  for (Slot* slot : slots_.Running()) {
+    ULOG(INFO) << "shutting down: preempting " << RefString(*slot->ref) << " (grace "
+               << config_.grace_period.count() / 1000.0 << " s)";
+    session_.NoteLocked(*slot->ref, absl::StrCat("worker ", config_.name,
+                                                 " is shutting down: SIGTERM to the rank, grace ",
+                                                 config_.grace_period.count() / 1000.0, " s"));
+    v1::WorkerMessage notice;
+    *notice.mutable_preempting()->mutable_ref() = *slot->ref;
+    session_.EnqueueLocked(std::move(notice));
+    slot->child->Stop(contract::StopRequest::kPreempt, config_.grace_period);
+    stopping.push_back(slot->child.get());
   }
+  return stopping;
 }
 
-absl::Status WorkerAgent::Impl::Register() {
-  v1::RegisterRequest request;
-  request.set_name(config_.name);
-  request.set_node_label(config_.node_label);
-  request.set_device(config_.devices.front());
-  for (const std::string& device : config_.devices) request.add_devices(device);
-  request.set_host(config_.advertise_host);
-  request.set_capacity(static_cast<int32_t>(config_.devices.size()));
-  request.set_agent_version(metrics::BuildVersion());  // Checked by the coordinator.
-  request.set_fabric(config_.fabric);
-  std::vector<v1::RunningWork> reported;
-  {
-    absl::MutexLock lock(&mu_);
-    // Ranks that ended while disconnected are still claimed until their exit reports are
-    // acked, or the coordinator would count them as vanished.
-    reported = RunningRanksLocked();
-    for (const v1::RunningWork& r : reported) *request.add_running_ranks() = r;
-    if (!reported.empty()) *request.mutable_running() = reported.front();
-  }
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + config_.rpc_deadline);
-  v1::RegisterResponse response;
-  const grpc::Status status = stub_->Register(&ctx, request, &response);
-  if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        absl::StrCat("Register: ", status.error_message()));
-  }
-  absl::MutexLock lock(&mu_);
-  worker_id_ = response.worker_id();
-  coordinator_timeout_ = milliseconds(
-      std::clamp<int64_t>(response.heartbeat_timeout_ms(), 0, kMaxHeartbeatInterval.count() * 2));
-  SetHeartbeatIntervalLocked(response.heartbeat_interval_ms());
-  ULOG(INFO) << "registered as " << worker_id_ << " (heartbeat every "
-             << heartbeat_interval_.count() << " ms)"
-             << (reported.empty() ? ""
-                                  : absl::StrCat("; reported ", reported.size(), " running rank(s)",
-                                                 response.keep_running() ? ": keep" : ": abort"));
-  if (!reported.empty() && !response.keep_running()) {
-    // (When some are kept, the coordinator sends an Abort for each one it does not want.)
-    for (Slot& slot : slots_) {
-      if (!slot.ref || slot.child == nullptr) continue;
-      NoteLocked(*slot.ref, "coordinator no longer wants this attempt after reconnect: aborting");
-      slot.child->Stop(contract::StopRequest::kAbort, kReconnectAbortGrace);
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status WorkerAgent::Impl::RunSession() {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + config_.session_max);
-  std::unique_ptr<Stream> stream = stub_->Session(&ctx);
-  v1::WorkerMessage hello;
-  {
-    absl::MutexLock lock(&mu_);
-    seq_ = 1;
-    hello.set_seq(seq_);
-    hello.mutable_hello()->set_worker_id(worker_id_);
-    session_ctx_ = &ctx;
-    session_broken_ = false;
-    last_received_ = Clock::now();
-    if (stopping_) ctx.TryCancel();
-  }
-  std::thread writer;
-  if (stream->Write(hello)) {
-    writer = std::thread([&] { WriterLoop(stream.get(), &ctx); });
-    v1::CoordinatorMessage msg;
-    while (stream->Read(&msg)) {
-      {
-        absl::MutexLock lock(&mu_);
-        last_received_ = Clock::now();
-      }
-      Handle(msg);
-    }
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    session_broken_ = true;
-  }
-  if (writer.joinable()) writer.join();
-  ctx.TryCancel();  // Finish() must not wait for a server that stopped answering.
-  const grpc::Status status = stream->Finish();
-  absl::MutexLock lock(&mu_);
-  session_ctx_ = nullptr;
-  // Unacknowledged reports go out again on the next session, in their original order.
-  for (auto it = inflight_.rbegin(); it != inflight_.rend(); ++it) outbox_.push_front(it->second);
-  inflight_.clear();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat("Session: ", status.error_message()));
-}
-
-void WorkerAgent::Impl::WriterLoop(Stream* stream, grpc::ClientContext* ctx) {
-  auto next_heartbeat = Clock::now();
-  while (true) {
-    std::vector<v1::WorkerMessage> batch;
-    {
-      absl::MutexLock lock(&mu_);
-      const auto wake = std::min(next_heartbeat, Clock::now() + kLogFlushInterval);
-      mu_.AwaitWithTimeout(absl::Condition(this, &Impl::WriterHasWorkLocked),
-                           absl::FromChrono(wake - Clock::now()));
-      if (session_broken_) return;
-      if (Clock::now() - last_received_ > liveness_timeout_) {
-        ULOG(WARNING) << "no message from the coordinator for " << liveness_timeout_.count()
-                      << " ms: reconnecting";
-        ctx->TryCancel();
-        session_broken_ = true;
-        return;
-      }
-      FlushLogsLocked();
-      if (Clock::now() >= next_heartbeat) {
-        v1::WorkerMessage hb;
-        SetNow(hb.mutable_heartbeat()->mutable_sent_at());
-        hb.mutable_heartbeat()->set_request_ack(true);
-        for (Slot& slot : slots_) {
-          if (!slot.ref) continue;
-          v1::RunningWork* r = hb.mutable_heartbeat()->add_running_ranks();
-          *r->mutable_ref() = *slot.ref;
-          r->set_pid(slot.pid);
-          r->set_slot(static_cast<int32_t>(&slot - slots_.data()));
-        }
-        if (hb.heartbeat().running_ranks_size() > 0) {
-          *hb.mutable_heartbeat()->mutable_running() = hb.heartbeat().running_ranks(0);
-        }
-        outbox_.push_back(std::move(hb));
-        next_heartbeat = Clock::now() + heartbeat_interval_;
-      }
-      while (!outbox_.empty()) {
-        v1::WorkerMessage msg = std::move(outbox_.front());
-        outbox_.pop_front();
-        msg.set_seq(++seq_);
-        if (NeedsAck(msg)) inflight_[msg.seq()] = msg;
-        batch.push_back(std::move(msg));
-      }
-    }
-    for (const auto& msg : batch) {
-      if (!stream->Write(msg)) {
-        ctx->TryCancel();  // Wakes the reader; the session is re-established.
-        absl::MutexLock lock(&mu_);
-        session_broken_ = true;
-        return;
-      }
-    }
-  }
-}
-
-void WorkerAgent::Impl::SetHeartbeatIntervalLocked(int64_t ms) {
-  if (ms == 0) {
-    // Not given (a coordinator from before the field): keep the interval.
-  } else if (ms < kMinHeartbeatInterval.count() || ms > kMaxHeartbeatInterval.count()) {
-    ULOG(WARNING) << "coordinator asked for a heartbeat every " << ms << " ms; ignored (outside "
-                  << kMinHeartbeatInterval.count() << " .. " << kMaxHeartbeatInterval.count()
-                  << " ms), keeping " << heartbeat_interval_.count() << " ms";
-  } else if (milliseconds(ms) != heartbeat_interval_) {
-    heartbeat_interval_ = milliseconds(ms);
-    ULOG(INFO) << "heartbeat every " << ms << " ms (asked by the coordinator)";
-  }
-  liveness_timeout_ = std::max({coordinator_timeout_, heartbeat_interval_ * 5, milliseconds(3000)});
-}
-
-void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
+void WorkerAgent::Impl::Dispatch(const v1::CoordinatorMessage& msg) {
   switch (msg.kind_case()) {
     case v1::CoordinatorMessage::kAssignment:
       HandleAssignment(msg.assignment());
       return;
-    case v1::CoordinatorMessage::kAbort: {
-      const v1::Abort& abort = msg.abort();
-      absl::MutexLock lock(&mu_);
-      // preempt: the coordinator makes room for a higher-priority job. SIGTERM, the rank
-      // checkpoints and exits 75 (reported as preempted); this worker keeps taking work.
-      const bool preempt = abort.preempt();
-      int stopped = 0;
-      for (Slot& slot : slots_) {  // Every rank of that generation on this worker.
-        if (!slot.ref || !SameWork(*slot.ref, abort.ref()) || slot.child == nullptr) continue;
-        ULOG(INFO) << (preempt ? "preempt " : "abort ") << RefString(*slot.ref) << ": "
-                   << abort.reason();
-        NoteLocked(*slot.ref, absl::StrCat(preempt ? "preemption" : "abort",
-                                           " from coordinator: ", abort.reason(), " (grace ",
-                                           abort.grace_period_ms(), " ms)"));
-        slot.child->Stop(preempt ? contract::StopRequest::kPreempt : contract::StopRequest::kAbort,
-                         milliseconds(std::max<int64_t>(0, abort.grace_period_ms())));
-        ++stopped;
-      }
-      if (stopped == 0) {
-        ULOG(INFO) << "ignoring abort for " << abort.ref().job_id() << " gen "
-                   << abort.ref().generation() << ": not running it";
-      }
+    case v1::CoordinatorMessage::kAbort:
+      HandleAbort(msg.abort());
       return;
-    }
-    case v1::CoordinatorMessage::kAck: {
-      absl::MutexLock lock(&mu_);
-      if (msg.ack().result() != v1::ACK_CODE_OK) {
-        ULOG(WARNING) << "coordinator rejected report " << msg.ack().seq() << ": "
-                      << v1::AckCode_Name(msg.ack().result()) << " " << msg.ack().message();
-      }
-      // Non-zero when the coordinator's rate cap moved with the cluster (max_heartbeats_per_s).
-      if (msg.ack().heartbeat_interval_ms() != 0) {
-        SetHeartbeatIntervalLocked(msg.ack().heartbeat_interval_ms());
-      }
-      auto it = inflight_.find(msg.ack().seq());
-      if (it != inflight_.end()) {
-        if (it->second.has_exited()) {
-          const v1::WorkRef& acked = it->second.exited().ref();
-          unacked_exits_.erase(std::remove_if(unacked_exits_.begin(), unacked_exits_.end(),
-                                              [&](const auto& e) {
-                                                return SameWork(e.first, acked) &&
-                                                       e.first.rank() == acked.rank();
-                                              }),
-                               unacked_exits_.end());
-        }
-        inflight_.erase(it);
-      }
+    case v1::CoordinatorMessage::kCheckpointInterval:
+      HandleCheckpointInterval(msg.checkpoint_interval());
       return;
-    }
-    case v1::CoordinatorMessage::kCheckpointInterval: {
-      // every_steps: auto: a new interval for the ranks of a running generation, written to
-      // each one's --control stdin; they apply it at a step boundary once all hold it.
-      const v1::CheckpointIntervalUpdate& u = msg.checkpoint_interval();
-      absl::StatusOr<std::string> line = IntervalControlLine(u.interval());
-      absl::MutexLock lock(&mu_);
-      int sent = 0;
-      for (Slot& slot : slots_) {
-        if (!slot.ref || !SameWork(*slot.ref, u.ref()) || slot.child == nullptr) continue;
-        ++sent;
-        if (!line.ok()) {
-          NoteLocked(*slot.ref, absl::StrCat("refused a checkpoint interval from the coordinator: ",
-                                             line.status().message()));
-        } else if (!slot.child->SendLine(*line)) {
-          NoteLocked(*slot.ref, "could not pass the new checkpoint interval to the rank");
-        }
-      }
-      if (sent == 0) {
-        ULOG(INFO) << "ignoring a checkpoint interval for " << u.ref().job_id() << " gen "
-                   << u.ref().generation() << ": not running it";
-      }
-      return;
-    }
     case v1::CoordinatorMessage::kStop:
       ULOG(INFO) << "coordinator asked this worker to stop: " << msg.stop().reason();
       RequestShutdown();
@@ -553,36 +231,102 @@ void WorkerAgent::Impl::Handle(const v1::CoordinatorMessage& msg) {
   }
 }
 
-// Three phases, so that no directory is written and no process forked while mu_ is held:
-// admit (under mu_: refuse or claim the slot, take out its previous child), launch (outside
-// mu_: join the previous child, check paths, write the spec, fork), publish (under mu_: the
+void WorkerAgent::Impl::HandleAbort(const v1::Abort& abort) {
+  absl::MutexLock lock(&mu());
+  // preempt: the coordinator makes room for a higher-priority job. SIGTERM, the rank
+  // checkpoints and exits 75 (reported as preempted); this worker keeps taking work.
+  const bool preempt = abort.preempt();
+  // Every rank of that generation on this worker.
+  const std::vector<Slot*> running = slots_.Running(&abort.ref());
+  for (Slot* slot : running) {
+    ULOG(INFO) << (preempt ? "preempt " : "abort ") << RefString(*slot->ref) << ": "
+               << abort.reason();
+    session_.NoteLocked(*slot->ref, absl::StrCat(preempt ? "preemption" : "abort",
+                                                 " from coordinator: ", abort.reason(), " (grace ",
+                                                 abort.grace_period_ms(), " ms)"));
+    slot->child->Stop(preempt ? contract::StopRequest::kPreempt : contract::StopRequest::kAbort,
+                      milliseconds(std::max<int64_t>(0, abort.grace_period_ms())));
+  }
+  if (running.empty()) {
+    ULOG(INFO) << "ignoring abort for " << abort.ref().job_id() << " gen "
+               << abort.ref().generation() << ": not running it";
+  }
+}
+
+void WorkerAgent::Impl::HandleCheckpointInterval(const v1::CheckpointIntervalUpdate& u) {
+  // every_steps: auto: a new interval for the ranks of a running generation, written to
+  // each one's --control stdin; they apply it at a step boundary once all hold it.
+  absl::StatusOr<std::string> line = IntervalControlLine(u.interval());
+  absl::MutexLock lock(&mu());
+  const std::vector<Slot*> running = slots_.Running(&u.ref());
+  for (Slot* slot : running) {
+    if (!line.ok()) {
+      session_.NoteLocked(*slot->ref,
+                          absl::StrCat("refused a checkpoint interval from the coordinator: ",
+                                       line.status().message()));
+    } else if (!slot->child->SendLine(*line)) {
+      session_.NoteLocked(*slot->ref, "could not pass the new checkpoint interval to the rank");
+    }
+  }
+  if (running.empty()) {
+    ULOG(INFO) << "ignoring a checkpoint interval for " << u.ref().job_id() << " gen "
+               << u.ref().generation() << ": not running it";
+  }
+}
+
+// Three phases, so that no directory is written and no process forked while mu() is held:
+// admit (under mu(): refuse or claim the slot, take out its previous child), launch (outside
+// mu(): join the previous child, check paths, write the spec, fork), publish (under mu(): the
 // child becomes the slot's). Run()'s shutdown waits for every admitted assignment to be
 // published (assigning_), so a shutdown racing an assignment still gracefully stops the
 // rank it started; the child's callbacks wait for the publish, so its events never precede
 // its `started` report and its exit always finds its slot.
 void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
-  const v1::WorkRef& ref = a.ref();
-  const int slot_index = a.slot();
   std::unique_ptr<ChildSupervisor> replaced;
   RankLaunch launch;
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&mu());
     if (!AdmitAssignmentLocked(a, &replaced, &launch)) return;
   }
-  replaced.reset();  // Joins its supervisor thread (its exit report is queued); takes mu_.
+  replaced.reset();  // Joins its supervisor thread (its exit report is queued); takes mu().
   absl::StatusOr<std::optional<std::string>> interval_line = PrepareRankFiles(a, &launch);
+  if (RefusedBeforeFork(a, launch, interval_line)) return;
+  launch.control_stdin = interval_line->has_value();  // interval updates (kCheckpointInterval)
+  auto published = std::make_shared<bool>(false);     // Guarded by mu().
+  auto child =
+      ChildSupervisor::Start(BuildRankArgv(launch), "", CallbacksFor(a.ref(), a.slot(), published),
+                             RankEnvironment(launch));
+
+  absl::MutexLock lock(&mu());
+  --assigning_;
+  if (!child.ok()) {
+    ReportExitLocked(a.ref(), a.slot(), contract::kExitFailure, 0, false, false,
+                     absl::StrCat("worker ", config_.name,
+                                  " cannot start ulysses-train: ", child.status().message()));
+    return;
+  }
+  // Published even when shutdown_ was set meanwhile: Run() waits for assigning_ to reach 0
+  // and then stops this child with the grace like every other.
+  *published = true;
+  PublishLocked(a, launch, *std::move(child), *interval_line);
+}
+
+bool WorkerAgent::Impl::RefusedBeforeFork(
+    const v1::Assignment& a, const RankLaunch& launch,
+    const absl::StatusOr<std::optional<std::string>>& interval_line) {
+  const v1::WorkRef& ref = a.ref();
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&mu());
     if (!interval_line.ok() || shutdown_) {
       --assigning_;
       const bool refused = !interval_line.ok();
       // A refused assignment: bad input (paths, interval) or the spec not written.
       ReportExitLocked(
-          ref, slot_index,
+          ref, a.slot(),
           refused ? contract::ExitCodeFor(interval_line.status()) : contract::kExitPreempted, 0,
           /*preempted=*/!refused, /*aborted=*/false,
           refused ? std::string(interval_line.status().message()) : "worker is shutting down");
-      return;
+      return true;
     }
   }
   // Rank 0 hosts the group's rendezvous store on master_port: a port another process holds on
@@ -591,24 +335,27 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   // gets another port.
   if (launch.rank == 0 && launch.world_size > 1 && launch.master_port > 0 &&
       !net::TcpPortFree(launch.master_port)) {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&mu());
     --assigning_;
     ReportExitLocked(
-        ref, slot_index, contract::RankExitCodeFor(absl::UnavailableError("")), 0, false, false,
+        ref, a.slot(), contract::RankExitCodeFor(absl::UnavailableError("")), 0, false, false,
         absl::StrCat("rank 0 cannot host the rendezvous: port ", launch.master_port, " on ",
                      config_.name,
                      " is in use by another process (e.g. a job of another "
                      "coordinator whose rendezvous port range overlaps: give each coordinator on "
                      "a host its own rendezvous_port_min..rendezvous_port_max); the attempt is "
                      "retried on another port"));
-    return;
+    return true;
   }
-  launch.control_stdin = interval_line->has_value();  // interval updates (kCheckpointInterval)
-  auto published = std::make_shared<bool>(false);     // Guarded by mu_.
+  return false;
+}
+
+ChildCallbacks WorkerAgent::Impl::CallbacksFor(const v1::WorkRef& ref, int slot,
+                                               std::shared_ptr<bool> published) {
   // Blocks a callback of the child until the child is its slot's (bounded: publish follows).
   auto await_published = [this, published] {
-    mu_.LockWhen(absl::Condition(published.get()));
-    mu_.Unlock();
+    mu().LockWhen(absl::Condition(published.get()));
+    mu().Unlock();
   };
   ChildCallbacks callbacks;
   callbacks.on_event = [this, ref, await_published](const contract::RankEvent& event) {
@@ -622,35 +369,29 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   };
   callbacks.on_log = [this, ref, published](const std::string& stream, const std::string& line) {
     ULOG(DEBUG) << "[" << ref.job_id() << " r" << ref.rank() << " " << stream << "] " << line;
-    mu_.LockWhen(absl::Condition(published.get()));
-    AddLogLocked(ref, stream == "stderr" ? v1::LOG_STREAM_STDERR : v1::LOG_STREAM_STDOUT, line);
-    mu_.Unlock();
+    mu().LockWhen(absl::Condition(published.get()));
+    session_.AddLogLocked(ref, stream == "stderr" ? v1::LOG_STREAM_STDERR : v1::LOG_STREAM_STDOUT,
+                          line);
+    mu().Unlock();
   };
-  callbacks.on_exit = [this, ref, slot_index, await_published](const ChildResult& result) {
+  callbacks.on_exit = [this, ref, slot, await_published](const ChildResult& result) {
     await_published();
-    OnExit(ref, slot_index, result);
+    OnExit(ref, slot, result);
   };
-  auto child = ChildSupervisor::Start(BuildRankArgv(launch), "", std::move(callbacks),
-                                      RankEnvironment(launch));
+  return callbacks;
+}
 
-  absl::MutexLock lock(&mu_);
-  --assigning_;
-  if (!child.ok()) {
-    ReportExitLocked(ref, slot_index, contract::kExitFailure, 0, false, false,
-                     absl::StrCat("worker ", config_.name,
-                                  " cannot start ulysses-train: ", child.status().message()));
-    return;
-  }
-  // Published even when shutdown_ was set meanwhile: Run() waits for assigning_ to reach 0
-  // and then stops this child with the grace like every other.
-  *published = true;
-  Slot& slot = slots_[slot_index];
-  slot.child = std::move(*child);
-  slot.ref = ref;
-  slot.pid = slot.child->pid();
+void WorkerAgent::Impl::PublishLocked(const v1::Assignment& a, const RankLaunch& launch,
+                                      std::unique_ptr<ChildSupervisor> child,
+                                      const std::optional<std::string>& interval_line) {
+  const v1::WorkRef& ref = a.ref();
+  const int slot_index = a.slot();
+  const int64_t pid = child->pid();
+  Slot& slot = slots_.Publish(slot_index, ref, pid, std::move(child));
   // The pipe holds the line until the rank's control reader takes it.
-  if (interval_line->has_value() && !slot.child->SendLine(**interval_line)) {
-    NoteLocked(ref, "could not pass the checkpoint interval to the rank (its stdin is closed)");
+  if (interval_line.has_value() && !slot.child->SendLine(*interval_line)) {
+    session_.NoteLocked(ref,
+                        "could not pass the checkpoint interval to the rank (its stdin is closed)");
   }
   ULOG(INFO) << "started " << RefString(ref) << " on slot " << slot_index << " (" << slot.device
              << "; world " << launch.world_size << ", seq_len " << a.seq_len() << ", master "
@@ -658,10 +399,11 @@ void WorkerAgent::Impl::HandleAssignment(const v1::Assignment& a) {
   v1::WorkerMessage started;
   *started.mutable_started()->mutable_ref() = ref;
   started.mutable_started()->set_pid(slot.pid);
-  EnqueueLocked(std::move(started));
-  NoteLocked(ref, absl::StrCat("worker ", config_.name, " started rank ", ref.rank(), "/",
-                               launch.world_size, " of stage ", ref.stage(), " on ", slot.device,
-                               " (slot ", slot_index, ", pid ", slot.pid, ")"));
+  session_.EnqueueLocked(std::move(started));
+  session_.NoteLocked(
+      ref, absl::StrCat("worker ", config_.name, " started rank ", ref.rank(), "/",
+                        launch.world_size, " of stage ", ref.stage(), " on ", slot.device,
+                        " (slot ", slot_index, ", pid ", slot.pid, ")"));
 }
 
 bool WorkerAgent::Impl::AdmitAssignmentLocked(const v1::Assignment& a,
@@ -673,21 +415,19 @@ bool WorkerAgent::Impl::AdmitAssignmentLocked(const v1::Assignment& a,
                      /*aborted=*/false, "worker is shutting down");
     return false;
   }
-  for (const Slot& slot : slots_) {
-    if (slot.ref && SameWork(*slot.ref, ref) && slot.ref->rank() == ref.rank()) {
-      ULOG(INFO) << "duplicate assignment for " << RefString(ref) << ": already running";
-      return false;
-    }
+  if (slots_.Runs(ref)) {
+    ULOG(INFO) << "duplicate assignment for " << RefString(ref) << ": already running";
+    return false;
   }
   const int slot_index = a.slot();
-  if (slot_index < 0 || slot_index >= static_cast<int>(slots_.size())) {
+  if (!slots_.Valid(slot_index)) {
     ReportExitLocked(
         ref, slot_index, contract::kExitFailure, 0, false, false,
         absl::StrCat("worker ", config_.name, " was assigned slot ", slot_index, " but has ",
                      slots_.size(), " (devices ", absl::StrJoin(config_.devices, ","), ")"));
     return false;
   }
-  Slot& slot = slots_[slot_index];
+  Slot& slot = slots_.at(slot_index);
   if (slot.child != nullptr) {
     // A finished child is destroyed by the caller; a stale one (the coordinator moved on) is
     // stopped here first.
@@ -695,32 +435,39 @@ bool WorkerAgent::Impl::AdmitAssignmentLocked(const v1::Assignment& a,
     if (slot.ref) {
       ULOG(WARNING) << "new assignment " << RefString(ref) << " replaces running "
                     << RefString(*slot.ref) << " on slot " << slot_index;
-      NoteLocked(*slot.ref, "replaced by a newer assignment: aborting");
+      session_.NoteLocked(*slot.ref, "replaced by a newer assignment: aborting");
       (*replaced)->Stop(contract::StopRequest::kAbort, kReconnectAbortGrace);
     }
   }
-  launch->engine_bin = config_.engine_bin;
-  launch->job_id = ref.job_id();
-  launch->tenant = a.tenant();
-  launch->generation = ref.generation();
-  launch->rendezvous_secret = a.rendezvous_secret();
-  launch->stage = ref.stage();
-  launch->rank = ref.rank();
-  launch->world_size = std::max(1, a.world_size());
-  launch->master_addr = a.master_addr().empty() ? config_.advertise_host : a.master_addr();
-  launch->master_port = a.master_port();
-  launch->device = slot.device;
-  launch->collective_timeout_s = config_.collective_timeout_s;
-  launch->peak_flops = config_.peak_flops;
-  // The rank leaves within the grace even mid-step (worker/engine/train/preemption.h).
-  launch->stop_grace_s = config_.grace_period.count() / 1000.0;
-  launch->intra_op_threads =
-      config_.intra_op_threads > 0
-          ? config_.intra_op_threads
-          : process::IntraOpThreadShare(process::UsableCores(), static_cast<int>(slots_.size()));
-  launch->overrides.assign(a.overrides().begin(), a.overrides().end());
+  *launch = LaunchFor(a, slot.device, slots_.size());
   ++assigning_;
   return true;
+}
+
+RankLaunch WorkerAgent::Impl::LaunchFor(const v1::Assignment& a, const std::string& device,
+                                        int slots) const {
+  const v1::WorkRef& ref = a.ref();
+  RankLaunch launch;
+  launch.engine_bin = config_.engine_bin;
+  launch.job_id = ref.job_id();
+  launch.tenant = a.tenant();
+  launch.generation = ref.generation();
+  launch.rendezvous_secret = a.rendezvous_secret();
+  launch.stage = ref.stage();
+  launch.rank = ref.rank();
+  launch.world_size = std::max(1, a.world_size());
+  launch.master_addr = a.master_addr().empty() ? config_.advertise_host : a.master_addr();
+  launch.master_port = a.master_port();
+  launch.device = device;
+  launch.collective_timeout_s = config_.collective_timeout_s;
+  launch.peak_flops = config_.peak_flops;
+  // The rank leaves within the grace even mid-step (worker/engine/train/preemption.h).
+  launch.stop_grace_s = config_.grace_period.count() / 1000.0;
+  launch.intra_op_threads = config_.intra_op_threads > 0
+                                ? config_.intra_op_threads
+                                : process::IntraOpThreadShare(process::UsableCores(), slots);
+  launch.overrides.assign(a.overrides().begin(), a.overrides().end());
+  return launch;
 }
 
 absl::StatusOr<std::optional<std::string>> WorkerAgent::Impl::PrepareRankFiles(
@@ -768,9 +515,9 @@ absl::StatusOr<std::optional<std::string>> WorkerAgent::Impl::PrepareRankFiles(
 void WorkerAgent::Impl::OnEvent(const v1::WorkRef& ref, const contract::RankEvent& event) {
   const auto* step = std::get_if<contract::StepEvent>(&event);
   if (step != nullptr && metrics_ != nullptr) metrics_->OnStep(Labels(ref), *step);
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&mu());
   if (const auto* done = std::get_if<contract::DoneEvent>(&event)) {
-    NoteLocked(ref, absl::StrCat("rank ", ref.rank(), " finished stage ", done->stage));
+    session_.NoteLocked(ref, absl::StrCat("rank ", ref.rank(), " finished stage ", done->stage));
     return;
   }
   if (ref.rank() != 0) return;  // Rank 0 speaks for the group.
@@ -786,18 +533,18 @@ void WorkerAgent::Impl::OnEvent(const v1::WorkRef& ref, const contract::RankEven
     *msg.mutable_eval()->mutable_ref() = ref;
     *msg.mutable_eval()->mutable_result() = ToProto(*eval);
   }
-  EnqueueLocked(std::move(msg));
+  session_.EnqueueLocked(std::move(msg));
 }
 
 void WorkerAgent::Impl::OnBadEvent(const v1::WorkRef& ref, const std::string& line,
                                    const absl::Status& error) {
   ULOG(WARNING) << RefString(ref) << ": ignoring a malformed event line: " << error.message()
                 << ": " << line;
-  absl::MutexLock lock(&mu_);
-  NoteLocked(ref, absl::StrCat("rank ", ref.rank(),
-                               " printed a malformed event line (not reported, "
-                               "kept as a log line): ",
-                               error.message()));
+  absl::MutexLock lock(&mu());
+  session_.NoteLocked(ref, absl::StrCat("rank ", ref.rank(),
+                                        " printed a malformed event line (not reported, "
+                                        "kept as a log line): ",
+                                        error.message()));
 }
 
 void WorkerAgent::Impl::OnExit(const v1::WorkRef& ref, int slot_index, const ChildResult& result) {
@@ -814,20 +561,15 @@ void WorkerAgent::Impl::OnExit(const v1::WorkRef& ref, int slot_index, const Chi
              << contract::RankOutcomeName(result.outcome)
              << (result.sigkilled_by_agent ? " (SIGKILL after the grace period)" : "")
              << (error.empty() ? "" : ": ") << error;
-  absl::MutexLock lock(&mu_);
-  NoteLocked(ref,
-             absl::StrCat("ulysses-train ", result.description, " (",
-                          contract::RankOutcomeName(result.outcome), ")",
-                          result.sigkilled_by_agent ? ", SIGKILL after the grace period" : ""));
+  absl::MutexLock lock(&mu());
+  session_.NoteLocked(
+      ref, absl::StrCat("ulysses-train ", result.description, " (",
+                        contract::RankOutcomeName(result.outcome), ")",
+                        result.sigkilled_by_agent ? ", SIGKILL after the grace period" : ""));
   ReportExitLocked(ref, slot_index, exit.exit_code, exit.signal,
                    result.stop_cause == contract::StopRequest::kPreempt,
                    result.stop_cause == contract::StopRequest::kAbort, error);
-  if (slot_index < 0 || slot_index >= static_cast<int>(slots_.size())) return;  // Shut down.
-  Slot& slot = slots_[slot_index];
-  if (slot.ref && SameWork(*slot.ref, ref) && slot.ref->rank() == ref.rank()) {
-    slot.ref.reset();
-    slot.pid = 0;
-  }
+  slots_.Finish(slot_index, ref);  // A no-op once shut down (the table was taken).
 }
 
 void WorkerAgent::Impl::ReportExitLocked(const v1::WorkRef& ref, int slot, int exit_code,
@@ -841,53 +583,8 @@ void WorkerAgent::Impl::ReportExitLocked(const v1::WorkRef& ref, int slot, int e
   e->set_preempted(preempted);
   e->set_aborted(aborted);
   e->set_error_message(error);
-  if (slot >= 0 && slot < static_cast<int>(slots_.size())) unacked_exits_.emplace_back(ref, slot);
-  EnqueueLocked(std::move(msg));
-}
-
-void WorkerAgent::Impl::EnqueueLocked(v1::WorkerMessage msg) {
-  FlushLogsLocked();  // Keep log lines ahead of the event that followed them.
-  outbox_.push_back(std::move(msg));
-  if (outbox_.size() > kMaxOutbox) {  // Disconnected for long: drop the oldest droppable.
-    for (auto it = outbox_.begin(); it != outbox_.end(); ++it) {
-      if (!NeedsAck(*it)) {
-        outbox_.erase(it);
-        break;
-      }
-    }
-  }
-}
-
-void WorkerAgent::Impl::AddLogLocked(const v1::WorkRef& ref, v1::LogStream stream,
-                                     std::string text) {
-  PendingLog log;
-  log.ref = ref;
-  SetNow(log.line.mutable_time());
-  log.line.set_rank(ref.rank());
-  log.line.set_generation(ref.generation());
-  log.line.set_stream(stream);
-  log.line.set_text(std::move(text));
-  logs_.push_back(std::move(log));
-  if (logs_.size() > kMaxPendingLogs) logs_.pop_front();
-}
-
-void WorkerAgent::Impl::NoteLocked(const v1::WorkRef& ref, const std::string& text) {
-  AddLogLocked(ref, v1::LOG_STREAM_AGENT, text);
-}
-
-void WorkerAgent::Impl::FlushLogsLocked() {
-  while (!logs_.empty()) {
-    v1::WorkerMessage msg;
-    auto* batch = msg.mutable_logs();
-    *batch->mutable_ref() = logs_.front().ref;
-    while (!logs_.empty() && SameWork(logs_.front().ref, batch->ref()) &&
-           logs_.front().ref.rank() == batch->ref().rank() &&
-           static_cast<size_t>(batch->lines_size()) < kMaxLinesPerBatch) {
-      *batch->add_lines() = std::move(logs_.front().line);
-      logs_.pop_front();
-    }
-    outbox_.push_back(std::move(msg));
-  }
+  slots_.ExitReported(ref, slot);
+  session_.EnqueueLocked(std::move(msg));
 }
 
 WorkerAgent::WorkerAgent(WorkerConfig config) : impl_(new Impl(std::move(config))) {}
