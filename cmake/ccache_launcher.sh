@@ -10,7 +10,8 @@
 # pch_external_checksum ccache hashes "<pch>.sum" instead, which this script writes next to the
 # PCH in the same build step: a hash of the compile command and of the content of every file the
 # PCH read (its -MF dependency list), with SOURCE_DIR and BUILD_DIR written as placeholders. It
-# changes whenever the PCH's inputs do; a stale one is removed before the PCH is rebuilt.
+# changes whenever the PCH's inputs do; a stale one is removed before the PCH is rebuilt. The PCH
+# is always compiled here (ccache off for it): its bytes name this checkout's paths.
 set -euo pipefail
 source_dir=$1 build_dir=$2
 shift 2
@@ -42,7 +43,9 @@ if [ "$emits_pch" = 0 ] || [ -z "$out" ] || [ -z "$depfile" ]; then
 fi
 
 rm -f "$out.sum"
-"$@"
+# The PCH itself is compiled, never taken from the cache: Clang records the absolute path of
+# its header in it, so another checkout's PCH (same key) would name that checkout's files.
+CCACHE_DISABLE=1 "$@"
 placeholders() { sed -e "s|$build_dir|@BUILD@|g" -e "s|$source_dir|@SOURCE@|g"; }
 {
   printf '%s\n' "$@" | placeholders
