@@ -15,6 +15,7 @@
 #include "common/spec/job_spec_fields.h"
 #include "common/spec/job_spec_parser.h"
 #include "common/spec/memory_model.h"
+#include "common/spec/spec_util.h"
 
 namespace ulysses::client {
 namespace {
@@ -61,6 +62,26 @@ Table LayoutTable(const std::vector<StagePlan>& plans) {
                   p.sp == 1 ? "0" : (p.a2a_elements > 0 ? FormatCount(p.a2a_elements) : "?"),
                   p.sp == 1 ? "0" : Bytes(p.a2a_bytes), Seconds(p.compute_seconds),
                   p.sp == 1 ? "0" : Seconds(p.a2a_seconds), Seconds(p.step_seconds())});
+  }
+  return table;
+}
+
+// Each stage's RoPE (spec.model's, with stages[i].rope from that stage on).
+Table RopeTable(const spec::JobSpec& job) {
+  Table table({"stage", "rope_theta", "rope_scaling"});
+  for (size_t i = 0; i < job.stages.size(); ++i) {
+    spec::ModelShape shape = job.model;
+    job.ApplyStageRope(i, &shape);
+    const spec::RopeScaling& r = shape.rope_scaling;
+    const std::string scaling = r.rope_type == spec::kRopeNone
+                                    ? "none"
+                                    : absl::StrCat(r.rope_type, " x", r.factor, " from ",
+                                                   r.original_max_position_embeddings);
+    const bool own = job.stages[i].rope.has_value();
+    table.AddRow(
+        {absl::StrCat(i + 1),
+         absl::StrCat(spec::internal::FormatDouble(shape.rope_theta), own ? " (stage)" : ""),
+         scaling});
   }
   return table;
 }
@@ -333,6 +354,10 @@ void PrintTable(const spec::JobSpec& job, const std::vector<StagePlan>& plans,
                 const DeviceSpec& device, std::ostream& out) {
   PrintJobAndDevice(job, device, out);
   LayoutTable(plans).Print(out);
+  if (job.HasStageRope()) {
+    out << "\nRoPE per stage (stages[i].rope applies from its stage on):\n";
+    RopeTable(job).Print(out);
+  }
   out << "\nmemory per rank:\n";
   Table memory = MemoryHeader();
   for (size_t i = 0; i < plans.size(); ++i) AddMemoryRow(memory, absl::StrCat(i + 1), plans[i]);

@@ -110,6 +110,16 @@ struct OptimizerSpec {
   int64_t micro_batch_size = 1;     // Sequences per micro-batch (per DP replica).
 };
 
+// A stage's RoPE, as long-context recipes change it while the context grows (Llama 3's and
+// Qwen2.5-1M's: a larger rope_theta, "ABF", or a larger scaling factor). Each set field
+// overrides the model's for this stage and every later one (JobSpec::ApplyStageRope); the
+// checkpoint records the RoPE a stage trained with, and export writes the last stage's into
+// config.json.
+struct StageRopeSpec {
+  std::optional<double> rope_theta;         // > 0, finite.
+  std::optional<RopeScaling> rope_scaling;  // Replaces the model's rope_scaling whole.
+};
+
 // One stage of staged context expansion. Unset optionals inherit from the job.
 struct StageSpec {
   int64_t seq_len = 0;                  // Global sequence length N (tokens).
@@ -119,6 +129,7 @@ struct StageSpec {
   std::optional<int64_t> sp_degree;     // Overrides parallelism.sp_degree.
   std::optional<int64_t> dp_degree;     // Overrides parallelism.dp_degree.
   std::optional<EvalSpec> eval;         // Overrides spec.eval for this stage.
+  std::optional<StageRopeSpec> rope;    // From this stage on (StageRopeSpec).
 };
 
 struct CheckpointSpec {
@@ -181,6 +192,22 @@ struct JobSpec {
     return stages[i].warmup_steps.value_or(optimizer.warmup_steps);
   }
   const EvalSpec& StageEval(size_t i) const { return stages[i].eval ? *stages[i].eval : eval; }
+  // The RoPE stage i trains with: `shape`'s (the model's, or a checkpoint's of an earlier stage)
+  // with each stages[j].rope, j <= i, applied in order. Only rope_theta and rope_scaling change.
+  void ApplyStageRope(size_t i, ModelShape* shape) const {
+    for (size_t j = 0; j <= i && j < stages.size(); ++j) {
+      if (!stages[j].rope) continue;
+      if (stages[j].rope->rope_theta) shape->rope_theta = *stages[j].rope->rope_theta;
+      if (stages[j].rope->rope_scaling) shape->rope_scaling = *stages[j].rope->rope_scaling;
+    }
+  }
+  // Whether any stage sets its own RoPE.
+  bool HasStageRope() const {
+    for (const StageSpec& st : stages) {
+      if (st.rope) return true;
+    }
+    return false;
+  }
 };
 
 }  // namespace ulysses::spec

@@ -168,6 +168,27 @@ struct EvalFields {
   }
 };
 
+// A stage's rope_scaling: the model's RopeScaling fields (model_shape.h), whole.
+struct RopeScalingFields {
+  template <class V>
+  void operator()(V& v) const {
+    v.Field("rope_type", &RopeScaling::rope_type, kAlways);
+    v.Field("factor", &RopeScaling::factor, kAlways);
+    v.Field("low_freq_factor", &RopeScaling::low_freq_factor, kAlways);
+    v.Field("high_freq_factor", &RopeScaling::high_freq_factor, kAlways);
+    v.Field("original_max_position_embeddings", &RopeScaling::original_max_position_embeddings,
+            kAlways);
+  }
+};
+
+struct StageRopeFields {
+  template <class V>
+  void operator()(V& v) const {
+    v.Field("rope_theta", &StageRopeSpec::rope_theta, kAlways);
+    v.Section("rope_scaling", &StageRopeSpec::rope_scaling, RopeScalingFields{}, kAlways);
+  }
+};
+
 struct StageFields {
   template <class V>
   void operator()(V& v) const {
@@ -178,6 +199,7 @@ struct StageFields {
     v.Field("sp_degree", &StageSpec::sp_degree, kAlways);
     v.Field("dp_degree", &StageSpec::dp_degree, kAlways);
     v.Section("eval", &StageSpec::eval, EvalFields{}, kAlways);
+    v.Section("rope", &StageSpec::rope, StageRopeFields{}, kUnlessDefault);
   }
 };
 

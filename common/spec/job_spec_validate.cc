@@ -1,6 +1,7 @@
 // ValidateJobSpec: every rule of docs/JOBSPEC.md, all errors collected, each line
 // `<path>: <value> <problem> (<fix>)`. Paths come from the field list (fields::PathOf).
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <numeric>
@@ -271,6 +272,48 @@ std::string SeqLenSuggestion(int64_t seq_len, int64_t sp) {
 constexpr int64_t kMaxSeqLen = int64_t{1} << 30;
 constexpr int64_t kMaxSteps = 1000000000;
 
+// stages[i].rope: a positive rope_theta, and a rope_scaling the engine implements with the
+// numbers its type needs (the model's own rope_scaling rules, model_shape.h RopeScaling).
+void CheckStageRope(const StageRopeSpec& rope, size_t i, Errors& e) {
+  if (rope.rope_theta && !(std::isfinite(*rope.rope_theta) && *rope.rope_theta > 0)) {
+    e.Add(PathOf(&StageRopeSpec::rope_theta, i), FormatDouble(*rope.rope_theta), "must be > 0",
+          "use the base this stage trains with, e.g. 8000000.0 for a 4x longer context than a "
+          "500000.0 base");
+  }
+  if (!rope.rope_scaling) return;
+  const RopeScaling& r = *rope.rope_scaling;
+  if (r.rope_type == kRopeNone) {
+    if (r.factor != 0 || r.low_freq_factor != 0 || r.high_freq_factor != 0 ||
+        r.original_max_position_embeddings != 0) {
+      e.Add(PathOf(&RopeScaling::rope_type, i), Quote(r.rope_type),
+            "takes no factors, but some are set", "set rope_type: llama3, or remove the factors");
+    }
+    return;
+  }
+  if (r.rope_type != kRopeLlama3) {
+    e.Add(PathOf(&RopeScaling::rope_type, i), Quote(r.rope_type), "is not supported",
+          "use none or llama3");
+    return;
+  }
+  if (!(std::isfinite(r.factor) && r.factor >= 1)) {
+    e.Add(PathOf(&RopeScaling::factor, i), FormatDouble(r.factor), "must be >= 1",
+          "use e.g. 8 (Llama 3.1)");
+  }
+  if (!(std::isfinite(r.low_freq_factor) && r.low_freq_factor > 0)) {
+    e.Add(PathOf(&RopeScaling::low_freq_factor, i), FormatDouble(r.low_freq_factor), "must be > 0",
+          "use e.g. 1 (Llama 3.1)");
+  } else if (!(std::isfinite(r.high_freq_factor) && r.high_freq_factor > r.low_freq_factor)) {
+    e.Add(PathOf(&RopeScaling::high_freq_factor, i), FormatDouble(r.high_freq_factor),
+          absl::StrCat("must be > low_freq_factor ", FormatDouble(r.low_freq_factor)),
+          "use e.g. 4 (Llama 3.1)");
+  }
+  if (r.original_max_position_embeddings <= 0) {
+    e.Add(PathOf(&RopeScaling::original_max_position_embeddings, i),
+          absl::StrCat(r.original_max_position_embeddings), "must be > 0",
+          "use the context the base model was trained at, e.g. 8192 (Llama 3.1)");
+  }
+}
+
 void CheckStage(const JobSpec& s, size_t i, Errors& e) {
   const StageSpec& st = s.stages[i];
   const std::string p = absl::StrCat(PathOf(&JobSpec::stages), "[", i, "]");
@@ -315,6 +358,7 @@ void CheckStage(const JobSpec& s, size_t i, Errors& e) {
   if (st.dp_degree) {
     CheckDegree(e, PathOf(&StageSpec::dp_degree, i), *st.dp_degree, "data parallelism");
   }
+  if (st.rope) CheckStageRope(*st.rope, i, e);
   const int64_t dp = s.StageDp(i);
   if (sp >= 1 && dp >= 1 && (sp > kMaxWorldSize || dp > kMaxWorldSize / sp)) {
     e.Add(p, absl::StrCat("sp_degree ", sp, " x dp_degree ", dp),

@@ -463,6 +463,25 @@ spec:
 // plan and validate --device-type plan the model init_from loads, read from its config.json by
 // the engine's reader: a 70B fine-tune at SP 8 and 128K is 70.6G parameters and does not fit;
 // an unreadable config.json is an error naming it, not a 0-parameter plan.
+// A stage's RoPE (stages[i].rope): plan shows every stage's, the later stages keeping it.
+TEST_F(UlyssesctlTest, PlanShowsEachStagesRope) {
+  std::string text = kBigSpec;
+  const std::string last = "    - {seq_len: 1048576, steps: 10, sp_degree: 32}";
+  const size_t at = text.find(last);
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, last.size(),
+               "    - {seq_len: 131072, steps: 10, sp_degree: 32, rope: {rope_theta: 8000000}}\n"
+               "    - {seq_len: 1048576, steps: 10, sp_degree: 32}");
+  Result table = Run({"plan", "-f", Write("rope.yaml", text)});
+  ASSERT_NE(table.exit_code, 2) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("RoPE per stage (stages[i].rope applies from its stage on):"));
+  EXPECT_THAT(table.out, HasSubstr("8000000.0 (stage)"));
+  // Stage 3 has no rope of its own: it keeps stage 2's, without the mark.
+  EXPECT_THAT(table.out, ::testing::ContainsRegex("\n3 +8000000.0 +"));
+  Result plain = Run({"plan", "-f", Write("plain.yaml", kBigSpec)});
+  EXPECT_THAT(plain.out, Not(HasSubstr("RoPE per stage")));
+}
+
 TEST_F(UlyssesctlTest, PlanAndValidateReadTheInitFromShape) {
   std::filesystem::create_directories(dir_ / "llama70b");
   Write("llama70b/config.json", kLlama70bConfig);

@@ -353,7 +353,7 @@ TEST(JobSpecFieldsTest, AnUnknownKeyNextToEverySectionIsRefusedNamingIt) {
     ASSERT_FALSE(set.ok());
     EXPECT_THAT(std::string(set.status().message()), HasSubstr(field + " is not a known field"));
   }
-  EXPECT_EQ(sections.size(), 15u);  // Sanity: the document, its sections and their nested ones.
+  EXPECT_EQ(sections.size(), 17u);  // Sanity: the document, its sections and their nested ones.
 }
 
 // SpecHash is stored in checkpoints: the emitter derived from the list must print the hashed

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
@@ -234,6 +235,68 @@ TEST(JobSpecParserTest, RopeScalingIsReadAndNoneDropsThePresetsNumbers) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->model.rope_scaling.factor, 0.0);
   EXPECT_EQ(spec->model.rope_scaling.original_max_position_embeddings, 0);
+}
+
+// stages[i].rope: read, emitted and applied from its stage on (a later stage without one keeps
+// it); a bad value names the stage's field and the fix.
+TEST(JobSpecParserTest, StageRopeAppliesFromItsStageOnAndBadValuesNameTheField) {
+  const std::string text =
+      With("    - {seq_len: 2048, steps: 5, sp_degree: 4}",
+           "    - {seq_len: 2048, steps: 5, sp_degree: 4, rope: {rope_theta: 2000000.0, "
+           "rope_scaling: {rope_type: llama3, factor: 4, low_freq_factor: 1, "
+           "high_freq_factor: 4, original_max_position_embeddings: 1024}}}\n"
+           "    - {seq_len: 4096, steps: 5, sp_degree: 4}");
+  absl::StatusOr<JobSpec> spec = ParseJobSpec(text);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->stages.size(), 3u);
+  EXPECT_TRUE(spec->HasStageRope());
+  ModelShape first = spec->model, second = spec->model, third = spec->model;
+  spec->ApplyStageRope(0, &first);
+  spec->ApplyStageRope(1, &second);
+  spec->ApplyStageRope(2, &third);
+  EXPECT_EQ(first.rope_theta, spec->model.rope_theta);
+  EXPECT_EQ(first.rope_scaling.rope_type, spec->model.rope_scaling.rope_type);
+  for (const ModelShape* later : {&second, &third}) {
+    EXPECT_EQ(later->rope_theta, 2.0e6);
+    EXPECT_EQ(later->rope_scaling.rope_type, "llama3");
+    EXPECT_EQ(later->rope_scaling.factor, 4.0);
+    EXPECT_EQ(later->rope_scaling.original_max_position_embeddings, 1024);
+  }
+  // The canonical document keeps it (the coordinator sends the emitted spec to the ranks).
+  absl::StatusOr<JobSpec> again = ParseJobSpec(ToYaml(*spec));
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << ToYaml(*spec);
+  ASSERT_TRUE(again->stages[1].rope.has_value());
+  EXPECT_EQ(again->stages[1].rope->rope_theta, 2.0e6);
+  EXPECT_EQ(SpecHash(*again), SpecHash(*spec));
+  // Like every stage field it is not part of SpecHash (stages are not): a job may change a
+  // later stage's RoPE and still resume from an earlier stage's checkpoint.
+  EXPECT_EQ(SpecHash(*spec), SpecHash(*ParseJobSpec(kBase)));
+  EXPECT_EQ(ToYaml(*ParseJobSpec(kBase)).find("rope:"), std::string::npos);
+  // Overrides reach it like any other stage field.
+  ParseOptions options;
+  options.overrides = {"spec.stages[0].rope.rope_theta=750000"};
+  absl::StatusOr<JobSpec> set = ParseJobSpec(kBase, options);
+  ASSERT_TRUE(set.ok()) << set.status();
+  ASSERT_TRUE(set->stages[0].rope && set->stages[0].rope->rope_theta);
+  EXPECT_EQ(*set->stages[0].rope->rope_theta, 750000.0);
+
+  for (const auto& [rope, want] : std::vector<std::pair<std::string, std::string>>{
+           {"{rope_theta: -1}", "spec.stages[1].rope.rope_theta: -1.0 must be > 0"},
+           {"{rope_scaling: {rope_type: yarn, factor: 4}}",
+            "spec.stages[1].rope.rope_scaling.rope_type: 'yarn' is not supported (use none or "
+            "llama3)"},
+           {"{rope_scaling: {factor: 4}}",
+            "spec.stages[1].rope.rope_scaling.rope_type: 'none' takes no factors"},
+           {"{rope_scaling: {rope_type: llama3, factor: 0.5, low_freq_factor: 1, "
+            "high_freq_factor: 4, original_max_position_embeddings: 8192}}",
+            "spec.stages[1].rope.rope_scaling.factor: 0.5 must be >= 1"}}) {
+    SCOPED_TRACE(rope);
+    absl::StatusOr<JobSpec> bad =
+        ParseJobSpec(With("    - {seq_len: 2048, steps: 5, sp_degree: 4}",
+                          "    - {seq_len: 2048, steps: 5, sp_degree: 4, rope: " + rope + "}"));
+    ASSERT_FALSE(bad.ok());
+    EXPECT_TRUE(absl::StrContains(bad.status().message(), want)) << bad.status();
+  }
 }
 
 // every_steps: auto and every_seconds parse, survive ToYaml (the coordinator stores and sends

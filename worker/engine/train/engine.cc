@@ -74,6 +74,7 @@ absl::StatusOr<EvalResult> RunEvalRankImpl(const EvalOptions& o) {
     std::string init = o.init_from.empty() ? spec.model.init_from : o.init_from;
     if (!init.empty()) spec.model.init_from = init;
     ASSIGN_OR_RETURN(config, ResolveModelConfig(spec, init));
+    spec.ApplyStageRope(spec.stages.size() - 1, &config);  // Evaluated at the last stage's.
   }
   ParallelConfig pc;
   pc.sp = o.world_size;

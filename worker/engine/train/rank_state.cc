@@ -158,6 +158,9 @@ absl::StatusOr<std::unique_ptr<RankState>> BuildRankState(const RankOptions& o, 
   } else {
     ASSIGN_OR_RETURN(s.config, ResolveModelConfig(in.spec, in.spec.model.init_from));
   }
+  // The RoPE this stage trains with (stages[i].rope, from this stage on), over the model's or
+  // the earlier stage's checkpoint's; the checkpoints of this stage record it.
+  in.spec.ApplyStageRope(in.stage, &s.config);
   ASSIGN_OR_RETURN(s.train_data, OpenDataset(in.spec, Split::kTrain, s.config.vocab_size));
   // Fail fast on a data file too short for one sequence.
   RETURN_IF_ERROR(s.train_data->Get(0, stage.seq_len).status());

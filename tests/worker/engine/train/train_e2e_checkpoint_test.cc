@@ -318,4 +318,87 @@ TEST_F(TrainE2eTest, ARankOfAFinishedStageReportsItsFinalCheckpoint) {
   EXPECT_EQ(checkpoints[0].value("path", ""), *latest);
 }
 
+// A stage's RoPE ("ABF": stages[1].rope.rope_theta) reaches the model from that stage on: the
+// first stage trains bit for bit as without it, the second does not; the checkpoints of the
+// second record it, a kill -9 in the second stage resumes bit-identically, and export writes it
+// into config.json.
+TEST_F(TrainE2eTest, AStageRopeTrainsFromItsStageResumesBitIdenticallyAndIsExported) {
+  const std::string plain = (dir_ / "plain.yaml").string(), abf = (dir_ / "abf.yaml").string();
+  {
+    std::string text = ReadFile(job_);
+    const std::string one = "stages: [{seq_len: 128, steps: 20}]";
+    const size_t at = text.find(one);
+    ASSERT_NE(at, std::string::npos) << text;
+    std::string two = text;
+    two.replace(at, one.size(), "stages: [{seq_len: 64, steps: 4}, {seq_len: 128, steps: 8}]");
+    std::ofstream(plain) << two;
+    two = text;
+    two.replace(at, one.size(),
+                "stages: [{seq_len: 64, steps: 4}, {seq_len: 128, steps: 8, "
+                "rope: {rope_theta: 1000000.0}}]");
+    std::ofstream(abf) << two;
+  }
+  auto args = [&](const std::string& spec, const std::string& out) {
+    return std::vector<std::string>{"train",
+                                    "-f",
+                                    spec,
+                                    "--out",
+                                    (dir_ / out).string(),
+                                    "--set",
+                                    "spec.checkpoint.every_steps=2"};
+  };
+  // (stage, step_in_stage) -> loss.
+  auto losses = [&](const std::string& out) {
+    std::map<std::pair<int64_t, int64_t>, double> m;
+    std::ifstream f(dir_ / out / "metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded() || j.contains("eval")) continue;
+      m[{j["stage"].get<int64_t>(), j["step_in_stage"].get<int64_t>()}] = j["loss"].get<double>();
+    }
+    return m;
+  };
+  Result ref = RunTrainer(args(abf, "ref"));
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  Result base = RunTrainer(args(plain, "plain"));
+  ASSERT_EQ(base.exit_code, 0) << base.err;
+  const auto lref = losses("ref"), lplain = losses("plain");
+  ASSERT_EQ(lref.size(), 12u);
+  ASSERT_EQ(lplain.size(), 12u);
+  int differ = 0;
+  for (const auto& [key, loss] : lref) {
+    if (key.first == 0) EXPECT_EQ(lplain.at(key), loss) << "stage 0 step " << key.second;
+    differ += key.first == 1 && lplain.at(key) != loss;
+  }
+  EXPECT_GT(differ, 0) << "stage 1 trained as if its rope_theta were the model's";
+
+  // The final checkpoint records the stage's RoPE; the export's config.json carries it.
+  absl::StatusOr<std::string> final_ckpt =
+      ulysses::engine::LatestCommittedCheckpoint((dir_ / "ref" / "checkpoints").string());
+  ASSERT_TRUE(final_ckpt.ok()) << final_ckpt.status();
+  const json manifest = json::parse(ReadFile(fs::path(*final_ckpt) / "manifest.json"));
+  EXPECT_EQ(manifest["extra"]["model_config"]["rope_theta"].get<double>(), 1.0e6)
+      << manifest["extra"].dump();
+  Result exported = RunTrainer(
+      {"export", "--checkpoint", (dir_ / "ref").string(), "--hf-out", (dir_ / "hf").string()});
+  ASSERT_EQ(exported.exit_code, 0) << exported.err;
+  const json config = json::parse(ReadFile(dir_ / "hf" / "config.json"));
+  EXPECT_EQ(config["rope_theta"].get<double>(), 1.0e6) << config.dump();
+
+  // kill -9 in stage 1 (after its step 3: 4 + 1 eval + 3 lines), then the same command.
+  std::vector<std::string> argv = {TrainerBin()};
+  for (auto& a : args(abf, "killed")) argv.push_back(a);
+  Proc p = Start(argv, "killed", dir_);
+  WaitForLines("killed", 8, p);
+  kill(-p.pid, SIGKILL);
+  Wait(p);
+  Result resumed = RunTrainer(args(abf, "killed"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  const auto lkilled = losses("killed");
+  ASSERT_EQ(lkilled.size(), 12u);
+  for (const auto& [key, loss] : lref) {
+    EXPECT_EQ(lkilled.at(key), loss) << "stage " << key.first << " step " << key.second;
+  }
+}
+
 }  // namespace
