@@ -73,10 +73,11 @@ Table RopeTable(const spec::JobSpec& job) {
     spec::ModelShape shape = job.model;
     job.ApplyStageRope(i, &shape);
     const spec::RopeScaling& r = shape.rope_scaling;
-    const std::string scaling = r.rope_type == spec::kRopeNone
-                                    ? "none"
-                                    : absl::StrCat(r.rope_type, " x", r.factor, " from ",
-                                                   r.original_max_position_embeddings);
+    std::string scaling = r.rope_type;
+    if (r.rope_type != spec::kRopeNone) absl::StrAppend(&scaling, " x", r.factor);
+    if (r.rope_type == spec::kRopeLlama3) {
+      absl::StrAppend(&scaling, " from ", r.original_max_position_embeddings);
+    }
     const bool own = job.stages[i].rope.has_value();
     table.AddRow(
         {absl::StrCat(i + 1),

@@ -290,14 +290,23 @@ void CheckStageRope(const StageRopeSpec& rope, size_t i, Errors& e) {
     }
     return;
   }
-  if (r.rope_type != kRopeLlama3) {
+  if (r.rope_type != kRopeLlama3 && r.rope_type != kRopeLinear) {
     e.Add(PathOf(&RopeScaling::rope_type, i), Quote(r.rope_type), "is not supported",
-          "use none or llama3");
+          "use none, llama3 or linear");
     return;
   }
   if (!(std::isfinite(r.factor) && r.factor >= 1)) {
     e.Add(PathOf(&RopeScaling::factor, i), FormatDouble(r.factor), "must be >= 1",
           "use e.g. 8 (Llama 3.1)");
+  }
+  if (r.rope_type == kRopeLinear) {
+    if (r.low_freq_factor != 0 || r.high_freq_factor != 0 ||
+        r.original_max_position_embeddings != 0) {
+      e.Add(PathOf(&RopeScaling::rope_type, i), Quote(r.rope_type), "takes only factor",
+            "remove low_freq_factor, high_freq_factor and original_max_position_embeddings, or "
+            "use rope_type: llama3");
+    }
+    return;
   }
   if (!(std::isfinite(r.low_freq_factor) && r.low_freq_factor > 0)) {
     e.Add(PathOf(&RopeScaling::low_freq_factor, i), FormatDouble(r.low_freq_factor), "must be > 0",

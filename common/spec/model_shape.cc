@@ -237,14 +237,29 @@ void RopeErrors(const ModelShape& s, const ShapeCheck& c, std::vector<std::strin
     });
     return;
   }
-  if (r.rope_type != kRopeLlama3) {
+  if (r.rope_type != kRopeLlama3 && r.rope_type != kRopeLinear) {
     out->push_back(Line(path("rope_scaling.rope_type"), Quote(r.rope_type),
-                        "is not a supported rope type", "use none or llama3"));
+                        "is not a supported rope type", "use none, llama3 or linear"));
     return;
   }
   if (known("rope_scaling.factor") && !(std::isfinite(r.factor) && r.factor >= 1)) {
     out->push_back(Line(path("rope_scaling.factor"), FormatDouble(r.factor), "must be >= 1",
                         "Llama 3.1 uses 8.0, Llama 3.2 32.0"));
+  }
+  if (r.rope_type == kRopeLinear) {
+    // Position interpolation takes the factor alone: a llama3 number would be ignored.
+    ForEachShapeField(s, [&](const char* key, const auto& value) {
+      if constexpr (!std::is_same_v<std::decay_t<decltype(value)>, std::string>) {
+        const std::string k = key;
+        if (IsRopeKey(k) && k != "rope_scaling.factor" && known(key) && value != 0) {
+          out->push_back(Line(path(k), Text(&value),
+                              "is set but rope_type linear takes only factor",
+                              absl::StrCat("remove ", k.substr(sizeof(kRopePrefix) - 1),
+                                           ", or use rope_type: llama3")));
+        }
+      }
+    });
+    return;
   }
   const bool low_known = known("rope_scaling.low_freq_factor");
   const bool high_known = known("rope_scaling.high_freq_factor");
@@ -575,6 +590,8 @@ nlohmann::json ModelShapeToJson(const ModelShape& shape) {
   const RopeScaling& r = shape.rope_scaling;
   if (r.rope_type == kRopeNone) {
     out["rope_scaling"] = nullptr;
+  } else if (r.rope_type == kRopeLinear) {
+    out["rope_scaling"] = {{"rope_type", r.rope_type}, {"factor", r.factor}};
   } else {
     out["rope_scaling"] = {
         {"rope_type", r.rope_type},
@@ -726,11 +743,15 @@ void ReadRopeScaling(const json* rope, const JsonFieldReader& read, ModelShape& 
       read(*rope, "rope_scaling.high_freq_factor", "high_freq_factor", &r.high_freq_factor, true);
       read(*rope, "rope_scaling.original_max_position_embeddings",
            "original_max_position_embeddings", &r.original_max_position_embeddings, true);
+    } else if (type == kRopeLinear) {
+      s.rope_scaling = RopeScaling{};
+      s.rope_scaling.rope_type = kRopeLinear;
+      read(*rope, "rope_scaling.factor", "factor", &s.rope_scaling.factor, true);
     } else if (has_type || has_legacy) {
       errors.push_back(absl::StrCat(
           source, ": rope_scaling.rope_type: ", Quote(type),
-          " is not supported (the engine implements RoPE scaling of type llama3 only; use "
-          "weights whose config.json has rope_type llama3 or no rope_scaling)"));
+          " is not supported (the engine implements RoPE scaling of types llama3 and linear; use "
+          "weights whose config.json has one of them or no rope_scaling)"));
     }
   }
 }

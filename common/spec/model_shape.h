@@ -37,8 +37,10 @@ namespace ulysses::spec {
 //           inv_freq_i; w_i > L / low_freq_factor divides it by `factor`; in
 //           between, s = (L / w_i - low_freq_factor) / (high_freq_factor -
 //           low_freq_factor) blends the two: (1 - s) * inv_freq_i / factor + s * inv_freq_i.
+//   linear: position interpolation (HF's "linear"): every inv_freq_i divided by `factor`; the
+//           other numbers stay 0.
 struct RopeScaling {
-  std::string rope_type = "none";                // "none" | "llama3".
+  std::string rope_type = "none";                // "none" | "llama3" | "linear".
   double factor = 0;                             // llama3: >= 1 (8 for Llama 3.1, 32 for 3.2).
   double low_freq_factor = 0;                    // llama3: > 0 (1 in Llama 3.1).
   double high_freq_factor = 0;                   // llama3: > low_freq_factor (4 in Llama 3.1).
@@ -47,6 +49,7 @@ struct RopeScaling {
 
 inline constexpr char kRopeNone[] = "none";
 inline constexpr char kRopeLlama3[] = "llama3";
+inline constexpr char kRopeLinear[] = "linear";
 
 // A model family: how one Hugging Face architecture differs from the Llama layout. The
 // families are data (kModelFamilies); the engine, the HF reader/writer, the planner and

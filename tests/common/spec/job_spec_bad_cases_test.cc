@@ -132,8 +132,8 @@ std::vector<BadCase> BadCases() {
        "8) (RoPE rotates pairs of dimensions, so head_dim must be even; try 16 or 32)"},
       {"rope_type_unknown",
        With("{preset: tiny}", "{preset: tiny, rope_scaling: {rope_type: yarn}}"),
-       "spec.model.rope_scaling.rope_type: 'yarn' is not a supported rope type (use none or "
-       "llama3)"},
+       "spec.model.rope_scaling.rope_type: 'yarn' is not a supported rope type (use none, "
+       "llama3 or linear)"},
       {"rope_numbers_without_type",
        With("{preset: tiny}", "{preset: tiny, rope_scaling: {factor: 8}}"),
        "spec.model.rope_scaling.factor: 8.0 is set but rope_scaling.rope_type is 'none' (set "

@@ -283,8 +283,8 @@ TEST(JobSpecParserTest, StageRopeAppliesFromItsStageOnAndBadValuesNameTheField) 
   for (const auto& [rope, want] : std::vector<std::pair<std::string, std::string>>{
            {"{rope_theta: -1}", "spec.stages[1].rope.rope_theta: -1.0 must be > 0"},
            {"{rope_scaling: {rope_type: yarn, factor: 4}}",
-            "spec.stages[1].rope.rope_scaling.rope_type: 'yarn' is not supported (use none or "
-            "llama3)"},
+            "spec.stages[1].rope.rope_scaling.rope_type: 'yarn' is not supported (use none, "
+            "llama3 or linear)"},
            {"{rope_scaling: {factor: 4}}",
             "spec.stages[1].rope.rope_scaling.rope_type: 'none' takes no factors"},
            {"{rope_scaling: {rope_type: llama3, factor: 0.5, low_freq_factor: 1, "

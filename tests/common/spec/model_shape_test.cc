@@ -276,6 +276,16 @@ TEST(ModelShapeTest, JsonDefaultsAndRopeTypeSpellings) {
   shape = ModelShapeFromJson(plain, "c");
   ASSERT_TRUE(shape.ok()) << shape.status();
   EXPECT_EQ(shape->rope_scaling.rope_type, "none");
+  // linear (position interpolation): the factor alone, read and written back as transformers
+  // writes it.
+  json linear = base;
+  linear["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  shape = ModelShapeFromJson(linear, "c");
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(shape->rope_scaling.rope_type, "linear");
+  EXPECT_EQ(shape->rope_scaling.factor, 2.0);
+  EXPECT_EQ(ModelShapeToJson(*shape)["rope_scaling"],
+            json({{"rope_type", "linear"}, {"factor", 2.0}}));
 }
 
 TEST(ModelShapeTest, JsonErrorsNameSourceFieldAndValue) {
@@ -288,10 +298,10 @@ TEST(ModelShapeTest, JsonErrorsNameSourceFieldAndValue) {
       {"yarn",
        {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}},
        "f: rope_scaling.rope_type: 'yarn' is not supported (the engine implements RoPE scaling of "
-       "type llama3 only"},
-      {"linear",
-       {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}},
-       "f: rope_scaling.rope_type: 'linear' is not supported"},
+       "types llama3 and linear"},
+      {"linear_without_factor",
+       {{"rope_scaling", {{"type", "linear"}}}},
+       "f: rope_scaling.factor: missing"},
       {"types_disagree",
        {{"rope_scaling", {{"type", "linear"}, {"rope_type", "llama3"}}}},
        "f: rope_scaling: rope_type 'llama3' and type 'linear' disagree"},

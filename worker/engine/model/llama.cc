@@ -173,8 +173,9 @@ torch::Tensor RopeInverseFrequencies(const LlamaConfig& c) {
       1.0 / torch::pow(c.rope_theta, torch::arange(0, d, 2, opts) / static_cast<double>(d));
   const spec::RopeScaling& r = c.rope_scaling;
   if (r.rope_type == spec::kRopeNone) return inv_freq;
+  if (r.rope_type == spec::kRopeLinear) return inv_freq / r.factor;  // position interpolation
   TORCH_CHECK(r.rope_type == spec::kRopeLlama3, spec::fields::ShapePathOf("rope_scaling.rope_type"),
-              ": '", r.rope_type, "' is not implemented (use none or llama3)");
+              ": '", r.rope_type, "' is not implemented (use none, llama3 or linear)");
   // llama3: by wavelength against the original context C, keep the high frequencies
   // (wavelength < C / high_freq_factor), divide the low ones (> C / low_freq_factor) by
   // factor, and interpolate linearly in C / wavelength between the two.

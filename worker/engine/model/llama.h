@@ -106,7 +106,7 @@ struct LossOutput {
 inline constexpr int64_t kIgnoreIndex = -100;
 
 // RoPE inverse frequencies [d/2] in fp64: rope_theta^(-2i/d), rescaled per
-// config.rope_scaling (llama3: see spec::RopeScaling). Throws c10::Error on a rope
+// config.rope_scaling (llama3, linear: see spec::RopeScaling). Throws c10::Error on a rope
 // type it does not implement (a validated config has none).
 torch::Tensor RopeInverseFrequencies(const LlamaConfig& config);
 // cos/sin tables [s/p, d] for position_ids [s/p] (or [b, s/p, d] for per-row position_ids

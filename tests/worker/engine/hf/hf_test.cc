@@ -382,8 +382,8 @@ TEST(HfTest, ConfigErrors) {
   EXPECT_EQ(error(R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0})"),
             path +
                 ": rope_scaling.rope_type: 'yarn' is not supported (the engine implements "
-                "RoPE scaling of type llama3 only; use weights whose config.json has "
-                "rope_type llama3 or no rope_scaling)");
+                "RoPE scaling of types llama3 and linear; use weights whose config.json has "
+                "one of them or no rope_scaling)");
   EXPECT_EQ(error(R"(, "rope_scaling": {"rope_type": "llama3"})"),
             path + ": rope_scaling.factor: missing (a Llama config has it)\n" + path +
                 ": rope_scaling.low_freq_factor: missing (a Llama config has it)\n" + path +

@@ -145,6 +145,20 @@ TEST(LlamaTest, Llama3RopeScalingFrequencies) {
   // No scaling: the plain frequencies.
   c.rope_scaling = {};
   EXPECT_NEAR(RopeInverseFrequencies(c)[5].item<double>(), std::pow(10000.0, -5 / 8.0), 1e-15);
+  // linear (position interpolation): every frequency divided by the factor.
+  c.rope_scaling = {"linear", 4.0, 0, 0, 0};
+  ASSERT_TRUE(c.Validate().ok()) << c.Validate();
+  torch::Tensor linear = RopeInverseFrequencies(c);
+  for (int i = 0; i < 8; ++i) {
+    const double want = std::pow(10000.0, -i / 8.0) / 4.0;
+    EXPECT_NEAR(linear[i].item<double>(), want, 1e-15 * want) << "i = " << i;
+  }
+  // It takes the factor alone: a llama3 number beside it is refused, naming it.
+  c.rope_scaling = {"linear", 4.0, 1.0, 0, 0};
+  EXPECT_NE(c.Validate().message().find("rope_scaling.low_freq_factor: 1.0 is set but rope_type "
+                                        "linear takes only factor"),
+            std::string::npos)
+      << c.Validate();
 }
 
 void ExpectSameGrads(const std::map<std::string, torch::Tensor>& a,
